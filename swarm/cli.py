@@ -1,0 +1,81 @@
+"""The `swarm` command line.
+
+Why a table of lazily imported modules: `swarm --help` and `swarm peer start --role seed` must not import torch
+(seed-only peers stay small), so each sub-command lives in its own module, imported only when it runs. Each module
+exposes `add_arguments(parser)` and `run(args) -> int`. Errors a user can act on are exceptions whose class sets
+`user_facing = True` (each package has one, e.g. `swarm.errors.UserError`); they are printed as one line, never as a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (command words, module, one-line help)
+COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+    (("peer", "start"), "swarm.cmd_peer", "start a peer (roles: trainer, inference, validator, seed)"),
+    (("publish",), "swarm.cmd_publish", "sign a checkpoint directory as the run's next policy version and seed it"),
+    (("sim",), "swarm.cmd_sim", "run a local multi-peer simulation of the whole swarm in one command"),
+    (("train",), "swarm.cmd_train", "run the single-machine RL loop (no network)"),
+    (("eval",), "swarm.cmd_eval", "measure a policy's accuracy on held-out prompts"),
+    (("keygen",), "swarm.cmd_keygen", "create an Ed25519 key file (a run's trainer key or a peer identity)"),
+    (("bench", "broadcast"), "swarm.cmd_bench_broadcast", "benchmark policy broadcast against the Kumar-Ross bound"),
+    (("bench", "transfer"), "swarm.cmd_bench_transfer", "benchmark one piece-protocol stream against raw TCP"),
+    (("bench", "verify"), "swarm.cmd_bench_verify", "benchmark rollout validation on honest and attacked groups"),
+    (("bench", "generate"), "swarm.cmd_bench_generate", "benchmark generation throughput and proof overhead"),
+]
+
+
+class _LazyCommand:
+    """Defers importing a command's module until its parser is actually needed."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def load(self):
+        return importlib.import_module(self.module)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarm", description=__doc__.split("\n")[0])
+    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): parser.add_subparsers(dest="cmd0", metavar="COMMAND")}
+    parents: dict[tuple[str, ...], argparse.ArgumentParser] = {(): parser}
+    for words, module, help_text in COMMANDS:
+        for depth in range(1, len(words)):
+            prefix = words[:depth]
+            if prefix not in parents:
+                sub = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
+                parents[prefix] = sub
+                groups[prefix] = sub.add_subparsers(dest=f"cmd{depth}", metavar="COMMAND")
+        leaf = groups[words[:-1]].add_parser(words[-1], help=help_text, description=help_text)
+        leaf.set_defaults(_module=module)
+        # Only the invoked command's module is imported, so its flags are known without paying for the others.
+        if list(words) == argv[: len(words)]:
+            _LazyCommand(module).load().add_arguments(leaf)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    module = getattr(args, "_module", None)
+    if module is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(importlib.import_module(module).run(args) or 0)
+    except Exception as exc:  # noqa: BLE001 - only user-facing errors are caught; bugs re-raise below
+        if not getattr(exc, "user_facing", False):
+            raise
+        print(f"swarm: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("swarm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Errors a user can act on.
+
+Convention across packages (p2p, verify, inference, trainer, tasks each keep their own error class so that they
+never import `swarm`): an exception class with `user_facing = True` carries one clear sentence naming the problem.
+The CLI prints it on one line and exits with status 2; any other exception is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """A problem with the user's input or environment, reported as one sentence."""
+
+    user_facing = True
