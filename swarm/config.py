@@ -1,0 +1,92 @@
+"""The peer's typed configuration: one dataclass, loadable from TOML, overridable by CLI flags.
+
+Why one config for all roles: a process may hold several roles (the local simulation runs many), and the fields
+they share (run, data directory, network) must agree. Role-specific settings have their own sections so an unknown
+key is still caught. Every field is documented where it is declared.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from swarm.errors import UserError
+
+ROLES = ("trainer", "inference", "validator", "seed")
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    roles: tuple[str, ...] = ("seed",)
+    """Roles this process plays: any of trainer, inference, validator, seed."""
+    run: str = "default"
+    """The run's name; envelopes and DHT records of other runs are dropped."""
+    trainer_key: str = ""
+    """Hex Ed25519 public key of the run's trainer (or a path to a key file); only manifests it signed are loaded.
+    Empty: trust the first manifest signer seen on the run topic (test networks only; printed as a warning)."""
+    data_dir: Path = Path("./swarm-data")
+    """Where the identity key, the piece store and the lock file live. One process per data directory."""
+    listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    """Multiaddrs to listen on; tcp/0 picks a free port."""
+    bootstrap: tuple[str, ...] = ()
+    """Bootstrap multiaddrs; when empty, bootstrap_peers.txt is read."""
+    bootstrap_file: Path = Path("bootstrap_peers.txt")
+    """File of bootstrap multiaddrs, one per line, '#' comments."""
+    keep_versions: int = 3
+    """Policy versions kept in the store (the async window plus one); older ones are garbage-collected."""
+    upload_mbps: float = 0.0
+    """Upload cap of this peer in megabits per second (0: unlimited)."""
+    piece_kb: int = 1024
+    """Piece size for policies this peer publishes, in KiB."""
+    max_peers: int = 32
+    """Upper bound on data connections this peer keeps open."""
+    reseed: bool = True
+    """Serve pieces to others as soon as they verify (off only for the single-origin baseline)."""
+    exit_when_complete: bool = False
+    """Exit once the newest policy is complete (benchmarks); normally peers seed until stopped."""
+    status_every_s: float = 2.0
+    """Seconds between progress lines and heartbeats."""
+
+    def validate(self) -> "PeerConfig":
+        unknown = [r for r in self.roles if r not in ROLES]
+        if unknown or not self.roles:
+            raise UserError(f"unknown role {unknown[0] if unknown else '(none)'}: choose from {', '.join(ROLES)}")
+        if self.keep_versions < 1:
+            raise UserError("keep_versions must be at least 1")
+        if not 64 <= self.piece_kb <= 16384:
+            raise UserError(f"piece size {self.piece_kb} KiB is outside 64..16384 KiB")
+        if self.upload_mbps < 0:
+            raise UserError("upload_mbps must not be negative")
+        return self
+
+
+_TUPLE_FIELDS = {"roles", "listen", "bootstrap"}
+_PATH_FIELDS = {"data_dir", "bootstrap_file"}
+
+
+def load_config(path: Path | None, overrides: dict) -> PeerConfig:
+    """Read a TOML file (section [peer] or top level), then apply non-None CLI overrides; validate the result."""
+    values: dict = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UserError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"config file {path} is not valid TOML: {exc}") from None
+        values = raw.get("peer", raw)
+    known = {f.name for f in fields(PeerConfig)}
+    for key in values:
+        if key not in known:
+            raise UserError(f"unknown config key {key!r} in {path}; known keys: {', '.join(sorted(known))}")
+    values.update({k: v for k, v in overrides.items() if v is not None and v != ()})
+    for key in list(values):
+        if key in _TUPLE_FIELDS:
+            values[key] = tuple(values[key]) if not isinstance(values[key], str) else (values[key],)
+        elif key in _PATH_FIELDS:
+            values[key] = Path(values[key])
+    try:
+        return replace(PeerConfig(), **values).validate()
+    except TypeError as exc:
+        raise UserError(f"bad config value: {exc}") from None
