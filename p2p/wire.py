@@ -1,0 +1,280 @@
+"""The piece protocol: framing and message types.
+
+Rules of this module: pure bytes in, bytes out; no sockets, no clocks. The only IO is the two tiny async helpers
+at the bottom, which work over any trio-style stream (the contract shared by the libp2p streams and memnet):
+
+    async send_all(data) ; async receive_some(max_bytes) -> bytes (b"" at EOF) ; async aclose()
+
+Frame layout (all lengths 4-byte big-endian):
+
+    | header_len | msgpack header (a dict, "t" = type) | payload_len | payload bytes (piece data, else empty) |
+
+Why a separate raw payload instead of msgpack bin: a 1 MiB piece is never re-encoded or copied by msgpack, and the
+header of every frame is bounded (64 KiB) before we read a single byte of its payload, so a hostile peer cannot make
+us buffer more than one declared, size-checked frame.
+
+Message types (pieces use one global numbering over all the manifest's files, in manifest order):
+
+    hello     {t, manifest_id: bytes32, bitfield: bytes}  first frame on a link, both directions
+    bitfield  {t, bits: bytes}                             full replacement of the sender's have-map
+    have      {t, index}                                   sender verified piece `index`
+    request   {t, index}                                   please send piece `index`
+    cancel    {t, index}                                   forget my request for `index` (endgame)
+    piece     {t, index} + payload                         the bytes of piece `index`
+    reject    {t, index, reason: str}                      will not send `index` (busy, missing, ...)
+
+Bitfields are MSB-first: piece i is bit (7 - i % 8) of byte i // 8; trailing bits must be zero.
+`parse_message` turns a decoded frame into one of the frozen message classes and rejects anything else.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Protocol, Union
+
+import msgpack
+
+from p2p.errors import FrameError
+
+MAX_HEADER = 64 * 1024
+MAX_PAYLOAD = 16 * 1024 * 1024
+RECEIVE_CHUNK = 256 * 1024
+_LEN = struct.Struct(">I")
+_JOIN_BELOW = 64 * 1024  # payloads smaller than this are joined with the header into one send
+
+
+class Stream(Protocol):
+    """The byte-stream contract between the piece protocol and every transport (libp2p, memnet)."""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray: ...
+
+    async def aclose(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------- framing
+
+
+def encode_frame(header: dict, payload: bytes | bytearray | memoryview = b"") -> list[bytes | memoryview]:
+    """Encode one frame as a list of buffers to send in order (the payload is never copied)."""
+    head = msgpack.packb(header, use_bin_type=True)
+    if len(head) > MAX_HEADER:
+        raise FrameError(f"frame header of {len(head)} bytes exceeds {MAX_HEADER}")
+    size = len(payload)
+    prefix = _LEN.pack(len(head)) + head + _LEN.pack(size)
+    if size == 0:
+        return [prefix]
+    if size < _JOIN_BELOW:
+        return [prefix + bytes(payload)]
+    return [prefix, memoryview(payload)]
+
+
+class FrameDecoder:
+    """Sans-IO incremental decoder: feed bytes as they arrive, pop whole frames.
+
+    Sizes are checked as soon as each length prefix is complete, so an oversized frame is refused before its
+    body is buffered.
+    """
+
+    def __init__(self, max_header: int = MAX_HEADER, max_payload: int = MAX_PAYLOAD) -> None:
+        self.max_header = max_header
+        self.max_payload = max_payload
+        self._buf = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self._buf += data
+
+    def next_frame(self) -> tuple[dict, bytes] | None:
+        """Return (header, payload) for the next complete frame, or None if more bytes are needed."""
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        hlen = _LEN.unpack_from(buf, 0)[0]
+        if hlen == 0 or hlen > self.max_header:
+            raise FrameError(f"frame header length {hlen} is outside 1..{self.max_header}")
+        if len(buf) < 8 + hlen:
+            return None
+        plen = _LEN.unpack_from(buf, 4 + hlen)[0]
+        if plen > self.max_payload:
+            raise FrameError(f"frame payload of {plen} bytes exceeds {self.max_payload}")
+        end = 8 + hlen + plen
+        if len(buf) < end:
+            return None
+        header = _decode_header(bytes(buf[4 : 4 + hlen]))
+        payload = bytes(buf[8 + hlen : end])
+        del buf[:end]  # bytearray deletes from the front in O(1) amortised
+        return header, payload
+
+    def eof(self) -> None:
+        """Call at end of stream: a partial frame left over means the peer truncated it."""
+        if self._buf:
+            raise FrameError(f"stream ended inside a frame ({len(self._buf)} bytes left over)")
+
+
+def _decode_header(raw: bytes) -> dict:
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises many unrelated types on garbage
+        raise FrameError(f"frame header is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(header, dict) or not isinstance(header.get("t"), str):
+        raise FrameError("frame header is not a map with a string 't' field")
+    return header
+
+
+# ---------------------------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Hello:
+    """First frame on a link: which manifest the sender talks about and which pieces it holds."""
+
+    manifest_id: bytes
+    bitfield: bytes
+
+
+@dataclass(frozen=True)
+class Bitfield:
+    """Full replacement of the sender's have-map."""
+
+    bits: bytes
+
+
+@dataclass(frozen=True)
+class Have:
+    """The sender has just verified piece `index`."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Request:
+    """Please send piece `index`."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Forget an earlier request for piece `index`."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The bytes of piece `index` (unverified until hashed against the manifest)."""
+
+    index: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Reject:
+    """The sender will not serve piece `index`; `reason` is for logs only."""
+
+    index: int
+    reason: str
+
+
+Message = Union[Hello, Bitfield, Have, Request, Cancel, Piece, Reject]
+_INDEXED = {"have": Have, "request": Request, "cancel": Cancel}
+
+
+def _index(header: dict, num_pieces: int) -> int:
+    index = header.get("index")
+    if type(index) is not int or not 0 <= index < num_pieces:
+        raise FrameError(f"piece index {index!r} is outside 0..{num_pieces - 1}")
+    return index
+
+
+def _bits(value: object, num_pieces: int) -> bytes:
+    if not isinstance(value, bytes) or len(value) != (num_pieces + 7) // 8:
+        raise FrameError("bitfield has the wrong type or length")
+    spare = len(value) * 8 - num_pieces
+    if spare and value[-1] & ((1 << spare) - 1):
+        raise FrameError("bitfield has bits set past the last piece")
+    return value
+
+
+def parse_message(header: dict, payload: bytes, num_pieces: int) -> Message:
+    """Validate a decoded frame against a manifest of `num_pieces` pieces and build its typed message."""
+    kind = header["t"]
+    if kind != "piece" and payload:
+        raise FrameError(f"control message {kind!r} carries a payload")
+    if kind in _INDEXED:
+        return _INDEXED[kind](_index(header, num_pieces))
+    if kind == "piece":
+        return Piece(_index(header, num_pieces), payload)
+    if kind == "hello":
+        mid = header.get("manifest_id")
+        if not isinstance(mid, bytes) or len(mid) != 32:
+            raise FrameError("hello carries no 32-byte manifest id")
+        return Hello(mid, _bits(header.get("bitfield"), num_pieces))
+    if kind == "bitfield":
+        return Bitfield(_bits(header.get("bits"), num_pieces))
+    if kind == "reject":
+        reason = header.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > 200:
+            raise FrameError("reject reason is not a short string")
+        return Reject(_index(header, num_pieces), reason)
+    raise FrameError(f"unknown message type {kind!r}")
+
+
+def message_frame(msg: Message) -> list[bytes | memoryview]:
+    """Encode a typed message as frame buffers."""
+    if isinstance(msg, Piece):
+        return encode_frame({"t": "piece", "index": msg.index}, msg.data)
+    if isinstance(msg, Hello):
+        return encode_frame({"t": "hello", "manifest_id": msg.manifest_id, "bitfield": msg.bitfield})
+    if isinstance(msg, Bitfield):
+        return encode_frame({"t": "bitfield", "bits": msg.bits})
+    if isinstance(msg, Reject):
+        return encode_frame({"t": "reject", "index": msg.index, "reason": msg.reason})
+    kind = {Have: "have", Request: "request", Cancel: "cancel"}[type(msg)]
+    return encode_frame({"t": kind, "index": msg.index})
+
+
+# ---------------------------------------------------------------------------------------------- bitfields
+
+
+def pack_bits(have: list[bool] | bytearray | bytes) -> bytes:
+    """Pack a sequence of truthy flags, MSB-first, into a bitfield."""
+    out = bytearray((len(have) + 7) // 8)
+    for i, flag in enumerate(have):
+        if flag:
+            out[i >> 3] |= 0x80 >> (i & 7)
+    return bytes(out)
+
+
+def unpack_bits(bits: bytes, num_pieces: int) -> bytearray:
+    """Unpack a bitfield into a bytearray of 0/1 flags, one per piece."""
+    return bytearray((bits[i >> 3] >> (7 - (i & 7))) & 1 for i in range(num_pieces))
+
+
+# ---------------------------------------------------------------------------------------------- stream IO
+
+
+async def write_frame(stream: Stream, header: dict, payload: bytes | bytearray | memoryview = b"") -> None:
+    """Send one frame; big payloads go out as their own buffer, never copied."""
+    for part in encode_frame(header, payload):
+        await stream.send_all(part)
+
+
+async def read_frame(stream: Stream, decoder: FrameDecoder, chunk: int = RECEIVE_CHUNK) -> tuple[dict, bytes] | None:
+    """Read until one whole frame is decoded; None at a clean end of stream, FrameError at a truncated one."""
+    while True:
+        frame = decoder.next_frame()
+        if frame is not None:
+            return frame
+        data = await stream.receive_some(chunk)
+        if not data:
+            decoder.eof()
+            return None
+        decoder.feed(data)

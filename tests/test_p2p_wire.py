@@ -1,0 +1,156 @@
+"""Piece-protocol framing: round trips, limits, truncation, and fuzzing of the decoder with hostile bytes."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2p.errors import FrameError
+from p2p.wire import (
+    Bitfield,
+    Cancel,
+    FrameDecoder,
+    Have,
+    Hello,
+    Piece,
+    Reject,
+    Request,
+    encode_frame,
+    message_frame,
+    pack_bits,
+    parse_message,
+    read_frame,
+    unpack_bits,
+    write_frame,
+)
+
+
+def _joined(parts) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+def test_round_trip_every_message_type_byte_by_byte():
+    msgs = [
+        Hello(b"\x01" * 32, pack_bits([1, 0, 1])),
+        Bitfield(pack_bits([0, 1, 1])),
+        Have(2),
+        Request(0),
+        Cancel(1),
+        Piece(2, b"\x00payload" * 20000),
+        Reject(1, "busy"),
+    ]
+    stream = b"".join(_joined(message_frame(m)) for m in msgs)
+    dec = FrameDecoder()
+    out = []
+    for i in range(len(stream)):  # worst case for reassembly: one byte at a time
+        dec.feed(stream[i : i + 1])
+        while (frame := dec.next_frame()) is not None:
+            out.append(parse_message(*frame, num_pieces=3))
+    dec.eof()
+    assert out == msgs
+
+
+def test_large_payload_is_not_copied_into_the_header_buffer():
+    payload = bytearray(b"z" * (1 << 20))
+    parts = encode_frame({"t": "piece", "index": 0}, payload)
+    assert len(parts) == 2 and isinstance(parts[1], memoryview) and parts[1].obj is payload
+
+
+def test_oversized_payload_is_refused_before_the_body_arrives():
+    dec = FrameDecoder(max_payload=1000)
+    head = msgpack.packb({"t": "piece", "index": 0})
+    dec.feed(len(head).to_bytes(4, "big") + head + (1001).to_bytes(4, "big"))
+    with pytest.raises(FrameError, match="exceeds"):
+        dec.next_frame()
+
+
+def test_oversized_header_is_refused_both_ways():
+    with pytest.raises(FrameError):
+        encode_frame({"t": "x", "junk": b"a" * (70 * 1024)})
+    dec = FrameDecoder()
+    dec.feed((65 * 1024 + 1).to_bytes(4, "big"))
+    with pytest.raises(FrameError):
+        dec.next_frame()
+
+
+def test_truncated_frame_at_eof_raises():
+    data = _joined(encode_frame({"t": "piece", "index": 0}, b"abc" * 1000))
+    dec = FrameDecoder()
+    dec.feed(data[:-1])
+    assert dec.next_frame() is None
+    with pytest.raises(FrameError, match="ended inside"):
+        dec.eof()
+
+
+@pytest.mark.parametrize(
+    "header,payload,num",
+    [
+        ({"t": "have", "index": 5}, b"", 5),  # index out of range
+        ({"t": "have", "index": -1}, b"", 5),
+        ({"t": "have", "index": True}, b"", 5),  # bool is not an index
+        ({"t": "request", "index": "1"}, b"", 5),
+        ({"t": "have", "index": 1}, b"x", 5),  # control message with payload
+        ({"t": "hello", "manifest_id": b"short", "bitfield": b"\x00"}, b"", 5),
+        ({"t": "bitfield", "bits": b"\x00\x00"}, b"", 5),  # wrong length
+        ({"t": "bitfield", "bits": b"\x04"}, b"", 5),  # bit past the last piece
+        ({"t": "reject", "index": 0, "reason": 7}, b"", 5),
+        ({"t": "bogus"}, b"", 5),
+    ],
+)
+def test_parse_message_rejects_malformed_headers(header, payload, num):
+    with pytest.raises(FrameError):
+        parse_message(header, payload, num)
+
+
+def test_bitfield_pack_unpack_round_trip():
+    flags = [1, 0, 0, 1, 1, 0, 1, 0, 1, 1, 0]
+    assert list(unpack_bits(pack_bits(flags), len(flags))) == flags
+    assert pack_bits(flags)[0] == 0b10011010
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2048), st.integers(min_value=1, max_value=64))
+def test_garbage_never_raises_anything_but_frame_error(data, step):
+    dec = FrameDecoder(max_header=512, max_payload=1024)
+    try:
+        for i in range(0, len(data), step):
+            dec.feed(data[i : i + step])
+            while (frame := dec.next_frame()) is not None:
+                parse_message(*frame, num_pieces=17)
+        dec.eof()
+    except FrameError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=5), st.recursive(st.none() | st.integers(-(2**63), 2**64 - 1) | st.binary(max_size=8), lambda c: st.lists(c, max_size=3), max_leaves=8), max_size=4))
+def test_valid_msgpack_with_arbitrary_shapes_only_raises_frame_error(header):
+    raw = msgpack.packb(header)
+    dec = FrameDecoder()
+    dec.feed(len(raw).to_bytes(4, "big") + raw + b"\x00\x00\x00\x00")
+    try:
+        frame = dec.next_frame()
+        parse_message(*frame, num_pieces=9)
+    except FrameError:
+        pass
+
+
+async def test_read_and_write_frames_over_a_trio_stream():
+    left, right = trio.testing.memory_stream_pair()
+    dec = FrameDecoder()
+    async with trio.open_nursery() as nursery:
+
+        async def sender():
+            await write_frame(left, {"t": "piece", "index": 1}, b"q" * 300_000)
+            await write_frame(left, {"t": "have", "index": 2})
+            await left.aclose()
+
+        nursery.start_soon(sender)
+        h1, p1 = await read_frame(right, dec)
+        h2, p2 = await read_frame(right, dec)
+        assert (h1, len(p1), h2, p2) == ({"t": "piece", "index": 1}, 300_000, {"t": "have", "index": 2}, b"")
+        assert await read_frame(right, dec) is None
