@@ -1,0 +1,55 @@
+"""The trainer config: TOML + overrides, type checks, unknown keys rejected in one line, inline [[stage]] tables."""
+
+from pathlib import Path
+
+import pytest
+
+from trainer.config import TrainerConfig, load_config
+from trainer.errors import TrainerError
+
+
+def test_defaults_follow_intellect2_where_they_are_scale_free():
+    cfg = load_config().config
+    assert (cfg.weight_decay, cfg.beta1, cfg.beta2, cfg.grad_clip) == (0.01, 0.9, 0.99, 0.1)
+    assert (cfg.clip_delta, cfg.eps_low, cfg.eps_high, cfg.entropy_coef, cfg.kl_coef) == (4.0, 0.2, 0.2, 0.001, 0.0)
+    assert cfg.temperature == 0.6
+
+
+def test_every_field_is_documented():
+    source = Path("trainer/config.py").read_text()
+    for name in TrainerConfig.__dataclass_fields__:
+        block = source.split(f"    {name}: ", 1)[1].split("\n")
+        assert block[1].strip().startswith('"""'), f"{name} lacks a docstring"
+
+
+def test_file_then_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[trainer]\nlr = 1\nsteps = 6\nout = "x"\ncurriculum = "none"\n')
+    loaded = load_config(path, {"steps": 9, "seed": None})
+    assert loaded.config.lr == 1.0 and loaded.config.steps == 9 and loaded.config.out == Path("x")
+    assert loaded.curriculum.name == "none" and loaded.curriculum.total_steps == 9
+
+
+def test_inline_stages_define_the_curriculum(tmp_path):
+    path = tmp_path / "staged.toml"
+    path.write_text('steps = 3\n[[stage]]\ndata = "long"\nmax_new_tokens = 12\ngroup_size = 3\nsteps = 3\n')
+    cur = load_config(path).curriculum
+    assert cur.stage_at(0).stage.data == "long" and cur.stage_at(0).stage.group_size == 3
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ("learning_rate = 0.1\n", "unknown trainer config key 'learning_rate'"),
+        ('steps = "ten"\n', "steps must be a int"),
+        ("group_size = 0\n", "group_size must be at least 1"),
+        ("[trainer]\nlr = 0.1\n[other]\nx = 1\n", "unknown section 'other'"),
+        ("lr = \n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_one_clear_line(tmp_path, body, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(body)
+    with pytest.raises(TrainerError, match=needle) as info:
+        load_config(path)
+    assert "\n" not in str(info.value).strip()

@@ -1,0 +1,169 @@
+"""The trainer's one typed config: INTELLECT-2's recipe, scaled so that a run fits two CPU cores.
+
+Why these defaults: the optimiser, clipping and loss settings are INTELLECT-2's final configuration (REFERENCE §1),
+while the sizes (batch, group, context, warm-up, steps per policy) are divided down so a step takes seconds on a CPU,
+and the learning rate is raised because the models here are 4-5 orders of magnitude smaller than QwQ-32B.
+A TOML file (top level or a [trainer] section, plus optional [[stage]] tables for a custom curriculum) sets any
+field; CLI flags override the file; unknown keys are rejected in one line.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from trainer.curriculum import Curriculum, curriculum_from_tables, load_curriculum
+from trainer.errors import TrainerError
+from trainer.grpo import LossConfig
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    model: str = "tiny"
+    """Model to start from: "tiny", "smollm2" or a local directory (e.g. a published policy)."""
+    task: str = "basic_arithmetic"
+    """Task set: a built-in reasoning-gym name or a .jsonl/.parquet file."""
+    task_size: int = 512
+    """How many prompts to generate for a built-in task set (train + held-out)."""
+    eval_fraction: float = 0.2
+    """Share of the task set held out for evaluation; never trained on."""
+    seed: int = 0
+    """Seeds torch/python/numpy, the data split, the sampling keys and the prompt order."""
+    run: str = "local"
+    """Run name, part of every sampling key."""
+    steps: int = 40
+    """Optimizer steps to train for (the curriculum's stages split these)."""
+    curriculum: str = "fastcurl"
+    """"fastcurl", "none" or a TOML file of [[stage]] tables (or put [[stage]] tables in this config file)."""
+    lr: float = 1e-5
+    """Peak AdamW learning rate (INTELLECT-2: 3e-7 for 32B; raised for small models)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (INTELLECT-2)."""
+    beta1: float = 0.9
+    """AdamW beta1 (INTELLECT-2)."""
+    beta2: float = 0.99
+    """AdamW beta2 (INTELLECT-2)."""
+    warmup_steps: int = 2
+    """Linear warm-up steps, then constant (INTELLECT-2: 25 of thousands)."""
+    grad_clip: float = 0.1
+    """Global gradient-norm clip (INTELLECT-2 needed an aggressive 0.1)."""
+    prompts_per_step: int = 8
+    """Groups (prompts) per optimizer step; the batch is prompts_per_step x group_size rollouts (INTELLECT-2: 512)."""
+    group_size: int = 8
+    """Completions per prompt (INTELLECT-2: 16; FastCuRL: 8, 16 in its last stage)."""
+    micro_batch: int = 16
+    """Completions per forward/backward pass (gradient accumulation bounds memory)."""
+    steps_per_policy: int = 2
+    """Optimizer steps between two published policy versions (INTELLECT-2: 8)."""
+    async_level: int = 0
+    """Maximum policy-version lag of a rollout (INTELLECT-2: 2); 0 = synchronous generate-then-train."""
+    temperature: float = 0.6
+    """Sampling temperature (INTELLECT-2 and FastCuRL: 0.6); the loss uses the same temperature."""
+    max_new_tokens: int = 64
+    """Generation context of the middle FastCuRL stage (the "none" curriculum uses it throughout)."""
+    clip_delta: float = 4.0
+    """Ratio cap before the PPO clip (INTELLECT-2's two-sided clipping)."""
+    eps_low: float = 0.2
+    """PPO clip below 1."""
+    eps_high: float = 0.2
+    """PPO clip above 1."""
+    entropy_coef: float = 0.001
+    """Entropy bonus (INTELLECT-2's code)."""
+    kl_coef: float = 0.0
+    """k3 KL to the initial policy (INTELLECT-2 removed it; FastCuRL used 0.001)."""
+    filter_zero_advantage: bool = True
+    """Online filtering: drop groups whose rewards are all equal."""
+    length_target: int = 0
+    """When > 0, append "Think for N tokens." and subtract length_penalty x |len - N| from the reward."""
+    length_penalty: float = 0.0003
+    """Length-control coefficient (INTELLECT-2)."""
+    checkpoint_every: int = 10
+    """Steps between full checkpoints (and one at the end)."""
+    eval_every: int = 0
+    """Steps between held-out evaluations during training (0 = only before and after)."""
+    eval_n: int = 64
+    """Held-out prompts per evaluation (greedy)."""
+    threads: int = 0
+    """torch intra-op threads (0 = leave torch's default)."""
+    out: Path = Path("runs/train")
+    """Output directory: checkpoints/, policies/, final/, log.jsonl, reward.png."""
+
+    def validate(self) -> "TrainerConfig":
+        positive = ("task_size", "steps", "prompts_per_step", "group_size", "micro_batch", "steps_per_policy",
+                    "max_new_tokens", "checkpoint_every", "eval_n")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise TrainerError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.async_level < 0:
+            raise TrainerError("async_level must not be negative")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise TrainerError(f"eval_fraction must be between 0 and 1, got {self.eval_fraction}")
+        if self.lr <= 0 or self.grad_clip <= 0 or self.temperature < 0:
+            raise TrainerError("lr and grad_clip must be positive and temperature non-negative")
+        if not (0 <= self.eps_low < 1 and self.eps_high >= 0 and self.clip_delta > 1 + self.eps_high):
+            raise TrainerError("clipping needs 0 <= eps_low < 1, eps_high >= 0 and clip_delta > 1 + eps_high")
+        return self
+
+    def loss_config(self) -> LossConfig:
+        return LossConfig(self.clip_delta, self.eps_low, self.eps_high, self.entropy_coef, self.kl_coef)
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config and the curriculum it implies."""
+
+    config: TrainerConfig
+    curriculum: Curriculum
+
+
+def _coerce(name: str, value: object, default: object) -> object:
+    """Check a TOML/CLI value against the field's default type (ints accepted for floats, strings for paths)."""
+    if isinstance(default, Path):
+        if not isinstance(value, (str, Path)):
+            raise TrainerError(f"config key {name} must be a path string")
+        return Path(value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise TrainerError(f"config key {name} must be true or false")
+        return value
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if type(value) is not type(default):
+        raise TrainerError(f"config key {name} must be a {type(default).__name__}, got {value!r}")
+    return value
+
+
+def _read_toml(path: Path) -> tuple[dict, object]:
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise TrainerError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TrainerError(f"config file {path} is not valid TOML: {exc}") from None
+    stages = raw.pop("stage", None)
+    values = raw.pop("trainer", None)
+    if values is None:
+        values = raw
+    elif raw:
+        raise TrainerError(f"config file {path} has unknown section {sorted(raw)[0]!r} beside [trainer]")
+    return values, stages
+
+
+def load_config(path: Path | None = None, overrides: dict | None = None) -> LoadedConfig:
+    """TOML file (optional) then non-None overrides, each checked against the field types; validated."""
+    values, stages = _read_toml(path) if path is not None else ({}, None)
+    values = {**values, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    defaults = TrainerConfig()
+    known = {f.name for f in fields(TrainerConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TrainerError(f"unknown trainer config key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    coerced = {k: _coerce(k, v, getattr(defaults, k)) for k, v in values.items()}
+    config = replace(defaults, **coerced).validate()
+    if stages is not None:
+        curriculum = curriculum_from_tables(Path(path).stem, stages)
+    else:
+        curriculum = load_curriculum(config.curriculum, total_steps=config.steps,
+                                     max_new_tokens=config.max_new_tokens, group_size=config.group_size)
+    return LoadedConfig(config, curriculum)
