@@ -52,3 +52,22 @@ class HostError(P2PError):
 
 class ChannelError(P2PError):
     """A data channel failed: handshake refused, record tampered, truncated or the peer vanished mid-transfer."""
+
+
+class EnvelopeError(P2PError):
+    """A gossip envelope was refused (malformed, oversized, badly signed, wrong run, stale or replayed).
+
+    `reason` is one of the short codes in `p2p.envelope.REASONS`; peer scoring weighs rejections by it.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class GossipError(P2PError):
+    """A message cannot be published on gossip (too large, unknown kind, gossip not running)."""
+
+
+class DHTError(P2PError):
+    """A DHT operation failed: a record not signed by the run's trainer key, or a lookup that timed out."""

@@ -1,0 +1,241 @@
+"""The secure host factory: one py-libp2p host per peer, Noise only, Yamux only, guarded handlers.
+
+Why a wrapper around py-libp2p's BasicHost (REFERENCE.md §5, each pitfall seen here):
+- its security defaults accept a plaintext dialer, so we pass Noise as the ONLY security option, with a dedicated
+  X25519 Noise static key;
+- Mplex is 4x slower than Yamux, so Yamux is the only muxer;
+- every dial costs 250 ms unless `max_connections_per_peer=1`;
+- an exception escaping a stream handler kills the host and the trio run around it, so every handler we install
+  is wrapped: exceptions and hangs are logged and the stream reset;
+- an unreachable bootstrap peer must be one log line, not a traceback, and must not stop the host.
+Other packages (gossip, DHT) reach the raw libp2p host through `P2PHost.libp2p`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2p.errors import HostError
+from p2p.identity import Identity, load_or_create_identity
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+StreamHandler = Callable[[Any], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """How to build a host. Every timeout is in seconds of trio time."""
+
+    identity: Identity | None = None
+    """The peer's key; None loads (or creates) `data_dir/identity.key`, or a fresh key without a data_dir."""
+    data_dir: Path | None = None
+    """Where the identity is persisted so the peer id survives restarts."""
+    listen: tuple[str, ...] = DEFAULT_LISTEN
+    """Multiaddrs to listen on; port 0 picks a free port (the actual one is in `P2PHost.multiaddrs`)."""
+    bootstrap: tuple[str, ...] = ()
+    """Validated multiaddrs with /p2p/<id> (see p2p.bootstrap.resolve_bootstrap) dialed once at start."""
+    dial_timeout: float = 10.0
+    """Limit on one dial (TCP + Noise + Yamux negotiation)."""
+    stream_timeout: float = 10.0
+    """Limit on opening one stream (including protocol negotiation)."""
+    handler_timeout: float | None = 60.0
+    """Default limit on one inbound stream handler; a handler may ask for another or None (it then owns timeouts)."""
+
+    def __post_init__(self) -> None:
+        if not self.listen:
+            raise HostError("a host needs at least one listen multiaddr")
+        for name in ("dial_timeout", "stream_timeout"):
+            if getattr(self, name) <= 0:
+                raise HostError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.handler_timeout is not None and self.handler_timeout <= 0:
+            raise HostError(f"handler_timeout must be positive or None, got {self.handler_timeout}")
+
+
+def _resolve_identity(config: HostConfig) -> Identity:
+    if config.identity is not None:
+        return config.identity
+    if config.data_dir is not None:
+        return load_or_create_identity(config.data_dir)
+    return Identity.generate()
+
+
+def _parse_multiaddr(text: str):
+    from multiaddr import Multiaddr
+
+    try:
+        return Multiaddr(text)
+    except Exception as exc:  # noqa: BLE001 - the multiaddr library raises many types for bad input
+        raise HostError(f"{text!r} is not a valid multiaddr ({exc})") from exc
+
+
+def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Sequence[Any] | None = None):
+    """A BasicHost with Noise-only security (own X25519 key), Yamux-only muxing and one connection per peer."""
+    from libp2p import new_host
+    from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
+    from libp2p.network.config import ConnectionConfig
+    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
+    from libp2p.security.noise.transport import Transport as NoiseTransport
+    from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
+    from libp2p.stream_muxer.yamux.yamux import Yamux
+
+    # The TCP transport logs every refused dial at ERROR, several times per retry; our one-line
+    # "bootstrap peer unreachable" warning replaces that noise.
+    logging.getLogger("libp2p.transport.tcp.tcp").setLevel(logging.CRITICAL)
+    key_pair = identity.key_pair
+    noise = NoiseTransport(libp2p_keypair=key_pair, noise_privkey=new_x25519().private_key)
+    return new_host(
+        key_pair=key_pair,
+        sec_opt={NOISE_ID: noise},
+        muxer_opt={YAMUX_ID: Yamux},
+        listen_addrs=[_parse_multiaddr(a) for a in listen],
+        connection_config=ConnectionConfig(max_connections_per_peer=1),
+        transports=transports,
+    )
+
+
+@dataclass
+class P2PHost:
+    """A running host. Create it with `open_host`; it closes when that context exits."""
+
+    libp2p: Any
+    identity: Identity
+    config: HostConfig
+    nursery: trio.Nursery
+    bootstrap_failures: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    @property
+    def multiaddrs(self) -> list[str]:
+        """Actual listen addresses, each ending in /p2p/<peer id>, ready to hand to another peer."""
+        suffix = f"/p2p/{self.peer_id}"
+        addrs = [str(a) for a in self.libp2p.get_transport_addrs()]
+        return [a if a.endswith(suffix) else a + suffix for a in addrs]
+
+    async def connect(self, multiaddr: str) -> str:
+        """Dial `multiaddr` (which must end in /p2p/<id>) and return the remote peer id; HostError on failure."""
+        from libp2p.peer.peerinfo import info_from_p2p_addr
+
+        try:
+            info = info_from_p2p_addr(_parse_multiaddr(multiaddr))
+        except HostError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise HostError(f"{multiaddr!r} lacks a usable /p2p/<peer id> part ({exc})") from exc
+        try:
+            with trio.fail_after(self.config.dial_timeout):
+                await self.libp2p.connect(info)
+        except trio.TooSlowError as exc:
+            raise HostError(f"dialing {multiaddr} timed out after {self.config.dial_timeout:g} s") from exc
+        except Exception as exc:  # noqa: BLE001 - libp2p raises a zoo of dial errors; one sentence for the user
+            raise HostError(f"cannot reach {multiaddr}: {_one_line(exc)}") from exc
+        return str(info.peer_id)
+
+    async def new_stream(self, peer_id: str, protocol: str):
+        """Open a stream to a connected (or known) peer on `protocol`; HostError on failure or timeout."""
+        from libp2p.peer.id import ID
+
+        try:
+            with trio.fail_after(self.config.stream_timeout):
+                return await self.libp2p.new_stream(ID.from_base58(peer_id), [protocol])
+        except trio.TooSlowError as exc:
+            raise HostError(f"opening {protocol} to {peer_id} timed out") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise HostError(f"cannot open {protocol} to {peer_id}: {_one_line(exc)}") from exc
+
+    def set_guarded_handler(
+        self, protocol: str, handler: StreamHandler, timeout: float | None | str = "default"
+    ) -> None:
+        """Install `handler(stream)` so that its exception or hang is logged and the stream reset, never fatal."""
+        limit = self.config.handler_timeout if timeout == "default" else timeout
+        self.libp2p.set_stream_handler(protocol, guard_handler(protocol, handler, limit))
+
+    def remove_handler(self, protocol: str) -> None:
+        self.libp2p.remove_stream_handler(protocol)
+
+    def remote_peer_id(self, stream: Any) -> str:
+        """The authenticated (Noise) peer id at the other end of a libp2p stream."""
+        return str(stream.muxed_conn.peer_id)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None) -> StreamHandler:
+    """Wrap a stream handler: a raise or a run past `timeout` resets the stream and is logged in one line."""
+
+    async def guarded(stream: Any) -> None:
+        try:
+            with trio.fail_after(timeout) if timeout is not None else _no_limit():
+                await handler(stream)
+        except trio.TooSlowError:
+            log.warning("handler for %s exceeded %g s; stream reset", protocol, timeout)
+            await reset_quietly(stream)
+        except Exception as exc:  # noqa: BLE001 - the whole point: nothing escapes into libp2p's nursery
+            log.warning("handler for %s failed (%s); stream reset", protocol, _one_line(exc))
+            log.debug("handler traceback", exc_info=True)
+            await reset_quietly(stream)
+
+    return guarded
+
+
+class _no_limit:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+async def reset_quietly(stream: Any) -> None:
+    """Reset a libp2p stream, ignoring errors (the stream may already be gone) and bounded in time."""
+    with trio.move_on_after(1.0) as scope:
+        scope.shield = True
+        try:
+            await stream.reset()
+        except Exception:  # noqa: BLE001 - best effort on an already broken stream
+            log.debug("stream reset failed", exc_info=True)
+
+
+async def _dial_bootstrap(host: P2PHost, addr: str) -> None:
+    try:
+        await host.connect(addr)
+    except HostError as exc:
+        host.bootstrap_failures[addr] = str(exc)
+        log.warning("bootstrap peer unreachable: %s", exc)
+
+
+@asynccontextmanager
+async def open_host(config: HostConfig | None = None, transports: Sequence[Any] | None = None) -> AsyncIterator[P2PHost]:
+    """Start a host, dial the bootstrap peers (failures logged, never fatal), yield it, close it on exit."""
+    config = config or HostConfig()
+    identity = _resolve_identity(config)
+    libp2p_host = build_libp2p_host(identity, config.listen, transports)
+    listen = [_parse_multiaddr(a) for a in config.listen]
+    async with AsyncExitStack() as stack:
+        try:
+            await stack.enter_async_context(libp2p_host.run(listen_addrs=listen))
+        except Exception as exc:  # noqa: BLE001 - a busy port or bad interface: one sentence, not a traceback
+            raise HostError(f"cannot listen on {', '.join(config.listen)}: {_one_line(exc)}") from exc
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        host = P2PHost(libp2p_host, identity, config, nursery)
+        async with trio.open_nursery() as dials:
+            for addr in config.bootstrap:
+                dials.start_soon(_dial_bootstrap, host, addr)
+        try:
+            yield host
+        finally:
+            nursery.cancel_scope.cancel()
