@@ -1,0 +1,393 @@
+"""The sans-IO swarm engine for ONE manifest: events in, actions out, no sockets and no clock.
+
+Every method takes an event (with `now` passed in, never read) and returns a list of actions for the IO adapter
+(p2p/transfer.py) to carry out in order. The same engine runs over libp2p streams, over memnet, and in the pure
+simulations of the tests.
+
+Policy, following the torrent practice for a cooperative flash crowd (REFERENCE.md section 4):
+- Picking: a few random pieces, then rarest-first (p2p/picker.py), with `pipeline_depth` requests in flight per
+  peer so a link never idles for a round trip.
+- Endgame: once every missing piece is already requested, the same pieces are also asked of other holders; the
+  first copy to arrive wins and the others are cancelled.
+- Re-announce: a piece is announced (`have`) the moment it is verified and stored, so neighbours fetch from us at once.
+- Uploads: a fixed number of slots shared round-robin across peers, always unchoked (no tit-for-tat: every peer
+  of a run is cooperative, and refusing uploads only slows the swarm).
+- Super-seeding (an origin seed whose upload is the bottleneck): the seed advertises nothing and reveals pieces
+  one by one, always a piece sent the fewest times so far, so it does not send any piece twice while another has
+  never been sent; the peers spread each piece among themselves.
+- Hostile peers: a corrupt or unsolicited piece drops its sender; a request outstanding longer than
+  `request_timeout` is cancelled and re-issued elsewhere; a peer that owes pieces and sends nothing for
+  `stall_timeout` is dropped.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Union
+
+from p2p.picker import Picker, RarestFirstPicker
+from p2p.wire import Cancel, Have, Reject, Request
+
+# ---------------------------------------------------------------------------------------------- config and actions
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Tunables of the swarm engine."""
+
+    pipeline_depth: int = 8  # requests in flight per peer
+    upload_slots: int = 4  # pieces being uploaded at once, over all peers
+    max_queued_requests: int = 256  # per peer; more is refused with a reject("busy")
+    random_first: int = 4  # pieces picked at random before rarest-first
+    endgame: bool = True  # duplicate the last requests across holders
+    endgame_copies: int = 2  # at most this many peers asked for one piece in endgame
+    request_timeout: float = 30.0  # seconds before a request is re-issued elsewhere
+    stall_timeout: float = 120.0  # seconds a peer may owe pieces without sending any before it is dropped
+    super_seed: bool = False  # act as a super-seed while we hold everything
+    super_seed_reveal: int = 4  # pieces revealed and not yet sent, per peer, in super-seed mode
+
+    def __post_init__(self) -> None:
+        if min(self.pipeline_depth, self.upload_slots, self.max_queued_requests, self.super_seed_reveal) < 1:
+            raise ValueError("engine depths, slots and queue sizes must be at least 1")
+        if self.request_timeout <= 0 or self.stall_timeout <= 0:
+            raise ValueError("engine timeouts must be positive")
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send a control message (have, request, cancel, reject) to `peer`."""
+
+    peer: str
+    message: Union[Have, Request, Cancel, Reject]
+
+
+@dataclass(frozen=True)
+class SendPiece:
+    """Read piece `index` from the store and send it to `peer`; report back with `upload_done`."""
+
+    peer: str
+    index: int
+
+
+@dataclass(frozen=True)
+class StorePiece:
+    """The piece just received (and verified by the adapter) is wanted: write it to the store."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class DropPeer:
+    """Close the link to `peer`; the engine has already forgotten it."""
+
+    peer: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Completed:
+    """Every piece is held: the policy can be reassembled (seeding goes on)."""
+
+
+Action = Union[Send, SendPiece, StorePiece, DropPeer, Completed]
+
+
+@dataclass
+class PeerState:
+    """What the engine knows about one connected peer."""
+
+    bits: bytearray  # 0/1 per piece that the peer holds (as far as it told us)
+    held: int = 0
+    requested: dict[int, float] = field(default_factory=dict)  # our requests to it -> when sent
+    cancelled: set[int] = field(default_factory=set)  # requests we cancelled (a piece may still arrive)
+    timed_out: set[int] = field(default_factory=set)  # never ask it for these again
+    queue: deque[int] = field(default_factory=deque)  # its requests to us
+    uploading: int = 0  # our SendPiece actions in progress to it
+    revealed: set[int] = field(default_factory=set)  # super-seed: pieces announced to it and not yet sent
+    last_piece_at: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------- engine
+
+
+class SwarmEngine:
+    """Swarm decisions for one manifest of `num_pieces` pieces."""
+
+    def __init__(self, num_pieces: int, have: bytes | bytearray, *, config: EngineConfig = EngineConfig(),
+                 rng: random.Random | None = None, picker: Picker | None = None) -> None:
+        if len(have) != num_pieces:
+            raise ValueError("have-flags must hold one entry per piece")
+        self.config = config
+        self.num_pieces = num_pieces
+        self.rng = rng or random.Random(0)
+        self.picker = picker or RarestFirstPicker(config.random_first)
+        self.have = bytearray(1 if b else 0 for b in have)
+        self.held = sum(self.have)
+        self.missing: set[int] = {i for i in range(num_pieces) if not self.have[i]}
+        self.pending: dict[int, set[str]] = {}  # piece -> peers asked for it
+        self.availability = [0] * num_pieces
+        self.rank = list(range(num_pieces))
+        self.rng.shuffle(self.rank)
+        self.peers: dict[str, PeerState] = {}
+        self.sent_count = [0] * num_pieces  # uploads started per piece (super-seed bookkeeping, stats)
+        self.super_seeding = config.super_seed and not self.missing
+        self._uploads_active = 0
+        self._rr = 0
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def hello_flags(self) -> bytearray:
+        """Our have-flags for the handshake: empty while super-seeding (pieces are revealed one by one)."""
+        return bytearray(self.num_pieces) if self.super_seeding else bytearray(self.have)
+
+    # ------------------------------------------------------------------ peer lifecycle
+
+    def peer_connected(self, peer: str, flags: bytes | bytearray, now: float) -> list[Action]:
+        if peer in self.peers:
+            raise ValueError(f"peer {peer} is already connected (the adapter keeps one link per peer)")
+        self.peers[peer] = PeerState(bytearray(self.num_pieces), last_piece_at=now)
+        out = self.peer_bitfield(peer, flags, now)
+        return out + self._reveal(peer)
+
+    def peer_bitfield(self, peer: str, flags: bytes | bytearray, now: float) -> list[Action]:
+        state = self.peers.get(peer)
+        if state is None:
+            return []
+        for i in range(self.num_pieces):
+            new = 1 if flags[i] else 0
+            self.availability[i] += new - state.bits[i]
+            state.bits[i] = new
+        state.held = sum(state.bits)
+        return self._fill(peer, now)
+
+    def peer_gone(self, peer: str, now: float) -> list[Action]:
+        if peer not in self.peers:
+            return []
+        return self._forget(peer, now)
+
+    def _forget(self, peer: str, now: float) -> list[Action]:
+        state = self.peers.pop(peer)
+        for i in range(self.num_pieces):
+            self.availability[i] -= state.bits[i]
+        for i in state.requested:
+            self._unpend(i, peer)
+        self._uploads_active -= state.uploading
+        return self._fill_all(now) + self._schedule_uploads() + self._reveal_all()
+
+    def _drop(self, peer: str, reason: str, now: float) -> list[Action]:
+        return [DropPeer(peer, reason)] + self._forget(peer, now)
+
+    def _unpend(self, index: int, peer: str) -> None:
+        asked = self.pending.get(index)
+        if asked is not None:
+            asked.discard(peer)
+            if not asked:
+                del self.pending[index]
+
+    # ------------------------------------------------------------------ downloading
+
+    def peer_have(self, peer: str, index: int, now: float) -> list[Action]:
+        state = self.peers.get(peer)
+        if state is None or state.bits[index]:
+            return []
+        state.bits[index] = 1
+        state.held += 1
+        self.availability[index] += 1
+        out = self._fill(peer, now) if not self.have[index] else []
+        if index in state.revealed:
+            out += self._reveal(peer)
+        return out
+
+    def peer_reject(self, peer: str, index: int, now: float) -> list[Action]:
+        """The peer will not serve `index`: stop believing it holds it, and ask elsewhere."""
+        state = self.peers.get(peer)
+        if state is None or index not in state.requested:
+            return []
+        del state.requested[index]
+        self._unpend(index, peer)
+        if state.bits[index]:
+            state.bits[index] = 0
+            state.held -= 1
+            self.availability[index] -= 1
+        return self._fill_all(now)
+
+    def piece_received(self, peer: str, index: int, ok: bool, now: float) -> list[Action]:
+        """A piece arrived from `peer`; `ok` says whether its BLAKE3 matched the manifest."""
+        state = self.peers.get(peer)
+        if state is None:
+            return []
+        if index not in state.requested and index not in state.cancelled:
+            return self._drop(peer, f"sent piece {index} that was not requested", now)
+        state.requested.pop(index, None)
+        state.cancelled.discard(index)
+        self._unpend(index, peer)
+        if not ok:
+            return self._drop(peer, f"sent a corrupt piece {index}", now)
+        state.last_piece_at = now
+        if self.have[index]:
+            return self._fill(peer, now)
+        return self._accept(index, now)
+
+    def _accept(self, index: int, now: float) -> list[Action]:
+        out: list[Action] = [StorePiece(index)]
+        self.have[index] = 1
+        self.held += 1
+        self.missing.discard(index)
+        for other in self.pending.pop(index, set()):  # endgame: the other copies are no longer wanted
+            other_state = self.peers[other]
+            del other_state.requested[index]
+            other_state.cancelled.add(index)
+            out.append(Send(other, Cancel(index)))
+        out += [Send(p, Have(index)) for p, s in self.peers.items() if not s.bits[index]]
+        if not self.missing:
+            out.append(Completed())
+        return out + self._fill_all(now)
+
+    def _fill_all(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        names = list(self.peers)
+        self.rng.shuffle(names)  # no peer is always served first
+        for name in names:
+            out += self._fill(name, now)
+        return out
+
+    def _fill(self, peer: str, now: float) -> list[Action]:
+        """Top up the request pipeline to `peer`."""
+        state = self.peers[peer]
+        out: list[Action] = []
+        while self.missing and len(state.requested) < self.config.pipeline_depth:
+            index = self.picker.pick(self, state)
+            if index is None:
+                index = self._endgame_pick(peer, state)
+                if index is None:
+                    break
+            state.requested[index] = now
+            self.pending.setdefault(index, set()).add(peer)
+            out.append(Send(peer, Request(index)))
+        return out
+
+    def _endgame_pick(self, peer: str, state: PeerState) -> int | None:
+        """Once every missing piece is requested, ask this peer too for the least-duplicated one it holds."""
+        if not self.config.endgame or len(self.pending) < len(self.missing):
+            return None
+        best, best_key = None, None
+        for i, asked in self.pending.items():
+            if peer in asked or not state.bits[i] or i in state.timed_out or len(asked) >= self.config.endgame_copies:
+                continue
+            key = (len(asked), self.rank[i])
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        return best
+
+    def tick(self, now: float) -> list[Action]:
+        """Re-issue requests outstanding too long; drop peers that owe pieces and have gone silent."""
+        out: list[Action] = []
+        for peer in list(self.peers):
+            state = self.peers[peer]
+            if state.requested and now - state.last_piece_at > self.config.stall_timeout:
+                out += self._drop(peer, "sent nothing for too long while owing pieces", now)
+                continue
+            for index, asked_at in list(state.requested.items()):
+                if now - asked_at > self.config.request_timeout:
+                    del state.requested[index]
+                    state.cancelled.add(index)
+                    state.timed_out.add(index)
+                    self._unpend(index, peer)
+                    out.append(Send(peer, Cancel(index)))
+        return out + self._fill_all(now)
+
+    # ------------------------------------------------------------------ uploading
+
+    def peer_request(self, peer: str, index: int, now: float) -> list[Action]:
+        state = self.peers.get(peer)
+        if state is None:
+            return []
+        if not self.have[index]:
+            return [Send(peer, Reject(index, "missing"))]
+        if len(state.queue) >= self.config.max_queued_requests:
+            return [Send(peer, Reject(index, "busy"))]
+        if index not in state.queue:
+            state.queue.append(index)
+        return self._schedule_uploads()
+
+    def peer_cancel(self, peer: str, index: int, now: float) -> list[Action]:
+        state = self.peers.get(peer)
+        if state is not None and index in state.queue:
+            state.queue.remove(index)
+        return []
+
+    def upload_done(self, peer: str, index: int, now: float) -> list[Action]:
+        """The adapter finished (or gave up) sending a SendPiece: free its slot."""
+        state = self.peers.get(peer)
+        if state is None:
+            return []
+        state.uploading -= 1
+        self._uploads_active -= 1
+        return self._schedule_uploads() + self._reveal_all()
+
+    def _schedule_uploads(self) -> list[Action]:
+        """Hand free upload slots round-robin to peers with queued requests."""
+        out: list[Action] = []
+        names = list(self.peers)
+        while self._uploads_active < self.config.upload_slots and names:
+            waiting = [n for n in names if self.peers[n].queue]
+            if not waiting:
+                break
+            self._rr = (self._rr + 1) % len(waiting)
+            name = waiting[self._rr]
+            state = self.peers[name]
+            index = state.queue.popleft()
+            state.uploading += 1
+            self._uploads_active += 1
+            self.sent_count[index] += 1
+            state.revealed.discard(index)  # a revealed piece counts as promised only until it is sent
+            out.append(SendPiece(name, index))
+        return out
+
+    # ------------------------------------------------------------------ super-seeding
+
+    def _reveal(self, peer: str) -> list[Action]:
+        """Super-seed: keep `super_seed_reveal` unsent pieces announced to `peer`, least-sent first."""
+        if not self.super_seeding or peer not in self.peers:
+            return []
+        state = self.peers[peer]
+        state.revealed = {i for i in state.revealed if not state.bits[i]}
+        out: list[Action] = []
+        while len(state.revealed) < self.config.super_seed_reveal:
+            index = self._least_sent(state)
+            if index is None:
+                break
+            state.revealed.add(index)
+            out.append(Send(peer, Have(index)))
+        return out
+
+    def _reveal_all(self) -> list[Action]:
+        out: list[Action] = []
+        for name in list(self.peers):
+            out += self._reveal(name)
+        return out
+
+    def _least_sent(self, state: PeerState) -> int | None:
+        """Never-sent, unpromised pieces first; while any never-sent piece is promised elsewhere, reveal nothing
+        rather than a second copy; after the first full copy, the least-sent and then rarest piece."""
+        promised = [0] * self.num_pieces
+        for other in self.peers.values():
+            for i in other.revealed:
+                promised[i] += 1
+        first_round = any(c == 0 for c in self.sent_count)
+        best, best_key = None, None
+        for i in range(self.num_pieces):
+            if state.bits[i] or i in state.revealed:
+                continue
+            if first_round and (self.sent_count[i] or promised[i]):
+                continue
+            key = (self.sent_count[i] + promised[i], self.availability[i], self.rank[i])
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        return best

@@ -1,0 +1,213 @@
+"""The sans-IO swarm engine, driven by a pure message-passing simulation (no IO, no clock).
+
+Every action any engine emits is checked against the invariants: never request a piece we hold, never from a
+peer that does not hold it, never past the pipeline depth, never announce a piece before it was stored; a
+super-seed never sends a piece twice while another piece has never been sent. The rarest-first engine and the
+naive reference picker must complete the same swarms.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import pytest
+
+from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
+from p2p.picker import NaivePicker, RarestFirstPicker
+from p2p.wire import Cancel, Have, Reject, Request
+
+
+class Sim:
+    """Engines exchanging messages through one FIFO queue; `corrupt` nodes serve bad bytes."""
+
+    def __init__(self, num_pieces, seeds, leeches, config=EngineConfig(), picker=None, corrupt=(), seed_config=None):
+        self.n = num_pieces
+        self.config = config
+        self.nodes: dict[str, SwarmEngine] = {}
+        self.corrupt = set(corrupt)
+        self.queue: deque = deque()
+        self.links: set[frozenset] = set()
+        self.stored: dict[str, set[int]] = {}
+        self.completed: set[str] = set()
+        self.dropped: list[tuple[str, str, str]] = []
+        self.now = 0.0
+        for k, name in enumerate(seeds + leeches):
+            full = name in seeds
+            cfg = seed_config if (full and seed_config) else config
+            pk = picker() if picker else None
+            self.nodes[name] = SwarmEngine(num_pieces, bytes([full]) * num_pieces, config=cfg,
+                                           rng=random.Random(k), picker=pk)
+            self.stored[name] = set(range(num_pieces)) if full else set()
+
+    def connect(self, a, b):
+        self.links.add(frozenset((a, b)))
+        ea, eb = self.nodes[a], self.nodes[b]
+        fa, fb = ea.hello_flags(), eb.hello_flags()
+        self.handle(a, ea.peer_connected(b, fb, self.now))
+        self.handle(b, eb.peer_connected(a, fa, self.now))
+
+    def connect_all(self):
+        names = list(self.nodes)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                self.connect(a, b)
+
+    def handle(self, src, actions):
+        eng = self.nodes[src]
+        for act in actions:
+            if isinstance(act, Send):
+                msg = act.message
+                if isinstance(msg, Request):
+                    assert not eng.have[msg.index], f"{src} requested piece {msg.index} it holds"
+                    assert self.nodes[act.peer].have[msg.index], f"{src} asked {act.peer} for a piece it lacks"
+                    assert len(eng.peers[act.peer].requested) <= self.config.pipeline_depth
+                if isinstance(msg, Have):
+                    assert msg.index in self.stored[src], f"{src} announced {msg.index} before storing it"
+                self.queue.append((act.peer, src, msg))
+            elif isinstance(act, SendPiece):
+                assert eng.have[act.index]
+                self.on_send_piece(src, act)
+                self.queue.append((act.peer, src, ("piece", act.index, src not in self.corrupt)))
+                self.queue.append((src, act.peer, ("upload_done", act.index)))
+            elif isinstance(act, StorePiece):
+                self.stored[src].add(act.index)
+            elif isinstance(act, DropPeer):
+                self.dropped.append((src, act.peer, act.reason))
+                self.links.discard(frozenset((src, act.peer)))
+                self.queue.append((act.peer, src, ("gone",)))
+            elif isinstance(act, Completed):
+                assert len(self.stored[src]) == self.n
+                self.completed.add(src)
+
+    def on_send_piece(self, src, act):
+        pass
+
+    def deliver(self, dst, src, msg):
+        if frozenset((dst, src)) not in self.links and msg != ("gone",):
+            return
+        eng, t = self.nodes[dst], self.now
+        if isinstance(msg, tuple):
+            if msg[0] == "piece":
+                return self.handle(dst, eng.piece_received(src, msg[1], msg[2], t))
+            if msg[0] == "upload_done":
+                return self.handle(dst, eng.upload_done(src, msg[1], t))
+            return self.handle(dst, eng.peer_gone(src, t))
+        handler = {Request: eng.peer_request, Have: eng.peer_have, Cancel: eng.peer_cancel, Reject: eng.peer_reject}
+        self.handle(dst, handler[type(msg)](src, msg.index, t))
+
+    def run(self, max_steps=200_000):
+        steps = 0
+        while self.queue and steps < max_steps:
+            self.now += 0.001
+            self.deliver(*self.queue.popleft())
+            steps += 1
+        return steps
+
+
+@pytest.mark.parametrize("picker", [RarestFirstPicker, NaivePicker])
+def test_one_seed_many_leeches_all_complete_under_invariants(picker):
+    sim = Sim(37, ["seed"], [f"p{i}" for i in range(6)], picker=picker)
+    sim.connect_all()
+    sim.run()
+    assert sim.completed == {f"p{i}" for i in range(6)}
+    assert all(sim.stored[n] == set(range(37)) for n in sim.nodes)
+    assert not sim.dropped
+
+
+def test_rarest_first_spreads_first_requests_where_naive_piles_up():
+    def first_requests(picker):
+        sim = Sim(64, ["seed"], [f"p{i}" for i in range(4)], picker=picker)
+        sim.connect_all()
+        firsts = set()
+        for dst, src, msg in sim.queue:
+            if isinstance(msg, Request) and dst == "seed":
+                firsts.add(msg.index)
+        return firsts
+
+    assert len(first_requests(RarestFirstPicker)) > len(first_requests(NaivePicker))
+
+
+def test_corrupt_peer_is_dropped_and_everyone_still_completes():
+    sim = Sim(20, ["seed", "bad"], ["p0", "p1", "p2"], corrupt={"bad"})
+    sim.connect_all()
+    sim.run()
+    assert sim.completed == {"p0", "p1", "p2"}
+    assert any(peer == "bad" and "corrupt" in reason for _, peer, reason in sim.dropped)
+
+
+def test_super_seed_sends_no_piece_twice_while_another_was_never_sent():
+    cfg = EngineConfig(super_seed=True)
+    sim = Sim(48, ["seed"], [f"p{i}" for i in range(8)], seed_config=cfg)
+    sends: list[int] = []
+
+    def watch(src, act):
+        if src == "seed":
+            counts = sim.nodes["seed"].sent_count
+            if act.index in sends:
+                assert all(counts[i] >= 1 for i in range(48)), "piece sent twice while another was never sent"
+            sends.append(act.index)
+
+    sim.on_send_piece = watch
+    sim.connect_all()
+    assert not any(sim.nodes["seed"].hello_flags())  # a super-seed advertises nothing up front
+    sim.run()
+    assert sim.completed == {f"p{i}" for i in range(8)}
+    assert sorted(set(sends)) == list(range(48))
+    assert len(sends) <= 1.2 * 48
+
+
+def test_endgame_asks_two_holders_and_cancels_the_loser():
+    eng = SwarmEngine(1, b"\x00", config=EngineConfig(pipeline_depth=2))
+    out = eng.peer_connected("a", b"\x01", 0.0) + eng.peer_connected("b", b"\x01", 0.0)
+    assert {(a.peer, a.message) for a in out} == {("a", Request(0)), ("b", Request(0))}
+    out = eng.piece_received("b", 0, True, 1.0)
+    assert StorePiece(0) in out and Send("a", Cancel(0)) in out and Completed() in out
+    assert eng.piece_received("a", 0, True, 1.5) == []  # the late duplicate is harmless, not a protocol error
+
+
+def test_request_timeout_reissues_elsewhere_and_stall_drops():
+    cfg = EngineConfig(pipeline_depth=1, request_timeout=5, stall_timeout=20, endgame=False)
+    eng = SwarmEngine(2, b"\x00\x00", config=cfg, rng=random.Random(3))
+    first = eng.peer_connected("slow", b"\x01\x01", 0.0)
+    slow_piece = first[0].message.index
+    eng.peer_connected("fast", b"\x01\x01", 0.0)
+    assert eng.tick(4.0) == []
+    out = eng.tick(6.0)
+    assert Send("slow", Cancel(slow_piece)) in out
+    assert Send("fast", Request(slow_piece)) not in out or eng.pending[slow_piece] == {"fast"}
+    assert all(not (isinstance(a, Send) and a.peer == "slow" and a.message == Request(slow_piece)) for a in out)
+    out = eng.tick(30.0)
+    assert any(isinstance(a, DropPeer) and a.peer in ("slow", "fast") for a in out)
+
+
+def test_unrequested_piece_drops_the_sender():
+    eng = SwarmEngine(4, b"\x00" * 4)
+    eng.peer_connected("x", b"\x00" * 4, 0.0)
+    out = eng.piece_received("x", 2, True, 1.0)
+    assert out[0] == DropPeer("x", "sent piece 2 that was not requested") and "x" not in eng.peers
+
+
+def test_requests_for_missing_pieces_are_rejected_and_queue_is_bounded():
+    eng = SwarmEngine(3, b"\x01\x01\x00", config=EngineConfig(upload_slots=1, max_queued_requests=1))
+    eng.peer_connected("x", b"\x00\x00\x00", 0.0)
+    assert eng.peer_request("x", 2, 0.0) == [Send("x", Reject(2, "missing"))]
+    assert eng.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]
+    assert eng.peer_request("x", 1, 0.0) == []  # queued behind the one slot
+    assert eng.peer_request("x", 0, 0.0) == [Send("x", Reject(0, "busy"))]
+    assert eng.upload_done("x", 0, 0.1) == [SendPiece("x", 1)]
+
+
+def test_late_peer_completes_from_reseeders_after_the_seed_leaves():
+    sim = Sim(30, ["seed"], ["p0", "p1", "p2"])
+    sim.connect_all()
+    sim.run()
+    sim.links = {l for l in sim.links if "seed" not in l}
+    for p in ("p0", "p1", "p2"):
+        sim.handle(p, sim.nodes[p].peer_gone("seed", sim.now))
+    late = SwarmEngine(30, bytes(30), rng=random.Random(9))
+    sim.nodes["late"], sim.stored["late"] = late, set()
+    for p in ("p0", "p1", "p2"):
+        sim.connect("late", p)
+    sim.run()
+    assert "late" in sim.completed
