@@ -1,0 +1,174 @@
+"""Full trainer checkpoints (restart loses nothing) and published policy versions (what the swarm loads).
+
+Why write-then-rename: a crash while writing must never leave a directory that looks complete. Everything is
+written into a hidden temporary directory beside the target, flushed, then renamed in one atomic step; a reader
+only ever sees whole checkpoints (`step-000012`) and whole policy versions (`v000003`).
+
+A checkpoint holds the model (safetensors), optimizer and LR-scheduler state, the RNG states of torch, python and
+numpy, the consumed rollout ids, the step and the policy version; the curriculum position is a pure function of
+the step (trainer.curriculum), stored alongside only to detect a schedule changed between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_model as load_safetensors_model
+from safetensors.torch import save_model as save_safetensors_model
+
+from trainer.errors import TrainerError
+
+CHECKPOINT_PREFIX = "step-"
+POLICY_PREFIX = "v"
+KEEP_CHECKPOINTS = 2
+
+
+@dataclass
+class TrainerState:
+    """The mutable counters that must survive a restart, beside model/optimizer/scheduler."""
+
+    step: int = 0  # optimizer steps taken
+    version: int = 0  # last published policy version (0 = the initial policy)
+    consumed: set[str] = field(default_factory=set)  # hex rollout ids already trained on (never train twice)
+    stage_index: int = 0  # curriculum stage at `step`, checked against the schedule on resume
+    extra: dict = field(default_factory=dict)  # free-form JSON-able counters (e.g. tokens seen)
+
+
+def rng_state() -> dict:
+    """torch, python and numpy RNG states in a form torch.load(weights_only=True) accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit_dir(tmp: Path, final: Path) -> None:
+    """Atomically move a fully written temporary directory to its final name (replacing an older one)."""
+    for f in tmp.iterdir():
+        with open(f, "rb+") as handle:
+            os.fsync(handle.fileno())
+    if final.exists():
+        trash = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def _tmp_beside(final: Path) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    return tmp
+
+
+def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainerState) -> Path:
+    """Write checkpoint `root/step-NNNNNN` atomically and prune all but the newest KEEP_CHECKPOINTS."""
+    final = Path(root) / f"{CHECKPOINT_PREFIX}{state.step:06d}"
+    tmp = _tmp_beside(final)
+    try:
+        save_safetensors_model(model, str(tmp / "model.safetensors"))
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
+                   tmp / "trainer_state.pt")
+        meta = {"step": state.step, "version": state.version, "stage_index": state.stage_index,
+                "consumed": sorted(state.consumed), "extra": state.extra}
+        (tmp / "state.json").write_text(json.dumps(meta))
+        _commit_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(root)[:-KEEP_CHECKPOINTS]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under root, oldest first (temporary directories are never listed)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
+    return sorted(found, key=lambda p: p.name)
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler) -> TrainerState:
+    """Restore model, optimizer, scheduler and RNG states in place; return the counters."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / "state.json").read_text())
+        blobs = torch.load(path / "trainer_state.pt", weights_only=True)
+        load_safetensors_model(model, str(path / "model.safetensors"))
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise TrainerError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {str(exc)[:120]})") from None
+    optimizer.load_state_dict(blobs["optimizer"])
+    scheduler.load_state_dict(blobs["scheduler"])
+    set_rng_state(blobs["rng"])
+    return TrainerState(step=meta["step"], version=meta["version"], consumed=set(meta["consumed"]),
+                        stage_index=meta["stage_index"], extra=meta.get("extra", {}))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def policy_dir(root: Path, version: int) -> Path:
+    return Path(root) / f"{POLICY_PREFIX}{version:06d}"
+
+
+def publish_policy(target: Path, model, tokenizer, description: dict, generation: dict) -> Path:
+    """Write a loadable policy version directory atomically at `target`.
+
+    Contents: model.safetensors (+ shards when big) and config.json via save_pretrained, the tokenizer files,
+    model.json (the model description: architecture config and tokenizer id, enough to rebuild it without a hub)
+    and generation.json (group_size, temperature, max_new_tokens, stage: what workers must generate with).
+    """
+    target = Path(target)
+    tmp = _tmp_beside(target)
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        (tmp / "model.json").write_text(json.dumps(description, indent=1, sort_keys=True, default=str))
+        (tmp / "generation.json").write_text(json.dumps(generation, indent=1, sort_keys=True))
+        _commit_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def read_generation(path: Path) -> dict:
+    """The generation settings of a published policy directory."""
+    try:
+        return json.loads((Path(path) / "generation.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise TrainerError(f"{path} is not a published policy (generation.json: {type(exc).__name__})") from None

@@ -1,0 +1,222 @@
+"""The trainer: accepted rollout groups in, GRPO steps, a published policy every k steps, checkpoints out.
+
+Why a `TrainingRun` plus two small runners: the run (model, optimizer, versions, checkpoints, log) is the same
+whether rollouts come from a local generator or from the swarm's quorum-accepted stream, so it only exposes
+`step(groups)`; the runners decide *when* groups arrive. `run_sync` is async level 0 (generate with the newest
+policy, then train); `run_async` overlaps a generator with training (a trio task driving a worker thread, a
+bounded memory channel between them), the rollouts' policy at most `async_level` versions old (INTELLECT-2).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+import trio
+
+from trainer.admission import Window, refusal
+from trainer.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_checkpoint,
+    policy_dir,
+    publish_policy,
+    save_checkpoint,
+)
+from trainer.config import TrainerConfig
+from trainer.curriculum import Curriculum
+from trainer.errors import TrainerError
+from trainer.step import PolicyTrainer, StepReport, TrainGroup
+from verify.rollout import RolloutGroup
+
+
+@dataclass(frozen=True)
+class PublishedPolicy:
+    """A policy version as workers see it: where its files are and what to generate with it."""
+
+    version: int
+    path: Path
+    generation: dict  # group_size, temperature, max_new_tokens, stage, stage_index, data
+
+
+class RolloutSource(Protocol):
+    """Produces the rollout groups of one batch with a given policy (blocking; runs in a worker thread)."""
+
+    def generate(self, step: int, policy: PublishedPolicy) -> list[RolloutGroup]: ...
+
+
+def to_train_group(group: RolloutGroup) -> TrainGroup:
+    return TrainGroup(
+        rollout_id=group.rollout_id().hex(), policy_version=group.policy_version,
+        prompt_tokens=group.prompt_tokens, completions=tuple(c.tokens for c in group.completions),
+        rewards=tuple(c.reward for c in group.completions), temperature=group.temperature,
+        max_new_tokens=group.max_new_tokens,
+    )
+
+
+class TrainingRun:
+    """Model + optimizer + versions + checkpoints + log of one training run in `cfg.out`."""
+
+    def __init__(self, loaded, cfg: TrainerConfig, curriculum: Curriculum, *, collective=None,
+                 on_report: Callable[[dict], None] | None = None) -> None:
+        self.loaded, self.cfg, self.curriculum = loaded, cfg, curriculum
+        self.out = Path(cfg.out)
+        self.rank = getattr(collective, "rank", 0)
+        pad = loaded.tokenizer.pad_token_id
+        self.trainer = PolicyTrainer(loaded.model, cfg, pad_id=pad if pad is not None else loaded.eos_token_ids[0],
+                                     collective=collective, load_version=self._load_version)
+        self.state = TrainerState()
+        self.published: set[int] = set()
+        self.on_report = on_report or (lambda report: None)
+        self._started = time.perf_counter()
+        self._resume_or_publish_initial()
+
+    # --- versions and checkpoints ----------------------------------------------------------------------------
+    def _resume_or_publish_initial(self) -> None:
+        found = latest_checkpoint(self.out / "checkpoints")
+        if found is not None:
+            self.state = load_checkpoint(found, self.loaded.model, self.trainer.optimizer, self.trainer.scheduler)
+            if self.state.stage_index != self.curriculum.stage_at(self.state.step).index:
+                raise TrainerError(f"checkpoint {found} was written under a different curriculum; use a new --out")
+            self.published = {v for v in range(self.state.version + 1) if policy_dir(self.policies, v).is_dir()}
+            if self.state.version not in self.published:
+                raise TrainerError(f"checkpoint {found} names policy v{self.state.version} but its files are gone")
+            return
+        self._publish(0)
+
+    @property
+    def policies(self) -> Path:
+        return self.out / "policies"
+
+    def _publish(self, version: int) -> None:
+        generation = self.curriculum.generation_settings(self.state.step, self.cfg.temperature)
+        if self.rank == 0:
+            publish_policy(policy_dir(self.policies, version), self.loaded.model, self.loaded.tokenizer,
+                           self._description(), generation)
+            self._prune_policies(version)
+        self.trainer.mark_published(version)
+        self.published.add(version)
+        self.state.version = version
+
+    def _description(self) -> dict:
+        desc = dict(self.loaded.description)
+        desc.pop("source", None)
+        return desc
+
+    def _prune_policies(self, newest: int) -> None:
+        """Keep the async window's versions (+1) on disk; they are the importance-sampling fallback."""
+        import shutil
+
+        for v in sorted(self.published):
+            if v < newest - self.cfg.async_level - 1:
+                shutil.rmtree(policy_dir(self.policies, v), ignore_errors=True)
+                self.published.discard(v)
+
+    def _load_version(self, version: int) -> dict | None:
+        from safetensors.torch import load_file
+
+        path = policy_dir(self.policies, version) / "model.safetensors"
+        return load_file(str(path)) if path.is_file() else None
+
+    def latest_policy(self) -> PublishedPolicy:
+        path = policy_dir(self.policies, self.state.version)
+        return PublishedPolicy(self.state.version, path, json.loads((path / "generation.json").read_text()))
+
+    def window(self) -> Window:
+        return Window(self.cfg.run, self.state.version, self.cfg.async_level, frozenset(self.published))
+
+    def checkpoint(self) -> Path | None:
+        self.state.stage_index = self.curriculum.stage_at(self.state.step).index
+        if self.rank != 0:
+            return None
+        return save_checkpoint(self.out / "checkpoints", self.loaded.model, self.trainer.optimizer,
+                               self.trainer.scheduler, self.state)
+
+    # --- one step --------------------------------------------------------------------------------------------
+    def step(self, groups: list[RolloutGroup]) -> dict:
+        """Admit, train, publish every `steps_per_policy` steps, checkpoint; returns the step's log record."""
+        window, accepted, refused = self.window(), [], []
+        for group in groups:
+            reason = refusal(group, window, self.state.consumed)
+            (refused if reason else accepted).append(reason or group)
+        report = self.trainer.train_step(self.state.step, [to_train_group(g) for g in accepted])
+        self.state.consumed.update(g.rollout_id().hex() for g in accepted)
+        record = self._record(report, accepted, refused)
+        self.state.step += 1
+        if self.state.step % self.cfg.steps_per_policy == 0:
+            self._publish(self.state.version + 1)
+        if self.state.step % self.cfg.checkpoint_every == 0:
+            self.checkpoint()
+        record["version"] = self.state.version
+        self._log(record)
+        return record
+
+    def _record(self, report: StepReport, accepted, refused: list[str]) -> dict:
+        stage = self.curriculum.stage_at(self.state.step)
+        generated = sum(len(c.tokens) for g in accepted for c in g.completions)
+        self.state.extra["tokens"] = self.state.extra.get("tokens", 0) + generated
+        elapsed = time.perf_counter() - self._started
+        lags = [self.state.version - g.policy_version for g in accepted]
+        return {**asdict(report), "stage": stage.stage.name, "stage_index": stage.index,
+                "refused": len(refused), "refusals": sorted(set(refused))[:3], "max_lag": max(lags, default=0),
+                "generated_tokens": generated, "wall_s": round(elapsed, 3),
+                "tokens_per_s": round(self.state.extra["tokens"] / max(elapsed, 1e-9), 1)}
+
+    def _log(self, record: dict) -> None:
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            with open(self.out / "log.jsonl", "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+        self.on_report(record)
+
+    def finish(self) -> Path:
+        """Checkpoint and write the final policy to out/final (loadable with `--model out/final`)."""
+        self.checkpoint()
+        final = self.out / "final"
+        if self.rank == 0:
+            generation = self.curriculum.generation_settings(self.state.step, self.cfg.temperature)
+            publish_policy(final, self.loaded.model, self.loaded.tokenizer, self._description(), generation)
+        return final
+
+
+def run_sync(run: TrainingRun, source: RolloutSource, steps: int, between: Callable[[], None] | None = None) -> None:
+    """Async level 0: each batch is generated by the newest published policy, then trained on."""
+    while run.state.step < steps:
+        run.step(source.generate(run.state.step, run.latest_policy()))
+        if between:
+            between()
+
+
+async def run_async(run: TrainingRun, source: RolloutSource, steps: int,
+                    between: Callable[[], None] | None = None) -> None:
+    """A generator task runs concurrently with training; groups cross a bounded channel of one batch.
+
+    Why the bound: with at most one batch waiting plus one being generated, a group is at most ~2 versions old
+    when steps_per_policy is 1; the admission window refuses anything older than async_level anyway.
+    """
+    send, recv = trio.open_memory_channel(run.cfg.prompts_per_step)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_generate_forever, run, source, send)
+        async with recv:
+            while run.state.step < steps:
+                batch = [await recv.receive() for _ in range(run.cfg.prompts_per_step)]
+                await trio.to_thread.run_sync(run.step, batch)
+                if between:
+                    await trio.to_thread.run_sync(between)
+        nursery.cancel_scope.cancel()
+
+
+async def _generate_forever(run: TrainingRun, source: RolloutSource, send) -> None:
+    """Generate batch after batch with the newest policy; wait (backpressure) when the channel is full."""
+    gen_step = run.state.step
+    async with send:
+        while True:
+            policy = run.latest_policy()
+            groups = await trio.to_thread.run_sync(source.generate, gen_step, policy)
+            for group in groups:
+                await send.send(group)
+            gen_step += 1

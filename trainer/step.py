@@ -1,0 +1,247 @@
+"""One GRPO optimizer step on a batch of rollout groups: old logprobs, loss, accumulation, clip, skip on NaN.
+
+Why a class around the pure functions of trainer.grpo: the step owns state that must move together and be
+checkpointed together (model, AdamW, warm-up schedule, the snapshots of recently published versions used as the
+importance-sampling "old" policy). Data parallelism enters through a narrow `Collective` (sum a number, average
+gradients), so the same code runs single-process (`LocalCollective`) and under torch.distributed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from trainer.config import TrainerConfig
+from trainer.grpo import (
+    LossStats,
+    batch_advantages,
+    clip_gradients,
+    constant_normaliser,
+    grpo_loss,
+    keep_informative_groups,
+    length_penalised_reward,
+    token_logprobs,
+)
+
+
+@dataclass(frozen=True)
+class TrainGroup:
+    """One accepted rollout group reduced to what the loss needs."""
+
+    rollout_id: str  # hex BLAKE3 id of the rollout group (dedup across restarts)
+    policy_version: int  # the version that generated every completion
+    prompt_tokens: tuple[int, ...]
+    completions: tuple[tuple[int, ...], ...]  # generated tokens of each completion, EOS included
+    rewards: tuple[float, ...]  # one reward per completion, in [0, 1] before length shaping
+    temperature: float
+    max_new_tokens: int  # the generation limit in force: the constant of the loss normaliser
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one step did; one JSON line of the training log."""
+
+    step: int
+    reward: float  # mean reward of every completion in the batch (filtered groups included)
+    groups: int
+    groups_trained: int  # after online filtering
+    tokens: int
+    loss: float
+    entropy: float
+    kl: float
+    clip_fraction: float
+    grad_norm: float
+    lr: float
+    skipped: str  # "" when the optimizer stepped, else the reason (e.g. "non-finite loss")
+    old_logprobs: str  # which policy gave the old logprobs: "exact", "current" (fallback) or a mix
+    seconds: float
+
+
+class LocalCollective:
+    """Single-process stand-in for torch.distributed: the identity."""
+
+    world_size = 1
+
+    def all_sum(self, value: float) -> float:
+        return value
+
+    def all_max(self, value: float) -> float:
+        return value
+
+    def average_gradients(self, parameters: Sequence[torch.nn.Parameter]) -> None:
+        return None
+
+
+def shaped_rewards(group: TrainGroup, length_target: int, coef: float) -> list[float]:
+    """Rewards after INTELLECT-2's length penalty (identity when no target)."""
+    target = length_target or None
+    return [length_penalised_reward(r, len(c), target, coef) for r, c in zip(group.rewards, group.completions)]
+
+
+def pack_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int):
+    """Right-padded model inputs and the completion positions.
+
+    Returns input_ids [B, L], attention_mask [B, L], positions [B, T] (index in the sequence of the hidden state
+    that predicts each completion token: prompt_len - 1 + t), tokens [B, T], mask [B, T].
+    """
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    t_max = max(len(c) for c in completions)
+    batch, width = len(prompts), max(lengths)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((batch, width), dtype=torch.long)
+    positions = torch.zeros((batch, t_max), dtype=torch.long)
+    tokens = torch.full((batch, t_max), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, t_max), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        input_ids[i, : lengths[i]] = torch.tensor(list(p) + list(c), dtype=torch.long)
+        attention[i, : lengths[i]] = 1
+        positions[i, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
+        tokens[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
+        mask[i, : len(c)] = 1.0
+    return input_ids, attention, positions, tokens, mask
+
+
+def completion_logits(model, input_ids, attention, positions) -> torch.Tensor:
+    """Logits [B, T, V] at the completion positions only: the LM head runs on T, not on the whole sequence."""
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention).last_hidden_state  # [B, L, H]
+    index = positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [B, T, H]
+    return model.get_output_embeddings()(torch.gather(hidden, 1, index))  # [B, T, V]
+
+
+class PolicyTrainer:
+    """Holds model + AdamW + warm-up schedule + version snapshots and performs GRPO steps."""
+
+    def __init__(self, model, cfg: TrainerConfig, *, pad_id: int, collective=None,
+                 load_version: Callable[[int], dict | None] | None = None) -> None:
+        self.model, self.cfg, self.pad_id = model, cfg, pad_id
+        self.collective = collective or LocalCollective()
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                           weight_decay=cfg.weight_decay)
+        warmup = max(1, cfg.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self.current_version: int | None = None  # version whose weights equal the live model (no step since)
+        self.load_version = load_version
+        self._scratch = None
+
+    # --- versions -------------------------------------------------------------------------------------------
+    def mark_published(self, version: int) -> None:
+        """Remember the live weights as `version`, keeping the async window's snapshots (k + 1 versions)."""
+        self.snapshots[version] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.current_version = version
+        for old in sorted(self.snapshots)[: -(self.cfg.async_level + 1)]:
+            del self.snapshots[old]
+
+    def _weights_of(self, version: int) -> dict | None:
+        if version in self.snapshots:
+            return self.snapshots[version]
+        return self.load_version(version) if self.load_version else None
+
+    def _model_for(self, version: int):
+        """(model, source) computing old logprobs for rollouts of `version` (see trainer.grpo's docstring)."""
+        if version == self.current_version:
+            return self.model, "exact"
+        weights = self._weights_of(version)
+        if weights is None:
+            return self.model, "current"
+        if self._scratch is None:
+            import copy
+            self._scratch = copy.deepcopy(self.model)
+        result = self._scratch.load_state_dict(weights, strict=False)
+        if result.unexpected_keys or any(k not in self._tied_keys() for k in result.missing_keys):
+            raise ValueError(f"weights of version {version} do not match the model: {result.missing_keys[:3]}")
+        return self._scratch, "exact"
+
+    def _tied_keys(self) -> set[str]:
+        """Output-embedding keys that save_pretrained omits when they are tied to the input embeddings."""
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        return {k for k in self.model.state_dict() if tied and k.startswith("lm_head.")}
+
+    @torch.no_grad()
+    def old_logprobs(self, groups: Sequence[TrainGroup], rows: list[tuple[int, int]]) -> tuple[torch.Tensor, str]:
+        """Old-policy logprobs [B, T] for the (group, completion) rows, each from its generating version."""
+        prompts = [groups[g].prompt_tokens for g, _ in rows]
+        comps = [groups[g].completions[c] for g, c in rows]
+        input_ids, attention, positions, tokens, _ = pack_batch(prompts, comps, self.pad_id)
+        out = torch.zeros(tokens.shape)
+        sources = set()
+        for version in sorted({groups[g].policy_version for g, _ in rows}):
+            idx = [i for i, (g, _) in enumerate(rows) if groups[g].policy_version == version]
+            model, source = self._model_for(version)
+            sources.add(source)
+            for chunk in _chunks(idx, self.cfg.micro_batch):
+                sel = torch.tensor(chunk)
+                logits = completion_logits(model, input_ids[sel], attention[sel], positions[sel])
+                temp = groups[rows[chunk[0]][0]].temperature
+                out[sel] = token_logprobs(logits, tokens[sel], temp)
+        return out, "+".join(sorted(sources))
+
+    # --- the step -------------------------------------------------------------------------------------------
+    def train_step(self, step: int, groups: Sequence[TrainGroup]) -> StepReport:
+        started = time.perf_counter()
+        rewards = [shaped_rewards(g, self.cfg.length_target, self.cfg.length_penalty) for g in groups]
+        advantages = batch_advantages(rewards)
+        keep = keep_informative_groups(advantages) if self.cfg.filter_zero_advantage else list(range(len(groups)))
+        rows = [(g, c) for g in keep for c in range(len(groups[g].completions))]
+        mean_reward = _mean([r for group in groups for r in group.rewards])
+        n_rows = int(self.collective.all_sum(float(len(rows))))
+        if n_rows == 0:
+            return self._report(step, groups, keep, mean_reward, [], 0.0, "no informative group", "", started)
+        max_tokens = max((groups[g].max_new_tokens for g in keep), default=1)
+        normaliser = constant_normaliser(n_rows, int(self.collective.all_max(float(max_tokens))))
+        old, source = self.old_logprobs(groups, rows) if rows else (torch.zeros(0, 0), "")
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = self._accumulate(groups, rows, advantages, old, normaliser) if rows else []
+        self.collective.average_gradients(list(self.model.parameters()))
+        grad_norm = clip_gradients(self.model.parameters(), self.cfg.grad_clip)
+        loss_sum = self.collective.all_sum(sum(s.loss for s in stats))
+        skipped = ""
+        if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
+            skipped = "non-finite loss" if not math.isfinite(loss_sum) else "non-finite gradient"
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.current_version = None  # live weights no longer equal any published version
+        return self._report(step, groups, keep, mean_reward, stats, grad_norm, skipped, source, started)
+
+    def _accumulate(self, groups, rows, advantages, old, normaliser) -> list[LossStats]:
+        prompts = [groups[g].prompt_tokens for g, _ in rows]
+        comps = [groups[g].completions[c] for g, c in rows]
+        input_ids, attention, positions, tokens, mask = pack_batch(prompts, comps, self.pad_id)
+        adv = torch.stack([advantages[g][c] for g, c in rows])  # [B]
+        stats = []
+        self.model.train()
+        for chunk in _chunks(list(range(len(rows))), self.cfg.micro_batch):
+            sel = torch.tensor(chunk)
+            logits = completion_logits(self.model, input_ids[sel], attention[sel], positions[sel])
+            loss, s = grpo_loss(logits, tokens[sel], mask[sel], old[sel], adv[sel],
+                                temperature=groups[rows[chunk[0]][0]].temperature, normaliser=normaliser,
+                                cfg=self.cfg.loss_config())
+            loss.backward()
+            stats.append(s)
+        return stats
+
+    def _report(self, step, groups, keep, reward, stats, grad_norm, skipped, source, started) -> StepReport:
+        tokens = sum(s.tokens for s in stats)
+        weight = max(tokens, 1)
+        return StepReport(
+            step=step, reward=reward, groups=len(groups), groups_trained=len(keep), tokens=tokens,
+            loss=sum(s.loss for s in stats), entropy=sum(s.entropy * s.tokens for s in stats) / weight,
+            kl=sum(s.kl * s.tokens for s in stats) / weight,
+            clip_fraction=sum(s.clip_fraction * s.tokens for s in stats) / weight,
+            grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"], skipped=skipped, old_logprobs=source,
+            seconds=time.perf_counter() - started,
+        )
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
