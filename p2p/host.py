@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,7 +179,7 @@ def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None) 
 
     async def guarded(stream: Any) -> None:
         try:
-            with trio.fail_after(timeout) if timeout is not None else _no_limit():
+            with trio.fail_after(timeout) if timeout is not None else nullcontext():
                 await handler(stream)
         except trio.TooSlowError:
             log.warning("handler for %s exceeded %g s; stream reset", protocol, timeout)
@@ -190,14 +190,6 @@ def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None) 
             await reset_quietly(stream)
 
     return guarded
-
-
-class _no_limit:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
 
 
 async def reset_quietly(stream: Any) -> None:

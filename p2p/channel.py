@@ -1,0 +1,311 @@
+"""The fast data channel: libp2p authenticates and hands over a one-time key and token, bytes move on a TCP socket.
+
+Why: a py-libp2p Noise+Yamux stream moves about 0.25x of raw TCP; a plain trio socket carrying 1 MiB
+ChaCha20-Poly1305 records moves about 0.8x (REFERENCE.md §5). Security rests on the libp2p stream: the offer
+(port, token, secret) travels inside Noise to the authenticated peer only, the token admits exactly one socket
+once, and the record key is derived from the secret AND both peer ids, so a channel is bound to the two peers
+libp2p authenticated. When the data socket cannot be reached (relays, NAT), the same libp2p protocol carries the
+bytes itself (`Libp2pByteStream`), slower but always there; that fallback is logged once per peer.
+
+Handshake on PROTOCOL (each message: u16 length + msgpack map):
+    dialer -> listener   {"v": 1, "mode": "socket"}      listener -> dialer  {"v": 1, "port": int, "token": 32 B,
+                                                                              "secret": 32 B}
+    dialer connects to the listener's IP (the one its libp2p connection reached) and port, sends the token;
+    the listener answers with one empty record ("accepted") or drops the socket at once.
+    dialer -> listener   {"v": 1, "mode": "stream"}      the libp2p stream itself becomes the data channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+import msgpack
+import trio
+
+from p2p.channel_records import DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer
+from p2p.channel_stream import SecureChannelStream, StreamTimeouts, tune_socket
+from p2p.errors import ChannelError, HostError
+from p2p.libp2p_compat import Libp2pByteStream, tune_yamux
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "/rl-swarm/data/1.0.0"
+TOKEN_BYTES = 32
+_MSG_LEN = struct.Struct(">H")
+_MAX_MSG = 1024
+_KEY_CONTEXT = "rl-swarm 2026 data channel v1 record key"
+ChannelCallback = Callable[[str, Any], Awaitable[None]]
+_fallback_logged: set[str] = set()
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """Limits and choices of data channels, in seconds of trio time."""
+
+    handshake_timeout: float = 10.0
+    """Offer exchange over libp2p plus the token check on the data socket."""
+    connect_timeout: float = 5.0
+    """TCP connect to the peer's data socket; past it the channel falls back to the libp2p stream."""
+    token_ttl: float = 15.0
+    """An unused offer expires after this (a token is also single-use)."""
+    use_socket: bool = True
+    """False forces the libp2p-stream transport (e.g. behind a relay)."""
+    allow_fallback: bool = True
+    """False makes an unreachable data socket an error instead of a fallback."""
+    socket_buffer: int = 4 * 1024 * 1024
+    """SO_SNDBUF / SO_RCVBUF of data sockets."""
+    timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
+
+
+def channel_key(secret: bytes, dialer: str, listener: str) -> bytes:
+    """The record key: bound to the one-time secret and to both authenticated peer ids."""
+    material = b"".join(_MSG_LEN.pack(len(p)) + p for p in (secret, dialer.encode(), listener.encode()))
+    return blake3.blake3(material, derive_key_context=_KEY_CONTEXT).digest(length=KEY_BYTES)
+
+
+# ------------------------------------------------------------------------------------- handshake messages
+
+
+async def _write_msg(stream: Any, msg: dict) -> None:
+    raw = msgpack.packb(msg, use_bin_type=True)
+    await stream.write(_MSG_LEN.pack(len(raw)) + raw)
+
+
+async def _read_exact_libp2p(stream: Any, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await stream.read(n - len(buf))
+        if not chunk:
+            raise ChannelError("handshake stream ended early")
+        buf += chunk
+    return bytes(buf)
+
+
+async def _read_msg(stream: Any) -> dict:
+    """One bounded handshake message; anything malformed is a ChannelError (hostile until verified)."""
+    try:
+        (size,) = _MSG_LEN.unpack(await _read_exact_libp2p(stream, _MSG_LEN.size))
+        if size > _MAX_MSG:
+            raise ChannelError(f"handshake message of {size} bytes exceeds {_MAX_MSG}")
+        msg = msgpack.unpackb(await _read_exact_libp2p(stream, size), raw=False)
+    except ChannelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - EOF, reset or garbage: all mean a failed handshake
+        raise ChannelError(f"bad data channel handshake ({type(exc).__name__})") from exc
+    if not isinstance(msg, dict) or msg.get("v") != 1:
+        raise ChannelError("data channel handshake message is not a version-1 map")
+    return msg
+
+
+def _parse_offer(msg: dict) -> tuple[int, bytes, bytes]:
+    port, token, secret = msg.get("port"), msg.get("token"), msg.get("secret")
+    if not (isinstance(port, int) and 0 < port < 65536):
+        raise ChannelError("data channel offer has no valid port")
+    if not (isinstance(token, bytes) and len(token) == TOKEN_BYTES):
+        raise ChannelError("data channel offer has no valid token")
+    if not (isinstance(secret, bytes) and len(secret) == KEY_BYTES):
+        raise ChannelError("data channel offer has no valid secret")
+    return port, token, secret
+
+
+# ------------------------------------------------------------------------------------------- listener side
+
+
+@dataclass
+class _Offer:
+    peer_id: str
+    secret: bytes
+    expires: float
+
+
+class DataChannelServer:
+    """Accepts data channels for one host: libp2p handshakes, the data socket listener, token admission."""
+
+    def __init__(self, host: Any, callback: ChannelCallback, config: ChannelConfig = ChannelConfig()) -> None:
+        self.host = host
+        self.callback = callback
+        self.config = config
+        self.port = 0
+        self._offers: dict[bytes, _Offer] = {}
+        self.rejected = 0
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on the host's IP, install the handshake handler, serve until cancelled."""
+        ip = _listen_ip(self.host.multiaddrs)
+        listeners = await trio.open_tcp_listeners(0, host=ip)
+        self.port = listeners[0].socket.getsockname()[1]
+        self.host.set_guarded_handler(PROTOCOL, self._handle_handshake, timeout=None)
+        async with trio.open_nursery() as nursery:
+            task_status.started(self.port)
+            try:
+                await trio.serve_listeners(self._admit, listeners, handler_nursery=nursery)
+            finally:
+                self.host.remove_handler(PROTOCOL)
+
+    async def _handle_handshake(self, stream: Any) -> None:
+        peer_id = self.host.remote_peer_id(stream)
+        with trio.fail_after(self.config.handshake_timeout):
+            request = await _read_msg(stream)
+        if request.get("mode") == "stream":
+            tune_yamux()
+            await self._serve(peer_id, Libp2pByteStream(stream, peer_id))
+            return
+        if request.get("mode") != "socket":
+            raise ChannelError(f"unknown data channel mode {request.get('mode')!r}")
+        token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
+        self._expire_offers()
+        self._offers[token] = _Offer(peer_id, secret, trio.current_time() + self.config.token_ttl)
+        with trio.fail_after(self.config.handshake_timeout):
+            await _write_msg(stream, {"v": 1, "port": self.port, "token": token, "secret": secret})
+            await stream.close()
+
+    def _expire_offers(self) -> None:
+        now = trio.current_time()
+        for token in [t for t, o in self._offers.items() if o.expires < now]:
+            del self._offers[token]
+
+    async def _admit(self, sock: trio.SocketStream) -> None:
+        """Admit a data socket only with a live one-time token; anything else is dropped at once."""
+        channel = None
+        try:
+            with trio.fail_after(self.config.handshake_timeout):
+                offer = await self._claim_token(sock)
+                if offer is None:
+                    self.rejected += 1
+                    log.warning("dropped a data socket with an unknown or expired token")
+                    await trio.aclose_forcefully(sock)
+                    return
+                channel = _make_stream(sock, offer.secret, offer.peer_id, self.host.peer_id, LISTENER, self.config)
+                await channel.send_accept()
+        except (trio.TooSlowError, ChannelError, trio.BrokenResourceError, OSError) as exc:
+            log.warning("data socket handshake failed: %s", exc or type(exc).__name__)
+            await trio.aclose_forcefully(sock)
+            return
+        await self._serve(offer.peer_id, channel)
+
+    async def _claim_token(self, sock: trio.SocketStream) -> _Offer | None:
+        token = bytearray()
+        while len(token) < TOKEN_BYTES:
+            data = await sock.receive_some(TOKEN_BYTES - len(token))
+            if not data:
+                return None
+            token += data
+        offer = self._offers.pop(bytes(token), None)
+        if offer is None or offer.expires < trio.current_time():
+            return None
+        return offer
+
+    async def _serve(self, peer_id: str, channel: Any) -> None:
+        """Run the user's callback; its failure ends this channel only, never the host."""
+        try:
+            await self.callback(peer_id, channel)
+        except Exception as exc:  # noqa: BLE001 - a handler bug or a hostile peer must not kill the host
+            log.warning("data channel handler for %s failed: %s", peer_id, exc or type(exc).__name__)
+            log.debug("data channel handler traceback", exc_info=True)
+        finally:
+            await channel.aclose()
+
+
+def _listen_ip(multiaddrs: list[str]) -> str:
+    for addr in multiaddrs:
+        parts = addr.split("/")
+        if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+            return parts[2]
+    raise HostError("the host has no IP listen address to put a data socket on")
+
+
+def _make_stream(
+    sock: trio.SocketStream, secret: bytes, dialer: str, listener: str, side: int, config: ChannelConfig
+) -> SecureChannelStream:
+    tune_socket(sock, config.socket_buffer)
+    key = channel_key(secret, dialer, listener)
+    other = LISTENER if side == DIALER else DIALER
+    remote = listener if side == DIALER else dialer
+    return SecureChannelStream(sock, RecordSealer(key, side), RecordOpener(key, other), remote, config.timeouts)
+
+
+async def serve_data_channels(
+    host: Any, callback: ChannelCallback, config: ChannelConfig = ChannelConfig(), *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
+    """Accept data channels on `host` until cancelled; `callback(peer_id, stream)` runs once per channel.
+
+    Start it in a nursery: `port = await nursery.start(serve_data_channels, host, callback)`.
+    """
+    await DataChannelServer(host, callback, config).run(task_status=task_status)
+
+
+# --------------------------------------------------------------------------------------------- dialer side
+
+
+async def open_data_channel(host: Any, peer_id: str, config: ChannelConfig = ChannelConfig()) -> Any:
+    """A byte stream to `peer_id`: the fast data socket, or the libp2p stream when the socket is unreachable."""
+    if config.use_socket:
+        try:
+            return await _open_socket_channel(host, peer_id, config)
+        except _SocketUnreachable as exc:
+            if not config.allow_fallback:
+                raise ChannelError(f"data socket of {peer_id} is unreachable: {exc}") from exc
+            if peer_id not in _fallback_logged:
+                _fallback_logged.add(peer_id)
+                log.warning("data socket of %s unreachable (%s); using the slower libp2p stream", peer_id, exc)
+    return await _open_stream_channel(host, peer_id, config)
+
+
+class _SocketUnreachable(Exception):
+    """Internal: the offer arrived but the data socket could not be used, so the libp2p stream is tried."""
+
+
+async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tuple[str, int, bytes, bytes]:
+    stream = await host.new_stream(peer_id, PROTOCOL)
+    try:
+        with trio.fail_after(config.handshake_timeout):
+            await _write_msg(stream, {"v": 1, "mode": "socket"})
+            port, token, secret = _parse_offer(await _read_msg(stream))
+    except trio.TooSlowError as exc:
+        raise ChannelError(f"data channel handshake with {peer_id} timed out") from exc
+    finally:
+        await _close_quietly(stream)
+    remote = stream.get_remote_address()
+    if not remote:
+        raise _SocketUnreachable("the libp2p connection has no IP address to reach")
+    return remote[0], port, token, secret
+
+
+async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream:
+    ip, port, token, secret = await _request_offer(host, peer_id, config)
+    try:
+        with trio.fail_after(config.connect_timeout):
+            sock = await trio.open_tcp_stream(ip, port)
+    except (trio.TooSlowError, OSError) as exc:
+        raise _SocketUnreachable(f"{ip}:{port}: {exc or type(exc).__name__}") from exc
+    channel = _make_stream(sock, secret, host.peer_id, peer_id, DIALER, config)
+    try:
+        with trio.fail_after(config.handshake_timeout):
+            await sock.send_all(token)
+            await channel.receive_accept()
+    except (trio.TooSlowError, ChannelError, trio.BrokenResourceError, OSError) as exc:
+        await channel.abort()
+        raise _SocketUnreachable(f"{ip}:{port} did not accept the token ({exc or type(exc).__name__})") from exc
+    return channel
+
+
+async def _open_stream_channel(host: Any, peer_id: str, config: ChannelConfig) -> Libp2pByteStream:
+    tune_yamux()
+    stream = await host.new_stream(peer_id, PROTOCOL)
+    with trio.fail_after(config.handshake_timeout):
+        await _write_msg(stream, {"v": 1, "mode": "stream"})
+    return Libp2pByteStream(stream, peer_id)
+
+
+async def _close_quietly(stream: Any) -> None:
+    with trio.move_on_after(1.0):
+        try:
+            await stream.close()
+        except Exception:  # noqa: BLE001 - the offer already arrived; a close failure changes nothing
+            log.debug("closing the handshake stream failed", exc_info=True)

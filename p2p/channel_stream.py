@@ -1,0 +1,206 @@
+"""The IO adapter of the fast data channel: sealed records over a plain trio TCP socket.
+
+Why exact `recv_into` reads into preallocated buffers: the trio scheduler around many small reads, and copies,
+are where stream throughput goes in Python (REFERENCE.md §5). Reading a record's header, then exactly its body,
+means one 1 MiB record costs a handful of syscalls and one decrypt, and we never read ahead into a record the peer
+has not started (which would stall request/response traffic).
+
+Timeouts: a record whose header arrived must complete within `record_timeout` (a peer cannot pin our buffer by
+stalling mid-record); between records a link may idle unless `idle_timeout` is set; each record sent must be
+taken by the peer within `send_timeout`.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket as stdlib_socket
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import trio
+
+from p2p.channel_records import HEADER, MAX_RECORD, RecordOpener, RecordSealer, record_buffer
+from p2p.errors import ChannelError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamTimeouts:
+    """Per-operation limits of one data channel stream, in seconds of trio time."""
+
+    record_timeout: float = 30.0
+    """A record whose header arrived must be complete within this."""
+    idle_timeout: float | None = None
+    """Longest wait for the next record; None lets a link idle (the piece protocol keeps links open)."""
+    send_timeout: float = 30.0
+    """A record handed to the socket must be taken by the peer within this (a receiver that stopped reading)."""
+
+
+def tune_socket(stream: trio.SocketStream, buffer_bytes: int) -> None:
+    """Large kernel buffers keep a 1 MiB record in flight while the other side decrypts the previous one."""
+    for option in (stdlib_socket.SO_SNDBUF, stdlib_socket.SO_RCVBUF):
+        try:
+            stream.setsockopt(stdlib_socket.SOL_SOCKET, option, buffer_bytes)
+        except OSError:  # a kernel cap is not an error: the default buffers still work
+            log.debug("could not set socket buffer", exc_info=True)
+
+
+class SecureChannelStream:
+    """A trio-style byte stream (send_all / receive_some / aclose) of authenticated, encrypted records."""
+
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        sealer: RecordSealer,
+        opener: RecordOpener,
+        peer_id: str,
+        timeouts: StreamTimeouts = StreamTimeouts(),
+    ) -> None:
+        self._stream = stream
+        self._sock = stream.socket
+        self._sealer = sealer
+        self._opener = opener
+        self.peer_id = peer_id
+        self.transport = "data-socket"
+        self._timeouts = timeouts
+        self._out = record_buffer()
+        self._in = record_buffer()
+        self._plain = b""
+        self._plain_pos = 0
+        self._send_lock = trio.Lock()
+        self._receiving = False
+        self._broken: ChannelError | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------------ sending
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Send `data` as records of at most 1 MiB (one record per call below that size)."""
+        self._check_usable()
+        view = memoryview(data).cast("B")
+        async with self._send_lock:
+            for start in range(0, max(len(view), 1), MAX_RECORD):
+                chunk = view[start : start + MAX_RECORD]
+                if len(chunk):
+                    await self._send_record(chunk, final=False)
+
+    async def _send_record(self, plaintext: memoryview | bytes, final: bool) -> None:
+        size = self._sealer.seal_into(plaintext, self._out, final=final)
+        try:
+            with trio.fail_after(self._timeouts.send_timeout):
+                await self._stream.send_all(memoryview(self._out)[:size])
+        except trio.TooSlowError as exc:
+            raise self._fail(f"peer {self.peer_id} stopped taking data for {self._timeouts.send_timeout:g} s") from exc
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise self._fail(f"data channel to {self.peer_id} broke while sending") from exc
+
+    async def send_eof(self) -> None:
+        """Half-close: send the final record; the peer reads b"" after our data, we may still receive."""
+        self._check_usable()
+        async with self._send_lock:
+            if not self._sealer.finished:
+                await self._send_record(b"", final=True)
+
+    # ---------------------------------------------------------------------------------------------- receiving
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """Up to `max_bytes` of plaintext (b"" after the peer's final record); ChannelError on tampering/truncation."""
+        self._check_usable()
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this data channel")
+        self._receiving = True
+        try:
+            while self._plain_pos == len(self._plain):
+                if self._opener.finished:
+                    return b""
+                self._plain, self._plain_pos = await self._read_record(), 0
+            return self._take(len(self._plain) if max_bytes is None else max(1, max_bytes))
+        finally:
+            self._receiving = False
+
+    def _take(self, limit: int) -> bytes:
+        """Hand out buffered plaintext: a whole record without copying when the caller's limit allows it."""
+        start, end = self._plain_pos, min(len(self._plain), self._plain_pos + limit)
+        self._plain_pos = end
+        if start == 0 and end == len(self._plain):
+            return self._plain
+        with memoryview(self._plain) as view:
+            return bytes(view[start:end])
+
+    async def send_accept(self) -> None:
+        """The listener's empty first record: proves it holds the key and admitted the token."""
+        async with self._send_lock:
+            await self._send_record(b"", final=False)
+
+    async def receive_accept(self) -> None:
+        """Consume the listener's empty 'accepted' record (the handshake's last step)."""
+        if await self._read_record() != b"" or self._opener.finished:
+            raise self._fail(f"peer {self.peer_id} did not accept the data channel")
+
+    async def _read_record(self) -> bytes:
+        header = memoryview(self._in)[: HEADER.size]
+        try:
+            with trio.fail_after(self._timeouts.idle_timeout) if self._timeouts.idle_timeout else nullcontext():
+                got = await self._recv_exact(header)
+            if got == 0:
+                raise self._fail(f"data channel from {self.peer_id} ended without its final record (truncated)")
+            if got < HEADER.size:
+                raise self._fail(f"data channel from {self.peer_id} ended inside a record header (truncated)")
+            length, flags = self._opener.parse_header(header)
+            body = memoryview(self._in)[HEADER.size : HEADER.size + length]
+            with trio.fail_after(self._timeouts.record_timeout):
+                if await self._recv_exact(body) < length:
+                    raise self._fail(f"data channel from {self.peer_id} ended inside a record (truncated)")
+            return self._opener.open(flags, body)
+        except ChannelError as exc:
+            self._fail(str(exc))
+            raise
+        except trio.TooSlowError as exc:
+            raise self._fail(f"data channel from {self.peer_id} stalled (no data within the timeout)") from exc
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise self._fail(f"data channel from {self.peer_id} broke ({type(exc).__name__})") from exc
+
+    async def _recv_exact(self, view: memoryview) -> int:
+        """Fill `view` from the socket; returns fewer bytes only at EOF."""
+        got = 0
+        while got < len(view):
+            n = await self._sock.recv_into(view[got:])
+            if n == 0:
+                break
+            got += n
+        return got
+
+    # ------------------------------------------------------------------------------------------------ closing
+
+    async def aclose(self) -> None:
+        """Send the final record (a clean end the peer can tell from truncation), then close the socket."""
+        if self._closed:
+            return
+        self._closed = True
+        with trio.move_on_after(2.0) as scope:
+            scope.shield = True
+            if self._broken is None and not self._sealer.finished:
+                try:
+                    async with self._send_lock:
+                        await self._send_record(b"", final=True)
+                except (ChannelError, trio.ClosedResourceError):
+                    log.debug("final record not delivered to %s", self.peer_id)
+        await trio.aclose_forcefully(self._stream)
+
+    async def abort(self) -> None:
+        """Close the socket without a final record: the peer sees a truncation (used on errors)."""
+        self._closed = True
+        await trio.aclose_forcefully(self._stream)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("data channel is closed")
+        if self._broken is not None:
+            raise ChannelError(f"data channel is broken: {self._broken}")
+
+    def _fail(self, message: str) -> ChannelError:
+        """Mark the stream broken: after a bad record nothing more from this peer can be trusted."""
+        if self._broken is None:
+            self._broken = ChannelError(message)
+        return self._broken

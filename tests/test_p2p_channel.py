@@ -1,0 +1,126 @@
+"""The fast data channel between two real libp2p hosts on loopback: handshake, token admission, fallback."""
+
+import logging
+import os
+
+import blake3
+import pytest
+import trio
+
+from p2p.channel import ChannelConfig, DataChannelServer, open_data_channel
+from p2p.channel_stream import SecureChannelStream
+from p2p.errors import ChannelError
+from p2p.host import open_host
+from p2p.libp2p_compat import Libp2pByteStream
+
+
+async def hash_and_reply(peer_id, stream):
+    """Server callback: hash everything until EOF, answer with the digest and the peer id it was told."""
+    hasher = blake3.blake3()
+    while chunk := await stream.receive_some(1 << 20):
+        hasher.update(chunk)
+    await stream.send_all(hasher.digest() + peer_id.encode())
+
+
+async def send_and_check(client, data, server_peer_id, client_peer_id):
+    await client.send_all(data)
+    await client.send_eof()
+    reply = b""
+    while chunk := await client.receive_some(4096):
+        reply += chunk
+    assert reply == blake3.blake3(data).digest() + client_peer_id.encode()
+    assert client.peer_id == server_peer_id
+    await client.aclose()
+
+
+@pytest.fixture
+async def pair():
+    async with open_host() as server_host, open_host() as client_host:
+        server = DataChannelServer(server_host, hash_and_reply)
+        await server_host.nursery.start(server.run)
+        await client_host.connect(server_host.multiaddrs[0])
+        yield server, server_host, client_host
+
+
+async def test_data_socket_round_trip_of_a_few_mib_is_blake3_verified(pair):
+    server, server_host, client_host = pair
+    data = os.urandom(5 * 1024 * 1024 + 77)
+    with trio.fail_after(30):
+        client = await open_data_channel(client_host, server_host.peer_id)
+        assert isinstance(client, SecureChannelStream)
+        await send_and_check(client, data, server_host.peer_id, client_host.peer_id)
+    assert server.rejected == 0
+
+
+async def test_wrong_or_reused_token_is_dropped_at_once(pair):
+    server, server_host, client_host = pair
+    with trio.fail_after(10):
+        stranger = await trio.open_tcp_stream("127.0.0.1", server.port)
+        await stranger.send_all(os.urandom(32))
+        assert await stranger.receive_some(100) == b""  # dropped without a byte of data
+        assert server.rejected == 1
+        channel = await open_data_channel(client_host, server_host.peer_id)
+        await send_and_check(channel, b"still serving", server_host.peer_id, client_host.peer_id)
+
+
+async def test_stolen_token_is_single_use(pair):
+    from p2p.channel import _request_offer
+
+    server, server_host, client_host = pair
+    with trio.fail_after(10):
+        ip, port, token, _secret = await _request_offer(client_host, server_host.peer_id, ChannelConfig())
+        first = await trio.open_tcp_stream(ip, port)
+        await first.send_all(token)
+        assert len(await first.receive_some(100)) > 0  # the "accepted" record
+        second = await trio.open_tcp_stream(ip, port)
+        await second.send_all(token)
+        assert await second.receive_some(100) == b""
+        assert server.rejected == 1
+        await first.aclose()
+
+
+async def test_unreachable_data_socket_falls_back_to_the_libp2p_stream_logged_once(pair, caplog):
+    server, server_host, client_host = pair
+    dead = trio.socket.socket()
+    await dead.bind(("127.0.0.1", 0))
+    server.port = dead.getsockname()[1]  # the offer now names a port nobody listens on
+    dead.close()
+    data = os.urandom(2 * 1024 * 1024)
+    with trio.fail_after(30), caplog.at_level(logging.WARNING, logger="p2p.channel"):
+        for _ in range(2):
+            client = await open_data_channel(client_host, server_host.peer_id)
+            assert isinstance(client, Libp2pByteStream)
+            await send_and_check(client, data, server_host.peer_id, client_host.peer_id)
+        with pytest.raises(ChannelError, match="unreachable"):
+            await open_data_channel(client_host, server_host.peer_id, ChannelConfig(allow_fallback=False))
+    assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_sender_aborting_mid_transfer_gives_the_receiver_an_error(caplog):
+    outcome = {}
+    done = trio.Event()
+
+    async def receiver(peer_id, stream):
+        try:
+            while await stream.receive_some(1 << 20):
+                pass
+            outcome["result"] = "clean eof"
+        except ChannelError as exc:
+            outcome["result"] = str(exc)
+            raise
+        finally:
+            done.set()
+
+    async with open_host() as server_host, open_host() as client_host:
+        await server_host.nursery.start(DataChannelServer(server_host, receiver).run)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            client = await open_data_channel(client_host, server_host.peer_id)
+            await client.send_all(os.urandom(3 * 1024 * 1024))
+            await client.abort()  # the sending peer vanishes: no final record
+            await done.wait()
+        assert "truncated" in outcome["result"]
+        assert "data channel handler" in caplog.text  # logged, the host lives on
+        channel = await open_data_channel(client_host, server_host.peer_id)
+        await channel.send_all(b"x")
+        await channel.aclose()

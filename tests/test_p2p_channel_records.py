@@ -1,0 +1,149 @@
+"""The data channel's record layer (sans-IO) and its stream adapter over a real socket pair, with a hostile peer."""
+
+import os
+
+import pytest
+import trio
+
+from p2p.channel_records import (
+    DIALER,
+    FINAL,
+    HEADER,
+    LISTENER,
+    MAX_RECORD,
+    TAG,
+    RecordOpener,
+    RecordSealer,
+    record_buffer,
+)
+from p2p.channel_stream import SecureChannelStream, StreamTimeouts
+from p2p.errors import ChannelError
+
+KEY = bytes(range(32))
+
+
+def seal(sealer, plaintext, final=False):
+    out = record_buffer()
+    size = sealer.seal_into(plaintext, out, final=final)
+    return bytearray(out[:size])
+
+
+def open_record(opener, record):
+    length, flags = opener.parse_header(record[: HEADER.size])
+    assert length == len(record) - HEADER.size
+    return opener.open(flags, memoryview(record)[HEADER.size :])
+
+
+def test_records_round_trip_in_order_and_end_with_final():
+    sealer, opener = RecordSealer(KEY, DIALER), RecordOpener(KEY, DIALER)
+    chunks = [b"", b"x", os.urandom(MAX_RECORD)]
+    records = [seal(sealer, c) for c in chunks] + [seal(sealer, b"", final=True)]
+    assert [len(r) for r in records[:2]] == [HEADER.size + TAG, HEADER.size + TAG + 1]
+    assert [open_record(opener, r) for r in records[:3]] == chunks
+    assert open_record(opener, records[3]) == b"" and opener.finished
+    with pytest.raises(ChannelError, match="after the peer's final record"):
+        opener.parse_header(records[0][: HEADER.size])
+
+
+@pytest.mark.parametrize("attack", ["flip_ciphertext", "flip_flag", "reorder", "replay", "reflect", "wrong_key"])
+def test_tampered_reordered_replayed_or_reflected_records_fail_authentication(attack):
+    sealer = RecordSealer(KEY, DIALER)
+    first, second = seal(sealer, b"first record"), seal(sealer, b"second record")
+    opener = RecordOpener(KEY, DIALER)
+    if attack == "flip_ciphertext":
+        first[HEADER.size + 3] ^= 0x01
+    elif attack == "flip_flag":
+        first[4] ^= FINAL  # a truncation disguised as a clean end
+    elif attack == "reorder":
+        first = second
+    elif attack == "replay":
+        assert open_record(opener, first) == b"first record"
+    elif attack == "reflect":
+        opener = RecordOpener(KEY, LISTENER)  # our own records sent back to us
+    elif attack == "wrong_key":
+        opener = RecordOpener(bytes(32), DIALER)
+    with pytest.raises(ChannelError, match="failed authentication"):
+        open_record(opener, first)
+
+
+def test_oversized_or_malformed_headers_are_refused_before_reading_the_body():
+    opener = RecordOpener(KEY, DIALER)
+    for length, flags in [(MAX_RECORD + TAG + 1, 0), (TAG - 1, 0), (TAG, 0x80)]:
+        with pytest.raises(ChannelError, match="malformed"):
+            opener.parse_header(HEADER.pack(length, flags))
+    with pytest.raises(ValueError):
+        RecordSealer(KEY, DIALER).seal_into(bytes(MAX_RECORD + 1), record_buffer())
+
+
+async def socket_pair_streams(timeouts=StreamTimeouts()):
+    a, b = trio.socket.socketpair()
+    left = SecureChannelStream(trio.SocketStream(a), RecordSealer(KEY, DIALER), RecordOpener(KEY, LISTENER), "L", timeouts)
+    right = SecureChannelStream(trio.SocketStream(b), RecordSealer(KEY, LISTENER), RecordOpener(KEY, DIALER), "R", timeouts)
+    return left, right
+
+
+async def test_stream_round_trip_bounded_reads_and_clean_eof():
+    left, right = await socket_pair_streams()
+    data = os.urandom(3 * MAX_RECORD + 12345)
+    received = bytearray()
+
+    async def reader():
+        while chunk := await right.receive_some(100_000):
+            assert len(chunk) <= 100_000
+            received.extend(chunk)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await left.send_all(data)
+            await left.send_eof()
+        await right.send_all(b"reply after your eof")
+        assert await left.receive_some() == b"reply after your eof"
+    assert received == data
+    await left.aclose()
+    await right.aclose()
+
+
+async def raw_pair():
+    """A sealed-record reader facing a hostile raw socket that we script byte by byte."""
+    a, b = trio.socket.socketpair()
+    reader = SecureChannelStream(
+        trio.SocketStream(b), RecordSealer(KEY, LISTENER), RecordOpener(KEY, DIALER), "hostile", StreamTimeouts(record_timeout=5)
+    )
+    return trio.SocketStream(a), reader
+
+
+async def test_tampered_record_on_the_wire_ends_the_stream_with_an_error():
+    raw, reader = await raw_pair()
+    sealer = RecordSealer(KEY, DIALER)
+    good, bad = seal(sealer, b"good"), seal(sealer, b"evil")
+    bad[-1] ^= 0x40
+    await raw.send_all(good + bad)
+    with trio.fail_after(5):
+        assert await reader.receive_some() == b"good"
+        with pytest.raises(ChannelError, match="record 1 failed authentication"):
+            await reader.receive_some()
+    with pytest.raises(ChannelError, match="broken"):
+        await reader.receive_some()  # nothing more is trusted from this peer
+
+
+@pytest.mark.parametrize("cut", ["between_records", "inside_header", "inside_body"])
+async def test_peer_vanishing_mid_transfer_is_an_error_not_a_hang(cut):
+    raw, reader = await raw_pair()
+    record = seal(RecordSealer(KEY, DIALER), os.urandom(200_000))
+    keep = {"between_records": 0, "inside_header": 2, "inside_body": 100_000}[cut]
+    await raw.send_all(record[:keep])
+    await raw.aclose()  # the process died: FIN without a final record
+    with trio.fail_after(5), pytest.raises(ChannelError, match="truncated"):
+        await reader.receive_some()
+
+
+async def test_peer_stalling_inside_a_record_times_out(autojump_clock):
+    raw, reader = await raw_pair()
+    record = seal(RecordSealer(KEY, DIALER), b"x" * 1000)
+    await raw.send_all(record[:500])  # then silence, connection kept open
+    start = trio.current_time()
+    with pytest.raises(ChannelError, match="stalled"):
+        await reader.receive_some()
+    assert trio.current_time() - start == pytest.approx(5, abs=0.01)
+    await raw.aclose()
