@@ -1,0 +1,369 @@
+"""GossipSub per run: signed envelopes on one topic per kind, verified before they are delivered or forwarded.
+
+Topics are f"/rlswarm/{run}/{kind}". Every message is a sealed envelope (p2p.envelope); a validator hooked into
+py-libp2p's pubsub runs `open_envelope` on it, so a malformed, forged, stale, replayed, oversized or wrong-run
+message is rejected before delivery and is never forwarded; the peer that handed it to us is scored down
+(p2p.scores) and, past the threshold, blacklisted in pubsub until its ban ends.
+
+py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
+- the 120 s default heartbeat (and the "adaptive" mode that stretches it to 30-60 s) makes meshes form and heal in
+  minutes: heartbeat ~1 s, adaptive mode off;
+- messages of 1 MiB and more vanish silently: `publish` refuses envelopes above GOSSIP_MAX_BYTES (900 KiB) with a
+  GossipError, and the caller announces the payload by hash instead (kind "rollout_ann");
+- the router drops, per forwarding peer and topic, everything above `max_messages_per_topic_per_second` (10/s by
+  default, checked on our own publishes too): we set the limit explicitly and pace our own publishes below it;
+- subscription queues hold 32 messages and drop the rest: one task per topic drains them continuously into our
+  own larger, bounded channels;
+- `equivocation_detection` keeps every message it ever saw (the full bytes) until a heartbeat trims it: it is
+  replaced by a map that stores nothing. Replays are caught by our own bounded (sender, seq) filter instead.
+- connections made before gossip started fire no notifee: a maintenance tick opens pubsub streams to them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from p2p.envelope import (
+    DEFAULT_POLICY,
+    GOSSIP_MAX_BYTES,
+    KINDS,
+    Envelope,
+    EnvelopePolicy,
+    make_replay_filter,
+    open_envelope,
+    seal,
+)
+from p2p.errors import EnvelopeError, GossipError
+from p2p.identity import Identity
+from p2p.scores import PeerScores, ScoreConfig, Verdict
+
+log = logging.getLogger(__name__)
+
+
+def topic_for(run: str, kind: str) -> str:
+    return f"/rlswarm/{run}/{kind}"
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    """GossipSub settings for one run. Times are seconds; rates are messages per second per topic."""
+
+    heartbeat_s: float = 1.0
+    """Mesh maintenance period (py-libp2p defaults to 120 s, far too slow for meshes to form)."""
+    degree: int = 6
+    """Target mesh degree D (degree_low = D - 2, degree_high = 2 D)."""
+    publish_rate: float = 20.0
+    """Our own publishes per topic per second; `publish` waits rather than exceed it."""
+    router_rate_limit: float = 50.0
+    """py-libp2p's per-forwarder, per-topic drop threshold; must stay above `publish_rate`."""
+    queue_size: int = 256
+    """Verified envelopes buffered per subscriber channel; a slow consumer loses the newest beyond this."""
+    policy: EnvelopePolicy = DEFAULT_POLICY
+    """What envelopes we accept (sizes per kind, freshness window)."""
+    scores: ScoreConfig = field(default_factory=ScoreConfig)
+    """How rejected envelopes count against the peer that forwarded them."""
+    replay_capacity: int = 100_000
+    """Most (sender, seq) pairs remembered inside the freshness window."""
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_s <= 0 or self.degree < 2 or self.queue_size < 1 or self.replay_capacity < 1:
+            raise GossipError("heartbeat_s, degree (>= 2), queue_size and replay_capacity must be positive")
+        if not 0 < self.publish_rate < self.router_rate_limit:
+            raise GossipError("publish_rate must be positive and below router_rate_limit, or libp2p drops our own messages")
+
+
+@dataclass
+class GossipStats:
+    """Counters for reports and the status view."""
+
+    published: int = 0
+    delivered: int = 0
+    dropped_slow_consumer: int = 0
+    rejected: collections.Counter = field(default_factory=collections.Counter)
+    bans: int = 0
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """One refused envelope, for logs and the status view."""
+
+    peer: str
+    """The peer that handed it to us (the one scored down)."""
+    reason: str
+    """EnvelopeError reason code."""
+    banned: bool
+    """True if this rejection got the peer banned (or it already was)."""
+
+
+class PublishPacer:
+    """Sans-IO pacing of our own publishes: at most `rate` per topic in any one-second window."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._sent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+
+    def delay(self, topic: str, now: float) -> float:
+        """Seconds to wait before the next publish on `topic` stays within the rate (0 if it may go now)."""
+        sent = self._sent[topic]
+        while sent and sent[0] <= now - 1.0:
+            sent.popleft()
+        if len(sent) < int(self.rate):
+            return 0.0
+        return sent[0] + 1.0 - now
+
+    def record(self, topic: str, now: float) -> None:
+        self._sent[topic].append(now)
+
+
+class _NeverStored(dict):
+    """Stands in for GossipSub.equivocation_detection: remembers nothing, so it can never grow."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        return None
+
+
+class _BoundedMap(collections.OrderedDict):
+    """Insertion-ordered map that forgets its oldest entries past `capacity`."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
+
+
+class Gossip:
+    """A running gossip session for one run. Build it with `open_gossip`."""
+
+    def __init__(self, host: Any, run: str, identity: Identity, kinds: tuple[str, ...],
+                 config: GossipConfig, clock: Callable[[], float]) -> None:
+        self.host = host
+        self.run = run
+        self.identity = identity
+        self.kinds = kinds
+        self.config = config
+        self.clock = clock
+        self.stats = GossipStats()
+        self.scores = PeerScores(config.scores)
+        self.pubsub: Any = None
+        self._replay = make_replay_filter(config.policy, config.replay_capacity)
+        self._pacer = PublishPacer(config.publish_rate)
+        self._seq = 0
+        self._verified: _BoundedMap = _BoundedMap(4 * config.queue_size * max(1, len(kinds)))
+        self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
+        self._banned_ids: dict[str, Any] = {}
+        self._pending_streams: set[Any] = set()
+        self._rejections_in, self.rejections = trio.open_memory_channel[Rejection](config.queue_size)
+        """`rejections`: a bounded feed of refused envelopes (oldest kept when nobody reads it)."""
+
+    # ---- public API -------------------------------------------------------------------------------------------
+
+    async def publish(self, kind: str, body: Any) -> Envelope:
+        """Seal `body` as a `kind` envelope and publish it; returns the envelope sent.
+
+        Raises GossipError when the envelope would exceed GOSSIP_MAX_BYTES or its kind's limit (announce it by
+        hash instead) or the kind is unknown. Waits, rather than let py-libp2p drop it, when we publish faster than
+        `publish_rate` on this topic.
+        """
+        data = self._seal(kind, body)
+        topic = topic_for(self.run, kind)
+        while (wait := self._pacer.delay(topic, trio.current_time())) > 0:
+            await trio.sleep(wait)
+        self._pacer.record(topic, trio.current_time())
+        await self.pubsub.publish(topic, data)
+        self.stats.published += 1
+        return open_envelope(data, self.run, self.clock(), self.config.policy)
+
+    def subscribe(self, kind: str) -> trio.MemoryReceiveChannel[Envelope]:
+        """A new channel of verified `kind` envelopes from other peers (our own publishes are not echoed).
+
+        Each call gets its own channel; close it when done. A consumer that falls `queue_size` behind loses the
+        newest messages (counted in stats.dropped_slow_consumer) instead of stalling gossip for everyone.
+        """
+        if kind not in self._channels:
+            raise GossipError(f"gossip was opened for kinds {', '.join(self.kinds)}; {kind!r} is not among them")
+        send, receive = trio.open_memory_channel[Envelope](self.config.queue_size)
+        self._channels[kind].append(send)
+        return receive
+
+    def topic_peers(self, kind: str) -> list[str]:
+        """Peer ids known to be subscribed to `kind` on this run."""
+        peers = self.pubsub.peer_topics.get(topic_for(self.run, kind), ())
+        return sorted(str(p) for p in peers)
+
+    async def wait_for_topic_peer(self, peer_id: str, kind: str, timeout: float = 10.0) -> None:
+        """Return once `peer_id` has subscribed to `kind` (enough for our own publishes to reach it);
+        trio.TooSlowError after `timeout`."""
+        from libp2p.peer.id import ID
+
+        await self.pubsub.wait_for_subscription(ID.from_base58(peer_id), topic_for(self.run, kind), timeout)
+
+    async def wait_for_mesh(self, peer_id: str, kind: str, timeout: float = 10.0) -> None:
+        """Return once `peer_id` is in our mesh for `kind` (from then on we also forward others' messages to it
+        at once, not only by gossip at the next heartbeat); trio.TooSlowError after `timeout`."""
+        from libp2p.peer.id import ID
+
+        await self.pubsub.wait_for_mesh(ID.from_base58(peer_id), topic_for(self.run, kind), timeout)
+
+    def banned_peers(self) -> list[str]:
+        return self.scores.banned(trio.current_time())
+
+    # ---- internals -------------------------------------------------------------------------------------------
+
+    def _seal(self, kind: str, body: Any) -> bytes:
+        if kind not in KINDS:
+            raise GossipError(f"unknown gossip kind {kind!r}; expected one of {', '.join(KINDS)}")
+        now = self.clock()
+        self._seq = max(self._seq + 1, int(now * 1e6))  # survives restarts without reusing a (sender, seq)
+        try:
+            data = seal(kind, self.run, body, self.identity, now, self._seq, self.config.policy)
+        except EnvelopeError as exc:
+            raise GossipError(f"cannot publish {kind}: {exc} (announce large payloads by hash)") from exc
+        if len(data) > GOSSIP_MAX_BYTES:
+            raise GossipError(f"a {kind} message of {len(data)} bytes exceeds gossip's {GOSSIP_MAX_BYTES}-byte "
+                              "limit; announce it by hash instead")
+        return data
+
+    def _validator(self, kind: str) -> Callable[[Any, Any], bool]:
+        def validate(forwarder: Any, msg: Any) -> bool:
+            try:
+                env = open_envelope(msg.data, self.run, self.clock(), self.config.policy, self._replay)
+                if env.kind != kind:
+                    raise EnvelopeError("malformed", f"a {env.kind} envelope on the {kind} topic")
+            except EnvelopeError as exc:
+                self._reject(forwarder, exc.reason)
+                return False
+            self._verified[bytes(msg.from_id) + bytes(msg.seqno)] = env
+            return True
+
+        return validate
+
+    def _reject(self, forwarder: Any, reason: str) -> None:
+        self.stats.rejected[reason] += 1
+        peer = str(forwarder)
+        if peer == self.host.peer_id:
+            return
+        log.debug("rejected envelope from %s: %s", peer, reason)
+        banned = self.scores.penalize(peer, reason, trio.current_time()) is Verdict.BAN
+        if banned and peer not in self._banned_ids:
+            log.warning("peer %s banned from gossip after repeated invalid envelopes", peer)
+            self.stats.bans += 1
+            self._banned_ids[peer] = forwarder
+            self.pubsub.add_to_blacklist(forwarder)
+        try:
+            self._rejections_in.send_nowait(Rejection(peer, reason, banned))
+        except trio.WouldBlock:
+            pass
+
+    async def _drain(self, kind: str, subscription: Any) -> None:
+        """Move verified messages from py-libp2p's 32-slot queue to our channels, without ever blocking on them."""
+        me = self.host.peer_id
+        async for msg in subscription:
+            env = self._verified.pop(bytes(msg.from_id) + bytes(msg.seqno), None)
+            if env is None or _origin(msg) == me:
+                continue
+            self.stats.delivered += 1
+            for channel in list(self._channels[kind]):
+                try:
+                    channel.send_nowait(env)
+                except trio.WouldBlock:
+                    self.stats.dropped_slow_consumer += 1
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    self._channels[kind].remove(channel)
+
+    async def _maintain(self, nursery: trio.Nursery) -> None:
+        """Each heartbeat: lift ended bans, and open pubsub streams to connected peers pubsub never heard of."""
+        while True:
+            for peer in self.scores.tick(trio.current_time()):
+                peer_id = self._banned_ids.pop(peer, None)
+                if peer_id is not None:
+                    self.pubsub.remove_from_blacklist(peer_id)
+            for peer_id in self.host.libp2p.get_connected_peers():
+                if peer_id not in self.pubsub.peers and peer_id not in self._pending_streams \
+                        and not self.pubsub.is_peer_blacklisted(peer_id):
+                    self._pending_streams.add(peer_id)
+                    nursery.start_soon(self._ensure_stream, peer_id)
+            await trio.sleep(self.config.heartbeat_s)
+
+    async def _ensure_stream(self, peer_id: Any) -> None:
+        try:
+            await self.pubsub.ensure_peer_stream(peer_id, timeout=5 * self.config.heartbeat_s)
+        except Exception:  # noqa: BLE001 - a peer that will not talk pubsub is simply retried next tick
+            log.debug("no pubsub stream to %s yet", peer_id, exc_info=True)
+        finally:
+            self._pending_streams.discard(peer_id)
+
+
+def _origin(msg: Any) -> str:
+    from libp2p.peer.id import ID
+
+    return str(ID(bytes(msg.from_id)))
+
+
+def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+    from libp2p.pubsub.pubsub import Pubsub
+
+    router = GossipSub(
+        protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
+        degree=config.degree,
+        degree_low=max(1, config.degree - 2),
+        degree_high=2 * config.degree,
+        heartbeat_interval=config.heartbeat_s,  # type: ignore[arg-type] - py-libp2p only ever sleeps on it
+        heartbeat_initial_delay=min(0.1, config.heartbeat_s),
+        adaptive_gossip_enabled=False,
+        max_messages_per_topic_per_second=config.router_rate_limit,
+    )
+    router.equivocation_detection = _NeverStored()
+    window = config.policy.max_age_s + config.policy.max_future_s
+    # seen_ttl covers our freshness window, so honest re-deliveries are dropped as duplicates by pubsub itself and
+    # only a deliberately re-published envelope ever reaches our replay filter (and costs its forwarder).
+    pubsub = Pubsub(host.libp2p, router, seen_ttl=int(window) + 1, strict_signing=True)
+    return pubsub, router
+
+
+@asynccontextmanager
+async def open_gossip(
+    host: Any, run: str, identity: Identity | None = None, *, kinds: tuple[str, ...] = KINDS,
+    config: GossipConfig | None = None, clock: Callable[[], float] = time.time,
+) -> AsyncIterator[Gossip]:
+    """Join the run's gossip on a started host (p2p.host.P2PHost) and yield a `Gossip`; leave it on exit.
+
+    `identity` signs our envelopes (default: the host's key). `clock` gives wall-clock seconds for envelope
+    timestamps and freshness checks (peers compare them, so it must be real time in production; tests inject
+    trio's clock). All topics in `kinds` are subscribed at once and drained continuously.
+    """
+    from libp2p.tools.anyio_service import background_trio_service
+
+    unknown = set(kinds) - set(KINDS)
+    if unknown or not kinds:
+        raise GossipError(f"unknown gossip kinds {sorted(unknown)}; expected some of {', '.join(KINDS)}")
+    config = config or GossipConfig()
+    gossip = Gossip(host, run, identity or host.identity, tuple(kinds), config, clock)
+    gossip.pubsub, router = _build_pubsub(host, config)
+    async with background_trio_service(gossip.pubsub), background_trio_service(router):
+        await gossip.pubsub.wait_until_ready()
+        async with trio.open_nursery() as nursery:
+            for kind in kinds:
+                topic = topic_for(run, kind)
+                gossip.pubsub.set_topic_validator(topic, gossip._validator(kind), is_async_validator=False)
+                nursery.start_soon(gossip._drain, kind, await gossip.pubsub.subscribe(topic))
+            nursery.start_soon(gossip._maintain, nursery)
+            try:
+                yield gossip
+            finally:
+                nursery.cancel_scope.cancel()
+                for channels in gossip._channels.values():
+                    for channel in channels:
+                        channel.close()

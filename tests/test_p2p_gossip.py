@@ -1,0 +1,162 @@
+"""Gossip over real py-libp2p hosts on loopback: delivery through a relay, rejection without forwarding, bans,
+size refusal, slow consumers, and the pure publish pacer. Every wait is bounded; no sleeps."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import msgpack
+import pytest
+import trio
+
+from p2p.envelope import seal
+from p2p.errors import GossipError
+from p2p.gossip import Gossip, GossipConfig, PublishPacer, open_gossip, topic_for
+from p2p.host import HostConfig, open_host
+from p2p.identity import Identity
+from p2p.scores import ScoreConfig
+
+RUN = "run-g"
+LIMIT = 20  # seconds: a generous bound per test on a loaded 2-core box; a healthy run takes ~2-3 s
+
+
+@asynccontextmanager
+async def peers(count: int, config: GossipConfig | None = None):
+    """`count` hosts, each with gossip for RUN, connected in a line 0 - 1 - 2 ... (no other links)."""
+    async with AsyncExitStack() as stack:
+        out: list[Gossip] = []
+        for i in range(count):
+            host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([i + 1]) * 32))))
+            out.append(await stack.enter_async_context(open_gossip(host, RUN, config=config)))
+        for left, right in zip(out, out[1:]):
+            await left.host.connect(right.host.multiaddrs[0])
+        yield out
+
+
+async def wait_mesh(gossips: list[Gossip], kind: str) -> None:
+    for left, right in zip(gossips, gossips[1:]):
+        await left.wait_for_mesh(right.host.peer_id, kind)
+        await right.wait_for_mesh(left.host.peer_id, kind)
+
+
+def make_hostile(gossip: Gossip, kind: str):
+    """Turn a real peer into an attacker: drop its own validator so it sends whatever bytes it likes."""
+    topic = topic_for(RUN, kind)
+    gossip.pubsub.remove_topic_validator(topic)
+    return lambda data: gossip.pubsub.publish(topic, data)
+
+
+async def test_gossip_reaches_every_peer_through_a_relay():
+    with trio.fail_after(LIMIT):
+        async with peers(3) as (a, b, c):
+            inbox_b, inbox_c, inbox_a = b.subscribe("vote"), c.subscribe("vote"), a.subscribe("vote")
+            await wait_mesh([a, b, c], "vote")
+            sent = await a.publish("vote", {"rollout": b"r1", "ok": True})
+            got_b, got_c = await inbox_b.receive(), await inbox_c.receive()
+            for got in (got_b, got_c):
+                assert got.body == {"rollout": b"r1", "ok": True} and got.sender == a.identity.public_bytes
+                assert (got.seq, got.sig) == (sent.seq, sent.sig)
+            back = await c.publish("vote", {"rollout": b"r2"})
+            assert (await inbox_a.receive()).seq == back.seq  # and the other way round
+            assert c.topic_peers("vote") == [b.host.peer_id]  # c really has no direct link to a
+            with pytest.raises(trio.WouldBlock):
+                inbox_a.receive_nowait()  # a's own vote was not echoed back to it
+
+
+async def test_forged_and_wrong_run_envelopes_are_dropped_and_not_forwarded():
+    lenient = GossipConfig(scores=ScoreConfig(ban_threshold=-1000))  # four offences must not ban here
+    with trio.fail_after(LIMIT):
+        async with peers(3, lenient) as (mallory, b, c):
+            inbox_b, inbox_c = b.subscribe("vote"), c.subscribe("vote")
+            await wait_mesh([mallory, b, c], "vote")
+            send_raw = make_hostile(mallory, "vote")
+            now = mallory.clock()
+            forged = msgpack.unpackb(seal("vote", RUN, {"verdict": "accept"}, mallory.identity, now, 1), raw=False)
+            forged["body"] = {"verdict": "reject"}
+            await send_raw(msgpack.packb(forged, use_bin_type=True))
+            await send_raw(seal("vote", "other-run", {"verdict": "accept"}, mallory.identity, now, 2))
+            await send_raw(seal("heartbeat", RUN, {}, mallory.identity, now, 3))  # wrong topic for its kind
+            await send_raw(b"\xc1 not msgpack")
+            await send_raw(seal("vote", RUN, {"verdict": "valid"}, mallory.identity, now, 4))
+            assert (await inbox_c.receive()).body == {"verdict": "valid"}  # the first thing c ever sees
+            assert (await inbox_b.receive()).body == {"verdict": "valid"}
+            assert dict(b.stats.rejected) == {"bad_signature": 1, "wrong_run": 1, "malformed": 2}
+            assert sum(c.stats.rejected.values()) == 0  # b never forwarded the bad ones
+            assert b.scores.score(mallory.host.peer_id, trio.current_time()) < 0
+            assert b.scores.score(c.host.peer_id, trio.current_time()) == 0
+
+
+async def test_replayed_envelope_is_refused():
+    with trio.fail_after(LIMIT):
+        async with peers(2) as (mallory, b):
+            inbox = b.subscribe("heartbeat")
+            await wait_mesh([mallory, b], "heartbeat")
+            send_raw = make_hostile(mallory, "heartbeat")
+            data = seal("heartbeat", RUN, {"n": 1}, mallory.identity, mallory.clock(), 9)
+            await send_raw(data)
+            await send_raw(data)  # same envelope in a new pubsub message: pubsub's own dedup does not see it
+            await send_raw(seal("heartbeat", RUN, {"n": 2}, mallory.identity, mallory.clock(), 10))
+            assert [(await inbox.receive()).body["n"] for _ in range(2)] == [1, 2]
+            assert dict(b.stats.rejected) == {"replayed": 1}
+
+
+async def test_repeat_offender_is_banned_and_ignored():
+    config = GossipConfig(scores=ScoreConfig(ban_threshold=-30, ban_s=600))
+    with trio.fail_after(LIMIT):
+        async with peers(2, config) as (mallory, b):
+            await wait_mesh([mallory, b], "vote")
+            send_raw = make_hostile(mallory, "vote")
+            await send_raw(b"garbage-1")
+            await send_raw(b"garbage-2")  # 2 x malformed (-20 each) crosses -30: banned
+            mallory_id = mallory.host.peer_id
+            first, second = await b.rejections.receive(), await b.rejections.receive()
+            assert (first.peer, first.reason, first.banned) == (mallory_id, "malformed", False)
+            assert (second.peer, second.reason, second.banned) == (mallory_id, "malformed", True)
+            assert b.banned_peers() == [mallory_id] and b.stats.bans == 1
+            assert mallory_id in {str(p) for p in b.pubsub.get_blacklisted_peers()}
+            assert mallory.banned_peers() == []  # bans are local decisions
+
+
+async def test_oversized_publish_is_refused_with_a_clear_error():
+    with trio.fail_after(LIMIT):
+        async with peers(1) as (a,):
+            with pytest.raises(GossipError, match="announce"):
+                await a.publish("rollout", {"blob": b"x" * (950 * 1024)})
+            with pytest.raises(GossipError, match="announce"):
+                await a.publish("rollout_ann", {"blob": b"x" * 8000})
+            with pytest.raises(GossipError, match="kind"):
+                await a.publish("chat", {})
+            big = await a.publish("rollout", {"blob": b"x" * (800 * 1024)})
+            assert len(big.body["blob"]) == 800 * 1024
+
+
+async def test_slow_consumer_loses_newest_without_stalling_gossip():
+    with trio.fail_after(LIMIT):
+        async with peers(2, GossipConfig(queue_size=2)) as (a, b):
+            slow, fast = b.subscribe("have"), b.subscribe("have")
+            await wait_mesh([a, b], "have")
+            for i in range(5):
+                await a.publish("have", {"i": i})
+            assert [(await fast.receive()).body["i"] for _ in range(2)] == [0, 1]
+            assert [(await fast.receive()).body["i"] for _ in range(3)] == [2, 3, 4]  # keeps flowing
+            assert [slow.receive_nowait().body["i"] for _ in range(2)] == [0, 1]
+            assert b.stats.dropped_slow_consumer >= 3
+            assert len(b.pubsub.router.equivocation_detection) == 0  # nothing accumulates there
+
+
+def test_pacer_spaces_own_publishes_within_the_router_limit():
+    pacer = PublishPacer(rate=3)
+    for t in (0.0, 0.1, 0.2):
+        assert pacer.delay("t", t) == 0.0
+        pacer.record("t", t)
+    assert pacer.delay("t", 0.3) == pytest.approx(0.7)  # the 4th must wait until the 1st is 1 s old
+    assert pacer.delay("other", 0.3) == 0.0  # per topic
+    assert pacer.delay("t", 1.0) == 0.0  # exactly one second later the first slot is free again
+    pacer.record("t", 1.0)
+    assert pacer.delay("t", 1.05) == pytest.approx(0.05)  # now 0.1, 0.2 and 1.0 are in the window
+    assert pacer.delay("t", 1.1) == 0.0
+
+
+def test_config_refuses_a_publish_rate_libp2p_would_drop():
+    with pytest.raises(GossipError):
+        GossipConfig(publish_rate=60, router_rate_limit=50)
