@@ -1,0 +1,138 @@
+"""TOPLOC: the vectorised polynomial code against a naive pure-Python reference, proof layout and round trips."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from verify import ndd, toploc
+
+P = ndd.PRIME
+
+
+# ---- naive reference: plain modular arithmetic, one element at a time, written straight from the definitions ----
+
+def naive_interpolate(xs: list[int], ys: list[int]) -> list[int]:
+    """Lagrange interpolation mod p, expanded into ascending coefficients (independent of Newton's method)."""
+    n = len(xs)
+    coeffs = [0] * n
+    for i in range(n):
+        basis, denom = [1], 1
+        for j in range(n):
+            if j != i:
+                basis = [(a - xs[j] * b) % P for a, b in zip([0] + basis, basis + [0])]
+                denom = denom * (xs[i] - xs[j]) % P
+        scale = ys[i] * pow(denom, P - 2, P) % P
+        coeffs = [(c + scale * b) % P for c, b in zip(coeffs, basis)]
+    return coeffs
+
+
+def naive_evaluate(coeffs: list[int], x: int) -> int:
+    return sum(c * pow(x, k, P) for k, c in enumerate(coeffs)) % P
+
+
+def naive_modulus(indices: list[int]) -> int:
+    for m in range(P, 0, -1):
+        if len({i % m for i in indices}) == len(indices):
+            return m
+    raise AssertionError("no modulus")
+
+
+def naive_proof(hidden: torch.Tensor) -> bytes:
+    """The reference byte layout, one chunk at a time with Python lists."""
+    out = b""
+    h = hidden.to(torch.bfloat16)
+    for start in range(0, h.shape[0], 32):
+        flat = h[start : start + 32].reshape(-1)
+        k = min(128, flat.numel())
+        idx = flat.abs().topk(k).indices.tolist()
+        bits = [int(v) & 0xFFFF for v in flat[idx].view(torch.int16).tolist()]
+        m = naive_modulus(idx)
+        coeffs = naive_interpolate([i % m for i in idx], [b % P for b in bits]) + [0] * (128 - k)
+        out += struct.pack(">H", m) + b"".join(struct.pack(">H", c) for c in coeffs)
+    return out
+
+
+# ---- tests ----
+
+def test_interpolation_matches_naive_lagrange_and_passes_through_points():
+    rng = random.Random(7)
+    rows = [rng.sample(range(P), 40) for _ in range(3)]
+    ys = [[rng.randrange(65536) for _ in range(40)] for _ in range(3)]
+    got = ndd.interpolate(np.array(rows), np.array(ys))
+    for r in range(3):
+        assert got[r].tolist() == naive_interpolate(rows[r], [y % P for y in ys[r]])
+        values = ndd.evaluate(got[r : r + 1], np.array([rows[r]]))[0].tolist()
+        assert values == [y % P for y in ys[r]]
+        assert values[:5] == [naive_evaluate(got[r].tolist(), x) for x in rows[r][:5]]
+
+
+def test_injective_modulus_is_the_largest_like_the_naive_search():
+    rng = random.Random(3)
+    # indices spread over a 32 x 5120 chunk collide modulo the prime often enough to exercise the search
+    rows = [rng.sample(range(32 * 5120), 128) for _ in range(40)]
+    got = ndd.injective_moduli(np.array(rows)).tolist()
+    assert got == [naive_modulus(r) for r in rows]
+    assert any(m < P for m in got)
+
+
+@pytest.mark.parametrize("tokens,width", [(32, 128), (70, 96), (5, 64), (1, 64)])
+def test_proof_bytes_equal_the_naive_reference_layout(tokens, width):
+    torch.manual_seed(tokens * width)
+    hidden = torch.randn(tokens, width) * 3
+    proof = toploc.build_proof(hidden)
+    assert len(proof) == toploc.proof_size(tokens) == 258 * -(-tokens // 32)
+    assert proof == naive_proof(hidden)
+
+
+def test_proof_round_trip_and_batched_build_agree():
+    torch.manual_seed(1)
+    hiddens = [torch.randn(t, 128, dtype=torch.bfloat16) for t in (1, 31, 32, 33, 100)]
+    proofs = toploc.build_proofs(hiddens)
+    assert proofs == [toploc.build_proof(h) for h in hiddens]
+    for proof, hidden in zip(proofs, hiddens):
+        result = toploc.verify_proof(proof, hidden)
+        assert result.ok, result.reason
+        assert all(s.exp_mismatches == 0 and s.mant_err_mean == 0 for s in result.stats)
+
+
+def test_small_noise_passes_and_other_activations_fail():
+    torch.manual_seed(2)
+    hidden = torch.randn(64, 128)
+    proof = toploc.build_proof(hidden)
+    noisy = hidden * (1 + 1e-3 * torch.randn_like(hidden))
+    assert toploc.verify_proof(proof, noisy).ok
+    other = toploc.verify_proof(proof, torch.randn(64, 128))
+    assert not other.ok and "exponents match" in other.reason
+    scaled = toploc.verify_proof(proof, hidden * 1.2)  # same top-k positions, every mantissa shifted
+    assert not scaled.ok and "mantissa" in scaled.reason
+
+
+def test_strict_config_thresholds_are_applied():
+    torch.manual_seed(4)
+    hidden = torch.randn(32, 128)
+    proof = toploc.build_proof(hidden)
+    noisy = hidden * (1 + 2e-2 * torch.randn_like(hidden))
+    loose = toploc.verify_proof(proof, noisy)
+    strict = toploc.verify_proof(proof, noisy, toploc.ToplocConfig(max_mant_err_mean=0.01))
+    assert loose.ok and not strict.ok
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda p: p[:-1], lambda p: p + b"\0", lambda p: b"", lambda p: b"\0\0" + p[2:],
+    lambda p: b"\xff\xff" + p[2:], lambda p: p[:2] + b"\xff\xff" + p[4:], lambda p: p[:2] + bytes(256),
+])
+def test_hostile_proofs_are_rejected_without_raising(mutate):
+    torch.manual_seed(5)
+    hidden = torch.randn(32, 128)
+    result = toploc.verify_proof(mutate(toploc.build_proof(hidden)), hidden)
+    assert not result.ok and result.reason
+
+
+def test_wrong_hidden_shape_is_a_rejection_not_an_exception():
+    assert not toploc.verify_proof(b"", torch.zeros(3)).ok
+    assert toploc.verify_proof(b"", torch.zeros(0, 8)).ok

@@ -1,0 +1,214 @@
+"""The rollout checks a validator runs, each a pure function returning a named CheckResult.
+
+Why pure: every check is a decision over data the validator already holds (the group, the run's context, and the
+tensors of its own prefill), so each is tested on hand-built honest and dishonest cases without a model, and the
+verifier (verify/verifier.py) only computes the tensors and calls these in order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from tasks.assignment import is_assigned
+from verify.rewards import compute_reward
+from verify.rollout import RolloutGroup
+from verify.sampling import SamplingKey, gumbel_noise_batch, perturbed_scores
+from verify.toploc import ToplocConfig, verify_proof
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """name: which check; ok: passed; reason: why it failed, in one sentence ('' when ok)."""
+
+    name: str
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """Tolerances of the checks. Defaults suit float32 validators; bf16 GPU kernels need wider tolerances.
+
+    near_tie_tol: a re-derived token that differs from the claimed one is a near-tie when the claimed token's
+      perturbed score (logits / T + Gumbel noise) is within this of the best one; larger gaps reject at once.
+    max_near_tie_fraction: near-ties allowed per group, as a fraction of its tokens (at least one is always allowed).
+    logprob_atol: largest allowed |claimed - recomputed| sampling logprob.
+    reward_atol: largest allowed |claimed - recomputed| reward.
+    min_eos_prob: a completion ending with EOS must have given EOS more than this probability (INTELLECT-2: 0.1).
+    toploc: the proof thresholds.
+    """
+
+    near_tie_tol: float = 0.02
+    max_near_tie_fraction: float = 0.01
+    logprob_atol: float = 0.02
+    reward_atol: float = 1e-6
+    min_eos_prob: float = 0.1
+    toploc: ToplocConfig = field(default_factory=ToplocConfig)
+
+
+class TaskProvider(Protocol):
+    """What a validator needs from the run's task set: rendered prompts, task entries and detokenisation."""
+
+    def prompt_tokens(self, dataset: str, index: int) -> Sequence[int] | None:
+        """The run's rendering of task `index` (None when the dataset or index does not exist)."""
+
+    def entry(self, dataset: str, index: int) -> dict | None:
+        """The task's wire dict (prompt, answer, metadata, reward_fn), None when it does not exist."""
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Completion text as the reward functions see it."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the validator knows about the run at the moment it checks a group.
+
+    run: the run's name. current_version: the newest policy version the validator knows. async_window: how many
+    versions older than current a rollout may be (INTELLECT-2: 2). manifest_ids: version -> manifest id from the
+    trainer's signed manifests. max_new_tokens: the stage's generation limit. dataset: the stage's task set;
+    eligible: its eligible indices (sorted), prompts_per_step: prompts assigned to each worker per step.
+    eos_ids: token ids that end a completion (empty for a model without EOS). tasks: the task provider.
+    """
+
+    run: str
+    current_version: int
+    async_window: int
+    manifest_ids: Mapping[int, bytes]
+    max_new_tokens: int
+    dataset: str
+    eligible: Sequence[int]
+    prompts_per_step: int
+    eos_ids: tuple[int, ...]
+    tasks: TaskProvider
+
+
+def _result(name: str, problems: list[str]) -> CheckResult:
+    return CheckResult(name, not problems, problems[0] if problems else "")
+
+
+def check_policy(group: RolloutGroup, ctx: RunContext) -> CheckResult:
+    """Version inside the async window and manifest id equal to the trainer's manifest for that version."""
+    problems = []
+    oldest = ctx.current_version - ctx.async_window
+    if group.run != ctx.run:
+        problems.append(f"rollout belongs to run {group.run!r}, not {ctx.run!r}")
+    elif not oldest <= group.policy_version <= ctx.current_version:
+        problems.append(f"policy version {group.policy_version} is outside the window [{oldest}, {ctx.current_version}]")
+    elif ctx.manifest_ids.get(group.policy_version) != group.manifest_id:
+        problems.append(f"manifest id does not match the trainer's manifest of version {group.policy_version}")
+    return _result("policy", problems)
+
+
+def check_assignment(group: RolloutGroup, ctx: RunContext) -> CheckResult:
+    """The prompt is one the seeded schedule assigned to this worker at this step, rendered exactly as the run does."""
+    problems = []
+    if group.dataset != ctx.dataset:
+        problems.append(f"dataset {group.dataset!r} is not the stage's {ctx.dataset!r}")
+    elif not is_assigned(ctx.run, group.worker, group.step, ctx.eligible, ctx.prompts_per_step, group.task_index):
+        problems.append(f"task {group.task_index} was not assigned to {group.worker} at step {group.step}")
+    else:
+        rendered = ctx.tasks.prompt_tokens(group.dataset, group.task_index)
+        if rendered is None or tuple(rendered) != group.prompt_tokens:
+            problems.append("prompt tokens differ from the rendering of the assigned task")
+    return _result("assignment", problems)
+
+
+def check_lengths(group: RolloutGroup, ctx: RunContext, vocab_size: int) -> CheckResult:
+    """The stage's max_new_tokens, each completion within it, and every token inside the model's vocabulary."""
+    problems = []
+    if group.max_new_tokens != ctx.max_new_tokens:
+        problems.append(f"max_new_tokens {group.max_new_tokens} is not the stage's {ctx.max_new_tokens}")
+    for i, c in enumerate(group.completions):
+        if len(c.tokens) > ctx.max_new_tokens:
+            problems.append(f"completion {i} has {len(c.tokens)} tokens, over the limit {ctx.max_new_tokens}")
+    if any(t >= vocab_size for t in group.prompt_tokens) or any(t >= vocab_size for c in group.completions for t in c.tokens):
+        problems.append(f"a token id is outside the vocabulary of {vocab_size}")
+    return _result("length", problems)
+
+
+def check_termination(group: RolloutGroup, eos_probs: Sequence[float], ctx: RunContext, config: CheckConfig) -> CheckResult:
+    """EOS only as the last token and with P(EOS) > min_eos_prob there (eos_probs[i]: completion i's last-step
+    probability of its last token under softmax(logits / T)); otherwise exactly the length limit."""
+    problems = []
+    eos = set(ctx.eos_ids)
+    for i, (c, p_last) in enumerate(zip(group.completions, eos_probs)):
+        early = [j for j, t in enumerate(c.tokens[:-1]) if t in eos]
+        if early:
+            problems.append(f"completion {i} continues after EOS at position {early[0]}")
+        elif c.finish_reason == "eos" and c.tokens[-1] not in eos:
+            problems.append(f"completion {i} claims EOS but ends with token {c.tokens[-1]}")
+        elif c.finish_reason == "eos" and not p_last > config.min_eos_prob:
+            problems.append(f"completion {i} ends with EOS of probability {p_last:.3g} <= {config.min_eos_prob}")
+        elif c.finish_reason == "length" and (len(c.tokens) != ctx.max_new_tokens or c.tokens[-1] in eos):
+            problems.append(f"completion {i} claims the length limit but has {len(c.tokens)} of {ctx.max_new_tokens} tokens")
+    return _result("termination", problems)
+
+
+def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
+    """Re-derive every token with the seeded Gumbel-max sampler from the validator's logits ([T_i, V] per completion).
+
+    A mismatch whose score gap is below near_tie_tol is a near-tie (kernel noise); more than the allowed number of
+    near-ties, or any larger gap, rejects the group.
+    """
+    near_ties, total = 0, 0
+    for i, (c, lg) in enumerate(zip(group.completions, logits)):
+        key = SamplingKey(group.run, group.worker, group.step, group.task_index, i)
+        noise = gumbel_noise_batch([key] * len(c.tokens), list(range(len(c.tokens))), lg.shape[-1])
+        scores = perturbed_scores(lg, noise, group.temperature)
+        claimed = scores.gather(-1, torch.tensor(c.tokens)[:, None]).squeeze(-1)
+        gap = scores.max(dim=-1).values - claimed
+        if not bool(torch.isfinite(gap).all()):
+            return CheckResult("sampling", False, f"completion {i} has non-finite scores")
+        worst = float(gap.max())
+        if worst > config.near_tie_tol:
+            pos = int(gap.argmax())
+            return CheckResult("sampling", False, f"completion {i} token {pos} is not the seeded sample (gap {worst:.3g})")
+        near_ties += int((gap > 0).sum())
+        total += len(c.tokens)
+    allowed = max(1, math.floor(config.max_near_tie_fraction * total))
+    if near_ties > allowed:
+        return CheckResult("sampling", False, f"{near_ties} near-tie tokens, at most {allowed} allowed")
+    return CheckResult("sampling", True)
+
+
+def recomputed_logprobs(logits: torch.Tensor, tokens: Sequence[int], temperature: float) -> torch.Tensor:
+    """Sampling logprobs of `tokens` under softmax(logits / T) (T = 1 for greedy), as verify.sampling defines them."""
+    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    return torch.log_softmax(scaled, dim=-1).gather(-1, torch.tensor(list(tokens))[:, None]).squeeze(-1)
+
+
+def check_logprobs(group: RolloutGroup, recomputed: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
+    """Claimed sampling logprobs agree with the recomputed ones within logprob_atol."""
+    for i, (c, lp) in enumerate(zip(group.completions, recomputed)):
+        diff = (torch.tensor(c.logprobs, dtype=torch.float32) - lp.float()).abs()
+        if not bool(torch.isfinite(diff).all()) or float(diff.max()) > config.logprob_atol:
+            return CheckResult("logprobs", False, f"completion {i} logprobs differ by up to {float(diff.max()):.3g}")
+    return CheckResult("logprobs", True)
+
+
+def check_rewards(group: RolloutGroup, ctx: RunContext, config: CheckConfig) -> CheckResult:
+    """Every claimed reward is in [0, 1] and equals the reward recomputed with the task's own reward function."""
+    entry = ctx.tasks.entry(group.dataset, group.task_index)
+    if entry is None:
+        return CheckResult("reward", False, f"task {group.dataset}[{group.task_index}] does not exist")
+    for i, c in enumerate(group.completions):
+        if not 0.0 <= c.reward <= 1.0:
+            return CheckResult("reward", False, f"completion {i} claims reward {c.reward} outside [0, 1]")
+        want = compute_reward(entry.get("reward_fn", "exact"), ctx.tasks.decode(c.tokens), entry)
+        if abs(want - c.reward) > config.reward_atol:
+            return CheckResult("reward", False, f"completion {i} claims reward {c.reward}, recomputed {want}")
+    return CheckResult("reward", True)
+
+
+def check_proofs(group: RolloutGroup, hidden: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
+    """Every completion's TOPLOC proof matches the validator's own last hidden states ([T_i, H] each)."""
+    for i, (c, h) in enumerate(zip(group.completions, hidden)):
+        result = verify_proof(c.proof, h, config.toploc)
+        if not result.ok:
+            return CheckResult("toploc", False, f"completion {i}: {result.reason}")
+    return CheckResult("toploc", True)

@@ -1,0 +1,178 @@
+"""Reward functions shared by inference (claimed rewards) and validators (recomputed rewards).
+
+Why shared: a validator recomputes every claimed reward with exactly the code the worker should have run, so the
+two sides must agree bit for bit; every function returns a float in [0, 1] and never raises, whatever a hostile
+completion holds (the validator runs it on untrusted text).
+
+Answer extraction rule (`extract_answer`), first that applies, on the completion's last 4,000 characters:
+  1. the content of the last balanced \\boxed{...};
+  2. the text after the last "Answer:" (case-insensitive), up to the end of its line;
+  3. the last number (integer, decimal or fraction, optional sign, thousands commas allowed);
+  4. the last non-empty line.
+The extracted answer is capped at 256 characters before any parser sees it, which bounds the parser's work.
+
+Registry names: "exact" (normalised string equality), "numeric" (numbers equal within 1e-6 relative), "math"
+(math-verify equivalence), "rg:<name>" (the reasoning-gym dataset's own scorer).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import threading
+from collections.abc import Callable
+from fractions import Fraction
+
+_TAIL_CHARS = 4000
+_ANSWER_CAP = 256
+_MATH_TIMEOUT_S = 2.0
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|[-+]?\.\d+")
+_ANSWER_TAG = re.compile(r"answer\s*:", re.IGNORECASE)
+
+RewardFn = Callable[[str, dict], float]
+
+
+def extract_answer(text: str) -> str:
+    """The final answer of a completion by the rule in the module docstring ('' when there is none)."""
+    if not isinstance(text, str):
+        return ""
+    tail = text[-_TAIL_CHARS:]
+    for rule in (_last_boxed, _after_answer_tag, _last_number, _last_line):
+        found = rule(tail)
+        if found:
+            return found.strip()[:_ANSWER_CAP]
+    return ""
+
+
+def _last_boxed(text: str) -> str:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return ""
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return ""
+
+
+def _after_answer_tag(text: str) -> str:
+    matches = list(_ANSWER_TAG.finditer(text))
+    if not matches:
+        return ""
+    return text[matches[-1].end() :].split("\n", 1)[0].strip()
+
+
+def _last_number(text: str) -> str:
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _normalise(text: str) -> str:
+    return " ".join(str(text).strip().strip(".").split()).lower()
+
+
+def parse_number(text: str) -> Fraction | None:
+    """An exact rational from '1,234', '-3.5', '7/2', '$12' or '12.' (None when it is not one number)."""
+    cleaned = str(text).strip().strip("$").rstrip(".").replace(",", "").replace(" ", "")
+    if not cleaned or len(cleaned) > 64:
+        return None
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def reward_exact(completion: str, entry: dict) -> float:
+    return float(_normalise(extract_answer(completion)) == _normalise(entry.get("answer", "")))
+
+
+def reward_numeric(completion: str, entry: dict) -> float:
+    got, want = parse_number(extract_answer(completion)), parse_number(entry.get("answer", ""))
+    if got is None or want is None:
+        return 0.0
+    return float(abs(got - want) <= Fraction(1, 10**6) * max(1, abs(want)))
+
+
+def reward_math(completion: str, entry: dict) -> float:
+    """math-verify equivalence. Its own SIGALRM timeouts are disabled (they raise outside the main thread); the
+    bounded answer keeps sympy's work small, and a worker thread with a deadline enforces our own limit."""
+    answer = extract_answer(completion)
+    gold = str(entry.get("answer", ""))[:_ANSWER_CAP]
+    if not answer or not gold:
+        return 0.0
+    result: list[float] = []
+
+    def work() -> None:
+        import math_verify
+
+        parsed_gold = math_verify.parse(f"${gold}$", parsing_timeout=None)
+        parsed = math_verify.parse(f"${answer}$", parsing_timeout=None)
+        result.append(float(bool(math_verify.verify(parsed_gold, parsed, timeout_seconds=None))))
+
+    worker = threading.Thread(target=work, daemon=True, name="math-verify")
+    worker.start()
+    worker.join(_MATH_TIMEOUT_S)
+    return result[0] if result else 0.0
+
+
+@functools.lru_cache(maxsize=64)
+def _rg_dataset(name: str):
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(name, size=1, seed=0)
+
+
+def reward_reasoning_gym(name: str, completion: str, entry: dict) -> float:
+    """The named reasoning-gym dataset's scorer on the extracted answer (its entry: question, answer, metadata)."""
+    rg_entry = {"question": entry.get("prompt", entry.get("question", "")), "answer": entry.get("answer", ""),
+                "metadata": entry.get("metadata") or {}}
+    return float(_rg_dataset(name).score_answer(extract_answer(completion), rg_entry))
+
+
+REGISTRY: dict[str, RewardFn] = {"exact": reward_exact, "numeric": reward_numeric, "math": reward_math}
+
+
+def is_known(reward_fn: str) -> bool:
+    """True for a registry name or 'rg:<dataset>' naming an installed reasoning-gym dataset."""
+    if reward_fn in REGISTRY:
+        return True
+    if isinstance(reward_fn, str) and reward_fn.startswith("rg:"):
+        try:
+            _rg_dataset(reward_fn[3:])
+            return True
+        except Exception:  # noqa: BLE001 - an unknown dataset name is just unknown
+            return False
+    return False
+
+
+def compute_reward(reward_fn: str, completion_text: str, entry: dict) -> float:
+    """The reward in [0, 1] of `completion_text` for task `entry` (a TaskEntry wire dict); never raises.
+
+    An unknown reward function, a scorer that raises, or a non-finite score all give 0.0.
+    """
+    try:
+        if not isinstance(completion_text, str) or not isinstance(entry, dict):
+            return 0.0
+        if isinstance(reward_fn, str) and reward_fn.startswith("rg:"):
+            value = reward_reasoning_gym(reward_fn[3:], completion_text, entry)
+        else:
+            fn = REGISTRY.get(reward_fn)
+            if fn is None:
+                return 0.0
+            value = fn(completion_text, entry)
+        value = float(value)
+    except Exception:  # noqa: BLE001 - hostile text must never crash a validator
+        return 0.0
+    if not math.isfinite(value):
+        return 0.0
+    return min(1.0, max(0.0, value))

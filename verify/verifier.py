@@ -1,0 +1,176 @@
+"""The batched verifier: one padded prefill per batch of completions, then every check, one verdict per group.
+
+Why this order: the cheap checks (schema, policy window and manifest, assignment, lengths and vocabulary) run first
+and a group failing them never costs a forward pass. The surviving completions of every group are prefilled
+together, right-padded and sorted by length into batches bounded by `max_batch_tokens`, with a different batch
+composition and padding than the generator used; honest groups still pass because TOPLOC and the sampling check
+tolerate kernel noise. The prefill input is prompt + completion[:-1]: the outputs at positions P-1 .. P+T-2 are
+the logits that sampled each generated token and the last hidden states the proof commits.
+
+The LM head runs only on those positions (the decoder's last hidden state, already after the final norm, is sliced
+first), so a large vocabulary does not blow up memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import blake3
+import torch
+
+from verify.checks import (
+    CheckConfig, CheckResult, RunContext, check_assignment, check_lengths, check_logprobs, check_policy,
+    check_proofs, check_rewards, check_sampling, check_termination, recomputed_logprobs,
+)
+from verify.rollout import RolloutGroup, RolloutSchemaError
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """rollout_id: BLAKE3 of the group's canonical bytes; accepted: every check passed; checks: in the order run."""
+
+    rollout_id: bytes
+    accepted: bool
+    checks: tuple[CheckResult, ...]
+
+    @property
+    def reason(self) -> str:
+        """The first failed check as 'name: reason' ('' when accepted)."""
+        failed = [c for c in self.checks if not c.ok]
+        return f"{failed[0].name}: {failed[0].reason}" if failed else ""
+
+
+@dataclass
+class _Pending:
+    """A group that passed the cheap checks and waits for its prefill outputs (one slot per completion)."""
+
+    index: int
+    group: RolloutGroup
+    checks: list[CheckResult]
+    logits: list[torch.Tensor | None]
+    hidden: list[torch.Tensor | None]
+
+
+def verify_groups(models: Mapping[int, torch.nn.Module], groups: Sequence[RolloutGroup | dict | bytes],
+                  ctx: RunContext, config: CheckConfig | None = None, *, max_batch_tokens: int = 16384) -> list[Verdict]:
+    """One Verdict per input, in order; never raises. `models` maps policy version -> HF causal LM (eval mode)."""
+    config = config or CheckConfig()
+    verdicts: list[Verdict | None] = [None] * len(groups)
+    pending: list[_Pending] = []
+    for i, raw in enumerate(groups):
+        group, verdict = _parse(raw)
+        if verdict is None:
+            verdict, item = _cheap_checks(i, group, models, ctx)
+            if item is not None:
+                pending.append(item)
+        verdicts[i] = verdict
+    by_version: dict[int, list[_Pending]] = {}
+    for item in pending:
+        by_version.setdefault(item.group.policy_version, []).append(item)
+    for version, items in by_version.items():
+        try:
+            _prefill(models[version], items, max_batch_tokens)
+        except Exception as exc:  # noqa: BLE001 - a failed batch rejects its groups, never the validator
+            for item in items:
+                item.checks.append(CheckResult("prefill", False, f"prefill failed ({type(exc).__name__})"))
+    for item in pending:
+        verdicts[item.index] = _model_checks(item, ctx, config)
+    return [v for v in verdicts if v is not None]
+
+
+def _parse(raw) -> tuple[RolloutGroup | None, Verdict | None]:
+    try:
+        if isinstance(raw, RolloutGroup):
+            group = RolloutGroup.from_wire(raw.to_wire())
+        elif isinstance(raw, (bytes, bytearray)):
+            group = RolloutGroup.decode(bytes(raw))
+        else:
+            group = RolloutGroup.from_wire(raw)
+        return group, None
+    except RolloutSchemaError as exc:
+        return None, Verdict(_raw_id(raw), False, (CheckResult("schema", False, str(exc)),))
+    except Exception as exc:  # noqa: BLE001 - hostile input of any shape
+        return None, Verdict(_raw_id(raw), False, (CheckResult("schema", False, f"unparseable ({type(exc).__name__})"),))
+
+
+def _raw_id(raw) -> bytes:
+    try:
+        data = bytes(raw) if isinstance(raw, (bytes, bytearray)) else repr(raw).encode()
+    except Exception:  # noqa: BLE001
+        data = b""
+    return blake3.blake3(data).digest()
+
+
+def _cheap_checks(i: int, group: RolloutGroup, models, ctx: RunContext) -> tuple[Verdict, _Pending | None]:
+    checks = [CheckResult("schema", True), check_policy(group, ctx)]
+    model = models.get(group.policy_version) if checks[-1].ok else None
+    if checks[-1].ok and model is None:
+        checks.append(CheckResult("model", False, f"this validator does not hold policy version {group.policy_version}"))
+    if model is not None:
+        checks.append(check_assignment(group, ctx))
+        checks.append(check_lengths(group, ctx, model.config.vocab_size))
+        longest = len(group.prompt_tokens) + max(len(c.tokens) for c in group.completions)
+        if longest > getattr(model.config, "max_position_embeddings", longest):
+            checks.append(CheckResult("length", False, f"{longest} tokens exceed the model's context"))
+    verdict = Verdict(group.rollout_id(), False, tuple(checks))
+    if not all(c.ok for c in checks):
+        return verdict, None
+    n = len(group.completions)
+    return verdict, _Pending(i, group, checks, [None] * n, [None] * n)
+
+
+@torch.no_grad()
+def _prefill(model: torch.nn.Module, items: list[_Pending], max_batch_tokens: int) -> None:
+    """Fill every pending completion's logits [T, V] (float32) and last hidden states [T, H] by batched prefill."""
+    rows = [(item, j) for item in items for j in range(len(item.group.completions))]
+    rows.sort(key=lambda r: len(r[0].group.prompt_tokens) + len(r[0].group.completions[r[1]].tokens))
+    batch: list[tuple[_Pending, int]] = []
+    for row in rows:
+        width = _row_len(row)
+        if batch and width * (len(batch) + 1) > max_batch_tokens:
+            _prefill_batch(model, batch)
+            batch = []
+        batch.append(row)
+    if batch:
+        _prefill_batch(model, batch)
+
+
+def _row_len(row: tuple[_Pending, int]) -> int:
+    item, j = row
+    return len(item.group.prompt_tokens) + len(item.group.completions[j].tokens) - 1
+
+
+def _prefill_batch(model: torch.nn.Module, batch: list[tuple[_Pending, int]]) -> None:
+    width = max(_row_len(r) for r in batch)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for b, (item, j) in enumerate(batch):
+        seq = list(item.group.prompt_tokens) + list(item.group.completions[j].tokens[:-1])
+        ids[b, : len(seq)] = torch.tensor(seq)
+        mask[b, : len(seq)] = 1
+    device = next(model.parameters()).device
+    hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # [B, L, H]
+    head = model.get_output_embeddings()
+    for b, (item, j) in enumerate(batch):
+        start, count = len(item.group.prompt_tokens) - 1, len(item.group.completions[j].tokens)
+        h = hidden[b, start : start + count]  # [T, H]
+        item.hidden[j] = h.float().cpu()
+        item.logits[j] = head(h).float().cpu()  # [T, V]
+
+
+def _model_checks(item: _Pending, ctx: RunContext, config: CheckConfig) -> Verdict:
+    group, checks = item.group, list(item.checks)
+    try:
+        if all(c.ok for c in checks):
+            recomputed = [recomputed_logprobs(lg, c.tokens, group.temperature)
+                          for lg, c in zip(item.logits, group.completions)]
+            last_probs = [float(torch.exp(lp[-1])) for lp in recomputed]
+            checks.append(check_termination(group, last_probs, ctx, config))
+            checks.append(check_sampling(group, item.logits, config))
+            checks.append(check_logprobs(group, recomputed, config))
+            checks.append(check_rewards(group, ctx, config))
+            checks.append(check_proofs(group, item.hidden, config))
+    except Exception as exc:  # noqa: BLE001 - a crash while checking rejects this group only
+        checks.append(CheckResult("internal", False, f"check raised {type(exc).__name__}"))
+    return Verdict(group.rollout_id(), all(c.ok for c in checks), tuple(checks))
