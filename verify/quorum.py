@@ -1,0 +1,138 @@
+"""The vote quorum as a pure state machine: events in (rollout opened, vote received, time passed), decisions out.
+
+Why sans-IO: the same object decides in the trainer, in validators and in the in-memory simulation, and its timing
+is tested on virtual time; `now` is always passed in (trio.current_time() in the IO adapter), never read here.
+
+Rules, for a rollout assigned to r validators (verify.votes.assign_validators) and quorum q:
+  - ACCEPTED as soon as q assigned validators voted accept;
+  - REJECTED as soon as a majority of the r (more than r/2) voted reject, or when accept can no longer reach q;
+  - TIMED_OUT when neither happened within `timeout_s` of opening (the trainer does not train on it);
+  - a vote that is forged, from a validator not assigned to the rollout, a duplicate, for a settled rollout or
+    for an unknown one is ignored with a reason; votes that arrive before their rollout is opened are held in a
+    bounded buffer and replayed at open (gossip does not order rollouts before votes).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from verify.votes import Vote, assign_validators, verify_vote
+
+
+class Outcome(enum.Enum):
+    PENDING = "pending"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    TIMED_OUT = "timed_out"
+
+
+@dataclass(frozen=True)
+class QuorumConfig:
+    """replicas: validators assigned per rollout (r); quorum: accepting votes needed (q <= r);
+    timeout_s: virtual seconds a rollout may wait for its votes; max_early_votes: buffer bound for votes that
+    precede their rollout."""
+
+    replicas: int = 3
+    quorum: int = 2
+    timeout_s: float = 120.0
+    max_early_votes: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.quorum <= self.replicas:
+            raise ValueError("quorum must be between 1 and replicas")
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """A settled rollout: its outcome, when, and who voted what (validator key -> accept)."""
+
+    rollout_id: bytes
+    outcome: Outcome
+    at: float
+    votes: dict[bytes, bool] = field(default_factory=dict)
+
+
+@dataclass
+class _Open:
+    assigned: tuple[bytes, ...]
+    deadline: float
+    votes: dict[bytes, bool] = field(default_factory=dict)
+
+
+class QuorumTracker:
+    """Tracks every open rollout's votes and settles it; all methods are pure functions of their inputs + state."""
+
+    def __init__(self, config: QuorumConfig | None = None) -> None:
+        self.config = config or QuorumConfig()
+        self._open: dict[bytes, _Open] = {}
+        self._settled: dict[bytes, Settlement] = {}
+        self._early: OrderedDict[tuple[bytes, bytes], Vote] = OrderedDict()
+
+    def open(self, rollout_id: bytes, validators: Sequence[bytes], now: float) -> tuple[tuple[bytes, ...], list[Settlement]]:
+        """Start tracking a rollout; returns its assigned validators and any settlement the buffered votes cause."""
+        if rollout_id in self._open or rollout_id in self._settled:
+            return self.assigned(rollout_id), []
+        assigned = assign_validators(rollout_id, validators, self.config.replicas)
+        self._open[rollout_id] = _Open(assigned, now + self.config.timeout_s)
+        settled = []
+        for key in [k for k in self._early if k[0] == rollout_id]:
+            _, s = self.on_vote(self._early.pop(key), now)
+            settled.extend([s] if s else [])
+        return assigned, settled
+
+    def assigned(self, rollout_id: bytes) -> tuple[bytes, ...]:
+        state = self._open.get(rollout_id)
+        return state.assigned if state else ()
+
+    def on_vote(self, vote: Vote, now: float) -> tuple[str, Settlement | None]:
+        """Apply one vote. Returns ('counted' or why it was ignored, the settlement it caused or None)."""
+        if not verify_vote(vote):
+            return "forged", None
+        if vote.rollout_id in self._settled:
+            return "settled", None
+        state = self._open.get(vote.rollout_id)
+        if state is None:
+            if len(self._early) >= self.config.max_early_votes:
+                self._early.popitem(last=False)
+            self._early[(vote.rollout_id, vote.validator)] = vote
+            return "early", None
+        if vote.validator not in state.assigned:
+            return "unassigned", None
+        if vote.validator in state.votes:
+            return "duplicate", None
+        state.votes[vote.validator] = vote.accept
+        return "counted", self._decide(vote.rollout_id, state, now)
+
+    def tick(self, now: float) -> list[Settlement]:
+        """Time out every open rollout whose deadline has passed."""
+        expired = [rid for rid, s in self._open.items() if now >= s.deadline]
+        return [self._settle(rid, Outcome.TIMED_OUT, now) for rid in expired]
+
+    def outcome(self, rollout_id: bytes) -> Outcome | None:
+        """The outcome of a known rollout (PENDING while open), None for an unknown one."""
+        if rollout_id in self._settled:
+            return self._settled[rollout_id].outcome
+        return Outcome.PENDING if rollout_id in self._open else None
+
+    def next_deadline(self) -> float | None:
+        """When the adapter should call tick() next (None when nothing is open)."""
+        return min((s.deadline for s in self._open.values()), default=None)
+
+    def _decide(self, rollout_id: bytes, state: _Open, now: float) -> Settlement | None:
+        accepts = sum(state.votes.values())
+        rejects = len(state.votes) - accepts
+        remaining = len(state.assigned) - len(state.votes)
+        if accepts >= self.config.quorum:
+            return self._settle(rollout_id, Outcome.ACCEPTED, now)
+        if rejects * 2 > self.config.replicas or accepts + remaining < self.config.quorum:
+            return self._settle(rollout_id, Outcome.REJECTED, now)
+        return None
+
+    def _settle(self, rollout_id: bytes, outcome: Outcome, now: float) -> Settlement:
+        state = self._open.pop(rollout_id)
+        settlement = Settlement(rollout_id, outcome, now, dict(state.votes))
+        self._settled[rollout_id] = settlement
+        return settlement
