@@ -104,20 +104,22 @@ class Rejection:
 
 
 class PublishPacer:
-    """Sans-IO pacing of our own publishes: at most `rate` per topic in any one-second window."""
+    """Sans-IO pacing of our own sends: at most `rate` per topic in any `window_s`-second window (sliding, so a
+    receiver's fixed-window limiter of the same size never sees more)."""
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, rate: float, window_s: float = 1.0) -> None:
         self.rate = rate
+        self.window_s = window_s
         self._sent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
 
     def delay(self, topic: str, now: float) -> float:
-        """Seconds to wait before the next publish on `topic` stays within the rate (0 if it may go now)."""
+        """Seconds to wait before the next send on `topic` stays within the rate (0 if it may go now)."""
         sent = self._sent[topic]
-        while sent and sent[0] <= now - 1.0:
+        while sent and sent[0] <= now - self.window_s:
             sent.popleft()
-        if len(sent) < int(self.rate):
+        if len(sent) < max(1, int(self.rate)):
             return 0.0
-        return sent[0] + 1.0 - now
+        return sent[0] + self.window_s - now
 
     def record(self, topic: str, now: float) -> None:
         self._sent[topic].append(now)
