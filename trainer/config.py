@@ -10,7 +10,7 @@ field; CLI flags override the file; unknown keys are rejected in one line.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from trainer.curriculum import Curriculum, curriculum_from_tables, load_curriculum
@@ -24,6 +24,8 @@ class TrainerConfig:
     """Model to start from: "tiny", "smollm2" or a local directory (e.g. a published policy)."""
     task: str = "basic_arithmetic"
     """Task set: a built-in reasoning-gym name or a .jsonl/.parquet file."""
+    task_config: dict = field(default_factory=dict)
+    """Difficulty overrides for a built-in task (reasoning-gym config fields, e.g. {max_value = 20})."""
     task_size: int = 512
     """How many prompts to generate for a built-in task set (train + held-out)."""
     eval_fraction: float = 0.2

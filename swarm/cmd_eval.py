@@ -1,0 +1,46 @@
+"""`swarm eval`: a policy's accuracy on held-out prompts (greedy by default, batched).
+
+The held-out prompts are the same split `swarm train` sets aside for the same --task, --seed, --size and
+--eval-fraction, so a policy is never scored on a prompt it was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a policy directory (e.g. OUT/final)")
+    parser.add_argument("--task", default="basic_arithmetic", help="reasoning-gym task name or .jsonl/.parquet file")
+    parser.add_argument("--n", type=int, default=200, help="held-out prompts to score")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the task set and its held-out split")
+    parser.add_argument("--size", type=int, default=None, help="task set size (default: the trainer's task_size)")
+    parser.add_argument("--eval-fraction", type=float, default=None, dest="eval_fraction",
+                        help="held-out share (default: the trainer's)")
+    parser.add_argument("--config", default=None, help="trainer TOML whose task settings to reuse (task_config)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, dest="max_new_tokens", help="generation limit")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--batch", type=int, default=32, help="prompts per generate call")
+    parser.add_argument("--json", action="store_true", help="print one JSON line (default: a sentence)")
+
+
+def run(args) -> int:
+    from inference.models import load_model
+    from trainer.config import load_config
+    from trainer.evaluate import evaluate
+    from trainer.session import load_task_split
+
+    overrides = {"task": args.task, "seed": args.seed, "task_size": args.size, "eval_fraction": args.eval_fraction}
+    cfg = load_config(args.config, overrides).config
+    _, heldout = load_task_split(cfg)
+    loaded = load_model(args.model)
+    started = time.perf_counter()
+    result = evaluate(loaded, heldout, n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, batch=args.batch)
+    out = {"model": args.model, "task": args.task, "accuracy": result.accuracy, "mean_reward": result.mean_reward,
+           "n": result.n, "mean_tokens": result.mean_tokens, "temperature": args.temperature, "seed": args.seed,
+           "seconds": round(time.perf_counter() - started, 1)}
+    print(json.dumps(out) if args.json else
+          f"accuracy {result.accuracy:.3f} on {result.n} held-out prompts of {args.task} ({args.model})")
+    return 0

@@ -1,0 +1,50 @@
+"""`swarm train`: the single-machine RL loop (no network): generate, score, GRPO, publish, checkpoint.
+
+Writes into --out: log.jsonl (one line per step), eval.jsonl (held-out accuracy), reward.png, checkpoints/,
+policies/ (the async window's versions) and final/ (the last policy, loadable with `--model OUT/final`).
+Re-running with the same --out resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", help="tiny, smollm2 or a policy directory (default: tiny)")
+    parser.add_argument("--task", help="reasoning-gym task name or a .jsonl/.parquet file (default: basic_arithmetic)")
+    parser.add_argument("--config", type=Path, help="trainer TOML file (flags override it)")
+    parser.add_argument("--async-level", type=int, dest="async_level", help="max policy lag of a rollout; 0 = synchronous")
+    parser.add_argument("--curriculum", help="fastcurl, none or a TOML file of [[stage]] tables")
+    parser.add_argument("--steps", type=int, help="optimizer steps")
+    parser.add_argument("--out", type=Path, help="output directory (resumes when it holds a checkpoint)")
+    parser.add_argument("--seed", type=int, help="seed of data split, prompt order, sampling and init")
+    parser.add_argument("--lr", type=float, help="peak learning rate")
+    parser.add_argument("--group-size", type=int, dest="group_size", help="completions per prompt")
+    parser.add_argument("--prompts-per-step", type=int, dest="prompts_per_step", help="groups per optimizer step")
+    parser.add_argument("--max-new-tokens", type=int, dest="max_new_tokens", help="generation context (middle stage)")
+    parser.add_argument("--temperature", type=float, help="sampling temperature")
+    parser.add_argument("--eval-every", type=int, dest="eval_every", help="steps between held-out evaluations")
+    parser.add_argument("--eval-n", type=int, dest="eval_n", help="held-out prompts per evaluation")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads")
+    parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+
+
+_OVERRIDES = ("model", "task", "async_level", "curriculum", "steps", "out", "seed", "lr", "group_size",
+              "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads")
+
+
+def run(args) -> int:
+    from trainer.config import load_config
+    from trainer.session import train
+
+    overrides = {k: getattr(args, k, None) for k in _OVERRIDES}
+    if overrides.get("out") is not None:
+        overrides["out"] = str(overrides["out"])
+    loaded = load_config(args.config, overrides)
+    echo = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    summary = train(loaded.config, loaded.curriculum, echo=echo)
+    print(json.dumps(summary))
+    return 0

@@ -1,0 +1,116 @@
+"""A whole local training session: load, split, evaluate, train (sync or async), evaluate, plot, summarise.
+
+Why a separate module: `swarm train` stays a thin CLI and tests drive exactly the same sequence in-process.
+The generator gets its own model instance that follows the published policy files, as a swarm worker would;
+evaluation runs on the trainer's live weights between steps (in the trainer's thread, so never concurrently
+with a step).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from trainer.config import TrainerConfig
+from trainer.curriculum import Curriculum
+from trainer.errors import TrainerError
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_task_split(cfg: TrainerConfig):
+    """(train, heldout) task sets: the held-out split is never offered to the generator."""
+    from tasks import load_tasks
+    from tasks.loading import is_task_file
+
+    size = None if is_task_file(cfg.task) else cfg.task_size
+    tasks = load_tasks(cfg.task, size=size, seed=cfg.seed, config=cfg.task_config or None)
+    train_set, heldout = tasks.split(cfg.eval_fraction, seed=cfg.seed)
+    if len(train_set) == 0 or len(heldout) == 0:
+        raise TrainerError(f"task set {cfg.task!r} is too small to split into train and held-out prompts")
+    return train_set, heldout
+
+
+class Evaluator:
+    """Held-out accuracy of the trainer's live model, appended to eval.jsonl."""
+
+    def __init__(self, loaded, heldout, cfg: TrainerConfig, curriculum: Curriculum) -> None:
+        from inference.torch_backend import TorchBackend
+
+        self.loaded, self.heldout, self.cfg = loaded, heldout, cfg
+        self.max_new_tokens = max(s.max_new_tokens for s in curriculum.stages)
+        self.backend = TorchBackend(loaded, capture_proofs=False, max_batch_rows=64)
+        self.results: list[dict] = []
+
+    def __call__(self, step: int) -> dict:
+        import torch
+
+        from trainer.evaluate import evaluate
+
+        with torch.no_grad():
+            result = evaluate(self.loaded, self.heldout, n=self.cfg.eval_n, seed=self.cfg.seed,
+                              max_new_tokens=self.max_new_tokens, backend=self.backend)
+        record = {"step": step, "accuracy": result.accuracy, "mean_reward": result.mean_reward, "n": result.n,
+                  "mean_tokens": result.mean_tokens}
+        self.results.append(record)
+        with open(Path(self.cfg.out) / "eval.jsonl", "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        return record
+
+
+def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], None] = print) -> dict:
+    """Run (or resume) a local training session; returns the summary printed as JSON by `swarm train`."""
+    import torch
+    import trio
+
+    from inference.models import load_model
+    from trainer.local_source import LocalRolloutSource
+    from trainer.loop import TrainingRun, run_async, run_sync
+    from trainer.report import plot_rewards, progress_line, read_log
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    train_set, heldout = load_task_split(cfg)
+    trainer_model, generator_model = load_model(cfg.model), load_model(cfg.model)
+    run = TrainingRun(trainer_model, cfg, curriculum,
+                      on_report=lambda record: echo(progress_line(record, cfg.steps)))
+    source = LocalRolloutSource(generator_model, train_set, run=cfg.run, prompts_per_step=cfg.prompts_per_step,
+                                length_target=cfg.length_target)
+    evaluator = Evaluator(trainer_model, heldout, cfg, curriculum)
+    started = time.perf_counter()
+    before = evaluator(run.state.step)
+    echo(f"held-out accuracy before: {before['accuracy']:.3f} on {before['n']} prompts")
+
+    def between() -> None:
+        if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
+            echo(f"held-out accuracy at step {run.state.step}: {evaluator(run.state.step)['accuracy']:.3f}")
+
+    if cfg.async_level == 0:
+        run_sync(run, source, cfg.steps, between)
+    else:
+        trio.run(run_async, run, source, cfg.steps, between)
+    train_seconds = time.perf_counter() - started
+    final = run.finish()
+    after = evaluator(run.state.step)
+    echo(f"held-out accuracy after: {after['accuracy']:.3f} on {after['n']} prompts; final policy in {final}")
+    log = read_log(Path(cfg.out) / "log.jsonl")
+    plot = plot_rewards(log, evaluator.results, Path(cfg.out) / "reward.png",
+                        f"{cfg.model} on {cfg.task} (async {cfg.async_level}, {curriculum.name})")
+    tail = log[-max(1, len(log) // 10):]
+    return {"steps": run.state.step, "versions": run.state.version, "train_seconds": round(train_seconds, 1),
+            "first_reward": log[0]["reward"] if log else None,
+            "final_reward": sum(r["reward"] for r in tail) / len(tail) if tail else None,
+            "heldout_before": before["accuracy"], "heldout_after": after["accuracy"], "final": str(final),
+            "log": str(Path(cfg.out) / "log.jsonl"), "plot": str(plot) if plot else None}
