@@ -54,8 +54,8 @@ class PeerConfig:
             raise UserError(f"unknown role {unknown[0] if unknown else '(none)'}: choose from {', '.join(ROLES)}")
         if self.keep_versions < 1:
             raise UserError("keep_versions must be at least 1")
-        if not 64 <= self.piece_kb <= 16384:
-            raise UserError(f"piece size {self.piece_kb} KiB is outside 64..16384 KiB")
+        if not 256 <= self.piece_kb <= 4096:
+            raise UserError(f"piece size {self.piece_kb} KiB is outside 256..4096 KiB")
         if self.upload_mbps < 0:
             raise UserError("upload_mbps must not be negative")
         return self

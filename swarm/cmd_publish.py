@@ -1,0 +1,84 @@
+"""`swarm publish CHECKPOINT_DIR --run NAME --key KEYFILE`: sign a checkpoint as the run's next version and seed it.
+
+The checkpoint directory holds *.safetensors files and a model.json model description (what the trainer writes);
+an optional generation.json gives the generation settings in force (group_size, temperature, max_new_tokens,
+stage). The publisher's host uses the trainer key as its identity, so peers see the manifest's signer as the origin.
+It prints its multiaddr (hand it to others as --bootstrap) and live progress, and seeds until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint_dir", type=Path, help="directory with *.safetensors and model.json")
+    parser.add_argument("--run", required=True, help="run name")
+    parser.add_argument("--key", required=True, type=Path, help="the run's trainer key file (swarm keygen)")
+    parser.add_argument("--version", type=int, help="policy version (default: newest in the data dir + 1)")
+    parser.add_argument("--data-dir", dest="data_dir", type=Path, default=Path("./swarm-publisher"))
+    parser.add_argument("--listen", action="append", metavar="MULTIADDR")
+    parser.add_argument("--bootstrap", action="append", metavar="MULTIADDR")
+    parser.add_argument("--piece-kb", dest="piece_kb", type=int, default=1024)
+    parser.add_argument("--upload-mbps", dest="upload_mbps", type=float, default=0.0)
+    parser.add_argument("--announce-after-peers", dest="announce_after", type=int, default=0,
+                        help="wait until this many peers are connected before announcing (benchmarks)")
+    parser.add_argument("--json-events", dest="json_events", action="store_true")
+
+
+def _generation(checkpoint: Path):
+    from p2p.manifest import GenerationSettings
+    from swarm.errors import UserError
+
+    path = checkpoint / "generation.json"
+    raw = {"group_size": 8, "temperature": 0.6, "max_new_tokens": 256, "stage": 0}
+    if path.exists():
+        try:
+            raw.update(json.loads(path.read_text()))
+            return GenerationSettings(int(raw["group_size"]), float(raw["temperature"]), int(raw["max_new_tokens"]),
+                                      int(raw["stage"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"{path} is not a valid generation settings file ({exc})") from None
+    return GenerationSettings(**raw)
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    import trio
+
+    from p2p.identity import read_key_file
+    from p2p.manifest import build_manifest, sign_manifest
+    from swarm.config import load_config
+    from swarm.errors import UserError
+    from swarm.events import EventSink
+    from swarm.node import open_node_parts
+
+    if not args.checkpoint_dir.is_dir():
+        raise UserError(f"checkpoint directory {args.checkpoint_dir} does not exist")
+    key = read_key_file(args.key)
+    config = load_config(None, {"roles": ("seed",), "run": args.run, "data_dir": args.data_dir,
+                                "listen": tuple(args.listen or ()), "bootstrap": tuple(args.bootstrap or ()),
+                                "upload_mbps": args.upload_mbps, "piece_kb": args.piece_kb,
+                                "trainer_key": key.public_bytes.hex()})
+    events = EventSink(json_lines=args.json_events)
+    events.configure_logging()
+    generation = _generation(args.checkpoint_dir)
+
+    async def publish(node) -> None:
+        known = [m.version for m in node.mirror.store.manifests() if m.run == args.run]
+        version = args.version if args.version is not None else max(known, default=0) + 1
+        manifest = build_manifest(args.checkpoint_dir, run=args.run, version=version,
+                                  parent_version=max(known) if known else None, created_at=time.time(),
+                                  generation=generation, piece_size=args.piece_kb * 1024)
+        signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
+        while len(node.connected_peers()) < args.announce_after:
+            await trio.sleep(0.1)
+        node.mirror.adopt(signed, local_dir=args.checkpoint_dir)
+        events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
+                    trainer_key=key.public_bytes.hex())
+        await node.announce_policy(signed, manifest)
+
+    return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)

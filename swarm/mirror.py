@@ -1,0 +1,206 @@
+"""Following a run's policy versions: one piece-protocol service per manifest inside the window.
+
+Every role holds a PolicyMirror. It admits only manifests signed by the run's trainer key (swarm.trust), keeps the
+newest `keep` versions and garbage-collects older ones, and routes data channels to the right manifest's service.
+
+Link rules (why): data channels are per (peer, manifest). The dialer writes the 32-byte manifest id first, so the
+acceptor can route the link without guessing. For each pair of peers only the one with the smaller peer id dials,
+so two peers never open crossing duplicate links. A peer that does not re-seed (the single-origin baseline) links
+only with the manifest's origin, the trainer's peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2p.errors import P2PError
+from p2p.manifest import PolicyManifest, decode_signed, verify_manifest
+from p2p.store import PieceStore
+from p2p.transfer import SwarmService, TransferConfig
+from swarm.trust import TrainerTrust
+
+log = logging.getLogger(__name__)
+ROUTE_BYTES = 32
+Dialer = Callable[[str], Awaitable[Any]]
+
+
+@dataclass
+class MirroredPolicy:
+    """One policy version this peer follows."""
+
+    manifest: PolicyManifest
+    signed: bytes
+    origin: str  # peer id of the trainer that signed it
+    service: SwarmService | None = None
+    scope: trio.CancelScope | None = None
+    dialing: set[str] = field(default_factory=set)
+    failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
+    announced_complete: bool = False
+
+
+class PolicyMirror:
+    """The set of policy versions a peer mirrors, and the piece services that move them."""
+
+    def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
+                 transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
+                 on_event: Callable[[str, dict], None] = lambda kind, info: None) -> None:
+        self.store = store
+        self.my_id = my_id
+        self.trust = trust
+        self.run = run
+        self.transfer = transfer
+        self.reseed = reseed
+        self.keep = keep
+        self.on_event = on_event
+        self.policies: dict[bytes, MirroredPolicy] = {}
+        self.changed = trio.Event()  # set (and replaced) whenever a version is adopted or completes
+        self._nursery: trio.Nursery | None = None
+
+    # ---------------------------------------------------------------- service lifetime
+
+    async def run_service(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for signed in self._stored_signed():
+                self.adopt(signed)
+            task_status.started(self)
+            await trio.sleep_forever()
+
+    def _stored_signed(self) -> list[bytes]:
+        out = []
+        for m in self.store.manifests():
+            try:
+                out.append(self.store.signed_manifest_bytes(m.id))
+            except P2PError:
+                continue
+        return out
+
+    # ---------------------------------------------------------------- adopting versions
+
+    def latest(self) -> MirroredPolicy | None:
+        return max(self.policies.values(), key=lambda p: p.manifest.version, default=None)
+
+    def complete_versions(self) -> list[MirroredPolicy]:
+        return sorted((p for p in self.policies.values() if p.service is not None and p.service.completed.is_set()),
+                      key=lambda p: p.manifest.version)
+
+    def adopt(self, signed: bytes, local_dir: Path | None = None) -> MirroredPolicy | None:
+        """Verify a signed manifest and start mirroring it; None when refused (logged) or outside the window."""
+        try:
+            outer = decode_signed(signed)
+            if not self.trust.accept(outer.public_key):
+                raise P2PError("policy manifest is not signed by this run's trainer key")
+            manifest = verify_manifest(signed, outer.public_key)
+        except P2PError as exc:
+            log.warning("refused a policy manifest: %s", exc)
+            self.on_event("refused", {"reason": str(exc)})
+            return None
+        if manifest.run != self.run:
+            log.warning("refused a manifest of run %r (this peer follows %r)", manifest.run, self.run)
+            return None
+        if manifest.id in self.policies:
+            return self.policies[manifest.id]
+        newest = self.latest()
+        if newest is not None and manifest.version <= newest.manifest.version - self.keep:
+            return None
+        from p2p.identity import peer_id_from_public_bytes
+
+        policy = MirroredPolicy(manifest, signed, peer_id_from_public_bytes(outer.public_key))
+        if local_dir is not None:
+            self.store.add_local_policy(manifest, local_dir, signed)
+        else:
+            self.store.add_manifest(manifest, signed)
+        self.policies[manifest.id] = policy
+        self._start_service(policy)
+        self._collect_garbage()
+        self.on_event("adopted", {"version": manifest.version, "id": manifest.id.hex(),
+                                  "bytes": manifest.total_size, "pieces": manifest.num_pieces})
+        self._signal()
+        return policy
+
+    def _start_service(self, policy: MirroredPolicy) -> None:
+        assert self._nursery is not None, "run_service must be started first"
+        policy.service = SwarmService(policy.manifest, self.store, config=self.transfer)
+        policy.scope = trio.CancelScope()
+
+        async def serve() -> None:
+            with policy.scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(policy.service.run)
+                    nursery.start_soon(self._watch_completion, policy)
+
+        self._nursery.start_soon(serve)
+
+    async def _watch_completion(self, policy: MirroredPolicy) -> None:
+        await policy.service.completed.wait()
+        policy.announced_complete = True
+        self.on_event("complete", {"version": policy.manifest.version, "id": policy.manifest.id.hex()})
+        self._signal()
+
+    def _collect_garbage(self) -> None:
+        newest = self.latest()
+        if newest is None:
+            return
+        for mid, policy in list(self.policies.items()):
+            if policy.manifest.version <= newest.manifest.version - self.keep:
+                if policy.scope is not None:
+                    policy.scope.cancel()
+                del self.policies[mid]
+                self.on_event("dropped", {"version": policy.manifest.version})
+        self.store.gc(self.keep, pinned=set(self.policies))
+
+    def _signal(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    # ---------------------------------------------------------------- links
+
+    def _may_link(self, policy: MirroredPolicy, peer: str) -> bool:
+        return self.reseed or peer == policy.origin or self.my_id == policy.origin
+
+    async def accept_link(self, peer: str, stream: Any) -> None:
+        """Serve an inbound data channel: read the manifest id it is for, then run the link until it ends."""
+        route = bytearray()
+        with trio.fail_after(self.transfer.handshake_timeout):
+            while len(route) < ROUTE_BYTES:
+                chunk = await stream.receive_some(ROUTE_BYTES - len(route))
+                if not chunk:
+                    return
+                route += chunk
+        policy = self.policies.get(bytes(route))
+        if policy is None or policy.service is None or not self._may_link(policy, peer):
+            return  # unknown or not-yet-known manifest: the dialer retries after it has been adopted here
+        await policy.service._serve_link(peer, stream)
+
+    async def reconcile(self, peers: list[str], dial: Dialer, max_links: int) -> None:
+        """Open the links this peer should dial: smaller peer id dials, failed dials back off."""
+        now = trio.current_time()
+        for policy in list(self.policies.values()):
+            service = policy.service
+            if service is None or service._nursery is None:
+                continue
+            for peer in peers:
+                if (peer <= self.my_id or peer in service.peers or peer in policy.dialing
+                        or not self._may_link(policy, peer) or len(service.peers) >= max_links
+                        or now - policy.failures.get(peer, -math.inf) < 2.0):
+                    continue
+                policy.dialing.add(peer)
+                self._nursery.start_soon(self._dial_link, policy, peer, dial)
+
+    async def _dial_link(self, policy: MirroredPolicy, peer: str, dial: Dialer) -> None:
+        try:
+            stream = await dial(peer)
+            await stream.send_all(policy.manifest.id)
+            policy.service.add_link(peer, stream)
+        except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
+            policy.failures[peer] = trio.current_time()
+            log.debug("data channel to %s failed: %s", peer, exc)
+        finally:
+            policy.dialing.discard(peer)

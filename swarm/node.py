@@ -1,0 +1,221 @@
+"""One peer: a libp2p host, the run's gossip, data channels and a policy mirror, plus the roles it plays.
+
+The node owns the IO; decisions live in the sans-IO parts it drives (the swarm engine, the quorum, the
+curriculum). Tasks, all in one nursery: announcements in (manifests, heartbeats), heartbeats out (roles, held
+versions, listen addresses: this is how peers that joined through different bootstrap peers find each other), the
+link reconciler, progress reports, and one task per role.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from p2p.errors import P2PError
+from swarm.config import PeerConfig
+from swarm.events import EventSink
+from swarm.mirror import PolicyMirror
+
+log = logging.getLogger(__name__)
+RoleTask = Callable[["Node"], Awaitable[None]]
+GOSSIP_INLINE_MANIFEST = 512 * 1024  # larger manifests are announced by id and fetched by the manifest protocol
+
+
+@dataclass
+class Node:
+    """A running peer; role tasks receive it and use its parts."""
+
+    config: PeerConfig
+    host: Any
+    gossip: Any
+    mirror: PolicyMirror
+    events: EventSink
+    nursery: trio.Nursery
+    peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
+    done: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def peer_id(self) -> str:
+        return self.host.peer_id
+
+    def connected_peers(self) -> list[str]:
+        return sorted(str(p) for p in self.host.libp2p.get_connected_peers())
+
+    async def announce_policy(self, signed: bytes, manifest: Any) -> None:
+        """Tell the run about a new version (inline when small, by id otherwise)."""
+        body = {"id": manifest.id, "version": manifest.version}
+        if len(signed) <= GOSSIP_INLINE_MANIFEST:
+            body["signed"] = signed
+        await self.gossip.publish("manifest", body)
+
+
+async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask],
+                          trust_key: bytes | None = None, publish_dir: Any = None) -> int:
+    """Build host, gossip, store and mirror, run until cancelled, `done` or a role finishes; returns exit status."""
+    from p2p.bootstrap import resolve_bootstrap
+    from p2p.channel import open_data_channel, serve_data_channels
+    from p2p.gossip import open_gossip
+    from p2p.host import HostConfig, open_host
+    from p2p.store import PieceStore
+    from p2p.transfer import TransferConfig
+    from swarm.manifest_protocol import install_manifest_server
+    from swarm.trust import TrainerTrust
+
+    bootstrap = resolve_bootstrap(config.bootstrap or None, None, config.bootstrap_file if config.bootstrap_file.exists() else None)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    with PieceStore(config.data_dir / "store", keep_versions=config.keep_versions) as store:
+        trust = TrainerTrust(config.run, trust_key, config.data_dir)
+        upload = config.upload_mbps * 1e6 / 8 if config.upload_mbps > 0 else math.inf
+        transfer = TransferConfig(upload_bps=upload)
+        async with open_host(HostConfig(identity=identity, data_dir=config.data_dir, listen=config.listen,
+                                        bootstrap=bootstrap)) as host:
+            for addr, why in host.bootstrap_failures.items():
+                events.emit("bootstrap_unreachable", address=addr, reason=why)
+            mirror = PolicyMirror(store, host.peer_id, trust, run=config.run, transfer=transfer,
+                                  reseed=config.reseed, keep=config.keep_versions, on_event=events.emit)
+            async with open_gossip(host, config.run, identity) as gossip, trio.open_nursery() as nursery:
+                node = Node(config, host, gossip, mirror, events, nursery)
+                await nursery.start(mirror.run_service)
+                await nursery.start(serve_data_channels, host, mirror.accept_link)
+                install_manifest_server(host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None)
+                events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.roles))
+                nursery.start_soon(_receive_manifests, node)
+                nursery.start_soon(_receive_heartbeats, node)
+                nursery.start_soon(_send_heartbeats, node)
+                nursery.start_soon(_reconcile_links, node, open_data_channel)
+                nursery.start_soon(_report_progress, node)
+                for role in roles:
+                    nursery.start_soon(_run_role, node, role)
+                await node.done.wait()
+                nursery.cancel_scope.cancel()
+    return 0
+
+
+async def _run_role(node: Node, role: RoleTask) -> None:
+    await role(node)
+
+
+async def _receive_manifests(node: Node) -> None:
+    from swarm.manifest_protocol import fetch_manifest
+
+    async for env in node.gossip.subscribe("manifest"):
+        body = env.body if isinstance(env.body, dict) else {}
+        signed = body.get("signed")
+        if isinstance(signed, bytes):
+            node.mirror.adopt(signed)
+        elif isinstance(body.get("id"), bytes) and body["id"] not in node.mirror.policies:
+            await _fetch_and_adopt(node, env.sender_peer_id, body["id"], fetch_manifest)
+
+
+async def _fetch_and_adopt(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
+    try:
+        signed = await fetch(node.host, peer, manifest_id)
+    except P2PError as exc:
+        log.debug("manifest fetch from %s failed: %s", peer, exc)
+        return
+    if signed is not None:
+        node.mirror.adopt(signed)
+
+
+def _heartbeat_body(node: Node) -> dict:
+    policies = []
+    for p in node.mirror.policies.values():
+        done = p.service is not None and p.service.completed.is_set()
+        policies.append([p.manifest.version, p.manifest.id, done])
+    return {"roles": list(node.config.roles), "addrs": node.host.multiaddrs, "policies": policies}
+
+
+async def _send_heartbeats(node: Node) -> None:
+    while True:
+        try:
+            await node.gossip.publish("heartbeat", _heartbeat_body(node))
+        except P2PError as exc:
+            log.debug("heartbeat not sent: %s", exc)
+        await trio.sleep(min(node.config.status_every_s, 1.0))
+
+
+async def _receive_heartbeats(node: Node) -> None:
+    """Learn peers (dial their announced addresses) and manifests we have not seen yet."""
+    from swarm.manifest_protocol import fetch_manifest
+
+    connected: set[str] = set()
+    async for env in node.gossip.subscribe("heartbeat"):
+        body = env.body if isinstance(env.body, dict) else {}
+        sender = env.sender_peer_id
+        roles = body.get("roles")
+        if isinstance(roles, list):
+            node.peer_roles[sender] = tuple(r for r in roles if isinstance(r, str))[:4]
+        if sender not in node.connected_peers() and sender not in connected and len(connected) < node.config.max_peers:
+            addrs = [a for a in body.get("addrs", []) if isinstance(a, str) and a.endswith(f"/p2p/{sender}")][:4]
+            if addrs:
+                connected.add(sender)
+                node.nursery.start_soon(_dial_any, node, addrs)
+        newest = node.mirror.latest()
+        for entry in body.get("policies", [])[:16]:
+            if (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int) and isinstance(entry[1], bytes)
+                    and entry[1] not in node.mirror.policies
+                    and (newest is None or entry[0] > newest.manifest.version - node.config.keep_versions)):
+                node.nursery.start_soon(_fetch_and_adopt, node, sender, entry[1], fetch_manifest)
+
+
+async def _dial_any(node: Node, addrs: list[str]) -> None:
+    for addr in addrs:
+        try:
+            await node.host.connect(addr)
+            return
+        except P2PError as exc:
+            log.debug("could not reach announced address %s: %s", addr, exc)
+
+
+async def _reconcile_links(node: Node, open_data_channel) -> None:
+    async def dial(peer: str):
+        return await open_data_channel(node.host, peer)
+
+    while True:
+        await node.mirror.reconcile(node.connected_peers(), dial, node.config.max_peers)
+        await trio.sleep(0.25)
+
+
+async def _report_progress(node: Node) -> None:
+    last: dict[bytes, tuple[int, int, float]] = {}
+    while True:
+        await trio.sleep(node.config.status_every_s)
+        now = trio.current_time()
+        for mid, p in list(node.mirror.policies.items()):
+            if p.service is None:
+                continue
+            prog = p.service.progress()
+            up, down = sum(prog.bytes_up.values()), sum(prog.bytes_down.values())
+            prev_up, prev_down, prev_t = last.get(mid, (0, 0, now - node.config.status_every_s))
+            dt = max(1e-6, now - prev_t)
+            last[mid] = (up, down, now)
+            node.events.emit("progress", version=p.manifest.version, pieces=prog.pieces_done,
+                             total=prog.pieces_total, up_mib_s=round((up - prev_up) / dt / 2**20, 2),
+                             down_mib_s=round((down - prev_down) / dt / 2**20, 2), peers=len(p.service.peers),
+                             up_bytes=up, down_bytes=down)
+
+
+def run_peer(config: PeerConfig, json_events: bool = False) -> int:
+    """Entry point of `swarm peer start`: build the roles, run until interrupted."""
+    from p2p.identity import load_or_create_identity
+    from swarm.roles import build_roles
+    from swarm.trust import parse_trainer_key
+
+    events = EventSink(json_lines=json_events)
+    events.configure_logging()
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    identity = load_or_create_identity(config.data_dir)
+    roles = build_roles(config)
+    trust_key = parse_trainer_key(config.trainer_key)
+    return trio.run(open_node_parts, config, identity, events, roles, trust_key)
+
+
+def wall_clock() -> float:
+    """Monotonic seconds comparable across processes on one machine (for benchmark timestamps)."""
+    return time.monotonic()

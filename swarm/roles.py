@@ -1,0 +1,39 @@
+"""The roles a peer can play, as tasks that run beside the node's networking.
+
+Every role mirrors the run's policies (that is the node itself); `seed` adds nothing else: seed-only mode is the
+node alone, and never imports torch. The trainer, inference and validator roles import their packages lazily.
+"""
+
+from __future__ import annotations
+
+from swarm.config import PeerConfig
+from swarm.node import Node, RoleTask
+
+
+def build_roles(config: PeerConfig) -> list[RoleTask]:
+    tasks: list[RoleTask] = []
+    if config.exit_when_complete:
+        tasks.append(exit_when_newest_complete)
+    for role in config.roles:
+        if role == "seed":
+            continue
+        from swarm import swarm_roles
+
+        tasks.append(swarm_roles.ROLE_TASKS[role])
+    return tasks
+
+
+async def exit_when_newest_complete(node: Node) -> None:
+    """Stop the peer once the newest policy it knows is complete (benchmarks and scripted runs)."""
+    import resource
+
+    while True:
+        newest = node.mirror.latest()
+        if newest is not None and newest.service is not None and newest.service.completed.is_set():
+            rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            prog = newest.service.progress()
+            node.events.emit("finished", version=newest.manifest.version, max_rss_mb=round(rss_mb, 1),
+                             down_from=prog.bytes_down, up_to=prog.bytes_up)
+            node.done.set()
+            return
+        await node.mirror.changed.wait()

@@ -1,0 +1,153 @@
+"""Whole peers on loopback: publish -> fetch -> the seed leaves -> a late peer completes from re-seeders."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import blake3
+import numpy as np
+import pytest
+import trio
+from safetensors.numpy import load_file, save_file
+
+from p2p.identity import Identity, write_key_file
+from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+from swarm.config import load_config
+from swarm.events import EventSink
+from swarm.node import open_node_parts
+
+
+def make_checkpoint(path: Path, floats: int = 300_000) -> bytes:
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    save_file({"a": rng.standard_normal(floats).astype(np.float32), "b": np.arange(1000, dtype=np.int64)},
+              str(path / "model.safetensors"))
+    (path / "model.json").write_text(json.dumps({"architecture": "test"}))
+    return (path / "model.safetensors").read_bytes()
+
+
+class Peer:
+    """One in-process peer; `node` is set once it runs, `stop()` ends it."""
+
+    def __init__(self, tmp: Path, name: str, trainer: Identity, bootstrap=(), identity=None, reseed=True):
+        self.config = load_config(None, {"run": "t", "data_dir": tmp / name, "bootstrap": tuple(bootstrap),
+                                         "trainer_key": trainer.public_bytes.hex(), "reseed": reseed,
+                                         "bootstrap_file": tmp / "none.txt", "status_every_s": 0.5})
+        self.identity = identity or Identity.generate()
+        self.trainer = trainer
+        self.node = None
+        self.ready = trio.Event()
+        self.events: list[dict] = []
+
+    async def run(self, extra_roles=()):
+        async def capture(node):
+            self.node = node
+            self.ready.set()
+
+        sink = EventSink(json_lines=False, stream=open("/dev/null", "w"))
+        sink.listeners.append(self.events.append)
+        await open_node_parts(self.config, self.identity, sink, [capture, *extra_roles], self.trainer.public_bytes)
+
+    def stop(self):
+        self.node.done.set()
+
+    async def wait_complete(self, manifest_id: bytes):
+        while True:
+            policy = self.node.mirror.policies.get(manifest_id)
+            if policy is not None and policy.service.completed.is_set():
+                return policy
+            await self.node.mirror.changed.wait()
+
+
+async def test_publish_fetch_seed_leaves_late_peer_completes(tmp_path):
+    trainer = Identity.generate()
+    original = make_checkpoint(tmp_path / "ckpt")
+    manifest = build_manifest(tmp_path / "ckpt", run="t", version=1, parent_version=None, created_at=0.0,
+                              generation=GenerationSettings(4, 0.6, 64, 0), piece_size=256 * 1024)
+    signed = sign_manifest(manifest, trainer.sign, trainer.public_bytes).to_bytes()
+    seed = Peer(tmp_path, "seed", trainer, identity=trainer)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(seed.run)
+            await seed.ready.wait()
+            seed.node.mirror.adopt(signed, local_dir=tmp_path / "ckpt")
+            first = Peer(tmp_path, "first", trainer, bootstrap=[seed.node.host.multiaddrs[0]])
+            nursery.start_soon(first.run)
+            await first.ready.wait()
+            await first.wait_complete(manifest.id)
+            first_addr = first.node.host.multiaddrs[0]
+            seed.stop()  # the origin leaves; only the first peer holds the policy now
+            late = Peer(tmp_path, "late", trainer, bootstrap=[first_addr])
+            nursery.start_soon(late.run)
+            await late.ready.wait()
+            policy = await late.wait_complete(manifest.id)
+            out = late.node.mirror.store.reassemble(policy.manifest, tmp_path / "late-out")
+            first.stop()
+            late.stop()
+    assert (out / "model.safetensors").read_bytes() == original
+    assert load_file(str(out / "model.safetensors"))["b"].tolist() == list(range(1000))
+
+
+async def test_forged_manifest_is_refused(tmp_path):
+    trainer, forger = Identity.generate(), Identity.generate()
+    make_checkpoint(tmp_path / "ckpt", floats=1000)
+    manifest = build_manifest(tmp_path / "ckpt", run="t", version=1, parent_version=None, created_at=0.0,
+                              generation=GenerationSettings(4, 0.6, 64, 0))
+    forged = sign_manifest(manifest, forger.sign, forger.public_bytes).to_bytes()
+    peer = Peer(tmp_path, "p", trainer)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer.run)
+            await peer.ready.wait()
+            assert peer.node.mirror.adopt(forged) is None
+            peer.stop()
+    assert manifest.id not in peer.node.mirror.policies
+    assert any(e["event"] == "refused" for e in peer.events)
+
+
+def _read_event(proc, kind: str, deadline: float) -> dict:
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        event = json.loads(line)
+        if event["event"] == kind:
+            return event
+    raise AssertionError(f"no {kind!r} event")
+
+
+def test_two_swarm_processes_second_joins_through_first_multiaddr(tmp_path):
+    """`swarm publish` prints its multiaddr; `swarm peer start --role seed --bootstrap` joins through it."""
+    original = make_checkpoint(tmp_path / "ckpt", floats=200_000)
+    key = Identity.generate()
+    write_key_file(tmp_path / "trainer.key", key)
+    swarm = [sys.executable, "-m", "swarm"]
+    pub = subprocess.Popen([*swarm, "publish", str(tmp_path / "ckpt"), "--run", "p", "--key",
+                            str(tmp_path / "trainer.key"), "--data-dir", str(tmp_path / "pub"), "--piece-kb", "256",
+                            "--json-events"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    peer = None
+    try:
+        deadline = time.monotonic() + 60
+        addr = _read_event(pub, "listening", deadline)["addrs"][0]
+        peer = subprocess.Popen([*swarm, "peer", "start", "--role", "seed", "--run", "p", "--bootstrap", addr,
+                                 "--data-dir", str(tmp_path / "peer"), "--exit-when-complete", "--json-events",
+                                 "--trainer-key", key.public_bytes.hex()],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        finished = _read_event(peer, "finished", deadline)
+        assert peer.wait(30) == 0
+    finally:
+        for p in (pub, peer):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(10)
+    assert finished["version"] == 1
+    from p2p.store import PieceStore
+
+    with PieceStore(tmp_path / "peer" / "store") as store:
+        (manifest,) = store.manifests()
+        out = store.reassemble(manifest, tmp_path / "out")
+    assert blake3.blake3((out / "model.safetensors").read_bytes()).digest() == blake3.blake3(original).digest()
