@@ -1,7 +1,7 @@
 """The fast data channel: libp2p authenticates and hands over a one-time key and token, bytes move on a TCP socket.
 
-Why: a py-libp2p Noise+Yamux stream moves about 0.25x of raw TCP; a plain trio socket carrying 1 MiB
-ChaCha20-Poly1305 records moves about 0.8x (REFERENCE.md §5). Security rests on the libp2p stream: the offer
+Why: a py-libp2p Noise+Yamux stream moves about 0.25x of raw TCP; a plain trio socket carrying 1 MiB AEAD records
+moves about 0.8x (REFERENCE.md §5). Security rests on the libp2p stream: the offer
 (port, token, secret) travels inside Noise to the authenticated peer only, the token admits exactly one socket
 once, and the record key is derived from the secret AND both peer ids, so a channel is bound to the two peers
 libp2p authenticated. When the data socket cannot be reached (relays, NAT), the same libp2p protocol carries the
@@ -9,7 +9,7 @@ bytes itself (`Libp2pByteStream`), slower but always there; that fallback is log
 
 Handshake on PROTOCOL (each message: u16 length + msgpack map):
     dialer -> listener   {"v": 1, "mode": "socket"}      listener -> dialer  {"v": 1, "port": int, "token": 32 B,
-                                                                              "secret": 32 B}
+                                                                              "secret": 32 B, "aead": name}
     dialer connects to the listener's IP (the one its libp2p connection reached) and port, sends the token;
     the listener answers with one empty record ("accepted") or drops the socket at once.
     dialer -> listener   {"v": 1, "mode": "stream"}      the libp2p stream itself becomes the data channel.
@@ -28,7 +28,7 @@ import blake3
 import msgpack
 import trio
 
-from p2p.channel_records import DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer
+from p2p.channel_records import AEADS, DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer, preferred_aead
 from p2p.channel_stream import SecureChannelStream, StreamTimeouts, tune_socket
 from p2p.errors import ChannelError, HostError
 from p2p.libp2p_compat import Libp2pByteStream, tune_yamux
@@ -58,8 +58,10 @@ class ChannelConfig:
     """False forces the libp2p-stream transport (e.g. behind a relay)."""
     allow_fallback: bool = True
     """False makes an unreachable data socket an error instead of a fallback."""
-    socket_buffer: int = 4 * 1024 * 1024
-    """SO_SNDBUF / SO_RCVBUF of data sockets."""
+    socket_buffer: int = 0
+    """SO_SNDBUF / SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning (which a fixed size turns off)."""
+    aead: str | None = None
+    """Cipher this listener offers ("chacha20-poly1305" or "aes-256-gcm"); None picks by CPU (preferred_aead)."""
     timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
 
 
@@ -103,15 +105,17 @@ async def _read_msg(stream: Any) -> dict:
     return msg
 
 
-def _parse_offer(msg: dict) -> tuple[int, bytes, bytes]:
-    port, token, secret = msg.get("port"), msg.get("token"), msg.get("secret")
+def _parse_offer(msg: dict) -> tuple[int, bytes, bytes, str]:
+    port, token, secret, aead = msg.get("port"), msg.get("token"), msg.get("secret"), msg.get("aead")
     if not (isinstance(port, int) and 0 < port < 65536):
         raise ChannelError("data channel offer has no valid port")
     if not (isinstance(token, bytes) and len(token) == TOKEN_BYTES):
         raise ChannelError("data channel offer has no valid token")
     if not (isinstance(secret, bytes) and len(secret) == KEY_BYTES):
         raise ChannelError("data channel offer has no valid secret")
-    return port, token, secret
+    if aead not in AEADS:
+        raise ChannelError(f"data channel offer names an unknown cipher {aead!r}")
+    return port, token, secret, aead
 
 
 # ------------------------------------------------------------------------------------------- listener side
@@ -121,6 +125,7 @@ def _parse_offer(msg: dict) -> tuple[int, bytes, bytes]:
 class _Offer:
     peer_id: str
     secret: bytes
+    aead: str
     expires: float
 
 
@@ -134,6 +139,7 @@ class DataChannelServer:
         self.port = 0
         self._offers: dict[bytes, _Offer] = {}
         self.rejected = 0
+        self.aead = config.aead or preferred_aead()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on the host's IP, install the handshake handler, serve until cancelled."""
@@ -160,9 +166,10 @@ class DataChannelServer:
             raise ChannelError(f"unknown data channel mode {request.get('mode')!r}")
         token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
         self._expire_offers()
-        self._offers[token] = _Offer(peer_id, secret, trio.current_time() + self.config.token_ttl)
+        self._offers[token] = _Offer(peer_id, secret, self.aead, trio.current_time() + self.config.token_ttl)
+        offer = {"v": 1, "port": self.port, "token": token, "secret": secret, "aead": self.aead}
         with trio.fail_after(self.config.handshake_timeout):
-            await _write_msg(stream, {"v": 1, "port": self.port, "token": token, "secret": secret})
+            await _write_msg(stream, offer)
             await stream.close()
 
     def _expire_offers(self) -> None:
@@ -181,7 +188,8 @@ class DataChannelServer:
                     log.warning("dropped a data socket with an unknown or expired token")
                     await trio.aclose_forcefully(sock)
                     return
-                channel = _make_stream(sock, offer.secret, offer.peer_id, self.host.peer_id, LISTENER, self.config)
+                keys = _ChannelKeys(offer.secret, offer.aead, offer.peer_id, self.host.peer_id)
+                channel = _make_stream(sock, keys, LISTENER, self.config)
                 await channel.send_accept()
         except (trio.TooSlowError, ChannelError, trio.BrokenResourceError, OSError) as exc:
             log.warning("data socket handshake failed: %s", exc or type(exc).__name__)
@@ -220,14 +228,23 @@ def _listen_ip(multiaddrs: list[str]) -> str:
     raise HostError("the host has no IP listen address to put a data socket on")
 
 
-def _make_stream(
-    sock: trio.SocketStream, secret: bytes, dialer: str, listener: str, side: int, config: ChannelConfig
-) -> SecureChannelStream:
+@dataclass(frozen=True)
+class _ChannelKeys:
+    """What both ends of one data channel agree on after the offer."""
+
+    secret: bytes
+    aead: str
+    dialer: str
+    listener: str
+
+
+def _make_stream(sock: trio.SocketStream, keys: _ChannelKeys, side: int, config: ChannelConfig) -> SecureChannelStream:
     tune_socket(sock, config.socket_buffer)
-    key = channel_key(secret, dialer, listener)
+    key = channel_key(keys.secret, keys.dialer, keys.listener)
     other = LISTENER if side == DIALER else DIALER
-    remote = listener if side == DIALER else dialer
-    return SecureChannelStream(sock, RecordSealer(key, side), RecordOpener(key, other), remote, config.timeouts)
+    remote = keys.listener if side == DIALER else keys.dialer
+    sealer, opener = RecordSealer(key, side, keys.aead), RecordOpener(key, other, keys.aead)
+    return SecureChannelStream(sock, sealer, opener, remote, config.timeouts)
 
 
 async def serve_data_channels(
@@ -261,12 +278,12 @@ class _SocketUnreachable(Exception):
     """Internal: the offer arrived but the data socket could not be used, so the libp2p stream is tried."""
 
 
-async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tuple[str, int, bytes, bytes]:
+async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tuple[str, int, bytes, bytes, str]:
     stream = await host.new_stream(peer_id, PROTOCOL)
     try:
         with trio.fail_after(config.handshake_timeout):
             await _write_msg(stream, {"v": 1, "mode": "socket"})
-            port, token, secret = _parse_offer(await _read_msg(stream))
+            port, token, secret, aead = _parse_offer(await _read_msg(stream))
     except trio.TooSlowError as exc:
         raise ChannelError(f"data channel handshake with {peer_id} timed out") from exc
     finally:
@@ -274,17 +291,17 @@ async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tupl
     remote = stream.get_remote_address()
     if not remote:
         raise _SocketUnreachable("the libp2p connection has no IP address to reach")
-    return remote[0], port, token, secret
+    return remote[0], port, token, secret, aead
 
 
 async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream:
-    ip, port, token, secret = await _request_offer(host, peer_id, config)
+    ip, port, token, secret, aead = await _request_offer(host, peer_id, config)
     try:
         with trio.fail_after(config.connect_timeout):
             sock = await trio.open_tcp_stream(ip, port)
     except (trio.TooSlowError, OSError) as exc:
         raise _SocketUnreachable(f"{ip}:{port}: {exc or type(exc).__name__}") from exc
-    channel = _make_stream(sock, secret, host.peer_id, peer_id, DIALER, config)
+    channel = _make_stream(sock, _ChannelKeys(secret, aead, host.peer_id, peer_id), DIALER, config)
     try:
         with trio.fail_after(config.handshake_timeout):
             await sock.send_all(token)

@@ -39,6 +39,8 @@ class StreamTimeouts:
 
 def tune_socket(stream: trio.SocketStream, buffer_bytes: int) -> None:
     """Large kernel buffers keep a 1 MiB record in flight while the other side decrypts the previous one."""
+    if not buffer_bytes:
+        return
     for option in (stdlib_socket.SO_SNDBUF, stdlib_socket.SO_RCVBUF):
         try:
             stream.setsockopt(stdlib_socket.SOL_SOCKET, option, buffer_bytes)
@@ -63,6 +65,7 @@ class SecureChannelStream:
         self._opener = opener
         self.peer_id = peer_id
         self.transport = "data-socket"
+        self.aead = sealer.aead
         self._timeouts = timeouts
         self._out = record_buffer()
         self._in = record_buffer()

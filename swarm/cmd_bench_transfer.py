@@ -4,7 +4,11 @@ Why two processes: a sender and a receiver in one trio loop share one core and m
 transport. The receiver is this same command with a hidden flag; it prints its addresses as one JSON line and
 serves until its stdin closes. Both paths hash everything they receive with BLAKE3 and answer with the digest, and
 the clock stops only when the sender has checked that digest, so a number is never reported for corrupt bytes.
-Runs alternate p2p / raw so machine noise hits both alike; the medians are reported.
+Runs alternate between paths so machine noise hits all alike; the medians are reported.
+
+Paths: `p2p` (piece frames of p2p/wire.py over the data channel) against `raw_tcp` (bare bytes on a trio socket)
+give the headline ratio; `p2p_unframed` (bare bytes over the data channel) and `raw_tcp_framed` (piece frames over a
+trio socket) split the gap between the channel and the framing; `p2p_stream` (--with-stream) is the libp2p fallback.
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--with-stream", action="store_true", help="also measure the libp2p-stream fallback (mib_s_p2p_stream)"
     )
+    parser.add_argument(
+        "--aead",
+        choices=["auto", "chacha20-poly1305", "aes-256-gcm"],
+        default="auto",
+        help="data channel cipher (auto: AES-256-GCM with AES instructions, else ChaCha20-Poly1305)",
+    )
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -44,6 +54,7 @@ class BenchPlan:
     size_mb: int
     repeat: int
     with_stream: bool
+    aead: str
 
     def __post_init__(self) -> None:
         from swarm.errors import UserError
@@ -55,19 +66,34 @@ class BenchPlan:
 
 
 def run(args: argparse.Namespace) -> int:
+    from p2p.channel_records import preferred_aead
+
+    aead = preferred_aead() if args.aead == "auto" else args.aead
     if args.receiver:
-        trio.run(_receiver_main)
+        trio.run(_receiver_main, aead)
         return 0
-    plan = BenchPlan(args.size_mb, args.repeat, args.with_stream)
+    plan = BenchPlan(args.size_mb, args.repeat, args.with_stream, aead)
     result = trio.run(_sender_main, plan)
     print(json.dumps(result, sort_keys=True))
     return 0 if result["verified"] else 1
 
 
 # ----------------------------------------------------------------------------------------------- receiver
+# Every bench connection starts with one mode byte: b"F" piece frames (p2p/wire.py), b"U" unframed bytes.
+# The same code runs over the data channel, the libp2p-stream fallback and a raw trio socket (one interface).
 
 
-async def _receive_pieces(peer_id: str, stream) -> None:
+async def _read_exact(stream, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = await stream.receive_some(size - len(data))
+        if not chunk:
+            raise EOFError("bench stream ended early")
+        data += chunk
+    return data
+
+
+async def _receive_framed(stream) -> None:
     """Read the bench frames through the piece-protocol framing, hash the payloads, answer with the digest."""
     from p2p.wire import FrameDecoder, read_frame, write_frame
 
@@ -84,33 +110,33 @@ async def _receive_pieces(peer_id: str, stream) -> None:
     await write_frame(stream, {"t": "bench-done", "blake3": hasher.digest()})
 
 
-async def _receive_raw(sock: trio.SocketStream) -> None:
-    """Raw TCP baseline: a u64 length, the bytes (bounded reads into one hasher), the digest back."""
-    header = b""
-    while len(header) < _U64.size:
-        data = await sock.receive_some(_U64.size - len(header))
-        if not data:
-            return
-        header += data
-    (remaining,) = _U64.unpack(header)
+async def _receive_unframed(stream) -> None:
+    """A u64 length, the bytes (bounded reads into one hasher), the digest back."""
+    (remaining,) = _U64.unpack(await _read_exact(stream, _U64.size))
     hasher = blake3.blake3()
     while remaining:
-        data = await sock.receive_some(min(RECEIVE_CHUNK, remaining))
+        data = await stream.receive_some(min(RECEIVE_CHUNK, remaining))
         if not data:
-            return
+            raise EOFError("bench stream ended early")
         hasher.update(data)
         remaining -= len(data)
-    await sock.send_all(hasher.digest())
-    await sock.aclose()
+    await stream.send_all(hasher.digest())
 
 
-async def _receiver_main() -> None:
-    from p2p.channel import serve_data_channels
+async def _receive(stream, peer_id: str = "") -> None:
+    mode = await _read_exact(stream, 1)
+    await (_receive_framed if mode == b"F" else _receive_unframed)(stream)
+    await stream.aclose()
+
+
+async def _receiver_main(aead: str) -> None:
+    from p2p.channel import ChannelConfig, serve_data_channels
     from p2p.host import open_host
 
     async with open_host() as host, trio.open_nursery() as nursery:
-        await nursery.start(serve_data_channels, host, _receive_pieces)
-        raw = await nursery.start(trio.serve_tcp, _receive_raw, 0)
+        config = ChannelConfig(aead=aead)
+        await nursery.start(serve_data_channels, host, lambda peer, stream: _receive(stream, peer), config)
+        raw = await nursery.start(trio.serve_tcp, _receive, 0)
         raw_port = raw[0].socket.getsockname()[1]
         print(json.dumps({"multiaddr": host.multiaddrs[0], "raw_port": raw_port}), flush=True)
         await trio.wrap_file(sys.stdin).read()  # the sender closes our stdin when it is done
@@ -120,11 +146,12 @@ async def _receiver_main() -> None:
 # ------------------------------------------------------------------------------------------------- sender
 
 
-async def _send_pieces(stream, data: bytes) -> bytes:
+async def _send_framed(stream, data: bytes) -> bytes:
     from p2p.wire import FrameDecoder, read_frame, write_frame
 
     view = memoryview(data)
     pieces = (len(data) + PIECE - 1) // PIECE
+    await stream.send_all(b"F")
     await write_frame(stream, {"t": "bench", "pieces": pieces})
     for index in range(pieces):
         await write_frame(stream, {"t": "piece", "index": index}, view[index * PIECE : (index + 1) * PIECE])
@@ -134,39 +161,48 @@ async def _send_pieces(stream, data: bytes) -> bytes:
     return bytes(frame[0]["blake3"])
 
 
-async def _time_p2p(host, peer_id: str, data: bytes, use_socket: bool) -> tuple[float, bool]:
+async def _send_unframed(stream, data: bytes) -> bytes:
+    await stream.send_all(b"U" + _U64.pack(len(data)))
+    view = memoryview(data)
+    for offset in range(0, len(data), PIECE):
+        await stream.send_all(view[offset : offset + PIECE])
+    return await _read_exact(stream, 32)
+
+
+# (path name, transport, framed): "p2p" and "raw_tcp" are the headline pair; the others locate the costs.
+PATHS = {
+    "p2p": ("channel", True),
+    "raw_tcp": ("tcp", False),
+    "p2p_unframed": ("channel", False),
+    "raw_tcp_framed": ("tcp", True),
+    "p2p_stream": ("stream", True),
+}
+
+
+async def _open_path(transport: str, host, peer_id: str, raw_port: int):
     from p2p.channel import ChannelConfig, open_data_channel
 
-    stream = await open_data_channel(host, peer_id, ChannelConfig(use_socket=use_socket, allow_fallback=False))
+    if transport == "tcp":
+        return await trio.open_tcp_stream("127.0.0.1", raw_port)
+    config = ChannelConfig(use_socket=transport == "channel", allow_fallback=False)
+    return await open_data_channel(host, peer_id, config)
+
+
+async def _time_path(path: str, host, peer_id: str, raw_port: int, data: bytes) -> tuple[float, bool]:
+    """Seconds from the first byte sent until the receiver's digest is back, and whether it matched."""
+    transport, framed = PATHS[path]
+    stream = await _open_path(transport, host, peer_id, raw_port)
     try:
         start = trio.current_time()
-        digest = await _send_pieces(stream, data)
+        digest = await (_send_framed if framed else _send_unframed)(stream, data)
         elapsed = trio.current_time() - start
     finally:
         await stream.aclose()
     return elapsed, digest == blake3.blake3(data).digest()
 
 
-async def _time_raw(port: int, data: bytes) -> tuple[float, bool]:
-    sock = await trio.open_tcp_stream("127.0.0.1", port)
-    async with sock:
-        start = trio.current_time()
-        await sock.send_all(_U64.pack(len(data)))
-        view = memoryview(data)
-        for offset in range(0, len(data), MIB):
-            await sock.send_all(view[offset : offset + MIB])
-        digest = b""
-        while len(digest) < 32:
-            chunk = await sock.receive_some(32 - len(digest))
-            if not chunk:
-                break
-            digest += chunk
-        elapsed = trio.current_time() - start
-    return elapsed, digest == blake3.blake3(data).digest()
-
-
-async def _start_receiver():
-    cmd = [sys.executable, "-m", "swarm", "bench", "transfer", "--receiver"]
+async def _start_receiver(aead: str):
+    cmd = [sys.executable, "-m", "swarm", "bench", "transfer", "--receiver", "--aead", aead]
     proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     line = b""
     with trio.fail_after(60):
@@ -182,19 +218,17 @@ async def _sender_main(plan: BenchPlan) -> dict:
     from p2p.host import open_host
 
     data = os.urandom(plan.size_mb * MIB)
-    proc, info = await _start_receiver()
-    times: dict[str, list[float]] = {"p2p": [], "raw": [], "stream": []}
+    paths = list(PATHS) if plan.with_stream else list(PATHS)[:4]
+    proc, info = await _start_receiver(plan.aead)
+    times: dict[str, list[float]] = {path: [] for path in paths}
     verified = True
     try:
         async with open_host() as host:
             peer_id = await host.connect(info["multiaddr"])
             for _ in range(plan.repeat):
-                for name in ("p2p", "raw", "stream") if plan.with_stream else ("p2p", "raw"):
-                    if name == "raw":
-                        elapsed, ok = await _time_raw(info["raw_port"], data)
-                    else:
-                        elapsed, ok = await _time_p2p(host, peer_id, data, use_socket=name == "p2p")
-                    times[name].append(elapsed)
+                for path in paths:  # interleaved, so machine noise hits every path alike
+                    elapsed, ok = await _time_path(path, host, peer_id, info["raw_port"], data)
+                    times[path].append(elapsed)
                     verified &= ok
     finally:
         await proc.stdin.aclose()
@@ -206,17 +240,8 @@ async def _sender_main(plan: BenchPlan) -> dict:
 
 
 def _summary(plan: BenchPlan, times: dict[str, list[float]], verified: bool) -> dict:
-    def rate(name: str) -> float:
-        return round(plan.size_mb / statistics.median(times[name]), 1)
-
-    result = {
-        "size_mb": plan.size_mb,
-        "repeat": plan.repeat,
-        "mib_s_p2p": rate("p2p"),
-        "mib_s_raw_tcp": rate("raw"),
-        "verified": verified,
-    }
+    result: dict = {"size_mb": plan.size_mb, "repeat": plan.repeat, "aead": plan.aead, "verified": verified}
+    for path, samples in times.items():
+        result[f"mib_s_{path}"] = round(plan.size_mb / statistics.median(samples), 1)
     result["ratio"] = round(result["mib_s_p2p"] / result["mib_s_raw_tcp"], 3)
-    if times["stream"]:
-        result["mib_s_p2p_stream"] = rate("stream")
     return result

@@ -8,6 +8,7 @@ import pytest
 import trio
 
 from p2p.channel import ChannelConfig, DataChannelServer, open_data_channel
+from p2p.channel_records import AEADS
 from p2p.channel_stream import SecureChannelStream
 from p2p.errors import ChannelError
 from p2p.host import open_host
@@ -42,12 +43,14 @@ async def pair():
         yield server, server_host, client_host
 
 
-async def test_data_socket_round_trip_of_a_few_mib_is_blake3_verified(pair):
+@pytest.mark.parametrize("aead", sorted(AEADS))
+async def test_data_socket_round_trip_of_a_few_mib_is_blake3_verified(pair, aead):
     server, server_host, client_host = pair
+    server.aead = aead  # the listener's offer decides the cipher
     data = os.urandom(5 * 1024 * 1024 + 77)
     with trio.fail_after(30):
         client = await open_data_channel(client_host, server_host.peer_id)
-        assert isinstance(client, SecureChannelStream)
+        assert isinstance(client, SecureChannelStream) and client.aead == aead
         await send_and_check(client, data, server_host.peer_id, client_host.peer_id)
     assert server.rejected == 0
 
@@ -68,7 +71,7 @@ async def test_stolen_token_is_single_use(pair):
 
     server, server_host, client_host = pair
     with trio.fail_after(10):
-        ip, port, token, _secret = await _request_offer(client_host, server_host.peer_id, ChannelConfig())
+        ip, port, token, _secret, _aead = await _request_offer(client_host, server_host.peer_id, ChannelConfig())
         first = await trio.open_tcp_stream(ip, port)
         await first.send_all(token)
         assert len(await first.receive_some(100)) > 0  # the "accepted" record

@@ -6,6 +6,7 @@ import pytest
 import trio
 
 from p2p.channel_records import (
+    AEADS,
     DIALER,
     FINAL,
     HEADER,
@@ -34,8 +35,9 @@ def open_record(opener, record):
     return opener.open(flags, memoryview(record)[HEADER.size :])
 
 
-def test_records_round_trip_in_order_and_end_with_final():
-    sealer, opener = RecordSealer(KEY, DIALER), RecordOpener(KEY, DIALER)
+@pytest.mark.parametrize("aead", sorted(AEADS))
+def test_records_round_trip_in_order_and_end_with_final(aead):
+    sealer, opener = RecordSealer(KEY, DIALER, aead), RecordOpener(KEY, DIALER, aead)
     chunks = [b"", b"x", os.urandom(MAX_RECORD)]
     records = [seal(sealer, c) for c in chunks] + [seal(sealer, b"", final=True)]
     assert [len(r) for r in records[:2]] == [HEADER.size + TAG, HEADER.size + TAG + 1]
@@ -45,11 +47,14 @@ def test_records_round_trip_in_order_and_end_with_final():
         opener.parse_header(records[0][: HEADER.size])
 
 
-@pytest.mark.parametrize("attack", ["flip_ciphertext", "flip_flag", "reorder", "replay", "reflect", "wrong_key"])
-def test_tampered_reordered_replayed_or_reflected_records_fail_authentication(attack):
-    sealer = RecordSealer(KEY, DIALER)
+@pytest.mark.parametrize("aead", sorted(AEADS))
+@pytest.mark.parametrize(
+    "attack", ["flip_ciphertext", "flip_flag", "reorder", "replay", "reflect", "wrong_key", "wrong_cipher"]
+)
+def test_tampered_reordered_replayed_or_reflected_records_fail_authentication(attack, aead):
+    sealer = RecordSealer(KEY, DIALER, aead)
     first, second = seal(sealer, b"first record"), seal(sealer, b"second record")
-    opener = RecordOpener(KEY, DIALER)
+    opener = RecordOpener(KEY, DIALER, aead)
     if attack == "flip_ciphertext":
         first[HEADER.size + 3] ^= 0x01
     elif attack == "flip_flag":
@@ -59,9 +64,11 @@ def test_tampered_reordered_replayed_or_reflected_records_fail_authentication(at
     elif attack == "replay":
         assert open_record(opener, first) == b"first record"
     elif attack == "reflect":
-        opener = RecordOpener(KEY, LISTENER)  # our own records sent back to us
+        opener = RecordOpener(KEY, LISTENER, aead)  # our own records sent back to us
     elif attack == "wrong_key":
-        opener = RecordOpener(bytes(32), DIALER)
+        opener = RecordOpener(bytes(32), DIALER, aead)
+    elif attack == "wrong_cipher":
+        opener = RecordOpener(KEY, DIALER, next(name for name in AEADS if name != aead))
     with pytest.raises(ChannelError, match="failed authentication"):
         open_record(opener, first)
 
@@ -73,6 +80,10 @@ def test_oversized_or_malformed_headers_are_refused_before_reading_the_body():
             opener.parse_header(HEADER.pack(length, flags))
     with pytest.raises(ValueError):
         RecordSealer(KEY, DIALER).seal_into(bytes(MAX_RECORD + 1), record_buffer())
+    with pytest.raises(ChannelError, match="unknown data channel cipher"):
+        RecordOpener(KEY, DIALER, "rot13")
+    with pytest.raises(ChannelError, match="32 bytes"):
+        RecordSealer(KEY[:16], DIALER)
 
 
 async def socket_pair_streams(timeouts=StreamTimeouts()):
