@@ -16,7 +16,8 @@ py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
   own larger, bounded channels;
 - `equivocation_detection` keeps every message it ever saw (the full bytes) until a heartbeat trims it: it is
   replaced by a map that stores nothing. Replays are caught by our own bounded (sender, seq) filter instead.
-- connections made before gossip started fire no notifee: a maintenance tick opens pubsub streams to them.
+- connections made before gossip started fire no notifee: a maintenance tick opens pubsub streams to them;
+- pubsub's stream handler is installed unguarded: we re-install it behind the host's guard.
 """
 
 from __future__ import annotations
@@ -354,6 +355,8 @@ async def open_gossip(
     config = config or GossipConfig()
     gossip = Gossip(host, run, identity or host.identity, tuple(kinds), config, clock)
     gossip.pubsub, router = _build_pubsub(host, config)
+    for protocol in router.get_protocols():  # an exception in pubsub's reader must not kill the host
+        host.set_guarded_handler(protocol, gossip.pubsub.stream_handler, timeout=None)
     async with background_trio_service(gossip.pubsub), background_trio_service(router):
         await gossip.pubsub.wait_until_ready()
         async with trio.open_nursery() as nursery:

@@ -9,6 +9,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import msgpack
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -177,6 +178,22 @@ async def test_provider_is_found_through_a_relay_without_duplicates_or_self():
             assert sorted(p.peer_id for p in await c.find_providers(key)) == [a.host.peer_id]  # never ourselves
             assert sorted(p.peer_id for p in await b.find_providers(key)) == sorted([a.host.peer_id, c.host.peer_id])
             assert await c.find_providers(b"\xcd" * 32) == []
+
+
+async def test_reprovide_reaches_peers_that_joined_later_and_refresh_fills_the_routing_table():
+    key = b"\x5a" * 32
+    with trio.fail_after(LIMIT):
+        async with nodes(2) as (a, b):
+            assert not await a.provide(key)  # nobody to tell yet
+            assert b.kad.provider_store.get_providers(key) == []
+            await link(a, b)
+            await a.refresh()
+            assert a.kad.get_routing_table_size() == 1
+            await a.reprovide()
+            await trio.testing.wait_all_tasks_blocked(0.05)  # ADD_PROVIDER has no reply: wait until b is idle
+            assert [str(p.peer_id) for p in b.kad.provider_store.get_providers(key)] == [a.host.peer_id]
+            a.unprovide(key)
+            assert a.provided == []
 
 
 async def test_latest_manifest_put_by_the_trainer_is_found_and_newer_versions_win():

@@ -63,6 +63,20 @@ async def test_gossip_reaches_every_peer_through_a_relay():
                 inbox_a.receive_nowait()  # a's own vote was not echoed back to it
 
 
+async def test_gossip_works_over_connections_made_before_it_started():
+    """The usual start-up order: the host dials its bootstrap peers first, gossip joins afterwards."""
+    with trio.fail_after(LIMIT):
+        async with AsyncExitStack() as stack:
+            hosts = [await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([9 + i]) * 32))))
+                     for i in range(2)]
+            await hosts[0].connect(hosts[1].multiaddrs[0])
+            a, b = [await stack.enter_async_context(open_gossip(h, RUN)) for h in hosts]
+            inbox = b.subscribe("heartbeat")
+            await wait_mesh([a, b], "heartbeat")
+            await a.publish("heartbeat", {"role": "seed"})
+            assert (await inbox.receive()).body == {"role": "seed"}
+
+
 async def test_forged_and_wrong_run_envelopes_are_dropped_and_not_forwarded():
     lenient = GossipConfig(scores=ScoreConfig(ban_threshold=-1000))  # four offences must not ban here
     with trio.fail_after(LIMIT):
