@@ -1,0 +1,54 @@
+"""Token buckets on trio time, for per-peer and per-node upload caps (and memnet's link model).
+
+Scheduling by reservation (the "virtual scheduling" form of a token bucket): a sender reserves its bytes at once
+and is told how long to wait, so reservations are served in order, several links sharing one node cap interleave
+chunk by chunk, and a sender limited by two buckets (its peer's cap and its node's cap) waits for the slower one
+rather than for both in turn. Time only comes from `trio.current_time()` and waiting only from `trio.sleep`, so
+under the autojump clock a capped transfer takes exactly its virtual duration.
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+
+class TokenBucket:
+    """`rate` bytes per second with bursts of up to `burst` bytes; rate=math.inf means no cap."""
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        if rate <= 0:
+            raise ValueError("a rate limit must be positive (use math.inf for none)")
+        self.rate = rate
+        self.burst = burst if burst is not None else (64 * 1024 if math.isfinite(rate) else math.inf)
+        self._tokens = 0.0
+        self._stamp: float | None = None
+
+    @property
+    def unlimited(self) -> bool:
+        return not math.isfinite(self.rate)
+
+    def reserve(self, amount: int, now: float) -> float:
+        """Take `amount` bytes (possibly into debt) and return how many seconds the caller must wait."""
+        if self.unlimited:
+            return 0.0
+        if self._stamp is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        self._tokens -= amount
+        return max(0.0, -self._tokens / self.rate)
+
+    async def acquire(self, amount: int) -> None:
+        """Wait until `amount` bytes may pass."""
+        await acquire_all([self], amount)
+
+
+async def acquire_all(buckets: list[TokenBucket], amount: int) -> None:
+    """Pay `amount` into several buckets at once (e.g. the per-peer and the per-node cap); wait for the slowest."""
+    now = trio.current_time()
+    delay = max((b.reserve(amount, now) for b in buckets), default=0.0)
+    if delay > 0:
+        await trio.sleep(delay)
+    else:
+        await trio.lowlevel.checkpoint()

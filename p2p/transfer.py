@@ -1,0 +1,266 @@
+"""The thin trio adapter that drives a SwarmEngine over many links: bytes in and out, nothing decided here.
+
+Each link is an already-authenticated byte stream tagged with its peer id (libp2p from p2p/host, or memnet). Per
+link: a hello exchange (manifest id + have-map), one receiver loop that decodes frames and feeds the engine, and one
+sender task that drains the link's outbox. Rules kept here:
+
+- every received piece is hashed (BLAKE3) against the manifest BEFORE the engine hears of it, so nothing
+  unverified is ever stored or announced;
+- pieces are read from the store with one pread when they are about to be sent (never whole files in memory);
+- one frame must leave within `send_timeout` and the hello must arrive within `handshake_timeout`; a peer that
+  breaks the framing, vanishes mid-piece, or misbehaves is dropped, never crashing the service;
+- new links may arrive at any time, and the service keeps seeding after completion until it is cancelled.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import blake3
+import trio
+
+from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
+from p2p.errors import FrameError
+from p2p.manifest import PolicyManifest
+from p2p.ratelimit import TokenBucket, acquire_all
+from p2p.store import PieceStore
+from p2p.wire import (
+    Bitfield, Cancel, FrameDecoder, Have, Hello, Piece, Reject, Request, Stream, message_frame, pack_bits,
+    parse_message, read_frame, unpack_bits, write_frame,
+)
+
+_LINK_ERRORS = (FrameError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How one node runs the piece protocol for one manifest."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    upload_bps: float = math.inf  # cap on this node's upload over all peers (bytes/s)
+    peer_upload_bps: float = math.inf  # cap on the upload to any one peer (bytes/s)
+    handshake_timeout: float = 10.0  # the peer's hello must arrive within this
+    send_timeout: float = 60.0  # one frame (a whole piece) must be sent within this
+    tick_interval: float = 1.0  # how often request timeouts and stalls are checked
+    receive_chunk: int = 256 * 1024  # bytes asked of the stream per read
+
+    def __post_init__(self) -> None:
+        if min(self.handshake_timeout, self.send_timeout, self.tick_interval, self.upload_bps,
+               self.peer_upload_bps) <= 0 or self.receive_chunk < 1:
+            raise ValueError("transfer timeouts, rates and chunk sizes must be positive")
+
+
+@dataclass
+class PeerStats:
+    """Bytes and pieces moved with one peer (kept after it leaves)."""
+
+    bytes_up: int = 0
+    bytes_down: int = 0
+    pieces_up: int = 0
+    pieces_down: int = 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot for progress displays: pieces held and bytes moved per peer."""
+
+    pieces_done: int
+    pieces_total: int
+    bytes_up: dict[str, int]
+    bytes_down: dict[str, int]
+    drops: dict[str, str]  # peer -> why it was dropped
+
+
+@dataclass
+class _Link:
+    peer: str
+    stream: Stream
+    outbox_send: trio.MemorySendChannel
+    outbox_recv: trio.MemoryReceiveChannel
+    bucket: TokenBucket
+    scope: trio.CancelScope | None = None
+
+
+class SwarmService:
+    """Runs the piece protocol for one manifest over every link handed to `add_link`."""
+
+    def __init__(self, manifest: PolicyManifest, store: PieceStore, *, config: TransferConfig = TransferConfig(),
+                 on_progress: Callable[[Progress], None] | None = None, rng: random.Random | None = None) -> None:
+        store.add_manifest(manifest)
+        self.manifest = manifest
+        self.store = store
+        self.config = config
+        self.on_progress = on_progress
+        self.engine = SwarmEngine(manifest.num_pieces, store.bitfield(manifest), config=config.engine, rng=rng)
+        self.completed = trio.Event()
+        self.stats: dict[str, PeerStats] = {}
+        self.drops: dict[str, str] = {}
+        self._links: dict[str, _Link] = {}
+        self._bucket = TokenBucket(config.upload_bps)
+        self._nursery: trio.Nursery | None = None
+        self._max_payload = max(f.piece_size for f in manifest.files)
+
+    # ------------------------------------------------------------------ service
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.engine.complete:
+                self.completed.set()
+            task_status.started(self)
+            while True:
+                await trio.sleep(self.config.tick_interval)
+                self._dispatch(self.engine.tick(trio.current_time()))
+
+    def add_link(self, peer: str, stream: Stream) -> None:
+        """Start serving a new authenticated link (any time, also after completion)."""
+        if self._nursery is None:
+            raise RuntimeError("SwarmService.run must be started before links are added")
+        self._nursery.start_soon(self._serve_link, peer, stream)
+
+    @property
+    def peers(self) -> list[str]:
+        return list(self._links)
+
+    def progress(self) -> Progress:
+        return Progress(self.engine.held, self.engine.num_pieces,
+                        {p: s.bytes_up for p, s in self.stats.items()},
+                        {p: s.bytes_down for p, s in self.stats.items()}, dict(self.drops))
+
+    # ------------------------------------------------------------------ one link
+
+    async def _serve_link(self, peer: str, stream: Stream) -> None:
+        if peer in self._links:  # one link per peer: the engine's have-maps are per peer
+            await trio.aclose_forcefully(stream)
+            return
+        send, recv = trio.open_memory_channel(math.inf)
+        link = _Link(peer, stream, send, recv, TokenBucket(self.config.peer_upload_bps))
+        self._links[peer] = link
+        self.stats.setdefault(peer, PeerStats())
+        try:
+            with trio.CancelScope() as link.scope:
+                decoder = FrameDecoder(max_payload=self._max_payload)
+                await self._handshake(link, decoder)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._sender, link)
+                    await self._receiver(link, decoder)
+                    nursery.cancel_scope.cancel()
+        except* _LINK_ERRORS as group:  # the link's own nursery wraps its errors in a group
+            exc = group.exceptions[0]
+            self.drops.setdefault(peer, f"{type(exc).__name__}: {exc}")
+        finally:
+            del self._links[peer]
+            self._dispatch(self.engine.peer_gone(peer, trio.current_time()))
+            await trio.aclose_forcefully(stream)
+
+    async def _handshake(self, link: _Link, decoder: FrameDecoder) -> None:
+        hello = Hello(self.manifest.id, pack_bits(self.engine.hello_flags()))
+        with trio.fail_after(self.config.handshake_timeout):
+            await _send_message(link.stream, hello)
+            frame = await read_frame(link.stream, decoder, self.config.receive_chunk)
+        if frame is None:
+            raise trio.BrokenResourceError("the peer closed the link before its hello")
+        msg = parse_message(*frame, num_pieces=self.manifest.num_pieces)
+        if not isinstance(msg, Hello) or msg.manifest_id != self.manifest.id:
+            raise FrameError("the peer's first frame is not a hello for this manifest")
+        flags = unpack_bits(msg.bitfield, self.manifest.num_pieces)
+        self._dispatch(self.engine.peer_connected(link.peer, flags, trio.current_time()))
+
+    async def _receiver(self, link: _Link, decoder: FrameDecoder) -> None:
+        """Decode frames until the peer closes; a protocol error propagates and drops the link."""
+        n = self.manifest.num_pieces
+        while True:
+            frame = await read_frame(link.stream, decoder, self.config.receive_chunk)
+            if frame is None:
+                return
+            msg = parse_message(*frame, num_pieces=n)
+            now = trio.current_time()
+            if isinstance(msg, Piece):
+                self._on_piece(link.peer, msg, now)
+            elif isinstance(msg, Have):
+                self._dispatch(self.engine.peer_have(link.peer, msg.index, now))
+            elif isinstance(msg, Request):
+                self._dispatch(self.engine.peer_request(link.peer, msg.index, now))
+            elif isinstance(msg, Cancel):
+                self._dispatch(self.engine.peer_cancel(link.peer, msg.index, now))
+            elif isinstance(msg, Reject):
+                self._dispatch(self.engine.peer_reject(link.peer, msg.index, now))
+            elif isinstance(msg, Bitfield):
+                self._dispatch(self.engine.peer_bitfield(link.peer, unpack_bits(msg.bits, n), now))
+            else:
+                raise FrameError("a second hello on the same link")
+
+    def _on_piece(self, peer: str, msg: Piece, now: float) -> None:
+        ref = self.manifest.pieces[msg.index]
+        ok = len(msg.data) == ref.length and blake3.blake3(msg.data).digest() == ref.hash
+        stats = self.stats[peer]
+        stats.bytes_down += len(msg.data)
+        stats.pieces_down += 1
+        self._dispatch(self.engine.piece_received(peer, msg.index, ok, now), piece=msg)
+
+    async def _sender(self, link: _Link) -> None:
+        """Drain the link's outbox in order; pieces are read from the store just before they are sent."""
+        async for item in link.outbox_recv:
+            if isinstance(item, SendPiece):
+                await self._send_piece(link, item.index)
+            else:
+                with trio.fail_after(self.config.send_timeout):
+                    await _send_message(link.stream, item)
+
+    async def _send_piece(self, link: _Link, index: int) -> None:
+        data = self.store.read_piece(self.manifest, index)
+        await acquire_all([self._bucket, link.bucket], len(data))
+        with trio.fail_after(self.config.send_timeout):
+            await write_frame(link.stream, {"t": "piece", "index": index}, data)
+        stats = self.stats[link.peer]
+        stats.bytes_up += len(data)
+        stats.pieces_up += 1
+        self._dispatch(self.engine.upload_done(link.peer, index, trio.current_time()))
+
+    # ------------------------------------------------------------------ actions
+
+    def _dispatch(self, actions: list, piece: Piece | None = None) -> None:
+        """Carry out the engine's actions in order (synchronously: the engine's state is never stale)."""
+        for act in actions:
+            if isinstance(act, (Send, SendPiece)):
+                link = self._links.get(act.peer)
+                if link is not None:
+                    link.outbox_send.send_nowait(act.message if isinstance(act, Send) else act)
+            elif isinstance(act, StorePiece):
+                assert piece is not None and piece.index == act.index
+                self.store.write_piece(self.manifest, act.index, piece.data, verify=False)  # hashed in _on_piece
+                self._report()
+            elif isinstance(act, DropPeer):
+                self.drops[act.peer] = act.reason
+                link = self._links.get(act.peer)
+                if link is not None and link.scope is not None:
+                    link.scope.cancel()
+            elif isinstance(act, Completed):
+                self.completed.set()
+                self._report()
+
+    def _report(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.progress())
+
+
+async def _send_message(stream: Stream, msg) -> None:
+    for part in message_frame(msg):
+        await stream.send_all(part)
+
+
+async def run_swarm(manifest: PolicyManifest, store: PieceStore, links: trio.MemoryReceiveChannel, *,
+                    config: TransferConfig = TransferConfig(), on_progress: Callable[[Progress], None] | None = None,
+                    rng: random.Random | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve `manifest` over every (peer_id, stream) that arrives on `links`, until cancelled."""
+    service = SwarmService(manifest, store, config=config, on_progress=on_progress, rng=rng)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        task_status.started(service)
+        async with links:
+            async for peer, stream in links:
+                service.add_link(peer, stream)

@@ -1,0 +1,252 @@
+"""The trio adapter over memnet on a virtual clock: whole swarms, hostile peers, and the Kumar-Ross bound."""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+
+import numpy as np
+import pytest
+import trio
+from safetensors.numpy import save_file
+
+from p2p.engine import EngineConfig
+from p2p.kumar_ross import min_distribution_time
+from p2p.manifest import MIN_PIECE_SIZE, GenerationSettings, build_manifest
+from p2p.memnet import MemoryNetwork
+from p2p.store import PieceStore
+from p2p.transfer import SwarmService, TransferConfig
+from p2p.wire import FrameDecoder, Hello, message_frame, pack_bits, read_frame
+
+GEN = GenerationSettings(group_size=4, temperature=0.6, max_new_tokens=64, stage=0)
+MB = 1 << 20
+
+
+def make_policy(path, total_bytes, seed=0):
+    """A policy of random float32 weights split over two safetensors files, and its manifest."""
+    path.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    n = total_bytes // 4
+    save_file({"a": rng.standard_normal(n * 3 // 4, dtype=np.float32)}, str(path / "model-00001.safetensors"))
+    save_file({"b": rng.standard_normal(n // 4, dtype=np.float32)}, str(path / "model-00002.safetensors"))
+    (path / "model.json").write_text('{"arch": "test"}')
+    return build_manifest(path, run="r", version=1, parent_version=None, created_at=0.0, generation=GEN,
+                          piece_size=MIN_PIECE_SIZE)
+
+
+class Cluster:
+    """Nodes of one swarm on a memnet, each a SwarmService over its own PieceStore."""
+
+    def __init__(self, tmp_path, nursery, manifest, src, latency=0.01):
+        self.tmp, self.nursery, self.manifest, self.src = tmp_path, nursery, manifest, src
+        self.net = MemoryNetwork(latency=latency)
+        self.services: dict[str, SwarmService] = {}
+        self.stores: dict[str, PieceStore] = {}
+        self.scopes: dict[str, trio.CancelScope] = {}
+
+    async def add(self, name, *, seed_from=None, upload_bps=math.inf, config=TransferConfig()):
+        self.net.add_node(name, upload_bps=upload_bps)
+        store = PieceStore(self.tmp / "nodes" / name)
+        if seed_from is not None:
+            store.add_local_policy(self.manifest, seed_from)
+        self.stores[name] = store
+        service = SwarmService(self.manifest, store, config=config, rng=random.Random(name))
+        self.services[name] = service
+
+        async def run(task_status=trio.TASK_STATUS_IGNORED):
+            with trio.CancelScope() as scope:
+                self.scopes[name] = scope
+                await service.run(task_status=task_status)
+
+        await self.nursery.start(run)
+        return service
+
+    def link(self, a, b):
+        sa, sb = self.net.connect(a, b)
+        self.services[a].add_link(b, sa)
+        self.services[b].add_link(a, sb)
+
+    def link_all(self, names):
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                self.link(a, b)
+
+    def leave(self, name):
+        self.scopes[name].cancel()
+        self.net.nodes[name].disconnect()
+
+    def assert_identical(self, name):
+        out = self.stores[name].reassemble(self.manifest, self.tmp / "out" / name)
+        for f in self.manifest.files:
+            assert (out / f.name).read_bytes() == (self.src / f.name).read_bytes()
+
+    def close(self):
+        for store in self.stores.values():
+            store.close()
+
+
+async def test_one_seed_and_many_peers_all_complete_byte_identical(tmp_path, autojump_clock):
+    manifest = make_policy(tmp_path / "src", 3 * MB)
+    done = []
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        await c.add("seed", seed_from=tmp_path / "src", upload_bps=2 * MB)
+        peers = [f"p{i}" for i in range(5)]
+        for p in peers:
+            await c.add(p, upload_bps=2 * MB)
+        c.services["p0"].on_progress = lambda prog: done.append(prog.pieces_done)
+        c.link_all(["seed"] + peers)
+        with trio.fail_after(60):
+            for p in peers:
+                await c.services[p].completed.wait()
+        nursery.cancel_scope.cancel()
+    for p in peers:
+        c.assert_identical(p)
+    assert done == sorted(done) and done[-1] == manifest.num_pieces  # progress reports every piece, in order
+    up = {p: sum(c.services[p].progress().bytes_up.values()) for p in peers}
+    assert sum(up.values()) > manifest.total_size  # peers re-seed to each other, not only the seed uploads
+    c.close()
+
+
+async def test_seed_leaves_after_first_copy_and_a_late_peer_completes(tmp_path, autojump_clock):
+    manifest = make_policy(tmp_path / "src", 2 * MB)
+    seed_cfg = TransferConfig(engine=EngineConfig(super_seed=True))
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        seed = await c.add("seed", seed_from=tmp_path / "src", upload_bps=1 * MB, config=seed_cfg)
+        peers = ["p0", "p1", "p2"]
+        for p in peers:
+            await c.add(p, upload_bps=1 * MB)
+        c.link_all(["seed"] + peers)
+        with trio.fail_after(60):
+            while not all(any(c.services[p].engine.have[i] for p in peers) for i in range(manifest.num_pieces)):
+                await trio.sleep(0.05)  # until the peers together hold the first full copy
+        assert not all(c.services[p].completed.is_set() for p in peers)  # the seed leaves early, not at the end
+        c.leave("seed")
+        with trio.fail_after(60):
+            for p in peers:
+                await c.services[p].completed.wait()
+        await c.add("late", upload_bps=1 * MB)
+        for p in peers:
+            c.link("late", p)
+        with trio.fail_after(60):
+            await c.services["late"].completed.wait()
+        nursery.cancel_scope.cancel()
+    for p in peers + ["late"]:
+        c.assert_identical(p)
+    c.close()
+
+
+async def test_a_peer_serving_corrupt_pieces_is_dropped_and_the_others_complete(tmp_path, autojump_clock):
+    manifest = make_policy(tmp_path / "src", 2 * MB)
+    bad_src = tmp_path / "bad"
+    shutil.copytree(tmp_path / "src", bad_src)
+    for f in manifest.files:  # same sizes, flipped bytes: its store serves them without re-hashing
+        data = bytearray((bad_src / f.name).read_bytes())
+        data[len(data) // 2 :] = bytes(b ^ 0xFF for b in data[len(data) // 2 :])
+        (bad_src / f.name).write_bytes(bytes(data))
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        await c.add("bad", seed_from=bad_src, upload_bps=8 * MB)
+        await c.add("seed", seed_from=tmp_path / "src", upload_bps=1 * MB)
+        peers = ["p0", "p1", "p2"]
+        for p in peers:
+            await c.add(p, upload_bps=1 * MB)
+        c.link_all(["bad", "seed"] + peers)
+        with trio.fail_after(120):
+            for p in peers:
+                await c.services[p].completed.wait()
+        nursery.cancel_scope.cancel()
+    for p in peers:
+        c.assert_identical(p)
+        assert "corrupt" in c.services[p].drops.get("bad", "")
+    c.close()
+
+
+async def _hostile(stream, manifest, tail: bytes):
+    """A peer that says hello with every piece, waits for a request, then sends `tail` and vanishes."""
+    n = manifest.num_pieces
+    for part in message_frame(Hello(manifest.id, pack_bits([1] * n))):
+        await stream.send_all(part)
+    dec = FrameDecoder()
+    while True:
+        header, _ = await read_frame(stream, dec)
+        if header["t"] == "request":
+            break
+    await stream.send_all(tail)
+    await stream.aclose()
+
+
+@pytest.mark.parametrize("kind", ["truncated", "oversized", "garbage"])
+async def test_peer_that_vanishes_mid_piece_or_breaks_framing_is_dropped(tmp_path, autojump_clock, kind):
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    header = b"\x00\x00\x00\x0c" + b"\x82\xa1t\xa5piece\xa5index\x00"[:12]
+    tails = {
+        "truncated": header + (MIN_PIECE_SIZE).to_bytes(4, "big") + b"\x01" * 1000,
+        "oversized": header + (64 * MB).to_bytes(4, "big"),
+        "garbage": b"\xff" * 64,
+    }
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        node = await c.add("p0")
+        c.net.add_node("evil")
+        mine, theirs = c.net.connect("p0", "evil")
+        node.add_link("evil", mine)
+        nursery.start_soon(_hostile, theirs, manifest, tails[kind])
+        while "evil" not in node.drops:
+            await trio.sleep(0.1)
+        await c.add("seed", seed_from=tmp_path / "src")
+        c.link("seed", "p0")  # the service survived and still completes from an honest peer
+        with trio.fail_after(30):
+            await node.completed.wait()
+        nursery.cancel_scope.cancel()
+    assert "FrameError" in node.drops["evil"] or "Broken" in node.drops["evil"]
+    c.assert_identical("p0")
+    c.close()
+
+
+async def test_hello_for_another_manifest_is_refused(tmp_path, autojump_clock):
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        node = await c.add("p0")
+        c.net.add_node("other")
+        mine, theirs = c.net.connect("p0", "other")
+        node.add_link("other", mine)
+        for part in message_frame(Hello(b"\x07" * 32, pack_bits([0] * manifest.num_pieces))):
+            await theirs.send_all(part)
+        while "other" not in node.drops:
+            await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    assert "not a hello for this manifest" in node.drops["other"]
+    c.close()
+
+
+async def test_broadcast_is_within_1_3x_of_kumar_ross_and_seed_uploads_at_most_1_2x(tmp_path, autojump_clock):
+    """N=8 peers fetch a 32 MB policy; seed and peers share the same upload cap (U = u)."""
+    size, n, rate = 32 * MB, 8, 4 * MB
+    manifest = make_policy(tmp_path / "src", size)
+    f = manifest.total_size
+    bound = min_distribution_time(f, rate, rate, n)
+    seed_cfg = TransferConfig(engine=EngineConfig(super_seed=True))
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src", latency=0.02)
+        seed = await c.add("seed", seed_from=tmp_path / "src", upload_bps=rate, config=seed_cfg)
+        peers = [f"p{i}" for i in range(n)]
+        for p in peers:
+            await c.add(p, upload_bps=rate)
+        start = trio.current_time()
+        c.link_all(["seed"] + peers)
+        with trio.fail_after(10 * bound):
+            for p in peers:
+                await c.services[p].completed.wait()
+        elapsed = trio.current_time() - start
+        nursery.cancel_scope.cancel()
+    seed_up = sum(seed.progress().bytes_up.values())
+    print(f"\nbroadcast F={f} N={n} T={elapsed:.2f}s bound={bound:.2f}s ratio={elapsed / bound:.3f} "
+          f"seed_upload={seed_up / f:.3f}F")
+    assert elapsed <= 1.3 * bound
+    assert seed_up <= 1.2 * f
+    c.assert_identical("p3")
+    c.close()
