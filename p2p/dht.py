@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -187,10 +188,12 @@ async def traverse(
     concurrency: int,
     rank: Callable[[P], Any] | None = None,
     skip: frozenset | set = frozenset(),
+    timeout: float = math.inf,
 ) -> list[T]:
     """Iterative Kademlia-style lookup: ask the best-ranked unasked peers (`concurrency` at a time) for items and
-    closer peers, until `enough(items)`, no candidates remain, or `max_queries` peers were asked. A peer whose
-    `ask` raises is skipped (unreachable or hostile peers cost one query, nothing more)."""
+    closer peers, until `enough(items)`, no candidates remain, `max_queries` peers were asked or `timeout` seconds
+    passed; returns the items found so far. A peer whose `ask` raises is skipped (unreachable or hostile peers
+    cost one query, nothing more)."""
     items: list[T] = []
     asked: set[P] = set(skip)
     candidates: list[P] = _ranked(dict.fromkeys(p for p in start if p not in asked), rank)
@@ -205,15 +208,16 @@ async def traverse(
         items.extend(found)
         candidates.extend(p for p in closer if p not in asked and p not in candidates)
 
-    while candidates and budget > 0 and not enough(items):
-        batch, candidates[:] = candidates[: min(concurrency, budget)], candidates[min(concurrency, budget):]
-        asked.update(batch)
-        budget -= len(batch)
-        async with trio.open_nursery() as nursery:
-            for peer in batch:
-                nursery.start_soon(ask_one, peer)
-        candidates[:] = _ranked(candidates, rank)
-    return items
+    with trio.move_on_after(timeout):
+        while candidates and budget > 0 and not enough(items):
+            batch, candidates[:] = candidates[: min(concurrency, budget)], candidates[min(concurrency, budget):]
+            asked.update(batch)
+            budget -= len(batch)
+            async with trio.open_nursery() as nursery:
+                for peer in batch:
+                    nursery.start_soon(ask_one, peer)
+            candidates[:] = _ranked(candidates, rank)
+    return list(items)
 
 
 def _ranked(peers: Any, rank: Callable[[Any], Any] | None) -> list:
@@ -270,22 +274,22 @@ class DHT:
         ourselves removed, at most `max_providers`; whatever was found when the lookup timeout ran out."""
         key = bytes(key)
         found: list[Any] = list(self.kad.provider_store.get_providers(key))
-        with trio.move_on_after(self.config.lookup_timeout_s):
-            found += await traverse(
-                self._start_peers(key), lambda peer: self.kad.provider_store._get_providers_from_peer_with_closers(
-                    peer, key), enough=lambda items: len(_unique(items, self._me)) >= self.config.max_providers,
-                max_queries=self.config.max_queries, concurrency=self.config.concurrency, rank=xor_rank(key),
-                skip={self._me},
-            )
+        found += await self._lookup(
+            key, lambda peer: self.kad.provider_store._get_providers_from_peer_with_closers(peer, key),
+            enough=lambda items: len(_unique(found + items, self._me)) >= self.config.max_providers,
+        )
         return [_provider(info) for info in _unique(found, self._me)[: self.config.max_providers]]
 
     async def put_latest_manifest(self, record: LatestManifest) -> None:
         """Store the run's latest-manifest record (and keep re-publishing it); DHTError if it does not verify or
         an equal-or-newer version is already known here."""
         LatestManifest.decode(record.encode(), record.key)
-        known = self._records.get(record.key)
-        if known is not None and best_record([known, record]) is known and known != record:
-            raise DHTError(f"version {record.version} is not newer than the known version {known.version}")
+        local = self.kad.value_store.get(record.key.encode())
+        known = [r for r in _valid_records([local.value] if local else [], record.key)]
+        known += [self._records[record.key]] if record.key in self._records else []
+        best = best_record([*known, record])
+        if best != record:
+            raise DHTError(f"version {record.version} is not newer than the known version {best.version}")
         self._records[record.key] = record
         await self._put(record)
 
@@ -300,26 +304,21 @@ class DHT:
             got, closer = await self.kad.value_store._get_from_peer(peer, key_bytes, True, True)
             return ([got.value] if got is not None else []), closer
 
-        with trio.move_on_after(self.config.lookup_timeout_s):
-            values += await traverse(
-                self._start_peers(key_bytes), ask, enough=lambda items: len(items) >= self.config.value_quorum,
-                max_queries=self.config.max_queries, concurrency=self.config.concurrency, rank=xor_rank(key_bytes),
-                skip={self._me},
-            )
+        values += await self._lookup(key_bytes, ask, enough=lambda items: len(items) >= self.config.value_quorum)
         best = best_record(_valid_records(values, key))
         if best is not None and (rec is None or rec.value != best.encode()):
             self.kad.value_store.put(key_bytes, best.encode())  # serve the newest version from now on
         return best
 
     async def refresh(self) -> None:
-        """Seed the routing table with our connections, then ONE lookup of our own id, bounded in time."""
+        """Seed the routing table with our connections, then ONE lookup of our own id (py-libp2p adds every peer
+        it hears of to the routing table), within the lookup's query budget and timeout."""
         for peer in self.host.libp2p.get_connected_peers():
             try:
                 await self.kad.routing_table.add_peer(peer, skip_server_mode_check=True)
             except Exception:  # noqa: BLE001 - a peer that vanished meanwhile is simply not added
                 log.debug("cannot add %s to the routing table", peer, exc_info=True)
-        with trio.move_on_after(self.config.lookup_timeout_s):
-            await self.kad.peer_routing.find_closest_peers_network(self._me.to_bytes())
+        await self._closest(self._me.to_bytes())
 
     async def reprovide(self) -> None:
         """Announce every provided key and re-put every latest-manifest record we own."""
@@ -332,21 +331,54 @@ class DHT:
         while (wait := self._pacer.delay("provide", trio.current_time())) > 0:
             await trio.sleep(wait)
         self._pacer.record("provide", trio.current_time())
-        with trio.move_on_after(self.config.lookup_timeout_s):
-            return bool(await self.kad.provider_store.provide(key))
-        log.info("providing %s timed out; it is retried at the next re-provide", key.hex()[:16])
-        return False
+        from libp2p.peer.peerinfo import PeerInfo
+
+        self.kad.provider_store.add_provider(key, PeerInfo(self._me, self.host.libp2p.get_addrs()))
+        sent = await self._send_to_closest(key, lambda peer: self.kad.provider_store._send_add_provider(peer, key))
+        if not sent:
+            log.info("nobody took the provider record for %s yet; it is re-sent at the next re-provide", key.hex()[:16])
+        return sent > 0
 
     async def _put(self, record: LatestManifest) -> None:
-        with trio.move_on_after(self.config.lookup_timeout_s):
-            try:
-                await self.kad.put_value(record.key, record.encode())
-            except ValueError as exc:  # py-libp2p: "Refusing to replace newer value with the older one"
-                raise DHTError(f"the DHT already holds a newer latest-manifest record ({exc})") from exc
+        key_bytes, value = record.key.encode(), record.encode()
+        self.kad.value_store.put(key_bytes, value)
+        await self._send_to_closest(key_bytes, lambda peer: self.kad.value_store._store_at_peer(peer, key_bytes, value))
 
-    def _start_peers(self, key: bytes) -> list[Any]:
+    async def _send_to_closest(self, key: bytes, send: Callable[[Any], Awaitable[bool]]) -> int:
+        """Run `send(peer)` on the peers closest to `key`, `concurrency` at a time, each within the timeout;
+        returns how many succeeded."""
+        limiter, sent = trio.CapacityLimiter(self.config.concurrency), [0]
+
+        async def send_one(peer: Any) -> None:
+            async with limiter:
+                with trio.move_on_after(self.config.lookup_timeout_s):
+                    try:
+                        sent[0] += bool(await send(peer))
+                    except Exception:  # noqa: BLE001 - one unreachable peer must not stop the others
+                        log.debug("sending to %s failed", peer, exc_info=True)
+
+        closest = await self._closest(key)
+        async with trio.open_nursery() as nursery:
+            for peer in closest:
+                nursery.start_soon(send_one, peer)
+        return sent[0]
+
+    async def _closest(self, key: bytes, count: int = 20) -> list[Any]:
+        """The `count` peers closest to `key` that we asked during one bounded lookup (our dial budget)."""
+        async def ask(peer: Any) -> tuple[list[Any], list[Any]]:
+            return [peer], await self.kad.peer_routing._query_peer_for_closest(peer, key)
+
+        asked = await self._lookup(key, ask, enough=lambda items: False)
+        return sorted(set(asked), key=xor_rank(key))[:count]
+
+    async def _lookup(self, key: bytes, ask: Callable[[Any], Awaitable[tuple[list[T], list[Any]]]],
+                      enough: Callable[[list[T]], bool]) -> list[T]:
         near = self.kad.routing_table.find_local_closest_peers(key, 20)
-        return list(dict.fromkeys([*near, *self.host.libp2p.get_connected_peers()]))
+        start = list(dict.fromkeys([*near, *self.host.libp2p.get_connected_peers()]))
+        return await traverse(
+            start, ask, enough=enough, max_queries=self.config.max_queries, concurrency=self.config.concurrency,
+            rank=xor_rank(key), skip={self._me}, timeout=self.config.lookup_timeout_s,
+        )
 
     async def _maintain(self) -> None:
         """Refresh at start and then every refresh interval; re-provide every re-provide interval."""

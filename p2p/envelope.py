@@ -200,7 +200,8 @@ def _check_fresh(ts: float, now: float, policy: EnvelopePolicy) -> None:
     if ts < now - policy.max_age_s:
         raise EnvelopeError("too_old", f"envelope is {now - ts:.0f} s old (limit {policy.max_age_s:.0f} s)")
     if ts > now + policy.max_future_s:
-        raise EnvelopeError("from_future", f"envelope is {ts - now:.0f} s in the future (limit {policy.max_future_s:.0f} s)")
+        ahead, limit = ts - now, policy.max_future_s
+        raise EnvelopeError("from_future", f"envelope is {ahead:.0f} s in the future (limit {limit:.0f} s)")
 
 
 _SCALARS = (type(None), bool, int, float, str, bytes)

@@ -78,7 +78,7 @@ class GossipConfig:
         if self.heartbeat_s <= 0 or self.degree < 2 or self.queue_size < 1 or self.replay_capacity < 1:
             raise GossipError("heartbeat_s, degree (>= 2), queue_size and replay_capacity must be positive")
         if not 0 < self.publish_rate < self.router_rate_limit:
-            raise GossipError("publish_rate must be positive and below router_rate_limit, or libp2p drops our own messages")
+            raise GossipError("publish_rate must be positive and below router_rate_limit (libp2p drops the excess)")
 
 
 @dataclass
@@ -167,8 +167,8 @@ class Gossip:
         self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
         self._banned_ids: dict[str, Any] = {}
         self._pending_streams: set[Any] = set()
+        # `rejections`: a bounded feed of refused envelopes for logs/status (the newest are dropped when unread).
         self._rejections_in, self.rejections = trio.open_memory_channel[Rejection](config.queue_size)
-        """`rejections`: a bounded feed of refused envelopes (oldest kept when nobody reads it)."""
 
     # ---- public API -------------------------------------------------------------------------------------------
 

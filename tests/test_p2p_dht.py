@@ -86,6 +86,13 @@ async def test_traverse_skips_dead_and_excluded_peers_and_stops_when_enough(auto
     assert len(found) >= 2 and len(net.asked) < 10
 
 
+async def test_traverse_returns_what_it_found_when_time_runs_out(autojump_clock):
+    net = FakeNetwork(100, 5, {p: [f"prov-{p}"] for p in range(100)})
+    found = await traverse([0], net.ask, enough=lambda items: False, max_queries=100, concurrency=1,
+                           timeout=0.035)
+    assert found == [f"prov-{p}" for p in net.asked[:3]] and len(net.asked) == 4  # the 4th was cut short
+
+
 async def test_traverse_asks_closest_first(autojump_clock):
     net = FakeNetwork(100, 10, {})
     await traverse([50, 10, 90], net.ask, enough=lambda items: False, max_queries=5, concurrency=1,

@@ -157,7 +157,8 @@ def test_fuzz_arbitrary_bytes_only_raise_envelope_error(data):
 plain = st.recursive(
     st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False) | st.text(max_size=8)
     | st.binary(max_size=8),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=4) | st.integers(-2**63, 2**64 - 1), kids, max_size=4),
+    lambda kids: st.lists(kids, max_size=4)
+    | st.dictionaries(st.text(max_size=4) | st.integers(-2**63, 2**64 - 1), kids, max_size=4),
     max_leaves=20,
 )
 
