@@ -60,6 +60,10 @@ class ChannelConfig:
     """False makes an unreachable data socket an error instead of a fallback."""
     socket_buffer: int = 0
     """SO_SNDBUF / SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning (which a fixed size turns off)."""
+    max_offers_per_peer: int = 16
+    """Outstanding (unclaimed) offers one peer may hold; more handshakes from it are refused."""
+    max_pending_sockets: int = 64
+    """Data sockets still presenting their token; further connections are dropped at once (flood guard)."""
     aead: str | None = None
     """Cipher this listener offers ("chacha20-poly1305" or "aes-256-gcm"); None picks by CPU (preferred_aead)."""
     timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
@@ -140,6 +144,12 @@ class DataChannelServer:
         self._offers: dict[bytes, _Offer] = {}
         self.rejected = 0
         self.aead = config.aead or preferred_aead()
+        self._pending_sockets = 0
+
+    @property
+    def pending_sockets(self) -> int:
+        """Data sockets connected but not yet admitted (their token not yet checked)."""
+        return self._pending_sockets
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on the host's IP, install the handshake handler, serve until cancelled."""
@@ -150,7 +160,7 @@ class DataChannelServer:
         async with trio.open_nursery() as nursery:
             task_status.started(self.port)
             try:
-                await trio.serve_listeners(self._admit, listeners, handler_nursery=nursery)
+                await trio.serve_listeners(self._admit_guarded, listeners, handler_nursery=nursery)
             finally:
                 self.host.remove_handler(PROTOCOL)
 
@@ -166,6 +176,8 @@ class DataChannelServer:
             raise ChannelError(f"unknown data channel mode {request.get('mode')!r}")
         token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
         self._expire_offers()
+        if sum(o.peer_id == peer_id for o in self._offers.values()) >= self.config.max_offers_per_peer:
+            raise ChannelError(f"peer {peer_id} holds too many unclaimed data channel offers")
         self._offers[token] = _Offer(peer_id, secret, self.aead, trio.current_time() + self.config.token_ttl)
         offer = {"v": 1, "port": self.port, "token": token, "secret": secret, "aead": self.aead}
         with trio.fail_after(self.config.handshake_timeout):
@@ -177,15 +189,27 @@ class DataChannelServer:
         for token in [t for t, o in self._offers.items() if o.expires < now]:
             del self._offers[token]
 
+    async def _admit_guarded(self, sock: trio.SocketStream) -> None:
+        """Nothing a stranger sends to the data port may escape into the host's nursery."""
+        if self._pending_sockets >= self.config.max_pending_sockets:
+            self.rejected += 1
+            await trio.aclose_forcefully(sock)
+            return
+        try:
+            await self._admit(sock)
+        except Exception as exc:  # noqa: BLE001 - log and drop; the listener keeps serving
+            log.warning("data socket dropped: %s", exc or type(exc).__name__)
+            await trio.aclose_forcefully(sock)
+
     async def _admit(self, sock: trio.SocketStream) -> None:
         """Admit a data socket only with a live one-time token; anything else is dropped at once."""
-        channel = None
+        self._pending_sockets += 1
         try:
             with trio.fail_after(self.config.handshake_timeout):
                 offer = await self._claim_token(sock)
                 if offer is None:
                     self.rejected += 1
-                    log.warning("dropped a data socket with an unknown or expired token")
+                    log.info("dropped a data socket with an unknown or expired token")
                     await trio.aclose_forcefully(sock)
                     return
                 keys = _ChannelKeys(offer.secret, offer.aead, offer.peer_id, self.host.peer_id)
@@ -195,6 +219,8 @@ class DataChannelServer:
             log.warning("data socket handshake failed: %s", exc or type(exc).__name__)
             await trio.aclose_forcefully(sock)
             return
+        finally:
+            self._pending_sockets -= 1
         await self._serve(offer.peer_id, channel)
 
     async def _claim_token(self, sock: trio.SocketStream) -> _Offer | None:

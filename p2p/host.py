@@ -28,6 +28,13 @@ from p2p.identity import Identity, load_or_create_identity
 log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+
+
+class _ConfigDefault:
+    """Marker: use the host config's value (None already means "no limit")."""
+
+
+CONFIG_DEFAULT = _ConfigDefault()
 StreamHandler = Callable[[Any], Awaitable[None]]
 
 
@@ -155,10 +162,14 @@ class P2PHost:
             raise HostError(f"cannot open {protocol} to {peer_id}: {_one_line(exc)}") from exc
 
     def set_guarded_handler(
-        self, protocol: str, handler: StreamHandler, timeout: float | None | str = "default"
+        self, protocol: str, handler: StreamHandler, timeout: float | None | _ConfigDefault = CONFIG_DEFAULT
     ) -> None:
-        """Install `handler(stream)` so that its exception or hang is logged and the stream reset, never fatal."""
-        limit = self.config.handler_timeout if timeout == "default" else timeout
+        """Install `handler(stream)` so that its exception or hang is logged and the stream reset, never fatal.
+
+        `timeout` bounds the whole handler (default: `HostConfig.handler_timeout`); None is for long-lived
+        protocols (gossip, data channels) whose handlers enforce their own per-operation timeouts.
+        """
+        limit = self.config.handler_timeout if isinstance(timeout, _ConfigDefault) else timeout
         self.libp2p.set_stream_handler(protocol, guard_handler(protocol, handler, limit))
 
     def remove_handler(self, protocol: str) -> None:

@@ -23,6 +23,12 @@ async def hash_and_reply(peer_id, stream):
     await stream.send_all(hasher.digest() + peer_id.encode())
 
 
+async def until(condition):
+    """Yield to the scheduler (no clock involved) until the server has reacted to a socket event."""
+    while not condition():
+        await trio.lowlevel.checkpoint()
+
+
 async def send_and_check(client, data, server_peer_id, client_peer_id):
     await client.send_all(data)
     await client.send_eof()
@@ -127,3 +133,24 @@ async def test_sender_aborting_mid_transfer_gives_the_receiver_an_error(caplog):
         channel = await open_data_channel(client_host, server_host.peer_id)
         await channel.send_all(b"x")
         await channel.aclose()
+
+
+async def test_offer_and_unauthenticated_socket_floods_are_capped():
+    from p2p.channel import _request_offer
+
+    async with open_host() as server_host, open_host() as client_host:
+        config = ChannelConfig(max_offers_per_peer=2, max_pending_sockets=1)
+        server = DataChannelServer(server_host, hash_and_reply, config)
+        await server_host.nursery.start(server.run)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            for _ in range(2):
+                await _request_offer(client_host, server_host.peer_id, config)
+            with pytest.raises(ChannelError):
+                await _request_offer(client_host, server_host.peer_id, config)
+            silent = await trio.open_tcp_stream("127.0.0.1", server.port)  # holds the only pending slot
+            await until(lambda: server.pending_sockets == 1)
+            flood = await trio.open_tcp_stream("127.0.0.1", server.port)
+            assert await flood.receive_some(10) == b""  # dropped at once, without waiting for a token
+            assert server.rejected == 1
+            await silent.aclose()
