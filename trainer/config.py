@@ -86,8 +86,9 @@ class TrainerConfig:
     """Steps between held-out evaluations during training (0 = only before and after)."""
     eval_n: int = 64
     """Held-out prompts per evaluation (greedy)."""
-    threads: int = 0
-    """torch intra-op threads (0 = leave torch's default)."""
+    threads: int = 1
+    """torch intra-op threads (0 = torch's default). 1 by default: on a small, shared CPU box extra intra-op
+    threads spin-wait against other processes (measured 25x slower steps on a loaded 2-core machine)."""
     out: Path = Path("runs/train")
     """Output directory: checkpoints/, policies/, final/, log.jsonl, reward.png."""
 
