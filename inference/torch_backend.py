@@ -44,12 +44,17 @@ class TorchBackend:
         self.pad_id = int(pad) if pad is not None else 0  # padded positions are masked: any valid id will do
         self.capture_proofs = capture_proofs
         self.max_batch_rows = max_batch_rows
-        self.proof_fn = proof_fn or (default_proof_fn() if capture_proofs else None)
+        self.proof_fn = proof_fn  # resolved on first use, so a backend built without proofs imports no verifier
         self.policy_version = 0
         self.manifest_id = BASE_MANIFEST_ID
         self._captured: torch.Tensor | None = None
         self._cache_kw = _cache_keyword(self.model)
         self.model.get_output_embeddings().register_forward_pre_hook(self._capture_hook)
+
+    def _proof_fn(self) -> ProofFn:
+        if self.proof_fn is None:
+            self.proof_fn = default_proof_fn()
+        return self.proof_fn
 
     def _capture_hook(self, module, args) -> None:
         """Keeps the LM head's input of the last position: the hidden state TOPLOC commits to."""
@@ -93,7 +98,7 @@ class TorchBackend:
                 state.finish(row)
             keep = state.live_positions()
             if not keep:
-                return state.completions(self.proof_fn)
+                return state.completions(self._proof_fn() if self.capture_proofs else None)
             if finished:
                 keep_t = torch.tensor(keep)
                 cache.batch_select_indices(keep_t)
