@@ -68,6 +68,15 @@ class ChannelConfig:
     """Cipher this listener offers ("chacha20-poly1305" or "aes-256-gcm"); None picks by CPU (preferred_aead)."""
     timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
 
+    def __post_init__(self) -> None:
+        for name in ("handshake_timeout", "connect_timeout", "token_ttl"):
+            if not getattr(self, name) > 0:
+                raise ChannelError(f"data channel {name} must be positive, got {getattr(self, name)}")
+        if self.max_offers_per_peer < 1 or self.max_pending_sockets < 1 or self.socket_buffer < 0:
+            raise ChannelError("data channel limits must be positive (socket_buffer may be 0)")
+        if self.aead is not None and self.aead not in AEADS:
+            raise ChannelError(f"unknown data channel cipher {self.aead!r}; choose one of {', '.join(sorted(AEADS))}")
+
 
 def channel_key(secret: bytes, dialer: str, listener: str) -> bytes:
     """The record key: bound to the one-time secret and to both authenticated peer ids."""
@@ -341,8 +350,12 @@ async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -
 async def _open_stream_channel(host: Any, peer_id: str, config: ChannelConfig) -> Libp2pByteStream:
     tune_yamux()
     stream = await host.new_stream(peer_id, PROTOCOL)
-    with trio.fail_after(config.handshake_timeout):
-        await _write_msg(stream, {"v": 1, "mode": "stream"})
+    try:
+        with trio.fail_after(config.handshake_timeout):
+            await _write_msg(stream, {"v": 1, "mode": "stream"})
+    except Exception as exc:  # noqa: BLE001 - a timeout or a reset: one sentence for the caller
+        await _close_quietly(stream)
+        raise ChannelError(f"data stream to {peer_id} failed to open ({type(exc).__name__})") from exc
     return Libp2pByteStream(stream, peer_id)
 
 

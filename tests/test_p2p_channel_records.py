@@ -158,3 +158,13 @@ async def test_peer_stalling_inside_a_record_times_out(autojump_clock):
         await reader.receive_some()
     assert trio.current_time() - start == pytest.approx(5, abs=0.01)
     await raw.aclose()
+
+
+def test_channel_config_is_validated_at_the_edge():
+    from p2p.channel import ChannelConfig
+
+    with pytest.raises(ChannelError, match="handshake_timeout"):
+        ChannelConfig(handshake_timeout=0)
+    with pytest.raises(ChannelError, match="unknown data channel cipher"):
+        ChannelConfig(aead="des")
+    assert ChannelConfig(aead="chacha20-poly1305").aead == "chacha20-poly1305"
