@@ -26,7 +26,8 @@ from fractions import Fraction
 
 _TAIL_CHARS = 4000
 _ANSWER_CAP = 256
-_MATH_TIMEOUT_S = 2.0
+_SCORER_TIMEOUT_S = 5.0
+_SCORER_START_S = 120.0
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|[-+]?\.\d+")
 _ANSWER_TAG = re.compile(r"answer\s*:", re.IGNORECASE)
 
@@ -104,25 +105,83 @@ def reward_numeric(completion: str, entry: dict) -> float:
 
 
 def reward_math(completion: str, entry: dict) -> float:
-    """math-verify equivalence. Its own SIGALRM timeouts are disabled (they raise outside the main thread); the
-    bounded answer keeps sympy's work small, and a worker thread with a deadline enforces our own limit."""
+    """math-verify equivalence of the extracted answer and the task's answer (run it through compute_reward, which
+    isolates it in the scorer process)."""
+    import math_verify
+
     answer = extract_answer(completion)
     gold = str(entry.get("answer", ""))[:_ANSWER_CAP]
     if not answer or not gold:
         return 0.0
-    result: list[float] = []
+    parsed_gold = math_verify.parse(f"${gold}$", parsing_timeout=1)
+    parsed = math_verify.parse(f"${answer}$", parsing_timeout=1)
+    return float(bool(math_verify.verify(parsed_gold, parsed, timeout_seconds=1)))
 
-    def work() -> None:
-        import math_verify
 
-        parsed_gold = math_verify.parse(f"${gold}$", parsing_timeout=None)
-        parsed = math_verify.parse(f"${answer}$", parsing_timeout=None)
-        result.append(float(bool(math_verify.verify(parsed_gold, parsed, timeout_seconds=None))))
+def _scorer_main(conn) -> None:
+    """Scorer process loop: (reward_fn, completion, entry) in, a float out. Runs in its own main thread, so
+    math-verify's SIGALRM timeouts work there."""
+    import math_verify  # noqa: F401 - imported before signalling ready, so no call pays for it
+    import reasoning_gym  # noqa: F401
 
-    worker = threading.Thread(target=work, daemon=True, name="math-verify")
-    worker.start()
-    worker.join(_MATH_TIMEOUT_S)
-    return result[0] if result else 0.0
+    conn.send("ready")
+    while True:
+        try:
+            reward_fn, completion, entry = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(float(_score_direct(reward_fn, completion, entry)))
+        except Exception:  # noqa: BLE001 - any scorer failure is a wrong answer
+            conn.send(0.0)
+
+
+class _ScorerWorker:
+    """One lazily started scorer process shared by all threads (calls are serialised by a lock).
+
+    Why a process: math-verify's own timeouts use SIGALRM (main thread only), and sympy or a reasoning-gym scorer
+    can spend unbounded time in C code holding the GIL (e.g. \\boxed{10^{10^{10^{10}}}}), which no thread-based
+    timeout can interrupt. A scorer that misses the deadline is killed and replaced, and the answer scores 0.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._process = None
+        self._conn = None
+
+    def score(self, reward_fn: str, completion: str, entry: dict) -> float:
+        with self._lock:
+            try:
+                if self._process is None or not self._process.is_alive():
+                    self._start()
+                self._conn.send((reward_fn, completion, entry))
+                if self._conn.poll(self.timeout_s):
+                    return float(self._conn.recv())
+            except (OSError, EOFError):
+                pass
+            self._stop()
+            return 0.0
+
+    def _start(self) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_scorer_main, args=(child,), daemon=True, name="reward-scorer")
+        self._process.start()
+        child.close()
+        if not (self._conn.poll(_SCORER_START_S) and self._conn.recv() == "ready"):
+            raise OSError("reward scorer process did not start")
+
+    def _stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.join()
+        self._process = self._conn = None
+
+
+_SCORER = _ScorerWorker(timeout_s=_SCORER_TIMEOUT_S)
 
 
 @functools.lru_cache(maxsize=64)
@@ -140,6 +199,8 @@ def reward_reasoning_gym(name: str, completion: str, entry: dict) -> float:
 
 
 REGISTRY: dict[str, RewardFn] = {"exact": reward_exact, "numeric": reward_numeric, "math": reward_math}
+# Pure-Python scorers with bounded work (inputs capped at 256 characters) run in the caller's process.
+_IN_PROCESS = frozenset({"exact", "numeric"})
 
 
 def is_known(reward_fn: str) -> bool:
@@ -155,21 +216,28 @@ def is_known(reward_fn: str) -> bool:
     return False
 
 
+def _score_direct(reward_fn: str, completion: str, entry: dict) -> float:
+    if reward_fn.startswith("rg:"):
+        return reward_reasoning_gym(reward_fn[3:], completion, entry)
+    fn = REGISTRY.get(reward_fn)
+    return fn(completion, entry) if fn is not None else 0.0
+
+
 def compute_reward(reward_fn: str, completion_text: str, entry: dict) -> float:
     """The reward in [0, 1] of `completion_text` for task `entry` (a TaskEntry wire dict); never raises.
 
-    An unknown reward function, a scorer that raises, or a non-finite score all give 0.0.
+    "exact" and "numeric" run here; "math" and "rg:*" run in the scorer process under a deadline. An unknown
+    reward function, a scorer that raises or times out, or a non-finite score all give 0.0.
     """
     try:
-        if not isinstance(completion_text, str) or not isinstance(entry, dict):
+        if not isinstance(completion_text, str) or not isinstance(entry, dict) or not isinstance(reward_fn, str):
             return 0.0
-        if isinstance(reward_fn, str) and reward_fn.startswith("rg:"):
-            value = reward_reasoning_gym(reward_fn[3:], completion_text, entry)
+        if reward_fn in _IN_PROCESS:
+            value = _score_direct(reward_fn, completion_text, entry)
+        elif reward_fn in REGISTRY or reward_fn.startswith("rg:"):
+            value = _SCORER.score(reward_fn, completion_text, entry)
         else:
-            fn = REGISTRY.get(reward_fn)
-            if fn is None:
-                return 0.0
-            value = fn(completion_text, entry)
+            return 0.0
         value = float(value)
     except Exception:  # noqa: BLE001 - hostile text must never crash a validator
         return 0.0

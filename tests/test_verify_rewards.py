@@ -1,0 +1,83 @@
+"""Rewards: the extraction rule, each registry entry, and hostile completions (fuzzed) that must never raise."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import reasoning_gym
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verify.rewards import compute_reward, extract_answer, is_known, parse_number
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("so the sum is \\boxed{42}. Answer: 7", "42"),
+    ("\\boxed{\\frac{1}{2}} then \\boxed{x^{2}}", "x^{2}"),
+    ("thinking 3 4 5\nAnswer: -12\nbye", "-12"),
+    ("ANSWER:  1,234.5", "1,234.5"),
+    ("we get 3, then 4, finally 7/2", "7/2"),
+    ("no digits here\n\nlast line  ", "last line"),
+    ("", ""),
+    ("\\boxed{unclosed 5", "5"),
+])
+def test_extraction_rule(text, answer):
+    assert extract_answer(text) == answer
+
+
+def test_parse_number_is_exact():
+    assert parse_number("1,234") == 1234 and parse_number("7/2") == parse_number("3.5")
+    assert parse_number("$12.") == 12 and parse_number("1/0") is None and parse_number("abc") is None
+
+
+def test_registry_functions_score_right_and_wrong_answers():
+    entry = {"prompt": "What is 6 * 7?", "answer": "42", "metadata": {}}
+    assert compute_reward("exact", "Answer: 42", entry) == 1.0
+    assert compute_reward("exact", "Answer: 41", entry) == 0.0
+    assert compute_reward("numeric", "\\boxed{42.0000000001}", entry) == 1.0
+    assert compute_reward("numeric", "\\boxed{42.1}", entry) == 0.0
+    assert compute_reward("math", "\\boxed{\\frac{84}{2}}", entry) == 1.0
+    assert compute_reward("math", "\\boxed{43}", entry) == 0.0
+    assert compute_reward("no-such-fn", "42", entry) == 0.0
+    assert is_known("rg:basic_arithmetic") and not is_known("rg:not_a_dataset") and not is_known("nope")
+
+
+def test_reasoning_gym_scorer_is_the_datasets_own():
+    data = reasoning_gym.create_dataset("basic_arithmetic", size=5, seed=3)
+    for i in range(5):
+        item = data[i]
+        entry = {"prompt": item["question"], "answer": item["answer"], "metadata": item["metadata"]}
+        assert compute_reward("rg:basic_arithmetic", f"I think\nAnswer: {item['answer']}", entry) == 1.0
+        wrong = str(int(float(item["answer"])) + 1)
+        assert compute_reward("rg:basic_arithmetic", f"Answer: {wrong}", entry) == 0.0
+
+
+def test_math_reward_is_safe_outside_the_main_thread():
+    results = []
+    thread = threading.Thread(target=lambda: results.append(compute_reward("math", "\\boxed{0.5}", {"answer": "1/2"})))
+    thread.start()
+    thread.join()
+    assert results == [1.0]
+
+
+HOSTILE = st.one_of(
+    st.text(max_size=300),
+    st.text(alphabet="\\{}boxed^_0123456789/.,-+ $Answer:\n()[]frac", max_size=300),
+    st.sampled_from(["\\boxed{" * 200, "}" * 500 + "\\boxed{", "Answer: " + "9" * 5000, "1/" * 400 + "0",
+                     "\\boxed{\\frac{1}{0}}", "\\boxed{10^{10^{10^{10}}}}", "\x00\ud7ff" * 50, "nan", "inf"]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=HOSTILE, fn=st.sampled_from(["exact", "numeric", "math", "rg:basic_arithmetic", "rg:chain_sum"]))
+def test_hostile_completions_never_raise_and_stay_in_range(text, fn):
+    entry = {"prompt": "Calculate 2 + 2.", "answer": "4", "metadata": {}}
+    value = compute_reward(fn, text, entry)
+    assert isinstance(value, float) and 0.0 <= value <= 1.0
+
+
+@pytest.mark.parametrize("entry", [None, {}, {"answer": None}, {"answer": ["x"], "metadata": "bad"}])
+def test_hostile_entries_never_raise(entry):
+    for fn in ("exact", "numeric", "math", "rg:basic_arithmetic"):
+        assert compute_reward(fn, "Answer: 4", entry) in (0.0, 1.0)
