@@ -39,7 +39,7 @@ class EngineConfig:
 
     pipeline_depth: int = 8  # requests in flight per peer
     upload_slots: int = 4  # pieces being uploaded at once, over all peers
-    max_queued_requests: int = 256  # per peer; more is refused with a reject("busy")
+    max_queued_requests: int = 256  # per peer; a peer queueing more is dropped as abusive
     random_first: int = 4  # pieces picked at random before rarest-first
     endgame: bool = True  # duplicate the last requests across holders
     endgame_copies: int = 2  # at most this many peers asked for one piece in endgame
@@ -310,8 +310,8 @@ class SwarmEngine:
             return []
         if not self.have[index]:
             return [Send(peer, Reject(index, "missing"))]
-        if len(state.queue) >= self.config.max_queued_requests:
-            return [Send(peer, Reject(index, "busy"))]
+        if len(state.queue) >= self.config.max_queued_requests:  # an honest peer stays within its pipeline
+            return self._drop(peer, "flooded us with requests", now)
         if index not in state.queue:
             state.queue.append(index)
         return self._schedule_uploads()

@@ -40,7 +40,6 @@ class MemoryStream:
         self.peer: MemoryStream | None = None
         self._inbox = _Inbox()
         self._closed = False
-        self._eof_sent = False
         self._sending = False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -88,9 +87,6 @@ class MemoryStream:
                     await trio.lowlevel.checkpoint()
                     return b""
                 return self._take(max_bytes)
-            if self.peer._closed and not self.peer._eof_sent:
-                await trio.lowlevel.checkpoint()
-                return b""
             await inbox.lot.park()
 
     def _take(self, max_bytes: int) -> bytes:
@@ -119,7 +115,6 @@ class MemoryStream:
         self._closed = True
         peer_inbox = self.peer._inbox
         peer_inbox.items.append((trio.current_time() + self._net.latency, None))
-        self._eof_sent = True
         peer_inbox.lot.unpark_all()
         self._inbox.lot.unpark_all()
 

@@ -32,6 +32,7 @@ from p2p.wire import (
     parse_message, read_frame, unpack_bits, write_frame,
 )
 
+MAX_OUTBOX = 4096  # messages queued to one peer; more means it stopped reading (or floods us with requests)
 _LINK_ERRORS = (FrameError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
 
 
@@ -228,8 +229,13 @@ class SwarmService:
         for act in actions:
             if isinstance(act, (Send, SendPiece)):
                 link = self._links.get(act.peer)
-                if link is not None:
-                    link.outbox_send.send_nowait(act.message if isinstance(act, Send) else act)
+                if link is None:
+                    continue
+                if link.outbox_send.statistics().current_buffer_used >= MAX_OUTBOX:
+                    self._dispatch(self.engine.peer_gone(act.peer, trio.current_time()))
+                    self._dispatch([DropPeer(act.peer, "does not read what we send")])
+                    continue
+                link.outbox_send.send_nowait(act.message if isinstance(act, Send) else act)
             elif isinstance(act, StorePiece):
                 assert piece is not None and piece.index == act.index
                 self.store.write_piece(self.manifest, act.index, piece.data, verify=False)  # hashed in _on_piece

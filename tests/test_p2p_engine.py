@@ -188,14 +188,16 @@ def test_unrequested_piece_drops_the_sender():
     assert out[0] == DropPeer("x", "sent piece 2 that was not requested") and "x" not in eng.peers
 
 
-def test_requests_for_missing_pieces_are_rejected_and_queue_is_bounded():
+def test_requests_for_missing_pieces_are_rejected_and_a_flooding_peer_is_dropped():
     eng = SwarmEngine(3, b"\x01\x01\x00", config=EngineConfig(upload_slots=1, max_queued_requests=1))
     eng.peer_connected("x", b"\x00\x00\x00", 0.0)
     assert eng.peer_request("x", 2, 0.0) == [Send("x", Reject(2, "missing"))]
     assert eng.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]
     assert eng.peer_request("x", 1, 0.0) == []  # queued behind the one slot
-    assert eng.peer_request("x", 0, 0.0) == [Send("x", Reject(0, "busy"))]
     assert eng.upload_done("x", 0, 0.1) == [SendPiece("x", 1)]
+    assert eng.peer_request("x", 0, 0.2) == []
+    assert eng.peer_request("x", 1, 0.3) == [DropPeer("x", "flooded us with requests")]
+    assert "x" not in eng.peers
 
 
 def test_late_peer_completes_from_reseeders_after_the_seed_leaves():

@@ -38,9 +38,9 @@ def make_policy(path, total_bytes, seed=0):
 class Cluster:
     """Nodes of one swarm on a memnet, each a SwarmService over its own PieceStore."""
 
-    def __init__(self, tmp_path, nursery, manifest, src, latency=0.01):
+    def __init__(self, tmp_path, nursery, manifest, src, latency=0.01, chunk=32 * 1024):
         self.tmp, self.nursery, self.manifest, self.src = tmp_path, nursery, manifest, src
-        self.net = MemoryNetwork(latency=latency)
+        self.net = MemoryNetwork(latency=latency, chunk=chunk)
         self.services: dict[str, SwarmService] = {}
         self.stores: dict[str, PieceStore] = {}
         self.scopes: dict[str, trio.CancelScope] = {}
@@ -231,7 +231,7 @@ async def test_broadcast_is_within_1_3x_of_kumar_ross_and_seed_uploads_at_most_1
     bound = min_distribution_time(f, rate, rate, n)
     seed_cfg = TransferConfig(engine=EngineConfig(super_seed=True))
     async with trio.open_nursery() as nursery:
-        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src", latency=0.02)
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src", latency=0.02, chunk=128 * 1024)
         seed = await c.add("seed", seed_from=tmp_path / "src", upload_bps=rate, config=seed_cfg)
         peers = [f"p{i}" for i in range(n)]
         for p in peers:

@@ -1,0 +1,103 @@
+"""memnet and the token bucket: exact virtual times for caps and latency, fair sharing, backpressure, EOF."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from p2p.memnet import MemoryNetwork
+from p2p.ratelimit import TokenBucket, acquire_all
+
+MB = 1 << 20
+
+
+async def drain(stream, into: list):
+    while data := await stream.receive_some(1 << 20):
+        into.append(data)
+
+
+async def test_upload_cap_and_latency_give_the_expected_virtual_time(autojump_clock):
+    net = MemoryNetwork(latency=0.25)
+    net.add_node("a", upload_bps=1 * MB)
+    net.add_node("b")
+    sa, sb = net.connect("a", "b")
+    got: list[bytes] = []
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain, sb, got)
+        await sa.send_all(b"x" * (4 * MB))
+        await sa.aclose()
+    elapsed = trio.current_time() - start
+    assert b"".join(got) == b"x" * (4 * MB)
+    assert 4.0 + 0.25 <= elapsed <= 4.0 + 0.25 + 0.1  # bytes at 1 MB/s, then one latency, plus the EOF
+
+
+async def test_links_of_one_node_share_its_upload_fairly(autojump_clock):
+    net = MemoryNetwork()
+    net.add_node("seed", upload_bps=2 * MB)
+    finish = {}
+    async with trio.open_nursery() as nursery:
+        for name in ("p", "q"):
+            net.add_node(name)
+            s_out, s_in = net.connect("seed", name)
+            got: list[bytes] = []
+            nursery.start_soon(drain, s_in, got)
+
+            async def send(s=s_out, n=name):
+                await s.send_all(b"y" * (2 * MB))
+                finish[n] = trio.current_time()
+                await s.aclose()
+
+            nursery.start_soon(send)
+    assert finish["p"] == pytest.approx(2.0, abs=0.05) and finish["q"] == pytest.approx(2.0, abs=0.05)
+
+
+async def test_download_cap_limits_the_receiver(autojump_clock):
+    net = MemoryNetwork()
+    net.add_node("a")
+    net.add_node("b", download_bps=MB // 2)
+    sa, sb = net.connect("a", "b")
+    got: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain, sb, got)
+        await sa.send_all(b"z" * MB)
+        await sa.aclose()
+    assert trio.current_time() == pytest.approx(2.0, abs=0.05)
+
+
+async def test_a_receiver_that_stops_reading_stalls_its_sender(autojump_clock):
+    net = MemoryNetwork(window=256 * 1024)
+    net.add_node("a")
+    net.add_node("b")
+    sa, sb = net.connect("a", "b")
+    with trio.move_on_after(5) as scope:
+        await sa.send_all(b"w" * (4 * MB))
+    assert scope.cancelled_caught  # blocked by the window, not buffered without bound
+    assert len(await sb.receive_some(64 * 1024)) == 64 * 1024
+
+
+async def test_closing_one_end_gives_eof_then_broken_sends(autojump_clock):
+    net = MemoryNetwork(latency=0.1)
+    net.add_node("a")
+    net.add_node("b")
+    sa, sb = net.connect("a", "b")
+    await sa.send_all(b"hello")
+    net.nodes["a"].disconnect()
+    assert await sb.receive_some(100) == b"hello"
+    assert await sb.receive_some(100) == b""
+    with pytest.raises(trio.BrokenResourceError):
+        await sb.send_all(b"anyone?")
+    with pytest.raises(trio.ClosedResourceError):
+        await sa.receive_some(10)
+
+
+async def test_token_bucket_waits_for_the_slower_of_two_caps(autojump_clock):
+    fast, slow = TokenBucket(4 * MB, burst=0), TokenBucket(1 * MB, burst=0)
+    for _ in range(4):
+        await acquire_all([fast, slow], MB // 2)
+    assert trio.current_time() == pytest.approx(2.0)  # 2 MB at the slow cap; not 2.5 s (both in turn)
+
+
+def test_token_bucket_refuses_a_nonpositive_rate():
+    with pytest.raises(ValueError):
+        TokenBucket(0)
