@@ -2,7 +2,7 @@
 
 Why a class around the pure functions of trainer.grpo: the step owns state that must move together and be
 checkpointed together (model, AdamW, warm-up schedule, the snapshots of recently published versions used as the
-importance-sampling "old" policy). Data parallelism enters through a narrow `Collective` (sum a number, average
+importance-sampling "old" policy). Data parallelism enters through a narrow `Collective` (sum a number, sum
 gradients), so the same code runs single-process (`LocalCollective`) and under torch.distributed.
 """
 
@@ -72,7 +72,7 @@ class LocalCollective:
     def all_max(self, value: float) -> float:
         return value
 
-    def average_gradients(self, parameters: Sequence[torch.nn.Parameter]) -> None:
+    def reduce_gradients(self, parameters: Sequence[torch.nn.Parameter]) -> None:
         return None
 
 
@@ -196,7 +196,7 @@ class PolicyTrainer:
         old, source = self.old_logprobs(groups, rows) if rows else (torch.zeros(0, 0), "")
         self.optimizer.zero_grad(set_to_none=True)
         stats = self._accumulate(groups, rows, advantages, old, normaliser) if rows else []
-        self.collective.average_gradients(list(self.model.parameters()))
+        self.collective.reduce_gradients(list(self.model.parameters()))
         grad_norm = clip_gradients(self.model.parameters(), self.cfg.grad_clip)
         loss_sum = self.collective.all_sum(sum(s.loss for s in stats))
         skipped = ""

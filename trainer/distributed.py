@@ -1,0 +1,81 @@
+"""Data parallelism over torch.distributed: each rank trains on its share of the batch, gradients are summed.
+
+Why a sum and not a mean: the GRPO loss is already divided by the *global* constant (all ranks' completions x
+max tokens, agreed with `all_sum`/`all_max`), so summing per-rank gradients gives exactly the full-batch gradient,
+whatever the split; AdamW then takes the same step on every rank and the weights stay identical.
+
+Backends: "gloo" runs on CPUs (tested with two processes). "nccl" is the GPU path: one process per GPU launched
+by torchrun, the model moved to `cuda:LOCAL_RANK` before the optimizer is built; it is guarded (refused without
+CUDA) but not exercised by the CPU test suite. Sharded training (FSDP2 `fully_shard`, as PRIME-RL does for 32B
+models) is not implemented: every rank holds the full model, which fits the models this project trains.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from trainer.errors import TrainerError
+
+
+class TorchCollective:
+    """The `Collective` of trainer.step over an initialised default process group."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise TrainerError("data parallelism needs torch.distributed to be initialised first")
+        self.dist = dist
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+
+    def _reduce(self, value: float, op) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(tensor, op=op)
+        return float(tensor.item())
+
+    def all_sum(self, value: float) -> float:
+        return self._reduce(value, self.dist.ReduceOp.SUM)
+
+    def all_max(self, value: float) -> float:
+        return self._reduce(value, self.dist.ReduceOp.MAX)
+
+    def reduce_gradients(self, parameters: Sequence[torch.nn.Parameter]) -> None:
+        """Sum every gradient across ranks in one flat buffer (a rank with no rows contributes zeros)."""
+        params = [p for p in parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        self.dist.all_reduce(flat, op=self.dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+
+
+def init_data_parallel(backend: str = "gloo") -> TorchCollective:
+    """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
+    import torch.distributed as dist
+
+    if backend not in ("gloo", "nccl"):
+        raise TrainerError(f"unknown distributed backend {backend!r}: choose gloo (CPU) or nccl (GPU)")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise TrainerError("the nccl backend needs CUDA GPUs; use gloo on CPUs")
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise TrainerError(f"data parallelism needs {missing[0]} in the environment (launch with torchrun)")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return TorchCollective()
+
+
+def shard(items: Sequence, rank: int, world_size: int) -> list:
+    """This rank's share of a batch: every world_size-th item starting at rank."""
+    return list(items[rank::world_size])
