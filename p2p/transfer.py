@@ -48,6 +48,16 @@ class TransferConfig:
     tick_interval: float = 1.0  # how often request timeouts and stalls are checked
     receive_chunk: int = 256 * 1024  # bytes asked of the stream per read
 
+    @classmethod
+    def for_role(cls, role: str, *, upload_bps: float = math.inf, **overrides) -> TransferConfig:
+        """`origin`: the publishing trainer (super-seeds while its upload is the bottleneck); `peer`: everyone else."""
+        if role not in ("origin", "peer"):
+            raise ValueError(f"unknown transfer role {role!r} (use 'origin' or 'peer')")
+        engine = overrides.pop("engine", EngineConfig())
+        if role == "origin":
+            engine = EngineConfig(**{**engine.__dict__, "super_seed": True})
+        return cls(engine=engine, upload_bps=upload_bps, **overrides)
+
     def __post_init__(self) -> None:
         if min(self.handshake_timeout, self.send_timeout, self.tick_interval, self.upload_bps,
                self.peer_upload_bps) <= 0 or self.receive_chunk < 1:
@@ -221,6 +231,7 @@ class SwarmService:
         stats.bytes_up += len(data)
         stats.pieces_up += 1
         self._dispatch(self.engine.upload_done(link.peer, index, trio.current_time()))
+        self._report()
 
     # ------------------------------------------------------------------ actions
 

@@ -101,3 +101,16 @@ async def test_token_bucket_waits_for_the_slower_of_two_caps(autojump_clock):
 def test_token_bucket_refuses_a_nonpositive_rate():
     with pytest.raises(ValueError):
         TokenBucket(0)
+
+
+async def test_simulated_broadcast_never_beats_the_physical_bound(tmp_path, autojump_clock):
+    from p2p.memnet import simulate_broadcast
+    from tests.test_p2p_transfer import make_policy
+
+    manifest = make_policy(tmp_path / "src", 2 * MB)
+    res = await simulate_broadcast(manifest, tmp_path / "src", tmp_path / "work", peers=3,
+                                   seed_upload_bps=1 * MB, peer_upload_bps=1 * MB)
+    assert set(res.completion_seconds) == {"peer0", "peer1", "peer2"}
+    assert res.bound_seconds == pytest.approx(manifest.total_size / MB)  # max(F/U, 3F/(U+3u)) = F/U
+    assert 1.0 <= res.ratio < 2.0  # nothing moves faster than the caps allow
+    assert res.seed_upload_ratio >= 1.0 and res.to_json()["peers"] == 3
