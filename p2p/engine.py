@@ -106,7 +106,7 @@ class PeerState:
     queue: deque[int] = field(default_factory=deque)  # its requests to us
     uploading: int = 0  # our SendPiece actions in progress to it
     revealed: set[int] = field(default_factory=set)  # super-seed: pieces announced to it and not yet sent
-    last_piece_at: float = 0.0
+    last_piece_at: float = 0.0  # last piece received, or when it last started owing us pieces
 
 
 # ---------------------------------------------------------------------------------------------- engine
@@ -261,6 +261,8 @@ class SwarmEngine:
         """Top up the request pipeline to `peer`."""
         state = self.peers[peer]
         out: list[Action] = []
+        if not state.requested:  # the stall clock starts when the peer starts owing us pieces
+            state.last_piece_at = now
         while self.missing and len(state.requested) < self.config.pipeline_depth:
             index = self.picker.pick(self, state)
             if index is None:

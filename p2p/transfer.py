@@ -23,7 +23,7 @@ import blake3
 import trio
 
 from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
-from p2p.errors import FrameError
+from p2p.errors import ChannelError, FrameError
 from p2p.manifest import PolicyManifest
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.store import PieceStore
@@ -33,7 +33,8 @@ from p2p.wire import (
 )
 
 MAX_OUTBOX = 4096  # messages queued to one peer; more means it stopped reading (or floods us with requests)
-_LINK_ERRORS = (FrameError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
+# what a dying or hostile link may raise (ChannelError: p2p/channel*.py and p2p/libp2p_compat.py streams)
+_LINK_ERRORS = (FrameError, ChannelError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
 
 
 @dataclass(frozen=True)

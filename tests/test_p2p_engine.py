@@ -213,3 +213,11 @@ def test_late_peer_completes_from_reseeders_after_the_seed_leaves():
         sim.connect("late", p)
     sim.run()
     assert "late" in sim.completed
+
+
+def test_a_peer_idle_for_long_is_not_dropped_when_it_finally_has_something():
+    eng = SwarmEngine(2, b"\x00\x00", config=EngineConfig(stall_timeout=20))
+    eng.peer_connected("x", b"\x00\x00", 0.0)
+    assert eng.peer_have("x", 1, 500.0) == [Send("x", Request(1))]
+    assert not any(isinstance(a, DropPeer) for a in eng.tick(501.0))
+    assert any(isinstance(a, DropPeer) for a in eng.tick(521.0))

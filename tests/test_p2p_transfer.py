@@ -257,3 +257,46 @@ def test_roles_choose_super_seeding_only_for_the_origin():
     assert not TransferConfig.for_role("peer").engine.super_seed
     with pytest.raises(ValueError, match="unknown transfer role"):
         TransferConfig.for_role("leech")
+
+
+class _TamperedChannel:
+    """A memnet stream whose reads fail like an encrypted channel that detected tampering (p2p/channel_stream)."""
+
+    def __init__(self, inner, fail_after_bytes):
+        self.inner, self.left = inner, fail_after_bytes
+
+    async def send_all(self, data):
+        await self.inner.send_all(data)
+
+    async def receive_some(self, max_bytes=None):
+        from p2p.errors import ChannelError
+
+        data = await self.inner.receive_some(max_bytes)
+        self.left -= len(data)
+        if self.left < 0:
+            raise ChannelError("record tampered")
+        return data
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+
+async def test_a_channel_error_drops_only_that_link(tmp_path, autojump_clock):
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        await c.add("seed", seed_from=tmp_path / "src")
+        await c.add("s2", seed_from=tmp_path / "src")
+        node = await c.add("p0")
+        mine, theirs = c.net.connect("p0", "seed")
+        node.add_link("seed", _TamperedChannel(mine, 300_000))
+        c.services["seed"].add_link("p0", theirs)
+        with trio.fail_after(30):
+            while "seed" not in node.drops:
+                await trio.sleep(0.1)
+            c.link("s2", "p0")
+            await node.completed.wait()
+        nursery.cancel_scope.cancel()
+    assert "ChannelError" in node.drops["seed"]
+    c.assert_identical("p0")
+    c.close()
