@@ -45,26 +45,54 @@ async def test_identity_from_data_dir_gives_a_stable_peer_id(tmp_path):
         assert a.peer_id == first and a.multiaddrs[0].endswith(first)
 
 
-async def test_plaintext_dialer_is_rejected():
+def _insecure_or_mplex_host(kind):
+    """A plain py-libp2p host offering plaintext security, or Noise with Mplex, or (control) Noise with Yamux."""
     from libp2p import new_host
     from libp2p.crypto.ed25519 import create_new_key_pair
-    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
     from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
+    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
+    from libp2p.security.noise.transport import Transport as NoiseTransport
+    from libp2p.stream_muxer.mplex.mplex import MPLEX_PROTOCOL_ID, Mplex
     from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
     from libp2p.stream_muxer.yamux.yamux import Yamux
-    from multiaddr import Multiaddr
 
     key_pair = create_new_key_pair()
-    plain = new_host(
-        key_pair=key_pair,
-        sec_opt={PLAINTEXT_PROTOCOL_ID: InsecureTransport(key_pair)},
-        muxer_opt={YAMUX_ID: Yamux},
-    )
-    async with open_host() as secure, plain.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+    if kind == "plaintext":
+        return new_host(
+            key_pair=key_pair,
+            sec_opt={PLAINTEXT_PROTOCOL_ID: InsecureTransport(key_pair)},
+            muxer_opt={YAMUX_ID: Yamux},
+        )
+    noise = NoiseTransport(libp2p_keypair=key_pair, noise_privkey=new_x25519().private_key)
+    muxer = {MPLEX_PROTOCOL_ID: Mplex} if kind == "mplex" else {YAMUX_ID: Yamux}
+    return new_host(key_pair=key_pair, sec_opt={NOISE_ID: noise}, muxer_opt=muxer)
+
+
+@pytest.mark.parametrize("kind", ["plaintext", "mplex"])
+async def test_plaintext_or_mplex_dialer_is_rejected(kind):
+    from libp2p.network.exceptions import SwarmException
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from multiaddr import Multiaddr
+
+    other = _insecure_or_mplex_host(kind)
+    async with open_host() as secure, other.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]):
         secure.set_guarded_handler(ECHO, echo_reversed)
-        with trio.fail_after(20), pytest.raises(Exception):
-            await plain.connect(info_from_p2p_addr(Multiaddr(secure.multiaddrs[0])))
+        with trio.fail_after(20), pytest.raises(SwarmException):
+            await other.connect(info_from_p2p_addr(Multiaddr(secure.multiaddrs[0])))
         assert secure.libp2p.get_connected_peers() == []
+
+
+async def test_a_noise_yamux_dialer_built_the_same_way_is_accepted():
+    """Control for the rejection test: the same construction with Noise + Yamux does connect."""
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from multiaddr import Multiaddr
+
+    other = _insecure_or_mplex_host("control")
+    async with open_host() as secure, other.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        with trio.fail_after(20):
+            await other.connect(info_from_p2p_addr(Multiaddr(secure.multiaddrs[0])))
+        assert [str(p) for p in other.get_connected_peers()] == [secure.peer_id]
 
 
 async def test_raising_and_hanging_handlers_reset_the_stream_and_the_host_survives(caplog):
