@@ -39,27 +39,30 @@ def inverse_table() -> np.ndarray:
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Coefficients (ascending) of the polynomials through points (x[c, i], y[c, i]) mod p; x: [C, k] distinct per row.
 
-    Step 1, divided differences in place: dd[:, i] <- (dd[:, i] - dd[:, i-1]) / (x[:, i] - x[:, i-j]) for i >= j.
-    Step 2, expansion to standard form by a Horner-like recursion from the top: P <- P * (X - x_i) + dd_i.
+    Step 1, divided differences in place: dd[:, i] <- (dd[:, i] - dd[:, i-1]) / (x[:, i] - x[:, i-j]) for i >= j,
+    with every inverse 1 / (x_i - x_m) looked up once as a [C, k, k] table whose j-th sub-diagonal step j reads.
+    Step 2, expansion to standard form from the top: P <- P * (X - x_i) + dd_i, touching only the degree so far.
+    Numpy's cost here is per call, not per element, so every chunk of a batch shares the same 2k vectorised steps.
     """
     x = np.asarray(x, dtype=np.int64) % PRIME
     dd = np.asarray(y, dtype=np.int64) % PRIME
     if x.ndim != 2 or x.shape != dd.shape or x.shape[1] == 0:
         raise ValueError("x and y must be matching non-empty [chunks, k] arrays")
-    inv = inverse_table()
     k = x.shape[1]
+    inverses = inverse_table()[(x[:, :, None] - x[:, None, :]) % PRIME]  # [C, k, k]: 1 / (x_i - x_m)
     for j in range(1, k):
-        numerator = (dd[:, j:] - dd[:, j - 1 : -1]) % PRIME
-        denominator = (x[:, j:] - x[:, : k - j]) % PRIME
-        dd[:, j:] = numerator * inv[denominator] % PRIME
+        numerator = dd[:, j:] - dd[:, j - 1 : -1]
+        dd[:, j:] = numerator * np.diagonal(inverses, offset=-j, axis1=1, axis2=2) % PRIME
     coeffs = np.zeros_like(dd)
     coeffs[:, 0] = dd[:, k - 1]
     for i in range(k - 2, -1, -1):
-        # Multiply by (X - x_i): shift up one degree, subtract x_i times the old coefficients, then add dd_i.
-        shifted = np.zeros_like(coeffs)
-        shifted[:, 1:] = coeffs[:, :-1]
-        coeffs = (shifted - x[:, i : i + 1] * coeffs) % PRIME
-        coeffs[:, 0] = (coeffs[:, 0] + dd[:, i]) % PRIME
+        degree = k - 1 - i  # degree of P after multiplying by (X - x_i)
+        product = x[:, i : i + 1] * coeffs[:, :degree]
+        coeffs[:, 1 : degree + 1] = coeffs[:, :degree]
+        coeffs[:, 0] = 0
+        coeffs[:, :degree] -= product
+        coeffs[:, 0] += dd[:, i]
+        coeffs[:, : degree + 1] %= PRIME
     return coeffs
 
 

@@ -156,7 +156,15 @@ def _prefill_batch(model: torch.nn.Module, batch: list[tuple[_Pending, int]]) ->
         start, count = len(item.group.prompt_tokens) - 1, len(item.group.completions[j].tokens)
         h = hidden[b, start : start + count]  # [T, H]
         item.hidden[j] = h.float().cpu()
-        item.logits[j] = head(h).float().cpu()  # [T, V]
+        item.logits[j] = _apply_head(head, h).float().cpu()  # [T, V]
+
+
+def _apply_head(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The LM head on [T, H]; a plain Linear is applied directly, so hooks a generator installed on a shared
+    module (e.g. proof capture expecting [B, L, H]) do not fire on the validator's calls."""
+    if isinstance(head, torch.nn.Linear):
+        return torch.nn.functional.linear(h, head.weight, head.bias)
+    return head(h[None])[0]
 
 
 def _model_checks(item: _Pending, ctx: RunContext, config: CheckConfig) -> Verdict:

@@ -1,0 +1,35 @@
+"""`swarm bench verify`: rollout validation on honest and attacked groups (see verify/bench.py).
+
+Prints one JSON report: per case groups, rejected, gen_s, proof_build_s, validate_s, which checks rejected, and a
+summary with false rejects, attacks caught in fewer than 99% of groups (and why), and time shares of generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the JSON report only (no progress line)")
+    parser.add_argument("--model", default="tiny", help="tiny | smollm2 | a local HF model directory (default tiny)")
+    parser.add_argument("--groups", type=int, default=20, help="groups per case (default 20)")
+    parser.add_argument("--group-size", type=int, default=4, help="completions per group (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="generation limit per completion (default 64)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the task set and attacks (default 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from swarm.errors import UserError
+    from verify.bench import BenchConfig, run_bench
+
+    if args.groups < 1 or args.group_size < 1 or args.max_new_tokens < 1 or args.threads < 1:
+        raise UserError("--groups, --group-size, --max-new-tokens and --threads must be at least 1")
+    config = BenchConfig(model=args.model, groups=args.groups, group_size=args.group_size,
+                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, threads=args.threads,
+                         seed=args.seed)
+    report = run_bench(config)
+    print(json.dumps(report, indent=None if args.json else 2))
+    return 0
