@@ -287,6 +287,9 @@ async def serve_data_channels(
 ) -> None:
     """Accept data channels on `host` until cancelled; `callback(peer_id, stream)` runs once per channel.
 
+    `peer_id` is the libp2p-authenticated peer; the stream is closed when the callback returns, and an exception
+    from the callback is logged and ends that channel only.
+
     Start it in a nursery: `port = await nursery.start(serve_data_channels, host, callback)`.
     """
     await DataChannelServer(host, callback, config).run(task_status=task_status)
