@@ -154,3 +154,31 @@ async def test_offer_and_unauthenticated_socket_floods_are_capped():
             assert await flood.receive_some(10) == b""  # dropped at once, without waiting for a token
             assert server.rejected == 1
             await silent.aclose()
+
+
+@pytest.mark.parametrize("use_socket", [True, False], ids=["data-socket", "libp2p-stream"])
+async def test_both_transports_carry_piece_frames_intact(use_socket):
+    """Conformance with p2p/wire.py: frames (one spanning several records) cross intact, then a clean end."""
+    from p2p.wire import FrameDecoder, read_frame, write_frame
+
+    frames = [({"t": "have", "index": 3}, b""), ({"t": "piece", "index": 7}, os.urandom(1_500_000)), ({"t": "x"}, b"y")]
+    received = []
+
+    async def collect(peer_id, stream):
+        decoder = FrameDecoder()
+        while (frame := await read_frame(stream, decoder, 1 << 20)) is not None:
+            received.append(frame)
+        await stream.send_all(b"done")
+
+    async with open_host() as server_host, open_host() as client_host:
+        await server_host.nursery.start(DataChannelServer(server_host, collect).run)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(30):
+            stream = await open_data_channel(client_host, server_host.peer_id, ChannelConfig(use_socket=use_socket))
+            assert stream.transport == ("data-socket" if use_socket else "libp2p-stream")
+            for header, payload in frames:
+                await write_frame(stream, header, payload)
+            await stream.send_eof()
+            assert await stream.receive_some(10) == b"done"
+            await stream.aclose()
+    assert [(h, bytes(p)) for h, p in received] == frames
