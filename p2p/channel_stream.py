@@ -6,8 +6,8 @@ means one 1 MiB record costs a handful of syscalls and one decrypt, and we never
 has not started (which would stall request/response traffic).
 
 Timeouts: a record whose header arrived must complete within `record_timeout` (a peer cannot pin our buffer by
-stalling mid-record); between records a link may idle unless `idle_timeout` is set; each record sent must be
-taken by the peer within `send_timeout`.
+stalling mid-record); between records a link may idle unless `idle_timeout` is set, while TCP keepalive still
+detects a peer whose machine vanished; each record sent must be taken by the peer within `send_timeout`.
 """
 
 from __future__ import annotations
@@ -37,15 +37,22 @@ class StreamTimeouts:
     """A record handed to the socket must be taken by the peer within this (a receiver that stopped reading)."""
 
 
+KEEPALIVE = ((getattr(stdlib_socket, "TCP_KEEPIDLE", None), 30), (getattr(stdlib_socket, "TCP_KEEPINTVL", None), 10),
+             (getattr(stdlib_socket, "TCP_KEEPCNT", None), 3))
+"""A peer whose machine vanished (no FIN, no RST) is detected by the kernel after about 60 s of silence."""
+
+
 def tune_socket(stream: trio.SocketStream, buffer_bytes: int) -> None:
-    """Large kernel buffers keep a 1 MiB record in flight while the other side decrypts the previous one."""
-    if not buffer_bytes:
-        return
-    for option in (stdlib_socket.SO_SNDBUF, stdlib_socket.SO_RCVBUF):
+    """TCP keepalive on every data socket; fixed kernel buffers only when asked (0 keeps autotuning)."""
+    options = [(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_KEEPALIVE, 1)]
+    options += [(stdlib_socket.IPPROTO_TCP, opt, value) for opt, value in KEEPALIVE if opt is not None]
+    if buffer_bytes:
+        options += [(stdlib_socket.SOL_SOCKET, opt, buffer_bytes) for opt in (stdlib_socket.SO_SNDBUF, stdlib_socket.SO_RCVBUF)]
+    for level, option, value in options:
         try:
-            stream.setsockopt(stdlib_socket.SOL_SOCKET, option, buffer_bytes)
-        except OSError:  # a kernel cap is not an error: the default buffers still work
-            log.debug("could not set socket buffer", exc_info=True)
+            stream.setsockopt(level, option, value)
+        except OSError:  # an unsupported option or a kernel cap is not an error: the defaults still work
+            log.debug("could not set socket option %s", option, exc_info=True)
 
 
 class SecureChannelStream:

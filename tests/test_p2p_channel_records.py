@@ -168,3 +168,18 @@ def test_channel_config_is_validated_at_the_edge():
     with pytest.raises(ChannelError, match="unknown data channel cipher"):
         ChannelConfig(aead="des")
     assert ChannelConfig(aead="chacha20-poly1305").aead == "chacha20-poly1305"
+
+
+async def test_data_sockets_get_tcp_keepalive_so_a_vanished_machine_is_detected():
+    import socket
+
+    from p2p.channel_stream import tune_socket
+
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    client = await trio.open_tcp_stream("127.0.0.1", listener.socket.getsockname()[1])
+    tune_socket(client, 0)
+    assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    if hasattr(socket, "TCP_KEEPIDLE"):
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+    await client.aclose()
+    await listener.aclose()
