@@ -168,13 +168,15 @@ class PieceStore:
         if done.exists():
             return _FileState(entry, done, bytearray(b"\x01" * n), complete=True)
         part = self.dir / "files" / f"{entry.root.hex()}.part"
+        fresh = not part.exists()
         try:
             with open(part, "ab") as fh:
                 fh.truncate(entry.size)  # sparse: no blocks are used until pieces land
         except OSError as exc:
             raise _enospc(exc, f"creating {part.name}") from None
         state = _FileState(entry, part, bytearray(n), complete=False)
-        self._rescan(state)
+        if not fresh:  # a brand-new sparse file holds nothing worth hashing
+            self._rescan(state)
         return state
 
     def _rescan(self, state: _FileState) -> None:

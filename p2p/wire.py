@@ -75,47 +75,70 @@ class FrameDecoder:
     """Sans-IO incremental decoder: feed bytes as they arrive, pop whole frames.
 
     Sizes are checked as soon as each length prefix is complete, so an oversized frame is refused before its
-    body is buffered.
+    body is buffered. Once a header is parsed, payload bytes are copied once, straight into a buffer of the
+    declared size (a 1 MiB piece is never re-joined from chunks); the payload is handed out as that bytearray.
     """
 
     def __init__(self, max_header: int = MAX_HEADER, max_payload: int = MAX_PAYLOAD) -> None:
         self.max_header = max_header
         self.max_payload = max_payload
-        self._buf = bytearray()
+        self._buf = bytearray()  # bytes not yet assigned to a payload
+        self._header: dict | None = None  # parsed header of the frame whose payload is being filled
+        self._payload = bytearray()
+        self._filled = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame."""
-        return len(self._buf)
+        return len(self._buf) + (self._filled if self._header is not None else 0)
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._header is not None and not self._buf:
+            data = self._fill(memoryview(data))
         self._buf += data
 
-    def next_frame(self) -> tuple[dict, bytes] | None:
+    def _fill(self, view: memoryview) -> memoryview:
+        """Copy what the current payload still needs from `view`; return the rest."""
+        take = min(len(view), len(self._payload) - self._filled)
+        self._payload[self._filled : self._filled + take] = view[:take]
+        self._filled += take
+        return view[take:]
+
+    def next_frame(self) -> tuple[dict, bytearray] | None:
         """Return (header, payload) for the next complete frame, or None if more bytes are needed."""
+        if self._header is None and not self._parse_prefix():
+            return None
+        if self._buf and self._filled < len(self._payload):
+            with memoryview(self._buf) as view:
+                rest = len(self._fill(view))
+            del self._buf[: len(self._buf) - rest]
+        if self._filled < len(self._payload):
+            return None
+        frame = (self._header, self._payload)
+        self._header, self._payload, self._filled = None, bytearray(), 0
+        return frame
+
+    def _parse_prefix(self) -> bool:
         buf = self._buf
         if len(buf) < 4:
-            return None
+            return False
         hlen = _LEN.unpack_from(buf, 0)[0]
         if hlen == 0 or hlen > self.max_header:
             raise FrameError(f"frame header length {hlen} is outside 1..{self.max_header}")
         if len(buf) < 8 + hlen:
-            return None
+            return False
         plen = _LEN.unpack_from(buf, 4 + hlen)[0]
         if plen > self.max_payload:
             raise FrameError(f"frame payload of {plen} bytes exceeds {self.max_payload}")
-        end = 8 + hlen + plen
-        if len(buf) < end:
-            return None
-        header = _decode_header(bytes(buf[4 : 4 + hlen]))
-        payload = bytes(buf[8 + hlen : end])
-        del buf[:end]  # bytearray deletes from the front in O(1) amortised
-        return header, payload
+        self._header = _decode_header(bytes(buf[4 : 4 + hlen]))
+        self._payload, self._filled = bytearray(plen), 0
+        del buf[: 8 + hlen]
+        return True
 
     def eof(self) -> None:
         """Call at end of stream: a partial frame left over means the peer truncated it."""
-        if self._buf:
-            raise FrameError(f"stream ended inside a frame ({len(self._buf)} bytes left over)")
+        if self._header is not None or self._buf:
+            raise FrameError(f"stream ended inside a frame ({self.buffered} bytes left over)")
 
 
 def _decode_header(raw: bytes) -> dict:
@@ -267,7 +290,7 @@ async def write_frame(stream: Stream, header: dict, payload: bytes | bytearray |
         await stream.send_all(part)
 
 
-async def read_frame(stream: Stream, decoder: FrameDecoder, chunk: int = RECEIVE_CHUNK) -> tuple[dict, bytes] | None:
+async def read_frame(stream: Stream, decoder: FrameDecoder, chunk: int = RECEIVE_CHUNK) -> tuple[dict, bytearray] | None:
     """Read until one whole frame is decoded; None at a clean end of stream, FrameError at a truncated one."""
     while True:
         frame = decoder.next_frame()

@@ -154,3 +154,24 @@ async def test_read_and_write_frames_over_a_trio_stream():
         h2, p2 = await read_frame(right, dec)
         assert (h1, len(p1), h2, p2) == ({"t": "piece", "index": 1}, 300_000, {"t": "have", "index": 2}, b"")
         assert await read_frame(right, dec) is None
+
+
+def test_stream_ending_right_after_a_frame_prefix_is_truncation():
+    dec = FrameDecoder()
+    dec.feed(_joined(encode_frame({"t": "piece", "index": 0}, b"abc"))[:-3])  # header and length, no payload
+    assert dec.next_frame() is None
+    with pytest.raises(FrameError):
+        dec.eof()
+
+
+def test_payload_split_across_many_feeds_is_reassembled_exactly():
+    payload = bytes(range(256)) * 4096
+    data = _joined(encode_frame({"t": "piece", "index": 3}, payload)) * 2
+    dec = FrameDecoder()
+    frames = []
+    for i in range(0, len(data), 7777):
+        dec.feed(data[i : i + 7777])
+        while (f := dec.next_frame()) is not None:
+            frames.append(f)
+    dec.eof()
+    assert [(h["index"], bytes(p)) for h, p in frames] == [(3, payload), (3, payload)]
