@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="generation limit per completion (default 64)")
     parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--min-eos-prob", type=float, default=None,
+                        help="termination rule's P(EOS) floor (default 0.1; 0.0 for the random-init tiny model)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the task set and attacks (default 0)")
 
 
@@ -29,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--groups, --group-size, --max-new-tokens and --threads must be at least 1")
     config = BenchConfig(model=args.model, groups=args.groups, group_size=args.group_size,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, threads=args.threads,
-                         seed=args.seed)
+                         seed=args.seed, min_eos_prob=args.min_eos_prob)
     report = run_bench(config)
     print(json.dumps(report, indent=None if args.json else 2))
     return 0

@@ -81,3 +81,18 @@ def test_hostile_completions_never_raise_and_stay_in_range(text, fn):
 def test_hostile_entries_never_raise(entry):
     for fn in ("exact", "numeric", "math", "rg:basic_arithmetic"):
         assert compute_reward(fn, "Answer: 4", entry) in (0.0, 1.0)
+
+
+def test_a_scorer_past_its_deadline_is_killed_and_replaced():
+    from verify.rewards import _ScorerWorker
+
+    worker = _ScorerWorker(timeout_s=0.3)
+    try:
+        assert worker.score("math", "\\boxed{4}", {"answer": "4"}) == 1.0
+        first = worker._process.pid
+        # sympy spends about a second (math-verify's own limit) on this tower before giving up
+        assert worker.score("math", "\\boxed{10^{10^{10^{10}}}}", {"answer": "4"}) == 0.0
+        assert worker._process is None
+        assert worker.score("math", "\\boxed{4}", {"answer": "4"}) == 1.0 and worker._process.pid != first
+    finally:
+        worker._stop()

@@ -136,3 +136,14 @@ def test_hostile_proofs_are_rejected_without_raising(mutate):
 def test_wrong_hidden_shape_is_a_rejection_not_an_exception():
     assert not toploc.verify_proof(b"", torch.zeros(3)).ok
     assert toploc.verify_proof(b"", torch.zeros(0, 8)).ok
+
+
+def test_batched_verification_equals_one_by_one():
+    torch.manual_seed(6)
+    hiddens = [torch.randn(t, 64) for t in (3, 40, 64, 1)]
+    proofs = toploc.build_proofs(hiddens)
+    proofs[1] = proofs[1][:-2]  # truncated
+    proofs[2] = proofs[3] + proofs[3]  # right size, wrong content
+    batched = toploc.verify_proofs(proofs, hiddens)
+    assert batched == [toploc.verify_proof(p, h) for p, h in zip(proofs, hiddens)]
+    assert [r.ok for r in batched] == [True, False, False, True]

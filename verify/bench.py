@@ -26,7 +26,9 @@ ASYNC_WINDOW = 2
 class BenchConfig:
     """model: "tiny", "smollm2" or a directory; groups: groups per case; group_size: completions per group;
     max_new_tokens: the stage's limit; temperature: the claimed sampling temperature; tokens_replaced: k of the
-    replaced-tokens attack; threads: torch intra-op threads (1 is fastest for tiny models on a busy box)."""
+    replaced-tokens attack; threads: torch intra-op threads (1 is fastest for tiny models on a busy box);
+    min_eos_prob: the termination rule's P(EOS) floor; None means INTELLECT-2's 0.1, except 0.0 for the random-init
+    "tiny" model, whose EOS probability is never concentrated, so an honest EOS is almost always below 0.1."""
 
     model: str = "tiny"
     groups: int = 20
@@ -36,6 +38,13 @@ class BenchConfig:
     tokens_replaced: int = 4
     threads: int = 1
     seed: int = 0
+    min_eos_prob: float | None = None
+
+    def check_config(self) -> CheckConfig:
+        floor = self.min_eos_prob
+        if floor is None:
+            floor = 0.0 if self.model == "tiny" else CheckConfig().min_eos_prob
+        return CheckConfig(min_eos_prob=floor)
 
 
 class Harness:
@@ -57,6 +66,9 @@ class Harness:
             prompts_per_step=2, eos_ids=tuple(self.loaded.eos_token_ids),
             tasks=TaskSetProvider({self.tasks.name: self.tasks}, self.loaded.tokenizer))
         self.proof_s = 0.0
+        from verify.toploc import build_proofs
+
+        build_proofs([torch.zeros(33, self.model.config.hidden_size)])  # one-off table builds stay out of timings
 
     def _timed_proofs(self, hiddens):
         from verify.toploc import build_proofs
@@ -102,7 +114,8 @@ class Harness:
 
     def validate(self, groups, **kwargs):
         start = time.perf_counter()
-        verdicts = verify_groups({CURRENT_VERSION: self.model}, groups, self.ctx, CheckConfig(), **kwargs)
+        verdicts = verify_groups({CURRENT_VERSION: self.model}, groups, self.ctx, self.config.check_config(),
+                                 **kwargs)
         return verdicts, time.perf_counter() - start
 
 
@@ -129,7 +142,8 @@ def run_bench(config: BenchConfig) -> dict:
     torch.manual_seed(config.seed)
     h = Harness(config)
     rows = _honest_cases(h) + _weight_attacks(h) + _rollout_attacks(h)
-    return {"model": config.model, "config": dataclasses.asdict(config), "cases": rows, "summary": _summary(rows)}
+    return {"model": config.model, "config": dataclasses.asdict(config),
+            "checks": dataclasses.asdict(config.check_config()), "cases": rows, "summary": _summary(rows)}
 
 
 def _honest_cases(h: Harness) -> list[dict]:

@@ -18,7 +18,7 @@ from tasks.assignment import is_assigned
 from verify.rewards import compute_reward
 from verify.rollout import RolloutGroup
 from verify.sampling import SamplingKey, gumbel_noise_batch, perturbed_scores
-from verify.toploc import ToplocConfig, verify_proof
+from verify.toploc import ToplocConfig, verify_proofs
 
 
 @dataclass(frozen=True)
@@ -207,8 +207,8 @@ def check_rewards(group: RolloutGroup, ctx: RunContext, config: CheckConfig) -> 
 
 def check_proofs(group: RolloutGroup, hidden: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
     """Every completion's TOPLOC proof matches the validator's own last hidden states ([T_i, H] each)."""
-    for i, (c, h) in enumerate(zip(group.completions, hidden)):
-        result = verify_proof(c.proof, h, config.toploc)
+    results = verify_proofs([c.proof for c in group.completions], list(hidden), config.toploc)
+    for i, result in enumerate(results):
         if not result.ok:
             return CheckResult("toploc", False, f"completion {i}: {result.reason}")
     return CheckResult("toploc", True)

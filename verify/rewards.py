@@ -21,6 +21,7 @@ import functools
 import math
 import re
 import threading
+import time
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -118,24 +119,6 @@ def reward_math(completion: str, entry: dict) -> float:
     return float(bool(math_verify.verify(parsed_gold, parsed, timeout_seconds=1)))
 
 
-def _scorer_main(conn) -> None:
-    """Scorer process loop: (reward_fn, completion, entry) in, a float out. Runs in its own main thread, so
-    math-verify's SIGALRM timeouts work there."""
-    import math_verify  # noqa: F401 - imported before signalling ready, so no call pays for it
-    import reasoning_gym  # noqa: F401
-
-    conn.send("ready")
-    while True:
-        try:
-            reward_fn, completion, entry = conn.recv()
-        except EOFError:
-            return
-        try:
-            conn.send(float(_score_direct(reward_fn, completion, entry)))
-        except Exception:  # noqa: BLE001 - any scorer failure is a wrong answer
-            conn.send(0.0)
-
-
 class _ScorerWorker:
     """One lazily started scorer process shared by all threads (calls are serialised by a lock).
 
@@ -148,37 +131,60 @@ class _ScorerWorker:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._process = None
-        self._conn = None
 
     def score(self, reward_fn: str, completion: str, entry: dict) -> float:
+        import pickle
+        import struct
+
         with self._lock:
             try:
-                if self._process is None or not self._process.is_alive():
+                if self._process is None or self._process.poll() is not None:
                     self._start()
-                self._conn.send((reward_fn, completion, entry))
-                if self._conn.poll(self.timeout_s):
-                    return float(self._conn.recv())
-            except (OSError, EOFError):
+                body = pickle.dumps((reward_fn, completion, entry))
+                self._process.stdin.write(struct.pack(">I", len(body)) + body)
+                self._process.stdin.flush()
+                reply = self._read(8, self.timeout_s)
+                if reply is not None:
+                    return struct.unpack(">d", reply)[0]
+            except (OSError, ValueError, pickle.PicklingError):
                 pass
             self._stop()
             return 0.0
 
-    def _start(self) -> None:
-        import multiprocessing
+    def _read(self, n: int, timeout_s: float) -> bytes | None:
+        """n bytes from the scorer within timeout_s (select on the pipe), else None."""
+        import os
+        import select
 
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=_scorer_main, args=(child,), daemon=True, name="reward-scorer")
-        self._process.start()
-        child.close()
-        if not (self._conn.poll(_SCORER_START_S) and self._conn.recv() == "ready"):
+        fd, data = self._process.stdout.fileno(), b""
+        deadline = time.monotonic() + timeout_s
+        while len(data) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def _start(self) -> None:
+        import subprocess
+        import sys
+
+        self._process = subprocess.Popen([sys.executable, "-m", "verify.scorer_worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        if self._read(1, _SCORER_START_S) != b"R":
+            self._stop()
             raise OSError("reward scorer process did not start")
 
     def _stop(self) -> None:
         if self._process is not None:
             self._process.kill()
-            self._process.join()
-        self._process = self._conn = None
+            self._process.wait()
+            for stream in (self._process.stdin, self._process.stdout):
+                stream.close()
+        self._process = None
 
 
 _SCORER = _ScorerWorker(timeout_s=_SCORER_TIMEOUT_S)

@@ -94,37 +94,53 @@ def build_proofs(hiddens: list[torch.Tensor]) -> list[bytes]:
 
 def verify_proof(proof: bytes, hidden: torch.Tensor, config: ToplocConfig | None = None) -> ProofResult:
     """Check `proof` against the validator's own last hidden states [T, H] of the same completion; never raises."""
+    return verify_proofs([proof], [hidden], config)[0]
+
+
+def verify_proofs(proofs: list[bytes], hiddens: list[torch.Tensor], config: ToplocConfig | None = None) -> list[ProofResult]:
+    """verify_proof for many completions, with every chunk's polynomial evaluated in one vectorised pass."""
     config = config or ToplocConfig()
-    try:
-        return _verify(bytes(proof), hidden, config)
-    except Exception as exc:  # noqa: BLE001 - hostile input must yield a verdict, not a crash
-        return ProofResult(False, f"proof could not be checked ({type(exc).__name__}: {exc})")
+    parsed: list[tuple[list, np.ndarray, np.ndarray] | ProofResult] = []
+    for proof, hidden in zip(proofs, hiddens):
+        try:
+            parsed.append(_parse(bytes(proof), hidden))
+        except Exception as exc:  # noqa: BLE001 - hostile input must yield a verdict, not a crash
+            parsed.append(ProofResult(False, f"proof could not be checked ({type(exc).__name__}: {exc})"))
+    pending = [p for p in parsed if not isinstance(p, ProofResult)]
+    if pending:
+        chunks = [c for p in pending for c in p[0]]
+        stats = iter(_compare(np.concatenate([p[1] for p in pending]), np.concatenate([p[2] for p in pending]), chunks))
+    results = []
+    for p in parsed:
+        results.append(p if isinstance(p, ProofResult) else _judge_all(p[0], [next(stats) for _ in p[0]], config))
+    return results
 
 
-def _verify(proof: bytes, hidden: torch.Tensor, config: ToplocConfig) -> ProofResult:
+def _parse(proof: bytes, hidden: torch.Tensor):
+    """(chunks, moduli, coefficients) ready to compare, or a rejecting ProofResult."""
     if not isinstance(hidden, torch.Tensor) or hidden.ndim != 2:
         return ProofResult(False, "hidden states must be a [T, H] tensor")
     expected = proof_size(hidden.shape[0])
     if len(proof) != expected:
         return ProofResult(False, f"proof is {len(proof)} bytes, expected {expected} for {hidden.shape[0]} tokens")
     chunks = _chunk_topk(hidden)
-    if not chunks:
-        return ProofResult(True, "", ())
-    moduli, coeffs = [], []
+    moduli, coeffs = np.zeros(len(chunks), dtype=np.int64), np.zeros((len(chunks), TOPK), dtype=np.int64)
     for i, (indices, _) in enumerate(chunks):
         decoded = _decode_chunk(proof[i * PROOF_CHUNK_BYTES : (i + 1) * PROOF_CHUNK_BYTES])
         if isinstance(decoded, str):
             return ProofResult(False, f"chunk {i}: {decoded}")
         if decoded[0] < len(indices):
             return ProofResult(False, f"chunk {i}: modulus {decoded[0]} cannot be injective over {len(indices)} indices")
-        moduli.append(decoded[0])
-        coeffs.append(decoded[1])
-    stats = _compare(np.array(moduli), np.stack(coeffs), chunks)
+        moduli[i], coeffs[i] = decoded
+    return chunks, moduli, coeffs
+
+
+def _judge_all(chunks, stats: list[ChunkStats], config: ToplocConfig) -> ProofResult:
     for i, (s, (indices, _)) in enumerate(zip(stats, chunks)):
         reason = _judge(s, len(indices), config)
         if reason:
-            return ProofResult(False, f"chunk {i}: {reason}", stats)
-    return ProofResult(True, "", stats)
+            return ProofResult(False, f"chunk {i}: {reason}", tuple(stats))
+    return ProofResult(True, "", tuple(stats))
 
 
 def _chunk_topk(hidden: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -190,6 +206,8 @@ def _compare(moduli: np.ndarray, coeffs: np.ndarray, chunks: list[tuple[np.ndarr
 
     A short last chunk is padded with index 0 and its padding masked out of the statistics.
     """
+    if not chunks:
+        return ()
     x = np.zeros((len(chunks), TOPK), dtype=np.int64)
     own = np.zeros((len(chunks), TOPK), dtype=np.int64)
     valid = np.zeros((len(chunks), TOPK), dtype=bool)
