@@ -272,9 +272,15 @@ async def _send_message(stream: Stream, msg) -> None:
 
 
 async def run_swarm(manifest: PolicyManifest, store: PieceStore, links: trio.MemoryReceiveChannel, *,
-                    config: TransferConfig = TransferConfig(), on_progress: Callable[[Progress], None] | None = None,
-                    rng: random.Random | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve `manifest` over every (peer_id, stream) that arrives on `links`, until cancelled."""
+                    role: str = "peer", upload_bps: float = math.inf, config: TransferConfig | None = None,
+                    on_progress: Callable[[Progress], None] | None = None, rng: random.Random | None = None,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve `manifest` over every (peer_id, stream) that arrives on `links`, until cancelled.
+
+    `role` and `upload_bps` pick a TransferConfig (see `TransferConfig.for_role`) unless `config` is given. The
+    started value is the SwarmService (its `completed` event, `progress()`, `add_link`).
+    """
+    config = config or TransferConfig.for_role(role, upload_bps=upload_bps)
     service = SwarmService(manifest, store, config=config, on_progress=on_progress, rng=rng)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)

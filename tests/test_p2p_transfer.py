@@ -300,3 +300,64 @@ async def test_a_channel_error_drops_only_that_link(tmp_path, autojump_clock):
     assert "ChannelError" in node.drops["seed"]
     c.assert_identical("p0")
     c.close()
+
+
+async def test_run_swarm_takes_links_from_a_channel_at_any_time(tmp_path, autojump_clock):
+    from p2p.transfer import run_swarm
+
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    net = MemoryNetwork(latency=0.01)
+    for name in ("seed", "p0"):
+        net.add_node(name, upload_bps=MB)
+    seed_store, peer_store = PieceStore(tmp_path / "seed"), PieceStore(tmp_path / "p0")
+    seed_store.add_local_policy(manifest, tmp_path / "src")
+    seed_in, seed_links = trio.open_memory_channel(0)
+    peer_in, peer_links = trio.open_memory_channel(0)
+    async with trio.open_nursery() as nursery:
+        seed = await nursery.start(lambda task_status: run_swarm(
+            manifest, seed_store, seed_links, role="origin", upload_bps=MB, task_status=task_status))
+        peer = await nursery.start(lambda task_status: run_swarm(
+            manifest, peer_store, peer_links, task_status=task_status))
+        assert seed.config.engine.super_seed and not peer.config.engine.super_seed
+        await trio.sleep(30)  # the link arrives long after both services started
+        a, b = net.connect("seed", "p0")
+        await seed_in.send(("p0", a))
+        await peer_in.send(("seed", b))
+        with trio.fail_after(30):
+            await peer.completed.wait()
+        nursery.cancel_scope.cancel()
+    assert peer_store.is_complete(manifest)
+    seed_store.close()
+    peer_store.close()
+
+
+async def _silent_holder(stream, manifest):
+    """Claims every piece, reads requests, never answers them."""
+    for part in message_frame(Hello(manifest.id, pack_bits([1] * manifest.num_pieces))):
+        await stream.send_all(part)
+    while await stream.receive_some(65536):
+        pass
+
+
+async def test_requests_to_a_silent_peer_time_out_and_go_elsewhere(tmp_path, autojump_clock):
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    cfg = TransferConfig(engine=EngineConfig(request_timeout=5, stall_timeout=20, endgame=False), tick_interval=1)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        node = await c.add("p0", config=cfg)
+        c.net.add_node("mute")
+        mine, theirs = c.net.connect("p0", "mute")
+        node.add_link("mute", mine)
+        nursery.start_soon(_silent_holder, theirs, manifest)
+        await trio.sleep(1)
+        await c.add("seed", seed_from=tmp_path / "src", upload_bps=MB)
+        c.link("seed", "p0")
+        with trio.fail_after(60):
+            await node.completed.wait()
+        done_at = trio.current_time()
+        timed_out = int(node.engine.peers["mute"].timed_out.sum())
+        nursery.cancel_scope.cancel()
+    assert done_at < 15  # re-issued after the 5 s request timeout, not stuck on the silent peer
+    assert timed_out == manifest.num_pieces  # it was asked for every piece; each request was cancelled and moved
+    c.assert_identical("p0")
+    c.close()
