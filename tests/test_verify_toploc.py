@@ -147,3 +147,17 @@ def test_batched_verification_equals_one_by_one():
     batched = toploc.verify_proofs(proofs, hiddens)
     assert batched == [toploc.verify_proof(p, h) for p, h in zip(proofs, hiddens)]
     assert [r.ok for r in batched] == [True, False, False, True]
+
+
+@pytest.mark.parametrize("seed,tokens,width,digest", [
+    (11, 70, 576, "ac73330e92295c1c49a2ed2bcc33bade91bc3cc043a2bb7dffa02fbe336cfb23"),
+    (12, 40, 5120, "5309a179a343cd96145b1e9e2afbe61581c28a3bf76841e6e9b576a21b19dbd5"),
+])
+def test_proofs_are_byte_identical_to_the_reference_toploc_package(seed, tokens, width, digest):
+    """Digests of the proofs `toploc` 0.1.6 itself built (build_proofs_bytes, decode_batching_size=32, topk=128,
+    skip_prefill=True) for these seeded inputs; width 5120 exercises the modulus search below 65497."""
+    import blake3
+
+    generator = torch.Generator().manual_seed(seed)
+    hidden = (torch.randn(tokens, width, generator=generator) * 2).to(torch.bfloat16)
+    assert blake3.blake3(toploc.build_proof(hidden)).hexdigest() == digest
