@@ -1,1 +1,17 @@
-"""verify package."""
+"""verify: everything a validator decides, as plain data in and verdicts out (never imports p2p).
+
+Modules (import the one you need; this package imports nothing heavy, so seed-only peers can use the schema):
+  sampling     seeded Gumbel-max sampler shared by generators and validators (lead's contract)
+  rollout      RolloutGroup wire schema and bounds (lead's contract)
+  toploc       build_proof(s) / verify_proof(s): TOPLOC proofs, byte-identical to the reference toploc 0.1.6
+  ndd          polynomial interpolation and evaluation modulo 65497, vectorised over chunks
+  rewards      compute_reward(reward_fn, text, entry) in [0, 1]; extract_answer; scorer process with a deadline
+  checks       pure checks (policy, assignment, length, termination, sampling, logprobs, reward, toploc)
+  verifier     verify_groups(models, groups, ctx): batched prefill + every check -> one Verdict per group
+  provider     TaskSetProvider: the validator's view of the run's task sets and tokenizer
+  votes        signed votes (Ed25519), rendezvous assignment of validators to rollouts
+  quorum       QuorumTracker: sans-IO accept/reject/timeout on virtual time
+  reputation   worker and validator scores with sticky bans
+  testing      tiny models, a byte tokenizer and an honest reference generator for tests
+  attacks      dishonest workers for `swarm bench verify`; bench: the benchmark itself
+"""
