@@ -69,6 +69,21 @@ def test_quorum_accepts_at_q_and_ignores_bad_votes():
     assert status == "counted" and settled.outcome is Outcome.ACCEPTED and settled.at == 2.0
     assert tracker.outcome(RID) is Outcome.ACCEPTED
     assert tracker.on_vote(vote(assigned[2], False), 3.0) == ("settled", None)
+    assert tracker.forget_settled(before=2.0) == 0 and tracker.forget_settled(before=2.5) == 1
+    assert tracker.outcome(RID) is None
+
+
+def test_a_verifier_verdict_becomes_a_counted_vote():
+    from verify.verifier import Verdict
+    from verify.votes import vote_from_verdict
+
+    tracker = QuorumTracker(QuorumConfig(replicas=2, quorum=2))
+    assigned, _ = tracker.open(RID, PUBS, now=0.0)
+    verdict = Verdict(RID, False, (CheckResult("schema", True), CheckResult("toploc", False, "chunk 0: bad")))
+    v = vote_from_verdict(BY_PUB[assigned[0]], verdict)
+    assert v.checks == (("schema", True, ""), ("toploc", False, "chunk 0: bad")) and not v.accept
+    status, settled = tracker.on_vote(v, 1.0)
+    assert status == "counted" and settled.outcome is Outcome.REJECTED  # 1 of 2 rejecting: accept is out of reach
 
 
 def test_quorum_rejects_on_majority_and_when_accept_is_out_of_reach():

@@ -117,6 +117,13 @@ class QuorumTracker:
             return self._settled[rollout_id].outcome
         return Outcome.PENDING if rollout_id in self._open else None
 
+    def forget_settled(self, before: float) -> int:
+        """Drop settlements older than `before` (they only answer duplicate votes); returns how many."""
+        old = [rid for rid, s in self._settled.items() if s.at < before]
+        for rid in old:
+            del self._settled[rid]
+        return len(old)
+
     def next_deadline(self) -> float | None:
         """When the adapter should call tick() next (None when nothing is open)."""
         return min((s.deadline for s in self._open.values()), default=None)
