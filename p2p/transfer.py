@@ -86,6 +86,14 @@ class Progress:
     drops: dict[str, str]  # peer -> why it was dropped
 
 
+@dataclass(frozen=True)
+class _Opened:
+    """A link whose first frame (the peer's hello) was already read by a SwarmRouter."""
+
+    decoder: FrameDecoder
+    hello: tuple[dict, bytearray]
+
+
 @dataclass
 class _Link:
     peer: str
@@ -128,11 +136,14 @@ class SwarmService:
                 await trio.sleep(self.config.tick_interval)
                 self._dispatch(self.engine.tick(trio.current_time()))
 
-    def add_link(self, peer: str, stream: Stream) -> None:
-        """Start serving a new authenticated link (any time, also after completion)."""
+    def add_link(self, peer: str, stream: Stream, opened: _Opened | None = None) -> None:
+        """Start serving a new authenticated link (any time, also after completion).
+
+        `opened` is for SwarmRouter: the decoder and the peer's hello frame it already read from `stream`.
+        """
         if self._nursery is None:
             raise RuntimeError("SwarmService.run must be started before links are added")
-        self._nursery.start_soon(self._serve_link, peer, stream)
+        self._nursery.start_soon(self._serve_link, peer, stream, opened)
 
     @property
     def peers(self) -> list[str]:
@@ -145,7 +156,7 @@ class SwarmService:
 
     # ------------------------------------------------------------------ one link
 
-    async def _serve_link(self, peer: str, stream: Stream) -> None:
+    async def _serve_link(self, peer: str, stream: Stream, opened: _Opened | None) -> None:
         if peer in self._links:  # one link per peer: the engine's have-maps are per peer
             await trio.aclose_forcefully(stream)
             return
@@ -155,8 +166,8 @@ class SwarmService:
         self.stats.setdefault(peer, PeerStats())
         try:
             with trio.CancelScope() as link.scope:
-                decoder = FrameDecoder(max_payload=self._max_payload)
-                await self._handshake(link, decoder)
+                decoder = opened.decoder if opened else FrameDecoder(max_payload=self._max_payload)
+                await self._handshake(link, decoder, opened.hello if opened else None)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._sender, link)
                     await self._receiver(link, decoder)
@@ -169,11 +180,12 @@ class SwarmService:
             self._dispatch(self.engine.peer_gone(peer, trio.current_time()))
             await trio.aclose_forcefully(stream)
 
-    async def _handshake(self, link: _Link, decoder: FrameDecoder) -> None:
+    async def _handshake(self, link: _Link, decoder: FrameDecoder, frame: tuple | None) -> None:
         hello = Hello(self.manifest.id, pack_bits(self.engine.hello_flags()))
         with trio.fail_after(self.config.handshake_timeout):
             await _send_message(link.stream, hello)
-            frame = await read_frame(link.stream, decoder, self.config.receive_chunk)
+            if frame is None:
+                frame = await read_frame(link.stream, decoder, self.config.receive_chunk)
         if frame is None:
             raise trio.BrokenResourceError("the peer closed the link before its hello")
         msg = parse_message(*frame, num_pieces=self.manifest.num_pieces)
@@ -288,3 +300,40 @@ async def run_swarm(manifest: PolicyManifest, store: PieceStore, links: trio.Mem
         async with links:
             async for peer, stream in links:
                 service.add_link(peer, stream)
+
+
+class SwarmRouter:
+    """Hands each inbound link to the SwarmService of the manifest its hello names.
+
+    One node serves several policy versions at once (the async window); a dialer opens one link per (peer,
+    manifest) and speaks first, so the accepting side reads the hello, then routes. Unknown manifests, silence
+    and garbage close the link without touching any service.
+    """
+
+    def __init__(self, handshake_timeout: float = 10.0, max_payload: int = 4 << 20) -> None:
+        self.handshake_timeout = handshake_timeout
+        self.max_payload = max_payload
+        self.services: dict[bytes, SwarmService] = {}
+
+    def register(self, service: SwarmService) -> None:
+        self.services[service.manifest.id] = service
+
+    def unregister(self, manifest_id: bytes) -> None:
+        self.services.pop(manifest_id, None)
+
+    async def accept(self, peer: str, stream: Stream) -> bool:
+        """Route one inbound link; False (and the link closed) when no running service wants it."""
+        decoder = FrameDecoder(max_payload=self.max_payload)
+        try:
+            with trio.fail_after(self.handshake_timeout):
+                frame = await read_frame(stream, decoder)
+        except _LINK_ERRORS:
+            frame = None
+        service = None
+        if frame is not None and frame[0].get("t") == "hello" and isinstance(frame[0].get("manifest_id"), bytes):
+            service = self.services.get(frame[0]["manifest_id"])
+        if service is None:
+            await trio.aclose_forcefully(stream)
+            return False
+        service.add_link(peer, stream, _Opened(decoder, frame))
+        return True

@@ -361,3 +361,40 @@ async def test_requests_to_a_silent_peer_time_out_and_go_elsewhere(tmp_path, aut
     assert timed_out == manifest.num_pieces  # it was asked for every piece; each request was cancelled and moved
     c.assert_identical("p0")
     c.close()
+
+
+async def test_router_hands_inbound_links_to_the_service_of_their_manifest(tmp_path, autojump_clock):
+    from p2p.transfer import SwarmRouter
+
+    v1 = make_policy(tmp_path / "v1", 1 * MB, seed=1)
+    v2 = make_policy(tmp_path / "v2", 1 * MB, seed=2)
+    net = MemoryNetwork(latency=0.01)
+    for name in ("seed", "a", "b", "x"):
+        net.add_node(name)
+    seed_store = PieceStore(tmp_path / "seed")
+    seed_store.add_local_policy(v1, tmp_path / "v1")
+    seed_store.add_local_policy(v2, tmp_path / "v2")
+    stores = {"a": PieceStore(tmp_path / "a"), "b": PieceStore(tmp_path / "b")}
+    router = SwarmRouter()
+    async with trio.open_nursery() as nursery:
+        for m in (v1, v2):
+            router.register(await nursery.start(SwarmService(m, seed_store).run))
+        fetchers = {"a": SwarmService(v1, stores["a"]), "b": SwarmService(v2, stores["b"])}
+        for name, service in fetchers.items():
+            await nursery.start(service.run)
+            mine, theirs = net.connect(name, "seed")
+            service.add_link("seed", mine)  # the dialer speaks first; the router reads its hello
+            assert await router.accept(name, theirs)
+        stranger, theirs = net.connect("x", "seed")
+        for part in message_frame(Hello(b"\x09" * 32, b"")):
+            await stranger.send_all(part)
+        assert not await router.accept("x", theirs)
+        assert await stranger.receive_some(100) == b""  # closed without touching any service
+        with trio.fail_after(30):
+            for service in fetchers.values():
+                await service.completed.wait()
+        nursery.cancel_scope.cancel()
+    assert stores["a"].is_complete(v1) and stores["b"].is_complete(v2)
+    assert not stores["a"].manifest(v2.id)
+    for st in (seed_store, *stores.values()):
+        st.close()
