@@ -114,3 +114,44 @@ async def test_simulated_broadcast_never_beats_the_physical_bound(tmp_path, auto
     assert res.bound_seconds == pytest.approx(manifest.total_size / MB)  # max(F/U, 3F/(U+3u)) = F/U
     assert 1.0 <= res.ratio < 2.0  # nothing moves faster than the caps allow
     assert res.seed_upload_ratio >= 1.0 and res.to_json()["peers"] == 3
+
+
+def test_kumar_ross_bound_in_each_regime():
+    from p2p.kumar_ross import min_distribution_time
+
+    assert min_distribution_time(100, seed_upload=10, peer_upload=10, num_peers=8) == 10  # seed-bound: F/U
+    assert min_distribution_time(100, seed_upload=100, peer_upload=1, num_peers=10) == pytest.approx(1000 / 110)
+    assert min_distribution_time(100, seed_upload=100, peer_upload=100, num_peers=2, peer_download=5) == 20
+    with pytest.raises(ValueError):
+        min_distribution_time(100, seed_upload=0, peer_upload=1, num_peers=1)
+
+
+@pytest.mark.parametrize("cap", ["upload_bps", "peer_upload_bps"])
+async def test_transfer_upload_caps_hold_on_an_uncapped_network(tmp_path, autojump_clock, cap):
+    import random
+
+    from p2p.store import PieceStore
+    from p2p.transfer import SwarmService, TransferConfig
+    from tests.test_p2p_transfer import make_policy
+
+    manifest = make_policy(tmp_path / "src", 2 * MB)
+    net = MemoryNetwork()
+    net.add_node("seed")
+    net.add_node("p0")
+    seed_store, peer_store = PieceStore(tmp_path / "seed"), PieceStore(tmp_path / "p0")
+    seed_store.add_local_policy(manifest, tmp_path / "src")
+    seed = SwarmService(manifest, seed_store, config=TransferConfig(**{cap: MB // 2}))
+    peer = SwarmService(manifest, peer_store, rng=random.Random(1))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(seed.run)
+        await nursery.start(peer.run)
+        a, b = net.connect("seed", "p0")
+        seed.add_link("p0", a)
+        peer.add_link("seed", b)
+        await peer.completed.wait()
+        elapsed = trio.current_time()
+        nursery.cancel_scope.cancel()
+    expected = manifest.total_size / (MB // 2)
+    assert expected - 0.2 <= elapsed <= expected * 1.1  # the cap, not the (infinite) network, sets the pace
+    seed_store.close()
+    peer_store.close()
