@@ -14,6 +14,8 @@ py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
   default, checked on our own publishes too): we set the limit explicitly and pace our own publishes below it;
 - subscription queues hold 32 messages and drop the rest: one task per topic drains them continuously into our
   own larger, bounded channels;
+- per-peer outbound queues hold 32 RPCs and drop the rest (a publish costs two): `publish` waits while any peer
+  of the topic has a half-full queue (bounded), so bursts slow down instead of vanishing;
 - `equivocation_detection` keeps every message it ever saw (the full bytes) until a heartbeat trims it: it is
   replaced by a map that stores nothing. Replays are caught by our own bounded (sender, seq) filter instead.
 - connections made before gossip started fire no notifee: a maintenance tick opens pubsub streams to them;
@@ -48,6 +50,9 @@ from p2p.scores import PeerScores, ScoreConfig, Verdict
 
 log = logging.getLogger(__name__)
 
+OUTBOUND_QUEUE_HIGH_WATER = 16  # py-libp2p's per-peer outbound queue holds 32 RPCs (rpc_queue.OutBoundQueueSize)
+BACKPRESSURE_POLL_S = 0.005
+
 
 def topic_for(run: str, kind: str) -> str:
     return f"/rlswarm/{run}/{kind}"
@@ -61,10 +66,11 @@ class GossipConfig:
     """Mesh maintenance period (py-libp2p defaults to 120 s, far too slow for meshes to form)."""
     degree: int = 6
     """Target mesh degree D (degree_low = D - 2, degree_high = 2 D)."""
-    publish_rate: float = 20.0
-    """Our own publishes per topic per second; `publish` waits rather than exceed it."""
-    router_rate_limit: float = 50.0
-    """py-libp2p's per-forwarder, per-topic drop threshold; must stay above `publish_rate`."""
+    publish_rate: float = 40.0
+    """Our own publishes per topic per second; `publish` waits rather than exceed it (batch frequent updates)."""
+    router_rate_limit: float = 200.0
+    """py-libp2p's per-forwarder, per-topic drop threshold (default 10). A relay forwards every origin's messages
+    under its own id, so this must cover the whole swarm's traffic on a topic, and stay above `publish_rate`."""
     queue_size: int = 256
     """Verified envelopes buffered per subscriber channel; a slow consumer loses the newest beyond this."""
     policy: EnvelopePolicy = DEFAULT_POLICY
@@ -73,6 +79,8 @@ class GossipConfig:
     """How rejected envelopes count against the peer that forwarded them."""
     replay_capacity: int = 100_000
     """Most (sender, seq) pairs remembered inside the freshness window."""
+    backpressure_max_s: float = 5.0
+    """Longest a publish waits for a slow peer's outbound queue to drain before letting py-libp2p drop for it."""
 
     def __post_init__(self) -> None:
         if self.heartbeat_s <= 0 or self.degree < 2 or self.queue_size < 1 or self.replay_capacity < 1:
@@ -88,6 +96,7 @@ class GossipStats:
     published: int = 0
     delivered: int = 0
     dropped_slow_consumer: int = 0
+    backpressure_waits: int = 0
     rejected: collections.Counter = field(default_factory=collections.Counter)
     bans: int = 0
 
@@ -184,6 +193,7 @@ class Gossip:
         while (wait := self._pacer.delay(topic, trio.current_time())) > 0:
             await trio.sleep(wait)
         self._pacer.record(topic, trio.current_time())
+        await self._wait_for_outbound_room(topic)
         await self.pubsub.publish(topic, data)
         self.stats.published += 1
         return open_envelope(data, self.run, self.clock(), self.config.policy)
@@ -223,6 +233,19 @@ class Gossip:
         return self.scores.banned(trio.current_time())
 
     # ---- internals -------------------------------------------------------------------------------------------
+
+    async def _wait_for_outbound_room(self, topic: str) -> None:
+        """Back-pressure: py-libp2p queues at most 32 RPCs per peer and silently drops the rest, and each publish
+        costs two (the message and an IDONTWANT). Wait, up to `backpressure_max_s`, until every peer of `topic`
+        has its queue at most half full, so a burst slows down to the pace of the slowest peer instead of losing
+        messages; a peer stuck beyond that bound is left to py-libp2p's drop."""
+        deadline = trio.current_time() + self.config.backpressure_max_s
+        while trio.current_time() < deadline:
+            queues = [self.pubsub.peer_queues.get(p) for p in self.pubsub.peer_topics.get(topic, ())]
+            if all(q is None or len(q) < OUTBOUND_QUEUE_HIGH_WATER for q in queues):
+                return
+            self.stats.backpressure_waits += 1
+            await trio.sleep(BACKPRESSURE_POLL_S)
 
     def _seal(self, kind: str, body: Any) -> bytes:
         if kind not in KINDS:

@@ -158,6 +158,17 @@ async def test_slow_consumer_loses_newest_without_stalling_gossip():
             assert len(b.pubsub.router.equivocation_detection) == 0  # nothing accumulates there
 
 
+async def test_a_burst_arrives_complete_and_in_order():
+    """py-libp2p drops RPCs beyond 32 queued per peer; publish's back-pressure must keep a burst intact."""
+    with trio.fail_after(LIMIT):
+        async with peers(2) as (a, b):
+            inbox = b.subscribe("have")
+            await wait_mesh([a, b], "have")
+            for i in range(60):
+                await a.publish("have", {"i": i})
+            assert [(await inbox.receive()).body["i"] for _ in range(60)] == list(range(60))
+
+
 def test_pacer_spaces_own_publishes_within_the_router_limit():
     pacer = PublishPacer(rate=3)
     for t in (0.0, 0.1, 0.2):
