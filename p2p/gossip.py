@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 OUTBOUND_QUEUE_HIGH_WATER = 16  # py-libp2p's per-peer outbound queue holds 32 RPCs (rpc_queue.OutBoundQueueSize)
 BACKPRESSURE_POLL_S = 0.005
+STREAM_RETRY_S = 10.0
 
 
 def topic_for(run: str, kind: str) -> str:
@@ -175,7 +176,7 @@ class Gossip:
         self._verified: _BoundedMap = _BoundedMap(4 * config.queue_size * max(1, len(kinds)))
         self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
         self._banned_ids: dict[str, Any] = {}
-        self._pending_streams: set[Any] = set()
+        self._stream_retry_at: dict[Any, float] = {}  # connected peer -> earliest next pubsub-stream attempt
         # `rejections`: a bounded feed of refused envelopes for logs/status (the newest are dropped when unread).
         self._rejections_in, self.rejections = trio.open_memory_channel[Rejection](config.queue_size)
 
@@ -315,20 +316,35 @@ class Gossip:
                 peer_id = self._banned_ids.pop(peer, None)
                 if peer_id is not None:
                     self.pubsub.remove_from_blacklist(peer_id)
-            for peer_id in self.host.libp2p.get_connected_peers():
-                if peer_id not in self.pubsub.peers and peer_id not in self._pending_streams \
-                        and not self.pubsub.is_peer_blacklisted(peer_id):
-                    self._pending_streams.add(peer_id)
-                    nursery.start_soon(self._ensure_stream, peer_id)
+            self._open_missing_streams(nursery)
             await trio.sleep(self.config.heartbeat_s)
+
+    def _open_missing_streams(self, nursery: trio.Nursery) -> None:
+        """Start one pubsub-stream attempt per connected peer that has none, at most every STREAM_RETRY_S (a peer
+        that does not speak pubsub must not cost a stream per heartbeat)."""
+        now, connected = trio.current_time(), set(self.host.libp2p.get_connected_peers())
+        for peer_id in list(self._stream_retry_at):
+            if peer_id not in connected:
+                del self._stream_retry_at[peer_id]
+        for peer_id in connected:
+            if peer_id in self.pubsub.peers or self.pubsub.is_peer_blacklisted(peer_id):
+                continue
+            if self._stream_retry_at.get(peer_id, now) <= now:
+                self._stream_retry_at[peer_id] = now + STREAM_RETRY_S
+                nursery.start_soon(self._ensure_stream, peer_id)
+
+    async def _inbound_stream(self, stream: Any) -> None:
+        """A peer opened pubsub to us: it speaks pubsub now, so our own stream to it is due at the next tick."""
+        peer_id = stream.muxed_conn.peer_id
+        if peer_id not in self.pubsub.peers:
+            self._stream_retry_at.pop(peer_id, None)
+        await self.pubsub.stream_handler(stream)
 
     async def _ensure_stream(self, peer_id: Any) -> None:
         try:
             await self.pubsub.ensure_peer_stream(peer_id, timeout=5 * self.config.heartbeat_s)
-        except Exception:  # noqa: BLE001 - a peer that will not talk pubsub is simply retried next tick
+        except Exception:  # noqa: BLE001 - a peer that will not talk pubsub is simply retried later
             log.debug("no pubsub stream to %s yet", peer_id, exc_info=True)
-        finally:
-            self._pending_streams.discard(peer_id)
 
 
 def _origin(msg: Any) -> str:
@@ -379,7 +395,7 @@ async def open_gossip(
     gossip = Gossip(host, run, identity or host.identity, tuple(kinds), config, clock)
     gossip.pubsub, router = _build_pubsub(host, config)
     for protocol in router.get_protocols():  # an exception in pubsub's reader must not kill the host
-        host.set_guarded_handler(protocol, gossip.pubsub.stream_handler, timeout=None)
+        host.set_guarded_handler(protocol, gossip._inbound_stream, timeout=None)
     async with background_trio_service(gossip.pubsub), background_trio_service(router):
         await gossip.pubsub.wait_until_ready()
         async with trio.open_nursery() as nursery:
