@@ -151,3 +151,14 @@ def test_length_limits(ctx):
     assert check_lengths(make_group([5] * 36, "length", max_new=36), ctx, 512).ok
     assert not check_lengths(make_group([5] * 37, "length", max_new=36), ctx, 512).ok
     assert not check_lengths(make_group([5, 600], "length", max_new=36), ctx, 512).ok
+
+
+@pytest.mark.parametrize("vocab", [7, 384, 70_000])
+def test_validator_noise_is_bit_identical_to_the_samplers(vocab):
+    from verify.checks import completion_noise
+    from verify.sampling import SamplingKey, gumbel_noise_batch
+
+    key = SamplingKey("run-a", "w3", 9, 4, 1)
+    length = 5 if vocab > 1000 else 40
+    expected = gumbel_noise_batch([key] * length, list(range(length)), vocab)
+    assert torch.equal(completion_noise(key, length, vocab, block_elems=3 * vocab), expected)

@@ -17,7 +17,7 @@ import torch
 from tasks.assignment import is_assigned
 from verify.rewards import compute_reward
 from verify.rollout import RolloutGroup
-from verify.sampling import SamplingKey, gumbel_noise_batch, perturbed_scores
+from verify.sampling import _U_EPS, SamplingKey, perturbed_scores
 from verify.toploc import ToplocConfig, verify_proofs
 
 
@@ -149,6 +149,27 @@ def check_termination(group: RolloutGroup, eos_probs: Sequence[float], ctx: RunC
     return _result("termination", problems)
 
 
+def completion_noise(key: SamplingKey, length: int, vocab_size: int, block_elems: int = 1 << 16) -> torch.Tensor:
+    """The Gumbel noise of positions 0..length-1 of one completion, [length, V] float32, bit-identical to
+    verify.sampling.gumbel_noise (same generator, seeds, clamp and formula; tested for equality).
+
+    Why not call gumbel_noise per position: a validator draws noise for every token of every completion, and for
+    small vocabularies the per-call overhead of five tensor ops dominates; here one generator is re-seeded per
+    position and the elementwise math runs once per block of positions.
+    """
+    generator = torch.Generator(device="cpu")
+    out = torch.empty((length, vocab_size), dtype=torch.float32)
+    block = max(1, block_elems // max(1, vocab_size))
+    for start in range(0, length, block):
+        rows = []
+        for position in range(start, min(length, start + block)):
+            generator.manual_seed(key.seed_at(position))
+            rows.append(torch.rand(vocab_size, generator=generator, dtype=torch.float64))
+        uniform = torch.stack(rows).clamp_(_U_EPS, 1.0 - _U_EPS)
+        out[start : start + len(rows)] = -torch.log(-torch.log(uniform))
+    return out
+
+
 def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
     """Re-derive every token with the seeded Gumbel-max sampler from the validator's logits ([T_i, V] per completion).
 
@@ -158,7 +179,7 @@ def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: 
     near_ties, total = 0, 0
     for i, (c, lg) in enumerate(zip(group.completions, logits)):
         key = SamplingKey(group.run, group.worker, group.step, group.task_index, i)
-        noise = gumbel_noise_batch([key] * len(c.tokens), list(range(len(c.tokens))), lg.shape[-1])
+        noise = completion_noise(key, len(c.tokens), lg.shape[-1])
         scores = perturbed_scores(lg, noise, group.temperature)
         claimed = scores.gather(-1, torch.tensor(c.tokens)[:, None]).squeeze(-1)
         gap = scores.max(dim=-1).values - claimed
