@@ -187,7 +187,7 @@ class Gossip:
 
         Raises GossipError when the envelope would exceed GOSSIP_MAX_BYTES or its kind's limit (announce it by
         hash instead) or the kind is unknown. Waits, rather than let py-libp2p drop it, when we publish faster than
-        `publish_rate` on this topic.
+        `publish_rate` on this topic or a peer's outbound queue is half full (at most `backpressure_max_s`).
         """
         data = self._seal(kind, body)
         topic = topic_for(self.run, kind)
