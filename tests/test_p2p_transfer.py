@@ -254,6 +254,7 @@ async def test_broadcast_is_within_1_3x_of_kumar_ross_and_seed_uploads_at_most_1
 
 def test_roles_choose_super_seeding_only_for_the_origin():
     assert TransferConfig.for_role("origin", upload_bps=MB).engine.super_seed
+    assert TransferConfig.for_role("seed").engine.super_seed
     assert not TransferConfig.for_role("peer").engine.super_seed
     with pytest.raises(ValueError, match="unknown transfer role"):
         TransferConfig.for_role("leech")
@@ -398,3 +399,31 @@ async def test_router_hands_inbound_links_to_the_service_of_their_manifest(tmp_p
     assert not stores["a"].manifest(v2.id)
     for st in (seed_store, *stores.values()):
         st.close()
+
+
+async def test_a_full_disk_ends_the_service_with_one_clear_error(tmp_path, autojump_clock, monkeypatch):
+    import errno
+    import os
+
+    from p2p import store as store_mod
+    from p2p.errors import DiskFullError
+
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+
+    def no_space(*_a, **_k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    c = None
+    with pytest.raises(ExceptionGroup) as info:  # the group of this test's own nursery
+        async with trio.open_nursery() as nursery:
+            c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+            await c.add("seed", seed_from=tmp_path / "src")
+            await c.add("p0")
+            monkeypatch.setattr(store_mod.os, "pwrite", no_space)
+            c.link("seed", "p0")
+            await trio.sleep(60)
+    monkeypatch.undo()
+    [error] = info.value.exceptions
+    assert isinstance(error, DiskFullError) and "disk is full" in str(error)  # the service raised it bare
+    assert not any(c.stores["p0"].bitfield(manifest))  # nothing half-written is trusted
+    c.close()
