@@ -256,8 +256,8 @@ class DHT:
         self._pacer = PublishPacer(config.provide_burst, config.provide_window_s)
 
     async def provide(self, key: bytes) -> bool:
-        """Announce that we hold `key` (a file root or manifest id) now and at every re-provide; True if at
-        least one peer took the announcement within the lookup timeout."""
+        """Announce that we hold `key` (a file root or manifest id) now and at every re-provide; True if the
+        announcement went out to at least one peer within the lookup timeout (ADD_PROVIDER has no reply)."""
         self._provided[bytes(key)] = None
         return await self._announce(bytes(key))
 
@@ -282,16 +282,20 @@ class DHT:
 
     async def put_latest_manifest(self, record: LatestManifest) -> None:
         """Store the run's latest-manifest record (and keep re-publishing it); DHTError if it does not verify or
-        an equal-or-newer version is already known here."""
+        a newer version is already known here (putting the same record again is fine)."""
         LatestManifest.decode(record.encode(), record.key)
-        local = self.kad.value_store.get(record.key.encode())
-        known = [r for r in _valid_records([local.value] if local else [], record.key)]
-        known += [self._records[record.key]] if record.key in self._records else []
-        best = best_record([*known, record])
+        best = self._best_known(record)
         if best != record:
             raise DHTError(f"version {record.version} is not newer than the known version {best.version}")
         self._records[record.key] = record
         await self._put(record)
+
+    def _best_known(self, record: LatestManifest) -> LatestManifest:
+        """The best of `record`, our own latest put under its key, and the valid one in the local store."""
+        local = self.kad.value_store.get(record.key.encode())
+        known = _valid_records([local.value] if local else [], record.key)
+        known += [self._records[record.key]] if record.key in self._records else []
+        return best_record([*known, record])
 
     async def get_latest_manifest(self, run: str, trainer_key: bytes) -> LatestManifest | None:
         """The newest valid record for `run` signed by `trainer_key`, asking the network every time (a newer
@@ -324,7 +328,10 @@ class DHT:
         """Announce every provided key and re-put every latest-manifest record we own."""
         for key in list(self._provided):
             await self._announce(key)
-        for record in list(self._records.values()):
+        for key, record in list(self._records.items()):
+            if self._best_known(record) != record:  # someone (a restarted trainer?) put a newer version
+                del self._records[key]
+                continue
             await self._put(record)
 
     async def _announce(self, key: bytes) -> bool:
