@@ -145,3 +145,13 @@ def test_published_policy_loads_through_inference(tmp_path, model_cache):
     assert not any(p.name.startswith(".tmp") for p in tmp_path.rglob("*"))
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [0, 1] and all(math.isfinite(r["reward"]) for r in log)
+
+
+def test_kl_term_pulls_toward_the_initial_policy_and_survives_pruning(tmp_path, model_cache):
+    run = make_run(tmp_path, model_cache, kl_coef=0.5, async_level=0, steps=3)
+    run_sync(run, FixedSource(), 3)
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert log[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # first step: policy == reference
+    assert log[-1]["kl"] > 0.0
+    assert policy_dir(run.policies, 0).is_dir()  # the reference version is never pruned
+    assert not policy_dir(run.policies, 1).is_dir()  # ... while the others outside the window are

@@ -85,8 +85,10 @@ class TrainingRun:
             self.published = {v for v in range(self.state.version + 1) if policy_dir(self.policies, v).is_dir()}
             if self.state.version not in self.published:
                 raise TrainerError(f"checkpoint {found} names policy v{self.state.version} but its files are gone")
-            return
-        self._publish(0)
+        else:
+            self._publish(0)
+        if self.cfg.kl_coef > 0:
+            self.trainer.reference = self._load_version(0)  # v0 is kept on disk for this (see _prune_policies)
 
     @property
     def policies(self) -> Path:
@@ -112,7 +114,7 @@ class TrainingRun:
         import shutil
 
         for v in sorted(self.published):
-            if v < newest - self.cfg.async_level - 1:
+            if v < newest - self.cfg.async_level - 1 and not (v == 0 and self.cfg.kl_coef > 0):
                 shutil.rmtree(policy_dir(self.policies, v), ignore_errors=True)
                 self.published.discard(v)
 
@@ -140,9 +142,11 @@ class TrainingRun:
     def step(self, groups: list[RolloutGroup]) -> dict:
         """Admit, train, publish every `steps_per_policy` steps, checkpoint; returns the step's log record."""
         window, accepted, refused = self.window(), [], []
+        seen = set(self.state.consumed)
         for group in groups:
-            reason = refusal(group, window, self.state.consumed)
+            reason = refusal(group, window, seen)
             (refused if reason else accepted).append(reason or group)
+            seen.add(group.rollout_id().hex())
         report = self.trainer.train_step(self.state.step, [to_train_group(g) for g in accepted])
         self.state.consumed.update(g.rollout_id().hex() for g in accepted)
         record = self._record(report, accepted, refused)

@@ -116,7 +116,7 @@ class PolicyTrainer:
     """Holds model + AdamW + warm-up schedule + version snapshots and performs GRPO steps."""
 
     def __init__(self, model, cfg: TrainerConfig, *, pad_id: int, collective=None,
-                 load_version: Callable[[int], dict | None] | None = None) -> None:
+                 load_version: Callable[[int], dict | None] | None = None, reference: dict | None = None) -> None:
         self.model, self.cfg, self.pad_id = model, cfg, pad_id
         self.collective = collective or LocalCollective()
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
@@ -127,6 +127,8 @@ class PolicyTrainer:
         self.current_version: int | None = None  # version whose weights equal the live model (no step since)
         self.load_version = load_version
         self._scratch = None
+        self.reference = reference  # weights of the KL reference policy (used only when kl_coef > 0)
+        self._reference_model = None
 
     # --- versions -------------------------------------------------------------------------------------------
     def mark_published(self, version: int) -> None:
@@ -149,12 +151,18 @@ class PolicyTrainer:
         if weights is None:
             return self.model, "current"
         if self._scratch is None:
-            import copy
-            self._scratch = copy.deepcopy(self.model)
+            self._scratch = self._blank_copy()
         result = self._scratch.load_state_dict(weights, strict=False)
         if result.unexpected_keys or any(k not in self._tied_keys() for k in result.missing_keys):
             raise ValueError(f"weights of version {version} do not match the model: {result.missing_keys[:3]}")
         return self._scratch, "exact"
+
+    def _blank_copy(self):
+        """A second module of the same architecture (built from the config, not deep-copied: hooks that inference
+        backends attach to the live model must not be cloned with it)."""
+        clone = type(self.model)(self.model.config).to(next(self.model.parameters()).dtype)
+        clone.requires_grad_(False)
+        return clone.eval()
 
     def _tied_keys(self) -> set[str]:
         """Output-embedding keys that save_pretrained omits when they are tied to the input embeddings."""
@@ -164,21 +172,40 @@ class PolicyTrainer:
     @torch.no_grad()
     def old_logprobs(self, groups: Sequence[TrainGroup], rows: list[tuple[int, int]]) -> tuple[torch.Tensor, str]:
         """Old-policy logprobs [B, T] for the (group, completion) rows, each from its generating version."""
-        prompts = [groups[g].prompt_tokens for g, _ in rows]
-        comps = [groups[g].completions[c] for g, c in rows]
-        input_ids, attention, positions, tokens, _ = pack_batch(prompts, comps, self.pad_id)
-        out = torch.zeros(tokens.shape)
+        packed = self._pack(groups, rows)
+        out = torch.zeros(packed[3].shape)
         sources = set()
         for version in sorted({groups[g].policy_version for g, _ in rows}):
             idx = [i for i, (g, _) in enumerate(rows) if groups[g].policy_version == version]
             model, source = self._model_for(version)
             sources.add(source)
-            for chunk in _chunks(idx, self.cfg.micro_batch):
-                sel = torch.tensor(chunk)
-                logits = completion_logits(model, input_ids[sel], attention[sel], positions[sel])
-                temp = groups[rows[chunk[0]][0]].temperature
-                out[sel] = token_logprobs(logits, tokens[sel], temp)
+            self._fill_logprobs(model, packed, idx, groups[rows[0][0]].temperature, out)
         return out, "+".join(sorted(sources))
+
+    @torch.no_grad()
+    def reference_logprobs(self, groups: Sequence[TrainGroup], rows: list[tuple[int, int]]) -> torch.Tensor | None:
+        """Logprobs [B, T] under the frozen reference policy (the initial weights), only when the KL term is on."""
+        if self.cfg.kl_coef <= 0 or self.reference is None:
+            return None
+        if self._reference_model is None:
+            self._reference_model = self._blank_copy()
+            self._reference_model.load_state_dict(self.reference, strict=False)
+            self._reference_model.requires_grad_(False)
+        packed = self._pack(groups, rows)
+        out = torch.zeros(packed[3].shape)
+        self._fill_logprobs(self._reference_model, packed, list(range(len(rows))), groups[rows[0][0]].temperature, out)
+        return out
+
+    def _pack(self, groups, rows):
+        return pack_batch([groups[g].prompt_tokens for g, _ in rows], [groups[g].completions[c] for g, c in rows],
+                          self.pad_id)
+
+    def _fill_logprobs(self, model, packed, idx: list[int], temperature: float, out: torch.Tensor) -> None:
+        input_ids, attention, positions, tokens, _ = packed
+        for chunk in _chunks(idx, self.cfg.micro_batch):
+            sel = torch.tensor(chunk)
+            logits = completion_logits(model, input_ids[sel], attention[sel], positions[sel])
+            out[sel] = token_logprobs(logits, tokens[sel], temperature)
 
     # --- the step -------------------------------------------------------------------------------------------
     def train_step(self, step: int, groups: Sequence[TrainGroup]) -> StepReport:
@@ -194,8 +221,9 @@ class PolicyTrainer:
         max_tokens = max((groups[g].max_new_tokens for g in keep), default=1)
         normaliser = constant_normaliser(n_rows, int(self.collective.all_max(float(max_tokens))))
         old, source = self.old_logprobs(groups, rows) if rows else (torch.zeros(0, 0), "")
+        ref = self.reference_logprobs(groups, rows) if rows else None
         self.optimizer.zero_grad(set_to_none=True)
-        stats = self._accumulate(groups, rows, advantages, old, normaliser) if rows else []
+        stats = self._accumulate(groups, rows, advantages, old, ref, normaliser) if rows else []
         self.collective.reduce_gradients(list(self.model.parameters()))
         grad_norm = clip_gradients(self.model.parameters(), self.cfg.grad_clip)
         loss_sum = self.collective.all_sum(sum(s.loss for s in stats))
@@ -209,10 +237,8 @@ class PolicyTrainer:
             self.current_version = None  # live weights no longer equal any published version
         return self._report(step, groups, keep, mean_reward, stats, grad_norm, skipped, source, started)
 
-    def _accumulate(self, groups, rows, advantages, old, normaliser) -> list[LossStats]:
-        prompts = [groups[g].prompt_tokens for g, _ in rows]
-        comps = [groups[g].completions[c] for g, c in rows]
-        input_ids, attention, positions, tokens, mask = pack_batch(prompts, comps, self.pad_id)
+    def _accumulate(self, groups, rows, advantages, old, ref, normaliser) -> list[LossStats]:
+        input_ids, attention, positions, tokens, mask = self._pack(groups, rows)
         adv = torch.stack([advantages[g][c] for g, c in rows])  # [B]
         stats = []
         self.model.train()
@@ -221,7 +247,7 @@ class PolicyTrainer:
             logits = completion_logits(self.model, input_ids[sel], attention[sel], positions[sel])
             loss, s = grpo_loss(logits, tokens[sel], mask[sel], old[sel], adv[sel],
                                 temperature=groups[rows[chunk[0]][0]].temperature, normaliser=normaliser,
-                                cfg=self.cfg.loss_config())
+                                cfg=self.cfg.loss_config(), ref_logprobs=None if ref is None else ref[sel])
             loss.backward()
             stats.append(s)
         return stats
