@@ -112,9 +112,9 @@ class Harness:
                   for r, e, (w, s, _) in zip(results, entries, items)]
         return groups, gen_s, self.proof_s
 
-    def validate(self, groups, **kwargs):
+    def validate(self, groups, config: CheckConfig | None = None, **kwargs):
         start = time.perf_counter()
-        verdicts = verify_groups({CURRENT_VERSION: self.model}, groups, self.ctx, self.config.check_config(),
+        verdicts = verify_groups({CURRENT_VERSION: self.model}, groups, self.ctx, config or self.config.check_config(),
                                  **kwargs)
         return verdicts, time.perf_counter() - start
 
@@ -153,11 +153,19 @@ def _honest_cases(h: Harness) -> list[dict]:
     alone_pairs = [h.validate([g]) for g in groups]
     small, t3 = h.validate(list(reversed(groups)), max_batch_tokens=256)
     alone = [v for vs, _ in alone_pairs for v in vs]
+    strict, t4 = h.validate(groups, config=_strict(h))
     return [
         _row("honest_one_padded_batch", "honest", together, gen_s, proof_s, t1, groups),
         _row("honest_each_group_alone", "honest", alone, gen_s, proof_s, sum(t for _, t in alone_pairs), groups),
         _row("honest_small_batches_reversed", "honest", small, gen_s, proof_s, t3, groups),
+        _row("honest_fp32_same_kernels_toploc", "honest", strict, gen_s, proof_s, t4, groups),
     ]
+
+
+def _strict(h: Harness) -> CheckConfig:
+    from verify.toploc import FP32_SAME_KERNELS
+
+    return dataclasses.replace(h.config.check_config(), toploc=FP32_SAME_KERNELS)
 
 
 def _weight_attacks(h: Harness) -> list[dict]:
@@ -176,6 +184,9 @@ def _weight_attacks(h: Harness) -> list[dict]:
             groups = [dataclasses.replace(g, temperature=h.config.temperature) for g in groups]
         verdicts, val_s = h.validate(groups)
         rows.append(_row(name, "attack", verdicts, gen_s, proof_s, val_s, groups))
+        if name == "weights_perturbed_1e-3":
+            verdicts, val_s = h.validate(groups, config=_strict(h))
+            rows.append(_row(name + "_fp32_same_kernels_toploc", "attack", verdicts, gen_s, proof_s, val_s, groups))
         if "version" in kwargs:  # the same old rollouts, relabelled as the current version
             current = h.ctx.manifest_ids[CURRENT_VERSION]
             groups = [dataclasses.replace(g, policy_version=CURRENT_VERSION, manifest_id=current) for g in groups]
@@ -213,8 +224,10 @@ def _rollout_attacks(h: Harness) -> list[dict]:
 NOTES = {
     "weights_perturbed_1e-3": (
         "1e-3 relative weight noise moves the last hidden states by about 1e-3 relative, a quarter of one bf16 "
-        "ulp, far inside TOPLOC's tolerance for cross-GPU noise; it is caught only where it flips a seeded "
-        "Gumbel-max argmax or moves a logprob beyond the tolerance, which needs long completions"),
+        "ulp, far inside TOPLOC's reference tolerance for cross-GPU noise (mean mantissa error about 0.2 of the "
+        "allowed 10); it is caught only where it flips a seeded Gumbel-max argmax or moves a logprob beyond the "
+        "tolerance, which needs long completions. Validators sharing the workers' float32 kernels catch it with "
+        "the FP32_SAME_KERNELS TOPLOC profile (see the _fp32_same_kernels_toploc row)"),
 }
 
 

@@ -49,6 +49,12 @@ class ToplocConfig:
     max_mant_err_median: float = 8.0
 
 
+# For validators that run the workers' exact float32 kernels (e.g. every peer on CPU torch): honest proofs then
+# match with zero error whatever the batch layout, so far smaller deviations (1e-3 relative weight noise gives a
+# mean mantissa error of about 0.2) reveal a different model. Never use it across GPUs or with bf16 inference.
+FP32_SAME_KERNELS = ToplocConfig(min_exp_matches=124, max_mant_err_mean=0.05, max_mant_err_median=0.0)
+
+
 @dataclass(frozen=True)
 class ChunkStats:
     """The comparison of one 32-token chunk: exponent mismatches and mantissa error over matched exponents."""
