@@ -172,8 +172,14 @@ class _ScorerWorker:
         import subprocess
         import sys
 
+        import os
+        from pathlib import Path
+
+        # The child must import this very package, installed or not: put its parent directory first on the path.
+        root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self._process = subprocess.Popen([sys.executable, "-m", "verify.scorer_worker"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         if self._read(1, _SCORER_START_S) != b"R":
             self._stop()
             raise OSError("reward scorer process did not start")
