@@ -134,7 +134,7 @@ class SwarmEngine:
             raise ValueError("have-flags must hold one entry per piece")
         self.config = config
         self.num_pieces = num_pieces
-        self.rng = rng or random.Random(0)
+        self.rng = rng or random.Random()  # per-node randomness: identical ranks would make every peer pick alike
         self.picker = picker or RarestFirstPicker(config.random_first)
         self.have = as_flags(have).copy()
         self.held = int(self.have.sum())

@@ -13,6 +13,7 @@ receiver (a TCP window): a receiver that stops reading stalls its sender, as on 
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -219,10 +220,12 @@ async def simulate_broadcast(manifest, policy_dir, work_dir, *, peers: int = 8, 
     for name in names:
         stores[name] = PieceStore(work_dir / name)
     net.add_node("seed", upload_bps=seed_upload_bps)
-    services = {"seed": SwarmService(manifest, stores["seed"], config=TransferConfig(engine=seed_engine))}
-    for name in names:
+    services = {"seed": SwarmService(manifest, stores["seed"], config=TransferConfig(engine=seed_engine),
+                                     rng=random.Random("seed"))}
+    for name in names:  # seeded per node: reproducible runs, and peers that do not all pick alike
         net.add_node(name, upload_bps=peer_upload_bps, download_bps=peer_download_bps)
-        services[name] = SwarmService(manifest, stores[name], config=TransferConfig(engine=base))
+        services[name] = SwarmService(manifest, stores[name], config=TransferConfig(engine=base),
+                                      rng=random.Random(name))
     done: dict[str, float] = {}
     try:
         async with trio.open_nursery() as nursery:

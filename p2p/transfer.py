@@ -54,8 +54,8 @@ class TransferConfig:
         """Transfer settings per role.
 
         `origin` (the publishing trainer) and `seed` (a node that starts with the whole policy and may face a flash
-        crowd) super-seed: measured on memnet with N=8 and U=u, a plain full seed uploads 7.8x the file and takes
-        7.8x the Kumar-Ross bound, because every peer queues requests at it; a super-seed uploads 1.04x in 1.08x.
+        crowd) super-seed: measured on memnet with N=8 and U=u, a plain full seed uploads 1.9x the file and the swarm
+        takes 1.9x the Kumar-Ross bound (peers ask it for the same pieces); a super-seed uploads 1.05x in 1.08x.
         `peer`: a node that downloads and re-seeds.
         """
         if role not in ("origin", "seed", "peer"):
