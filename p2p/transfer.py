@@ -168,7 +168,12 @@ class SwarmService:
 
     # ------------------------------------------------------------------ one link
 
-    async def _serve_link(self, peer: str, stream: Stream, opened: _Opened | None) -> None:
+    async def serve_link(self, peer: str, stream: Stream) -> None:
+        """Run one link in the caller's task until it ends (the service must be running); never raises for a
+        misbehaving peer. `add_link` does the same in the service's own nursery."""
+        await self._serve_link(peer, stream)
+
+    async def _serve_link(self, peer: str, stream: Stream, opened: _Opened | None = None) -> None:
         if peer in self._links:  # one link per peer: the engine's have-maps are per peer
             await trio.aclose_forcefully(stream)
             return

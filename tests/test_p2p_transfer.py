@@ -427,3 +427,24 @@ async def test_a_full_disk_ends_the_service_with_one_clear_error(tmp_path, autoj
     assert isinstance(error, DiskFullError) and "disk is full" in str(error)  # the service raised it bare
     assert not any(c.stores["p0"].bitfield(manifest))  # nothing half-written is trusted
     c.close()
+
+
+async def test_serve_link_runs_a_link_in_the_callers_task(tmp_path, autojump_clock):
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        seed = await c.add("seed", seed_from=tmp_path / "src")
+        node = await c.add("p0")
+        mine, theirs = c.net.connect("p0", "seed")
+        seed.add_link("p0", theirs)
+        nursery.start_soon(node.serve_link, "seed", mine)
+        with trio.fail_after(30):
+            await node.completed.wait()
+        assert node.peers == ["seed"]
+        c.leave("seed")  # the link ends when the peer goes; serve_link returns without raising
+        with trio.fail_after(30):
+            while node.peers:
+                await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    c.assert_identical("p0")
+    c.close()
