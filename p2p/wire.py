@@ -195,7 +195,7 @@ class Piece:
     """The bytes of piece `index` (unverified until hashed against the manifest)."""
 
     index: int
-    data: bytes
+    data: bytes | bytearray  # the decoder hands out its own payload buffer, uncopied
 
 
 @dataclass(frozen=True)
