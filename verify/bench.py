@@ -170,16 +170,18 @@ def _strict(h: Harness) -> CheckConfig:
 
 def _weight_attacks(h: Harness) -> list[dict]:
     seed = h.config.seed
+    # Factories, so only one tampered copy of the weights is alive at a time (they are model-sized).
     cases = [
-        ("other_model_same_shape", attacks.other_model(h.model, seed + 1), {}),
-        ("weights_perturbed_1e-3", attacks.perturbed_model(h.model, 1e-3, seed + 2), {}),
-        ("int8_quantised", attacks.int8_model(h.model), {}),
-        ("sampled_at_other_temperature", h.model, {"temperature": h.config.temperature * 1.5}),
-        ("older_version_replayed", attacks.perturbed_model(h.model, 5e-2, seed + 3), {"version": CURRENT_VERSION - ASYNC_WINDOW - 1}),
+        ("other_model_same_shape", lambda: attacks.other_model(h.model, seed + 1), {}),
+        ("weights_perturbed_1e-3", lambda: attacks.perturbed_model(h.model, 1e-3, seed + 2), {}),
+        ("int8_quantised", lambda: attacks.int8_model(h.model), {}),
+        ("sampled_at_other_temperature", lambda: h.model, {"temperature": h.config.temperature * 1.5}),
+        ("older_version_replayed", lambda: attacks.perturbed_model(h.model, 5e-2, seed + 3),
+         {"version": CURRENT_VERSION - ASYNC_WINDOW - 1}),
     ]
     rows = []
-    for name, model, kwargs in cases:
-        groups, gen_s, proof_s = h.generate(model, h.items(name), **kwargs)
+    for name, make_model, kwargs in cases:
+        groups, gen_s, proof_s = h.generate(make_model(), h.items(name), **kwargs)
         if "temperature" in kwargs:
             groups = [dataclasses.replace(g, temperature=h.config.temperature) for g in groups]
         verdicts, val_s = h.validate(groups)
