@@ -63,6 +63,7 @@ class _Proc:
         line = self.popen.stdout.readline()
         if not line:
             return None
+        self.log.write(line)
         event = json.loads(line)
         self.events.append(event)
         return event

@@ -47,6 +47,22 @@ class PeerConfig:
     """Exit once the newest policy is complete (benchmarks); normally peers seed until stopped."""
     status_every_s: float = 2.0
     """Seconds between progress lines and heartbeats."""
+    model: str = "tiny"
+    """Base model of the trainer, inference and validator roles: tiny, smollm2 or a local HF directory."""
+    trainer_config: Path | None = None
+    """TOML file of the trainer's GRPO and curriculum settings (trainer role; see trainer/config.py)."""
+    prompts_per_worker: int = 4
+    """Prompts each inference peer answers per policy version (trainer role: written into every manifest)."""
+    replicas: int = 2
+    """Validators assigned to each rollout (trainer role)."""
+    quorum: int = 2
+    """Accepting votes a rollout needs (trainer role); a rejecting majority rejects it."""
+    quorum_timeout_s: float = 120.0
+    """Seconds a rollout may wait for its votes before it times out unaccepted (trainer role)."""
+    exit_when_trained: bool = False
+    """Trainer role: stop the peer once the configured steps are done (simulations)."""
+    cheat: str = ""
+    """Inference role, for demonstrations and tests only: 'reward' claims reward 1.0 for every completion."""
 
     def validate(self) -> "PeerConfig":
         unknown = [r for r in self.roles if r not in ROLES]
@@ -56,13 +72,19 @@ class PeerConfig:
             raise UserError("keep_versions must be at least 1")
         if not 256 <= self.piece_kb <= 4096:
             raise UserError(f"piece size {self.piece_kb} KiB is outside 256..4096 KiB")
+        if not 1 <= self.quorum <= self.replicas:
+            raise UserError(f"quorum {self.quorum} must be between 1 and replicas ({self.replicas})")
+        if self.prompts_per_worker < 1:
+            raise UserError("prompts_per_worker must be at least 1")
+        if self.cheat not in ("", "reward"):
+            raise UserError(f"unknown cheat {self.cheat!r}")
         if self.upload_mbps < 0:
             raise UserError("upload_mbps must not be negative")
         return self
 
 
 _TUPLE_FIELDS = {"roles", "listen", "bootstrap"}
-_PATH_FIELDS = {"data_dir", "bootstrap_file"}
+_PATH_FIELDS = {"data_dir", "bootstrap_file", "trainer_config"}
 
 
 def load_config(path: Path | None, overrides: dict) -> PeerConfig:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,12 @@ class PolicyMirror:
 
     def _start_service(self, policy: MirroredPolicy) -> None:
         assert self._nursery is not None, "run_service must be started first"
-        policy.service = SwarmService(policy.manifest, self.store, config=self.transfer)
+        config = self.transfer
+        if policy.origin == self.my_id:
+            # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice
+            # while another has never gone out (REFERENCE.md section 4).
+            config = replace(config, engine=replace(config.engine, super_seed=True))
+        policy.service = SwarmService(policy.manifest, self.store, config=config)
         policy.scope = trio.CancelScope()
 
         async def serve() -> None:
@@ -177,7 +182,7 @@ class PolicyMirror:
         policy = self.policies.get(bytes(route))
         if policy is None or policy.service is None or not self._may_link(policy, peer):
             return  # unknown or not-yet-known manifest: the dialer retries after it has been adopted here
-        await policy.service._serve_link(peer, stream)
+        await policy.service.serve_link(peer, stream)
 
     async def reconcile(self, peers: list[str], dial: Dialer, max_links: int) -> None:
         """Open the links this peer should dial: smaller peer id dials, failed dials back off."""

@@ -44,6 +44,10 @@ class Node:
     def peer_id(self) -> str:
         return self.host.peer_id
 
+    @property
+    def identity(self) -> Any:
+        return self.host.identity
+
     def connected_peers(self) -> list[str]:
         return sorted(str(p) for p in self.host.libp2p.get_connected_peers())
 
@@ -151,7 +155,10 @@ async def _receive_heartbeats(node: Node) -> None:
         roles = body.get("roles")
         if isinstance(roles, list):
             node.peer_roles[sender] = tuple(r for r in roles if isinstance(r, str))[:4]
-        if sender not in node.connected_peers() and sender not in connected and len(connected) < node.config.max_peers:
+        # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
+        # collide under one-connection-per-peer and the streams opened on the losing connection hang.
+        if (sender < node.peer_id and sender not in node.connected_peers() and sender not in connected
+                and len(connected) < node.config.max_peers):
             addrs = [a for a in body.get("addrs", []) if isinstance(a, str) and a.endswith(f"/p2p/{sender}")][:4]
             if addrs:
                 connected.add(sender)
@@ -213,6 +220,8 @@ def run_peer(config: PeerConfig, json_events: bool = False) -> int:
     identity = load_or_create_identity(config.data_dir)
     roles = build_roles(config)
     trust_key = parse_trainer_key(config.trainer_key)
+    if "trainer" in config.roles:
+        trust_key = identity.public_bytes  # the trainer's identity is the run's key
     return trio.run(open_node_parts, config, identity, events, roles, trust_key)
 
 

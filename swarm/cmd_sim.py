@@ -1,0 +1,81 @@
+"""`swarm sim`: simulate a whole swarm locally (see swarm/sim.py). Defaults finish in a few minutes on 2 cores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("runs/sim"), help="where peers keep data and the report")
+    parser.add_argument("--inference", type=int, default=2, help="honest inference peers")
+    parser.add_argument("--validators", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
+    parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
+    parser.add_argument("--steps", type=int, default=6, help="trainer steps (one policy version each)")
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF directory")
+    parser.add_argument("--task", default="basic_arithmetic")
+    parser.add_argument("--async-level", dest="async_level", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
+
+
+def run(args: argparse.Namespace) -> int:
+    import shutil
+
+    import trio
+
+    from swarm.errors import UserError
+    from swarm.events import EventSink
+    from swarm.sim import SimSettings, run_sim, summarize, write_report
+
+    if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
+        raise UserError("a simulation needs at least one inference peer, one validator and one step")
+    if args.out.exists():
+        shutil.rmtree(args.out)  # a simulation always starts a fresh run
+    settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
+                           cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
+                           async_level=args.async_level, timeout_s=args.timeout)
+    events: list[dict] = []
+    sink = EventSink(json_lines=args.json, stream=sys.stdout if args.json else open("/dev/null", "w"))
+    sink.listeners.append(events.append)
+    if not args.json:
+        sink.listeners.append(_narrate)
+    sink.configure_logging()
+    extra = trio.run(run_sim, settings, sink)
+    report = summarize(events, extra)
+    write_report(args.out, report, events)
+    print(json.dumps(report) if args.json else _render(report, args.out))
+    return 1 if extra["timed_out"] else 0
+
+
+def _narrate(e: dict) -> None:
+    kind, who = e["event"], e.get("peer", "?")
+    line = None
+    if kind == "published":
+        line = f"[{who}] published policy v{e['version']} ({e['bytes'] / 2**20:.2f} MiB, {e['validators']} validators, stage {e['stage']})"
+    elif kind == "train_step":
+        reward = e.get("reward")
+        line = f"[{who}] step {e['step']}: reward {reward:.3f} on {e['groups']} quorum-accepted groups (stage {e['stage']})" if reward is not None else None
+    elif kind == "generated":
+        line = f"[{who}] generated {e['groups']} groups with v{e['version']} (claimed mean reward {e['mean_reward']})"
+    elif kind == "rejected_rollout":
+        line = f"[{who}] voted to reject a rollout: {e['reason']}"
+    elif kind == "complete" and who.startswith("seed"):
+        line = f"[{who}] mirrored policy v{e['version']}"
+    if line:
+        print(line, flush=True)
+
+
+def _render(report: dict, out: Path) -> str:
+    return "\n".join([
+        "", f"simulation finished in {report['wall_s']} s{' (TIMED OUT)' if report['timed_out'] else ''}",
+        f"  trainer steps: {report['steps']}, rewards per step: {report['rewards']}",
+        f"  policy versions published: {report['versions_published']}, copies completed by peers: {report['policy_copies_completed']}",
+        f"  rollout groups generated: {report['groups_generated']}, rejecting votes: {report['votes_rejecting']} {report['rejection_reasons']}",
+        f"  trainer gate: {report['gate']}",
+        f"  banned workers: {report['banned_workers']}",
+        f"  final policy: {report['final_policy']}", f"  report: {out / 'report.json'}",
+    ])

@@ -1,0 +1,49 @@
+"""Turning a complete, verified policy version into files a model can load, once per version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+
+async def materialize(node, policy) -> Path:
+    """Reassemble `policy` (verified piece by piece) under data_dir/policies/v<N>; reuse it if already there."""
+    target = Path(node.config.data_dir) / "policies" / f"v{policy.manifest.version}-{policy.manifest.id.hex()[:12]}"
+    if not (target / ".complete").exists():
+        await trio.to_thread.run_sync(node.mirror.store.reassemble, policy.manifest, target)
+        (target / ".complete").write_text("ok\n")
+    return target
+
+
+async def newest_complete(node, newer_than: int):
+    """Wait for a complete policy version newer than `newer_than` and return the newest such one."""
+    while True:
+        done = [p for p in node.mirror.complete_versions() if p.manifest.version > newer_than]
+        if done:
+            return done[-1]
+        await node.mirror.changed.wait()
+
+
+_LOAD_LOCK = None
+
+
+async def load_base_model(spec: str):
+    """Load a base model in a worker thread, one load at a time.
+
+    Why the lock: transformers resolves its classes lazily on first import, and several roles of one process
+    loading at once from different threads race inside that machinery (seen as ImportError in simulations).
+    """
+    import threading
+
+    global _LOAD_LOCK
+    if _LOAD_LOCK is None:
+        _LOAD_LOCK = threading.Lock()
+
+    def load():
+        from inference.models import load_model
+
+        with _LOAD_LOCK:
+            return load_model(spec)
+
+    return await trio.to_thread.run_sync(load)

@@ -1,0 +1,77 @@
+"""The inference role: follow the newest policy, answer the prompts the run assigns this peer, publish rollouts.
+
+Assignment step = policy version: for every version it holds, a worker answers exactly the prompts
+`assign_tasks(run, its peer id, version, eligible, prompts_per_worker)` names, sampling with the seeded Gumbel-max
+keys validators re-derive, and attaches a TOPLOC proof to every completion. It then waits for a newer version
+(async: the trainer may already be training on an older one).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import trio
+
+from swarm.policy_files import load_base_model, materialize, newest_complete
+from swarm.runspec import RunSpec, eligible_indices, spec_tasks
+
+log = logging.getLogger(__name__)
+GOSSIP_ROLLOUT_LIMIT = 800 * 1024
+
+
+async def inference_role(node) -> None:
+    from inference.torch_backend import TorchBackend
+
+    loaded = await load_base_model(node.config.model)
+    backend = TorchBackend(loaded)
+    done = -1
+    while True:
+        policy = await newest_complete(node, done)
+        done = policy.manifest.version
+        try:
+            spec = RunSpec.from_model(policy.manifest.model)
+        except Exception as exc:  # noqa: BLE001 - a malformed spec skips this version, it does not stop the peer
+            node.events.emit("skipped", version=done, message=str(exc))
+            continue
+        directory = await materialize(node, policy)
+        groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, spec, directory)
+        for group in groups:
+            await _publish_group(node, group)
+        node.events.emit("generated", version=done, groups=len(groups),
+                         mean_reward=round(sum(c.reward for g in groups for c in g.completions)
+                                           / max(1, sum(len(g.completions) for g in groups)), 3))
+
+
+def _generate(node, backend, loaded, policy, spec: RunSpec, directory) -> list:
+    """Blocking: swap weights, generate this worker's assigned groups with proofs, build their rollouts."""
+    from inference.rollouts import build_rollout_group, make_request
+    from tasks.assignment import assign_tasks
+
+    manifest = policy.manifest
+    backend.load_policy(str(directory), version=manifest.version, manifest_id=manifest.id)
+    train = spec_tasks(spec)
+    run, worker, step = node.config.run, node.peer_id, manifest.version
+    entries = [train[i] for i in assign_tasks(run, worker, step, eligible_indices(spec), spec.prompts_per_worker)]
+    gen = manifest.generation
+    requests = [make_request(loaded.tokenizer, e, run=run, worker=worker, step=step, group_size=gen.group_size,
+                             temperature=gen.temperature, max_new_tokens=gen.max_new_tokens) for e in entries]
+    results = backend.generate(requests)
+    groups = [build_rollout_group(r, e, loaded.tokenizer, run=run, worker=worker, step=step)
+              for r, e in zip(results, entries)]
+    if node.config.cheat == "reward":
+        groups = [replace(g, completions=tuple(replace(c, reward=1.0) for c in g.completions)) for g in groups]
+    return groups
+
+
+async def _publish_group(node, group) -> None:
+    from p2p.errors import P2PError
+
+    body = {"group": group.to_wire()}
+    if len(group.encode()) > GOSSIP_ROLLOUT_LIMIT:
+        node.events.emit("skipped", message=f"rollout group for task {group.task_index} is too large for gossip")
+        return
+    try:
+        await node.gossip.publish("rollout", body)
+    except P2PError as exc:
+        log.warning("rollout not published: %s", exc)

@@ -1,0 +1,255 @@
+"""The trainer role: quorum-accepted rollouts in, GRPO steps, every new policy version signed and seeded.
+
+The trainer's node identity is the run's trainer key, so the manifests it signs name it as their origin. What the
+network decides lives in `RolloutGate`, a sans-IO object (rollouts and votes in, accepted groups out) so it is
+tested without sockets; this module only moves data between gossip, the gate and the training run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from swarm.runspec import RunSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutGate:
+    """Admits rollouts to the quorum and releases those a quorum accepted; refuses the rest with a reason."""
+
+    run: str
+    replicas: int
+    quorum: int
+    timeout_s: float = 120.0
+    specs: dict[int, RunSpec] = field(default_factory=dict)  # version -> spec it was published with
+    newest: int = -1
+    async_level: int = 2
+    pending: dict[bytes, object] = field(default_factory=dict)  # rollout id -> RolloutGroup awaiting votes
+    accepted: list = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from verify.quorum import QuorumConfig, QuorumTracker
+        from verify.reputation import Reputation
+
+        self.tracker = QuorumTracker(QuorumConfig(self.replicas, self.quorum, self.timeout_s))
+        self.reputation = Reputation()
+        self.seen: set[bytes] = set()
+
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    def on_rollout(self, group, now: float) -> str:
+        """Open a quorum for a well-formed, in-window rollout; returns 'opened' or why it was refused."""
+        rid = group.rollout_id()
+        reason = self._refusal(group, rid)
+        if reason:
+            self._count(f"refused:{reason}")
+            return reason
+        self.seen.add(rid)
+        self.pending[rid] = group
+        validators = self.specs[group.policy_version].validator_keys()
+        _, settlements = self.tracker.open(rid, validators, now)
+        self._count("opened")
+        for s in settlements:
+            self._settle(s)
+        return "opened"
+
+    def _refusal(self, group, rid: bytes) -> str:
+        if group.run != self.run:
+            return "wrong run"
+        if rid in self.seen:
+            return "duplicate"
+        if self.reputation.is_banned(group.worker):
+            return "worker banned"
+        if group.policy_version not in self.specs:
+            return "unknown policy version"
+        if group.policy_version < self.newest - self.async_level:
+            return "too stale"
+        if group.step != group.policy_version:
+            return "assignment step differs from the policy version"
+        if not self.specs[group.policy_version].validators:
+            return "no validators for this version"
+        return ""
+
+    def on_vote(self, vote, now: float) -> str:
+        status, settlement = self.tracker.on_vote(vote, now)
+        self._count(f"vote:{status}")
+        if settlement is not None:
+            self._settle(settlement)
+        return status
+
+    def tick(self, now: float) -> None:
+        for s in self.tracker.tick(now):
+            self._settle(s)
+
+    def _settle(self, settlement) -> None:
+        from verify.quorum import Outcome
+
+        group = self.pending.pop(settlement.rollout_id, None)
+        if group is None:
+            return
+        self.reputation.settle(settlement, group.worker)
+        self._count(settlement.outcome.value)
+        if settlement.outcome is Outcome.ACCEPTED:
+            self.accepted.append(group)
+
+    def take(self, n: int) -> list:
+        batch, self.accepted = self.accepted[:n], self.accepted[n:]
+        return batch
+
+
+class SwarmPublisher:
+    """Turns the training run's newest policy directory into a signed, seeded manifest with the run spec."""
+
+    def __init__(self, node, identity, cfg, piece_kb: int) -> None:
+        self.node, self.identity, self.cfg, self.piece_kb = node, identity, cfg, piece_kb
+        self.root = Path(node.config.data_dir) / "swarm-policies"
+        self.published: set[int] = set()
+
+    def spec_for(self, segment: str) -> RunSpec:
+        from p2p.identity import public_bytes_from_peer_id
+
+        validators = sorted(public_bytes_from_peer_id(p).hex() for p, roles in self.node.peer_roles.items()
+                            if "validator" in roles)
+        cfg, peer = self.cfg, self.node.config
+        return RunSpec(cfg.task, cfg.task_size, json.dumps(cfg.task_config, sort_keys=True), cfg.seed,
+                       cfg.eval_fraction, segment, peer.prompts_per_worker, cfg.async_level, peer.replicas,
+                       peer.quorum, tuple(validators))
+
+    async def publish(self, version: int, source: Path) -> RunSpec:
+        from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+
+        generation = json.loads((source / "generation.json").read_text())
+        spec = self.spec_for(generation["data"])
+        target = self.root / f"v{version}"
+        target.mkdir(parents=True, exist_ok=True)
+        if not (target / "model.safetensors").exists():
+            os.link(source / "model.safetensors", target / "model.safetensors")
+        model = json.loads((source / "model.json").read_text())
+        (target / "model.json").write_text(json.dumps({**model, "run_spec": spec.to_dict()}, sort_keys=True))
+        settings = GenerationSettings(int(generation["group_size"]), float(generation["temperature"]),
+                                      int(generation["max_new_tokens"]), int(generation["stage_index"]))
+        manifest = await trio.to_thread.run_sync(lambda: build_manifest(
+            target, run=self.node.config.run, version=version, parent_version=version - 1 if version else None,
+            created_at=time.time(), generation=settings, piece_size=self.piece_kb * 1024))
+        signed = sign_manifest(manifest, self.identity.sign, self.identity.public_bytes).to_bytes()
+        self.node.mirror.adopt(signed, local_dir=target)
+        await self.node.announce_policy(signed, manifest)
+        self.published.add(version)
+        self.node.events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
+                              validators=len(spec.validators), stage=generation["stage"])
+        return spec
+
+
+async def trainer_role(node) -> None:
+    """Train on quorum-accepted rollouts until the configured steps are done, publishing every new version."""
+    from trainer.config import load_config as load_trainer_config
+    from verify.rollout import RolloutGroup, RolloutSchemaError
+    from verify.votes import Vote, VoteError
+
+    peer = node.config
+    loaded_cfg = load_trainer_config(peer.trainer_config, {"run": peer.run, "model": peer.model,
+                                                            "out": Path(peer.data_dir) / "trainer"})
+    cfg, curriculum = loaded_cfg.config, loaded_cfg.curriculum
+    from swarm.policy_files import load_base_model
+
+    run = await trio.to_thread.run_sync(_open_training_run, await load_base_model(cfg.model), cfg, curriculum)
+    identity = node.identity
+    publisher = SwarmPublisher(node, identity, cfg, peer.piece_kb)
+    gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)
+    await _wait_for_validators(node, peer.replicas)
+    await _publish_newest(run, publisher, gate)
+    progress = trio.Event()
+
+    async def rollouts() -> None:
+        async for env in node.gossip.subscribe("rollout"):
+            try:
+                group = RolloutGroup.from_wire(env.body.get("group") if isinstance(env.body, dict) else None)
+            except RolloutSchemaError as exc:
+                gate._count("refused:schema")
+                log.info("refused a rollout from %s: %s", env.sender_peer_id, exc)
+                continue
+            if group.worker != env.sender_peer_id:
+                gate._count("refused:worker is not the sender")
+                continue
+            gate.on_rollout(group, trio.current_time())
+            progress.set()
+
+    async def votes() -> None:
+        async for env in node.gossip.subscribe("vote"):
+            try:
+                vote = Vote.from_wire(env.body.get("vote") if isinstance(env.body, dict) else None)
+            except VoteError:
+                gate._count("vote:malformed")
+                continue
+            if vote.validator != env.sender:
+                gate._count("vote:not from its validator")
+                continue
+            gate.on_vote(vote, trio.current_time())
+            progress.set()
+
+    async def ticks() -> None:
+        while True:
+            await trio.sleep(1.0)
+            gate.tick(trio.current_time())
+            progress.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rollouts)
+        nursery.start_soon(votes)
+        nursery.start_soon(ticks)
+        while run.state.step < cfg.steps:
+            while len(gate.accepted) < cfg.prompts_per_step:
+                await progress.wait()
+                progress = trio.Event()
+            batch = gate.take(cfg.prompts_per_step)
+            record = await trio.to_thread.run_sync(run.step, batch)
+            node.events.emit("train_step", step=record["step"], reward=record.get("reward"), stage=record["stage"],
+                              version=record["version"], groups=len(batch), refused=record["refused"],
+                              gate=dict(gate.counts))
+            await _publish_newest(run, publisher, gate)
+        final = await trio.to_thread.run_sync(run.finish)
+        node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
+                          gate=dict(gate.counts), banned=sorted(str(p) for p in gate.reputation.banned))
+        nursery.cancel_scope.cancel()
+    if peer.exit_when_trained:
+        node.done.set()
+
+
+def _open_training_run(loaded, cfg, curriculum):
+    import torch
+
+    from trainer.loop import TrainingRun
+    from trainer.session import seed_everything
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    return TrainingRun(loaded, cfg, curriculum)
+
+
+async def _wait_for_validators(node, wanted: int, patience_s: float = 30.0) -> None:
+    """Give validators a moment to announce themselves before the first version names the validator set."""
+    with trio.move_on_after(patience_s):
+        while sum("validator" in r for r in node.peer_roles.values()) < wanted:
+            await trio.sleep(0.2)
+
+
+async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> None:
+    from trainer.checkpoint import policy_dir
+
+    version = run.state.version
+    if version in publisher.published:
+        return
+    spec = await publisher.publish(version, policy_dir(run.policies, version))
+    gate.specs[version] = spec
+    gate.newest = version

@@ -1,0 +1,136 @@
+"""The validator role: check the rollouts assigned to this peer and gossip signed votes.
+
+A validator holds a model for every policy version inside the async window (weights swapped in from the verified
+pieces), takes each version's validator set from the trainer's signed manifest, and checks a rollout only when
+rendezvous hashing assigns it here, so no worker can choose its validators. Rollouts are checked in batches (one
+batched prefill per version), which is what keeps validation far cheaper than generation.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import trio
+
+from swarm.policy_files import load_base_model, materialize
+from swarm.runspec import RunSpec, eligible_indices, spec_tasks
+
+log = logging.getLogger(__name__)
+BATCH_WINDOW_S = 0.5
+MAX_BATCH = 64
+MAX_WAITING = 1024
+
+
+class VersionModels:
+    """One model per policy version inside the window, built from the base model and the version's weights."""
+
+    def __init__(self, loaded) -> None:
+        self.loaded = loaded
+        self.models: dict[int, object] = {}
+        self.specs: dict[int, RunSpec] = {}
+        self.policies: dict[int, object] = {}
+
+    async def sync(self, node) -> None:
+        from inference.weights import load_weights_in_place
+
+        for policy in node.mirror.complete_versions():
+            version = policy.manifest.version
+            if version in self.models:
+                continue
+            try:
+                spec = RunSpec.from_model(policy.manifest.model)
+            except Exception as exc:  # noqa: BLE001 - a version without a usable spec cannot be validated
+                log.warning("version %d has no usable run spec: %s", version, exc)
+                continue
+            directory = await materialize(node, policy)
+            model = copy.deepcopy(self.loaded.model)
+            await trio.to_thread.run_sync(load_weights_in_place, model, directory)
+            self.models[version], self.specs[version], self.policies[version] = model, spec, policy
+        newest = max(self.models, default=-1)
+        for version in [v for v in self.models if newest in self.specs and v < newest - self.specs[newest].async_level]:
+            for table in (self.models, self.specs, self.policies):
+                table.pop(version, None)
+
+
+def assigned_to_me(group_id: bytes, spec: RunSpec, my_key: bytes) -> bool:
+    from verify.votes import assign_validators
+
+    return my_key in assign_validators(group_id, spec.validator_keys(), spec.replicas)
+
+
+def _context(node, models: VersionModels, version: int, loaded):
+    from verify.checks import RunContext
+    from verify.provider import TaskSetProvider
+
+    spec, policy = models.specs[version], models.policies[version]
+    train = spec_tasks(spec)
+    return RunContext(
+        run=node.config.run, current_version=max(models.models), async_window=spec.async_level,
+        manifest_ids={v: p.manifest.id for v, p in models.policies.items()},
+        max_new_tokens=policy.manifest.generation.max_new_tokens, dataset=train.name,
+        eligible=eligible_indices(spec), prompts_per_step=spec.prompts_per_worker, eos_ids=loaded.eos_token_ids,
+        tasks=TaskSetProvider({train.name: train}, loaded.tokenizer))
+
+
+def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
+    """Blocking: one verdict per group, grouped by version so each context matches its version's stage."""
+    from verify.checks import CheckResult
+    from verify.verifier import Verdict, verify_groups
+
+    verdicts = []
+    for version in sorted({g.policy_version for g in groups}):
+        batch = [g for g in groups if g.policy_version == version]
+        for g, verdict in zip(batch, verify_groups(models.models, batch, _context(node, models, version, loaded))):
+            if g.step != g.policy_version:  # a worker may not shop for easier prompts under another step
+                verdict = Verdict(verdict.rollout_id, False, verdict.checks + (
+                    CheckResult("step", False, "assignment step differs from the policy version"),))
+            verdicts.append(verdict)
+    return verdicts
+
+
+async def validator_role(node) -> None:
+    from verify.rollout import RolloutGroup, RolloutSchemaError
+    from verify.votes import vote_from_verdict
+
+    loaded = await load_base_model(node.config.model)
+    models = VersionModels(loaded)
+    my_key = node.identity.public_bytes
+    send, receive = trio.open_memory_channel(MAX_WAITING)
+    stats = {"checked": 0, "accepted": 0, "rejected": 0}
+
+    async def collect() -> None:
+        async for env in node.gossip.subscribe("rollout"):
+            try:
+                group = RolloutGroup.from_wire(env.body.get("group") if isinstance(env.body, dict) else None)
+            except RolloutSchemaError:
+                continue  # the trainer refuses it too; nobody waits for a vote on it
+            try:
+                send.send_nowait(group)
+            except trio.WouldBlock:
+                log.warning("validator queue full; dropping a rollout")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(collect)
+        waiting: list = []
+        while True:
+            waiting.append(await receive.receive())
+            with trio.move_on_after(BATCH_WINDOW_S):
+                while len(waiting) < MAX_BATCH:
+                    waiting.append(await receive.receive())
+            await models.sync(node)
+            ready = [g for g in waiting if g.policy_version in models.models]
+            waiting = [g for g in waiting if g.policy_version not in models.models
+                       and g.policy_version > max(models.models, default=-1)][:MAX_WAITING]
+            mine = [g for g in ready if assigned_to_me(g.rollout_id(), models.specs[g.policy_version], my_key)]
+            if not mine:
+                continue
+            verdicts = await trio.to_thread.run_sync(_verify_batch, node, models, loaded, mine)
+            for verdict in verdicts:
+                vote = vote_from_verdict(node.identity.seed, verdict)
+                await node.gossip.publish("vote", {"vote": vote.to_wire()})
+                stats["checked"] += 1
+                stats["accepted" if verdict.accepted else "rejected"] += 1
+                if not verdict.accepted:
+                    node.events.emit("rejected_rollout", reason=verdict.reason)
+            node.events.emit("validated", **stats)

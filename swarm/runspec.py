@@ -1,0 +1,79 @@
+"""What every peer of a run must agree on, carried inside the trainer's signed manifest.
+
+Why in the manifest: the task set, the stage's data segment, how many prompts each worker answers and which
+validators vote on a version's rollouts all decide whether a rollout is valid. If each peer read them from its own
+config, one typo would make honest work look dishonest. The trainer writes them into `model["run_spec"]` of every
+manifest it signs, so inference peers and validators take them from the only source they already trust.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from swarm.errors import UserError
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    task: str  # task set name (reasoning-gym) or dataset file path every peer can read
+    task_size: int  # prompts generated for a built-in task set
+    task_config: str  # difficulty overrides of a built-in task set, as canonical JSON ("{}" for none)
+    task_seed: int  # seed of the task set and of its train/held-out split
+    eval_fraction: float  # share of prompts held out (never assigned)
+    segment: str  # FastCuRL data segment of this version's stage: short, all or long
+    prompts_per_worker: int  # prompts each inference peer answers per policy version
+    async_level: int  # how many versions older than the newest a rollout may be
+    replicas: int  # validators assigned to each rollout
+    quorum: int  # accepting votes that settle a rollout as accepted
+    validators: tuple[str, ...]  # hex Ed25519 public keys of the validators for this version's rollouts
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["validators"] = list(self.validators)
+        return d
+
+    @classmethod
+    def from_model(cls, model: dict) -> "RunSpec":
+        raw = model.get("run_spec") if isinstance(model, dict) else None
+        if not isinstance(raw, dict):
+            raise UserError("the policy manifest carries no run_spec; it was not published by a swarm trainer")
+        try:
+            spec = cls(str(raw["task"]), int(raw["task_size"]), str(raw["task_config"]), int(raw["task_seed"]),
+                       float(raw["eval_fraction"]),
+                       str(raw["segment"]), int(raw["prompts_per_worker"]), int(raw["async_level"]),
+                       int(raw["replicas"]), int(raw["quorum"]), tuple(str(v) for v in raw["validators"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"the manifest's run_spec is malformed ({exc})") from None
+        if spec.segment not in ("short", "all", "long") or not 1 <= spec.quorum <= spec.replicas:
+            raise UserError("the manifest's run_spec names an unknown segment or an impossible quorum")
+        return spec
+
+    def validator_keys(self) -> tuple[bytes, ...]:
+        return tuple(bytes.fromhex(v) for v in self.validators)
+
+
+@lru_cache(maxsize=4)
+def training_tasks(task: str, task_size: int, task_config: str, task_seed: int, eval_fraction: float):
+    """The run's training split, identical on every peer (held-out prompts are never assigned)."""
+    import json
+
+    from tasks import load_tasks
+    from tasks.loading import is_task_file
+
+    config = json.loads(task_config) or None
+    tasks = load_tasks(task, size=None if is_task_file(task) else task_size, seed=task_seed, config=config)
+    train, _heldout = tasks.split(eval_fraction, seed=task_seed)
+    return train
+
+
+def eligible_indices(spec: RunSpec) -> list[int]:
+    """The sorted prompt indices a version's workers are assigned from (the stage's segment of the train split)."""
+    from tasks.segments import segment
+
+    train = spec_tasks(spec)
+    return segment(train, spec.segment) or sorted(train.indices())
+
+
+def spec_tasks(spec: RunSpec):
+    return training_tasks(spec.task, spec.task_size, spec.task_config, spec.task_seed, spec.eval_fraction)

@@ -1,0 +1,142 @@
+"""`swarm sim`: the whole swarm on one machine, every peer a real libp2p host on loopback, in one process.
+
+One trainer (it holds the run key), inference peers, validators and a seed-only peer join through the trainer's
+multiaddr, exactly as separate machines would. The trainer trains only on rollouts a quorum of validators accepted;
+an optional cheating worker (it claims reward 1.0 for every completion) shows the quorum refusing its rollouts and
+reputation banning it. Torch work runs in worker threads, so the networking of every peer stays live.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from swarm.config import load_config
+from swarm.events import EventSink
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    out: Path
+    inference: int = 2
+    validators: int = 2
+    seeds: int = 1
+    cheaters: int = 0
+    steps: int = 6
+    prompts_per_worker: int = 4
+    group_size: int = 4
+    max_new_tokens: int = 24
+    model: str = "tiny"
+    task: str = "basic_arithmetic"
+    async_level: int = 1
+    timeout_s: float = 900.0
+
+
+@dataclass
+class SimPeer:
+    name: str
+    roles: tuple[str, ...]
+    node: object = None
+    ready: trio.Event = field(default_factory=trio.Event)
+
+
+def _trainer_toml(s: SimSettings) -> Path:
+    workers = s.inference + s.cheaters
+    path = s.out / "trainer.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([
+        "[trainer]", f'model = "{s.model}"', f'task = "{s.task}"', f"steps = {s.steps}",
+        f"prompts_per_step = {max(1, (s.inference * s.prompts_per_worker) // 2)}", f"group_size = {s.group_size}",
+        f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
+        'curriculum = "fastcurl"', "lr = 2e-4", "checkpoint_every = 1000", f"# {workers} workers",
+    ]) + "\n")
+    return path
+
+
+def _peer_config(s: SimSettings, peer: SimPeer, bootstrap: tuple[str, ...], trainer_toml: Path, cheat: str):
+    return load_config(None, {
+        "roles": peer.roles, "run": "sim", "data_dir": s.out / peer.name, "bootstrap": bootstrap,
+        "bootstrap_file": s.out / "no-bootstrap.txt", "model": s.model, "trainer_config": trainer_toml,
+        "prompts_per_worker": s.prompts_per_worker, "replicas": min(2, max(1, s.validators)),
+        "quorum": min(2, max(1, s.validators)), "quorum_timeout_s": 120.0, "exit_when_trained": True,
+        "status_every_s": 1.0, "cheat": cheat})
+
+
+async def run_sim(s: SimSettings, sink: EventSink) -> dict:
+    import torch
+
+    from p2p.identity import load_or_create_identity
+    from swarm.node import open_node_parts
+    from swarm.swarm_roles import ROLE_TASKS
+
+    torch.set_num_threads(1)
+    import transformers  # noqa: F401 - resolve its lazy classes in this thread before role threads race for them
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+    trainer_toml = _trainer_toml(s)
+    peers = [SimPeer("trainer", ("trainer",))]
+    peers += [SimPeer(f"validator{i}", ("validator",)) for i in range(s.validators)]
+    peers += [SimPeer(f"inference{i}", ("inference",)) for i in range(s.inference)]
+    peers += [SimPeer(f"cheater{i}", ("inference",)) for i in range(s.cheaters)]
+    peers += [SimPeer(f"seed{i}", ("seed",)) for i in range(s.seeds)]
+    started = time.monotonic()
+
+    async def start(nursery, peer: SimPeer, bootstrap: tuple[str, ...]) -> None:
+        config = _peer_config(s, peer, bootstrap, trainer_toml, "reward" if peer.name.startswith("cheater") else "")
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        identity = load_or_create_identity(config.data_dir)
+
+        async def capture(node) -> None:
+            peer.node = node
+            peer.ready.set()
+
+        def tag(record: dict) -> None:
+            record["peer"] = peer.name
+
+        peer_sink = EventSink(json_lines=sink.json_lines, stream=sink.stream)
+        peer_sink.listeners += [tag, *sink.listeners]
+        roles = [capture] + [ROLE_TASKS[r] for r in peer.roles if r in ROLE_TASKS]
+        trust = identity.public_bytes if "trainer" in peer.roles else peers[0].node.identity.public_bytes
+        nursery.start_soon(open_node_parts, config, identity, peer_sink, roles, trust)
+        await peer.ready.wait()
+
+    with trio.move_on_after(s.timeout_s) as scope:
+        async with trio.open_nursery() as nursery:
+            await start(nursery, peers[0], ())
+            bootstrap = (peers[0].node.host.multiaddrs[0],)
+            for peer in peers[1:]:
+                await start(nursery, peer, bootstrap)
+            await peers[0].node.done.wait()
+            for peer in peers[1:]:
+                peer.node.done.set()
+    return {"timed_out": scope.cancelled_caught, "wall_s": round(time.monotonic() - started, 1)}
+
+
+def summarize(events: list[dict], extra: dict) -> dict:
+    steps = [e for e in events if e["event"] == "train_step"]
+    trained = next((e for e in events if e["event"] == "trained"), None)
+    rejected = [e for e in events if e["event"] == "rejected_rollout"]
+    reasons: dict[str, int] = {}
+    for e in rejected:
+        key = e.get("reason", "").split(":")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    return {
+        **extra, "steps": len(steps), "rewards": [round(e["reward"], 3) for e in steps if e.get("reward") is not None],
+        "versions_published": sum(e["event"] == "published" for e in events),
+        "policy_copies_completed": sum(e["event"] == "complete" for e in events),
+        "groups_generated": sum(e["groups"] for e in events if e["event"] == "generated"),
+        "votes_rejecting": len(rejected), "rejection_reasons": reasons,
+        "gate": trained["gate"] if trained else (steps[-1]["gate"] if steps else {}),
+        "banned_workers": trained["banned"] if trained else [], "final_policy": trained["final"] if trained else None,
+    }
+
+
+def write_report(out: Path, report: dict, events: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    with open(out / "events.jsonl", "w") as f:
+        for e in events:
+            f.write(json.dumps(e, default=str) + "\n")
