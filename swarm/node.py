@@ -37,6 +37,7 @@ class Node:
     mirror: PolicyMirror
     events: EventSink
     nursery: trio.Nursery
+    dht: Any = None
     peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -52,11 +53,19 @@ class Node:
         return sorted(str(p) for p in self.host.libp2p.get_connected_peers())
 
     async def announce_policy(self, signed: bytes, manifest: Any) -> None:
-        """Tell the run about a new version (inline when small, by id otherwise)."""
+        """Tell the run about a new version: gossip (inline when small, by id otherwise) and the DHT record that
+        names the run's latest manifest (signed by this peer, which must hold the trainer key)."""
+        from p2p.dht import LatestManifest
+
         body = {"id": manifest.id, "version": manifest.version}
         if len(signed) <= GOSSIP_INLINE_MANIFEST:
             body["signed"] = signed
         await self.gossip.publish("manifest", body)
+        try:
+            record = LatestManifest.sign(self.config.run, manifest.id, manifest.version, self.identity)
+            await self.dht.put_latest_manifest(record)
+        except P2PError as exc:
+            log.warning("latest-manifest record not stored: %s", exc)
 
 
 async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask],
@@ -64,6 +73,7 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
     """Build host, gossip, store and mirror, run until cancelled, `done` or a role finishes; returns exit status."""
     from p2p.bootstrap import resolve_bootstrap
     from p2p.channel import open_data_channel, serve_data_channels
+    from p2p.dht import open_dht
     from p2p.gossip import open_gossip
     from p2p.host import HostConfig, open_host
     from p2p.store import PieceStore
@@ -83,8 +93,9 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
                 events.emit("bootstrap_unreachable", address=addr, reason=why)
             mirror = PolicyMirror(store, host.peer_id, trust, run=config.run, transfer=transfer,
                                   reseed=config.reseed, keep=config.keep_versions, on_event=events.emit)
-            async with open_gossip(host, config.run, identity) as gossip, trio.open_nursery() as nursery:
-                node = Node(config, host, gossip, mirror, events, nursery)
+            async with open_gossip(host, config.run, identity) as gossip, open_dht(host) as dht, \
+                    trio.open_nursery() as nursery:
+                node = Node(config, host, gossip, mirror, events, nursery, dht=dht)
                 await nursery.start(mirror.run_service)
                 await nursery.start(serve_data_channels, host, mirror.accept_link)
                 install_manifest_server(host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None)
@@ -94,6 +105,8 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
                 nursery.start_soon(_send_heartbeats, node)
                 nursery.start_soon(_reconcile_links, node, open_data_channel)
                 nursery.start_soon(_report_progress, node)
+                nursery.start_soon(_provide_held, node)
+                nursery.start_soon(_find_latest_on_dht, node)
                 for role in roles:
                     nursery.start_soon(_run_role, node, role)
                 await node.done.wait()
@@ -169,6 +182,47 @@ async def _receive_heartbeats(node: Node) -> None:
                     and entry[1] not in node.mirror.policies
                     and (newest is None or entry[0] > newest.manifest.version - node.config.keep_versions)):
                 node.nursery.start_soon(_fetch_and_adopt, node, sender, entry[1], fetch_manifest)
+
+
+async def _provide_held(node: Node) -> None:
+    """Announce on the DHT every manifest id and file root we mirror (the DHT re-provides them periodically)."""
+    provided: set[bytes] = set()
+    while True:
+        for policy in list(node.mirror.policies.values()):
+            for key in (policy.manifest.id, *(f.root for f in policy.manifest.files)):
+                if key not in provided:
+                    provided.add(key)
+                    try:
+                        await node.dht.provide(key)
+                    except P2PError as exc:
+                        log.debug("provide failed: %s", exc)
+        await node.mirror.changed.wait()
+
+
+async def _find_latest_on_dht(node: Node, every_s: float = 10.0) -> None:
+    """A peer that has heard of no version yet asks the DHT for the run's latest manifest and who holds it.
+
+    Why besides heartbeats: a peer whose bootstrap node knows nothing of the run (or whose gossip mesh has not
+    formed) still finds the newest policy and its providers through the DHT.
+    """
+    from swarm.manifest_protocol import fetch_manifest
+
+    while node.mirror.latest() is None:
+        await trio.sleep(every_s)
+        key = node.mirror.trust.key
+        if key is None or node.mirror.latest() is not None:
+            continue
+        try:
+            record = await node.dht.get_latest_manifest(node.config.run, key)
+            providers = await node.dht.find_providers(record.manifest_id) if record else []
+        except P2PError as exc:
+            log.debug("DHT lookup failed: %s", exc)
+            continue
+        for provider in providers[:4]:
+            await _dial_any(node, list(provider.multiaddrs)[:4])
+            await _fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
+            if node.mirror.latest() is not None:
+                break
 
 
 async def _dial_any(node: Node, addrs: list[str]) -> None:
