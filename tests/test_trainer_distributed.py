@@ -58,7 +58,11 @@ def test_two_gloo_ranks_match_one_process_on_the_full_batch(tmp_path, monkeypatc
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     ranks = [subprocess.Popen([sys.executable, "-c", LAUNCH, str(tmp_path / f"rank{r}.st"), str(Path(__file__).parent)],
                               env={**env, "RANK": str(r)}, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    train_shard(str(tmp_path / "single.st"))  # the whole batch in this process meanwhile
+    threads = torch.get_num_threads()
+    try:
+        train_shard(str(tmp_path / "single.st"))  # the whole batch in this process meanwhile
+    finally:
+        torch.set_num_threads(threads)
     for proc in ranks:
         assert proc.wait(timeout=240) == 0, proc.stderr.read()[-2000:]
     r0, r1, one = (load_file(str(tmp_path / name)) for name in ("rank0.st", "rank1.st", "single.st"))

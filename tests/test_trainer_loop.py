@@ -17,6 +17,15 @@ from verify.rollout import Completion, RolloutGroup
 TARGET = 7  # the synthetic reward: share of completion tokens equal to TARGET
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, as the trainer config defaults to: extra threads spin-wait on a loaded CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def model_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("models")
