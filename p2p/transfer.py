@@ -47,7 +47,7 @@ class TransferConfig:
     handshake_timeout: float = 10.0  # the peer's hello must arrive within this
     send_timeout: float = 60.0  # one frame (a whole piece) must be sent within this
     tick_interval: float = 1.0  # how often request timeouts and stalls are checked
-    receive_chunk: int = 256 * 1024  # bytes asked of the stream per read
+    receive_chunk: int = 1024 * 1024  # bytes asked of the stream per read: a whole 1 MiB record, never a slice of one
 
     @classmethod
     def for_role(cls, role: str, *, upload_bps: float = math.inf, **overrides) -> TransferConfig:

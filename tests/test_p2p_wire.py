@@ -175,3 +175,25 @@ def test_payload_split_across_many_feeds_is_reassembled_exactly():
             frames.append(f)
     dec.eof()
     assert [(h["index"], bytes(p)) for h, p in frames] == [(3, payload), (3, payload)]
+
+
+def test_payload_arriving_as_one_chunk_is_handed_out_uncopied():
+    payload = bytes(range(256)) * 4096
+    prefix, body = encode_frame({"t": "piece", "index": 1}, payload)
+    dec = FrameDecoder()
+    dec.feed(prefix)
+    assert dec.next_frame() is None
+    chunk = bytes(body)
+    dec.feed(chunk)
+    header, got = dec.next_frame()
+    assert header == {"t": "piece", "index": 1} and got is chunk and dec.buffered == 0
+
+
+def test_fed_memoryview_is_copied_so_its_owner_may_reuse_the_buffer():
+    raw = bytearray(_joined(encode_frame({"t": "piece", "index": 0}, b"abc" * 100)))
+    dec = FrameDecoder()
+    dec.feed(memoryview(raw)[:50])
+    raw[:50] = bytes(50)  # the owner reuses its buffer
+    dec.feed(memoryview(raw)[50:])
+    header, payload = dec.next_frame()
+    assert header == {"t": "piece", "index": 0} and payload == b"abc" * 100
