@@ -64,3 +64,29 @@ def test_cli_rejects_unknown_config_keys_in_one_line(tmp_path, capsys):
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("swarm: error: unknown trainer config key 'learning_rate'") and "\n" not in err
+
+
+def test_fastcurl_stages_drive_what_the_local_worker_generates(tmp_path):
+    from inference.models import load_model
+    from tasks import segment
+    from trainer.local_source import LocalRolloutSource
+    from trainer.session import load_task_split
+
+    summary = _train(tmp_path, steps=4, curriculum="fastcurl", max_new_tokens=4, eval_n=4)
+    log = read_log(tmp_path / "log.jsonl")
+    assert [r["stage"] for r in log] == ["short@2", "all@4", "long@6", "all@4"]
+    final = json.loads((tmp_path / "final" / "generation.json").read_text())
+    assert (final["stage"], final["group_size"], final["max_new_tokens"]) == ("all@4", 16, 4)
+    assert summary["versions"] == 4
+
+    cfg = load_config(overrides={**FAST, "out": str(tmp_path)}).config
+    train_set, heldout = load_task_split(cfg)
+    source = LocalRolloutSource(load_model("tiny"), train_set, run="r", prompts_per_step=6)
+    from trainer.loop import PublishedPolicy
+    for data in ("short", "long"):
+        policy = PublishedPolicy(0, tmp_path / "final", {"data": data, "group_size": 2, "temperature": 1.0,
+                                                          "max_new_tokens": 2, "stage": data})
+        groups = source.generate(0, policy)
+        assert {g.task_index for g in groups} <= set(segment(train_set, data))
+        assert not {g.task_index for g in groups} & set(heldout.indices())
+        assert all(len(g.completions) == 2 and all(len(c.tokens) <= 2 for c in g.completions) for g in groups)
