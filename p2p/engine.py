@@ -101,7 +101,7 @@ class PeerState:
     """What the engine knows about one connected peer."""
 
     bits: np.ndarray  # bool per piece: the peer holds it (as far as it told us)
-    timed_out: np.ndarray  # bool per piece: a request for it timed out, never ask this peer again
+    timed_out: np.ndarray  # bool per piece: a request for it timed out; ask this peer again only as the sole holder
     held: int = 0
     requested: dict[int, float] = field(default_factory=dict)  # our requests to it -> when sent
     cancelled: set[int] = field(default_factory=set)  # requests we cancelled (a piece may still arrive)
@@ -341,10 +341,20 @@ class SwarmEngine:
         return self._schedule_uploads()
 
     def peer_cancel(self, peer: str, index: int, now: float) -> list[Action]:
+        """Forget a queued request. A super-seed also withdraws the piece's promise to that peer: a promise the
+        peer will not collect would block that piece's first copy, and with it the whole first round, forever."""
         state = self.peers.get(peer)
-        if state is not None and index in state.queue:
+        if state is None:
+            return []
+        if index in state.queue:
             state.queue.remove(index)
-        return []
+        if index not in state.revealed:
+            return []
+        state.revealed.discard(index)
+        out: list[Action] = []
+        for name in [n for n in self.peers if n != peer] + [peer]:  # offered to the others before the canceller
+            out += self._reveal(name)
+        return out
 
     def upload_done(self, peer: str, index: int, now: float) -> list[Action]:
         """The adapter finished (or gave up) sending a SendPiece: free its slot."""

@@ -21,7 +21,10 @@ class Picker(Protocol):
 
 
 def _candidates(engine: SwarmEngine, peer: PeerState) -> np.ndarray:
-    return np.flatnonzero(peer.bits & ~engine.have & ~engine.pending_mask & ~peer.timed_out)
+    """A piece whose request to this peer timed out is asked of it again only when nobody else holds it: a
+    super-seed is the only holder of the pieces it reveals, and never re-asking it would stall us forever."""
+    avoid = peer.timed_out & (engine.availability > 1)
+    return np.flatnonzero(peer.bits & ~engine.have & ~engine.pending_mask & ~avoid)
 
 
 class NaivePicker:

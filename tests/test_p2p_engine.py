@@ -227,3 +227,23 @@ def test_engines_without_an_explicit_rng_do_not_all_rank_pieces_alike():
     # identical ranks made every peer of a flash crowd ask the seed for the same pieces (measured: 7.8x the file)
     a, b = SwarmEngine(64, bytes(64)), SwarmEngine(64, bytes(64))
     assert list(a.rank) != list(b.rank)
+
+
+def test_a_timed_out_piece_is_asked_again_of_its_only_holder():
+    """A super-seed is the only holder of what it reveals: never re-asking it after one slow answer stalls forever."""
+    cfg = EngineConfig(pipeline_depth=1, request_timeout=5, endgame=False)
+    eng = SwarmEngine(1, b"\x00", config=cfg)
+    assert eng.peer_connected("seed", b"\x01", 0.0) == [Send("seed", Request(0))]
+    out = eng.tick(6.0)
+    assert out[0] == Send("seed", Cancel(0)) and Send("seed", Request(0)) in out
+
+
+def test_super_seed_withdraws_a_cancelled_promise_so_the_first_round_goes_on():
+    cfg = EngineConfig(super_seed=True, super_seed_reveal=1)
+    seed = SwarmEngine(2, b"\x01\x01", config=cfg, rng=random.Random(0))
+    (first,) = seed.peer_connected("a", b"\x00\x00", 0.0)
+    promised = first.message.index
+    assert seed.peer_connected("b", b"\x00\x00", 0.0) == [Send("b", Have(1 - promised))]
+    assert seed.peer_request("b", 1 - promised, 1.0) == [SendPiece("b", 1 - promised)]
+    assert seed.upload_done("b", 1 - promised, 2.0) == []  # the only never-sent piece is promised to a
+    assert seed.peer_cancel("a", promised, 3.0) == [Send("b", Have(promised))]
