@@ -119,6 +119,15 @@ class Harness:
         return verdicts, time.perf_counter() - start
 
 
+def _progress(row: dict) -> dict:
+    """Each finished case as one line on stderr, so a long run shows where it is (stdout keeps the JSON)."""
+    import sys
+
+    print(f"bench verify: {row['case']}: {row['rejected']}/{row['groups']} rejected, gen {row['gen_s']} s, "
+          f"validate {row['validate_s']} s", file=sys.stderr, flush=True)
+    return row
+
+
 def _row(case: str, kind: str, verdicts, gen_s: float, proof_s: float, validate_s: float, groups) -> dict:
     rejected_by: dict[str, int] = {}
     for v in verdicts:
@@ -128,12 +137,12 @@ def _row(case: str, kind: str, verdicts, gen_s: float, proof_s: float, validate_
     tokens = sum(len(c.tokens) for g in groups for c in g.completions)
     proof_bytes = sum(len(c.proof) for g in groups for c in g.completions)
     chunks = sum(-(-len(c.tokens) // 32) for g in groups for c in g.completions)
-    return {
+    return _progress({
         "case": case, "kind": kind, "groups": len(verdicts), "rejected": sum(not v.accepted for v in verdicts),
         "gen_s": round(gen_s, 4), "proof_build_s": round(proof_s, 4), "validate_s": round(validate_s, 4),
         "tokens": tokens, "proof_bytes_per_chunk": round(proof_bytes / max(1, chunks), 2), "rejected_by": rejected_by,
         "first_reason": next((v.reason for v in verdicts if not v.accepted), ""),
-    }
+    })
 
 
 def run_bench(config: BenchConfig) -> dict:
