@@ -5,7 +5,8 @@ newest `keep` versions and garbage-collects older ones, and routes data channels
 
 Link rules (why): data channels are per (peer, manifest). The dialer writes the 32-byte manifest id first, so the
 acceptor can route the link without guessing. For each pair of peers only the one with the smaller peer id dials,
-so two peers never open crossing duplicate links. A peer that does not re-seed (the single-origin baseline) links
+so two peers never open crossing duplicate links; it also keeps one spare channel open to each such peer, so a new
+version's link does not wait seconds for a dial (see `reconcile`). A peer that does not re-seed (the single-origin baseline) links
 only with the manifest's origin, the trainer's peer.
 """
 
@@ -28,6 +29,8 @@ from swarm.trust import TrainerTrust
 
 log = logging.getLogger(__name__)
 ROUTE_BYTES = 32
+MAX_WAITING_PER_PEER = 4  # inbound data channels of one peer still waiting for their manifest id
+_DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
 Dialer = Callable[[str], Awaitable[Any]]
 
 
@@ -50,7 +53,8 @@ class PolicyMirror:
 
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
                  transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
-                 on_event: Callable[[str, dict], None] = lambda kind, info: None) -> None:
+                 on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
+                 spare_ttl: float = 30.0) -> None:
         self.store = store
         self.my_id = my_id
         self.trust = trust
@@ -59,6 +63,14 @@ class PolicyMirror:
         self.reseed = reseed
         self.keep = keep
         self.on_event = on_event
+        # a data-channel dial takes seconds on a loaded machine, but a libp2p stream open that hangs waits 30 s:
+        # give up sooner and retry, since a missing link leaves its peer to the seed
+        self.dial_timeout = dial_timeout
+        self.spare_ttl = spare_ttl  # a spare data channel older than this is closed and dialed anew
+        self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel with no manifest yet, opened at)
+        self._spare_dialing: set[str] = set()
+        self._spare_failures: dict[str, float] = {}
+        self._waiting: dict[str, int] = {}
         self.policies: dict[bytes, MirroredPolicy] = {}
         self.changed = trio.Event()  # set (and replaced) whenever a version is adopted or completes
         self._nursery: trio.Nursery | None = None
@@ -171,21 +183,52 @@ class PolicyMirror:
         return self.reseed or peer == policy.origin or self.my_id == policy.origin
 
     async def accept_link(self, peer: str, stream: Any) -> None:
-        """Serve an inbound data channel: read the manifest id it is for, then run the link until it ends."""
+        """Serve an inbound data channel: read the manifest id it is for, then run the link until it ends.
+
+        The id may come much later (a warm spare, see `reconcile`), so the wait is long but bounded, and each peer
+        may keep only a few channels waiting. A manifest not adopted here yet is waited for briefly: gossip reaches
+        peers a second apart, and a refused link costs the dialer a fresh dial of several seconds.
+        """
+        if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER:
+            return
+        self._waiting[peer] = self._waiting.get(peer, 0) + 1
+        try:
+            route = await self._read_route(stream)
+        finally:
+            self._waiting[peer] -= 1
+        if route is None:
+            return
+        policy = await self._adopted(route, self.transfer.handshake_timeout / 2)
+        if policy is None or policy.service is None or not self._may_link(policy, peer):
+            return  # unknown manifest, or one this peer does not share with `peer`: the dialer retries later
+        self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "in"})
+        await policy.service.serve_link(peer, stream)
+
+    async def _read_route(self, stream: Any) -> bytes | None:
         route = bytearray()
-        with trio.fail_after(self.transfer.handshake_timeout):
+        with trio.move_on_after(self.spare_ttl + self.transfer.handshake_timeout):
             while len(route) < ROUTE_BYTES:
                 chunk = await stream.receive_some(ROUTE_BYTES - len(route))
                 if not chunk:
-                    return
+                    return None
                 route += chunk
-        policy = self.policies.get(bytes(route))
-        if policy is None or policy.service is None or not self._may_link(policy, peer):
-            return  # unknown or not-yet-known manifest: the dialer retries after it has been adopted here
-        await policy.service.serve_link(peer, stream)
+            return bytes(route)
+        return None
+
+    async def _adopted(self, manifest_id: bytes, wait: float) -> MirroredPolicy | None:
+        with trio.move_on_after(wait):
+            while manifest_id not in self.policies:
+                await self.changed.wait()
+        return self.policies.get(manifest_id)
 
     async def reconcile(self, peers: list[str], dial: Dialer, max_links: int) -> None:
-        """Open the links this peer should dial: smaller peer id dials, failed dials back off."""
+        """Open the links this peer should dial: smaller peer id dials, failed dials back off.
+
+        Why spares: opening a data channel costs a few libp2p round trips, measured at 2.5-4.6 s per dial on a
+        loaded machine with several peers starting, longer than the whole transfer of a small policy. So every
+        peer we dial keeps one channel open ahead of need, and a new version's link takes it and only writes its
+        manifest id.
+        """
         now = trio.current_time()
         for policy in list(self.policies.values()):
             service = policy.service
@@ -193,18 +236,55 @@ class PolicyMirror:
                 continue
             for peer in peers:
                 if (peer <= self.my_id or peer in service.peers or peer in policy.dialing
+                        or peer in self._spare_dialing  # about to be there: a second dial would only compete
                         or not self._may_link(policy, peer) or len(service.peers) >= max_links
                         or now - policy.failures.get(peer, -math.inf) < 2.0):
                     continue
                 policy.dialing.add(peer)
-                self._nursery.start_soon(self._dial_link, policy, peer, dial)
+                self._nursery.start_soon(self._dial_link, policy, peer, dial, self._take_spare(peer, now))
+        self._keep_spares(peers, dial, max_links, now)
 
-    async def _dial_link(self, policy: MirroredPolicy, peer: str, dial: Dialer) -> None:
+    def _take_spare(self, peer: str, now: float) -> Any:
+        spare = self._spares.pop(peer, None)
+        if spare is None or now - spare[1] > self.spare_ttl:
+            return None
+        return spare[0]
+
+    def _keep_spares(self, peers: list[str], dial: Dialer, max_links: int, now: float) -> None:
+        connected = set(peers)
+        for peer, (stream, opened_at) in list(self._spares.items()):
+            if peer not in connected or now - opened_at > self.spare_ttl:  # the acceptor stops waiting soon after
+                del self._spares[peer]
+                self._nursery.start_soon(trio.aclose_forcefully, stream)
+        for peer in peers:
+            if (peer <= self.my_id or peer in self._spares or peer in self._spare_dialing
+                    or len(self._spares) + len(self._spare_dialing) >= max_links
+                    or now - self._spare_failures.get(peer, -math.inf) < 2.0):
+                continue
+            self._spare_dialing.add(peer)
+            self._nursery.start_soon(self._dial_spare, peer, dial)
+
+    async def _dial_spare(self, peer: str, dial: Dialer) -> None:
         try:
-            stream = await dial(peer)
-            await stream.send_all(policy.manifest.id)
+            with trio.fail_after(self.dial_timeout):
+                stream = await dial(peer)
+            self._spares[peer] = (stream, trio.current_time())
+        except _DIAL_ERRORS as exc:
+            self._spare_failures[peer] = trio.current_time()
+            log.debug("spare data channel to %s failed: %s", peer, exc)
+        finally:
+            self._spare_dialing.discard(peer)
+
+    async def _dial_link(self, policy: MirroredPolicy, peer: str, dial: Dialer, spare: Any = None) -> None:
+        started = trio.current_time()
+        try:
+            with trio.fail_after(self.dial_timeout):
+                stream = spare if spare is not None else await dial(peer)
+                await stream.send_all(policy.manifest.id)
             policy.service.add_link(peer, stream)
-        except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
+            self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "out",
+                                   "dial_s": round(trio.current_time() - started, 3), "spare": spare is not None})
+        except _DIAL_ERRORS as exc:
             policy.failures[peer] = trio.current_time()
             log.debug("data channel to %s failed: %s", peer, exc)
         finally:
