@@ -14,9 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validators", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
     parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
-    parser.add_argument("--steps", type=int, default=6, help="trainer steps (one policy version each)")
+    parser.add_argument("--steps", type=int, default=8, help="trainer steps (one policy version each)")
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF directory")
-    parser.add_argument("--task", default="basic_arithmetic")
+    parser.add_argument("--task", default="gcd", help="reasoning-gym task (default: gcd up to 50, which tiny learns)")
     parser.add_argument("--async-level", dest="async_level", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
-                           async_level=args.async_level, timeout_s=args.timeout)
+                           async_level=args.async_level, timeout_s=args.timeout,
+                           task_config="{max_value = 50}" if args.task == "gcd" else "{}")
     events: list[dict] = []
     sink = EventSink(json_lines=args.json, stream=sys.stdout if args.json else open("/dev/null", "w"))
     sink.listeners.append(events.append)

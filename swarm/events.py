@@ -22,6 +22,10 @@ class EventSink:
 
     def configure_logging(self, level: int = logging.WARNING) -> None:
         logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+        # py-libp2p logs every unanswered DHT query and refused dial at WARNING or above; our own layers report
+        # what a user can act on, so its chatter is kept for debugging only.
+        for noisy in ("libp2p", "multiaddr"):
+            logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
     def emit(self, kind: str, info: dict | None = None, **fields) -> None:
         record = {"event": kind, "t": time.monotonic(), **(info or {}), **fields}

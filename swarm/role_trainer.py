@@ -125,7 +125,7 @@ class SwarmPublisher:
                        cfg.eval_fraction, segment, peer.prompts_per_worker, cfg.async_level, peer.replicas,
                        peer.quorum, tuple(validators))
 
-    async def publish(self, version: int, source: Path) -> RunSpec:
+    async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
         from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 
         generation = json.loads((source / "generation.json").read_text())
@@ -143,6 +143,7 @@ class SwarmPublisher:
             created_at=time.time(), generation=settings, piece_size=self.piece_kb * 1024))
         signed = sign_manifest(manifest, self.identity.sign, self.identity.public_bytes).to_bytes()
         self.node.mirror.adopt(signed, local_dir=target)
+        before_announce(spec)  # the gate must know the version before any worker can answer it
         await self.node.announce_policy(signed, manifest)
         self.published.add(version)
         self.node.events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
@@ -198,10 +199,14 @@ async def trainer_role(node) -> None:
             progress.set()
 
     async def ticks() -> None:
+        last = None
         while True:
             await trio.sleep(1.0)
             gate.tick(trio.current_time())
             progress.set()
+            if gate.counts != last:  # what the gate has seen so far, for the status view and the report
+                last = dict(gate.counts)
+                node.events.emit("gate", waiting=len(gate.pending), ready=len(gate.accepted), counts=last)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(rollouts)
@@ -250,6 +255,8 @@ async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> 
     version = run.state.version
     if version in publisher.published:
         return
-    spec = await publisher.publish(version, policy_dir(run.policies, version))
-    gate.specs[version] = spec
-    gate.newest = version
+    def register(spec: RunSpec) -> None:
+        gate.specs[version] = spec
+        gate.newest = version
+
+    await publisher.publish(version, policy_dir(run.policies, version), before_announce=register)

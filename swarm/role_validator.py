@@ -73,6 +73,19 @@ def _context(node, models: VersionModels, version: int, loaded):
         tasks=TaskSetProvider({train.name: train}, loaded.tokenizer))
 
 
+def check_config():
+    """The validator's tolerances: the verifier's defaults, except the EOS-probability floor.
+
+    Why: INTELLECT-2 required P(EOS) > 0.1 because it could not check how tokens were sampled. Our seeded
+    Gumbel-max sampler lets the sampling check re-derive every token, the final EOS included, which proves the
+    EOS was honestly sampled; the floor on top only rejected honest high-temperature samples (seen in the
+    simulation: an honest tiny-model EOS sampled at p = 0.005).
+    """
+    from verify.checks import CheckConfig
+
+    return CheckConfig(min_eos_prob=0.0)
+
+
 def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
     """Blocking: one verdict per group, grouped by version so each context matches its version's stage."""
     from verify.checks import CheckResult
@@ -81,7 +94,8 @@ def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
     verdicts = []
     for version in sorted({g.policy_version for g in groups}):
         batch = [g for g in groups if g.policy_version == version]
-        for g, verdict in zip(batch, verify_groups(models.models, batch, _context(node, models, version, loaded))):
+        for g, verdict in zip(batch, verify_groups(models.models, batch, _context(node, models, version, loaded),
+                                                check_config())):
             if g.step != g.policy_version:  # a worker may not shop for easier prompts under another step
                 verdict = Verdict(verdict.rollout_id, False, verdict.checks + (
                     CheckResult("step", False, "assignment step differs from the policy version"),))

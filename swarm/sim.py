@@ -26,12 +26,13 @@ class SimSettings:
     validators: int = 2
     seeds: int = 1
     cheaters: int = 0
-    steps: int = 6
+    steps: int = 8
     prompts_per_worker: int = 4
-    group_size: int = 4
-    max_new_tokens: int = 24
+    group_size: int = 8
+    max_new_tokens: int = 8
     model: str = "tiny"
-    task: str = "basic_arithmetic"
+    task: str = "gcd"
+    task_config: str = "{}"  # TOML inline table of the task's difficulty settings
     async_level: int = 1
     timeout_s: float = 900.0
 
@@ -49,10 +50,11 @@ def _trainer_toml(s: SimSettings) -> Path:
     path = s.out / "trainer.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join([
-        "[trainer]", f'model = "{s.model}"', f'task = "{s.task}"', f"steps = {s.steps}",
+        "[trainer]", f'model = "{s.model}"', f'task = "{s.task}"', f"task_config = {s.task_config}",
+        "task_size = 400", f"steps = {s.steps}", "temperature = 1.0", "grad_clip = 1.0", "threads = 1",
         f"prompts_per_step = {max(1, (s.inference * s.prompts_per_worker) // 2)}", f"group_size = {s.group_size}",
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
-        'curriculum = "fastcurl"', "lr = 2e-4", "checkpoint_every = 1000", f"# {workers} workers",
+        'curriculum = "fastcurl"', "lr = 3e-3", "checkpoint_every = 1000", f"# {workers} workers",
     ]) + "\n")
     return path
 
