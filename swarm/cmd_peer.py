@@ -29,6 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit once the newest policy is complete")
     parser.add_argument("--json-events", dest="json_events", action="store_true",
                         help="print machine-readable JSON event lines instead of progress text")
+    parser.add_argument("--key", type=Path, help="identity key file (the trainer's run key; default: data dir's)")
+    parser.add_argument("--model", help="base model of trainer/inference/validator roles: tiny, smollm2 or a dir")
+    parser.add_argument("--trainer-config", dest="trainer_config", type=Path,
+                        help="trainer role: TOML of GRPO and curriculum settings (trainer/configs/*.toml)")
+    parser.add_argument("--prompts-per-worker", dest="prompts_per_worker", type=int,
+                        help="trainer role: prompts each inference peer answers per version")
+    parser.add_argument("--replicas", type=int, help="trainer role: validators assigned to each rollout")
+    parser.add_argument("--quorum", type=int, help="trainer role: accepting votes a rollout needs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
         "bootstrap": tuple(args.bootstrap) if args.bootstrap else None,
         "listen": tuple(args.listen) if args.listen else None,
         "data_dir": args.data_dir, "keep_versions": args.keep_versions, "upload_mbps": args.upload_mbps,
-        "reseed": args.reseed, "exit_when_complete": args.exit_when_complete,
+        "reseed": args.reseed, "exit_when_complete": args.exit_when_complete, "model": args.model,
+        "trainer_config": args.trainer_config, "prompts_per_worker": args.prompts_per_worker,
+        "replicas": args.replicas, "quorum": args.quorum,
     }
     config = load_config(args.config, overrides)
-    return run_peer(config, json_events=args.json_events)
+    return run_peer(config, json_events=args.json_events, key_file=args.key)

@@ -262,7 +262,7 @@ async def _report_progress(node: Node) -> None:
                              up_bytes=up, down_bytes=down)
 
 
-def run_peer(config: PeerConfig, json_events: bool = False) -> int:
+def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> int:
     """Entry point of `swarm peer start`: build the roles, run until interrupted."""
     from p2p.identity import load_or_create_identity
     from swarm.roles import build_roles
@@ -271,7 +271,12 @@ def run_peer(config: PeerConfig, json_events: bool = False) -> int:
     events = EventSink(json_lines=json_events)
     events.configure_logging()
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    identity = load_or_create_identity(config.data_dir)
+    if key_file is not None:
+        from p2p.identity import read_key_file
+
+        identity = read_key_file(key_file)
+    else:
+        identity = load_or_create_identity(config.data_dir)
     roles = build_roles(config)
     trust_key = parse_trainer_key(config.trainer_key)
     if "trainer" in config.roles:

@@ -1,0 +1,67 @@
+"""Bad input to the CLI gets one clear line and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+SWARM = [sys.executable, "-m", "swarm"]
+
+
+def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*SWARM, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["peer", "start", "--role", "bogus"], "unknown role bogus"),
+    (["peer", "start", "--bootstrap", "/ip4/not-an-ip"], "is not a valid multiaddr"),
+    (["publish", "/nonexistent/ckpt", "--run", "r", "--key", "/nonexistent/key"], "does not exist"),
+    (["peer", "start", "--quorum", "3", "--replicas", "2"], "quorum 3 must be between 1 and replicas"),
+])
+def test_bad_input_is_one_line(tmp_path, args, fragment):
+    result = run_swarm(*args, "--data-dir", str(tmp_path / "d")) if args[0] == "peer" else run_swarm(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("swarm: error:")]
+    assert len(lines) == 1 and fragment in lines[0]
+
+
+def test_second_process_on_the_same_data_dir_is_refused(tmp_path):
+    first = subprocess.Popen([*SWARM, "peer", "start", "--data-dir", str(tmp_path / "d"), "--json-events"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = first.stdout.readline()
+            if not line or json.loads(line)["event"] == "listening":
+                break
+        second = run_swarm("peer", "start", "--data-dir", str(tmp_path / "d"))
+    finally:
+        first.terminate()
+        first.wait(20)
+    assert second.returncode == 2 and "Traceback" not in second.stderr
+    assert "in use by another swarm process" in second.stderr
+
+
+def test_unreachable_bootstrap_peer_is_one_warning_and_the_peer_runs(tmp_path):
+    dead = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWKgvMnRQjUKcxwkLiauTUqk8fXhs8WTs4UwnPcvr97u47"
+    proc = subprocess.Popen([*SWARM, "peer", "start", "--data-dir", str(tmp_path / "d"), "--bootstrap", dead,
+                             "--json-events"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(e["event"] == "listening" for e in events):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            events.append(json.loads(line))
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    kinds = [e["event"] for e in events]
+    assert "bootstrap_unreachable" in kinds and "listening" in kinds
+    assert "Traceback" not in err
