@@ -7,14 +7,16 @@ What is measured, in one run so the ratios are fair on a noisy machine:
 - seed_upload_ratio: bytes the seed uploaded (its own counter, reported after the last peer completed) / file size;
 - all_verified: after the peers exit, every peer's store is reassembled and compared (BLAKE3) with the original;
 - peer_max_rss_mb: the largest peak RSS of a peer process (seed-only peers never load whole files).
-Peers start first and the publisher announces once all are subscribed, so process start-up is not counted.
+Process start-up is not counted: the publisher announces once every pair of processes holds a warm data channel
+(`warm_links` says how many pairs were warm when the clock started; see `_warm_up`). The publisher is this module's
+`publisher_main`, `swarm publish` with an announce trigger.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import queue
+import math
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--piece-kb", dest="piece_kb", type=int, default=256)
     parser.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the single-origin run")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a phase is abandoned")
+    parser.add_argument("--warmup", type=float, default=60.0,
+                        help="seconds to wait for warm data channels between all processes before publishing")
     parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep files here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
 
@@ -52,18 +56,19 @@ def _make_checkpoint(path: Path, size_mb: float) -> bytes:
 
 
 class _Proc:
-    """A `swarm` child process whose JSON event lines a thread reads as they come.
+    """A child process whose JSON event lines a thread collects as they come.
 
     Why a thread per process: a child whose stdout pipe is not drained blocks in its next print (and with it its
     whole trio loop, uploads included); reading processes one after another stalled the ones not being read.
     """
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, argv: list[str], log_path: Path, stdin: int | None = None) -> None:
         self.log = open(log_path, "w")
-        self.popen = subprocess.Popen([sys.executable, "-m", "swarm", *args], stdout=subprocess.PIPE,
-                                      stderr=self.log, text=True, bufsize=1)
-        self.events: queue.Queue[dict | None] = queue.Queue()
+        self.popen = subprocess.Popen([sys.executable, *argv], stdin=stdin, stdout=subprocess.PIPE, stderr=self.log,
+                                      text=True, bufsize=1)
         self.seen: list[dict] = []
+        self.ended = False
+        self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -72,24 +77,33 @@ class _Proc:
             self.log.write(line)
             self.log.flush()
             try:
-                self.events.put(json.loads(line))
+                event = json.loads(line)
             except ValueError:
                 continue
-        self.events.put(None)
+            with self._cond:
+                self.seen.append(event)
+                self._cond.notify_all()
+        with self._cond:
+            self.ended = True
+            self._cond.notify_all()
 
-    def wait_for(self, kind: str, deadline: float, **match) -> dict:
-        """The next event of `kind` whose fields equal `match`; UserError if the process exits or time runs out."""
-        while True:
-            try:
-                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise UserError(f"no '{kind}' event before the deadline; see {self.log.name}") from None
-            if event is None:
-                self.events.put(None)
-                raise UserError(f"a benchmark process exited before '{kind}'; see {self.log.name}")
-            self.seen.append(event)
-            if event["event"] == kind and all(event.get(k) == v for k, v in match.items()):
-                return event
+    def events(self, kind: str) -> list[dict]:
+        with self._cond:
+            return [e for e in self.seen if e.get("event") == kind]
+
+    def wait_for(self, kind: str, deadline: float, after: float = -math.inf, **match) -> dict:
+        """The first event of `kind`, stamped after `after`, whose fields equal `match`; UserError if the process
+        exits or time runs out first."""
+        with self._cond:
+            while True:
+                for event in self.seen:
+                    if (event.get("event") == kind and event["t"] > after
+                            and all(event.get(k) == v for k, v in match.items())):
+                        return event
+                if self.ended:
+                    raise UserError(f"a benchmark process exited before '{kind}'; see {self.log.name}")
+                if not self._cond.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    raise UserError(f"no '{kind}' event before the deadline; see {self.log.name}")
 
     def peak_rss_mb(self) -> float:
         """Peak resident memory of the running process (Linux /proc; 0 where unavailable)."""
@@ -113,6 +127,56 @@ class _Proc:
         self.log.close()
 
 
+def _warm_up(procs: list[_Proc], deadline: float) -> tuple[int, int]:
+    """Wait until every pair of processes holds a warm data channel (a mirror's 'spare' event); returns (pairs
+    warm, pairs in all). Why: a run's peers live for many versions, so a new version finds its links open; a
+    cold start would measure libp2p start-up (connections, then several seconds per data-channel dial) instead."""
+    ids = {p.wait_for("listening", deadline)["peer_id"] for p in procs}
+    wanted = len(ids) * (len(ids) - 1) // 2
+    while True:
+        warm = set()
+        for p in procs:
+            me = p.events("listening")[0]["peer_id"]
+            warm |= {frozenset((me, e["peer"])) for e in p.events("spare") if e["peer"] in ids}
+        if len(warm) >= wanted or time.monotonic() > deadline:
+            return len(warm), wanted
+        time.sleep(0.2)
+
+
+_PUBLISHER = "import sys; from swarm.bench_broadcast import publisher_main; sys.exit(publisher_main(sys.argv[1:]))"
+
+
+def publisher_main(argv: list[str]) -> int:
+    """The bench's publisher: what `swarm publish` does, except that it announces when told (a line on stdin), so
+    the bench can start the clock on a warm swarm. argv: checkpoint, run, key file, data dir, piece KiB, Mbit/s."""
+    import trio
+
+    from p2p.identity import read_key_file
+    from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+    from swarm.config import load_config
+    from swarm.events import EventSink
+    from swarm.node import open_node_parts
+
+    ckpt, run, key_file, data_dir, piece_kb, upload_mbps = argv
+    key = read_key_file(Path(key_file))
+    config = load_config(None, {"roles": ("seed",), "run": run, "data_dir": Path(data_dir), "listen": (),
+                                "bootstrap": (), "upload_mbps": float(upload_mbps), "piece_kb": int(piece_kb),
+                                "trainer_key": key.public_bytes.hex()})
+    events = EventSink(json_lines=True)
+    events.configure_logging()
+
+    async def publish(node) -> None:
+        manifest = build_manifest(Path(ckpt), run=run, version=1, parent_version=None, created_at=time.time(),
+                                  generation=GenerationSettings(8, 0.6, 256, 0), piece_size=int(piece_kb) * 1024)
+        signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
+        await trio.wrap_file(sys.stdin).readline()
+        node.mirror.adopt(signed, local_dir=Path(ckpt))
+        events.emit("published", version=1, id=manifest.id.hex(), bytes=manifest.total_size)
+        await node.announce_policy(signed, manifest)
+
+    return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)
+
+
 def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     """One distribution: peers stay up and keep re-seeding until the LAST one holds every piece.
 
@@ -122,32 +186,32 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     """
     tag = "swarm" if reseed else "single"
     start_deadline = time.monotonic() + args.timeout
-    pub = _Proc(["publish", str(work / "ckpt"), "--run", f"bench-{tag}", "--key", str(work / "trainer.key"),
-                 "--data-dir", str(work / f"{tag}-seed"), "--piece-kb", str(args.piece_kb),
-                 "--upload-mbps", str(args.seed_upload_mbps), "--announce-after-peers", str(args.peers),
-                 "--json-events"], work / f"{tag}-seed.log")
+    pub = _Proc(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
+                 str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps)], work / f"{tag}-seed.log",
+                stdin=subprocess.PIPE)
     peers: list[_Proc] = []
     try:
         seed_addr = pub.wait_for("listening", start_deadline)["addrs"][0]
         for i in range(args.peers):
-            flags = ["peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key", key_hex,
-                     "--bootstrap", seed_addr, "--data-dir", str(work / f"{tag}-peer{i}"),
+            flags = ["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
+                     key_hex, "--bootstrap", seed_addr, "--data-dir", str(work / f"{tag}-peer{i}"),
                      "--upload-mbps", str(args.upload_mbps), "--json-events"]
             peers.append(_Proc(flags + ([] if reseed else ["--no-reseed"]), work / f"{tag}-peer{i}.log"))
+        warm = _warm_up([pub] + peers, time.monotonic() + args.warmup)
+        pub.popen.stdin.write("go\n")
+        pub.popen.stdin.flush()
         published = pub.wait_for("published", start_deadline)
         deadline = time.monotonic() + args.timeout
         done = [p.wait_for("complete", deadline, id=published["id"]) for p in peers]
         t_done = max(d["t"] for d in done)
         # the seed's own counter, from its first progress report after the last peer completed
-        seed_report = pub.wait_for("progress", deadline, version=published["version"])
-        while seed_report["t"] <= t_done:
-            seed_report = pub.wait_for("progress", deadline, version=published["version"])
+        seed_report = pub.wait_for("progress", deadline, after=t_done, version=published["version"])
         rss = max(p.peak_rss_mb() for p in peers)
     finally:
         for p in peers + [pub]:
             p.stop()
     return {"t": t_done - published["t"], "seed_upload_bytes": seed_report["up_bytes"], "max_rss_mb": rss,
-            "manifest_id": published["id"], "verified": _verify(work, tag, args.peers, published["id"])}
+            "warm": warm, "manifest_id": published["id"], "verified": _verify(work, tag, args.peers, published["id"])}
 
 
 def _verify(work: Path, tag: str, peers: int, manifest_hex: str) -> bool:
@@ -196,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
         "seed_upload_ratio": round(swarm["seed_upload_bytes"] / file_bytes, 3),
         "all_verified": swarm["verified"] and (single is None or single["verified"]),
         "peer_max_rss_mb": swarm["max_rss_mb"],
+        "warm_links": "{}/{}".format(*swarm["warm"]),
     }
     print(json.dumps(result))
     return 0

@@ -54,7 +54,7 @@ class PolicyMirror:
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
                  transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
-                 spare_ttl: float = 30.0) -> None:
+                 spare_ttl: float = 240.0, adoption_wait: float = 30.0) -> None:
         self.store = store
         self.my_id = my_id
         self.trust = trust
@@ -66,6 +66,9 @@ class PolicyMirror:
         # a data-channel dial takes seconds on a loaded machine, but a libp2p stream open that hangs waits 30 s:
         # give up sooner and retry, since a missing link leaves its peer to the seed
         self.dial_timeout = dial_timeout
+        # gossip delivered a manifest up to 21 s after another peer (measured, 5 processes on a loaded machine): an
+        # inbound link for a manifest not adopted yet waits this long, and our own links wait as long for a hello
+        self.adoption_wait = adoption_wait
         self.spare_ttl = spare_ttl  # a spare data channel older than this is closed and dialed anew
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel with no manifest yet, opened at)
         self._spare_dialing: set[str] = set()
@@ -139,7 +142,7 @@ class PolicyMirror:
 
     def _start_service(self, policy: MirroredPolicy) -> None:
         assert self._nursery is not None, "run_service must be started first"
-        config = self.transfer
+        config = replace(self.transfer, handshake_timeout=max(self.transfer.handshake_timeout, self.adoption_wait + 5))
         if policy.origin == self.my_id:
             # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice
             # while another has never gone out (REFERENCE.md section 4).
@@ -187,7 +190,7 @@ class PolicyMirror:
 
         The id may come much later (a warm spare, see `reconcile`), so the wait is long but bounded, and each peer
         may keep only a few channels waiting. A manifest not adopted here yet is waited for briefly: gossip reaches
-        peers a second apart, and a refused link costs the dialer a fresh dial of several seconds.
+        peers seconds apart, and a refused link costs the dialer a fresh dial of several seconds.
         """
         if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER:
             return
@@ -198,7 +201,7 @@ class PolicyMirror:
             self._waiting[peer] -= 1
         if route is None:
             return
-        policy = await self._adopted(route, self.transfer.handshake_timeout / 2)
+        policy = await self._adopted(route, self.adoption_wait)
         if policy is None or policy.service is None or not self._may_link(policy, peer):
             return  # unknown manifest, or one this peer does not share with `peer`: the dialer retries later
         self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "in"})
@@ -251,9 +254,10 @@ class PolicyMirror:
         return spare[0]
 
     def _keep_spares(self, peers: list[str], dial: Dialer, max_links: int, now: float) -> None:
-        connected = set(peers)
         for peer, (stream, opened_at) in list(self._spares.items()):
-            if peer not in connected or now - opened_at > self.spare_ttl:  # the acceptor stops waiting soon after
+            # only age retires a spare (the acceptor stops waiting soon after); a dead one fails when used and is
+            # dialed anew, while closing spares of peers missing from one connection listing left pairs cold
+            if now - opened_at > self.spare_ttl:
                 del self._spares[peer]
                 self._nursery.start_soon(trio.aclose_forcefully, stream)
         for peer in peers:
@@ -269,6 +273,7 @@ class PolicyMirror:
             with trio.fail_after(self.dial_timeout):
                 stream = await dial(peer)
             self._spares[peer] = (stream, trio.current_time())
+            self.on_event("spare", {"peer": peer})
         except _DIAL_ERRORS as exc:
             self._spare_failures[peer] = trio.current_time()
             log.debug("spare data channel to %s failed: %s", peer, exc)
