@@ -14,8 +14,9 @@ Other packages (gossip, DHT) reach the raw libp2p host through `P2PHost.libp2p`.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import trio
 
 from p2p.errors import HostError
 from p2p.identity import Identity, load_or_create_identity
+from p2p.libp2p_compat import tune_yamux
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,7 @@ def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Seq
     # The TCP transport logs every refused dial at ERROR, several times per retry; our one-line
     # "bootstrap peer unreachable" warning replaces that noise.
     logging.getLogger("libp2p.transport.tcp.tcp").setLevel(logging.CRITICAL)
+    tune_yamux()  # without it every small read sends a window update: twice the frames for gossip's small RPCs
     key_pair = identity.key_pair
     noise = NoiseTransport(libp2p_keypair=key_pair, noise_privkey=new_x25519().private_key)
     return new_host(
@@ -189,15 +192,20 @@ def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None) 
     """Wrap a stream handler: a raise or a run past `timeout` resets the stream and is logged in one line."""
 
     async def guarded(stream: Any) -> None:
+        # Our limit is a cancel scope, so that it is told apart from a TooSlowError of the handler's own deadline.
+        limit = trio.CancelScope(deadline=trio.current_time() + timeout if timeout is not None else math.inf)
         try:
-            with trio.fail_after(timeout) if timeout is not None else nullcontext():
+            with limit:
                 await handler(stream)
         except trio.TooSlowError:
-            log.warning("handler for %s exceeded %g s; stream reset", protocol, timeout)
+            log.warning("handler for %s exceeded its own deadline; stream reset", protocol)
             await reset_quietly(stream)
         except Exception as exc:  # noqa: BLE001 - the whole point: nothing escapes into libp2p's nursery
             log.warning("handler for %s failed (%s); stream reset", protocol, _one_line(exc))
             log.debug("handler traceback", exc_info=True)
+            await reset_quietly(stream)
+        if limit.cancelled_caught:
+            log.warning("handler for %s exceeded %g s; stream reset", protocol, timeout)
             await reset_quietly(stream)
 
     return guarded
