@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from p2p.errors import P2PError
-from p2p.manifest import PolicyManifest, decode_signed, verify_manifest
+from p2p.manifest import MAX_MANIFEST_BYTES, PolicyManifest, decode_signed, verify_manifest
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
 from swarm.trust import TrainerTrust
@@ -45,6 +45,7 @@ class MirroredPolicy:
     scope: trio.CancelScope | None = None
     dialing: set[str] = field(default_factory=set)
     failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
+    announced: set[str] = field(default_factory=set)  # smaller peers we handed the manifest to (they dial us)
     announced_complete: bool = False
 
 
@@ -186,37 +187,45 @@ class PolicyMirror:
         return self.reseed or peer == policy.origin or self.my_id == policy.origin
 
     async def accept_link(self, peer: str, stream: Any) -> None:
-        """Serve an inbound data channel: read the manifest id it is for, then run the link until it ends.
+        """Serve an inbound data channel: read the preamble (manifest id + signed manifest), then run the link.
 
-        The id may come much later (a warm spare, see `reconcile`), so the wait is long but bounded, and each peer
-        may keep only a few channels waiting. A manifest not adopted here yet is waited for briefly: gossip reaches
-        peers seconds apart, and a refused link costs the dialer a fresh dial of several seconds.
+        The preamble may come much later (a warm spare, see `reconcile`), so the wait is long but bounded, and each
+        peer may keep only a few channels waiting. A manifest we do not know yet is adopted from the preamble (it
+        is verified like any other): gossip delivered manifests 5 s late or never under load, and the links must
+        not wait for it. A preamble from a peer with the larger id only announces (that pair's link is ours to dial).
         """
         if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER:
             return
         self._waiting[peer] = self._waiting.get(peer, 0) + 1
         try:
-            route = await self._read_route(stream)
+            preamble = await self._read_preamble(stream)
         finally:
             self._waiting[peer] -= 1
-        if route is None:
+        if preamble is None:
             return
+        route, signed = preamble
+        if route not in self.policies and signed:
+            adopted = self.adopt(signed)
+            if adopted is None or adopted.manifest.id != route:
+                return
+        if peer > self.my_id:
+            return  # an announcement: we dial this peer's link ourselves
         policy = await self._adopted(route, self.adoption_wait)
         if policy is None or policy.service is None or not self._may_link(policy, peer):
             return  # unknown manifest, or one this peer does not share with `peer`: the dialer retries later
         self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "in"})
         await policy.service.serve_link(peer, stream)
 
-    async def _read_route(self, stream: Any) -> bytes | None:
-        route = bytearray()
-        with trio.move_on_after(self.spare_ttl + self.transfer.handshake_timeout):
-            while len(route) < ROUTE_BYTES:
-                chunk = await stream.receive_some(ROUTE_BYTES - len(route))
-                if not chunk:
-                    return None
-                route += chunk
-            return bytes(route)
-        return None
+    async def _read_preamble(self, stream: Any) -> tuple[bytes, bytes] | None:
+        """(manifest id, signed manifest or b"") from a data channel, None if it ends, stalls or lies about sizes."""
+        head = await _read_exactly(stream, ROUTE_BYTES + 4, self.spare_ttl + self.transfer.handshake_timeout)
+        if head is None:
+            return None
+        size = int.from_bytes(head[ROUTE_BYTES:], "big")
+        if size > MAX_MANIFEST_BYTES + 1024:
+            return None
+        signed = await _read_exactly(stream, size, self.transfer.handshake_timeout) if size else b""
+        return None if signed is None else (head[:ROUTE_BYTES], signed)
 
     async def _adopted(self, manifest_id: bytes, wait: float) -> MirroredPolicy | None:
         with trio.move_on_after(wait):
@@ -238,10 +247,16 @@ class PolicyMirror:
             if service is None or service._nursery is None:
                 continue
             for peer in peers:
-                if (peer <= self.my_id or peer in service.peers or peer in policy.dialing
+                if (peer == self.my_id or peer in service.peers or peer in policy.dialing
                         or peer in self._spare_dialing  # about to be there: a second dial would only compete
                         or not self._may_link(policy, peer) or len(service.peers) >= max_links
                         or now - policy.failures.get(peer, -math.inf) < 2.0):
+                    continue
+                if peer < self.my_id:  # its link is the peer's to dial: only tell it about the manifest, once
+                    spare = self._take_spare(peer, now) if peer not in policy.announced else None
+                    if spare is not None:
+                        policy.announced.add(peer)
+                        self._nursery.start_soon(self._announce, policy, spare)
                     continue
                 policy.dialing.add(peer)
                 self._nursery.start_soon(self._dial_link, policy, peer, dial, self._take_spare(peer, now))
@@ -261,7 +276,7 @@ class PolicyMirror:
                 del self._spares[peer]
                 self._nursery.start_soon(trio.aclose_forcefully, stream)
         for peer in peers:
-            if (peer <= self.my_id or peer in self._spares or peer in self._spare_dialing
+            if (peer == self.my_id or peer in self._spares or peer in self._spare_dialing
                     or len(self._spares) + len(self._spare_dialing) >= max_links
                     or now - self._spare_failures.get(peer, -math.inf) < 2.0):
                 continue
@@ -280,12 +295,23 @@ class PolicyMirror:
         finally:
             self._spare_dialing.discard(peer)
 
+    async def _announce(self, policy: MirroredPolicy, stream: Any) -> None:
+        """Hand a signed manifest to a peer over our spare channel to it; the peer then dials the link."""
+        try:
+            with trio.fail_after(self.dial_timeout):
+                await _send_preamble(stream, policy)
+                await stream.receive_some(1)  # the peer closes the channel once it has read the manifest
+        except _DIAL_ERRORS as exc:
+            log.debug("announcing a manifest failed: %s", exc)
+        finally:
+            await trio.aclose_forcefully(stream)
+
     async def _dial_link(self, policy: MirroredPolicy, peer: str, dial: Dialer, spare: Any = None) -> None:
         started = trio.current_time()
         try:
             with trio.fail_after(self.dial_timeout):
                 stream = spare if spare is not None else await dial(peer)
-                await stream.send_all(policy.manifest.id)
+                await _send_preamble(stream, policy)
             policy.service.add_link(peer, stream)
             self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "out",
                                    "dial_s": round(trio.current_time() - started, 3), "spare": spare is not None})
@@ -294,3 +320,20 @@ class PolicyMirror:
             log.debug("data channel to %s failed: %s", peer, exc)
         finally:
             policy.dialing.discard(peer)
+
+
+async def _send_preamble(stream: Any, policy: MirroredPolicy) -> None:
+    """What a data channel starts with: the manifest id, then the signed manifest (u32 length + bytes)."""
+    await stream.send_all(policy.manifest.id + len(policy.signed).to_bytes(4, "big") + policy.signed)
+
+
+async def _read_exactly(stream: Any, size: int, timeout: float) -> bytes | None:
+    buf = bytearray()
+    with trio.move_on_after(timeout):
+        while len(buf) < size:
+            chunk = await stream.receive_some(min(size - len(buf), 1 << 20))
+            if not chunk:
+                return None
+            buf += chunk
+        return bytes(buf)
+    return None
