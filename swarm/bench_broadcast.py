@@ -191,16 +191,19 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
                 stdin=subprocess.PIPE)
     peers: list[_Proc] = []
     try:
-        seed_addr = pub.wait_for("listening", start_deadline)["addrs"][0]
+        # every peer bootstraps from the seed and from all peers started before it (a tracker's peer list), so the
+        # swarm is fully connected without waiting for heartbeat discovery
+        known = [pub.wait_for("listening", start_deadline)["addrs"][0]]
         for i in range(args.peers):
             flags = ["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
-                     key_hex, "--bootstrap", seed_addr, "--data-dir", str(work / f"{tag}-peer{i}"),
-                     "--upload-mbps", str(args.upload_mbps), "--json-events"]
+                     key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
+                     "--json-events", *[f for addr in known for f in ("--bootstrap", addr)]]
             peers.append(_Proc(flags + ([] if reseed else ["--no-reseed"]), work / f"{tag}-peer{i}.log"))
+            known.append(peers[-1].wait_for("listening", time.monotonic() + args.timeout)["addrs"][0])
         warm = _warm_up([pub] + peers, time.monotonic() + args.warmup)
         pub.popen.stdin.write("go\n")
         pub.popen.stdin.flush()
-        published = pub.wait_for("published", start_deadline)
+        published = pub.wait_for("published", time.monotonic() + args.timeout)
         deadline = time.monotonic() + args.timeout
         done = [p.wait_for("complete", deadline, id=published["id"]) for p in peers]
         t_done = max(d["t"] for d in done)
