@@ -40,6 +40,7 @@ class Node:
     dht: Any = None
     peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
     done: trio.Event = field(default_factory=trio.Event)
+    failed: bool = False
 
     @property
     def peer_id(self) -> str:
@@ -111,11 +112,19 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
                     nursery.start_soon(_run_role, node, role)
                 await node.done.wait()
                 nursery.cancel_scope.cancel()
-    return 0
+    return 1 if node.failed else 0
 
 
 async def _run_role(node: Node, role: RoleTask) -> None:
-    await role(node)
+    """Run one role; a role that fails stops the peer with one clear line instead of a wall of tracebacks."""
+    try:
+        await role(node)
+    except Exception as exc:  # noqa: BLE001 - reported once, then the peer stops cleanly
+        name = getattr(role, "__name__", "role")
+        log.error("%s failed: %s: %s", name, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        node.events.emit("role_failed", role=name, message=f"{type(exc).__name__}: {exc}")
+        node.failed = True
+        node.done.set()
 
 
 async def _receive_manifests(node: Node) -> None:

@@ -224,7 +224,7 @@ async def trainer_role(node) -> None:
             await _publish_newest(run, publisher, gate)
         final = await trio.to_thread.run_sync(run.finish)
         node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
-                          gate=dict(gate.counts), banned=sorted(str(p) for p in gate.reputation.banned))
+                          gate=dict(gate.counts), banned=sorted(str(p) for p in gate.reputation.banned()))
         nursery.cancel_scope.cancel()
     if peer.exit_when_trained:
         node.done.set()

@@ -128,10 +128,15 @@ async def validator_role(node) -> None:
         nursery.start_soon(collect)
         waiting: list = []
         while True:
-            waiting.append(await receive.receive())
+            # Wake at least every second: rollouts may have arrived before their version finished downloading
+            # here, and they must be checked once it has, even if no further rollout ever comes.
+            with trio.move_on_after(1.0):
+                waiting.append(await receive.receive())
             with trio.move_on_after(BATCH_WINDOW_S):
                 while len(waiting) < MAX_BATCH:
                     waiting.append(await receive.receive())
+            if not waiting:
+                continue
             await models.sync(node)
             ready = [g for g in waiting if g.policy_version in models.models]
             waiting = [g for g in waiting if g.policy_version not in models.models

@@ -29,7 +29,7 @@ class SimSettings:
     steps: int = 8
     prompts_per_worker: int = 4
     group_size: int = 8
-    max_new_tokens: int = 8
+    max_new_tokens: int = 12
     model: str = "tiny"
     task: str = "gcd"
     task_config: str = "{}"  # TOML inline table of the task's difficulty settings
