@@ -102,7 +102,7 @@ def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Seq
     tune_yamux()  # without it every small read sends a window update: twice the frames for gossip's small RPCs
     key_pair = identity.key_pair
     noise = NoiseTransport(libp2p_keypair=key_pair, noise_privkey=new_x25519().private_key)
-    return new_host(
+    host = new_host(
         key_pair=key_pair,
         sec_opt={NOISE_ID: noise},
         muxer_opt={YAMUX_ID: Yamux},
@@ -110,6 +110,20 @@ def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Seq
         connection_config=ConnectionConfig(max_connections_per_peer=1),
         transports=transports,
     )
+    host.multiselect.handlers = _HandlerTable(host.multiselect.handlers)
+    return host
+
+
+class _HandlerTable(dict):
+    """py-libp2p's multiselect table of stream handlers, safe against removal during a negotiation.
+
+    Multiselect checks `protocol in handlers`, awaits its reply to the peer, then looks the handler up again: a
+    handler removed in between (a DHT or data channel closing while a peer opens a stream to it) raised KeyError
+    in the connection's task and killed the host. The late lookup now finds a handler that resets the stream.
+    """
+
+    def __missing__(self, protocol: Any) -> StreamHandler:
+        return reset_quietly
 
 
 @dataclass
@@ -176,6 +190,7 @@ class P2PHost:
         self.libp2p.set_stream_handler(protocol, guard_handler(protocol, handler, limit))
 
     def remove_handler(self, protocol: str) -> None:
+        """Stop serving `protocol` (peers are told it is not supported; see `_HandlerTable` for the race)."""
         self.libp2p.remove_stream_handler(protocol)
 
     def remote_peer_id(self, stream: Any) -> str:
