@@ -381,6 +381,13 @@ class SwarmEngine:
             self._uploads_active += 1
             self.sent_count[index] += 1
             state.revealed.discard(index)  # a revealed piece counts as promised only until it is sent
+            # it will hold what we send it: never reveal that piece to it again (a peer does not tell a super-seed
+            # about pieces it believes the seed holds, so without this the seed re-revealed pieces the peer had,
+            # and with peers that cannot share it stopped after one copy of the file)
+            if not state.bits[index]:
+                state.bits[index] = True
+                state.held += 1
+                self.availability[index] += 1
             out.append(SendPiece(name, index))
         return out
 
@@ -393,7 +400,9 @@ class SwarmEngine:
         state = self.peers[peer]
         state.revealed = {i for i in state.revealed if not state.bits[i]}
         out: list[Action] = []
-        while len(state.revealed) < self.config.super_seed_reveal:
+        # after the first full copy, one piece at a time: the peers hold every piece by then and should trade
+        limit = self.config.super_seed_reveal if not self.sent_count.all() else 1
+        while len(state.revealed) < limit:
             index = self._least_sent(state)
             if index is None:
                 break

@@ -247,3 +247,14 @@ def test_super_seed_withdraws_a_cancelled_promise_so_the_first_round_goes_on():
     assert seed.peer_request("b", 1 - promised, 1.0) == [SendPiece("b", 1 - promised)]
     assert seed.upload_done("b", 1 - promised, 2.0) == []  # the only never-sent piece is promised to a
     assert seed.peer_cancel("a", promised, 3.0) == [Send("b", Have(promised))]
+
+
+def test_super_seed_serves_every_copy_when_peers_cannot_share():
+    """Single-origin: peers linked only to the super-seed must still complete (it once stopped after one copy,
+    re-revealing pieces the peers already held, which they never asked for again)."""
+    sim = Sim(40, ["seed"], [f"p{i}" for i in range(4)], seed_config=EngineConfig(super_seed=True))
+    for i in range(4):
+        sim.connect("seed", f"p{i}")
+    sim.run()
+    assert sim.completed == {f"p{i}" for i in range(4)}
+    assert sim.nodes["seed"].sent_count.sum() == 4 * 40  # one copy per peer, none wasted
