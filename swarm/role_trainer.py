@@ -159,7 +159,7 @@ async def trainer_role(node) -> None:
 
     peer = node.config
     loaded_cfg = load_trainer_config(peer.trainer_config, {"run": peer.run, "model": peer.model,
-                                                            "out": Path(peer.data_dir) / "trainer"})
+                                                            "out": Path(peer.data_dir) / "training"})
     cfg, curriculum = loaded_cfg.config, loaded_cfg.curriculum
     from swarm.policy_files import load_base_model
 
@@ -220,7 +220,7 @@ async def trainer_role(node) -> None:
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", step=record["step"], reward=record.get("reward"), stage=record["stage"],
                               version=record["version"], groups=len(batch), refused=record["refused"],
-                              gate=dict(gate.counts))
+                              workers=sorted({g.worker for g in batch}), gate=dict(gate.counts))
             await _publish_newest(run, publisher, gate)
         final = await trio.to_thread.run_sync(run.finish)
         node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),

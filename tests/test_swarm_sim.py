@@ -1,0 +1,35 @@
+"""The whole swarm in one process: trainer, inference, a cheating worker, a validator, all real libp2p hosts.
+
+This is the mission end to end: policies travel as verified pieces, rollouts gossip, the validator votes, and the
+trainer steps only on quorum-accepted groups while the cheater's fabricated rewards are voted down.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+import trio
+
+from swarm.events import EventSink
+from swarm.sim import SimSettings, run_sim, summarize
+
+
+@pytest.mark.timeout(280)
+def test_small_swarm_trains_only_on_quorum_accepted_rollouts(tmp_path):
+    settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=1, cheaters=1, steps=2, timeout_s=240.0)
+    events: list[dict] = []
+    sink = EventSink(json_lines=True, stream=io.StringIO())
+    sink.listeners.append(events.append)
+    extra = trio.run(run_sim, settings, sink)
+    report = summarize(events, extra)
+    assert not report["timed_out"]
+    assert report["steps"] == 2 and report["versions_published"] >= 2
+    # every rollout the cheater sent was refused by the validator for its fabricated reward
+    cheater_ids = {e["peer_id"] for e in events if e["event"] == "listening" and e["peer"] == "cheater0"}
+    assert report["rejection_reasons"].get("reward", 0) >= 1
+    trained_workers = {w for e in events if e["event"] == "train_step" for w in e.get("workers", [])}
+    assert trained_workers and not (trained_workers & cheater_ids)
+    # the seed-only peer mirrored at least the first version
+    assert any(e["event"] == "complete" and e["peer"] == "seed0" for e in events)
