@@ -88,8 +88,14 @@ def channel_key(secret: bytes, dialer: str, listener: str) -> bytes:
 
 
 async def _write_msg(stream: Any, msg: dict) -> None:
+    """Send one handshake message; a reset or closed stream is a ChannelError like any failed handshake."""
     raw = msgpack.packb(msg, use_bin_type=True)
-    await stream.write(_MSG_LEN.pack(len(raw)) + raw)
+    try:
+        await stream.write(_MSG_LEN.pack(len(raw)) + raw)
+    except (trio.Cancelled, trio.TooSlowError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - py-libp2p raises StreamReset/StreamClosed/etc. on a dying stream
+        raise ChannelError(f"data channel handshake failed while sending ({type(exc).__name__})") from exc
 
 
 async def _read_exact_libp2p(stream: Any, n: int) -> bytes:
