@@ -24,7 +24,8 @@ from swarm.mirror import PolicyMirror
 
 log = logging.getLogger(__name__)
 RoleTask = Callable[["Node"], Awaitable[None]]
-GOSSIP_INLINE_MANIFEST = 512 * 1024  # larger manifests are announced by id and fetched by the manifest protocol
+GOSSIP_INLINE_MANIFEST = 512 * 1024
+DHT_PUT_LIMIT_S = 15.0  # larger manifests are announced by id and fetched by the manifest protocol
 
 
 @dataclass
@@ -64,7 +65,10 @@ class Node:
         await self.gossip.publish("manifest", body)
         try:
             record = LatestManifest.sign(self.config.run, manifest.id, manifest.version, self.identity)
-            await self.dht.put_latest_manifest(record)
+            with trio.move_on_after(DHT_PUT_LIMIT_S) as scope:  # the announcement must never stall a trainer
+                await self.dht.put_latest_manifest(record)
+            if scope.cancelled_caught:
+                log.warning("latest-manifest record not stored within %g s; the DHT re-puts it later", DHT_PUT_LIMIT_S)
         except P2PError as exc:
             log.warning("latest-manifest record not stored: %s", exc)
 
