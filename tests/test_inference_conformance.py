@@ -13,23 +13,11 @@ from inference.testing import prefill, requests_for
 from verify.sampling import SamplingKey, gumbel_noise, perturbed_scores
 from verify.toploc import proof_size, verify_proof
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 BACKENDS = ["torch"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
 # Float tolerance between a backend's logprobs and the reference prefill (vLLM on GPU runs other kernels).
 LOGPROB_TOL = {"torch": 1e-4, "vllm": 5e-2}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls are 100x slower with 2 spinning threads on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return load_model("tiny", cache_dir=tmp_path_factory.mktemp("models"))
 
 
 def make_backend(kind, loaded):

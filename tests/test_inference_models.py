@@ -9,11 +9,6 @@ from inference import InferenceError, load_model
 from tasks import load_tasks, render_prompt_tokens
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return load_model("tiny", cache_dir=tmp_path_factory.mktemp("models"))
-
-
 def test_tiny_is_the_same_model_on_every_build(tmp_path, tiny):
     other = load_model("tiny", cache_dir=tmp_path)
     for (name, a), (_, b) in zip(tiny.model.state_dict().items(), other.model.state_dict().items()):

@@ -1,25 +1,13 @@
 """inference.rollouts and solve_rate: wire rollouts with claimed rewards, and cached offline difficulty filtering."""
 
 import pytest
-import torch
 
-from inference import TorchBackend, build_rollout_group, load_model, make_request, solve_rate_estimator
+from inference import TorchBackend, build_rollout_group, make_request, solve_rate_estimator
 from tasks import DifficultyBand, decode_completion, filter_by_solve_rate, load_tasks
 from verify.rewards import compute_reward
 from verify.rollout import RolloutGroup
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return load_model("tiny", cache_dir=tmp_path_factory.mktemp("models"))
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_rollout_group_round_trips_with_claimed_rewards(tiny):

@@ -14,16 +14,9 @@ from trainer.config import load_config
 from trainer.loop import TrainingRun, run_sync
 from verify.rollout import Completion, RolloutGroup
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TARGET = 7  # the synthetic reward: share of completion tokens equal to TARGET
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, as the trainer config defaults to: extra threads spin-wait on a loaded CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

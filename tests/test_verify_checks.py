@@ -14,17 +14,10 @@ from verify.rollout import Completion, RolloutGroup
 from verify.testing import EOS_ID, GymTasks, honest_group, tiny_model
 from verify.verifier import verify_groups
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 VERSION = 5
 MANIFESTS = {v: bytes([v]) * 32 for v in range(8)}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls run faster on one thread than fighting for two busy cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
