@@ -72,8 +72,8 @@ def record_buffer() -> bytearray:
     return bytearray(HEADER.size + MAX_RECORD + TAG)
 
 
-class RecordSealer:
-    """Turns plaintext chunks into sealed records for one direction, counting record indices."""
+class _RecordDirection:
+    """One direction's cipher and record counter, shared by the sealing and the opening side."""
 
     def __init__(self, key: bytes, direction: int, aead: str = CHACHA20_POLY1305) -> None:
         self._aead = _make_aead(key, aead)
@@ -81,6 +81,10 @@ class RecordSealer:
         self._direction = direction
         self.index = 0
         self.finished = False
+
+
+class RecordSealer(_RecordDirection):
+    """Turns plaintext chunks into sealed records for one direction, counting record indices."""
 
     def seal_into(self, plaintext: bytes | bytearray | memoryview, out: bytearray, final: bool = False) -> int:
         """Seal one record of at most MAX_RECORD bytes into `out`; return the number of bytes to send."""
@@ -100,15 +104,8 @@ class RecordSealer:
         return end
 
 
-class RecordOpener:
+class RecordOpener(_RecordDirection):
     """Checks and opens the records of one direction, in order; any deviation is a ChannelError."""
-
-    def __init__(self, key: bytes, direction: int, aead: str = CHACHA20_POLY1305) -> None:
-        self._aead = _make_aead(key, aead)
-        self.aead = aead
-        self._direction = direction
-        self.index = 0
-        self.finished = False
 
     def parse_header(self, header: bytes | bytearray | memoryview) -> tuple[int, int]:
         """(ciphertext length, flags) of the next record; refuses sizes a sealer never produces."""
