@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import trio
@@ -25,7 +26,7 @@ async def newest_complete(node, newer_than: int):
         await node.mirror.changed.wait()
 
 
-_LOAD_LOCK = None
+_LOAD_LOCK = threading.Lock()
 
 
 async def load_base_model(spec: str):
@@ -34,11 +35,6 @@ async def load_base_model(spec: str):
     Why the lock: transformers resolves its classes lazily on first import, and several roles of one process
     loading at once from different threads race inside that machinery (seen as ImportError in simulations).
     """
-    import threading
-
-    global _LOAD_LOCK
-    if _LOAD_LOCK is None:
-        _LOAD_LOCK = threading.Lock()
 
     def load():
         from inference.models import load_model
