@@ -17,12 +17,13 @@ from swarm.policy_files import load_base_model, materialize, newest_complete
 from swarm.runspec import RunSpec, eligible_indices, spec_tasks
 
 log = logging.getLogger(__name__)
-GOSSIP_ROLLOUT_LIMIT = 800 * 1024
 
 
 async def inference_role(node) -> None:
     from inference.torch_backend import TorchBackend
+    from swarm.rollout_transport import serve_rollout_blobs
 
+    blobs = serve_rollout_blobs(node.host)  # groups too large for gossip are announced and served from here
     loaded = await load_base_model(node.config.model)
     backend = TorchBackend(loaded)
     done = -1
@@ -37,7 +38,7 @@ async def inference_role(node) -> None:
         directory = await materialize(node, policy)
         groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, spec, directory)
         for group in groups:
-            await _publish_group(node, group)
+            await _publish_group(node, group, blobs)
         node.events.emit("generated", version=done, groups=len(groups),
                          mean_reward=round(sum(c.reward for g in groups for c in g.completions)
                                            / max(1, sum(len(g.completions) for g in groups)), 3))
@@ -64,14 +65,15 @@ def _generate(node, backend, loaded, policy, spec: RunSpec, directory) -> list:
     return groups
 
 
-async def _publish_group(node, group) -> None:
+async def _publish_group(node, group, blobs) -> None:
+    """Gossip one group: inline (compressed when that helps) or announced by hash and served from `blobs`."""
     from p2p.errors import P2PError
+    from swarm.rollout_codec import RolloutRefused
+    from swarm.rollout_transport import publish_group
 
-    body = {"group": group.to_wire()}
-    if len(group.encode()) > GOSSIP_ROLLOUT_LIMIT:
-        node.events.emit("skipped", message=f"rollout group for task {group.task_index} is too large for gossip")
-        return
     try:
-        await node.gossip.publish("rollout", body)
+        await publish_group(node, group, blobs)
+    except RolloutRefused as exc:
+        node.events.emit("skipped", message=f"rollout group for task {group.task_index} not published: {exc}")
     except P2PError as exc:
         log.warning("rollout not published: %s", exc)

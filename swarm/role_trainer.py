@@ -154,7 +154,7 @@ class SwarmPublisher:
 async def trainer_role(node) -> None:
     """Train on quorum-accepted rollouts until the configured steps are done, publishing every new version."""
     from trainer.config import load_config as load_trainer_config
-    from verify.rollout import RolloutGroup, RolloutSchemaError
+    from swarm.rollout_transport import receive_group
     from verify.votes import Vote, VoteError
 
     peer = node.config
@@ -173,11 +173,8 @@ async def trainer_role(node) -> None:
 
     async def rollouts() -> None:
         async for env in node.gossip.subscribe("rollout"):
-            try:
-                group = RolloutGroup.from_wire(env.body.get("group") if isinstance(env.body, dict) else None)
-            except RolloutSchemaError as exc:
-                gate._count("refused:schema")
-                log.info("refused a rollout from %s: %s", env.sender_peer_id, exc)
+            group = await receive_group(node, env, refused=lambda why: gate._count(f"refused:{why}"))
+            if group is None:  # inline, compressed or announced and fetched; refusals are counted and logged
                 continue
             if group.worker != env.sender_peer_id:
                 gate._count("refused:worker is not the sender")

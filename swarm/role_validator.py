@@ -104,7 +104,7 @@ def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
 
 
 async def validator_role(node) -> None:
-    from verify.rollout import RolloutGroup, RolloutSchemaError
+    from swarm.rollout_transport import receive_group
     from verify.votes import vote_from_verdict
 
     loaded = await load_base_model(node.config.model)
@@ -115,9 +115,8 @@ async def validator_role(node) -> None:
 
     async def collect() -> None:
         async for env in node.gossip.subscribe("rollout"):
-            try:
-                group = RolloutGroup.from_wire(env.body.get("group") if isinstance(env.body, dict) else None)
-            except RolloutSchemaError:
+            group = await receive_group(node, env)  # inline, compressed or announced and fetched
+            if group is None:
                 continue  # the trainer refuses it too; nobody waits for a vote on it
             try:
                 send.send_nowait(group)

@@ -1,0 +1,230 @@
+"""Rollout groups over the network: publish (inline or announced), serve announced blobs, receive and verify.
+
+The codec (swarm.rollout_codec) decides; this module only moves bytes. A worker publishes each group with
+`publish_group`: small groups ride the gossip body, larger ones are announced by the BLAKE3 of their compressed
+blob, which the worker keeps in a bounded `BlobCache` and serves on PROTOCOL. Receivers (validators, the trainer)
+call `receive_group` on every "rollout" envelope: an announced group is fetched from the envelope's sender (the
+only peer that can hold it), with bounded attempts and deadlines, verified, decoded, and then handled exactly like
+a gossiped one.
+
+Request: the 32-byte blob id. Response: 4-byte big-endian length, then the blob (length 0: not held, e.g.
+expired). The response is read in bounded chunks (py-libp2p's own readers fail above ~6.5 MiB, REFERENCE §5).
+
+Hostile input never crashes a receiver: a blob that does not hash to its id, does not match its announced size,
+inflates past its declared size or fails the schema is dropped and its sender scored down in gossip (three lies
+and it is banned); an announcer that never serves is scored down more gently (it may have restarted).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from p2p.errors import HostError, P2PError
+from swarm.rollout_codec import (
+    DEFAULT_LIMITS,
+    ID_BYTES,
+    Announcement,
+    BlobCache,
+    RolloutRefused,
+    TransportLimits,
+    open_blob,
+    pack_group,
+    parse_body,
+)
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "/rl-swarm/rollout-blob/1.0.0"
+_LEN = struct.Struct(">I")
+_CHUNK = 1 << 20
+LIE_REASON = "malformed"  # gossip's scores: -20, the weight of a forged envelope (a signed lie is no accident)
+UNSERVED_REASON = "rollout_unserved"  # unknown to gossip's table: its default penalty (-10)
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """How hard a receiver tries to fetch an announced blob. Seconds of trio time."""
+
+    attempts: int = 3
+    """Tries per announcement (a reset stream or a dial that raced a connection is retried)."""
+    base_timeout_s: float = 5.0
+    """Deadline of one try for an empty blob: opening the stream and the request round trip."""
+    min_rate_bps: float = 2 << 20
+    """Slowest transfer tolerated; one try's deadline grows by size / this (8 MiB: 5 + 4 s)."""
+    backoff_s: float = 0.5
+    """Pause before the second try, doubled before each later one."""
+
+    def timeout_for(self, size: int) -> float:
+        return self.base_timeout_s + size / self.min_rate_bps
+
+
+DEFAULT_FETCH = FetchConfig()
+
+
+# ---- worker side -------------------------------------------------------------------------------------------------
+
+def serve_rollout_blobs(host: Any, cache: BlobCache | None = None, max_concurrent: int = 4,
+                        timeout_s: float = 120.0) -> BlobCache:
+    """Serve the blobs of `cache` (a new one by default) on PROTOCOL and return the cache.
+
+    At most `max_concurrent` uploads run at once (others wait within the handler's deadline), so a peer asking
+    again and again cannot take a worker's whole upload.
+    """
+    cache = cache if cache is not None else BlobCache()
+    slots = trio.CapacityLimiter(max_concurrent)
+
+    async def handle(stream: Any) -> None:
+        with trio.fail_after(10.0):
+            blob_id = await _read_exactly(stream, ID_BYTES)
+        blob = cache.get(blob_id, trio.current_time()) or b""
+        async with slots:
+            await stream.write(_LEN.pack(len(blob)))
+            for start in range(0, len(blob), _CHUNK):
+                await stream.write(blob[start:start + _CHUNK])
+        await stream.close()
+
+    host.set_guarded_handler(PROTOCOL, handle, timeout=timeout_s)
+    return cache
+
+
+async def publish_group(node: Any, group: Any, cache: BlobCache,
+                        limits: TransportLimits = DEFAULT_LIMITS) -> str:
+    """Gossip `group` inline or, when too large, keep its blob in `cache` and gossip the announcement.
+
+    Returns how it went out: "plain", "compressed" or "announced". RolloutRefused (not hostile) for a group over
+    `limits.max_group_bytes`; GossipError as from any publish.
+    """
+    out = await trio.to_thread.run_sync(pack_group, group, tuple(node.host.multiaddrs), limits)
+    if out.announcement is not None:
+        if not cache.put(out.announcement.blob_id, out.blob, trio.current_time()):
+            raise RolloutRefused("oversized", f"a {len(out.blob)}-byte blob does not fit the worker's blob cache",
+                                 hostile=False)
+    await node.gossip.publish("rollout", out.body)
+    return "announced" if out.announcement is not None else ("plain" if "group" in out.body else "compressed")
+
+
+# ---- receiver side -----------------------------------------------------------------------------------------------
+
+async def receive_group(node: Any, env: Any, refused: Callable[[str], None] | None = None,
+                        limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH):
+    """The RolloutGroup a "rollout" envelope carries or announces, or None when it is refused.
+
+    Refusals are logged, reported as `refused(reason)` and, when the sender lied, scored against it in gossip.
+    The group's worker must be the envelope's sender (nobody may publish or announce another worker's group).
+    """
+    sender = env.sender_peer_id
+    try:
+        item = parse_body(env.body, limits)
+        if isinstance(item, Announcement):
+            if item.worker != sender:
+                raise RolloutRefused("worker is not the sender", "announced for another worker", hostile=False)
+            item = await fetch_group(node.host, sender, item, limits, fetch)
+        if item.worker != sender:
+            raise RolloutRefused("worker is not the sender", "a group of another worker", hostile=False)
+        return item
+    except RolloutRefused as exc:
+        return _refuse(node, sender, exc, refused)
+    except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen input must drop one rollout, never the peer
+        log.warning("rollout from %s dropped: %s: %s", sender, type(exc).__name__, exc)
+        return _refuse(node, sender, RolloutRefused("error", str(exc), hostile=False), refused)
+
+
+def _refuse(node: Any, sender: str, exc: RolloutRefused, refused: Callable[[str], None] | None) -> None:
+    """Log, score (a lie costs like a forged envelope, an unserved announcement less) and report one refusal."""
+    log.info("refused a rollout from %s: %s (%s)", sender, exc, exc.reason)
+    if exc.hostile or exc.reason == "unserved":
+        _score_down(node, sender, LIE_REASON if exc.hostile else UNSERVED_REASON)
+    if refused is not None:
+        refused(exc.reason)
+    return None
+
+
+async def fetch_group(host: Any, peer: str, ann: Announcement, limits: TransportLimits = DEFAULT_LIMITS,
+                      fetch: FetchConfig = DEFAULT_FETCH):
+    """Fetch, verify and decode the announced group from `peer`; RolloutRefused when it lies or never serves."""
+    last = "no attempt"
+    for attempt in range(fetch.attempts):
+        if attempt:
+            await trio.sleep(fetch.backoff_s * 2 ** (attempt - 1))
+        try:
+            blob = await fetch_blob(host, peer, ann, fetch.timeout_for(ann.size))
+        except HostError as exc:
+            last = str(exc)
+            continue
+        if blob is None:
+            raise RolloutRefused("unserved", f"{peer} no longer holds the announced blob", hostile=False)
+        return await trio.to_thread.run_sync(open_blob, blob, ann, limits)
+    raise RolloutRefused("unserved", f"announced blob not fetched in {fetch.attempts} tries: {last}", hostile=False)
+
+
+async def fetch_blob(host: Any, peer: str, ann: Announcement, timeout: float) -> bytes | None:
+    """The blob `ann` names, as `peer` sends it (unverified), or None if it does not hold it.
+
+    HostError on a transport failure or timeout; RolloutRefused when the peer offers another size than announced
+    (read no further: the length is the first lie we can catch).
+    """
+    await _ensure_connected(host, peer, ann.addrs)
+    stream = await host.new_stream(peer, PROTOCOL)
+    try:
+        with trio.fail_after(timeout):
+            await stream.write(ann.blob_id)
+            (length,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
+            if length == 0:
+                return None
+            if length != ann.size:
+                raise RolloutRefused("size_mismatch", f"{peer} offered {length} bytes for a {ann.size}-byte blob")
+            return await _read_exactly(stream, length)
+    except trio.TooSlowError:
+        raise HostError(f"fetching a rollout blob from {peer} timed out after {timeout:.0f} s") from None
+    except (HostError, RolloutRefused):
+        raise
+    except Exception as exc:  # noqa: BLE001 - py-libp2p raises resets and EOFs of many types: all are retried
+        raise HostError(f"the rollout blob stream from {peer} failed ({type(exc).__name__})") from None
+    finally:
+        with trio.move_on_after(1.0):
+            try:
+                await stream.close()
+            except Exception:  # noqa: BLE001 - the stream may already be reset
+                pass
+
+
+async def _ensure_connected(host: Any, peer: str, addrs: tuple[str, ...]) -> None:
+    """Dial the announcer through its announced addresses when gossip reached us through a relay."""
+    if peer in {str(p) for p in host.libp2p.get_connected_peers()}:
+        return
+    for addr in addrs:
+        try:
+            await host.connect(addr)
+            return
+        except P2PError as exc:
+            log.debug("announced address %s unreachable: %s", addr, exc)
+
+
+async def _read_exactly(stream: Any, n: int) -> bytes:
+    """Exactly `n` bytes, read in bounded chunks (an unbounded Yamux read collapses on large transfers)."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await stream.read(min(n - len(buf), _CHUNK))
+        if not chunk:
+            raise HostError("the peer closed the rollout blob stream early")
+        buf += chunk
+    return bytes(buf)
+
+
+def _score_down(node: Any, peer: str, reason: str) -> None:
+    """Count a lie against the sender as gossip counts a bad envelope (bans past the threshold)."""
+    gossip = getattr(node, "gossip", None)
+    if gossip is None:
+        return
+    from libp2p.peer.id import ID
+
+    try:
+        gossip._reject(ID.from_base58(peer), reason)
+    except Exception:  # noqa: BLE001 - scoring is best effort; a refused rollout is already dropped
+        log.debug("could not score down %s", peer, exc_info=True)
