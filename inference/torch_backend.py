@@ -20,7 +20,7 @@ import torch
 from inference.backend import BASE_MANIFEST_ID, CompletionResult, GenerationRequest, GroupResult
 from inference.models import LoadedModel
 from inference.weights import load_weights_in_place
-from verify.sampling import SamplingKey, gumbel_noise_batch, sample_tokens
+from verify.sampling import SamplingKey, gumbel_noise_at, sample_tokens, stream_seeds
 
 ProofFn = Callable[[list[torch.Tensor]], list[bytes]]  # hidden [T, H] per completion -> TOPLOC proof bytes each
 
@@ -146,6 +146,7 @@ class _DecodeState:
     def __init__(self, rows: list[tuple[GenerationRequest, SamplingKey]], width: int, hidden_size: int,
                  capture: bool) -> None:
         self.rows = rows
+        self.seeds = stream_seeds([key for _, key in rows])  # hashed once per row, not per token
         self.limits = [req.max_new_tokens for req, _ in rows]
         steps = max(self.limits)
         self.tokens = torch.zeros((len(rows), steps), dtype=torch.long)
@@ -160,10 +161,9 @@ class _DecodeState:
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None, eos_ids: torch.Tensor) -> list[int]:
         """Sample every live row's next token; returns the positions (in `live`) of rows that just finished."""
         live_t = torch.tensor(self.live)
-        keys = [self.rows[r][1] for r in self.live]
-        noise = gumbel_noise_batch(keys, [self.position] * len(keys), logits.shape[-1])
-        tokens = torch.empty(len(keys), dtype=torch.long)
-        logprobs = torch.empty(len(keys), dtype=torch.float32)
+        noise = gumbel_noise_at(self.seeds[self.live], [self.position] * len(self.live), logits.shape[-1])
+        tokens = torch.empty(len(self.live), dtype=torch.long)
+        logprobs = torch.empty(len(self.live), dtype=torch.float32)
         for temperature in {self.rows[r][0].temperature for r in self.live}:
             sel = torch.tensor([self.rows[r][0].temperature == temperature for r in self.live])
             tokens[sel], logprobs[sel] = sample_tokens(logits[sel], noise[sel], temperature)

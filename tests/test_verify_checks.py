@@ -148,10 +148,12 @@ def test_length_limits(ctx):
 
 @pytest.mark.parametrize("vocab", [7, 384, 70_000])
 def test_validator_noise_is_bit_identical_to_the_samplers(vocab):
-    from verify.checks import completion_noise
-    from verify.sampling import SamplingKey, gumbel_noise_batch
+    from verify.sampling import SamplingKey, completion_noise, gumbel_noise, gumbel_noise_batch
 
-    key = SamplingKey("run-a", "w3", 9, 4, 1)
+    key, other = SamplingKey("run-a", "w3", 9, 4, 1), SamplingKey("run-a", "w3", 9, 4, 2)
     length = 5 if vocab > 1000 else 40
-    expected = gumbel_noise_batch([key] * length, list(range(length)), vocab)
-    assert torch.equal(completion_noise(key, length, vocab, block_elems=3 * vocab), expected)
+    per_position = torch.stack([gumbel_noise(key, t, vocab) for t in range(length)])
+    assert torch.equal(completion_noise(key, length, vocab), per_position)
+    mixed = gumbel_noise_batch([other, key, other], [3, length - 1, 0], vocab)  # a decoding batch's row order
+    assert torch.equal(mixed[1], per_position[-1])
+    assert torch.equal(mixed[0], gumbel_noise(other, 3, vocab)) and torch.equal(mixed[2], gumbel_noise(other, 0, vocab))

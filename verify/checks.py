@@ -12,12 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from tasks.assignment import is_assigned
 from verify.rewards import compute_reward
 from verify.rollout import RolloutGroup
-from verify.sampling import _U_EPS, SamplingKey, perturbed_scores
+from verify.sampling import SamplingKey, gumbel_noise_at, perturbed_scores, stream_seeds
 from verify.toploc import ToplocConfig, verify_proofs
 
 
@@ -149,49 +150,29 @@ def check_termination(group: RolloutGroup, eos_probs: Sequence[float], ctx: RunC
     return _result("termination", problems)
 
 
-def completion_noise(key: SamplingKey, length: int, vocab_size: int, block_elems: int = 1 << 16) -> torch.Tensor:
-    """The Gumbel noise of positions 0..length-1 of one completion, [length, V] float32, bit-identical to
-    verify.sampling.gumbel_noise (same generator, seeds, clamp and formula; tested for equality).
-
-    Why not call gumbel_noise per position: a validator draws noise for every token of every completion, and for
-    small vocabularies the per-call overhead of five tensor ops dominates; here one generator is re-seeded per
-    position and the elementwise math runs once per block of positions.
-    """
-    generator = torch.Generator(device="cpu")
-    out = torch.empty((length, vocab_size), dtype=torch.float32)
-    block = max(1, block_elems // max(1, vocab_size))
-    for start in range(0, length, block):
-        rows = []
-        for position in range(start, min(length, start + block)):
-            generator.manual_seed(key.seed_at(position))
-            rows.append(torch.rand(vocab_size, generator=generator, dtype=torch.float64))
-        uniform = torch.stack(rows).clamp_(_U_EPS, 1.0 - _U_EPS)
-        out[start : start + len(rows)] = -torch.log(-torch.log(uniform))
-    return out
-
-
 def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
     """Re-derive every token with the seeded Gumbel-max sampler from the validator's logits ([T_i, V] per completion).
 
     A mismatch whose score gap is below near_tie_tol is a near-tie (kernel noise); more than the allowed number of
-    near-ties, or any larger gap, rejects the group.
+    near-ties, or any larger gap, rejects the group. The noise of every position of every completion is one draw
+    and the scores one tensor op (per-completion calls cost more than the arithmetic on small vocabularies).
     """
-    near_ties, total = 0, 0
-    for i, (c, lg) in enumerate(zip(group.completions, logits)):
-        key = SamplingKey(group.run, group.worker, group.step, group.task_index, i)
-        noise = completion_noise(key, len(c.tokens), lg.shape[-1])
-        scores = perturbed_scores(lg, noise, group.temperature)
-        claimed = scores.gather(-1, torch.tensor(c.tokens)[:, None]).squeeze(-1)
-        gap = scores.max(dim=-1).values - claimed
+    lengths = [len(c.tokens) for c in group.completions]
+    keys = [SamplingKey(group.run, group.worker, group.step, group.task_index, i) for i in range(len(lengths))]
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    noise = gumbel_noise_at(np.repeat(stream_seeds(keys), lengths), positions, logits[0].shape[-1])
+    scores = perturbed_scores(torch.cat([lg.float() for lg in logits]), noise, group.temperature)
+    claimed = scores.gather(-1, torch.tensor([t for c in group.completions for t in c.tokens])[:, None]).squeeze(-1)
+    gaps = scores.max(dim=-1).values - claimed
+    for i, gap in enumerate(gaps.split(lengths)):
         if not bool(torch.isfinite(gap).all()):
             return CheckResult("sampling", False, f"completion {i} has non-finite scores")
         worst = float(gap.max())
         if worst > config.near_tie_tol:
             pos = int(gap.argmax())
             return CheckResult("sampling", False, f"completion {i} token {pos} is not the seeded sample (gap {worst:.3g})")
-        near_ties += int((gap > 0).sum())
-        total += len(c.tokens)
-    allowed = max(1, math.floor(config.max_near_tie_fraction * total))
+    near_ties = int((gaps > 0).sum())
+    allowed = max(1, math.floor(config.max_near_tie_fraction * sum(lengths)))
     if near_ties > allowed:
         return CheckResult("sampling", False, f"{near_ties} near-tie tokens, at most {allowed} allowed")
     return CheckResult("sampling", True)
