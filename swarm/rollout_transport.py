@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from p2p.errors import HostError, P2PError
+from p2p.host import reset_quietly
 from swarm.rollout_codec import (
     DEFAULT_LIMITS,
     ID_BYTES,
@@ -49,16 +50,25 @@ UNSERVED_REASON = "rollout_unserved"  # unknown to gossip's table: its default p
 
 @dataclass(frozen=True)
 class FetchConfig:
-    """How hard a receiver tries to fetch an announced blob. Seconds of trio time."""
+    """How hard a receiver tries to fetch an announced blob. Seconds of trio time.
+
+    Why one deadline for all tries: receivers fetch inside their rollout loop, so a slow or silent announcer
+    delays the rollouts behind it; the deadline bounds that delay per announcement (8 MiB: 9 s at most), and each
+    failure scores the announcer down until gossip bans it.
+    """
 
     attempts: int = 3
-    """Tries per announcement (a reset stream or a dial that raced a connection is retried)."""
+    """Tries per announcement (a reset stream or a dial that raced a connection is retried), within the deadline."""
     base_timeout_s: float = 5.0
-    """Deadline of one try for an empty blob: opening the stream and the request round trip."""
+    """Deadline for an empty blob: dialing, opening the stream and the request round trip."""
     min_rate_bps: float = 2 << 20
-    """Slowest transfer tolerated; one try's deadline grows by size / this (8 MiB: 5 + 4 s)."""
+    """Slowest transfer tolerated; the deadline grows by size / this (8 MiB: 5 + 4 s)."""
     backoff_s: float = 0.5
     """Pause before the second try, doubled before each later one."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or min(self.base_timeout_s, self.min_rate_bps) <= 0 or self.backoff_s < 0:
+            raise ValueError("a fetch needs at least one attempt, positive timeouts and rate, a non-negative backoff")
 
     def timeout_for(self, size: int) -> float:
         return self.base_timeout_s + size / self.min_rate_bps
@@ -149,49 +159,66 @@ async def fetch_group(host: Any, peer: str, ann: Announcement, limits: Transport
                       fetch: FetchConfig = DEFAULT_FETCH):
     """Fetch, verify and decode the announced group from `peer`; RolloutRefused when it lies or never serves."""
     last = "no attempt"
+    deadline = trio.current_time() + fetch.timeout_for(ann.size)
     for attempt in range(fetch.attempts):
         if attempt:
-            await trio.sleep(fetch.backoff_s * 2 ** (attempt - 1))
+            await trio.sleep(min(fetch.backoff_s * 2 ** (attempt - 1), max(0.0, deadline - trio.current_time())))
+        left = deadline - trio.current_time()
+        if left <= 0:
+            break
         try:
-            blob = await fetch_blob(host, peer, ann, fetch.timeout_for(ann.size))
+            blob = await fetch_blob(host, peer, ann, left)
         except HostError as exc:
             last = str(exc)
             continue
         if blob is None:
             raise RolloutRefused("unserved", f"{peer} no longer holds the announced blob", hostile=False)
         return await trio.to_thread.run_sync(open_blob, blob, ann, limits)
-    raise RolloutRefused("unserved", f"announced blob not fetched in {fetch.attempts} tries: {last}", hostile=False)
+    raise RolloutRefused("unserved", f"announced blob not fetched within {fetch.timeout_for(ann.size):.0f} s "
+                         f"({fetch.attempts} tries at most): {last}", hostile=False)
 
 
 async def fetch_blob(host: Any, peer: str, ann: Announcement, timeout: float) -> bytes | None:
     """The blob `ann` names, as `peer` sends it (unverified), or None if it does not hold it.
 
-    HostError on a transport failure or timeout; RolloutRefused when the peer offers another size than announced
-    (read no further: the length is the first lie we can catch).
+    HostError on a transport failure or when dialing, opening and reading together pass `timeout`; RolloutRefused
+    when the peer offers another size than announced (read no further: the length is the first lie we can catch).
     """
-    await _ensure_connected(host, peer, ann.addrs)
-    stream = await host.new_stream(peer, PROTOCOL)
     try:
         with trio.fail_after(timeout):
-            await stream.write(ann.blob_id)
-            (length,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
-            if length == 0:
-                return None
-            if length != ann.size:
-                raise RolloutRefused("size_mismatch", f"{peer} offered {length} bytes for a {ann.size}-byte blob")
-            return await _read_exactly(stream, length)
+            await _ensure_connected(host, peer, ann.addrs)
+            stream = await host.new_stream(peer, PROTOCOL)
+            try:
+                blob = await _request(stream, peer, ann)
+            except BaseException:
+                await reset_quietly(stream)  # shielded and bounded: also runs when the deadline cancelled us
+                raise
+            with trio.move_on_after(1.0):
+                await _close_quietly(stream)
+            return blob
     except trio.TooSlowError:
         raise HostError(f"fetching a rollout blob from {peer} timed out after {timeout:.0f} s") from None
     except (HostError, RolloutRefused):
         raise
     except Exception as exc:  # noqa: BLE001 - py-libp2p raises resets and EOFs of many types: all are retried
         raise HostError(f"the rollout blob stream from {peer} failed ({type(exc).__name__})") from None
-    finally:
-        with trio.move_on_after(1.0):
-            try:
-                await stream.close()
-            except Exception:  # noqa: BLE001 - the stream may already be reset
-                pass
+
+
+async def _close_quietly(stream: Any) -> None:
+    try:
+        await stream.close()
+    except Exception:  # noqa: BLE001 - the blob is in hand; a stream the peer already reset does not matter
+        log.debug("closing a rollout blob stream failed", exc_info=True)
+
+
+async def _request(stream: Any, peer: str, ann: Announcement) -> bytes | None:
+    await stream.write(ann.blob_id)
+    (length,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
+    if length == 0:
+        return None
+    if length != ann.size:
+        raise RolloutRefused("size_mismatch", f"{peer} offered {length} bytes for a {ann.size}-byte blob")
+    return await _read_exactly(stream, length)
 
 
 async def _ensure_connected(host: Any, peer: str, addrs: tuple[str, ...]) -> None:

@@ -29,7 +29,7 @@ from swarm.rollout_codec import (
     parse_announcement,
     parse_body,
 )
-from swarm.rollout_transport import FetchConfig, publish_group, receive_group, serve_rollout_blobs
+from swarm.rollout_transport import PROTOCOL, FetchConfig, publish_group, receive_group, serve_rollout_blobs
 from verify.rollout import Completion, RolloutGroup
 
 RUN = "run-rt"
@@ -199,7 +199,18 @@ async def test_a_lying_or_silent_announcer_is_refused_and_scored_down():
             await other.gossip.publish("rollout", silent.body)
             assert await receive_group(receiver, await inbox.receive(), refusals.append, SMALL, fetch) is None
             assert refusals[-1] == "unserved"
-            assert receiver.gossip.scores.score(other.host.peer_id, trio.current_time()) < 0
+            score = receiver.gossip.scores.score(other.host.peer_id, trio.current_time())
+            assert score < 0
+
+            # One that takes the request and never answers costs the receiver one deadline, not the handler's 120 s.
+            other.host.set_guarded_handler(PROTOCOL, lambda stream: trio.sleep_forever(), timeout=None)
+            stalling = pack_group(make_group(other.host.peer_id, 2, 256, seed=4), limits=SMALL)
+            await other.gossip.publish("rollout", stalling.body)
+            env = await inbox.receive()
+            started = trio.current_time()
+            assert await receive_group(receiver, env, refusals.append, SMALL, replace(fetch, base_timeout_s=1.0)) is None
+            assert refusals[-1] == "unserved" and 1.0 <= trio.current_time() - started < 10.0
+            assert receiver.gossip.scores.score(other.host.peer_id, trio.current_time()) < score
 
             # Announcing (or gossiping) another worker's group is refused before anything is fetched.
             stolen = pack_group(make_group(liar.host.peer_id, 2, 256, seed=3), limits=SMALL)
