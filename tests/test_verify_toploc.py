@@ -93,7 +93,7 @@ def test_proof_round_trip_and_batched_build_agree():
     torch.manual_seed(1)
     hiddens = [torch.randn(t, 128, dtype=torch.bfloat16) for t in (1, 31, 32, 33, 100)]
     proofs = toploc.build_proofs(hiddens)
-    assert proofs == [toploc.build_proof(h) for h in hiddens]
+    assert proofs == [toploc.build_proof(h) for h in hiddens] == [naive_proof(h) for h in hiddens]
     for proof, hidden in zip(proofs, hiddens):
         result = toploc.verify_proof(proof, hidden)
         assert result.ok, result.reason

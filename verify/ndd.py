@@ -37,43 +37,66 @@ def inverse_table() -> np.ndarray:
 
 
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Coefficients (ascending) of the polynomials through points (x[c, i], y[c, i]) mod p; x: [C, k] distinct per row.
+    """Coefficients (ascending, int64) of the polynomials through points (x[c, i], y[c, i]) mod p; x: [C, k]
+    distinct per row.
 
-    Step 1, divided differences in place: dd[:, i] <- (dd[:, i] - dd[:, i-1]) / (x[:, i] - x[:, i-j]) for i >= j,
-    with every inverse 1 / (x_i - x_m) looked up once as a [C, k, k] table whose j-th sub-diagonal step j reads.
+    Step 1, divided differences in place: dd[:, i] <- (dd[:, i] - dd[:, i-1]) / (x[:, i] - x[:, i-j]) for i >= j.
     Step 2, expansion to standard form from the top: P <- P * (X - x_i) + dd_i, touching only the degree so far.
-    Numpy's cost here is per call, not per element, so every chunk of a batch shares the same 2k vectorised steps.
+    Numpy's cost here is per element of a few large calls, so every chunk of a batch shares the same 2k vectorised
+    steps, and the arithmetic runs in uint32: residues are below 2^16, a product of two below p^2 < 2^32, and
+    uint32 floor division by the constant p is several times cheaper than int64 remainder (the dominant cost).
     """
-    x = np.asarray(x, dtype=np.int64) % PRIME
-    dd = np.asarray(y, dtype=np.int64) % PRIME
+    x = (np.asarray(x, dtype=np.int64) % PRIME).astype(np.uint32)
+    dd = (np.asarray(y, dtype=np.int64) % PRIME).astype(np.uint32)
     if x.ndim != 2 or x.shape != dd.shape or x.shape[1] == 0:
         raise ValueError("x and y must be matching non-empty [chunks, k] arrays")
     k = x.shape[1]
-    inverses = inverse_table()[(x[:, :, None] - x[:, None, :]) % PRIME]  # [C, k, k]: 1 / (x_i - x_m)
+    inverse = _inverse_table_u32()
     for j in range(1, k):
-        numerator = dd[:, j:] - dd[:, j - 1 : -1]
-        dd[:, j:] = numerator * np.diagonal(inverses, offset=-j, axis1=1, axis2=2) % PRIME
+        dd[:, j:] = _mul_mod(_sub_mod(dd[:, j:], dd[:, j - 1 : -1]), inverse[_sub_mod(x[:, j:], x[:, : k - j])])
     coeffs = np.zeros_like(dd)
     coeffs[:, 0] = dd[:, k - 1]
     for i in range(k - 2, -1, -1):
         degree = k - 1 - i  # degree of P after multiplying by (X - x_i)
-        product = x[:, i : i + 1] * coeffs[:, :degree]
+        product = _mul_mod(x[:, i : i + 1], coeffs[:, :degree])
         coeffs[:, 1 : degree + 1] = coeffs[:, :degree]
-        coeffs[:, 0] = 0
-        coeffs[:, :degree] -= product
-        coeffs[:, 0] += dd[:, i]
-        coeffs[:, : degree + 1] %= PRIME
-    return coeffs
+        coeffs[:, 0] = dd[:, i]
+        coeffs[:, :degree] = _sub_mod(coeffs[:, :degree], product)
+    return coeffs.astype(np.int64)
+
+
+_P32 = np.uint32(PRIME)
+
+
+@functools.lru_cache(maxsize=1)
+def _inverse_table_u32() -> np.ndarray:
+    return inverse_table().astype(np.uint32)
+
+
+def _sub_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(a - b) mod p for uint32 residues: the wrapped difference, or the difference plus p when that is smaller."""
+    d = a - b
+    return np.minimum(d, d + _P32)
+
+
+def _mul_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(a * b) mod p for uint32 residues (the product fits: p^2 < 2^32)."""
+    t = a * b
+    return t - (t // _P32) * _P32
 
 
 def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Values of each row's polynomial (ascending coefficients [C, n]) at that row's points x [C, m], mod p."""
-    coeffs = np.asarray(coeffs, dtype=np.int64)
-    x = np.asarray(x, dtype=np.int64) % PRIME
+    """Values (int64) of each row's polynomial (ascending coefficients [C, n]) at that row's points x [C, m], mod p.
+
+    Horner's rule in uint32, as in interpolate: result * x + c stays below p^2 + p < 2^32 when c < p.
+    """
+    coeffs = (np.asarray(coeffs, dtype=np.int64) % PRIME).astype(np.uint32)
+    x = (np.asarray(x, dtype=np.int64) % PRIME).astype(np.uint32)
     result = np.broadcast_to(coeffs[:, -1:], x.shape).copy()
     for i in range(coeffs.shape[1] - 2, -1, -1):
-        result = (result * x + coeffs[:, i : i + 1]) % PRIME
-    return result
+        t = result * x + coeffs[:, i : i + 1]
+        result = t - (t // _P32) * _P32
+    return result.astype(np.int64)
 
 
 def injective_moduli(indices: np.ndarray) -> np.ndarray:

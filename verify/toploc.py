@@ -84,16 +84,17 @@ def build_proof(hidden: torch.Tensor) -> bytes:
 
 
 def build_proofs(hiddens: list[torch.Tensor]) -> list[bytes]:
-    """Proofs for many completions at once: all their chunks are interpolated in one vectorised pass (cheaper)."""
-    chunk_lists = [_chunk_topk(h) for h in hiddens]
+    """Proofs for many completions at once: the top-k of every chunk of every completion is one torch call per
+    chunk size and all chunks are interpolated in one vectorised pass (the cost is per call, not per chunk)."""
+    chunk_lists = _chunk_topk_many(hiddens)
     flat = [c for chunks in chunk_lists for c in chunks]
     if not flat:
         return [b"" for _ in hiddens]
     coeffs, moduli = _commit(flat)
+    fields = np.concatenate([moduli[:, None], coeffs], axis=1).astype(">u2")  # [chunks, 129]: one proof chunk a row
     out, start = [], 0
     for chunks in chunk_lists:
-        parts = [_encode_chunk(int(moduli[i]), coeffs[i]) for i in range(start, start + len(chunks))]
-        out.append(b"".join(parts))
+        out.append(fields[start : start + len(chunks)].tobytes())
         start += len(chunks)
     return out
 
@@ -104,12 +105,19 @@ def verify_proof(proof: bytes, hidden: torch.Tensor, config: ToplocConfig | None
 
 
 def verify_proofs(proofs: list[bytes], hiddens: list[torch.Tensor], config: ToplocConfig | None = None) -> list[ProofResult]:
-    """verify_proof for many completions, with every chunk's polynomial evaluated in one vectorised pass."""
+    """verify_proof for many completions: one top-k per chunk size and every chunk's polynomial evaluated in one
+    vectorised pass."""
     config = config or ToplocConfig()
+    shaped = [_check_shape(bytes(p), h) for p, h in zip(proofs, hiddens)]
+    ok_shape = [i for i, r in enumerate(shaped) if r is None]
+    topks = dict(zip(ok_shape, _chunk_topk_many([hiddens[i] for i in ok_shape])))
     parsed: list[tuple[list, np.ndarray, np.ndarray] | ProofResult] = []
-    for proof, hidden in zip(proofs, hiddens):
+    for i, proof in enumerate(proofs):
+        if shaped[i] is not None:
+            parsed.append(shaped[i])
+            continue
         try:
-            parsed.append(_parse(bytes(proof), hidden))
+            parsed.append(_parse(bytes(proof), topks[i]))
         except Exception as exc:  # noqa: BLE001 - hostile input must yield a verdict, not a crash
             parsed.append(ProofResult(False, f"proof could not be checked ({type(exc).__name__}: {exc})"))
     pending = [p for p in parsed if not isinstance(p, ProofResult)]
@@ -122,14 +130,18 @@ def verify_proofs(proofs: list[bytes], hiddens: list[torch.Tensor], config: Topl
     return results
 
 
-def _parse(proof: bytes, hidden: torch.Tensor):
-    """(chunks, moduli, coefficients) ready to compare, or a rejecting ProofResult."""
+def _check_shape(proof: bytes, hidden) -> ProofResult | None:
+    """A rejecting ProofResult when the hidden states or the proof's length cannot match, else None."""
     if not isinstance(hidden, torch.Tensor) or hidden.ndim != 2:
         return ProofResult(False, "hidden states must be a [T, H] tensor")
     expected = proof_size(hidden.shape[0])
     if len(proof) != expected:
         return ProofResult(False, f"proof is {len(proof)} bytes, expected {expected} for {hidden.shape[0]} tokens")
-    chunks = _chunk_topk(hidden)
+    return None
+
+
+def _parse(proof: bytes, chunks: list[tuple[np.ndarray, np.ndarray]]):
+    """(chunks, moduli, coefficients) ready to compare, or a rejecting ProofResult."""
     moduli, coeffs = np.zeros(len(chunks), dtype=np.int64), np.zeros((len(chunks), TOPK), dtype=np.int64)
     for i, (indices, _) in enumerate(chunks):
         decoded = _decode_chunk(proof[i * PROOF_CHUNK_BYTES : (i + 1) * PROOF_CHUNK_BYTES])
@@ -151,18 +163,30 @@ def _judge_all(chunks, stats: list[ChunkStats], config: ToplocConfig) -> ProofRe
 
 def _chunk_topk(hidden: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per chunk: (top-k flat indices int64, their bf16 bit patterns as int64 0..65535), in torch's top-k order."""
-    if hidden.ndim != 2:
-        raise ValueError(f"hidden states must be [T, H], got shape {tuple(hidden.shape)}")
-    h = hidden.detach().to(torch.bfloat16)
-    tokens, width = h.shape
-    full = tokens // CHUNK_TOKENS
-    out: list[tuple[np.ndarray, np.ndarray]] = []
-    if full:
-        block = h[: full * CHUNK_TOKENS].reshape(full, CHUNK_TOKENS * width)
-        out.extend(_topk_rows(block, min(TOPK, block.shape[1])))
-    if tokens % CHUNK_TOKENS:
-        rest = h[full * CHUNK_TOKENS :].reshape(1, -1)
-        out.extend(_topk_rows(rest, min(TOPK, rest.shape[1])))
+    return _chunk_topk_many([hidden])[0]
+
+
+def _chunk_topk_many(hiddens: list[torch.Tensor]) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """_chunk_topk of every completion, with one bf16 cast and one top-k per distinct chunk size (full chunks of
+    the same width share one; a short last chunk shares one with the last chunks of the same size)."""
+    by_size: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    counts = []
+    for n, hidden in enumerate(hiddens):
+        if hidden.ndim != 2:
+            raise ValueError(f"hidden states must be [T, H], got shape {tuple(hidden.shape)}")
+        tokens, width = hidden.shape
+        full = tokens // CHUNK_TOKENS
+        if full:
+            by_size.setdefault(CHUNK_TOKENS * width, []).append((n, hidden[: full * CHUNK_TOKENS].reshape(full, -1)))
+        if tokens % CHUNK_TOKENS:
+            by_size.setdefault((tokens % CHUNK_TOKENS) * width, []).append((n, hidden[full * CHUNK_TOKENS :].reshape(1, -1)))
+        counts.append(full + (1 if tokens % CHUNK_TOKENS else 0))
+    out: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in hiddens]
+    for size in sorted(by_size, reverse=True):  # full chunks first, so each completion's chunks stay in order
+        blocks = by_size[size]
+        rows = iter(_topk_rows(torch.cat([b.detach() for _, b in blocks]).to(torch.bfloat16), min(TOPK, size)))
+        for n, block in blocks:
+            out[n].extend(next(rows) for _ in range(block.shape[0]))
     return out
 
 
@@ -188,10 +212,6 @@ def _commit(chunks: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np
         coeffs[rows, :k] = ndd.interpolate(x % m[:, None], y)
         moduli[rows] = m
     return coeffs, moduli
-
-
-def _encode_chunk(modulus: int, coeffs: np.ndarray) -> bytes:
-    return np.concatenate([[modulus], coeffs]).astype(">u2").tobytes()
 
 
 def _decode_chunk(data: bytes) -> tuple[int, np.ndarray] | str:
@@ -222,15 +242,14 @@ def _compare(moduli: np.ndarray, coeffs: np.ndarray, chunks: list[tuple[np.ndarr
     committed = ndd.evaluate(coeffs, x % moduli[:, None])
     exp_match = (committed & _EXP_MASK) == (own & _EXP_MASK)
     mant_err = np.abs((committed & _MANT_MASK) - (own & _MANT_MASK))
-    stats = []
-    for i in range(len(chunks)):
-        errs = mant_err[i][exp_match[i] & valid[i]]
-        mismatches = int((~exp_match[i] & valid[i]).sum())
-        if errs.size == 0:
-            stats.append(ChunkStats(mismatches, float(2**64), float(2**64)))
-        else:
-            stats.append(ChunkStats(mismatches, float(errs.mean()), float(np.sort(errs)[errs.size // 2])))
-    return tuple(stats)
+    matched = exp_match & valid
+    counts = matched.sum(axis=1)
+    mismatches = (~exp_match & valid).sum(axis=1)
+    means = (mant_err * matched).sum(axis=1) / np.maximum(counts, 1)
+    medians = np.sort(np.where(matched, mant_err, np.iinfo(np.int64).max), axis=1)[np.arange(len(chunks)), counts // 2]
+    none = float(2**64)  # no exponent matched: no mantissa to compare, worse than any threshold
+    return tuple(ChunkStats(int(mismatches[i]), float(means[i]) if counts[i] else none,
+                            float(medians[i]) if counts[i] else none) for i in range(len(chunks)))
 
 
 def _judge(stats: ChunkStats, k: int, config: ToplocConfig) -> str:
