@@ -163,15 +163,16 @@ async def peers(count: int):
         yield out
 
 
-async def test_a_group_above_the_gossip_limit_is_announced_fetched_and_verified():
+async def test_a_group_above_the_gossip_limit_is_announced_relayed_fetched_and_verified():
     with trio.fail_after(LIMIT):
-        async with peers(2) as (receiver, worker):
+        async with peers(3) as (hub, worker, receiver):
             inbox = receiver.gossip.subscribe("rollout")
             cache = serve_rollout_blobs(worker.host)
             group = make_group(worker.host.peer_id, 16, 4096)  # ~1.4 MB encoded, ~1 MB compressed
             assert len(group.encode()) > 800 * 1024
+            assert worker.host.peer_id not in {str(p) for p in receiver.host.libp2p.get_connected_peers()}
             assert await publish_group(worker, group, cache) == "announced" and len(cache) == 1
-            env = await inbox.receive()
+            env = await inbox.receive()  # relayed by the hub: the receiver has no link to the worker yet
             assert len(env.body["ann"]["id"]) == 32 and "group" not in env.body and "z" not in env.body
             refusals: list[str] = []
             got = await receive_group(receiver, env, refused=refusals.append)
@@ -208,7 +209,8 @@ async def test_a_lying_or_silent_announcer_is_refused_and_scored_down():
             await other.gossip.publish("rollout", stalling.body)
             env = await inbox.receive()
             started = trio.current_time()
-            assert await receive_group(receiver, env, refusals.append, SMALL, replace(fetch, base_timeout_s=1.0)) is None
+            quick = replace(fetch, base_timeout_s=1.0)
+            assert await receive_group(receiver, env, refusals.append, SMALL, quick) is None
             assert refusals[-1] == "unserved" and 1.0 <= trio.current_time() - started < 10.0
             assert receiver.gossip.scores.score(other.host.peer_id, trio.current_time()) < score
 
