@@ -195,6 +195,12 @@ async def test_a_lying_or_silent_announcer_is_refused_and_scored_down():
             assert refusals == ["hash_mismatch"] and receiver.gossip.stats.rejected["malformed"] == 1
             assert receiver.gossip.scores.score(liar.host.peer_id, trio.current_time()) < 0
 
+            # An announcement whose blob its sender no longer holds (expired, evicted): refused at once.
+            forgotten = pack_group(make_group(liar.host.peer_id, 2, 256, seed=5), limits=SMALL)
+            await liar.gossip.publish("rollout", forgotten.body)
+            assert await receive_group(receiver, await inbox.receive(), refusals.append, SMALL, fetch) is None
+            assert refusals[-1] == "unserved"
+
             # An announcement its sender never serves (no handler at all): bounded tries, then refused.
             silent = pack_group(make_group(other.host.peer_id, 2, 256, seed=2), limits=SMALL)
             await other.gossip.publish("rollout", silent.body)
