@@ -1,7 +1,12 @@
-"""Data parallelism with gloo on the CPU: two ranks, gradients summed, identical weights equal to one process."""
+"""Data parallelism with gloo on the CPU: two ranks, plain all-reduce (ddp) and sharded (fsdp), equal to one process.
 
+One pair of rank processes runs both modes (process start-up dominates the cost): two GRPO steps on its share of a
+fixed batch with all-reduce, then the same two steps with the model sharded by FSDP2, then an FSDP checkpoint that
+a freshly sharded model resumes from. The test process trains on the whole batch meanwhile and compares.
+"""
+
+import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -9,38 +14,87 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from trainer.distributed import init_data_parallel, shard
+from trainer.distributed import init_data_parallel, init_parallel, shard
 from trainer.errors import TrainerError
+from trainer.fsdp import FsdpPrecision, default_precision, shard_plan
 
-LAUNCH = ("import sys; sys.path.insert(0, sys.argv[2]); from test_trainer_distributed import train_shard; "
-          "train_shard(sys.argv[1])")
+LAUNCH = "import sys; sys.path.insert(0, sys.argv[2]); from test_trainer_distributed import run_rank; run_rank(sys.argv[1])"
+CONFIG = dict(lr=1e-2, warmup_steps=1, micro_batch=3, grad_clip=1.0)
 
 
-def train_shard(out: str) -> None:
-    """Two GRPO steps on this rank's share of a fixed batch; saves the resulting weights to `out`."""
-    from inference.models import load_model
-    from trainer.config import load_config
-    from trainer.step import PolicyTrainer, TrainGroup
+def batches():
+    """Two steps of five informative groups (the ranks get 3 and 2: unequal micro-batch counts under FSDP)."""
+    from trainer.step import TrainGroup
 
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    collective = init_data_parallel("gloo") if world > 1 else None
-    torch.set_num_threads(1)
-    loaded = load_model("tiny")
-    cfg = load_config(overrides=dict(lr=1e-2, warmup_steps=1, micro_batch=3, grad_clip=1.0)).config
-    trainer = PolicyTrainer(loaded.model, cfg, pad_id=0, collective=collective)
-    trainer.mark_published(0)
+    out = []
     for step in range(2):
-        rng = random.Random(step)
         groups = []
-        for g in range(4):
-            comps = tuple(tuple(rng.randrange(5, 60) for _ in range(rng.randint(2, 6))) for _ in range(3))
-            rewards = tuple(float(rng.random() < 0.5) for _ in comps)
+        for g in range(5):
+            comps = tuple(tuple(5 + (7 * step + 11 * g + 13 * c + 3 * t) % 50 for t in range(2 + (g + c) % 4))
+                          for c in range(3))
+            rewards = tuple(float((step + g + c) % 2) for c in range(3))
             groups.append(TrainGroup(f"{step}-{g}", 0, (10 + g, 11, 12), comps, rewards, 1.0, 6))
+        out.append(groups)
+    return out
+
+
+def train(trainer, rank: int, world: int) -> None:
+    for step, groups in enumerate(batches()):
         report = trainer.train_step(step, shard(groups, rank, world))
         assert not report.skipped, report
-    save_file({k: v.contiguous() for k, v in loaded.model.state_dict().items() if k != "lm_head.weight"}, out)
+
+
+def plain_weights(model) -> dict:
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+
+
+def run_rank(out: str) -> None:
+    """One rank: ddp training, fsdp training + published policy, fsdp checkpoint + resume; results under `out`."""
+    from inference.models import load_model
+    from trainer.checkpoint import TrainerState, load_checkpoint, publish_policy, save_checkpoint
+    from trainer.config import load_config
+    from trainer.fsdp import apply_fsdp, empty_checkpoint, full_state_dict, gather_checkpoint, unsharded_copy
+    from trainer.fsdp_step import FsdpPolicyTrainer
+    from trainer.step import PolicyTrainer
+
+    torch.set_num_threads(1)
+    out, cfg = Path(out), load_config(overrides=CONFIG).config
+    ddp = init_parallel("ddp", "gloo")
+    rank, world = ddp.rank, ddp.world_size
+    loaded = load_model("tiny")
+    trainer = PolicyTrainer(loaded.model, cfg, pad_id=0, collective=ddp)
+    trainer.mark_published(0)
+    train(trainer, rank, world)
+    save_file(plain_weights(loaded.model), str(out / f"ddp{rank}.st"))
+
+    fsdp = init_parallel("fsdp")
+    loaded = load_model("tiny")
+    sharded = FsdpPolicyTrainer(apply_fsdp(loaded.model), cfg, pad_id=0, collective=fsdp)
+    sharded.mark_published(0)
+    train(sharded, rank, world)
+    local = {k: v.to_local().numel() for k, v in loaded.model.state_dict().items()}
+    (out / f"local{rank}.json").write_text(json.dumps(local))
+    policy = unsharded_copy(loaded.model)  # every rank gathers; rank 0 writes
+    view = gather_checkpoint(loaded.model, sharded.optimizer)
+    if rank == 0:
+        publish_policy(out / "fsdp-policy", policy, loaded.tokenizer, {}, {})
+        save_checkpoint(out / "ckpt", view.model, view.optimizer, sharded.scheduler, TrainerState(step=2))
+    torch.distributed.barrier()
+
+    fresh = load_model("tiny")
+    resumed = FsdpPolicyTrainer(apply_fsdp(fresh.model), cfg, pad_id=0, collective=fsdp)
+    loading = empty_checkpoint(fresh.model)
+    state = load_checkpoint(out / "ckpt" / "step-000002", loading.model, loading.optimizer, resumed.scheduler)
+    loading.scatter_into(fresh.model, resumed.optimizer)
+    again = gather_checkpoint(fresh.model, resumed.optimizer)
+    moments = {f"{k}.{m}": v[m] for k, v in again.optimizer.state["state"].items() for m in ("exp_avg", "exp_avg_sq")}
+    save_file({**{f"w.{k}": v for k, v in full_state_dict(fresh.model).items()}, **moments},
+              str(out / f"resumed{rank}.st"))
+    (out / f"resumed{rank}.json").write_text(json.dumps({"step": state.step, "lr": resumed.scheduler.get_last_lr()}))
+    torch.distributed.destroy_process_group()
 
 
 def _free_port() -> int:
@@ -49,26 +103,101 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_ranks_match_one_process_on_the_full_batch(tmp_path, monkeypatch):
-    cache, port = tmp_path / "cache", _free_port()
-    monkeypatch.setenv("SWARM_MODEL_CACHE", str(cache))
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Launch the two ranks, train on the whole batch in this process meanwhile, wait for the ranks."""
     from inference.models import load_model
+    from trainer.checkpoint import publish_policy
+    from trainer.config import load_config
+    from trainer.step import PolicyTrainer
 
-    initial = load_model("tiny").model.state_dict()  # builds the cache the ranks share
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    ranks = [subprocess.Popen([sys.executable, "-c", LAUNCH, str(tmp_path / f"rank{r}.st"), str(Path(__file__).parent)],
+    out = tmp_path_factory.mktemp("dist")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SWARM_MODEL_CACHE", str(out / "cache"))
+    initial = load_model("tiny")  # builds the cache the ranks share
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    ranks = [subprocess.Popen([sys.executable, "-c", LAUNCH, str(out), str(Path(__file__).parent)],
                               env={**env, "RANK": str(r)}, stderr=subprocess.PIPE, text=True) for r in range(2)]
     threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        train_shard(str(tmp_path / "single.st"))  # the whole batch in this process meanwhile
+        loaded = load_model("tiny")
+        trainer = PolicyTrainer(loaded.model, load_config(overrides=CONFIG).config, pad_id=0)
+        trainer.mark_published(0)
+        train(trainer, 0, 1)
+        publish_policy(out / "single-policy", loaded.model, loaded.tokenizer, {}, {})
+        for proc in ranks:
+            assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
     finally:
         torch.set_num_threads(threads)
-    for proc in ranks:
-        assert proc.wait(timeout=240) == 0, proc.stderr.read()[-2000:]
-    r0, r1, one = (load_file(str(tmp_path / name)) for name in ("rank0.st", "rank1.st", "single.st"))
+        for proc in ranks:
+            proc.kill()
+        mp.undo()
+    return out, plain_weights(initial.model), plain_weights(loaded.model), trainer
+
+
+def test_two_ddp_ranks_match_one_process_on_the_full_batch(runs):
+    out, initial, single, _ = runs
+    r0, r1 = load_file(str(out / "ddp0.st")), load_file(str(out / "ddp1.st"))
     assert all(torch.equal(r0[k], r1[k]) for k in r0)  # the ranks never diverge
-    assert all(torch.allclose(r0[k], one[k], atol=1e-5) for k in r0)  # summed shards == the whole batch
+    assert all(torch.allclose(r0[k], single[k], atol=1e-5) for k in single)  # summed shards == the whole batch
     assert not torch.allclose(r0["model.norm.weight"], initial["model.norm.weight"])  # and training moved them
+
+
+def test_fsdp_gathered_weights_match_one_process_and_ddp(runs):
+    out, initial, single, _ = runs
+    from inference.models import load_model
+
+    policy = load_model(str(out / "fsdp-policy")).model  # the published policy loads like any other
+    gathered, ddp = plain_weights(policy), load_file(str(out / "ddp0.st"))
+    assert set(gathered) == set(single)
+    assert all(torch.allclose(gathered[k], single[k], atol=1e-5) for k in single)
+    assert all(torch.allclose(gathered[k], ddp[k], atol=1e-5) for k in ddp)
+    moved = [k for k in single if not torch.allclose(single[k], initial[k], atol=1e-4)]
+    assert len(moved) > len(single) // 2  # two real steps moved most tensors, so the match is not vacuous
+
+
+def test_fsdp_really_shards_every_tensor(runs):
+    out, _, single, _ = runs
+    local = [json.loads((out / f"local{r}.json").read_text()) for r in range(2)]
+    assert set(local[0]) == set(single)
+    for name, tensor in single.items():  # dim 0 split across the two ranks (an odd row count goes to rank 0)
+        assert local[0][name] + local[1][name] == tensor.numel() and local[1][name] <= tensor.numel() // 2
+
+
+def test_fsdp_policy_files_are_what_one_process_publishes(runs):
+    out = runs[0]
+    assert (out / "fsdp-policy" / "config.json").read_bytes() == (out / "single-policy" / "config.json").read_bytes()
+    headers = []
+    for name in ("fsdp-policy", "single-policy"):
+        with safe_open(str(out / name / "model.safetensors"), "pt") as f:
+            headers.append({k: (f.get_slice(k).get_dtype(), f.get_slice(k).get_shape()) for k in f.keys()})
+    assert headers[0] == headers[1]
+
+
+def test_fsdp_checkpoint_resumes_the_exact_weights_and_adam_state(runs):
+    out, _, single, trainer = runs
+    for rank in range(2):
+        resumed = load_file(str(out / f"resumed{rank}.st"))
+        assert all(torch.allclose(resumed[f"w.{k}"], single[k], atol=1e-5) for k in single)
+        names = dict(trainer.model.named_parameters())
+        for k, p in names.items():  # the FSDP optimizer state, gathered after resume, is the single process's
+            adam = trainer.optimizer.state[p]
+            assert torch.allclose(resumed[f"{k}.exp_avg"], adam["exp_avg"], atol=1e-6)
+            assert torch.allclose(resumed[f"{k}.exp_avg_sq"], adam["exp_avg_sq"], atol=1e-8)
+        meta = json.loads((out / f"resumed{rank}.json").read_text())
+        assert meta["step"] == 2 and meta["lr"] == trainer.scheduler.get_last_lr()
+
+
+def test_shard_plan_groups_blocks_then_embeddings_with_head_then_root(tiny):
+    assert shard_plan(tiny.model) == [("model.layers.0",), ("model.layers.1",), ("model", "lm_head"), ("",)]
+
+
+def test_precision_defaults_and_validation():
+    assert default_precision("cuda") == FsdpPrecision("bfloat16", "float32")
+    assert default_precision("cpu") == FsdpPrecision("float32", "float32")
+    with pytest.raises(TrainerError, match="param_dtype must be one of"):
+        FsdpPrecision("float16").validate()
 
 
 def test_shard_splits_round_robin():
@@ -82,7 +211,9 @@ def test_guards_name_the_missing_piece(monkeypatch):
             init_data_parallel("nccl")
     with pytest.raises(TrainerError, match="unknown distributed backend"):
         init_data_parallel("mpi")
+    with pytest.raises(TrainerError, match="unknown parallel mode"):
+        init_parallel("zero3")
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(TrainerError, match="needs RANK in the environment"):
-        init_data_parallel("gloo")
+        init_data_parallel()  # the automatic backend (gloo here) still needs torchrun's environment

@@ -4,10 +4,11 @@ Why a sum and not a mean: the GRPO loss is already divided by the *global* const
 max tokens, agreed with `all_sum`/`all_max`), so summing per-rank gradients gives exactly the full-batch gradient,
 whatever the split; AdamW then takes the same step on every rank and the weights stay identical.
 
-Backends: "gloo" runs on CPUs (tested with two processes). "nccl" is the GPU path: one process per GPU launched
-by torchrun, the model moved to `cuda:LOCAL_RANK` before the optimizer is built; it is guarded (refused without
-CUDA) but not exercised by the CPU test suite. Sharded training (FSDP2 `fully_shard`, as PRIME-RL does for 32B
-models) is not implemented: every rank holds the full model, which fits the models this project trains.
+Two modes: "ddp" keeps the whole model on every rank and all-reduces the gradients once per step (this module);
+"fsdp" shards weights, gradients and optimizer state across ranks (trainer.fsdp, trainer.fsdp_step), for models
+whose training state does not fit one device. Backends: "gloo" on CPUs (both modes tested with two processes),
+"nccl" on GPUs (one process per GPU launched by torchrun; chosen automatically when CUDA is available; guarded,
+not exercised by the CPU test suite).
 """
 
 from __future__ import annotations
@@ -58,10 +59,19 @@ class TorchCollective:
             offset += n
 
 
-def init_data_parallel(backend: str = "gloo") -> TorchCollective:
+PARALLEL_MODES = ("ddp", "fsdp")
+
+
+def default_backend() -> str:
+    """nccl when this process can see a GPU, gloo otherwise."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_data_parallel(backend: str | None = None) -> TorchCollective:
     """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     import torch.distributed as dist
 
+    backend = backend or default_backend()
     if backend not in ("gloo", "nccl"):
         raise TrainerError(f"unknown distributed backend {backend!r}: choose gloo (CPU) or nccl (GPU)")
     if backend == "nccl" and not torch.cuda.is_available():
@@ -74,6 +84,19 @@ def init_data_parallel(backend: str = "gloo") -> TorchCollective:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
     return TorchCollective()
+
+
+def init_parallel(mode: str = "ddp", backend: str | None = None) -> TorchCollective:
+    """The collective for `mode`: "ddp" (gradients all-reduced by the step) or "fsdp" (reduced by FSDP itself;
+    the model must then be sharded with trainer.fsdp.apply_fsdp and trained by trainer.fsdp_step)."""
+    if mode not in PARALLEL_MODES:
+        raise TrainerError(f"unknown parallel mode {mode!r}: choose ddp or fsdp")
+    init_data_parallel(backend)
+    if mode == "ddp":
+        return TorchCollective()
+    from trainer.fsdp_step import FsdpCollective
+
+    return FsdpCollective()
 
 
 def shard(items: Sequence, rank: int, world_size: int) -> list:
