@@ -28,8 +28,8 @@ from p2p.manifest import PolicyManifest
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.store import PieceStore
 from p2p.wire import (
-    Bitfield, Cancel, FrameDecoder, Have, Hello, Piece, Reject, Request, Stream, message_frame, pack_bits,
-    parse_message, read_frame, unpack_bits, write_frame,
+    RECEIVE_CHUNK, Bitfield, Cancel, FrameDecoder, Have, Hello, Piece, Reject, Request, Stream, message_frame,
+    pack_bits, parse_message, read_frame, send_buffers, unpack_bits, write_frame,
 )
 
 MAX_OUTBOX = 4096  # messages queued to one peer; more means it stopped reading (or floods us with requests)
@@ -47,7 +47,7 @@ class TransferConfig:
     handshake_timeout: float = 10.0  # the peer's hello must arrive within this
     send_timeout: float = 60.0  # one frame (a whole piece) must be sent within this
     tick_interval: float = 1.0  # how often request timeouts and stalls are checked
-    receive_chunk: int = 1024 * 1024  # bytes asked of the stream per read: a whole 1 MiB record, never a slice of one
+    receive_chunk: int = RECEIVE_CHUNK  # bytes asked of the stream per read: a whole data-channel record, never a slice
 
     @classmethod
     def for_role(cls, role: str, *, upload_bps: float = math.inf, **overrides) -> TransferConfig:
@@ -303,8 +303,7 @@ def _first_leaf(group: BaseExceptionGroup) -> BaseException:
 
 
 async def _send_message(stream: Stream, msg) -> None:
-    for part in message_frame(msg):
-        await stream.send_all(part)
+    await send_buffers(stream, message_frame(msg))
 
 
 async def run_swarm(manifest: PolicyManifest, store: PieceStore, links: trio.MemoryReceiveChannel, *,

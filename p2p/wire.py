@@ -40,7 +40,9 @@ from p2p.errors import FrameError
 
 MAX_HEADER = 64 * 1024
 MAX_PAYLOAD = 16 * 1024 * 1024
-RECEIVE_CHUNK = 1024 * 1024  # a whole data-channel record per read, handed over uncopied
+RECEIVE_CHUNK = 1024 * 1024 + 64 * 1024
+"""Bytes asked of a stream per read: at least one whole data-channel record (channel_records.MAX_RECORD), so a
+record that carries a whole 1 MiB piece frame is handed over as one object, never sliced into copies."""
 _LEN = struct.Struct(">I")
 _JOIN_BELOW = 64 * 1024  # payloads smaller than this are joined with the header into one send
 
@@ -49,6 +51,9 @@ class Stream(Protocol):
     """The byte-stream contract between the piece protocol and every transport (libp2p, memnet)."""
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    # optional: `async send_parts(parts)` sends the concatenation of parts; the data channel packs a frame into one
+    # record that way (see `send_buffers`)
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray: ...
 
@@ -76,11 +81,12 @@ class FrameDecoder:
     """Sans-IO incremental decoder: feed chunks as they arrive, pop whole frames.
 
     Why it keeps the fed chunks instead of copying them into a buffer: at 1 MiB pieces the copies were the cost
-    (about three per frame held the piece protocol to 0.38x of raw TCP). Now a payload that arrives as exactly one
-    chunk (the data channel sends each frame's payload as its own record) is handed out as that very object, and
-    any other payload is joined once. Sizes are checked as soon as each length prefix is complete, so an oversized
-    frame is refused before its body is waited for. The decoder keeps references to what it is fed: callers
-    (every Stream's `receive_some`) must hand over buffers they will not reuse.
+    (about three per frame held the piece protocol to 0.38x of raw TCP). A payload that lies inside one chunk (the
+    data channel seals a whole piece frame into one record) is handed out as a memoryview of that chunk, or as the
+    chunk itself when it is exactly the payload; only a payload spread over several chunks (raw TCP, memnet) is
+    joined, once. Sizes are checked as soon as each length prefix is complete, so an oversized frame is refused
+    before its body is waited for. The decoder keeps references to what it is fed: callers (every Stream's
+    `receive_some`) must hand over buffers they will not reuse.
     """
 
     def __init__(self, max_header: int = MAX_HEADER, max_payload: int = MAX_PAYLOAD) -> None:
@@ -104,7 +110,7 @@ class FrameDecoder:
             self._chunks.append(data)
             self._size += len(data)
 
-    def next_frame(self) -> tuple[dict, bytes | bytearray] | None:
+    def next_frame(self) -> tuple[dict, bytes | bytearray | memoryview] | None:
         """Return (header, payload) for the next complete frame, or None if more bytes are needed."""
         if self._header is None and not self._parse_prefix():
             return None
@@ -144,18 +150,17 @@ class FrameDecoder:
     def _peek(self, n: int) -> bytes:
         return b"".join(self._views(n))
 
-    def _take(self, n: int) -> bytes | bytearray:
-        """Remove and return the next `n` bytes: a chunk that is exactly them as it is, otherwise one join."""
+    def _take(self, n: int) -> bytes | bytearray | memoryview:
+        """Remove and return the next `n` bytes: the chunk or a view of it when they lie in one, else one join."""
         if n == 0:
             return b""
-        first = self._chunks[0]
-        if self._offset == 0 and len(first) == n:
-            self._chunks.popleft()
-            self._size -= n
-            return first
-        out = b"".join(self._views(n))
+        first, offset = self._chunks[0], self._offset
+        if offset + n <= len(first):
+            out = first if offset == 0 and n == len(first) else memoryview(first)[offset : offset + n]
+        else:
+            out = b"".join(self._views(n))
         self._size -= n
-        left = n + self._offset
+        left = n + offset
         while left and left >= len(self._chunks[0]):
             left -= len(self._chunks.popleft())
         self._offset = left
@@ -221,7 +226,7 @@ class Piece:
     """The bytes of piece `index` (unverified until hashed against the manifest)."""
 
     index: int
-    data: bytes | bytearray  # the received chunk itself when it was exactly the payload, uncopied
+    data: bytes | bytearray | memoryview  # received: the chunk or a read-only view of it, uncopied
 
 
 @dataclass(frozen=True)
@@ -252,7 +257,7 @@ def _bits(value: object, num_pieces: int) -> bytes:
     return value
 
 
-def parse_message(header: dict, payload: bytes, num_pieces: int) -> Message:
+def parse_message(header: dict, payload: bytes | bytearray | memoryview, num_pieces: int) -> Message:
     """Validate a decoded frame against a manifest of `num_pieces` pieces and build its typed message."""
     kind = header["t"]
     if kind != "piece" and payload:
@@ -310,13 +315,24 @@ def unpack_bits(bits: bytes, num_pieces: int) -> bytearray:
 # ---------------------------------------------------------------------------------------------- stream IO
 
 
-async def write_frame(stream: Stream, header: dict, payload: bytes | bytearray | memoryview = b"") -> None:
-    """Send one frame; big payloads go out as their own buffer, never copied."""
-    for part in encode_frame(header, payload):
+async def send_buffers(stream: Stream, parts: list[bytes | memoryview]) -> None:
+    """Send buffers in order, in one `send_parts` call where the stream has one (the data channel: one record)."""
+    send_parts = getattr(stream, "send_parts", None)
+    if send_parts is not None:
+        await send_parts(parts)
+        return
+    for part in parts:
         await stream.send_all(part)
 
 
-async def read_frame(stream: Stream, decoder: FrameDecoder, chunk: int = RECEIVE_CHUNK) -> tuple[dict, bytes | bytearray] | None:
+async def write_frame(stream: Stream, header: dict, payload: bytes | bytearray | memoryview = b"") -> None:
+    """Send one frame; big payloads go out as their own buffer, never copied by the framing."""
+    await send_buffers(stream, encode_frame(header, payload))
+
+
+async def read_frame(
+    stream: Stream, decoder: FrameDecoder, chunk: int = RECEIVE_CHUNK
+) -> tuple[dict, bytes | bytearray | memoryview] | None:
     """Read until one whole frame is decoded; None at a clean end of stream, FrameError at a truncated one."""
     while True:
         frame = decoder.next_frame()

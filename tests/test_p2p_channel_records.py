@@ -16,6 +16,7 @@ from p2p.channel_records import (
     RecordOpener,
     RecordSealer,
     record_buffer,
+    split_records,
 )
 from p2p.channel_stream import SecureChannelStream, StreamTimeouts
 from p2p.errors import ChannelError
@@ -73,6 +74,33 @@ def test_tampered_reordered_replayed_or_reflected_records_fail_authentication(at
         open_record(opener, first)
 
 
+@pytest.mark.parametrize("aead", sorted(AEADS))
+def test_a_record_sealed_from_parts_is_the_record_of_their_concatenation(aead):
+    """AES-GCM streams the parts through the Cipher API, ChaCha copies them and seals in place: both must produce
+    exactly the one-shot AEAD's record, so the opener (one-shot decrypt) accepts it and nothing else changes."""
+    parts = [b"frame header", os.urandom(MAX_RECORD - 100), b"", b"tail" * 20]
+    joined = b"".join(parts)
+    from_parts, from_join = RecordSealer(KEY, DIALER, aead), RecordSealer(KEY, DIALER, aead)
+    opener = RecordOpener(KEY, DIALER, aead)
+    for final in (False, True):
+        out = record_buffer()
+        size = from_parts.seal_parts_into([memoryview(p) for p in parts], out, final=final)
+        assert bytes(out[:size]) == bytes(seal(from_join, joined, final=final))
+        assert open_record(opener, out[:size]) == joined and opener.finished == final
+    with pytest.raises(ValueError):
+        RecordSealer(KEY, DIALER, aead).seal_parts_into([bytes(MAX_RECORD), b"x"], record_buffer())
+
+
+def test_split_records_slices_parts_into_fewest_full_records_without_copying():
+    parts = [memoryview(bytes(10)), memoryview(os.urandom(25)), memoryview(bytes(3))]
+    groups = list(split_records(parts, limit=16))
+    assert [sum(len(v) for v in g) for g in groups] == [16, 16, 6]
+    assert b"".join(bytes(v) for g in groups for v in g) == b"".join(bytes(p) for p in parts)
+    assert all(any(v.obj is p.obj for p in parts) for g in groups for v in g)  # slices of the parts, no copies
+    assert [len(g) for g in groups] == [2, 1, 2]
+    assert list(split_records([memoryview(b"")])) == []
+
+
 def test_oversized_or_malformed_headers_are_refused_before_reading_the_body():
     opener = RecordOpener(KEY, DIALER)
     for length, flags in [(MAX_RECORD + TAG + 1, 0), (TAG - 1, 0), (TAG, 0x80)]:
@@ -111,6 +139,22 @@ async def test_stream_round_trip_bounded_reads_and_clean_eof():
         await right.send_all(b"reply after your eof")
         assert await left.receive_some() == b"reply after your eof"
     assert received == data
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_a_piece_frame_travels_as_one_record_and_arrives_as_one_chunk():
+    from p2p.wire import FrameDecoder, encode_frame, read_frame, write_frame
+
+    left, right = await socket_pair_streams()
+    payload = os.urandom(1024 * 1024)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write_frame, left, {"t": "piece", "index": 7}, payload)
+            header, got = await read_frame(right, FrameDecoder())
+    assert header == {"t": "piece", "index": 7} and got == payload
+    assert right._opener.index == left._sealer.index == 1  # one record for header and payload
+    assert isinstance(got, memoryview) and len(got.obj) == sum(len(p) for p in encode_frame(header, payload))
     await left.aclose()
     await right.aclose()
 

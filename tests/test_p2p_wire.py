@@ -197,3 +197,30 @@ def test_fed_memoryview_is_copied_so_its_owner_may_reuse_the_buffer():
     dec.feed(memoryview(raw)[50:])
     header, payload = dec.next_frame()
     assert header == {"t": "piece", "index": 0} and payload == b"abc" * 100
+
+
+def test_frames_inside_one_chunk_are_views_of_it_not_copies():
+    """The data channel seals a whole frame (or several) into one record: payloads must come out as views of it."""
+    first, second = bytes(range(256)) * 4096, b"second payload" * 10_000
+    chunk = _joined(encode_frame({"t": "piece", "index": 1}, first) + encode_frame({"t": "piece", "index": 2}, second))
+    dec = FrameDecoder()
+    dec.feed(chunk)
+    (h1, p1), (h2, p2) = dec.next_frame(), dec.next_frame()
+    assert (h1["index"], h2["index"]) == (1, 2) and dec.next_frame() is None and dec.buffered == 0
+    assert isinstance(p1, memoryview) and p1.obj is chunk and p1 == first
+    assert isinstance(p2, memoryview) and p2.obj is chunk and p2 == second
+    assert parse_message(h1, p1, num_pieces=3) == Piece(1, first)
+
+
+async def test_write_frame_hands_a_packing_stream_the_whole_frame_in_one_call():
+    class Packer:
+        def __init__(self):
+            self.calls = []
+
+        async def send_parts(self, parts):
+            self.calls.append(_joined(parts))
+
+    payload = b"p" * 100_000
+    stream = Packer()
+    await write_frame(stream, {"t": "piece", "index": 4}, payload)
+    assert stream.calls == [_joined(encode_frame({"t": "piece", "index": 4}, payload))]
