@@ -58,8 +58,17 @@ def _narrate(e: dict) -> None:
     if kind == "published":
         line = f"[{who}] published policy v{e['version']} ({e['bytes'] / 2**20:.2f} MiB, {e['validators']} validators, stage {e['stage']})"
     elif kind == "train_step":
-        reward = e.get("reward")
-        line = f"[{who}] step {e['step']}: reward {reward:.3f} on {e['groups']} quorum-accepted groups (stage {e['stage']})" if reward is not None else None
+        line = _step_line(who, e)
+    elif kind == "trainer_waiting":
+        line = (f"[{who}] waiting {e['waited_s']} s for a batch: {e['ready']}/{e['wanted']} accepted groups ready, "
+                f"{e['awaiting_votes']} awaiting votes, newest version v{e['newest_version']}")
+    elif kind == "stalled":
+        line = (f"[{who}] no trainer step for {e['seconds']:.0f} s: knows v{e['knows']}, holds v{e['holds']}, "
+                f"connected to {e['connected']} peers, last: {e['last']}{' (STOPPED)' if e['stopped'] else ''}")
+    elif kind == "role_failed":
+        line = f"[{who}] {e['role']} FAILED: {e['message']}"
+    elif kind == "dht_found":
+        line = f"[{who}] found policy v{e['version']} through the DHT (gossip missed it)"
     elif kind == "generated":
         line = f"[{who}] generated {e['groups']} groups with v{e['version']} (claimed mean reward {e['mean_reward']})"
     elif kind == "rejected_rollout":
@@ -68,6 +77,15 @@ def _narrate(e: dict) -> None:
         line = f"[{who}] mirrored policy v{e['version']}"
     if line:
         print(line, flush=True)
+
+
+def _step_line(who: str, e: dict) -> str:
+    if e.get("reward") is None:
+        return f"[{who}] step {e['step']}: no group inside the async window ({e['refused']} refused, stage {e['stage']})"
+    return (f"[{who}] step {e['step']}: reward {e['reward']:.3f} on {e['groups']} quorum-accepted groups "
+            f"({e.get('trained_groups')} with a learning signal, lags {e.get('lags')}, {e.get('mean_tokens')} "
+            f"tokens/completion, {e.get('hit_length')}/{e.get('completions')} cut at the limit; stage {e['stage']}) "
+            f"best: {e.get('sample', '')!r}")
 
 
 def _render(report: dict, out: Path) -> str:

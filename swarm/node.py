@@ -63,9 +63,14 @@ class Node:
         if len(signed) <= GOSSIP_INLINE_MANIFEST:
             body["signed"] = signed
         await self.gossip.publish("manifest", body)
+        record = LatestManifest.sign(self.config.run, manifest.id, manifest.version, self.identity)
+        # In the background: a DHT put waits on the slowest of its peers (10-17 s per version measured in the
+        # simulation, a third of each step); the trainer must not wait for it before training on.
+        self.nursery.start_soon(self._put_latest, record)
+
+    async def _put_latest(self, record: Any) -> None:
         try:
-            record = LatestManifest.sign(self.config.run, manifest.id, manifest.version, self.identity)
-            with trio.move_on_after(DHT_PUT_LIMIT_S) as scope:  # the announcement must never stall a trainer
+            with trio.move_on_after(DHT_PUT_LIMIT_S) as scope:
                 await self.dht.put_latest_manifest(record)
             if scope.cancelled_caught:
                 log.warning("latest-manifest record not stored within %g s; the DHT re-puts it later", DHT_PUT_LIMIT_S)
@@ -212,30 +217,42 @@ async def _provide_held(node: Node) -> None:
         await node.mirror.changed.wait()
 
 
-async def _find_latest_on_dht(node: Node, every_s: float = 10.0) -> None:
-    """A peer that has heard of no version yet asks the DHT for the run's latest manifest and who holds it.
+async def _find_latest_on_dht(node: Node, every_s: float = 10.0, quiet_s: float = 20.0) -> None:
+    """Ask the DHT for the run's latest manifest whenever no new version has arrived for a while.
 
-    Why besides heartbeats: a peer whose bootstrap node knows nothing of the run (or whose gossip mesh has not
-    formed) still finds the newest policy and its providers through the DHT.
+    Why besides gossip and heartbeats: a peer whose bootstrap node knows nothing of the run (or whose gossip mesh
+    has not formed) still finds the newest policy and its providers through the DHT; and a peer that missed a new
+    version's announcement (gossip streams time out on a loaded machine, and a simulation once sat for minutes
+    with every peer a version behind the trainer) finds it here instead of waiting for ever.
     """
+    while True:
+        wait = every_s if node.mirror.latest() is None else quiet_s
+        with trio.move_on_after(wait) as quiet:
+            await node.mirror.changed.wait()
+        if quiet.cancelled_caught and node.mirror.trust.key is not None:
+            with trio.move_on_after(DHT_PUT_LIMIT_S):
+                await _adopt_latest_from_dht(node)
+
+
+async def _adopt_latest_from_dht(node: Node) -> None:
     from swarm.manifest_protocol import fetch_manifest
 
-    while node.mirror.latest() is None:
-        await trio.sleep(every_s)
-        key = node.mirror.trust.key
-        if key is None or node.mirror.latest() is not None:
-            continue
-        try:
-            record = await node.dht.get_latest_manifest(node.config.run, key)
-            providers = await node.dht.find_providers(record.manifest_id) if record else []
-        except P2PError as exc:
-            log.debug("DHT lookup failed: %s", exc)
-            continue
-        for provider in providers[:4]:
-            await _dial_any(node, list(provider.multiaddrs)[:4])
-            await _fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
-            if node.mirror.latest() is not None:
-                break
+    newest = node.mirror.latest()
+    try:
+        record = await node.dht.get_latest_manifest(node.config.run, node.mirror.trust.key)
+        if record is None or record.manifest_id in node.mirror.policies or (
+                newest is not None and record.version <= newest.manifest.version):
+            return
+        providers = await node.dht.find_providers(record.manifest_id)
+    except P2PError as exc:
+        log.debug("DHT lookup failed: %s", exc)
+        return
+    node.events.emit("dht_found", version=record.version, providers=len(providers))
+    for provider in providers[:4]:
+        await _dial_any(node, list(provider.multiaddrs)[:4])
+        await _fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
+        if record.manifest_id in node.mirror.policies:
+            break
 
 
 async def _dial_any(node: Node, addrs: list[str]) -> None:

@@ -102,8 +102,30 @@ class RolloutGate:
         if settlement.outcome is Outcome.ACCEPTED:
             self.accepted.append(group)
 
+    def expire(self) -> int:
+        """Drop accepted groups the newest version has left behind; returns how many in-window groups remain.
+
+        Why: a group is in the async window when its quorum opens, but it may wait in `accepted` while the trainer
+        publishes newer versions. The training run refuses such a group (trainer.admission), so handing it out
+        would waste a step; in the simulation every batch from the fourth step on consisted of such groups.
+        """
+        floor = self.newest - self.async_level
+        kept = [g for g in self.accepted if g.policy_version >= floor]
+        for _ in range(len(self.accepted) - len(kept)):
+            self._count("expired")
+        self.accepted = kept
+        return len(kept)
+
     def take(self, n: int) -> list:
-        batch, self.accepted = self.accepted[:n], self.accepted[n:]
+        """The `n` freshest accepted groups inside the async window (arrival order among equals).
+
+        Why freshest first: workers together answer more prompts per version than one step consumes, so a
+        first-in-first-out queue grows by the difference every step and its head ages past the async window;
+        the freshest groups are the most on-policy ones, and the leftovers expire instead of piling up.
+        """
+        self.expire()
+        ranked = sorted(self.accepted, key=lambda g: -g.policy_version)  # stable: arrival order among equals
+        batch, self.accepted = ranked[:n], ranked[n:]
         return batch
 
 
@@ -210,14 +232,16 @@ async def trainer_role(node) -> None:
         nursery.start_soon(votes)
         nursery.start_soon(ticks)
         while run.state.step < cfg.steps:
-            while len(gate.accepted) < cfg.prompts_per_step:
-                await progress.wait()
-                progress = trio.Event()
+            waiting = BatchWait(cfg.prompts_per_step, trio.current_time())
+            while not waiting.ready(gate, trio.current_time()):
+                with trio.move_on_after(1.0):
+                    await progress.wait()
+                    progress = trio.Event()
+                if waiting.should_report(trio.current_time()):
+                    node.events.emit("trainer_waiting", **waiting.status(gate, trio.current_time()))
             batch = gate.take(cfg.prompts_per_step)
             record = await trio.to_thread.run_sync(run.step, batch)
-            node.events.emit("train_step", step=record["step"], reward=record.get("reward"), stage=record["stage"],
-                              version=record["version"], groups=len(batch), refused=record["refused"],
-                              workers=sorted({g.worker for g in batch}), gate=dict(gate.counts))
+            node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
             await _publish_newest(run, publisher, gate)
         final = await trio.to_thread.run_sync(run.finish)
         node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
@@ -225,6 +249,71 @@ async def trainer_role(node) -> None:
         nursery.cancel_scope.cancel()
     if peer.exit_when_trained:
         node.done.set()
+
+
+@dataclass
+class BatchWait:
+    """The trainer's wait for its next batch: bounded, and visible while it lasts.
+
+    Why bounded: a step needs `wanted` accepted groups, but the groups of the current version are all the workers
+    will send until the trainer publishes the next one. One lost rollout or vote (gossip drops messages on a
+    loaded machine) would leave it a group short for ever, and nothing in the swarm would move again. So once no
+    quorum is open (every vote the gate waits for has come or timed out) and no group was accepted for
+    `patience_s`, it trains on the groups it has. Why visible: a wait longer than `report_every_s` is reported
+    with what it waits on (ready groups, groups still awaiting votes, the newest version), never silent.
+    """
+
+    wanted: int
+    since: float
+    patience_s: float = 30.0
+    report_every_s: float = 20.0
+    reported_at: float = 0.0
+    have: int = 0
+    changed_at: float = 0.0
+
+    def ready(self, gate: RolloutGate, now: float) -> bool:
+        have = gate.expire()
+        if have != self.have:
+            self.have, self.changed_at = have, now
+        quiet = not gate.pending and now - max(self.since, self.changed_at) >= self.patience_s
+        return have >= self.wanted or (have > 0 and quiet)
+
+    def should_report(self, now: float) -> bool:
+        if now - max(self.since, self.reported_at) < self.report_every_s:
+            return False
+        self.reported_at = now
+        return True
+
+    def status(self, gate: RolloutGate, now: float) -> dict:
+        return {"waited_s": round(now - self.since, 1), "ready": len(gate.accepted), "wanted": self.wanted,
+                "awaiting_votes": len(gate.pending), "newest_version": gate.newest, "counts": dict(gate.counts)}
+
+def _step_event(record: dict, batch: list, gate: RolloutGate, tokenizer) -> dict:
+    """The train_step event: what the step trained on, so a flat reward can be told from an empty batch."""
+    from collections import Counter
+
+    completions = [c for g in batch for c in g.completions]
+    rewards = [[round(c.reward, 3) for c in g.completions] for g in batch]
+    return {
+        "step": record["step"], "reward": record.get("reward") if record.get("groups") else None,
+        "stage": record["stage"], "version": record["version"], "groups": len(batch), "refused": record["refused"],
+        "trained_groups": record.get("groups_trained"), "zero_advantage_groups": sum(
+            len(set(r)) < 2 for r in rewards), "lags": dict(Counter(gate.newest - g.policy_version for g in batch)),
+        "group_rewards": [round(sum(r) / len(r), 3) for r in rewards if r],
+        "mean_tokens": round(sum(len(c.tokens) for c in completions) / max(1, len(completions)), 1),
+        "hit_length": sum(c.finish_reason == "length" for c in completions), "completions": len(completions),
+        "entropy": round(record.get("entropy", 0.0), 3), "skipped": record.get("skipped", ""),
+        "workers": sorted({g.worker for g in batch}), "gate": dict(gate.counts),
+        "sample": _sample_text(batch, tokenizer),
+    }
+
+
+def _sample_text(batch: list, tokenizer) -> str:
+    """What the policy writes: the best-rewarded completion of the batch, decoded as its reward was computed."""
+    from tasks.prompts import decode_completion
+
+    best = max((c for g in batch for c in g.completions), key=lambda c: c.reward, default=None)
+    return "" if best is None else decode_completion(tokenizer, best.tokens)[:80]
 
 
 def _open_training_run(loaded, cfg, curriculum):

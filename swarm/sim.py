@@ -35,6 +35,7 @@ class SimSettings:
     task_config: str = "{}"  # TOML inline table of the task's difficulty settings
     async_level: int = 1
     timeout_s: float = 900.0
+    watch_s: float = 30.0  # the watchdog reports every peer's state after this long without a trainer step
 
 
 @dataclass
@@ -85,6 +86,8 @@ async def run_sim(s: SimSettings, sink: EventSink) -> dict:
     peers += [SimPeer(f"cheater{i}", ("inference",)) for i in range(s.cheaters)]
     peers += [SimPeer(f"seed{i}", ("seed",)) for i in range(s.seeds)]
     started = time.monotonic()
+    watch = Activity()
+    sink.listeners.append(watch.on_event)  # every peer's sink copies the listeners: add it before peers start
 
     async def start(nursery, peer: SimPeer, bootstrap: tuple[str, ...]) -> None:
         config = _peer_config(s, peer, bootstrap, trainer_toml, "reward" if peer.name.startswith("cheater") else "")
@@ -111,10 +114,61 @@ async def run_sim(s: SimSettings, sink: EventSink) -> dict:
             bootstrap = (peers[0].node.host.multiaddrs[0],)
             for peer in peers[1:]:
                 await start(nursery, peer, bootstrap)
+            watchdog = trio.CancelScope()
+            nursery.start_soon(_watch, peers, watch, watchdog, s.watch_s)
             await peers[0].node.done.wait()
+            watchdog.cancel()
             for peer in peers[1:]:
                 peer.node.done.set()
     return {"timed_out": scope.cancelled_caught, "wall_s": round(time.monotonic() - started, 1)}
+
+
+@dataclass
+class Activity:
+    """What each peer did last (its role's latest milestone event) and how many steps the trainer has taken."""
+
+    MILESTONES = ("published", "train_step", "generated", "validated", "complete", "role_failed", "dht_found")
+    steps: int = 0
+    last: dict[str, tuple[str, object, float]] = field(default_factory=dict)  # peer -> (event, version, time)
+
+    def on_event(self, e: dict) -> None:
+        if e.get("event") == "train_step":
+            self.steps += 1
+        if e.get("event") in self.MILESTONES:
+            self.last[e.get("peer", "?")] = (e["event"], e.get("version"), time.monotonic())
+
+    def describe(self, peer: str) -> str:
+        if peer not in self.last:
+            return "nothing yet"
+        kind, version, at = self.last[peer]
+        return f"{kind}{'' if version is None else f' v{version}'} {time.monotonic() - at:.0f} s ago"
+
+
+async def _watch(peers: list[SimPeer], activity: Activity, scope: trio.CancelScope, every_s: float) -> None:
+    """Progress watchdog: when the trainer has not stepped for `every_s`, say what every peer holds and did last.
+
+    Why: one default run sat after publishing a version with nothing on screen until the 900 s limit (and one
+    sat for minutes with every inference peer holding v0 and none generating). A stall must be impossible to
+    miss, and the peer states (versions known and held, connections, last milestone) say where the chain
+    trainer -> policy -> rollouts -> votes -> trainer broke.
+    """
+    with scope:
+        last = -1
+        while True:
+            await trio.sleep(every_s)
+            if activity.steps != last:
+                last = activity.steps
+                continue
+            for peer in peers:
+                peer.node.events.emit("stalled", seconds=every_s, last=activity.describe(peer.name),
+                                      **_peer_state(peer.node))
+
+
+def _peer_state(node) -> dict:
+    known = sorted(p.manifest.version for p in node.mirror.policies.values())
+    held = [p.manifest.version for p in node.mirror.complete_versions()]
+    return {"knows": known[-1] if known else None, "holds": held[-1] if held else None,
+            "connected": len(node.connected_peers()), "stopped": node.done.is_set()}
 
 
 def summarize(events: list[dict], extra: dict) -> dict:

@@ -96,3 +96,64 @@ def test_unvoted_rollouts_time_out_and_rejected_workers_get_banned():
             gate.on_vote(vote(k, g, accept=False), 20.5 + task)
     assert gate.reputation.is_banned("cheat")
     assert gate.on_rollout(group(worker="cheat", task=99), 50.0) == "worker banned"
+
+
+def accept(gate, validators, g, now=0.0):
+    assert gate.on_rollout(g, now) == "opened"
+    for k in assigned(validators, g):
+        gate.on_vote(vote(k, g), now)
+
+
+def test_batches_stay_inside_the_async_window_when_workers_outpace_the_trainer():
+    """Two workers answer 8 prompts per version, a step takes 4: the surplus must expire, never reach training.
+
+    A first-in-first-out gate handed the trainer ever older groups, which the training run's admission refused:
+    from the fourth step on every batch of the simulation was empty and the reward read as 0.0.
+    """
+    from trainer.admission import Window, refusal
+
+    validators = keys(2)
+    gate = gate_with(validators, newest=0)
+    for version in range(8):  # the trainer is at `version`; every worker answered it
+        gate.specs[version], gate.newest = spec(validators), version
+        for task in range(8):
+            accept(gate, validators, group(version=version, worker=f"w{task % 2}", task=task))
+        batch = gate.take(4)
+        window = Window("run", version, gate.async_level, frozenset(range(version + 1)))
+        assert len(batch) == 4 and all(refusal(g, window, set()) is None for g in batch)
+        assert {g.policy_version for g in batch} == {version}  # the freshest groups first
+    assert gate.counts["expired"] == 4 * 6  # each version's 4 leftovers expire once two versions newer exist
+
+
+def test_groups_that_aged_out_while_waiting_expire_instead_of_filling_a_batch():
+    validators = keys(2)
+    gate = gate_with(validators, newest=1)
+    old, fresh = group(version=0, task=1), group(version=1, task=2)
+    accept(gate, validators, old)
+    accept(gate, validators, fresh)
+    gate.specs[2], gate.newest = spec(validators), 2  # v0 is now two versions behind (async level 1)
+    assert gate.expire() == 1 and gate.take(4) == [fresh] and gate.counts["expired"] == 1
+
+
+def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_reported_meanwhile():
+    from swarm.role_trainer import BatchWait
+
+    validators = keys(2)
+    gate = gate_with(validators)
+    wait = BatchWait(wanted=4, since=100.0, patience_s=30.0, report_every_s=20.0)
+    for task in range(3):  # the fourth group of this version was lost: no worker will send another
+        accept(gate, validators, group(task=task))
+    assert not wait.ready(gate, 110.0) and not wait.should_report(110.0)
+    assert wait.should_report(121.0) and not wait.should_report(130.0)
+    assert wait.status(gate, 130.0)["ready"] == 3 and wait.status(gate, 130.0)["waited_s"] == 30.0
+    pending = group(task=7)
+    gate.on_rollout(pending, 135.0)  # a quorum still open: its group may yet complete the batch
+    assert not wait.ready(gate, 150.0)
+    for k in assigned(validators, pending):
+        gate.on_vote(vote(k, pending), 151.0)
+    assert wait.ready(gate, 151.0) and len(gate.take(4)) == 4
+    for task in range(3):
+        accept(gate, validators, group(task=10 + task))
+    assert not wait.ready(gate, 160.0) and not wait.ready(gate, 189.0)  # 30 s since the last group arrived
+    assert wait.ready(gate, 191.0) and len(gate.take(4)) == 3
+    assert not BatchWait(wanted=4, since=0.0).ready(gate, 1000.0)  # nothing to train on: keep waiting
