@@ -41,10 +41,14 @@ def batches():
     return out
 
 
-def train(trainer, rank: int, world: int) -> None:
+def train(trainer, rank: int, world: int) -> list[list[float]]:
+    """Two steps on this rank's share; per step [this rank's loss, global gradient norm before clipping]."""
+    figures = []
     for step, groups in enumerate(batches()):
         report = trainer.train_step(step, shard(groups, rank, world))
         assert not report.skipped, report
+        figures.append([report.loss, report.grad_norm])
+    return figures
 
 
 def plain_weights(model) -> dict:
@@ -67,14 +71,15 @@ def run_rank(out: str) -> None:
     loaded = load_model("tiny")
     trainer = PolicyTrainer(loaded.model, cfg, pad_id=0, collective=ddp)
     trainer.mark_published(0)
-    train(trainer, rank, world)
+    figures = {"ddp": train(trainer, rank, world)}
     save_file(plain_weights(loaded.model), str(out / f"ddp{rank}.st"))
 
     fsdp = init_parallel("fsdp")
     loaded = load_model("tiny")
     sharded = FsdpPolicyTrainer(apply_fsdp(loaded.model), cfg, pad_id=0, collective=fsdp)
     sharded.mark_published(0)
-    train(sharded, rank, world)
+    figures["fsdp"] = train(sharded, rank, world)
+    (out / f"figures{rank}.json").write_text(json.dumps(figures))
     local = {k: v.to_local().numel() for k, v in loaded.model.state_dict().items()}
     (out / f"local{rank}.json").write_text(json.dumps(local))
     policy = unsharded_copy(loaded.model)  # every rank gathers; rank 0 writes
@@ -124,7 +129,7 @@ def runs(tmp_path_factory):
         loaded = load_model("tiny")
         trainer = PolicyTrainer(loaded.model, load_config(overrides=CONFIG).config, pad_id=0)
         trainer.mark_published(0)
-        train(trainer, 0, 1)
+        trainer.figures = train(trainer, 0, 1)
         publish_policy(out / "single-policy", loaded.model, loaded.tokenizer, {}, {})
         for proc in ranks:
             assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
@@ -142,6 +147,16 @@ def test_two_ddp_ranks_match_one_process_on_the_full_batch(runs):
     assert all(torch.equal(r0[k], r1[k]) for k in r0)  # the ranks never diverge
     assert all(torch.allclose(r0[k], single[k], atol=1e-5) for k in single)  # summed shards == the whole batch
     assert not torch.allclose(r0["model.norm.weight"], initial["model.norm.weight"])  # and training moved them
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_ranks_losses_add_up_and_gradient_norms_equal_one_process(runs, mode):
+    """Adam's step barely depends on the gradient scale, so weights alone would not catch a mean-for-sum bug."""
+    out, _, _, trainer = runs
+    ranks = [json.loads((out / f"figures{r}.json").read_text())[mode] for r in range(2)]
+    for step, (loss, norm) in enumerate(trainer.figures):
+        assert ranks[0][step][0] + ranks[1][step][0] == pytest.approx(loss, rel=1e-5, abs=1e-7)
+        assert ranks[0][step][1] == ranks[1][step][1] == pytest.approx(norm, rel=1e-5)
 
 
 def test_fsdp_gathered_weights_match_one_process_and_ddp(runs):
