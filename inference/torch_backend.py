@@ -147,8 +147,9 @@ class _DecodeState:
                  capture: bool) -> None:
         self.rows = rows
         self.seeds = stream_seeds([key for _, key in rows])  # hashed once per row, not per token
-        self.limits = [req.max_new_tokens for req, _ in rows]
-        steps = max(self.limits)
+        self.limits = torch.tensor([req.max_new_tokens for req, _ in rows])
+        self.temperatures = torch.tensor([req.temperature for req, _ in rows], dtype=torch.float64)
+        steps = int(self.limits.max())
         self.tokens = torch.zeros((len(rows), steps), dtype=torch.long)
         self.logprobs = torch.zeros((len(rows), steps), dtype=torch.float32)
         self.hidden = torch.zeros((len(rows), steps, hidden_size)) if capture else None
@@ -162,22 +163,24 @@ class _DecodeState:
         """Sample every live row's next token; returns the positions (in `live`) of rows that just finished."""
         live_t = torch.tensor(self.live)
         noise = gumbel_noise_at(self.seeds[self.live], [self.position] * len(self.live), logits.shape[-1])
-        tokens = torch.empty(len(self.live), dtype=torch.long)
-        logprobs = torch.empty(len(self.live), dtype=torch.float32)
-        for temperature in {self.rows[r][0].temperature for r in self.live}:
-            sel = torch.tensor([self.rows[r][0].temperature == temperature for r in self.live])
-            tokens[sel], logprobs[sel] = sample_tokens(logits[sel], noise[sel], temperature)
+        temperatures = self.temperatures[live_t]
+        if bool((temperatures == temperatures[0]).all()):  # the usual case: one temperature, one call
+            tokens, logprobs = sample_tokens(logits, noise, float(temperatures[0]))
+        else:
+            tokens = torch.empty(len(self.live), dtype=torch.long)
+            logprobs = torch.empty(len(self.live), dtype=torch.float32)
+            for temperature in temperatures.unique().tolist():
+                sel = temperatures == temperature
+                tokens[sel], logprobs[sel] = sample_tokens(logits[sel], noise[sel], temperature)
         self.tokens[live_t, self.position] = tokens
         self.logprobs[live_t, self.position] = logprobs
         if self.hidden is not None:
             self.hidden[live_t, self.position] = hidden.to(self.hidden.dtype)
         self.position += 1
-        finished = []
         is_eos = torch.isin(tokens, eos_ids)
-        for i, r in enumerate(self.live):
-            if bool(is_eos[i]) or self.position >= self.limits[r]:
-                self.reasons[r] = "eos" if bool(is_eos[i]) else "length"
-                finished.append(i)
+        finished = (is_eos | (self.limits[live_t] <= self.position)).nonzero().flatten().tolist()
+        for i in finished:
+            self.reasons[self.live[i]] = "eos" if bool(is_eos[i]) else "length"
         return finished
 
     def finish(self, i: int) -> None:

@@ -9,11 +9,11 @@ sampled token; it tolerates only rare near-ties caused by numerical differences 
 The noise is a counter-based hash, so the noise of any set of (completion, position) pairs is one vectorised draw:
 a completion's 64-bit stream seed is a BLAKE3 digest of its key (hashed once per completion, not per token); the
 seed of position t is SplitMix64's output t of that stream, and entry v of the row is SplitMix64's output v of the
-position's seed. The top 53 bits give a uniform in (0, 1) (never 0 or 1), and g = -log(-log(u)) in float64 is
-rounded to float32. Integer work is exact (uint64 wraps), so the bits are identical on every machine up to the
-float64 log's last ulp, which the float32 rounding hides almost always and the validator's near-tie tolerance
-absorbs otherwise. The generator (one draw per decoding step for the whole batch) and the validator (one draw for
-every position of a group's completions) call the same function.
+position's seed. The top 53 bits give a uniform u in (0, 1) (never 0 or 1); g = -log(e) with e = -log(u) taken in
+float64 (near u = 1 it needs every bit) and rounded to float32 before the second log. Integer work is exact
+(uint64 wraps), so the noise is identical on every machine up to a last-ulp difference of a vectorised log, which
+the validator's near-tie tolerance absorbs. The generator (one draw per decoding step for the whole batch) and the
+validator (one draw for every position of a group's completions) call the same function.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def gumbel_noise_at(seeds: np.ndarray, positions: Sequence[int] | np.ndarray, vo
     row_seeds = _splitmix64(seeds, np.asarray(positions, dtype=np.uint64).reshape(-1))
     bits = _splitmix64(row_seeds[:, None], np.arange(vocab_size, dtype=np.uint64)[None, :])
     uniform = ((bits >> _TOP_53).astype(np.float64) + 0.5) * 2.0**-53  # in [2^-54, 1 - 2^-54]
-    return torch.from_numpy((-np.log(-np.log(uniform))).astype(np.float32))
+    exponential = (-np.log(uniform)).astype(np.float32)  # >= 2^-54: float32 keeps 24 bits of it, as the result
+    return torch.from_numpy(-np.log(exponential))
 
 
 def gumbel_noise(key: SamplingKey, position: int, vocab_size: int) -> torch.Tensor:
