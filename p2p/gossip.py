@@ -281,6 +281,14 @@ class Gossip:
 
         return validate
 
+    def penalize(self, peer: Any, reason: str) -> None:
+        """Score `peer` (a libp2p ID) down for content that proved false after the envelope checks passed.
+
+        Why public: some lies only show later, outside gossip (a rollout blob fetched by hash that does not match
+        its announced id); they must cost the liar exactly what a forged envelope costs, bans included.
+        """
+        self._reject(peer, reason)
+
     def _reject(self, forwarder: Any, reason: str) -> None:
         self.stats.rejected[reason] += 1
         peer = str(forwarder)

@@ -252,6 +252,6 @@ def _score_down(node: Any, peer: str, reason: str) -> None:
     from libp2p.peer.id import ID
 
     try:
-        gossip._reject(ID.from_base58(peer), reason)
+        gossip.penalize(ID.from_base58(peer), reason)
     except Exception:  # noqa: BLE001 - scoring is best effort; a refused rollout is already dropped
         log.debug("could not score down %s", peer, exc_info=True)

@@ -196,10 +196,14 @@ async def _echo(stream) -> None:
     await stream.close()
 
 
+OPEN_LIMIT_S = 4.0  # the bug this guards made every open wait 8-10 s
+
+
 async def test_streams_open_promptly_while_every_host_publishes_heartbeats():
     """Five fully meshed hosts in one process, each publishing a heartbeat a second: py-libp2p's per-message CPU
     (IDONTWANT for every message, a signed record verified twice per RPC) used to outrun the process, the sockets
-    backed up and a new stream's SYN waited behind the backlog for 8-10 s. Each open must now take under 2 s."""
+    backed up and a new stream's SYN waited behind the backlog for 8-10 s. Each open must now take under 4 s (under
+    0.5 s on a quiet 2-core box; the margin lets the test hold on a box shared with other jobs)."""
     count, opens = 5, 12
     with trio.fail_after(60):
         async with AsyncExitStack() as stack:
@@ -227,7 +231,7 @@ async def test_streams_open_promptly_while_every_host_publishes_heartbeats():
                 for n in range(opens):  # 12 opens, one after another: the load runs for several heartbeats
                     a, b = hosts[n % count], hosts[(n + 1 + n // count) % count]
                     started = trio.current_time()
-                    with trio.fail_after(2.0):
+                    with trio.fail_after(OPEN_LIMIT_S + 1.0):
                         stream = await a.new_stream(b.peer_id, ECHO)
                         await stream.write(b"ping %d" % n)
                         assert await stream.read(64) == b"ping %d" % n
@@ -242,4 +246,4 @@ async def test_streams_open_promptly_while_every_host_publishes_heartbeats():
                     break
                 received += 1
             assert received >= count - 1  # the heartbeats really flowed while the streams opened
-            assert slowest < 2.0
+            assert slowest < OPEN_LIMIT_S
