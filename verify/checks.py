@@ -164,18 +164,25 @@ def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: 
     scores = perturbed_scores(torch.cat([lg.float() for lg in logits]), noise, group.temperature)
     claimed = scores.gather(-1, torch.tensor([t for c in group.completions for t in c.tokens])[:, None]).squeeze(-1)
     gaps = scores.max(dim=-1).values - claimed
-    for i, gap in enumerate(gaps.split(lengths)):
+    if not (bool(torch.isfinite(gaps).all()) and float(gaps.max()) <= config.near_tie_tol):
+        return _first_sampling_failure(gaps.split(lengths), config)
+    near_ties = int((gaps > 0).sum())
+    allowed = max(1, math.floor(config.max_near_tie_fraction * sum(lengths)))
+    if near_ties > allowed:
+        return CheckResult("sampling", False, f"{near_ties} near-tie tokens, at most {allowed} allowed")
+    return CheckResult("sampling", True)
+
+
+def _first_sampling_failure(gaps: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
+    """The rejection naming the first completion with a non-finite score or a gap beyond near_tie_tol."""
+    for i, gap in enumerate(gaps):
         if not bool(torch.isfinite(gap).all()):
             return CheckResult("sampling", False, f"completion {i} has non-finite scores")
         worst = float(gap.max())
         if worst > config.near_tie_tol:
             pos = int(gap.argmax())
             return CheckResult("sampling", False, f"completion {i} token {pos} is not the seeded sample (gap {worst:.3g})")
-    near_ties = int((gaps > 0).sum())
-    allowed = max(1, math.floor(config.max_near_tie_fraction * sum(lengths)))
-    if near_ties > allowed:
-        return CheckResult("sampling", False, f"{near_ties} near-tie tokens, at most {allowed} allowed")
-    return CheckResult("sampling", True)
+    raise AssertionError("called without a failing completion")
 
 
 def recomputed_logprobs(logits: torch.Tensor, tokens: Sequence[int], temperature: float) -> torch.Tensor:
@@ -185,7 +192,12 @@ def recomputed_logprobs(logits: torch.Tensor, tokens: Sequence[int], temperature
 
 
 def check_logprobs(group: RolloutGroup, recomputed: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
-    """Claimed sampling logprobs agree with the recomputed ones within logprob_atol."""
+    """Claimed sampling logprobs agree with the recomputed ones within logprob_atol (one vectorised comparison
+    for the group; the per-completion loop only runs to name a failure)."""
+    claimed = torch.tensor([lp for c in group.completions for lp in c.logprobs], dtype=torch.float32)
+    diff = (claimed - torch.cat([lp.float() for lp in recomputed])).abs()
+    if bool(torch.isfinite(diff).all()) and float(diff.max()) <= config.logprob_atol:
+        return CheckResult("logprobs", True)
     for i, (c, lp) in enumerate(zip(group.completions, recomputed)):
         diff = (torch.tensor(c.logprobs, dtype=torch.float32) - lp.float()).abs()
         if not bool(torch.isfinite(diff).all()) or float(diff.max()) > config.logprob_atol:
