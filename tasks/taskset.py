@@ -80,15 +80,24 @@ class TaskSet:
         return TaskSet(self.name, [self[i] for i in sorted(set(indices))], {**self.spec, "subset": suffix or "custom"})
 
     def split(self, eval_fraction: float, seed: int = 0) -> tuple["TaskSet", "TaskSet"]:
-        """(train, heldout): a seeded split by index, never overlapping, the same on every machine.
+        """(train, heldout): a seeded split by prompt text, never overlapping, the same on every machine.
 
-        Each index is ranked by BLAKE3(seed, index) and the lowest round(n * eval_fraction) are held out, so the
-        split depends on nothing but the seed and the indices (not on a library's RNG).
+        Why by text, not by index: procedural tasks with small number ranges repeat questions (gcd up to 50,
+        one-digit arithmetic), and a held-out question that also sits in the training split measures memory, not
+        skill. Each distinct prompt is ranked by BLAKE3(seed, prompt) and whole prompts (every index carrying that
+        text) are held out, lowest rank first, until at least round(n * eval_fraction) indices are; the split
+        depends on nothing but the seed and the texts (not on a library's RNG).
         """
         if not 0.0 <= eval_fraction < 1.0:
             raise TaskError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-        ranked = sorted(self._indices, key=lambda i: blake3.blake3(f"split-v1\x00{seed}\x00{i}".encode()).digest())
-        k = round(len(ranked) * eval_fraction)
-        heldout = set(ranked[:k])
+        by_text: dict[str, list[int]] = {}
+        for i in self._indices:
+            by_text.setdefault(self._by_index[i].prompt.strip(), []).append(i)
+        ranked = sorted(by_text, key=lambda text: blake3.blake3(f"split-v2\x00{seed}\x00{text}".encode()).digest())
+        k, heldout = round(len(self._indices) * eval_fraction), set()
+        for text in ranked:
+            if len(heldout) >= k:
+                break
+            heldout.update(by_text[text])
         train = [i for i in self._indices if i not in heldout]
         return self.subset(train, "train"), self.subset(sorted(heldout), "heldout")

@@ -48,7 +48,7 @@ def test_unknown_task_and_bad_config_are_one_clear_error():
 
 def test_split_is_seeded_disjoint_and_complete(arithmetic):
     train, held = arithmetic.split(0.25, seed=9)
-    assert len(held) == 10 and len(train) == 30
+    assert len(held) >= 10 and len(train) + len(held) == 40
     assert set(train.indices()).isdisjoint(held.indices())
     assert set(train.indices()) | set(held.indices()) == set(range(40))
     assert held.indices() == arithmetic.split(0.25, seed=9)[1].indices()
@@ -57,6 +57,18 @@ def test_split_is_seeded_disjoint_and_complete(arithmetic):
     assert held[i] is arithmetic[i] and i not in train
     with pytest.raises(KeyError):
         train[i]
+
+
+def test_split_holds_out_whole_questions_so_no_held_out_text_is_trained_on():
+    from tasks.taskset import TaskEntry, TaskSet
+
+    texts = ["What is 1+1?", "What is 2+2?", "What is 3+3?", "What is 4+4?"]
+    entries = [TaskEntry("dup", i, texts[i % 4] + (" " if i % 3 == 0 else ""), "x") for i in range(40)]
+    tasks = TaskSet("dup", entries)
+    for seed in range(5):
+        train, held = tasks.split(0.3, seed=seed)
+        assert len(held) >= 12 and len(train) + len(held) == 40
+        assert {e.prompt.strip() for e in train}.isdisjoint({e.prompt.strip() for e in held})
 
 
 def test_segments_cut_at_the_mean_prompt_length(arithmetic):
