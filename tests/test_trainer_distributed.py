@@ -51,6 +51,17 @@ def train(trainer, rank: int, world: int) -> list[list[float]]:
     return figures
 
 
+def tied_model():
+    """The tiny architecture with a tied LM head, as SmolLM2 has: the head and the embeddings are one matrix."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from inference.tiny import ARCH, VOCAB_SIZE
+
+    with torch.random.fork_rng():
+        torch.manual_seed(7)
+        return Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB_SIZE, **{**ARCH, "tie_word_embeddings": True}))
+
+
 def plain_weights(model) -> dict:
     return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
 
@@ -79,6 +90,10 @@ def run_rank(out: str) -> None:
     sharded = FsdpPolicyTrainer(apply_fsdp(loaded.model), cfg, pad_id=0, collective=fsdp)
     sharded.mark_published(0)
     figures["fsdp"] = train(sharded, rank, world)
+    tied = FsdpPolicyTrainer(apply_fsdp(tied_model()), cfg, pad_id=0, collective=fsdp)
+    tied.mark_published(0)
+    figures["tied"] = train(tied, rank, world)
+    save_file(full_state_dict(tied.model), str(out / f"tied{rank}.st"))
     (out / f"figures{rank}.json").write_text(json.dumps(figures))
     local = {k: v.to_local().numel() for k, v in loaded.model.state_dict().items()}
     (out / f"local{rank}.json").write_text(json.dumps(local))
@@ -130,6 +145,10 @@ def runs(tmp_path_factory):
         trainer = PolicyTrainer(loaded.model, load_config(overrides=CONFIG).config, pad_id=0)
         trainer.mark_published(0)
         trainer.figures = train(trainer, 0, 1)
+        tied = PolicyTrainer(tied_model(), load_config(overrides=CONFIG).config, pad_id=0)
+        tied.mark_published(0)
+        trainer.tied_figures = train(tied, 0, 1)
+        trainer.tied_weights = plain_weights(tied.model)
         publish_policy(out / "single-policy", loaded.model, loaded.tokenizer, {}, {})
         for proc in ranks:
             assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
@@ -149,12 +168,12 @@ def test_two_ddp_ranks_match_one_process_on_the_full_batch(runs):
     assert not torch.allclose(r0["model.norm.weight"], initial["model.norm.weight"])  # and training moved them
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["ddp", "fsdp", "tied"])
 def test_ranks_losses_add_up_and_gradient_norms_equal_one_process(runs, mode):
     """Adam's step barely depends on the gradient scale, so weights alone would not catch a mean-for-sum bug."""
     out, _, _, trainer = runs
     ranks = [json.loads((out / f"figures{r}.json").read_text())[mode] for r in range(2)]
-    for step, (loss, norm) in enumerate(trainer.figures):
+    for step, (loss, norm) in enumerate(trainer.tied_figures if mode == "tied" else trainer.figures):
         assert ranks[0][step][0] + ranks[1][step][0] == pytest.approx(loss, rel=1e-5, abs=1e-7)
         assert ranks[0][step][1] == ranks[1][step][1] == pytest.approx(norm, rel=1e-5)
 
@@ -170,6 +189,15 @@ def test_fsdp_gathered_weights_match_one_process_and_ddp(runs):
     assert all(torch.allclose(gathered[k], ddp[k], atol=1e-5) for k in ddp)
     moved = [k for k in single if not torch.allclose(single[k], initial[k], atol=1e-4)]
     assert len(moved) > len(single) // 2  # two real steps moved most tensors, so the match is not vacuous
+
+
+def test_fsdp_trains_a_tied_head_as_one_matrix_like_one_process(runs):
+    out, _, _, trainer = runs
+    single = trainer.tied_weights
+    for rank in range(2):
+        gathered = load_file(str(out / f"tied{rank}.st"))
+        assert torch.equal(gathered["lm_head.weight"], gathered["model.embed_tokens.weight"])
+        assert all(torch.allclose(gathered[k], single[k], atol=1e-5) for k in single)
 
 
 def test_fsdp_really_shards_every_tensor(runs):

@@ -193,8 +193,16 @@ def gather_checkpoint(model, optimizer) -> CheckpointView:
 
 
 def empty_checkpoint(model) -> CheckpointView:
-    """A view that load_checkpoint fills: a plain model of the same architecture and an empty optimizer state."""
-    clone = type(model)(model.config).to(next(model.parameters()).dtype)
+    """A view that load_checkpoint fills: a plain model of the same architecture and an empty optimizer state.
+
+    The model is allocated uninitialised (meta, then empty CPU storage): every saved tensor is overwritten by the
+    load, and only the saved tensors are scattered back, so a random initialisation would be wasted time.
+    """
+    with torch.device("meta"):
+        clone = type(model)(model.config)
+    clone = clone.to_empty(device="cpu").to(next(model.parameters()).dtype)
+    if getattr(model.config, "tie_word_embeddings", False):
+        clone.tie_weights()
     return CheckpointView(clone, OptimizerState())
 
 
