@@ -8,8 +8,9 @@ libp2p authenticated. When the data socket cannot be reached (relays, NAT), the 
 bytes itself (`Libp2pByteStream`), slower but always there; that fallback is logged once per peer.
 
 Handshake on PROTOCOL (each message: u16 length + msgpack map):
-    dialer -> listener   {"v": 1, "mode": "socket"}      listener -> dialer  {"v": 1, "port": int, "token": 32 B,
-                                                                              "secret": 32 B, "aead": name}
+    dialer -> listener   {"v": 1, "mode": "socket",     listener -> dialer  {"v": 1, "port": int, "token": 32 B,
+                          "aeads": [names]}                                   "secret": 32 B, "aead": name}
+    ("aeads": the ciphers the dialer supports; a dialer without the field supports AES-256-GCM and ChaCha20.)
     dialer connects to the listener's IP (the one its libp2p connection reached) and port, sends the token;
     the listener answers with one empty record ("accepted") or drops the socket at once.
     dialer -> listener   {"v": 1, "mode": "stream"}      the libp2p stream itself becomes the data channel.
@@ -28,7 +29,9 @@ import blake3
 import msgpack
 import trio
 
-from p2p.channel_records import AEADS, DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer, preferred_aead
+from p2p.channel_records import (
+    AEADS, DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer, choose_aead, preferred_aead,
+)
 from p2p.channel_stream import SecureChannelStream, StreamTimeouts, tune_socket
 from p2p.errors import ChannelError, HostError
 from p2p.libp2p_compat import Libp2pByteStream, tune_yamux
@@ -65,7 +68,8 @@ class ChannelConfig:
     max_pending_sockets: int = 64
     """Data sockets still presenting their token; further connections are dropped at once (flood guard)."""
     aead: str | None = None
-    """Cipher this listener offers ("chacha20-poly1305" or "aes-256-gcm"); None picks by CPU (preferred_aead)."""
+    """Cipher this listener prefers (a name in channel_records.AEADS); None picks by CPU (preferred_aead). It is
+    offered when the dialer supports it, else AES-256-GCM or ChaCha20-Poly1305 (choose_aead)."""
     timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
 
     def __post_init__(self) -> None:
@@ -189,12 +193,13 @@ class DataChannelServer:
             return
         if request.get("mode") != "socket":
             raise ChannelError(f"unknown data channel mode {request.get('mode')!r}")
+        aead = choose_aead(self.aead, request.get("aeads"))
         token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
         self._expire_offers()
         if sum(o.peer_id == peer_id for o in self._offers.values()) >= self.config.max_offers_per_peer:
             raise ChannelError(f"peer {peer_id} holds too many unclaimed data channel offers")
-        self._offers[token] = _Offer(peer_id, secret, self.aead, trio.current_time() + self.config.token_ttl)
-        offer = {"v": 1, "port": self.port, "token": token, "secret": secret, "aead": self.aead}
+        self._offers[token] = _Offer(peer_id, secret, aead, trio.current_time() + self.config.token_ttl)
+        offer = {"v": 1, "port": self.port, "token": token, "secret": secret, "aead": aead}
         with trio.fail_after(self.config.handshake_timeout):
             await _write_msg(stream, offer)
             await stream.close()
@@ -326,7 +331,7 @@ async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tupl
     stream = await host.new_stream(peer_id, PROTOCOL)
     try:
         with trio.fail_after(config.handshake_timeout):
-            await _write_msg(stream, {"v": 1, "mode": "socket"})
+            await _write_msg(stream, {"v": 1, "mode": "socket", "aeads": sorted(AEADS)})
             port, token, secret, aead = _parse_offer(await _read_msg(stream))
     except trio.TooSlowError as exc:
         raise ChannelError(f"data channel handshake with {peer_id} timed out") from exc

@@ -75,7 +75,8 @@ class SecureChannelStream:
         self.aead = sealer.aead
         self._timeouts = timeouts
         self._out = record_buffer()
-        self._in = record_buffer()
+        self._in = record_buffer() + bytes(HEADER.size)  # room to read the next record's header along with a body
+        self._carry = 0  # bytes of the next record's header already at the start of self._in
         self._plain = b""
         self._plain_pos = 0
         self._send_lock = trio.Lock()
@@ -155,19 +156,13 @@ class SecureChannelStream:
             raise self._fail(f"peer {self.peer_id} did not accept the data channel")
 
     async def _read_record(self) -> bytes:
-        header = memoryview(self._in)[: HEADER.size]
         try:
-            with trio.fail_after(self._timeouts.idle_timeout) if self._timeouts.idle_timeout else nullcontext():
-                got = await self._recv_exact(header)
-            if got == 0:
-                raise self._fail(f"data channel from {self.peer_id} ended without its final record (truncated)")
-            if got < HEADER.size:
-                raise self._fail(f"data channel from {self.peer_id} ended inside a record header (truncated)")
-            length, flags = self._opener.parse_header(header)
+            length, flags = await self._read_header()
             body = memoryview(self._in)[HEADER.size : HEADER.size + length]
-            with trio.fail_after(self._timeouts.record_timeout):
-                if await self._recv_exact(body) < length:
-                    raise self._fail(f"data channel from {self.peer_id} ended inside a record (truncated)")
+            with trio.move_on_after(self._timeouts.record_timeout) as scope:
+                await self._read_body(length)
+            if scope.cancelled_caught:
+                raise trio.TooSlowError
             return self._opener.open(flags, body)
         except ChannelError as exc:
             self._fail(str(exc))
@@ -177,10 +172,36 @@ class SecureChannelStream:
         except (trio.BrokenResourceError, OSError) as exc:
             raise self._fail(f"data channel from {self.peer_id} broke ({type(exc).__name__})") from exc
 
-    async def _recv_exact(self, view: memoryview) -> int:
-        """Fill `view` from the socket; returns fewer bytes only at EOF."""
-        got = 0
-        while got < len(view):
+    async def _read_header(self) -> tuple[int, int]:
+        """The next record's (length, flags); its bytes often came with the previous body (no syscall then)."""
+        header = memoryview(self._in)[: HEADER.size]
+        if self._carry < HEADER.size:
+            with trio.fail_after(self._timeouts.idle_timeout) if self._timeouts.idle_timeout else nullcontext():
+                self._carry = await self._recv_at_least(header, self._carry, HEADER.size)
+            if self._carry == 0:
+                raise self._fail(f"data channel from {self.peer_id} ended without its final record (truncated)")
+            if self._carry < HEADER.size:
+                raise self._fail(f"data channel from {self.peer_id} ended inside a record header (truncated)")
+        self._carry = 0
+        return self._opener.parse_header(header)
+
+    async def _read_body(self, length: int) -> None:
+        """Read the body, plus at most the next record's header if it is already there (never waits for it)."""
+        end = HEADER.size + length
+        area = memoryview(self._in)[HEADER.size : end + HEADER.size]
+        got = await self._recv_at_least(area, 0, length)
+        if got < length:
+            raise self._fail(f"data channel from {self.peer_id} ended inside a record (truncated)")
+        self._carry = got - length
+        self._in[: self._carry] = self._in[end : end + self._carry]  # <= 5 bytes; the body starts at 5 + >= 16
+
+    async def _recv_at_least(self, view: memoryview, got: int, minimum: int) -> int:
+        """Read into `view` from offset `got` until at least `minimum` bytes are there; fewer only at EOF.
+
+        Each read takes whatever the socket holds up to the end of `view`, so it never waits for bytes past
+        `minimum`: reading a little ahead (the next header) saves a read per record, and never stalls a link.
+        """
+        while got < minimum:
             n = await self._sock.recv_into(view[got:])
             if n == 0:
                 break

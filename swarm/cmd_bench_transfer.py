@@ -40,9 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--aead",
-        choices=["auto", "chacha20-poly1305", "aes-256-gcm"],
+        choices=["auto", "chacha20-poly1305", "aes-256-gcm", "aes-256-ocb3"],
         default="auto",
-        help="data channel cipher (auto: AES-256-GCM with AES instructions, else ChaCha20-Poly1305)",
+        help="data channel cipher (auto: AES-256-OCB3 with AES instructions, else ChaCha20-Poly1305)",
     )
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
 

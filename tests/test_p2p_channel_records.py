@@ -15,6 +15,7 @@ from p2p.channel_records import (
     TAG,
     RecordOpener,
     RecordSealer,
+    choose_aead,
     record_buffer,
     split_records,
 )
@@ -89,6 +90,18 @@ def test_a_record_sealed_from_parts_is_the_record_of_their_concatenation(aead):
         assert open_record(opener, out[:size]) == joined and opener.finished == final
     with pytest.raises(ValueError):
         RecordSealer(KEY, DIALER, aead).seal_parts_into([bytes(MAX_RECORD), b"x"], record_buffer())
+
+
+def test_the_listener_offers_its_cipher_only_to_a_dialer_that_lists_it():
+    assert choose_aead("aes-256-ocb3", ["aes-256-gcm", "aes-256-ocb3"]) == "aes-256-ocb3"
+    assert choose_aead("aes-256-ocb3", None) == "aes-256-gcm"  # an older dialer that lists nothing
+    assert choose_aead("aes-256-ocb3", ["chacha20-poly1305"]) == "chacha20-poly1305"
+    assert choose_aead("chacha20-poly1305", ["aes-256-gcm", "chacha20-poly1305"]) == "chacha20-poly1305"
+    for hostile in ("aes-256-gcm", [b"aes-256-gcm"], {"x": 1}, 7):
+        with pytest.raises(ChannelError, match="malformed"):
+            choose_aead("aes-256-gcm", hostile)
+    with pytest.raises(ChannelError, match="no data channel cipher in common"):
+        choose_aead("aes-256-gcm", ["rot13"])
 
 
 def test_split_records_slices_parts_into_fewest_full_records_without_copying():
@@ -191,6 +204,22 @@ async def test_peer_vanishing_mid_transfer_is_an_error_not_a_hang(cut):
     await raw.aclose()  # the process died: FIN without a final record
     with trio.fail_after(5), pytest.raises(ChannelError, match="truncated"):
         await reader.receive_some()
+
+
+async def test_a_header_read_along_with_the_previous_body_is_used_and_its_truncation_detected():
+    """The reader takes up to the next record's header with each body; records packed back to back, split anywhere,
+    must still come out exactly, and a stream cut inside a header that was read ahead is still a truncation."""
+    raw, reader = await raw_pair()
+    sealer = RecordSealer(KEY, DIALER)
+    chunks = [os.urandom(n) for n in (1, 70_000, 16, 3)]
+    wire = b"".join(bytes(seal(sealer, c)) for c in chunks) + bytes(seal(sealer, b"lost"))[:3]
+    for start in range(0, len(wire), 9_999):  # splits land inside headers, bodies and tags
+        await raw.send_all(wire[start : start + 9_999])
+    await raw.aclose()
+    with trio.fail_after(5):
+        assert [await reader.receive_some() for _ in chunks] == chunks
+        with pytest.raises(ChannelError, match="inside a record header"):
+            await reader.receive_some()
 
 
 async def test_peer_stalling_inside_a_record_times_out(autojump_clock):
