@@ -29,14 +29,26 @@ def add_arguments(parser) -> None:
     parser.add_argument("--eval-every", type=int, dest="eval_every", help="steps between held-out evaluations")
     parser.add_argument("--eval-n", type=int, dest="eval_n", help="held-out prompts per evaluation")
     parser.add_argument("--threads", type=int, help="torch intra-op threads")
+    parser.add_argument("--generator", choices=("process", "thread"),
+                        help="async mode: generate in its own process (default) or in a thread of the trainer's")
+    parser.add_argument("--generator-threads", type=int, dest="generator_threads",
+                        help="torch threads of the generator process (default 1)")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN_DIR",
+                        help="train nothing: compare the reward-vs-wall-time curves of finished runs (sync first) "
+                             "into --out/compare.json and compare.png")
+    parser.add_argument("--reach", type=float,
+                        help="with --compare: the 5-step mean reward to reach (default: the first run's final)")
 
 
 _OVERRIDES = ("model", "task", "async_level", "curriculum", "steps", "out", "seed", "lr", "group_size",
-              "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads")
+              "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads", "generator",
+              "generator_threads")
 
 
 def run(args) -> int:
+    if args.compare:
+        return _compare(args)
     from trainer.config import load_config
     from trainer.session import train
 
@@ -47,4 +59,25 @@ def run(args) -> int:
     echo = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     summary = train(loaded.config, loaded.curriculum, echo=echo)
     print(json.dumps(summary))
+    return 0
+
+
+def _compare(args) -> int:
+    from trainer.errors import TrainerError
+    from trainer.report import compare_runs, plot_comparison, read_log
+
+    runs = {}
+    for directory in args.compare:
+        log = read_log(directory / "log.jsonl")
+        if not log:
+            raise TrainerError(f"{directory} holds no log.jsonl with training steps")
+        runs[str(directory)] = log
+    out = args.out or Path("runs/compare")
+    out.mkdir(parents=True, exist_ok=True)
+    result = compare_runs(runs, args.reach)
+    (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot = plot_comparison(result, out / "compare.png", "reward against wall time")
+    summary = {label: {k: v for k, v in run.items() if k != "curve"} for label, run in result["runs"].items()}
+    print(json.dumps({"threshold": result["threshold"], "runs": summary, "json": str(out / "compare.json"),
+                      "plot": str(plot) if plot else None}))
     return 0

@@ -53,3 +53,12 @@ def test_bad_config_is_one_clear_line(tmp_path, body, needle):
     with pytest.raises(TrainerError, match=needle) as info:
         load_config(path)
     assert "\n" not in str(info.value).strip()
+
+
+def test_generator_options_are_checked():
+    cfg = load_config(overrides={"async_level": 2}).config
+    assert (cfg.generator, cfg.generator_threads, cfg.threads, cfg.generator_own_session) == ("process", 1, 1, False)
+    with pytest.raises(TrainerError, match="generator must be 'process' or 'thread'"):
+        load_config(overrides={"generator": "fork"})
+    with pytest.raises(TrainerError, match="generator_threads must be at least 1"):
+        load_config(overrides={"generator_threads": 0})

@@ -1,17 +1,23 @@
-"""The training run: exact resume after restart, version admission, NaN skipping, policy publishing."""
+"""The training run: exact resume after restart, version admission, NaN skipping, policy publishing; the generator
+process (same rollouts as in-process, clean shutdown, a dead generator is an error); run comparisons."""
 
 import json
 import math
+import multiprocessing
 import random
+from dataclasses import replace
 
 import pytest
 import torch
+import trio
 from safetensors.torch import load_file
 
 from inference.models import load_model
 from trainer.checkpoint import list_checkpoints, policy_dir
 from trainer.config import load_config
-from trainer.loop import TrainingRun, run_sync
+from trainer.generator_process import GeneratorDied, GeneratorProcess, build_local_source
+from trainer.loop import TrainingRun, run_async_process, run_sync
+from trainer.report import compare_runs
 from verify.rollout import Completion, RolloutGroup
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -157,3 +163,77 @@ def test_kl_term_pulls_toward_the_initial_policy_and_survives_pruning(tmp_path, 
     assert log[-1]["kl"] > 0.0
     assert policy_dir(run.policies, 0).is_dir()  # the reference version is never pruned
     assert not policy_dir(run.policies, 1).is_dir()  # ... while the others outside the window are
+
+
+# --- the generator in its own process ------------------------------------------------------------------------------
+GCD = dict(model="tiny", task="gcd", task_config={"max_value": 50}, task_size=120, curriculum="none", lr=1e-2,
+           grad_clip=1.0, temperature=1.0, max_new_tokens=3, prompts_per_step=3, group_size=4, steps_per_policy=1,
+           checkpoint_every=100, threads=1, generator_threads=1)
+
+
+@pytest.fixture()
+def gcd_cfg(tmp_path, model_cache, monkeypatch):
+    monkeypatch.setenv("SWARM_MODEL_CACHE", str(model_cache))  # the spawned generator reads the same cache
+
+    def make(**extra):
+        loaded_cfg = load_config(overrides={**GCD, "out": str(tmp_path), **extra})
+        return loaded_cfg.config, loaded_cfg.curriculum
+    return make
+
+
+def test_generator_process_matches_the_in_process_generator_and_exits_cleanly(gcd_cfg):
+    cfg, curriculum = gcd_cfg()
+    local = build_local_source(cfg)
+    run = TrainingRun(load_model("tiny"), cfg, curriculum)
+    run.step(local.generate(0, run.latest_policy()))  # v1 differs from the base weights: the child must load it
+    v1 = run.latest_policy()
+    assert v1.version == 1
+    with GeneratorProcess(cfg) as generator:
+        remote = [generator.generate(step, v1) for step in (1, 2)]
+        assert generator.ready
+    expected = [local.generate(step, v1) for step in (1, 2)]
+    assert [[_without_logprobs(g) for g in batch] for batch in remote] == \
+        [[_without_logprobs(g) for g in batch] for batch in expected]
+    remote_lp = [lp for batch in remote for g in batch for c in g.completions for lp in c.logprobs]
+    expected_lp = [lp for batch in expected for g in batch for c in g.completions for lp in c.logprobs]
+    assert remote_lp == pytest.approx(expected_lp, abs=1e-5)  # two processes may differ by float noise only
+    assert {g.policy_version for batch in remote for g in batch} == {1} and len(remote[0]) == 3
+    assert generator.process.exitcode == 0  # stopped by the protocol, not terminated
+    assert generator.process not in multiprocessing.active_children()
+
+
+def _without_logprobs(group):
+    """Everything of a group but its float logprobs: run, version, step, prompt, tokens, rewards, finish reasons."""
+    return replace(group, completions=tuple(replace(c, logprobs=()) for c in group.completions)).encode()
+
+
+def test_a_dead_generator_is_one_clear_error_not_a_hang(gcd_cfg):
+    cfg, curriculum = gcd_cfg(async_level=2, generator_timeout_s=600.0)
+    run = TrainingRun(load_model("tiny"), cfg, curriculum)
+    with GeneratorProcess(cfg) as generator:
+        generator.process.kill()
+        generator.process.join()
+        with pytest.raises(GeneratorDied, match=r"exited with code -9 before sending its batch"):
+            trio.run(run_async_process, run, generator, 3)  # the 600 s timeout is never reached
+    assert run.state.step == 0 and generator.process not in multiprocessing.active_children()
+
+
+def test_a_generator_that_cannot_start_says_why_in_one_sentence(gcd_cfg):
+    cfg, _ = gcd_cfg(model="no-such-model")
+    with GeneratorProcess(cfg) as generator, pytest.raises(GeneratorDied) as caught:
+        generator.receive(timeout=300)
+    message = str(caught.value)
+    assert message.startswith("the generator process failed: InferenceError: model 'no-such-model'")
+    assert "\n" not in message and getattr(caught.value, "user_facing", False)
+    assert generator.process.exitcode is not None
+
+
+def test_comparison_finds_when_each_run_first_reaches_the_threshold():
+    sync = [{"step": i, "reward": r, "wall_s": 2.0 * (i + 1)} for i, r in enumerate([0.0, 0.2, 0.4, 0.4])]
+    fast = [{"step": i, "reward": r, "wall_s": 1.0 * (i + 1)} for i, r in enumerate([0.0, 0.1, 0.5, 0.6, 0.6])]
+    result = compare_runs({"sync": sync, "async": fast}, window=2)
+    assert result["threshold"] == pytest.approx(0.4)  # the first run's final 2-step mean
+    assert result["runs"]["sync"]["reach_step"] == 4 and result["runs"]["sync"]["reach_s"] == 8.0
+    assert result["runs"]["async"]["reach_step"] == 4 and result["runs"]["async"]["reach_s"] == 4.0
+    assert result["runs"]["async"]["curve"][2] == [3.0, 0.3]
+    assert compare_runs({"sync": sync}, threshold=0.9)["runs"]["sync"]["reach_s"] is None

@@ -89,6 +89,21 @@ class TrainerConfig:
     threads: int = 1
     """torch intra-op threads (0 = torch's default). 1 by default: on a small, shared CPU box extra intra-op
     threads spin-wait against other processes (measured 25x slower steps on a loaded 2-core machine)."""
+    generator: str = "process"
+    """Where the async generator runs (async_level > 0): "process" = its own OS process with its own torch threads,
+    as a swarm inference peer (fastest: the sampler's per-token Python no longer competes with training for the
+    GIL); "thread" = a worker thread of the trainer's process (the earlier design, kept for comparison)."""
+    generator_threads: int = 1
+    """torch intra-op threads of the generator process. With `threads` (the trainer's) this splits the cores in
+    async mode: 1 + 1 on a 2-core box. Sync mode runs generation and training in one process on `threads`."""
+    generator_own_session: bool = False
+    """Start the generator process in its own OS session. Linux's autogroup scheduler shares a busy CPU fairly
+    between sessions, not processes, so on a saturated shared box the two processes of one session split one
+    share and async cannot beat sync; in its own session the generator gets a share of its own, as a separate
+    inference peer would. Off by default: it takes CPU from other users of a shared machine (no effect on an
+    idle or dedicated one)."""
+    generator_timeout_s: float = 600.0
+    """Longest wait for one batch from the generator process before the trainer stops with an error (never a hang)."""
     out: Path = Path("runs/train")
     """Output directory: checkpoints/, policies/, final/, log.jsonl, reward.png."""
 
@@ -100,6 +115,10 @@ class TrainerConfig:
                 raise TrainerError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.async_level < 0:
             raise TrainerError("async_level must not be negative")
+        if self.generator not in ("process", "thread"):
+            raise TrainerError(f"generator must be 'process' or 'thread', got {self.generator!r}")
+        if self.generator_threads < 1 or self.generator_timeout_s <= 0:
+            raise TrainerError("generator_threads must be at least 1 and generator_timeout_s positive")
         if not 0.0 < self.eval_fraction < 1.0:
             raise TrainerError(f"eval_fraction must be between 0 and 1, got {self.eval_fraction}")
         if self.lr <= 0 or self.grad_clip <= 0 or self.temperature < 0:

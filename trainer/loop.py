@@ -3,8 +3,9 @@
 Why a `TrainingRun` plus two small runners: the run (model, optimizer, versions, checkpoints, log) is the same
 whether rollouts come from a local generator or from the swarm's quorum-accepted stream, so it only exposes
 `step(groups)`; the runners decide *when* groups arrive. `run_sync` is async level 0 (generate with the newest
-policy, then train); `run_async` overlaps a generator with training (a trio task driving a worker thread, a
-bounded memory channel between them), the rollouts' policy at most `async_level` versions old (INTELLECT-2).
+policy, then train); `run_async_process` overlaps training with a generator in its own OS process (the default,
+trainer.generator_process), `run_async` with one in a worker thread of this process (a trio task, a bounded memory
+channel between them); either way the rollouts' policy is at most `async_level` versions old (INTELLECT-2).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trainer.checkpoint import (
 from trainer.config import TrainerConfig
 from trainer.curriculum import Curriculum
 from trainer.errors import TrainerError
+from trainer.generator_process import GeneratorDied
 from trainer.step import PolicyTrainer, StepReport, TrainGroup
 from verify.rollout import RolloutGroup
 
@@ -62,7 +64,7 @@ class TrainingRun:
     """Model + optimizer + versions + checkpoints + log of one training run in `cfg.out`."""
 
     def __init__(self, loaded, cfg: TrainerConfig, curriculum: Curriculum, *, collective=None,
-                 on_report: Callable[[dict], None] | None = None) -> None:
+                 on_report: Callable[[dict], None] | None = None, started: float | None = None) -> None:
         self.loaded, self.cfg, self.curriculum = loaded, cfg, curriculum
         self.out = Path(cfg.out)
         self.rank = getattr(collective, "rank", 0)
@@ -72,7 +74,7 @@ class TrainingRun:
         self.state = TrainerState()
         self.published: set[int] = set()
         self.on_report = on_report or (lambda report: None)
-        self._started = time.perf_counter()
+        self._started = time.perf_counter() if started is None else started  # wall_s counts from here
         self._resume_or_publish_initial()
 
     # --- versions and checkpoints ----------------------------------------------------------------------------
@@ -224,3 +226,42 @@ async def _generate_forever(run: TrainingRun, source: RolloutSource, send) -> No
             for group in groups:
                 await send.send(group)
             gen_step += 1
+
+
+async def run_async_process(run: TrainingRun, generator, steps: int,
+                            between: Callable[[], None] | None = None) -> None:
+    """Train while a GeneratorProcess generates the next batches; each newly published version is sent to it.
+
+    Why `async_level` batches requested ahead: the request for step s + L goes out when batch s arrives, when the
+    trainer holds the version trained through step s - 1, so that batch is at most L versions old when trained on
+    (fewer when steps_per_policy > 1); with L >= 1 the generator already has its next request when it finishes a
+    batch, so it never waits on the trainer. The admission window still refuses anything older.
+    """
+    ahead = max(1, run.cfg.async_level)
+    generator.publish(run.latest_policy())
+    next_request = run.state.step
+    while next_request < min(steps, run.state.step + ahead):
+        generator.request(next_request)
+        next_request += 1
+    while run.state.step < steps:
+        step, groups = await _next_batch(generator, run.cfg.generator_timeout_s)
+        if step != run.state.step:
+            raise TrainerError(f"the generator sent the batch of step {step} while the trainer is at step "
+                               f"{run.state.step}")
+        if next_request < steps:
+            generator.request(next_request)
+            next_request += 1
+        run.step(groups)
+        generator.publish(run.latest_policy())
+        if between:
+            between()
+
+
+async def _next_batch(generator, timeout_s: float):
+    """Poll in a worker thread (the event loop stays responsive); a silent generator is an error after timeout_s."""
+    with trio.move_on_after(timeout_s):
+        while True:
+            batch = await trio.to_thread.run_sync(generator.poll)
+            if batch is not None:
+                return batch
+    raise GeneratorDied(f"the generator process sent no batch within {timeout_s:.0f} s")

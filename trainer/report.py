@@ -1,4 +1,4 @@
-"""Progress lines and the reward plot of a training run.
+"""Progress lines, the reward plot of a training run, and reward-against-wall-time comparisons of runs.
 
 Why matplotlib's Agg backend: it is installed with the project's stack and renders a PNG without a display; the
 plot is optional output, so a missing matplotlib only skips the picture (the JSON log holds every number).
@@ -39,8 +39,7 @@ def plot_rewards(log: list[dict], evals: list[dict], target: Path, title: str) -
     steps = [r["step"] + 1 for r in log]
     rewards = [r["reward"] for r in log]
     window = max(1, len(rewards) // 10)
-    smooth = [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1])
-              for i in range(len(rewards))]
+    smooth = trailing_means(log, window)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, rewards, alpha=0.35, label="mean reward per step")
     ax.plot(steps, smooth, label=f"moving average ({window})")
@@ -48,6 +47,62 @@ def plot_rewards(log: list[dict], evals: list[dict], target: Path, title: str) -
         ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-", label="held-out accuracy")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("reward / accuracy")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(target, dpi=100)
+    plt.close(fig)
+    return Path(target)
+
+
+def trailing_means(log: list[dict], window: int) -> list[float]:
+    """Mean reward of the last `window` steps at each step (fewer at the start)."""
+    rewards = [r["reward"] for r in log]
+    return [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1])
+            for i in range(len(rewards))]
+
+
+def compare_runs(runs: dict[str, list[dict]], threshold: float | None = None, window: int = 5) -> dict:
+    """Reward against wall time for several runs, and when each first reached `threshold`.
+
+    Why wall time and a trailing mean: async-k's claim is "the same reward sooner", so the figure is the first
+    wall_s (seconds since the session started, model loads and the first evaluation included) at which the
+    `window`-step mean reward reaches the threshold; one step's reward is too noisy to mark it. The default
+    threshold is the first run's final trailing mean (list the synchronous run first).
+    """
+    if not runs or not all(runs.values()):
+        raise ValueError("every compared run needs a non-empty log")
+    curves = {label: trailing_means(log, window) for label, log in runs.items()}
+    if threshold is None:
+        threshold = curves[next(iter(runs))][-1]
+    result = {"threshold": threshold, "window": window, "runs": {}}
+    for label, log in runs.items():
+        reach = next((i for i, mean in enumerate(curves[label]) if mean >= threshold), None)
+        result["runs"][label] = {
+            "steps": len(log), "wall_s": log[-1]["wall_s"], "final_mean": curves[label][-1],
+            "reach_step": None if reach is None else log[reach]["step"] + 1,
+            "reach_s": None if reach is None else log[reach]["wall_s"],
+            "curve": [[r["wall_s"], round(m, 4)] for r, m in zip(log, curves[label])],
+        }
+    return result
+
+
+def plot_comparison(result: dict, target: Path, title: str) -> Path | None:
+    """Trailing-mean reward against wall time, one line per run, the threshold dashed; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, run in result["runs"].items():
+        reach = f", reached at {run['reach_s']:.0f} s" if run["reach_s"] is not None else ", never reached"
+        ax.plot([p[0] for p in run["curve"]], [p[1] for p in run["curve"]], label=f"{label}{reach}")
+    ax.axhline(result["threshold"], linestyle="--", color="grey", label=f"threshold {result['threshold']:.3f}")
+    ax.set_xlabel("wall time since session start (s)")
+    ax.set_ylabel(f"mean reward of the last {result['window']} steps")
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()

@@ -69,13 +69,26 @@ class Evaluator:
 
 
 def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], None] = print) -> dict:
-    """Run (or resume) a local training session; returns the summary printed as JSON by `swarm train`."""
+    """Run (or resume) a local training session; returns the summary printed as JSON by `swarm train`.
+
+    In async mode with generator = "process" the generator process starts first, so its imports and model load
+    overlap the trainer's; every log record's wall_s counts from this function's start in both modes.
+    """
+    from trainer.generator_process import GeneratorProcess
+
+    session_started = time.perf_counter()
+    if cfg.async_level and cfg.generator == "process":
+        with GeneratorProcess(cfg, max_batches=cfg.async_level) as generator:
+            return _train(cfg, curriculum, echo, session_started, generator)
+    return _train(cfg, curriculum, echo, session_started, None)
+
+
+def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], None], session_started: float,
+           generator) -> dict:
     import torch
-    import trio
 
     from inference.models import load_model
-    from trainer.local_source import LocalRolloutSource
-    from trainer.loop import TrainingRun, run_async, run_sync
+    from trainer.loop import TrainingRun
     from trainer.report import plot_rewards, progress_line, read_log
 
     if cfg.threads:
@@ -83,11 +96,9 @@ def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], N
     seed_everything(cfg.seed)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     train_set, heldout = load_task_split(cfg)
-    trainer_model, generator_model = load_model(cfg.model), load_model(cfg.model)
-    run = TrainingRun(trainer_model, cfg, curriculum,
+    trainer_model = load_model(cfg.model)
+    run = TrainingRun(trainer_model, cfg, curriculum, started=session_started,
                       on_report=lambda record: echo(progress_line(record, cfg.steps)))
-    source = LocalRolloutSource(generator_model, train_set, run=cfg.run, prompts_per_step=cfg.prompts_per_step,
-                                length_target=cfg.length_target)
     evaluator = Evaluator(trainer_model, heldout, cfg, curriculum)
     started = time.perf_counter()
     before = evaluator(run.state.step)
@@ -97,10 +108,7 @@ def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], N
         if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
             echo(f"held-out accuracy at step {run.state.step}: {evaluator(run.state.step)['accuracy']:.3f}")
 
-    if cfg.async_level == 0:
-        run_sync(run, source, cfg.steps, between)
-    else:
-        trio.run(run_async, run, source, cfg.steps, between)
+    _run_loop(cfg, run, train_set, generator, between)
     train_seconds = time.perf_counter() - started
     final = run.finish()
     after = evaluator(run.state.step)
@@ -114,3 +122,22 @@ def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], N
             "final_reward": sum(r["reward"] for r in tail) / len(tail) if tail else None,
             "heldout_before": before["accuracy"], "heldout_after": after["accuracy"], "final": str(final),
             "log": str(Path(cfg.out) / "log.jsonl"), "plot": str(plot) if plot else None}
+
+
+def _run_loop(cfg: TrainerConfig, run, train_set, generator, between: Callable[[], None]) -> None:
+    """Sync (in-process generator), async with the generator process, or async with a generator thread."""
+    import trio
+
+    from inference.models import load_model
+    from trainer.local_source import LocalRolloutSource
+    from trainer.loop import run_async, run_async_process, run_sync
+
+    if generator is not None:
+        trio.run(run_async_process, run, generator, cfg.steps, between)
+        return
+    source = LocalRolloutSource(load_model(cfg.model), train_set, run=cfg.run, prompts_per_step=cfg.prompts_per_step,
+                                length_target=cfg.length_target)
+    if cfg.async_level == 0:
+        run_sync(run, source, cfg.steps, between)
+    else:
+        trio.run(run_async, run, source, cfg.steps, between)

@@ -1,0 +1,195 @@
+"""The local rollout generator in its own OS process, as the swarm runs inference on separate peers.
+
+Why a process and not a thread: on the tiny model generation is per-token Python (sampling, cache bookkeeping)
+and it is the bottleneck; in a thread of the trainer's process it competes with training for the GIL, so async-2
+did more training compute in the same wall time without finishing sooner. A spawned process has its own
+interpreter and its own torch thread count (`generator_threads`), so generation and training truly overlap.
+
+The protocol is plain data over two multiprocessing queues (the spawn context, so no torch state is forked):
+  trainer -> generator  ("policy", PublishedPolicy)  the newest published version (its files on disk, as a
+                                                     worker hot-swaps from a manifest)
+                        ("generate", step)           produce the batch of this assignment step
+                        ("stop", None)
+  generator -> trainer  ("ready", None), ("batch", (step, [RolloutGroup, ...])), ("error", sentence)
+The generator drains every pending message before each batch, so a batch always uses the newest policy it was
+told of; the results queue is bounded (backpressure). The trainer owns the process: `GeneratorProcess` is a
+context manager that stops, joins and if need be terminates and kills it, also on errors and Ctrl-C, and every
+wait on it is bounded and checks that the process is alive, so a dead generator is one clear error, not a hang.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+from collections import deque
+
+from trainer.config import TrainerConfig
+from trainer.errors import TrainerError
+
+POLL_S = 0.2  # how often a waiting trainer checks that the generator is still alive
+JOIN_S = 10.0  # how long a stopping generator may take before it is terminated, then killed
+
+
+class GeneratorDied(TrainerError):
+    """The generator process failed or exited; the message says how (its error sentence or its exit code)."""
+
+
+def build_local_source(cfg: TrainerConfig):
+    """The same LocalRolloutSource `swarm train` uses in-process: same model spec, task split, run and prompts."""
+    from inference.models import load_model
+    from trainer.local_source import LocalRolloutSource
+    from trainer.session import load_task_split, seed_everything
+
+    seed_everything(cfg.seed)
+    train_set, _ = load_task_split(cfg)
+    return LocalRolloutSource(load_model(cfg.model), train_set, run=cfg.run,
+                              prompts_per_step=cfg.prompts_per_step, length_target=cfg.length_target)
+
+
+def generator_main(cfg: TrainerConfig, requests, results) -> None:
+    """Child entry point: build the source, then answer generate requests with the newest known policy."""
+    code = 0
+    try:
+        import torch
+
+        if cfg.generator_own_session:
+            os.setsid()
+        torch.set_num_threads(cfg.generator_threads)
+        source = build_local_source(cfg)
+        results.put(("ready", None))
+        _serve(source, requests, results)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the trainer reports it
+        code = 130
+    except Exception as exc:  # one sentence for the trainer; the process then exits
+        sentence = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        results.put(("error", f"{type(exc).__name__}: {sentence}"))
+        code = 1
+    results.close()
+    results.join_thread()  # everything put is delivered ...
+    os._exit(code)  # ... then skip the interpreter's teardown, measured at 14-20 s with torch loaded on a busy box
+
+
+def _next_message(requests, parent: int):
+    """Block for the next message, but exit when the trainer is gone (killed, so it could not say stop)."""
+    while True:
+        try:
+            return requests.get(timeout=POLL_S * 5)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return ("stop", None)
+
+
+def _serve(source, requests, results) -> None:
+    policy, pending, parent = None, deque(), os.getppid()
+    while True:
+        messages = [_next_message(requests, parent)] if not pending or policy is None else []
+        while True:  # drain: a newer policy may have arrived behind the next request
+            try:
+                messages.append(requests.get_nowait())
+            except queue.Empty:
+                break
+        for kind, body in messages:
+            if kind == "stop":
+                return
+            if kind == "policy":
+                policy = body
+            else:
+                pending.append(body)
+        if pending and policy is not None:
+            step = pending.popleft()
+            results.put(("batch", (step, source.generate(step, policy))))
+
+
+class GeneratorProcess:
+    """Owns one generator process; `with GeneratorProcess(cfg) as gen:` starts it and always reaps it."""
+
+    def __init__(self, cfg: TrainerConfig, *, max_batches: int = 1) -> None:
+        self.cfg = cfg
+        ctx = multiprocessing.get_context("spawn")
+        self.requests = ctx.Queue()
+        self.results = ctx.Queue(maxsize=max(1, max_batches))
+        self.process = ctx.Process(target=generator_main, args=(cfg, self.requests, self.results),
+                                   name="rollout-generator", daemon=True)
+        self.ready = False
+        self._sent_version: int | None = None
+
+    def __enter__(self) -> "GeneratorProcess":
+        self.process.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ask it to stop, then terminate and kill as needed; the process is always reaped."""
+        if self.process.pid is None:
+            return
+        if self.process.is_alive():
+            try:
+                self.requests.put(("stop", None))
+            except (OSError, ValueError):
+                pass
+            self._drain_results()  # a child blocked on a full results queue could not see the stop
+            self.process.join(JOIN_S)
+        for end in (self.process.terminate, self.process.kill):
+            if self.process.is_alive():
+                end()
+                self.process.join(JOIN_S)
+        for q in (self.requests, self.results):
+            q.cancel_join_thread()  # never block the trainer's exit on undelivered queue data
+            q.close()
+
+    def _drain_results(self) -> None:
+        try:
+            while True:
+                self.results.get_nowait()
+        except (queue.Empty, OSError, ValueError):
+            pass
+
+    # --- the trainer's side of the protocol -------------------------------------------------------------------
+    def publish(self, policy) -> None:
+        """Tell the generator about a newer published version (no-op when it already knows this one)."""
+        if policy.version != self._sent_version:
+            self.requests.put(("policy", policy))
+            self._sent_version = policy.version
+
+    def request(self, step: int) -> None:
+        self.requests.put(("generate", step))
+
+    def poll(self, timeout: float = POLL_S):
+        """(step, groups) of the next batch, or None when none arrived within `timeout`; raises if it died."""
+        try:
+            kind, body = self.results.get(timeout=timeout)
+        except queue.Empty:
+            if not self.process.is_alive():
+                raise GeneratorDied(f"the generator process exited with code {self.process.exitcode} "
+                                    "before sending its batch") from None
+            return None
+        if kind == "error":
+            raise GeneratorDied(f"the generator process failed: {body}")
+        if kind == "ready":
+            self.ready = True
+            return self.poll(timeout)
+        return body
+
+    def receive(self, timeout: float | None = None):
+        """Blocking (step, groups) within `timeout` seconds (default cfg.generator_timeout_s)."""
+        import time
+
+        limit = self.cfg.generator_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while (remaining := deadline - time.monotonic()) > 0:
+            batch = self.poll(min(POLL_S, remaining))
+            if batch is not None:
+                return batch
+        raise GeneratorDied(f"the generator process sent no batch within {limit:.0f} s")
+
+    def generate(self, step: int, policy) -> list:
+        """The RolloutSource interface (blocking), e.g. for a synchronous loop or a determinism check."""
+        self.publish(policy)
+        self.request(step)
+        got, groups = self.receive()
+        if got != step:
+            raise GeneratorDied(f"the generator process answered step {got} when asked for step {step}")
+        return groups
