@@ -39,7 +39,7 @@ def test_async_two_trains_on_rollouts_at_most_two_versions_old(tmp_path):
     _train(tmp_path, steps=6, async_level=2)
     log = read_log(tmp_path / "log.jsonl")
     assert [r["step"] for r in log] == list(range(6))
-    assert all(r["max_lag"] <= 2 for r in log)
+    assert all(r["max_lag"] <= 2 and r["refused"] == 0 for r in log)  # the generator process keeps the window
     assert all(r["old_logprobs"] in ("", "exact") for r in log)  # the window's versions are all held
 
 
@@ -90,3 +90,18 @@ def test_fastcurl_stages_drive_what_the_local_worker_generates(tmp_path):
         assert {g.task_index for g in groups} <= set(segment(train_set, data))
         assert not {g.task_index for g in groups} & set(heldout.indices())
         assert all(len(g.completions) == 2 and all(len(c.tokens) <= 2 for c in g.completions) for g in groups)
+
+
+def test_cli_compare_writes_both_curves_and_when_each_reached_the_sync_reward(tmp_path, capsys):
+    for name, walls in (("sync", [3.0, 6.0, 9.0]), ("async", [2.0, 4.0, 6.0])):
+        (tmp_path / name).mkdir()
+        records = [{"step": i, "reward": r, "wall_s": w} for i, (r, w) in enumerate(zip([0.1, 0.3, 0.5], walls))]
+        (tmp_path / name / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "cmp"
+    assert main(["train", "--compare", str(tmp_path / "sync"), str(tmp_path / "async"), "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["threshold"] == pytest.approx(0.3)  # sync's final 5-step mean (all three steps)
+    assert [summary["runs"][str(tmp_path / n)]["reach_s"] for n in ("sync", "async")] == [9.0, 6.0]
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["runs"][str(tmp_path / "async")]["curve"] == [[2.0, 0.1], [4.0, 0.2], [6.0, 0.3]]
+    assert (out / "compare.png").stat().st_size > 1000
