@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validators", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
     parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
-    parser.add_argument("--steps", type=int, default=8, help="trainer steps (one policy version each)")
+    parser.add_argument("--steps", type=int, default=16, help="trainer steps (one policy version each; 4 per FastCuRL stage)")
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF directory")
     parser.add_argument("--task", default="gcd", help="reasoning-gym task (default: gcd up to 50, which tiny learns)")
     parser.add_argument("--async-level", dest="async_level", type=int, default=1)

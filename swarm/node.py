@@ -172,7 +172,10 @@ async def _send_heartbeats(node: Node) -> None:
             await node.gossip.publish("heartbeat", _heartbeat_body(node))
         except P2PError as exc:
             log.debug("heartbeat not sent: %s", exc)
-        await trio.sleep(min(node.config.status_every_s, 1.0))
+        # Every status period, not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and
+        # seven peers heartbeating each second in one simulated process starved its streams (stream opens timed
+        # out, new versions stopped reaching peers).
+        await trio.sleep(node.config.status_every_s)
 
 
 async def _receive_heartbeats(node: Node) -> None:

@@ -26,7 +26,7 @@ class SimSettings:
     validators: int = 2
     seeds: int = 1
     cheaters: int = 0
-    steps: int = 8
+    steps: int = 16
     prompts_per_worker: int = 4
     group_size: int = 8
     max_new_tokens: int = 12
@@ -66,7 +66,7 @@ def _peer_config(s: SimSettings, peer: SimPeer, bootstrap: tuple[str, ...], trai
         "bootstrap_file": s.out / "no-bootstrap.txt", "model": s.model, "trainer_config": trainer_toml,
         "prompts_per_worker": s.prompts_per_worker, "replicas": min(2, max(1, s.validators)),
         "quorum": min(2, max(1, s.validators)), "quorum_timeout_s": 120.0, "exit_when_trained": True,
-        "status_every_s": 1.0, "cheat": cheat})
+        "status_every_s": 3.0, "cheat": cheat})
 
 
 async def run_sim(s: SimSettings, sink: EventSink) -> dict:
