@@ -27,11 +27,11 @@ def refusal(group: RolloutGroup, window: Window, consumed: set[str]) -> str | No
     if group.run != window.run:
         return f"rollout belongs to run {group.run!r}, not {window.run!r}"
     v = group.policy_version
+    lag = window.latest_version - v
+    if lag > window.async_level:  # checked first: an old version's files are pruned, which is not "unknown"
+        return f"rollout from version {v} is {lag} versions old, beyond the async level {window.async_level}"
     if v > window.latest_version or v not in window.published:
         return f"rollout comes from unknown policy version {v} (latest published is {window.latest_version})"
-    lag = window.latest_version - v
-    if lag > window.async_level:
-        return f"rollout from version {v} is {lag} versions old, beyond the async level {window.async_level}"
     if group.rollout_id().hex() in consumed:
         return "rollout was already trained on"
     return None
