@@ -124,41 +124,74 @@ def _cheap_checks(i: int, group: RolloutGroup, models, ctx: RunContext) -> tuple
 
 @torch.no_grad()
 def _prefill(model: torch.nn.Module, items: list[_Pending], max_batch_tokens: int) -> None:
-    """Fill every pending completion's logits [T, V] (float32) and last hidden states [T, H] by batched prefill."""
-    rows = [(item, j) for item in items for j in range(len(item.group.completions))]
-    rows.sort(key=lambda r: len(r[0].group.prompt_tokens) + len(r[0].group.completions[r[1]].tokens))
-    batch: list[tuple[_Pending, int]] = []
-    for row in rows:
-        width = _row_len(row)
-        if batch and width * (len(batch) + 1) > max_batch_tokens:
+    """Fill every pending completion's logits [T, V] (float32) and last hidden states [T, H] by batched prefill.
+
+    Groups are batched whole, shortest first, up to max_batch_tokens (always at least one group): each batch
+    prefills its prompts once and then all their completions over the shared prompt cache, so a group's prompt
+    costs one pass instead of one per completion.
+    """
+    batch: list[_Pending] = []
+    for item in sorted(items, key=_group_width):
+        rows = sum(len(i.group.completions) for i in batch) + len(item.group.completions)
+        if batch and rows * _group_width(item) > max_batch_tokens:
             _prefill_batch(model, batch)
             batch = []
-        batch.append(row)
+        batch.append(item)
     if batch:
         _prefill_batch(model, batch)
 
 
-def _row_len(row: tuple[_Pending, int]) -> int:
-    item, j = row
-    return len(item.group.prompt_tokens) + len(item.group.completions[j].tokens) - 1
+def _group_width(item: _Pending) -> int:
+    return len(item.group.prompt_tokens) + max(len(c.tokens) for c in item.group.completions) - 1
 
 
-def _prefill_batch(model: torch.nn.Module, batch: list[tuple[_Pending, int]]) -> None:
-    width = max(_row_len(r) for r in batch)
-    ids = torch.zeros((len(batch), width), dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for b, (item, j) in enumerate(batch):
-        seq = list(item.group.prompt_tokens) + list(item.group.completions[j].tokens[:-1])
-        ids[b, : len(seq)] = torch.tensor(seq)
-        mask[b, : len(seq)] = 1
+def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> None:
+    """Prompts left-padded in one pass with a KV cache, then every completion's tokens [:-1] right-padded in a second
+    pass over the cache rows of its prompt. Outputs: position P-1 of the prompt pass, then the completion pass."""
+    from transformers.cache_utils import DynamicCache
+
     device = next(model.parameters()).device
-    hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # [B, L, H]
+    base, keyword = model.base_model, _cache_keyword(model.base_model)
+    prompt_ids, prompt_mask = _left_padded([item.group.prompt_tokens for item in batch])
+    cache = DynamicCache(config=model.config)
+    last = base(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), use_cache=True,
+                position_ids=((prompt_mask.cumsum(dim=1) - 1).clamp(min=0)).to(device),
+                **{keyword: cache}).last_hidden_state[:, -1]  # [G, H]: the output at each prompt's position P-1
+    rows = [(g, item, j) for g, item in enumerate(batch) for j in range(len(item.group.completions))]
+    expand = torch.tensor([g for g, _, _ in rows])
+    tails = [item.group.completions[j].tokens[:-1] for _, item, j in rows]
+    width = max(len(t) for t in tails)
+    hidden = None
+    if width:
+        cache.batch_select_indices(expand.to(device))
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, tail in enumerate(tails):
+            ids[r, : len(tail)], mask[r, : len(tail)] = torch.tensor(tail, dtype=torch.long), 1
+        positions = prompt_mask[expand].sum(dim=1, keepdim=True) + torch.arange(width)
+        hidden = base(input_ids=ids.to(device), attention_mask=torch.cat([prompt_mask[expand], mask], dim=1).to(device),
+                      position_ids=positions.to(device), use_cache=True, **{keyword: cache}).last_hidden_state
     head = model.get_output_embeddings()
-    for b, (item, j) in enumerate(batch):
-        start, count = len(item.group.prompt_tokens) - 1, len(item.group.completions[j].tokens)
-        h = hidden[b, start : start + count]  # [T, H]
+    for r, (g, item, j) in enumerate(rows):
+        h = last[g : g + 1] if not tails[r] else torch.cat([last[g : g + 1], hidden[r, : len(tails[r])]])  # [T, H]
         item.hidden[j] = h.float().cpu()
         item.logits[j] = _apply_head(head, h).float().cpu()  # [T, V]
+
+
+def _left_padded(prompts: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p, dtype=torch.long), 1
+    return ids, mask
+
+
+def _cache_keyword(module: torch.nn.Module) -> str:
+    """transformers 5.2x renamed forward's `past_key_values` to `cache`; older releases know only the first."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def _apply_head(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
