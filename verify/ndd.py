@@ -3,7 +3,8 @@
 Why this shape: a proof commits 128 (index, bf16 bits) points per 32-token chunk as the coefficients of the unique
 degree-127 polynomial through them, so a validator can evaluate it at *its own* top-k indices. Interpolation is
 Newton's divided differences (O(k^2)), done here as k vectorised numpy steps over a [chunks, k] array, never as a
-per-element Python loop. All products stay below 65497^2 < 2^33, so int64 never overflows.
+per-element Python loop. Residues are below 2^16 and every product below 65497^2 < 2^32, so the inner loops run in
+uint32 (the int64 remainder was the dominant cost); results are returned as int64.
 
 The arithmetic matches the reference `toploc` 0.1.6 (ndd.cpp): y values reduced mod p, coefficients in ascending
 order (c0 first), evaluation by Horner's rule mod p.

@@ -1,11 +1,12 @@
-"""The batched verifier: one padded prefill per batch of completions, then every check, one verdict per group.
+"""The batched verifier: one padded prefill per batch of groups, then every check, one verdict per group.
 
 Why this order: the cheap checks (schema, policy window and manifest, assignment, lengths and vocabulary) run first
-and a group failing them never costs a forward pass. The surviving completions of every group are prefilled
-together, right-padded and sorted by length into batches bounded by `max_batch_tokens`, with a different batch
-composition and padding than the generator used; honest groups still pass because TOPLOC and the sampling check
-tolerate kernel noise. The prefill input is prompt + completion[:-1]: the outputs at positions P-1 .. P+T-2 are
-the logits that sampled each generated token and the last hidden states the proof commits.
+and a group failing them never costs a forward pass. The surviving groups are sorted by length into batches bounded
+by `max_batch_tokens`; a batch prefills its prompts once (left-padded) and then every completion over its prompt's
+cached keys and values (right-padded), with a different batch composition and padding than the generator used;
+honest groups still pass because TOPLOC and the sampling check tolerate kernel noise. The prefill input is
+prompt + completion[:-1]: the outputs at positions P-1 .. P+T-2 are the logits that sampled each generated token
+and the last hidden states the proof commits. The TOPLOC check of all groups is then one batched call.
 
 The LM head runs only on those positions (the decoder's last hidden state, already after the final norm, is sliced
 first), so a large vocabulary does not blow up memory.
