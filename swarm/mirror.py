@@ -312,6 +312,9 @@ class PolicyMirror:
             with trio.fail_after(self.dial_timeout):
                 stream = spare if spare is not None else await dial(peer)
                 await _send_preamble(stream, policy)
+            if not self._live(policy):  # garbage-collected while we dialed: its service takes no new links
+                await trio.aclose_forcefully(stream)
+                return
             policy.service.add_link(peer, stream)
             self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "out",
                                    "dial_s": round(trio.current_time() - started, 3), "spare": spare is not None})
@@ -320,6 +323,15 @@ class PolicyMirror:
             log.debug("data channel to %s failed: %s", peer, exc)
         finally:
             policy.dialing.discard(peer)
+
+
+    def _live(self, policy: MirroredPolicy) -> bool:
+        """Whether `policy` is still mirrored (a newer version may have pushed it out of the window meanwhile).
+
+        Why: handing a link to a dropped version's service raised "Nursery is closed to new arrivals" and ended
+        a whole simulation at step 7 (versions turn over every few seconds once the trainer steps quickly).
+        """
+        return self.policies.get(policy.manifest.id) is policy and not (policy.scope and policy.scope.cancel_called)
 
 
 async def _send_preamble(stream: Any, policy: MirroredPolicy) -> None:

@@ -29,6 +29,9 @@ def test_small_swarm_trains_only_on_quorum_accepted_rollouts(tmp_path):
     # every rollout the cheater sent was refused by the validator for its fabricated reward
     cheater_ids = {e["peer_id"] for e in events if e["event"] == "listening" and e["peer"] == "cheater0"}
     assert report["rejection_reasons"].get("reward", 0) >= 1
+    # the gate hands the trainer only groups inside the async window: no step is an empty, refused batch
+    steps = [e for e in events if e["event"] == "train_step"]
+    assert all(e["refused"] == 0 and e["reward"] is not None and e["groups"] >= 1 for e in steps)
     trained_workers = {w for e in events if e["event"] == "train_step" for w in e.get("workers", [])}
     assert trained_workers and not (trained_workers & cheater_ids)
     # the seed-only peer mirrored at least the first version
