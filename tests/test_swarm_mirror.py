@@ -1,0 +1,52 @@
+"""The policy mirror's window: a version pushed out of it while a link to it was being dialed takes no new link."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import trio
+import trio.testing
+from safetensors.numpy import save_file
+
+from p2p.identity import Identity
+from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+from p2p.store import PieceStore
+from swarm.mirror import PolicyMirror
+from swarm.trust import TrainerTrust
+
+
+def signed_version(tmp, key: Identity, version: int) -> bytes:
+    directory = tmp / f"v{version}"
+    directory.mkdir()
+    save_file({"w": np.full(1024, version, dtype=np.float32)}, str(directory / "model.safetensors"))
+    (directory / "model.json").write_text(json.dumps({"architecture": "test"}))
+    manifest = build_manifest(directory, run="r", version=version, parent_version=version - 1 if version else None,
+                              created_at=0.0, generation=GenerationSettings(2, 1.0, 8, 0), piece_size=262144)
+    return sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
+
+
+async def test_a_link_dialed_for_a_dropped_version_is_closed_not_handed_to_its_service(tmp_path, autojump_clock):
+    key = Identity.generate()
+    with PieceStore(tmp_path / "store", keep_versions=2) as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            oldest = mirror.adopt(signed_version(tmp_path, key, 0))
+            ours, theirs = trio.testing.memory_stream_pair()
+            dialed = trio.Event()
+
+            async def dial(peer):
+                dialed.set()
+                await trio.sleep(1.0)  # virtual time; meanwhile two newer versions push v0 out of the window
+                return ours
+
+            nursery.start_soon(mirror._dial_link, oldest, "peer", dial)
+            await dialed.wait()
+            for version in (1, 2):
+                mirror.adopt(signed_version(tmp_path, key, version))
+            assert oldest.manifest.id not in mirror.policies
+            await trio.sleep(2.0)  # virtual time; before the fix: RuntimeError "Nursery is closed to new arrivals" here
+            assert "peer" not in oldest.service.peers
+            assert await theirs.receive_some(1 << 16)  # the preamble went out, then our end was closed
+            nursery.cancel_scope.cancel()
