@@ -158,7 +158,9 @@ class RecordSealer(_RecordDirection):
         """Seal one record of at most MAX_RECORD bytes into `out`; return the number of bytes to send."""
         return self.seal_parts_into([plaintext], out, final)
 
-    def seal_parts_into(self, parts: Sequence[bytes | bytearray | memoryview], out: bytearray, final: bool = False) -> int:
+    def seal_parts_into(
+        self, parts: Sequence[bytes | bytearray | memoryview], out: bytearray, final: bool = False
+    ) -> int:
         """Seal the concatenation of `parts` (at most MAX_RECORD bytes) as ONE record into `out`; return its size.
 
         Why parts: a frame's header and its 1 MiB payload become one record without joining them, because on

@@ -1,9 +1,10 @@
 """The IO adapter of the fast data channel: sealed records over a plain trio TCP socket.
 
-Why exact `recv_into` reads into preallocated buffers: the trio scheduler around many small reads, and copies,
-are where stream throughput goes in Python (REFERENCE.md §5). Reading a record's header, then exactly its body,
-means one 1 MiB record costs a handful of syscalls and one decrypt, and we never read ahead into a record the peer
-has not started (which would stall request/response traffic).
+Why `recv_into` reads into preallocated buffers: the trio scheduler around many small reads, and copies, are where
+stream throughput goes in Python (REFERENCE.md §5). A body read also takes the next record's header when it is
+already there (at most HEADER.size bytes past the body, and never waited for), so a record that carries a whole
+piece frame costs a few reads and one decrypt; we never wait for bytes the peer has not sent (which would stall
+request/response traffic). Sending mirrors it: `send_parts` seals a frame's header and payload into one record.
 
 Timeouts: a record whose header arrived must complete within `record_timeout` (a peer cannot pin our buffer by
 stalling mid-record); between records a link may idle unless `idle_timeout` is set, while TCP keepalive still
