@@ -5,7 +5,8 @@ whole 1 MiB piece frame each moves about 0.5x here, the AEAD being most of the r
 Security rests on the libp2p stream: the offer (port, token, secret) travels inside Noise to the authenticated
 peer only, the token admits exactly one socket once, and the record key is derived from the secret AND both peer
 ids, so a channel is bound to the two peers libp2p authenticated. When the data socket cannot be reached (relays,
-NAT), the same libp2p protocol carries the bytes itself (`Libp2pByteStream`), slower but always there; that fallback is logged once per peer.
+NAT), the same libp2p protocol carries the bytes itself (`Libp2pByteStream`), slower but always there; that
+fallback is logged once per peer.
 
 Handshake on PROTOCOL (each message: u16 length + msgpack map):
     dialer -> listener   {"v": 1, "mode": "socket",     listener -> dialer  {"v": 1, "port": int, "token": 32 B,
