@@ -60,5 +60,7 @@ def test_generator_options_are_checked():
     assert (cfg.generator, cfg.generator_threads, cfg.threads, cfg.generator_own_session) == ("process", 1, 1, False)
     with pytest.raises(TrainerError, match="generator must be 'process' or 'thread'"):
         load_config(overrides={"generator": "fork"})
+    with pytest.raises(TrainerError, match="generator_prefetch must be between 0 and the async level"):
+        load_config(overrides={"async_level": 2, "generator_prefetch": 3})
     with pytest.raises(TrainerError, match="generator_threads must be at least 1"):
         load_config(overrides={"generator_threads": 0})

@@ -96,6 +96,10 @@ class TrainerConfig:
     generator_threads: int = 1
     """torch intra-op threads of the generator process. With `threads` (the trainer's) this splits the cores in
     async mode: 1 + 1 on a 2-core box. Sync mode runs generation and training in one process on `threads`."""
+    generator_prefetch: int = 0
+    """Batches the trainer asks the generator process for ahead of the one it trains (0 = async_level, the most the
+    window allows). 1 keeps a generator that is slower than the trainer busy while bounding the lag to one version;
+    more only buffers the trainer against hiccups (evaluations, checkpoints) at the price of staler rollouts."""
     generator_own_session: bool = False
     """Start the generator process in its own OS session. Linux's autogroup scheduler shares a busy CPU fairly
     between sessions, not processes, so on a saturated shared box the two processes of one session split one
@@ -117,6 +121,8 @@ class TrainerConfig:
             raise TrainerError("async_level must not be negative")
         if self.generator not in ("process", "thread"):
             raise TrainerError(f"generator must be 'process' or 'thread', got {self.generator!r}")
+        if not 0 <= self.generator_prefetch <= max(1, self.async_level):
+            raise TrainerError(f"generator_prefetch must be between 0 and the async level, got {self.generator_prefetch}")
         if self.generator_threads < 1 or self.generator_timeout_s <= 0:
             raise TrainerError("generator_threads must be at least 1 and generator_timeout_s positive")
         if not 0.0 < self.eval_fraction < 1.0:

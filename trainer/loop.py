@@ -235,9 +235,10 @@ async def run_async_process(run: TrainingRun, generator, steps: int,
     Why `async_level` batches requested ahead: the request for step s + L goes out when batch s arrives, when the
     trainer holds the version trained through step s - 1, so that batch is at most L versions old when trained on
     (fewer when steps_per_policy > 1); with L >= 1 the generator already has its next request when it finishes a
-    batch, so it never waits on the trainer. The admission window still refuses anything older.
+    batch, so it never waits on the trainer. L is cfg.generator_prefetch, else async_level. The admission window
+    still refuses anything older.
     """
-    ahead = max(1, run.cfg.async_level)
+    ahead = run.cfg.generator_prefetch or max(1, run.cfg.async_level)
     generator.publish(run.latest_policy())
     next_request = run.state.step
     while next_request < min(steps, run.state.step + ahead):
