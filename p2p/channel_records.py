@@ -6,8 +6,7 @@ record (`cryptography`) costs 0.25-0.6 ms here, yet it is still the largest cost
 each cost about as much as the kernel's copy plus the BLAKE3 hash of the same MiB. Why three ciphers: measured on
 this project's 2-core machines (encrypt / decrypt of 1 MiB, ms): AES-256-OCB3 0.20-0.25 / 0.26-0.29, AES-256-GCM
 0.30-0.44 / 0.37-0.47, ChaCha20-Poly1305 0.56-0.59 / 0.62-0.65. OCB3 (RFC 7253) needs one AES pass and no GHASH;
-GCM is the widely deployed choice and streams (see `seal_parts_into`); without AES hardware ChaCha20 is the fast
-one. All three are AEADs with 12-byte nonces and 16-byte tags used identically below. The dialer lists the ciphers
+GCM is the widely deployed choice; without AES hardware ChaCha20 is the fast one. All three are AEADs with 12-byte nonces and 16-byte tags used identically below. The dialer lists the ciphers
 it supports, the listener picks (`choose_aead`) and names it in its offer, the dialer follows.
 
 Record on the wire:   | u32 ciphertext length | u8 flags | ciphertext (plaintext + 16-byte tag) |
@@ -27,19 +26,15 @@ import struct
 from collections.abc import Iterator, Sequence
 
 from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESOCB3, ChaCha20Poly1305
 
 from p2p.errors import ChannelError
 
 KEY_BYTES = 32
-MAX_RECORD = 1024 * 1024 + 64 * 1024
-"""Largest plaintext per record: a whole 1 MiB piece frame (payload plus its few dozen header bytes) fits in one.
-
-Why not exactly 1 MiB: a piece frame is a small header and a 1 MiB payload, so 1 MiB records split every frame in
-two, and the second record's few header bytes cost a seal, a send, a header read and a decoder join each. With
-64 KiB of room one frame is one record; the bound on what a peer can make us buffer stays about 1 MiB.
-"""
+COPY_LIMIT = 64 * 1024
+"""Parts up to this size are copied together into one record; larger ones are sealed where they lie."""
+MAX_RECORD = 1024 * 1024
+"""Largest plaintext per record: big enough that per-record costs vanish, small enough to bound buffers."""
 TAG = 16
 HEADER = struct.Struct(">IB")
 FINAL = 0x01
@@ -115,21 +110,29 @@ def record_buffer() -> bytearray:
     return bytearray(HEADER.size + MAX_RECORD + TAG)
 
 
-def split_records(parts: Sequence[memoryview], limit: int = MAX_RECORD) -> Iterator[list[memoryview]]:
-    """Cut the concatenation of `parts` into as few groups of at most `limit` bytes as possible, by slicing only.
+def split_records(
+    parts: Sequence[memoryview], limit: int = MAX_RECORD, copy_limit: int = COPY_LIMIT
+) -> Iterator[list[memoryview]]:
+    """Cut the concatenation of `parts` into groups of at most `limit` bytes, by slicing only.
 
-    Each group becomes one record (`RecordSealer.seal_parts_into`): a piece frame's header and payload travel
-    together without being joined first.
+    Each group becomes one record (`RecordSealer.seal_parts_into`). Small parts share a record (sealing copies
+    them together, which is cheap); a part over `copy_limit` starts a record of its own, so a piece frame is a tiny
+    header record and a payload record sealed straight from the payload. Why not one record for both: on these
+    machines a copy of a MiB costs 0.1-0.2 ms, as much as the second small record costs both sides together.
     """
     group: list[memoryview] = []
     room = limit
     for view in parts:
+        big = len(view) > copy_limit
+        if big and group:
+            yield group
+            group, room = [], limit
         while len(view):
             take = view[:room]
             group.append(take)
             room -= len(take)
             view = view[len(take) :]
-            if room == 0:
+            if room == 0 or (big and not len(view)):
                 yield group
                 group, room = [], limit
     if group:
@@ -150,10 +153,6 @@ class _RecordDirection:
 class RecordSealer(_RecordDirection):
     """Turns plaintext chunks into sealed records for one direction, counting record indices."""
 
-    def __init__(self, key: bytes, direction: int, aead: str = CHACHA20_POLY1305) -> None:
-        super().__init__(key, direction, aead)
-        self._key = bytes(key)
-
     def seal_into(self, plaintext: bytes | bytearray | memoryview, out: bytearray, final: bool = False) -> int:
         """Seal one record of at most MAX_RECORD bytes into `out`; return the number of bytes to send."""
         return self.seal_parts_into([plaintext], out, final)
@@ -163,11 +162,9 @@ class RecordSealer(_RecordDirection):
     ) -> int:
         """Seal the concatenation of `parts` (at most MAX_RECORD bytes) as ONE record into `out`; return its size.
 
-        Why parts: a frame's header and its 1 MiB payload become one record without joining them, because on
-        these machines every extra pass over a MiB (a copy) costs about as much as encrypting it. AES-GCM
-        encrypts the parts one after another into `out` (the streaming Cipher API produces the same bytes as the
-        one-shot AEAD); OCB3 and ChaCha20-Poly1305 have no streaming API, so their parts are copied into `out` and
-        sealed in place (OpenSSL's AEADs take an output that exactly overlaps the input). No part may overlap `out`.
+        One part is sealed from where it lies; several are copied into `out` and sealed there in place (OpenSSL's
+        AEADs take an output that exactly overlaps the input), so `split_records` groups only small parts.
+        No part may overlap `out`.
         """
         size = sum(len(part) for part in parts)
         if size > MAX_RECORD:
@@ -181,23 +178,12 @@ class RecordSealer(_RecordDirection):
         body = memoryview(out)[HEADER.size : HEADER.size + size + TAG]
         if len(parts) <= 1:
             self._aead.encrypt_into(nonce, parts[0] if parts else b"", aad, body)
-        elif self.aead == AES_256_GCM:
-            self._gcm_parts_into(nonce, parts, aad, body)
         else:
             _copy_parts(parts, body)
             self._aead.encrypt_into(nonce, body[:size], aad, body)
         self.index += 1
         self.finished = final
         return HEADER.size + size + TAG
-
-    def _gcm_parts_into(self, nonce: bytes, parts: Sequence, aad: bytes, body: memoryview) -> None:
-        encryptor = Cipher(algorithms.AES(self._key), modes.GCM(nonce)).encryptor()
-        encryptor.authenticate_additional_data(aad)
-        pos = 0
-        for part in parts:  # each output slice has >= 15 bytes of room after the part: the tag's place
-            pos += encryptor.update_into(part, body[pos:])
-        encryptor.finalize()
-        body[pos : pos + TAG] = encryptor.tag
 
 
 def _copy_parts(parts: Sequence, body: memoryview) -> None:

@@ -3,8 +3,9 @@
 Why `recv_into` reads into preallocated buffers: the trio scheduler around many small reads, and copies, are where
 stream throughput goes in Python (REFERENCE.md §5). A body read also takes the next record's header when it is
 already there (at most HEADER.size bytes past the body, and never waited for), so a record that carries a whole
-piece frame costs a few reads and one decrypt; we never wait for bytes the peer has not sent (which would stall
-request/response traffic). Sending mirrors it: `send_parts` seals a frame's header and payload into one record.
+piece frame costs a few reads; we never wait for bytes the peer has not sent (which would stall request/response
+traffic). Sending mirrors it: `send_parts` seals a frame's header record and payload record back to back in the
+output buffer and hands them to the socket in one send.
 
 Timeouts: a record whose header arrived must complete within `record_timeout` (a peer cannot pin our buffer by
 stalling mid-record); between records a link may idle unless `idle_timeout` is set, while TCP keepalive still
@@ -20,10 +21,11 @@ from dataclasses import dataclass
 
 import trio
 
-from p2p.channel_records import HEADER, RecordOpener, RecordSealer, record_buffer, split_records
+from p2p.channel_records import COPY_LIMIT, HEADER, TAG, RecordOpener, RecordSealer, record_buffer, split_records
 from p2p.errors import ChannelError
 
 log = logging.getLogger(__name__)
+_SMALL_RECORDS = 2 * COPY_LIMIT
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class SecureChannelStream:
         self.transport = "data-socket"
         self.aead = sealer.aead
         self._timeouts = timeouts
-        self._out = record_buffer()
+        self._out = record_buffer() + bytes(_SMALL_RECORDS)  # room for small records sealed ahead of a big one
         self._in = record_buffer() + bytes(HEADER.size)  # room to read the next record's header along with a body
         self._carry = 0  # bytes of the next record's header already at the start of self._in
         self._plain = b""
@@ -92,19 +94,29 @@ class SecureChannelStream:
         await self.send_parts([data])
 
     async def send_parts(self, parts: list[bytes | bytearray | memoryview]) -> None:
-        """Send the concatenation of `parts` in as few records as fit: a whole piece frame becomes one record.
+        """Send the concatenation of `parts`: small parts share a record, a big one is sealed where it lies.
 
-        Why: a frame is a small header and a large payload; sealing them apart costs a second seal, send, header
-        read and a decoder join per frame, and joining them first costs a copy of the payload.
+        A piece frame becomes a tiny header record and a payload record (`split_records`); both are handed to the
+        socket in one send, and the reader takes the second header along with the first body.
         """
         self._check_usable()
         views = [memoryview(part).cast("B") for part in parts]
         async with self._send_lock:
+            filled = 0
             for group in split_records(views):
-                await self._send_record(group, final=False)
+                if filled + HEADER.size + sum(len(v) for v in group) + TAG > len(self._out):
+                    await self._flush(filled)
+                    filled = 0
+                filled += self._sealer.seal_parts_into(group, memoryview(self._out)[filled:])
+            await self._flush(filled)
 
     async def _send_record(self, parts: list[memoryview] | list[bytes], final: bool) -> None:
-        size = self._sealer.seal_parts_into(parts, self._out, final=final)
+        await self._flush(self._sealer.seal_parts_into(parts, self._out, final=final))
+
+    async def _flush(self, size: int) -> None:
+        """Hand the first `size` bytes of sealed records in the output buffer to the socket."""
+        if not size:
+            return
         try:
             with trio.fail_after(self._timeouts.send_timeout):
                 await self._stream.send_all(memoryview(self._out)[:size])

@@ -40,9 +40,9 @@ from p2p.errors import FrameError
 
 MAX_HEADER = 64 * 1024
 MAX_PAYLOAD = 16 * 1024 * 1024
-RECEIVE_CHUNK = 1024 * 1024 + 64 * 1024
-"""Bytes asked of a stream per read: at least one whole data-channel record (channel_records.MAX_RECORD), so a
-record that carries a whole 1 MiB piece frame is handed over as one object, never sliced into copies."""
+RECEIVE_CHUNK = 1024 * 1024
+"""Bytes asked of a stream per read: one whole data-channel record (channel_records.MAX_RECORD), so a record that
+carries a 1 MiB piece payload is handed over as one object, never sliced into copies."""
 _LEN = struct.Struct(">I")
 _JOIN_BELOW = 64 * 1024  # payloads smaller than this are joined with the header into one send
 
@@ -52,8 +52,8 @@ class Stream(Protocol):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None: ...
 
-    # optional: `async send_parts(parts)` sends the concatenation of parts; the data channel packs a frame into one
-    # record that way (see `send_buffers`)
+    # optional: `async send_parts(parts)` sends the concatenation of parts; the data channel seals a frame's
+    # header and payload that way without copying the payload, and sends them together (see `send_buffers`)
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray: ...
 
@@ -81,9 +81,9 @@ class FrameDecoder:
     """Sans-IO incremental decoder: feed chunks as they arrive, pop whole frames.
 
     Why it keeps the fed chunks instead of copying them into a buffer: at 1 MiB pieces the copies were the cost
-    (about three per frame held the piece protocol to 0.38x of raw TCP). A payload that lies inside one chunk (the
-    data channel seals a whole piece frame into one record) is handed out as a memoryview of that chunk, or as the
-    chunk itself when it is exactly the payload; only a payload spread over several chunks (raw TCP, memnet) is
+    (about three per frame held the piece protocol to 0.38x of raw TCP). A payload that lies inside one chunk is
+    handed out as the chunk itself when it is exactly the payload (the data channel seals a big payload as its own
+    record), else as a memoryview of that chunk; only a payload spread over several chunks (raw TCP, memnet) is
     joined, once. Sizes are checked as soon as each length prefix is complete, so an oversized frame is refused
     before its body is waited for. The decoder keeps references to what it is fed: callers (every Stream's
     `receive_some`) must hand over buffers they will not reuse.

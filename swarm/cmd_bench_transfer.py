@@ -27,7 +27,7 @@ import trio
 
 MIB = 1024 * 1024
 PIECE = MIB
-RECEIVE_CHUNK = MIB + 64 * 1024  # p2p/wire.py's RECEIVE_CHUNK: one whole data-channel record per read on every path
+RECEIVE_CHUNK = MIB  # p2p/wire.py RECEIVE_CHUNK: one whole data-channel record per read on every path
 _U64 = struct.Struct(">Q")
 
 
