@@ -1,7 +1,7 @@
 """The fast data channel: libp2p authenticates and hands over a one-time key and token, bytes move on a TCP socket.
 
-Why: a py-libp2p Noise+Yamux stream moves about 0.25x of raw TCP; a plain trio socket carrying AEAD records of a
-whole 1 MiB piece frame each moves about 0.5x here, the AEAD being most of the rest (channel_records.py).
+Why: a py-libp2p Noise+Yamux stream moves about 0.25x of raw TCP; a plain trio socket carrying AEAD records of up
+to 1 MiB (a piece payload each) moves about 0.5x here, the AEAD being most of the rest (channel_records.py).
 Security rests on the libp2p stream: the offer (port, token, secret) travels inside Noise to the authenticated
 peer only, the token admits exactly one socket once, and the record key is derived from the secret AND both peer
 ids, so a channel is bound to the two peers libp2p authenticated. When the data socket cannot be reached (relays,
