@@ -31,6 +31,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--eval-every", type=int, dest="eval_every", help="steps between held-out evaluations")
     parser.add_argument("--eval-n", type=int, dest="eval_n", help="held-out prompts per evaluation")
     parser.add_argument("--threads", type=int, help="torch intra-op threads")
+    parser.add_argument("--time-limit-min", type=float, dest="time_limit_min",
+                        help="stop stepping after this many minutes of the session (final policy and eval follow)")
     parser.add_argument("--generator", choices=("process", "thread"),
                         help="async mode: generate in its own process (default) or in a thread of the trainer's")
     parser.add_argument("--generator-threads", type=int, dest="generator_threads",
@@ -45,7 +47,7 @@ def add_arguments(parser) -> None:
 
 _OVERRIDES = ("model", "task", "async_level", "curriculum", "steps", "out", "seed", "lr", "group_size",
               "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads", "generator",
-              "generator_threads")
+              "generator_threads", "time_limit_min")
 
 
 def run(args) -> int:

@@ -237,3 +237,19 @@ def test_comparison_finds_when_each_run_first_reaches_the_threshold():
     assert result["runs"]["async"]["reach_step"] == 4 and result["runs"]["async"]["reach_s"] == 4.0
     assert result["runs"]["async"]["curve"][2] == [3.0, 0.3]
     assert compare_runs({"sync": sync}, threshold=0.9)["runs"]["sync"]["reach_s"] is None
+
+
+def test_the_time_budget_stops_stepping_but_not_before_it_is_spent(tmp_path, model_cache):
+    import time
+
+    run = make_run(tmp_path, model_cache, steps=10, time_limit_min=1.0)
+    run._started = time.perf_counter() - 59.0
+    assert run.wants_step(10) and not run.wants_step(run.state.step)
+    run._started = time.perf_counter() - 61.0
+    assert not run.wants_step(10)
+    run_sync(run, FixedSource(), 10)
+    assert run.state.step == 0  # the budget was spent before the first step
+    unlimited = make_run(tmp_path / "b", model_cache, steps=2)
+    unlimited._started = time.perf_counter() - 1e6
+    run_sync(unlimited, FixedSource(), 2)
+    assert unlimited.state.step == 2

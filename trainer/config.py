@@ -82,6 +82,10 @@ class TrainerConfig:
     """Length-control coefficient (INTELLECT-2)."""
     checkpoint_every: int = 10
     """Steps between full checkpoints (and one at the end)."""
+    time_limit_min: float = 0.0
+    """Stop stepping once this many minutes have passed since the session started (0 = only `steps` stops it);
+    the final policy, checkpoint and evaluation still follow. Why: learning is compared at a wall-time budget
+    ("after at most 30 minutes"), and a step count cannot promise one on a machine of unknown speed."""
     eval_every: int = 0
     """Steps between held-out evaluations during training (0 = only before and after)."""
     eval_n: int = 64
@@ -117,6 +121,8 @@ class TrainerConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise TrainerError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.time_limit_min >= 0:
+            raise TrainerError(f"time_limit_min must not be negative, got {self.time_limit_min}")
         if self.async_level < 0:
             raise TrainerError("async_level must not be negative")
         if self.generator not in ("process", "thread"):

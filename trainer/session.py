@@ -117,7 +117,9 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
     plot = plot_rewards(log, evaluator.results, Path(cfg.out) / "reward.png",
                         f"{cfg.model} on {cfg.task} (async {cfg.async_level}, {curriculum.name})")
     tail = log[-max(1, len(log) // 10):]
-    return {"steps": run.state.step, "versions": run.state.version, "train_seconds": round(train_seconds, 1),
+    stopped = "steps" if run.state.step >= cfg.steps else "time limit"
+    return {"steps": run.state.step, "stopped_by": stopped, "versions": run.state.version,
+            "train_seconds": round(train_seconds, 1),
             "first_reward": log[0]["reward"] if log else None,
             "final_reward": sum(r["reward"] for r in tail) / len(tail) if tail else None,
             "heldout_before": before["accuracy"], "heldout_after": after["accuracy"], "final": str(final),
