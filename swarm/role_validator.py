@@ -103,21 +103,40 @@ def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
     return verdicts
 
 
+def wants_announced(models: VersionModels, workers, my_key: bytes):
+    """Whether to fetch an announced group: not from a worker this validator banned, and assigned here when the
+    version's validator set is already known (an unknown version is fetched: its files may still be arriving)."""
+
+    def wanted(ann) -> bool:
+        if workers.is_banned(ann.worker):
+            return False
+        spec = models.specs.get(ann.policy_version)
+        return spec is None or assigned_to_me(ann.rollout_id, spec, my_key)
+
+    return wanted
+
+
 async def validator_role(node) -> None:
     from swarm.rollout_transport import receive_group
+    from verify.reputation import Reputation
     from verify.votes import vote_from_verdict
 
     loaded = await load_base_model(node.config.model)
     models = VersionModels(loaded)
     my_key = node.identity.public_bytes
+    workers = Reputation()  # this validator's own verdicts; a worker it bans is no longer checked
     send, receive = trio.open_memory_channel(MAX_WAITING)
-    stats = {"checked": 0, "accepted": 0, "rejected": 0}
+    stats = {"checked": 0, "accepted": 0, "rejected": 0, "skipped_banned": 0}
 
     async def collect() -> None:
+        wanted = wants_announced(models, workers, my_key)
         async for env in node.gossip.subscribe("rollout"):
-            group = await receive_group(node, env)  # inline, compressed or announced and fetched
+            group = await receive_group(node, env, wanted=wanted)  # inline, compressed or announced and fetched
             if group is None:
                 continue  # the trainer refuses it too; nobody waits for a vote on it
+            if workers.is_banned(group.worker):
+                stats["skipped_banned"] += 1
+                continue
             try:
                 send.send_nowait(group)
             except trio.WouldBlock:
@@ -144,7 +163,9 @@ async def validator_role(node) -> None:
             if not mine:
                 continue
             verdicts = await trio.to_thread.run_sync(_verify_batch, node, models, loaded, mine)
+            worker_of = {g.rollout_id(): g.worker for g in mine}  # verdicts come back ordered by version
             for verdict in verdicts:
+                workers.record(worker_of[verdict.rollout_id], verdict.accepted)
                 vote = vote_from_verdict(node.identity.seed, verdict)
                 await node.gossip.publish("vote", {"vote": vote.to_wire()})
                 stats["checked"] += 1

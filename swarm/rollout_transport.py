@@ -122,11 +122,14 @@ async def publish_group(node: Any, group: Any, cache: BlobCache,
 # ---- receiver side -----------------------------------------------------------------------------------------------
 
 async def receive_group(node: Any, env: Any, refused: Callable[[str], None] | None = None,
-                        limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH):
-    """The RolloutGroup a "rollout" envelope carries or announces, or None when it is refused.
+                        limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH,
+                        wanted: Callable[[Announcement], bool] | None = None):
+    """The RolloutGroup a "rollout" envelope carries or announces, or None when it is refused or not wanted.
 
     Refusals are logged, reported as `refused(reason)` and, when the sender lied, scored against it in gossip.
     The group's worker must be the envelope's sender (nobody may publish or announce another worker's group).
+    `wanted(announcement)` False skips the fetch (a validator the group is not assigned to): the blob is a
+    worker's upload, paid once per receiver, so only receivers that will use it ask for it.
     """
     sender = env.sender_peer_id
     try:
@@ -134,6 +137,8 @@ async def receive_group(node: Any, env: Any, refused: Callable[[str], None] | No
         if isinstance(item, Announcement):
             if item.worker != sender:
                 raise RolloutRefused("worker is not the sender", "announced for another worker", hostile=False)
+            if wanted is not None and not wanted(item):
+                return None
             item = await fetch_group(node.host, sender, item, limits, fetch)
         if item.worker != sender:
             raise RolloutRefused("worker is not the sender", "a group of another worker", hostile=False)

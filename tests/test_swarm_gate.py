@@ -157,3 +157,26 @@ def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_repor
     assert not wait.ready(gate, 160.0) and not wait.ready(gate, 189.0)  # 30 s since the last group arrived
     assert wait.ready(gate, 191.0) and len(gate.take(4)) == 3
     assert not BatchWait(wanted=4, since=0.0).ready(gate, 1000.0)  # nothing to train on: keep waiting
+
+
+def test_a_validator_fetches_only_announced_groups_assigned_to_it_and_not_from_workers_it_banned():
+    from types import SimpleNamespace
+
+    from swarm.role_validator import VersionModels, assigned_to_me, wants_announced
+    from verify.reputation import Reputation
+
+    keys = [bytes([k]) * 32 for k in range(1, 6)]
+    spec = SimpleNamespace(validator_keys=lambda: keys, replicas=2)
+    models = VersionModels(loaded=None)
+    models.specs[3] = spec
+    workers = Reputation()
+    wanted = wants_announced(models, workers, keys[0])
+    anns = [SimpleNamespace(worker="w", policy_version=3, rollout_id=bytes([i]) * 32) for i in range(40)]
+    mine = [a for a in anns if assigned_to_me(a.rollout_id, spec, keys[0])]
+    assert 0 < len(mine) < len(anns)  # rendezvous hashing spreads 40 groups over 5 validators, 2 each
+    assert [a for a in anns if wanted(a)] == mine
+    unknown_version = SimpleNamespace(worker="w", policy_version=4, rollout_id=bytes(32))
+    assert wanted(unknown_version)  # its validator set is not known yet: fetch, decide after download
+    for _ in range(4):
+        workers.record("w", good=False)
+    assert workers.is_banned("w") and not any(wanted(a) for a in anns + [unknown_version])

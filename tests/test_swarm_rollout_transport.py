@@ -174,9 +174,14 @@ async def test_a_group_above_the_gossip_limit_is_announced_relayed_fetched_and_v
             assert await publish_group(worker, group, cache) == "announced" and len(cache) == 1
             env = await inbox.receive()  # relayed by the hub: the receiver has no link to the worker yet
             assert len(env.body["ann"]["id"]) == 32 and "group" not in env.body and "z" not in env.body
+            served, lookup = [], cache.get
+            cache.get = lambda blob_id, now: served.append(blob_id) or lookup(blob_id, now)
+            seen = []  # a receiver that does not want the group (not assigned to it) never asks for the blob
+            assert await receive_group(receiver, env, wanted=lambda ann: seen.append(ann) or False) is None
+            assert [a.rollout_id for a in seen] == [group.rollout_id()] and served == []
             refusals: list[str] = []
-            got = await receive_group(receiver, env, refused=refusals.append)
-            assert got == group and got.rollout_id() == group.rollout_id() and refusals == []
+            got = await receive_group(receiver, env, refused=refusals.append, wanted=lambda ann: True)
+            assert got == group and got.rollout_id() == group.rollout_id() and refusals == [] and len(served) == 1
             assert receiver.gossip.scores.score(worker.host.peer_id, trio.current_time()) == 0
 
 
