@@ -220,11 +220,15 @@ class PolicyTrainer:
             return self._report(step, groups, keep, mean_reward, [], 0.0, "no informative group", "", started)
         max_tokens = max((groups[g].max_new_tokens for g in keep), default=1)
         normaliser = constant_normaliser(n_rows, int(self.collective.all_max(float(max_tokens))))
+        lockstep = getattr(self.collective, "lockstep", False)  # FSDP: every rank runs every pass phase
         fused = self._on_policy(groups, rows)
-        old, source = (None, "exact") if fused else (self.old_logprobs(groups, rows) if rows else (torch.zeros(0, 0), ""))
+        if fused:
+            old, source = None, "exact"
+        else:
+            old, source = self.old_logprobs(groups, rows) if rows or lockstep else (torch.zeros(0, 0), "")
         ref = self.reference_logprobs(groups, rows) if rows else None
         self.optimizer.zero_grad(set_to_none=True)
-        stats = self._accumulate(groups, rows, advantages, old, ref, normaliser) if rows else []
+        stats = self._accumulate(groups, rows, advantages, old, ref, normaliser) if rows or lockstep else []
         self.collective.reduce_gradients(list(self.model.parameters()))
         grad_norm = clip_gradients(self.model.parameters(), self.cfg.grad_clip)
         loss_sum = self.collective.all_sum(sum(s.loss for s in stats))
