@@ -36,6 +36,8 @@ async def inference_role(node) -> None:
             node.events.emit("skipped", version=done, message=str(exc))
             continue
         directory = await materialize(node, policy)
+        # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
+        node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
         groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, spec, directory)
         for group in groups:
             await _publish_group(node, group, blobs)

@@ -127,7 +127,8 @@ async def run_sim(s: SimSettings, sink: EventSink) -> dict:
 class Activity:
     """What each peer did last (its role's latest milestone event) and how many steps the trainer has taken."""
 
-    MILESTONES = ("published", "train_step", "generated", "validated", "complete", "role_failed", "dht_found")
+    MILESTONES = ("published", "train_step", "generating", "generated", "validated", "complete", "role_failed",
+                  "dht_found")
     steps: int = 0
     last: dict[str, tuple[str, object, float]] = field(default_factory=dict)  # peer -> (event, version, time)
 
