@@ -45,14 +45,7 @@ def plot_rewards(log: list[dict], evals: list[dict], target: Path, title: str) -
     ax.plot(steps, smooth, label=f"moving average ({window})")
     if evals:
         ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-", label="held-out accuracy")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("reward / accuracy")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(target, dpi=100)
-    plt.close(fig)
-    return Path(target)
+    return _save_plot(fig, ax, "optimizer step", "reward / accuracy", title, target)
 
 
 def trailing_means(log: list[dict], window: int) -> list[float]:
@@ -101,8 +94,16 @@ def plot_comparison(result: dict, target: Path, title: str) -> Path | None:
         reach = f", reached at {run['reach_s']:.0f} s" if run["reach_s"] is not None else ", never reached"
         ax.plot([p[0] for p in run["curve"]], [p[1] for p in run["curve"]], label=f"{label}{reach}")
     ax.axhline(result["threshold"], linestyle="--", color="grey", label=f"threshold {result['threshold']:.3f}")
-    ax.set_xlabel("wall time since session start (s)")
-    ax.set_ylabel(f"mean reward of the last {result['window']} steps")
+    return _save_plot(fig, ax, "wall time since session start (s)", f"mean reward of the last {result['window']} steps",
+                      title, target)
+
+
+def _save_plot(fig, ax, xlabel: str, ylabel: str, title: str, target) -> Path:
+    """Label, lay out, write and close a figure (closing frees it: long runs plot many times)."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
