@@ -23,7 +23,12 @@ class EventSink:
     def configure_logging(self, level: int = logging.WARNING) -> None:
         logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
         # py-libp2p logs every unanswered DHT query and refused dial at WARNING or above; our own layers report
-        # what a user can act on, so its chatter is kept for debugging only.
+        # what a user can act on, so its chatter is kept for debugging only. Its import resets its logger to
+        # WARNING (with no handler, so Python's last-resort handler printed bare lines), hence import it first.
+        try:
+            import libp2p  # noqa: F401
+        except ImportError:
+            pass
         for noisy in ("libp2p", "multiaddr"):
             logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
