@@ -28,8 +28,8 @@ class SimSettings:
     cheaters: int = 0
     steps: int = 16
     prompts_per_worker: int = 4
-    group_size: int = 8
-    max_new_tokens: int = 12
+    group_size: int = 16
+    max_new_tokens: int = 8
     model: str = "tiny"
     task: str = "gcd"
     task_config: str = "{}"  # TOML inline table of the task's difficulty settings
