@@ -196,11 +196,8 @@ async def trainer_role(node) -> None:
     async def rollouts() -> None:
         async for env in node.gossip.subscribe("rollout"):
             group = await receive_group(node, env, refused=lambda why: gate._count(f"refused:{why}"))
-            if group is None:  # inline, compressed or announced and fetched; refusals are counted and logged
-                continue
-            if group.worker != env.sender_peer_id:
-                gate._count("refused:worker is not the sender")
-                continue
+            if group is None:  # inline, compressed or announced and fetched; refusals (a group of another
+                continue  # worker than its sender included) are counted and logged by receive_group
             gate.on_rollout(group, trio.current_time())
             progress.set()
 
