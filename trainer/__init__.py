@@ -4,13 +4,18 @@ Map (each module holds one idea):
   grpo.py         pure loss math: group advantages, two-sided clip, constant normaliser, k3 KL, entropy, filters
   curriculum.py   FastCuRL stages as data; stage_at(step) fixes the generation settings of each published policy
   config.py       TrainerConfig (TOML + flags, every field documented)
-  step.py         PolicyTrainer: one optimizer step; old logprobs from the generating version (importance weights)
+  step.py         PolicyTrainer: one optimizer step; old logprobs from the generating version (importance weights),
+                  taken from the training forward itself when every row is on-policy
   admission.py    which rollout groups the trainer accepts (run, known version, async window, not yet consumed)
   checkpoint.py   atomic full checkpoints (exact resume) and publish_policy (a loadable version directory)
-  loop.py         TrainingRun.step(groups) + run_sync / run_async (trio task + worker thread, bounded channel)
+  loop.py         TrainingRun.step(groups) + run_sync / run_async_process (the generator in its own process) /
+                  run_async (a worker thread); wants_step() applies the step count and the wall-time budget
+  generator_process.py  the spawned generator process: policies in, rollout groups out, bounded and always reaped
   local_source.py the inference role in-process, following published policy files like a swarm worker
   evaluate.py     greedy held-out accuracy;  session.py: a whole `swarm train` session;  report.py: log + plot
-  distributed.py  data parallelism over torch.distributed (gloo tested; nccl guarded)
+  distributed.py  data parallelism over torch.distributed (gloo tested; nccl guarded); init_parallel("ddp"|"fsdp")
+  fsdp.py         FSDP2 sharding plan, precision and gathering full weights for policies and checkpoints
+  fsdp_step.py    the GRPO step over a sharded model, every rank in lockstep (tested on two gloo ranks)
 
 Never imports p2p: the swarm hands the trainer plain RolloutGroups and takes published directories back.
 """
@@ -20,10 +25,10 @@ from trainer.checkpoint import TrainerState, latest_checkpoint, policy_dir, publ
 from trainer.config import LoadedConfig, TrainerConfig, load_config
 from trainer.curriculum import Curriculum, Stage, load_curriculum
 from trainer.errors import TrainerError
-from trainer.loop import PublishedPolicy, TrainingRun, run_async, run_sync
+from trainer.loop import PublishedPolicy, TrainingRun, run_async, run_async_process, run_sync
 
 __all__ = [
     "Curriculum", "LoadedConfig", "PublishedPolicy", "Stage", "TrainerConfig", "TrainerError", "TrainerState",
     "TrainingRun", "Window", "latest_checkpoint", "load_config", "load_curriculum", "policy_dir", "publish_policy",
-    "refusal", "run_async", "run_sync",
+    "refusal", "run_async", "run_async_process", "run_sync",
 ]
