@@ -6,7 +6,7 @@ import msgpack
 import pytest
 import trio
 import trio.testing
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from p2p.errors import FrameError
@@ -114,27 +114,38 @@ def test_bitfield_pack_unpack_round_trip():
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=2048), st.integers(min_value=1, max_value=64))
+@example(b"".join(bytes(p) for p in encode_frame({"t": "piece", "index": 16}, b"xyz")), 2)
 def test_garbage_never_raises_anything_but_frame_error(data, step):
     dec = FrameDecoder(max_header=512, max_payload=1024)
     try:
         for i in range(0, len(data), step):
             dec.feed(data[i : i + step])
             while (frame := dec.next_frame()) is not None:
-                parse_message(*frame, num_pieces=17)
+                _assert_canonical(parse_message(*frame, num_pieces=17), num_pieces=17)
         dec.eof()
     except FrameError:
         pass
 
 
+def _assert_canonical(msg, num_pieces: int) -> None:
+    """Whatever the decoder accepts is a well-formed message: it re-encodes and parses back to itself."""
+    dec = FrameDecoder()
+    dec.feed(b"".join(bytes(part) for part in message_frame(msg)))
+    again = parse_message(*dec.next_frame(), num_pieces=num_pieces)
+    assert type(again) is type(msg) and again == msg and dec.buffered == 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.text(max_size=5), st.recursive(st.none() | st.integers(-(2**63), 2**64 - 1) | st.binary(max_size=8), lambda c: st.lists(c, max_size=3), max_leaves=8), max_size=4))
+@example({"t": "have", "index": 3})  # accepted shapes too: each must re-encode to itself
+@example({"t": "hello", "manifest_id": b"m" * 32, "bitfield": b"\xff\x80"})
 def test_valid_msgpack_with_arbitrary_shapes_only_raises_frame_error(header):
     raw = msgpack.packb(header)
     dec = FrameDecoder()
     dec.feed(len(raw).to_bytes(4, "big") + raw + b"\x00\x00\x00\x00")
     try:
         frame = dec.next_frame()
-        parse_message(*frame, num_pieces=9)
+        _assert_canonical(parse_message(*frame, num_pieces=9), num_pieces=9)
     except FrameError:
         pass
 
