@@ -44,21 +44,22 @@ class RolloutGate:
         self.reputation = Reputation()
         self.seen: set[bytes] = set()
 
-    def _count(self, what: str) -> None:
-        self.counts[what] = self.counts.get(what, 0) + 1
+    def count(self, what: str, n: int = 1) -> None:
+        """Add to one of the gate's counters (refusals, votes, outcomes): the trainer's report shows them all."""
+        self.counts[what] = self.counts.get(what, 0) + n
 
     def on_rollout(self, group, now: float) -> str:
         """Open a quorum for a well-formed, in-window rollout; returns 'opened' or why it was refused."""
         rid = group.rollout_id()
         reason = self._refusal(group, rid)
         if reason:
-            self._count(f"refused:{reason}")
+            self.count(f"refused:{reason}")
             return reason
         self.seen.add(rid)
         self.pending[rid] = group
         validators = self.specs[group.policy_version].validator_keys()
         _, settlements = self.tracker.open(rid, validators, now)
-        self._count("opened")
+        self.count("opened")
         for s in settlements:
             self._settle(s)
         return "opened"
@@ -82,7 +83,7 @@ class RolloutGate:
 
     def on_vote(self, vote, now: float) -> str:
         status, settlement = self.tracker.on_vote(vote, now)
-        self._count(f"vote:{status}")
+        self.count(f"vote:{status}")
         if settlement is not None:
             self._settle(settlement)
         return status
@@ -98,7 +99,7 @@ class RolloutGate:
         if group is None:
             return
         self.reputation.settle(settlement, group.worker)
-        self._count(settlement.outcome.value)
+        self.count(settlement.outcome.value)
         if settlement.outcome is Outcome.ACCEPTED:
             self.accepted.append(group)
 
@@ -111,8 +112,8 @@ class RolloutGate:
         """
         floor = self.newest - self.async_level
         kept = [g for g in self.accepted if g.policy_version >= floor]
-        for _ in range(len(self.accepted) - len(kept)):
-            self._count("expired")
+        if len(kept) < len(self.accepted):
+            self.count("expired", len(self.accepted) - len(kept))
         self.accepted = kept
         return len(kept)
 
@@ -195,7 +196,7 @@ async def trainer_role(node) -> None:
 
     async def rollouts() -> None:
         async for env in node.gossip.subscribe("rollout"):
-            group = await receive_group(node, env, refused=lambda why: gate._count(f"refused:{why}"))
+            group = await receive_group(node, env, refused=lambda why: gate.count(f"refused:{why}"))
             if group is None:  # inline, compressed or announced and fetched; refusals (a group of another
                 continue  # worker than its sender included) are counted and logged by receive_group
             gate.on_rollout(group, trio.current_time())
@@ -206,10 +207,10 @@ async def trainer_role(node) -> None:
             try:
                 vote = Vote.from_wire(env.body.get("vote") if isinstance(env.body, dict) else None)
             except VoteError:
-                gate._count("vote:malformed")
+                gate.count("vote:malformed")
                 continue
             if vote.validator != env.sender:
-                gate._count("vote:not from its validator")
+                gate.count("vote:not from its validator")
                 continue
             gate.on_vote(vote, trio.current_time())
             progress.set()
