@@ -236,6 +236,20 @@ async def reset_quietly(stream: Any) -> None:
             log.debug("stream reset failed", exc_info=True)
 
 
+async def read_exactly(stream: Any, n: int, what: str = "stream") -> bytes:
+    """Exactly `n` bytes from a libp2p stream, read in chunks of at most 1 MiB; HostError if the peer closes early.
+
+    Why bounded chunks: one unbounded Yamux read of a large message collapses throughput (REFERENCE.md §5).
+    """
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await stream.read(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise HostError(f"the peer closed the {what} early")
+        buf += chunk
+    return bytes(buf)
+
+
 async def _dial_bootstrap(host: P2PHost, addr: str) -> None:
     try:
         await host.connect(addr)

@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from p2p.errors import HostError
+from p2p.host import read_exactly
 from p2p.manifest import MAX_MANIFEST_BYTES
 
 PROTOCOL = "/rl-swarm/manifest/1.0.0"
@@ -22,21 +23,11 @@ _LEN = struct.Struct(">I")
 _MAX_RESPONSE = MAX_MANIFEST_BYTES + 4096
 
 
-async def _read_exactly(stream: Any, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = await stream.read(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise HostError("the peer closed the manifest stream early")
-        buf += chunk
-    return bytes(buf)
-
-
 def install_manifest_server(host: Any, lookup: Callable[[bytes], bytes | None]) -> None:
     """Answer manifest requests from `lookup(id) -> signed bytes or None`."""
 
     async def handle(stream: Any) -> None:
-        manifest_id = await _read_exactly(stream, 32)
+        manifest_id = await read_exactly(stream, 32, "manifest stream")
         signed = lookup(manifest_id) or b""
         await stream.write(_LEN.pack(len(signed)) + signed)
         await stream.close()
@@ -50,10 +41,10 @@ async def fetch_manifest(host: Any, peer_id: str, manifest_id: bytes, timeout: f
     try:
         with trio.fail_after(timeout):
             await stream.write(manifest_id)
-            (length,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
+            (length,) = _LEN.unpack(await read_exactly(stream, _LEN.size, "manifest stream"))
             if length > _MAX_RESPONSE:
                 raise HostError(f"peer {peer_id} offered a {length}-byte manifest, over the limit")
-            return await _read_exactly(stream, length) if length else None
+            return await read_exactly(stream, length, "manifest stream") if length else None
     except trio.TooSlowError:
         raise HostError(f"fetching manifest from {peer_id} timed out") from None
     finally:

@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from p2p.errors import HostError, P2PError
-from p2p.host import reset_quietly
+from p2p.host import read_exactly, reset_quietly
 from swarm.rollout_codec import (
     DEFAULT_LIMITS,
     ID_BYTES,
@@ -91,7 +91,7 @@ def serve_rollout_blobs(host: Any, cache: BlobCache | None = None, max_concurren
 
     async def handle(stream: Any) -> None:
         with trio.fail_after(10.0):
-            blob_id = await _read_exactly(stream, ID_BYTES)
+            blob_id = await read_exactly(stream, ID_BYTES, "rollout blob stream")
         blob = cache.get(blob_id, trio.current_time()) or b""
         async with slots:
             await stream.write(_LEN.pack(len(blob)))
@@ -218,12 +218,12 @@ async def _close_quietly(stream: Any) -> None:
 
 async def _request(stream: Any, peer: str, ann: Announcement) -> bytes | None:
     await stream.write(ann.blob_id)
-    (length,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
+    (length,) = _LEN.unpack(await read_exactly(stream, _LEN.size, "rollout blob stream"))
     if length == 0:
         return None
     if length != ann.size:
         raise RolloutRefused("size_mismatch", f"{peer} offered {length} bytes for a {ann.size}-byte blob")
-    return await _read_exactly(stream, length)
+    return await read_exactly(stream, length, "rollout blob stream")
 
 
 async def _ensure_connected(host: Any, peer: str, addrs: tuple[str, ...]) -> None:
@@ -236,17 +236,6 @@ async def _ensure_connected(host: Any, peer: str, addrs: tuple[str, ...]) -> Non
             return
         except P2PError as exc:
             log.debug("announced address %s unreachable: %s", addr, exc)
-
-
-async def _read_exactly(stream: Any, n: int) -> bytes:
-    """Exactly `n` bytes, read in bounded chunks (an unbounded Yamux read collapses on large transfers)."""
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = await stream.read(min(n - len(buf), _CHUNK))
-        if not chunk:
-            raise HostError("the peer closed the rollout blob stream early")
-        buf += chunk
-    return bytes(buf)
 
 
 def _score_down(node: Any, peer: str, reason: str) -> None:
