@@ -37,14 +37,12 @@ class GeneratorDied(TrainerError):
 
 def build_local_source(cfg: TrainerConfig):
     """The same LocalRolloutSource `swarm train` uses in-process: same model spec, task split, run and prompts."""
-    from inference.models import load_model
     from trainer.local_source import LocalRolloutSource
     from trainer.session import load_task_split, seed_everything
 
     seed_everything(cfg.seed)
     train_set, _ = load_task_split(cfg)
-    return LocalRolloutSource(load_model(cfg.model), train_set, run=cfg.run,
-                              prompts_per_step=cfg.prompts_per_step, length_target=cfg.length_target)
+    return LocalRolloutSource.for_config(cfg, train_set)
 
 
 def generator_main(cfg: TrainerConfig, requests, results) -> None:

@@ -39,6 +39,15 @@ class LocalRolloutSource:
         self._segments = {name: segment(train_set, name) or train_set.indices() for name in ("short", "all", "long")}
         self._prompts: dict[int, tuple[int, ...]] = {}
 
+    @classmethod
+    def for_config(cls, cfg, train_set) -> "LocalRolloutSource":
+        """The source `swarm train` generates with, in-process or in its generator process: a fresh copy of
+        cfg.model (its weights follow the published policies), the run's name and the step's prompt count."""
+        from inference.models import load_model
+
+        return cls(load_model(cfg.model), train_set, run=cfg.run, prompts_per_step=cfg.prompts_per_step,
+                   length_target=cfg.length_target)
+
     def prompt_tokens(self, index: int) -> tuple[int, ...]:
         if index not in self._prompts:
             entry = self.train_set[index]

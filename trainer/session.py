@@ -130,15 +130,13 @@ def _run_loop(cfg: TrainerConfig, run, train_set, generator, between: Callable[[
     """Sync (in-process generator), async with the generator process, or async with a generator thread."""
     import trio
 
-    from inference.models import load_model
     from trainer.local_source import LocalRolloutSource
     from trainer.loop import run_async, run_async_process, run_sync
 
     if generator is not None:
         trio.run(run_async_process, run, generator, cfg.steps, between)
         return
-    source = LocalRolloutSource(load_model(cfg.model), train_set, run=cfg.run, prompts_per_step=cfg.prompts_per_step,
-                                length_target=cfg.length_target)
+    source = LocalRolloutSource.for_config(cfg, train_set)
     if cfg.async_level == 0:
         run_sync(run, source, cfg.steps, between)
     else:
