@@ -39,6 +39,22 @@ def test_difficulty_is_configurable():
     assert hard.spec["config"]["max_terms"] == 5
 
 
+def test_a_config_scorer_replaces_the_lenient_substring_credit(arithmetic):
+    from verify.rewards import compute_reward
+
+    strict = load_tasks("basic_arithmetic", size=40, seed=3, config={"scorer": "numeric"})
+    assert [e.prompt for e in strict] == [e.prompt for e in arithmetic]
+    assert all(e.reward_fn == "numeric" for e in strict) and strict.spec["config"]["scorer"] == "numeric"
+    assert "scorer" not in arithmetic.spec["config"]
+    entry = next(e for e in strict if len(e.answer) >= 2 and not e.answer.startswith("-"))
+    padded = f"= {entry.answer}0"  # the reference answer is a substring: reasoning-gym pays partial credit
+    assert 0 < compute_reward(arithmetic[entry.index].reward_fn, padded, arithmetic[entry.index].to_dict()) < 1
+    assert compute_reward(entry.reward_fn, padded, entry.to_dict()) == 0.0
+    assert compute_reward(entry.reward_fn, f"so it is {entry.answer}.", entry.to_dict()) == 1.0
+    with pytest.raises(TaskError, match="unknown scorer 'fuzzy'"):
+        load_tasks("basic_arithmetic", size=3, config={"scorer": "fuzzy"})
+
+
 def test_unknown_task_and_bad_config_are_one_clear_error():
     with pytest.raises(TaskError, match="unknown task 'no_such_task'"):
         load_tasks("no_such_task", size=3)
