@@ -17,12 +17,15 @@ The index is never sent: each side counts, so a reordered, replayed or dropped r
 byte keeps the two directions' nonces apart under one key (and stops a peer reflecting our own records back). The
 flags byte is authenticated, so a truncation cannot pass for a clean end: only a record with FINAL set ends the
 stream. No IO here: the sealer writes into a caller's buffer (one record may be sealed from several parts, see
-`seal_parts_into`), the opener returns fresh bytes.
+`seal_parts_into`); the opener returns fresh bytes for small records and decrypts a big one into a reused buffer
+(`PlaintextPool`).
 """
 
 from __future__ import annotations
 
 import struct
+import sys
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
@@ -205,14 +208,65 @@ class RecordOpener(_RecordDirection):
             raise ChannelError(f"malformed data channel record header (length {length}, flags {flags:#x})")
         return length, flags
 
-    def open(self, flags: int, ciphertext: memoryview) -> bytes:
-        """Authenticate and decrypt one record; the new bytes object is handed to the reader without a copy."""
+    def open(self, flags: int, ciphertext: memoryview, pool: PlaintextPool | None = None) -> bytes | bytearray:
+        """Authenticate and decrypt one record, handed to the reader without a copy: a new bytes object, or for a
+        record over COPY_LIMIT a buffer of exactly its size from `pool` (see PlaintextPool for who owns it)."""
         nonce = _NONCE.pack(self._direction, self.index)
         aad = _AD.pack(_AD_LABEL, self._direction, self.index, flags)
+        size = len(ciphertext) - TAG
         try:
-            plaintext = self._aead.decrypt(nonce, ciphertext, aad)
+            if pool is not None and size > COPY_LIMIT:
+                plaintext = pool.acquire(size)
+                self._aead.decrypt_into(nonce, ciphertext, aad, plaintext)
+            else:
+                plaintext = self._aead.decrypt(nonce, ciphertext, aad)
         except InvalidTag as exc:
             raise ChannelError(f"data channel record {self.index} failed authentication (tampered or out of order)") from exc
         self.index += 1
         self.finished = bool(flags & FINAL)
         return plaintext
+
+
+def _unreferenced_count() -> int:
+    """What sys.getrefcount reports for a list member seen through a loop variable that nothing else holds."""
+    for buffer in [bytearray(1)]:
+        return sys.getrefcount(buffer)
+    raise AssertionError("unreachable")
+
+
+_UNREFERENCED = _unreferenced_count()
+
+
+class PlaintextPool:
+    """Reused plaintext buffers for big records, handed out again only once nothing references them.
+
+    Why: decrypting each 1 MiB record into a fresh object costs an allocation, its page faults and a cold cache
+    line per byte, about a third as much as the decryption itself on these machines. Why no release call: the
+    reader hands the buffer itself to the frame decoder, which hands it on as a piece payload that the transfer
+    layer hashes, stores or keeps; CPython's reference count (a memoryview of a buffer holds a reference too)
+    says exactly when the last of them let go, so a buffer still held anywhere is never overwritten. At most
+    `per_size` buffers of each of the `sizes` most recent record sizes are kept; past that a buffer is fresh.
+    """
+
+    def __init__(self, per_size: int = 3, sizes: int = 2) -> None:
+        self.per_size = per_size
+        self.sizes = sizes
+        self._by_size: OrderedDict[int, list[bytearray]] = OrderedDict()
+
+    def acquire(self, size: int) -> bytearray:
+        buffers = self._by_size.pop(size, [])
+        self._by_size[size] = buffers  # most recently used size last
+        for buffer in buffers:
+            if sys.getrefcount(buffer) <= _UNREFERENCED:
+                return buffer
+        buffer = bytearray(size)
+        if len(buffers) < self.per_size:
+            buffers.append(buffer)
+        while len(self._by_size) > self.sizes:
+            self._by_size.popitem(last=False)
+        return buffer
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of plaintext buffers kept for reuse."""
+        return sum(len(b) for buffers in self._by_size.values() for b in buffers)

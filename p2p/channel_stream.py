@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import trio
 
-from p2p.channel_records import COPY_LIMIT, HEADER, TAG, RecordOpener, RecordSealer, record_buffer, split_records
+from p2p.channel_records import (COPY_LIMIT, HEADER, TAG, PlaintextPool, RecordOpener, RecordSealer, record_buffer,
+                                 split_records)
 from p2p.errors import ChannelError
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,9 @@ class SecureChannelStream:
         self._out = record_buffer() + bytes(_SMALL_RECORDS)  # room for small records sealed ahead of a big one
         self._in = record_buffer() + bytes(HEADER.size)  # room to read the next record's header along with a body
         self._carry = 0  # bytes of the next record's header already at the start of self._in
-        self._plain = b""
+        self._plain: bytes | bytearray = b""
         self._plain_pos = 0
+        self._pool = PlaintextPool()  # big records decrypt into reused buffers (PlaintextPool says who owns them)
         self._send_lock = trio.Lock()
         self._receiving = False
         self._broken: ChannelError | None = None
@@ -134,7 +136,7 @@ class SecureChannelStream:
 
     # ---------------------------------------------------------------------------------------------- receiving
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """Up to `max_bytes` of plaintext (b"" after the peer's final record); ChannelError on tampering/truncation."""
         self._check_usable()
         if self._receiving:
@@ -142,19 +144,25 @@ class SecureChannelStream:
         self._receiving = True
         try:
             while self._plain_pos == len(self._plain):
+                self._plain, self._plain_pos = b"", 0  # a spent record must not keep its pooled buffer busy
                 if self._opener.finished:
                     return b""
-                self._plain, self._plain_pos = await self._read_record(), 0
+                self._plain = await self._read_record()
             return self._take(len(self._plain) if max_bytes is None else max(1, max_bytes))
         finally:
             self._receiving = False
 
-    def _take(self, limit: int) -> bytes:
-        """Hand out buffered plaintext: a whole record without copying when the caller's limit allows it."""
+    def _take(self, limit: int) -> bytes | bytearray:
+        """Hand out buffered plaintext: a whole record without copying when the caller's limit allows it.
+
+        A whole record is handed over, not shared: the stream drops its own reference, so a pooled buffer is
+        reused only after the caller (and whoever it passed the buffer to) let go of it. Callers own what they get.
+        """
         start, end = self._plain_pos, min(len(self._plain), self._plain_pos + limit)
-        self._plain_pos = end
         if start == 0 and end == len(self._plain):
-            return self._plain
+            record, self._plain, self._plain_pos = self._plain, b"", 0
+            return record
+        self._plain_pos = end
         with memoryview(self._plain) as view:
             return bytes(view[start:end])
 
@@ -176,7 +184,7 @@ class SecureChannelStream:
                 await self._read_body(length)
             if scope.cancelled_caught:
                 raise trio.TooSlowError
-            return self._opener.open(flags, body)
+            return self._opener.open(flags, body, self._pool)
         except ChannelError as exc:
             self._fail(str(exc))
             raise

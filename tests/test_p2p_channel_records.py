@@ -170,7 +170,48 @@ async def test_a_piece_frame_is_a_header_record_and_a_payload_record_handed_over
             header, got = await read_frame(right, FrameDecoder())
     assert header == {"t": "piece", "index": 7} and got == payload
     assert right._opener.index == left._sealer.index == 2  # the payload was sealed from where it lay, not joined
-    assert type(got) is bytes  # the decrypted record itself is the payload, not a join or a slice of it
+    assert type(got) is bytearray and len(got) == len(payload)  # the decrypted record itself, not a join or slice
+    await left.aclose()
+    await right.aclose()
+
+
+def test_pooled_plaintext_is_reused_only_once_nothing_holds_it():
+    from p2p.channel_records import PlaintextPool
+
+    pool = PlaintextPool(per_size=2, sizes=1)
+    first = pool.acquire(100)
+    held_view = memoryview(pool.acquire(100))  # a view keeps its buffer as busy as the buffer itself
+    third = pool.acquire(100)  # both pooled buffers are held: a fresh one, not kept
+    assert len({id(first), id(held_view.obj), id(third)}) == 3 and pool.held_bytes == 200
+    first_id = id(first)
+    del first, third
+    again = pool.acquire(100)
+    assert id(again) == first_id  # released, so reused
+    assert id(pool.acquire(100)) not in (first_id, id(held_view.obj))  # the viewed one stays untouched
+    pool.acquire(50)
+    assert pool.held_bytes == 50  # only the most recent record sizes are kept
+
+
+@pytest.mark.parametrize("hold", [True, False])
+async def test_records_a_reader_still_holds_are_never_overwritten_by_later_records(hold):
+    left, right = await socket_pair_streams()
+    records = [os.urandom(MAX_RECORD) for _ in range(6)]
+    kept = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(left.send_parts, records)
+            for expected in records:
+                got = await right.receive_some()
+                assert got == expected
+                if hold:
+                    kept.append(got)
+                else:
+                    kept.append(id(got))
+                    del got
+    if hold:
+        assert kept == records  # every held buffer still reads as it did when it was handed out
+    else:
+        assert len(set(kept)) < len(records)  # released buffers were reused
     await left.aclose()
     await right.aclose()
 
