@@ -323,7 +323,7 @@ def _open_training_run(loaded, cfg, curriculum):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    return TrainingRun(loaded, cfg, curriculum)
+    return TrainingRun(loaded, cfg, curriculum, trusted_source=False)  # workers' logprobs are claims: recompute
 
 
 async def _wait_for_validators(node, wanted: int, patience_s: float = 30.0) -> None:

@@ -93,6 +93,12 @@ class TrainerConfig:
     threads: int = 1
     """torch intra-op threads (0 = torch's default). 1 by default: on a small, shared CPU box extra intra-op
     threads spin-wait against other processes (measured 25x slower steps on a loaded 2-core machine)."""
+    old_logprobs: str = "generator"
+    """Where the old-policy logprobs of off-policy rollouts come from: "generator" = the sampling logprobs the
+    generating policy recorded (exact, and free: no extra forward pass, no weight snapshots), used only for
+    rollouts of a trusted source, the local generator; "recompute" = a no-grad forward of the generating version
+    (INTELLECT-2's trainer). The swarm's trainer always recomputes: its workers are untrusted and validators only
+    bound their claimed logprobs (verify.checks, logprob_atol)."""
     generator: str = "process"
     """Where the async generator runs (async_level > 0): "process" = its own OS process with its own torch threads,
     as a swarm inference peer (fastest: the sampler's per-token Python no longer competes with training for the
@@ -125,6 +131,8 @@ class TrainerConfig:
             raise TrainerError(f"time_limit_min must not be negative, got {self.time_limit_min}")
         if self.async_level < 0:
             raise TrainerError("async_level must not be negative")
+        if self.old_logprobs not in ("generator", "recompute"):
+            raise TrainerError(f"old_logprobs must be 'generator' or 'recompute', got {self.old_logprobs!r}")
         if self.generator not in ("process", "thread"):
             raise TrainerError(f"generator must be 'process' or 'thread', got {self.generator!r}")
         if not 0 <= self.generator_prefetch <= max(1, self.async_level):

@@ -51,12 +51,14 @@ class RolloutSource(Protocol):
     def generate(self, step: int, policy: PublishedPolicy) -> list[RolloutGroup]: ...
 
 
-def to_train_group(group: RolloutGroup) -> TrainGroup:
+def to_train_group(group: RolloutGroup, *, with_logprobs: bool = False) -> TrainGroup:
+    """What the loss needs of a group; the generator's logprobs only when its source is trusted (with_logprobs)."""
     return TrainGroup(
         rollout_id=group.rollout_id().hex(), policy_version=group.policy_version,
         prompt_tokens=group.prompt_tokens, completions=tuple(c.tokens for c in group.completions),
         rewards=tuple(c.reward for c in group.completions), temperature=group.temperature,
         max_new_tokens=group.max_new_tokens,
+        logprobs=tuple(c.logprobs for c in group.completions) if with_logprobs else (),
     )
 
 
@@ -64,8 +66,12 @@ class TrainingRun:
     """Model + optimizer + versions + checkpoints + log of one training run in `cfg.out`."""
 
     def __init__(self, loaded, cfg: TrainerConfig, curriculum: Curriculum, *, collective=None,
-                 on_report: Callable[[dict], None] | None = None, started: float | None = None) -> None:
+                 on_report: Callable[[dict], None] | None = None, started: float | None = None,
+                 trusted_source: bool = True) -> None:
         self.loaded, self.cfg, self.curriculum = loaded, cfg, curriculum
+        # Rollouts from our own generator carry logprobs we may use as old logprobs (cfg.old_logprobs); the
+        # swarm's workers are untrusted, so their groups are trained with recomputed ones.
+        self.generator_logprobs = trusted_source and cfg.old_logprobs == "generator"
         self.out = Path(cfg.out)
         self.rank = getattr(collective, "rank", 0)
         pad = loaded.tokenizer.pad_token_id
@@ -109,7 +115,7 @@ class TrainingRun:
             publish_policy(policy_dir(self.policies, version), self.loaded.model, self.loaded.tokenizer,
                            self._description(), generation)
             self._prune_policies(version)
-        self.trainer.mark_published(version)
+        self.trainer.mark_published(version, snapshot=not self.generator_logprobs)
         self.published.add(version)
         self.state.version = version
 
@@ -156,7 +162,8 @@ class TrainingRun:
             reason = refusal(group, window, seen)
             (refused if reason else accepted).append(reason or group)
             seen.add(group.rollout_id().hex())
-        report = self.trainer.train_step(self.state.step, [to_train_group(g) for g in accepted])
+        report = self.trainer.train_step(self.state.step, [to_train_group(g, with_logprobs=self.generator_logprobs)
+                                                           for g in accepted])
         self.state.consumed.update(g.rollout_id().hex() for g in accepted)
         record = self._record(report, accepted, refused)
         self.state.step += 1

@@ -39,6 +39,7 @@ class TrainGroup:
     rewards: tuple[float, ...]  # one reward per completion, in [0, 1] before length shaping
     temperature: float
     max_new_tokens: int  # the generation limit in force: the constant of the loss normaliser
+    logprobs: tuple[tuple[float, ...], ...] = ()  # the generator's sampling logprobs per token, when trusted
 
 
 @dataclass(frozen=True)
@@ -131,10 +132,17 @@ class PolicyTrainer:
         self._reference_model = None
 
     # --- versions -------------------------------------------------------------------------------------------
-    def mark_published(self, version: int) -> None:
-        """Remember the live weights as `version`, keeping the async window's snapshots (k + 1 versions)."""
-        self.snapshots[version] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+    def mark_published(self, version: int, *, snapshot: bool = True) -> None:
+        """Remember the live weights as `version`, keeping the async window's snapshots (k + 1 versions).
+
+        snapshot=False skips the in-memory copy (its logprobs will come from the generator; a group without them
+        falls back to the version's published files)."""
         self.current_version = version
+        if snapshot:
+            self.snapshots[version] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self._prune_snapshots()
+
+    def _prune_snapshots(self) -> None:
         for old in sorted(self.snapshots)[: -(self.cfg.async_level + 1)]:
             del self.snapshots[old]
 
@@ -182,6 +190,25 @@ class PolicyTrainer:
             self._fill_logprobs(model, packed, idx, groups[rows[0][0]].temperature, out)
         return out, "+".join(sorted(sources))
 
+    def generator_logprobs(self, groups: Sequence[TrainGroup], rows: list[tuple[int, int]]) -> torch.Tensor | None:
+        """Old-policy logprobs [B, T] as the generating policy recorded them while sampling, or None.
+
+        Why: they are exactly the behaviour policy's sampling logprobs (same definition as token_logprobs), so the
+        no-grad forward of each generating version, and keeping its weights, are not needed; async training then
+        costs no more per step than synchronous training. Only when cfg.old_logprobs is "generator" and every row
+        carries one logprob per token (groups from an untrusted source carry none, see TrainingRun); not under
+        FSDP, where every rank must run the same passes.
+        """
+        if self.cfg.old_logprobs != "generator" or not rows or getattr(self.collective, "lockstep", False):
+            return None
+        per_row = [groups[g].logprobs[c] if c < len(groups[g].logprobs) else None for g, c in rows]
+        if any(lp is None or len(lp) != len(groups[g].completions[c]) for lp, (g, c) in zip(per_row, rows)):
+            return None
+        out = torch.zeros((len(rows), max(len(lp) for lp in per_row)))
+        for i, lp in enumerate(per_row):
+            out[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        return out
+
     @torch.no_grad()
     def reference_logprobs(self, groups: Sequence[TrainGroup], rows: list[tuple[int, int]]) -> torch.Tensor | None:
         """Logprobs [B, T] under the frozen reference policy (the initial weights), only when the KL term is on."""
@@ -222,8 +249,11 @@ class PolicyTrainer:
         normaliser = constant_normaliser(n_rows, int(self.collective.all_max(float(max_tokens))))
         lockstep = getattr(self.collective, "lockstep", False)  # FSDP: every rank runs every pass phase
         fused = self._on_policy(groups, rows)
+        recorded = None if fused else self.generator_logprobs(groups, rows)
         if fused:
             old, source = None, "exact"
+        elif recorded is not None:
+            old, source = recorded, "generator"
         else:
             old, source = self.old_logprobs(groups, rows) if rows or lockstep else (torch.zeros(0, 0), "")
         ref = self.reference_logprobs(groups, rows) if rows else None
