@@ -10,7 +10,7 @@ from __future__ import annotations
 from inference.backend import GenerationRequest, GroupResult
 from tasks.prompts import decode_completion, render_prompt_tokens
 from tasks.taskset import TaskEntry
-from verify.rewards import compute_reward
+from verify.rewards import compute_rewards
 from verify.rollout import Completion, RolloutGroup
 from verify.sampling import SamplingKey
 
@@ -36,12 +36,12 @@ def build_rollout_group(result: GroupResult, entry: TaskEntry, tokenizer, *, run
     if request.keys != expected:
         raise ValueError(f"group for task {entry.index} was sampled with keys that do not match run {run!r}, "
                          f"worker {worker!r}, step {step}")
-    wire_entry = entry.to_dict()
+    rewards = compute_rewards(entry.reward_fn, [decode_completion(tokenizer, c.tokens) for c in result.completions],
+                              entry.to_dict())
     completions = tuple(
         Completion(tokens=c.tokens, logprobs=tuple(min(lp, 0.0) for lp in c.logprobs), finish_reason=c.finish_reason,
-                   reward=compute_reward(entry.reward_fn, decode_completion(tokenizer, c.tokens), wire_entry),
-                   proof=c.proof)
-        for c in result.completions
+                   reward=reward, proof=c.proof)
+        for c, reward in zip(result.completions, rewards)
     )
     return RolloutGroup(run=run, policy_version=result.policy_version, manifest_id=result.manifest_id, worker=worker,
                         step=step, dataset=entry.dataset, task_index=entry.index,

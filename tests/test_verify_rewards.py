@@ -96,3 +96,29 @@ def test_a_scorer_past_its_deadline_is_killed_and_replaced():
         assert worker.score("math", "\\boxed{4}", {"answer": "4"}) == 1.0 and worker._process.pid != first
     finally:
         worker._stop()
+
+
+def test_a_group_is_scored_in_one_round_trip_and_a_hanging_completion_zeroes_only_itself():
+    from verify.rewards import _ScorerWorker
+
+    worker = _ScorerWorker(timeout_s=0.3)
+    try:
+        entry = {"answer": "4"}
+        assert worker.score_many("math", ["\\boxed{4}", "\\boxed{5}", "it is 4"], entry) == [1.0, 0.0, 1.0]
+        first = worker._process.pid
+        tower = "\\boxed{10^{10^{10^{10}}}}"  # misses the deadline: the batch is rescored one at a time
+        assert worker.score_many("math", ["\\boxed{4}", tower, "\\boxed{2+2}"], entry) == [1.0, 0.0, 1.0]
+        assert worker._process is None or worker._process.pid != first
+    finally:
+        worker._stop()
+
+
+def test_compute_rewards_matches_compute_reward_and_survives_hostile_items():
+    from verify.rewards import compute_reward, compute_rewards
+
+    entry = {"question": "Calculate 6 * 10.", "answer": "60", "metadata": {}}
+    texts = ["6 * 10 = 60", "6 * 10 = 600", "", "Answer: 60", None]
+    for fn in ("numeric", "rg:basic_arithmetic", "nope"):
+        got = compute_rewards(fn, texts, entry)
+        assert got == [compute_reward(fn, t, entry) for t in texts] and got[-1] == 0.0
+    assert compute_rewards("numeric", texts, None) == [0.0] * 5 and compute_rewards("numeric", [], entry) == []

@@ -18,7 +18,7 @@ from inference.torch_backend import TorchBackend
 from tasks import render_prompt_tokens, segment
 from tasks.assignment import assign_tasks
 from trainer.grpo import length_instruction
-from verify.rewards import compute_reward
+from verify.rewards import compute_rewards
 from verify.rollout import Completion, RolloutGroup
 from verify.sampling import SamplingKey
 
@@ -78,12 +78,13 @@ class LocalRolloutSource:
     def _group(self, step: int, index: int, request, result) -> RolloutGroup:
         entry = self.train_set[index]
         completions = tuple(
-            Completion(c.tokens, c.logprobs, c.finish_reason, self.reward(entry, c.tokens), c.proof)
-            for c in result.completions
+            Completion(c.tokens, c.logprobs, c.finish_reason, reward, c.proof)
+            for c, reward in zip(result.completions, self.rewards(entry, [c.tokens for c in result.completions]))
         )
         return RolloutGroup(self.run, result.policy_version, result.manifest_id, self.worker, step, entry.dataset,
                             index, request.prompt_tokens, request.temperature, request.max_new_tokens, completions)
 
-    def reward(self, entry, tokens) -> float:
-        text = self.loaded.tokenizer.decode(list(tokens), skip_special_tokens=True)
-        return compute_reward(entry.reward_fn, text, entry.to_dict())
+    def rewards(self, entry, completions) -> list[float]:
+        """The group's rewards, one scorer round trip for all its completions."""
+        texts = [self.loaded.tokenizer.decode(list(tokens), skip_special_tokens=True) for tokens in completions]
+        return compute_rewards(entry.reward_fn, texts, entry.to_dict())

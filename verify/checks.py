@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from tasks.assignment import is_assigned
-from verify.rewards import compute_reward
+from verify.rewards import compute_rewards
 from verify.rollout import RolloutGroup
 from verify.sampling import SamplingKey, gumbel_noise_at, perturbed_scores, stream_seeds
 from verify.toploc import ToplocConfig, verify_proofs
@@ -213,7 +213,9 @@ def check_rewards(group: RolloutGroup, ctx: RunContext, config: CheckConfig) -> 
     for i, c in enumerate(group.completions):
         if not 0.0 <= c.reward <= 1.0:
             return CheckResult("reward", False, f"completion {i} claims reward {c.reward} outside [0, 1]")
-        want = compute_reward(entry.get("reward_fn", "exact"), ctx.tasks.decode(c.tokens), entry)
+    wanted = compute_rewards(entry.get("reward_fn", "exact"), [ctx.tasks.decode(c.tokens) for c in group.completions],
+                             entry)
+    for i, (c, want) in enumerate(zip(group.completions, wanted)):
         if abs(want - c.reward) > config.reward_atol:
             return CheckResult("reward", False, f"completion {i} claims reward {c.reward}, recomputed {want}")
     return CheckResult("reward", True)

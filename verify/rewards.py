@@ -133,23 +133,39 @@ class _ScorerWorker:
         self._process = None
 
     def score(self, reward_fn: str, completion: str, entry: dict) -> float:
+        return self.score_many(reward_fn, [completion], entry)[0]
+
+    def score_many(self, reward_fn: str, completions: list[str], entry: dict) -> list[float]:
+        """One round trip for every completion of a group (a round trip costs more than an arithmetic scorer).
+
+        The batch shares one deadline; if it is missed (or the scorer dies), the completions are scored again one
+        at a time, so a hostile completion scores 0 alone and never takes its group's honest ones with it.
+        """
+        with self._lock:
+            values = self._exchange(reward_fn, completions, entry)
+        if values is not None:
+            return values
+        if len(completions) == 1:
+            return [0.0]
+        return [self.score_many(reward_fn, [completion], entry)[0] for completion in completions]
+
+    def _exchange(self, reward_fn: str, completions: list[str], entry: dict) -> list[float] | None:
         import pickle
         import struct
 
-        with self._lock:
-            try:
-                if self._process is None or self._process.poll() is not None:
-                    self._start()
-                body = pickle.dumps((reward_fn, completion, entry))
-                self._process.stdin.write(struct.pack(">I", len(body)) + body)
-                self._process.stdin.flush()
-                reply = self._read(8, self.timeout_s)
-                if reply is not None:
-                    return struct.unpack(">d", reply)[0]
-            except (OSError, ValueError, pickle.PicklingError):
-                pass
-            self._stop()
-            return 0.0
+        try:
+            if self._process is None or self._process.poll() is not None:
+                self._start()
+            body = pickle.dumps((reward_fn, completions, entry))
+            self._process.stdin.write(struct.pack(">I", len(body)) + body)
+            self._process.stdin.flush()
+            reply = self._read(8 * len(completions), self.timeout_s)
+            if reply is not None:
+                return list(struct.unpack(f">{len(completions)}d", reply))
+        except (OSError, ValueError, pickle.PicklingError):
+            pass
+        self._stop()
+        return None
 
     def _read(self, n: int, timeout_s: float) -> bytes | None:
         """n bytes from the scorer within timeout_s (select on the pipe), else None."""
@@ -241,18 +257,36 @@ def compute_reward(reward_fn: str, completion_text: str, entry: dict) -> float:
     "exact" and "numeric" run here; "math" and "rg:*" run in the scorer process under a deadline. An unknown
     reward function, a scorer that raises or times out, or a non-finite score all give 0.0.
     """
+    return compute_rewards(reward_fn, [completion_text], entry)[0]
+
+
+def compute_rewards(reward_fn: str, completion_texts: list[str], entry: dict) -> list[float]:
+    """compute_reward of each text for one task entry, with one scorer round trip for all (a group's completions).
+
+    Never raises; every value is in [0, 1], and a text that is not a string scores 0.0 without touching the others.
+    """
+    texts = list(completion_texts)
+    if not isinstance(entry, dict) or not isinstance(reward_fn, str):
+        return [0.0] * len(texts)
+    valid = [i for i, text in enumerate(texts) if isinstance(text, str)]
+    values = [0.0] * len(texts)
     try:
-        if not isinstance(completion_text, str) or not isinstance(entry, dict) or not isinstance(reward_fn, str):
-            return 0.0
         if reward_fn in _IN_PROCESS:
-            value = _score_direct(reward_fn, completion_text, entry)
-        elif reward_fn in REGISTRY or reward_fn.startswith("rg:"):
-            value = _SCORER.score(reward_fn, completion_text, entry)
+            scored = [_score_direct(reward_fn, texts[i], entry) for i in valid]
+        elif (reward_fn in REGISTRY or reward_fn.startswith("rg:")) and valid:
+            scored = _SCORER.score_many(reward_fn, [texts[i] for i in valid], entry)
         else:
-            return 0.0
-        value = float(value)
+            return values
     except Exception:  # noqa: BLE001 - hostile text must never crash a validator
+        return values
+    for i, value in zip(valid, scored):
+        values[i] = _clamped(value)
+    return values
+
+
+def _clamped(value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
         return 0.0
-    if not math.isfinite(value):
-        return 0.0
-    return min(1.0, max(0.0, value))
+    return min(1.0, max(0.0, value)) if math.isfinite(value) else 0.0

@@ -2,8 +2,9 @@
 
 Why a plain subprocess rather than multiprocessing: spawn and forkserver re-import the parent's __main__ module,
 which breaks (or re-runs) scripts without a main guard and stdin-fed programs; this child imports only what it
-needs. Frames: parent -> child a 4-byte big-endian length then a pickle of (reward_fn, completion, entry), built by
-the parent from its own data; child -> parent one 8-byte big-endian double. The child writes one ready byte first.
+needs. Frames: parent -> child a 4-byte big-endian length then a pickle of (reward_fn, [completion, ...], entry),
+built by the parent from its own data; child -> parent one 8-byte big-endian double per completion, in order. The
+child writes one ready byte first.
 """
 
 from __future__ import annotations
@@ -41,12 +42,20 @@ def main() -> None:
         if body is None:
             return
         try:
-            reward_fn, completion, entry = pickle.loads(body)
-            value = float(_score_direct(reward_fn, completion, entry))
-        except Exception:  # noqa: BLE001 - any scorer failure is a wrong answer
-            value = 0.0
-        out.write(struct.pack(">d", value))
+            reward_fn, completions, entry = pickle.loads(body)
+        except Exception:  # noqa: BLE001 - cannot happen with our own parent; end rather than guess a count
+            return
+        out.write(b"".join(struct.pack(">d", _score_one(reward_fn, c, entry)) for c in completions))
         out.flush()
+
+
+def _score_one(reward_fn: str, completion: str, entry: dict) -> float:
+    from verify.rewards import _score_direct
+
+    try:
+        return float(_score_direct(reward_fn, completion, entry))
+    except Exception:  # noqa: BLE001 - any scorer failure is a wrong answer
+        return 0.0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ first), so a large vocabulary does not blow up memory.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import blake3
 import torch
@@ -44,13 +44,18 @@ class Verdict:
 
 @dataclass
 class _Pending:
-    """A group that passed the cheap checks and waits for its prefill outputs (one slot per completion)."""
+    """A group that passed the cheap checks: its prefill's hidden states (one slot per completion) and the checks
+    run on its logits right after its batch (the logits are then dropped: [T, V] each is the verifier's big memory)."""
 
     index: int
     group: RolloutGroup
     checks: list[CheckResult]
-    logits: list[torch.Tensor | None]
     hidden: list[torch.Tensor | None]
+    logit_checks: list[CheckResult] = field(default_factory=list)
+
+
+LOGITS_BUDGET_BYTES = 256 * 1024 * 1024
+"""Most float32 logits one prefill batch may hold: batches are cut to fit (a 49k vocabulary allows ~1,300 tokens)."""
 
 
 def verify_groups(models: Mapping[int, torch.nn.Module], groups: Sequence[RolloutGroup | dict | bytes],
@@ -70,16 +75,28 @@ def verify_groups(models: Mapping[int, torch.nn.Module], groups: Sequence[Rollou
     for item in pending:
         by_version.setdefault(item.group.policy_version, []).append(item)
     for version, items in by_version.items():
-        try:
-            _prefill(models[version], items, max_batch_tokens)
-        except Exception as exc:  # noqa: BLE001 - a failed batch rejects its groups, never the validator
-            for item in items:
-                item.checks.append(CheckResult("prefill", False, f"prefill failed ({type(exc).__name__})"))
+        model = models[version]
+        budget = max(1, LOGITS_BUDGET_BYTES // (4 * model.config.vocab_size))
+        for batch in _batches(items, min(max_batch_tokens, budget)):
+            _verify_batch(model, batch, ctx, config)
     prefilled = [item for item in pending if all(c.ok for c in item.checks)]
     proofs = dict(zip((id(item) for item in prefilled), _proof_checks(prefilled, config)))
     for item in pending:
-        verdicts[item.index] = _model_checks(item, proofs.get(id(item)), ctx, config)
+        checks = item.checks + item.logit_checks + ([proofs[id(item)]] if id(item) in proofs else [])
+        verdicts[item.index] = Verdict(item.group.rollout_id(), all(c.ok for c in checks), tuple(checks))
     return [v for v in verdicts if v is not None]
+
+
+def _verify_batch(model: torch.nn.Module, batch: list[_Pending], ctx: RunContext, config: CheckConfig) -> None:
+    """Prefill one batch, then run every logit-based check of its groups; a failed prefill rejects this batch only."""
+    try:
+        logits = _prefill_batch(model, batch)
+    except Exception as exc:  # noqa: BLE001 - a failed batch rejects its groups, never the validator
+        for item in batch:
+            item.checks.append(CheckResult("prefill", False, f"prefill failed ({type(exc).__name__})"))
+        return
+    for item, item_logits in zip(batch, logits):
+        item.logit_checks = _logit_checks(item.group, item_logits, ctx, config)
 
 
 def _parse(raw) -> tuple[RolloutGroup | None, Verdict | None]:
@@ -120,35 +137,33 @@ def _cheap_checks(i: int, group: RolloutGroup, models, ctx: RunContext) -> tuple
     if not all(c.ok for c in checks):
         return verdict, None
     n = len(group.completions)
-    return verdict, _Pending(i, group, checks, [None] * n, [None] * n)
+    return verdict, _Pending(i, group, checks, [None] * n)
 
 
-@torch.no_grad()
-def _prefill(model: torch.nn.Module, items: list[_Pending], max_batch_tokens: int) -> None:
-    """Fill every pending completion's logits [T, V] (float32) and last hidden states [T, H] by batched prefill.
-
-    Groups are batched whole, shortest first, up to max_batch_tokens (always at least one group): each batch
-    prefills its prompts once and then all their completions over the shared prompt cache, so a group's prompt
-    costs one pass instead of one per completion.
-    """
-    batch: list[_Pending] = []
+def _batches(items: list[_Pending], max_batch_tokens: int) -> list[list[_Pending]]:
+    """Groups batched whole, shortest first, up to max_batch_tokens padded tokens (always at least one group):
+    each batch prefills its prompts once and then all their completions over the shared prompt cache, so a group's
+    prompt costs one pass instead of one per completion."""
+    batches: list[list[_Pending]] = [[]]
     for item in sorted(items, key=_group_width):
+        batch = batches[-1]
         rows = sum(len(i.group.completions) for i in batch) + len(item.group.completions)
         if batch and rows * _group_width(item) > max_batch_tokens:
-            _prefill_batch(model, batch)
-            batch = []
-        batch.append(item)
-    if batch:
-        _prefill_batch(model, batch)
+            batches.append([])
+        batches[-1].append(item)
+    return [b for b in batches if b]
 
 
 def _group_width(item: _Pending) -> int:
     return len(item.group.prompt_tokens) + max(len(c.tokens) for c in item.group.completions) - 1
 
 
-def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> None:
+@torch.no_grad()
+def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> list[list[torch.Tensor]]:
     """Prompts left-padded in one pass with a KV cache, then every completion's tokens [:-1] right-padded in a second
-    pass over the cache rows of its prompt. Outputs: position P-1 of the prompt pass, then the completion pass."""
+    pass over the cache rows of its prompt. The outputs at position P-1 of the prompt pass, then the completion
+    pass, are each completion's last hidden states (stored in item.hidden) and, through one LM-head call on exactly
+    those positions, its logits [T, V] (returned per item, per completion)."""
     from transformers.cache_utils import DynamicCache
 
     device = next(model.parameters()).device
@@ -162,7 +177,7 @@ def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> None:
     expand = torch.tensor([g for g, _, _ in rows])
     tails = [item.group.completions[j].tokens[:-1] for _, item, j in rows]
     width = max(len(t) for t in tails)
-    hidden = None
+    states = last[expand.to(device)][:, None]  # [R, 1, H]
     if width:
         cache.batch_select_indices(expand.to(device))
         ids = torch.zeros((len(rows), width), dtype=torch.long)
@@ -172,11 +187,17 @@ def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> None:
         positions = prompt_mask[expand].sum(dim=1, keepdim=True) + torch.arange(width)
         hidden = base(input_ids=ids.to(device), attention_mask=torch.cat([prompt_mask[expand], mask], dim=1).to(device),
                       position_ids=positions.to(device), use_cache=True, **{keyword: cache}).last_hidden_state
-    head = model.get_output_embeddings()
+        states = torch.cat([states, hidden], dim=1)  # [R, 1 + W, H]
+    lengths = [len(t) + 1 for t in tails]
+    valid = torch.arange(states.shape[1])[None, :] < torch.tensor(lengths)[:, None]  # [R, 1 + W]
+    h = states[valid.to(device)]  # [sum T, H], row by row
+    logits = _apply_head(model.get_output_embeddings(), h).float().cpu().split(lengths)
+    hiddens = h.float().cpu().split(lengths)
+    out: list[list[torch.Tensor]] = [[] for _ in batch]
     for r, (g, item, j) in enumerate(rows):
-        h = last[g : g + 1] if not tails[r] else torch.cat([last[g : g + 1], hidden[r, : len(tails[r])]])  # [T, H]
-        item.hidden[j] = h.float().cpu()
-        item.logits[j] = _apply_head(head, h).float().cpu()  # [T, V]
+        item.hidden[j] = hiddens[r]
+        out[g].append(logits[r])
+    return out
 
 
 def _left_padded(prompts: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,19 +232,19 @@ def _proof_checks(items: list[_Pending], config: CheckConfig) -> list[CheckResul
         return [CheckResult("internal", False, f"check raised {type(exc).__name__}")] * len(items)
 
 
-def _model_checks(item: _Pending, proofs: CheckResult | None, ctx: RunContext, config: CheckConfig) -> Verdict:
-    group, checks = item.group, list(item.checks)
+def _logit_checks(group: RolloutGroup, logits: list[torch.Tensor], ctx: RunContext,
+                  config: CheckConfig) -> list[CheckResult]:
+    """Termination, sampling, logprobs and reward of one prefilled group, from its logits ([T_j, V] per completion)."""
+    checks: list[CheckResult] = []
     try:
-        if all(c.ok for c in checks):
-            lengths = [len(c.tokens) for c in group.completions]
-            recomputed = recomputed_logprobs(torch.cat(item.logits), [t for c in group.completions for t in c.tokens],
-                                             group.temperature).split(lengths)
-            last_probs = [float(torch.exp(lp[-1])) for lp in recomputed]
-            checks.append(check_termination(group, last_probs, ctx, config))
-            checks.append(check_sampling(group, item.logits, config))
-            checks.append(check_logprobs(group, recomputed, config))
-            checks.append(check_rewards(group, ctx, config))
-            checks.append(proofs)
+        lengths = [len(c.tokens) for c in group.completions]
+        recomputed = recomputed_logprobs(torch.cat(logits), [t for c in group.completions for t in c.tokens],
+                                         group.temperature).split(lengths)
+        last_probs = [float(torch.exp(lp[-1])) for lp in recomputed]
+        checks.append(check_termination(group, last_probs, ctx, config))
+        checks.append(check_sampling(group, logits, config))
+        checks.append(check_logprobs(group, recomputed, config))
+        checks.append(check_rewards(group, ctx, config))
     except Exception as exc:  # noqa: BLE001 - a crash while checking rejects this group only
         checks.append(CheckResult("internal", False, f"check raised {type(exc).__name__}"))
-    return Verdict(group.rollout_id(), all(c.ok for c in checks), tuple(checks))
+    return checks
