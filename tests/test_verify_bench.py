@@ -20,3 +20,11 @@ def test_bench_verify_smoke(capsys):
                  "completion_truncated_reproved", "fabricated_reward", "weights_perturbed_1e-3_fp32_same_kernels_toploc"):
         assert rows[name]["rejected"] == 2, (name, rows[name])
     assert report["summary"]["proof_bytes_per_32_tokens"] == [258.0]
+
+
+def test_bench_verify_honest_only_runs_just_the_cost_cases(capsys):
+    assert main(["bench", "verify", "--json", "--groups", "2", "--group-size", "2", "--max-new-tokens", "8",
+                 "--honest-only"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {r["kind"] for r in report["cases"]} == {"honest"} and len(report["cases"]) == 4
+    assert report["summary"]["false_rejects"] == 0 and report["summary"]["validate_share_of_gen"] > 0

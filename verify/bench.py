@@ -39,6 +39,7 @@ class BenchConfig:
     threads: int = 1
     seed: int = 0
     min_eos_prob: float | None = None
+    honest_only: bool = False  # only the honest cases: the cost figures of a model too slow on CPU for every attack
 
     def check_config(self) -> CheckConfig:
         floor = self.min_eos_prob
@@ -150,7 +151,7 @@ def run_bench(config: BenchConfig) -> dict:
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     h = Harness(config)
-    rows = _honest_cases(h) + _weight_attacks(h) + _rollout_attacks(h)
+    rows = _honest_cases(h) if config.honest_only else _honest_cases(h) + _weight_attacks(h) + _rollout_attacks(h)
     return {"model": config.model, "config": dataclasses.asdict(config),
             "checks": dataclasses.asdict(config.check_config()), "cases": rows, "summary": _summary(rows)}
 
