@@ -54,8 +54,7 @@ class FixedSource:
 
 def make_run(tmp_path, model_cache, **overrides):
     values = dict(out=str(tmp_path), curriculum="none", steps=4, lr=1e-2, prompts_per_step=2, group_size=4,
-                  steps_per_policy=1, checkpoint_every=2, micro_batch=3, temperature=1.0, warmup_steps=1,
-                  old_logprobs="recompute")  # FixedSource's logprobs are placeholders, not the model's
+                  steps_per_policy=1, checkpoint_every=2, micro_batch=3, temperature=1.0, warmup_steps=1)
     values.update(overrides)
     loaded_cfg = load_config(overrides=values)
     return TrainingRun(load_model("tiny", cache_dir=model_cache), loaded_cfg.config, loaded_cfg.curriculum)
@@ -136,7 +135,7 @@ def test_stale_rollouts_of_our_own_generator_use_its_logprobs_and_untrusted_ones
     assert record["old_logprobs"] == "generator" and record["max_lag"] == 1
     assert not trusted.trainer.snapshots  # nothing to recompute from: no weight copies are kept
     cfg = load_config(overrides=dict(out=str(tmp_path / "swarm"), curriculum="none", steps=4, prompts_per_step=2,
-                                     group_size=4, async_level=2)).config
+                                     group_size=4, async_level=2, old_logprobs="generator")).config
     untrusted = TrainingRun(load_model("tiny", cache_dir=model_cache), cfg, trusted.curriculum, trusted_source=False)
     v0 = untrusted.latest_policy()
     untrusted.step(src.generate(0, v0))

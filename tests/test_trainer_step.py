@@ -22,8 +22,9 @@ def _groups(version: int, seed: int = 3) -> list[TrainGroup]:
     return groups
 
 
-def _trainer(tiny, weights, fused: bool) -> PolicyTrainer:
-    cfg = load_config(overrides=dict(lr=1e-2, micro_batch=5, warmup_steps=1, grad_clip=1.0)).config
+def _trainer(tiny, weights, fused: bool, old_logprobs: str = "recompute") -> PolicyTrainer:
+    cfg = load_config(overrides=dict(lr=1e-2, micro_batch=5, warmup_steps=1, grad_clip=1.0,
+                                     old_logprobs=old_logprobs)).config
     tiny.model.load_state_dict(weights)
     trainer = PolicyTrainer(tiny.model, cfg, pad_id=0)
     trainer.mark_published(0)
@@ -82,7 +83,7 @@ def test_generator_logprobs_are_the_recomputed_old_logprobs_and_replace_that_pas
     torch.manual_seed(0)
     weights = {k: v.detach().clone() for k, v in tiny.model.state_dict().items()}
     groups = _generated_groups(tiny, version=0)
-    trainer = _trainer(tiny, weights, fused=False)
+    trainer = _trainer(tiny, weights, fused=False, old_logprobs="generator")
     rows = [(g, c) for g in range(len(groups)) for c in range(len(groups[g].completions))]
     recorded = trainer.generator_logprobs(groups, rows)
     recomputed, source = trainer.old_logprobs(groups, rows)
@@ -91,8 +92,9 @@ def test_generator_logprobs_are_the_recomputed_old_logprobs_and_replace_that_pas
     torch.testing.assert_close(recorded[mask], recomputed[mask], rtol=0, atol=2e-4)  # KV-cached decode vs prefill
     assert trainer.train_step(0, groups).old_logprobs == "generator"
 
-    recompute = load_config(overrides=dict(old_logprobs="recompute")).config
-    assert PolicyTrainer(tiny.model, recompute, pad_id=0).generator_logprobs(groups, rows) is None
+    default = load_config().config  # the trainer recomputes unless told to trust its generator
+    assert default.old_logprobs == "recompute"
+    assert PolicyTrainer(tiny.model, default, pad_id=0).generator_logprobs(groups, rows) is None
     truncated = [TrainGroup(g.rollout_id, 0, g.prompt_tokens, g.completions, g.rewards, 1.0, 8,
                             tuple(lp[:-1] for lp in g.logprobs)) for g in groups]
     assert trainer.generator_logprobs(truncated, rows) is None  # one logprob per token, or recompute

@@ -93,12 +93,12 @@ class TrainerConfig:
     threads: int = 1
     """torch intra-op threads (0 = torch's default). 1 by default: on a small, shared CPU box extra intra-op
     threads spin-wait against other processes (measured 25x slower steps on a loaded 2-core machine)."""
-    old_logprobs: str = "generator"
-    """Where the old-policy logprobs of off-policy rollouts come from: "generator" = the sampling logprobs the
-    generating policy recorded (exact, and free: no extra forward pass, no weight snapshots), used only for
-    rollouts of a trusted source, the local generator; "recompute" = a no-grad forward of the generating version
-    (INTELLECT-2's trainer). The swarm's trainer always recomputes: its workers are untrusted and validators only
-    bound their claimed logprobs (verify.checks, logprob_atol)."""
+    old_logprobs: str = "recompute"
+    """Where the old-policy logprobs of off-policy rollouts come from: "recompute" = the trainer's own no-grad
+    forward of the generating version (INTELLECT-2's trainer; the default); "generator" = the sampling logprobs the
+    generating policy recorded (the same numbers on one machine's float32 kernels, and free: no extra forward, no
+    weight snapshots), used only for rollouts of a trusted source, the local generator. The swarm's trainer always
+    recomputes: its workers are untrusted and validators only bound their claimed logprobs (logprob_atol)."""
     generator: str = "process"
     """Where the async generator runs (async_level > 0): "process" = its own OS process with its own torch threads,
     as a swarm inference peer (fastest: the sampler's per-token Python no longer competes with training for the

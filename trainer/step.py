@@ -58,7 +58,7 @@ class StepReport:
     grad_norm: float
     lr: float
     skipped: str  # "" when the optimizer stepped, else the reason (e.g. "non-finite loss")
-    old_logprobs: str  # which policy gave the old logprobs: "exact", "current" (fallback) or a mix
+    old_logprobs: str  # which gave the old logprobs: "exact", "current" (fallback), "generator" or a mix
     seconds: float
 
 
