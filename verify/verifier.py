@@ -76,7 +76,8 @@ def verify_groups(models: Mapping[int, torch.nn.Module], groups: Sequence[Rollou
         by_version.setdefault(item.group.policy_version, []).append(item)
     for version, items in by_version.items():
         model = models[version]
-        budget = max(1, LOGITS_BUDGET_BYTES // (4 * model.config.vocab_size))
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 1
+        budget = max(1, LOGITS_BUDGET_BYTES // (4 * int(vocab)))
         for batch in _batches(items, min(max_batch_tokens, budget)):
             _verify_batch(model, batch, ctx, config)
     prefilled = [item for item in pending if all(c.ok for c in item.checks)]
