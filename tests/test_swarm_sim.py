@@ -18,14 +18,17 @@ from swarm.sim import SimSettings, run_sim, summarize
 
 @pytest.mark.timeout(280)
 def test_small_swarm_trains_only_on_quorum_accepted_rollouts(tmp_path):
-    settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=1, cheaters=1, steps=2, timeout_s=240.0)
+    # Three steps, not two: one honest worker's v0 groups fill steps 0 and 1 (2 prompts per step), so with two
+    # steps the run could end before the validator judged any of the cheater's groups (seen once in CI); step 2
+    # needs groups of v1 or newer, generated after the cheater's v0 groups had arrived.
+    settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=1, cheaters=1, steps=3, timeout_s=240.0)
     events: list[dict] = []
     sink = EventSink(json_lines=True, stream=io.StringIO())
     sink.listeners.append(events.append)
     extra = trio.run(run_sim, settings, sink)
     report = summarize(events, extra)
     assert not report["timed_out"]
-    assert report["steps"] == 2 and report["versions_published"] >= 2
+    assert report["steps"] == 3 and report["versions_published"] >= 3
     # every rollout the cheater sent was refused by the validator for its fabricated reward
     cheater_ids = {e["peer_id"] for e in events if e["event"] == "listening" and e["peer"] == "cheater0"}
     assert report["rejection_reasons"].get("reward", 0) >= 1
