@@ -1,6 +1,7 @@
 """The GRPO step's on-policy shortcut: old logprobs taken from the training forward itself must give exactly the
 step that a separate no-grad pass gives, and must not be used for stale rollouts."""
 
+import dataclasses
 import random
 
 import pytest
@@ -98,10 +99,5 @@ def test_generator_logprobs_are_the_recomputed_old_logprobs_and_replace_that_pas
     truncated = [TrainGroup(g.rollout_id, 0, g.prompt_tokens, g.completions, g.rewards, 1.0, 8,
                             tuple(lp[:-1] for lp in g.logprobs)) for g in groups]
     assert trainer.generator_logprobs(truncated, rows) is None  # one logprob per token, or recompute
-    assert trainer.generator_logprobs([replace_logprobs(g) for g in groups], rows) is None
-
-
-def replace_logprobs(group: TrainGroup) -> TrainGroup:
-    """The same group without recorded logprobs (as the swarm's untrusted groups arrive)."""
-    return TrainGroup(group.rollout_id, group.policy_version, group.prompt_tokens, group.completions, group.rewards,
-                      group.temperature, group.max_new_tokens)
+    # the same groups without recorded logprobs (as the swarm's untrusted groups arrive)
+    assert trainer.generator_logprobs([dataclasses.replace(g, logprobs=()) for g in groups], rows) is None

@@ -15,7 +15,7 @@ import blake3
 
 from inference.backend import GenerationRequest
 from inference.torch_backend import TorchBackend
-from tasks import render_prompt_tokens, segment
+from tasks import decode_completion, render_prompt_tokens, segment
 from tasks.assignment import assign_tasks
 from trainer.grpo import length_instruction
 from verify.rewards import compute_rewards
@@ -86,5 +86,5 @@ class LocalRolloutSource:
 
     def rewards(self, entry, completions) -> list[float]:
         """The group's rewards, one scorer round trip for all its completions."""
-        texts = [self.loaded.tokenizer.decode(list(tokens), skip_special_tokens=True) for tokens in completions]
+        texts = [decode_completion(self.loaded.tokenizer, tokens) for tokens in completions]
         return compute_rewards(entry.reward_fn, texts, entry.to_dict())

@@ -45,15 +45,13 @@ def main() -> None:
             reward_fn, completions, entry = pickle.loads(body)
         except Exception:  # noqa: BLE001 - cannot happen with our own parent; end rather than guess a count
             return
-        out.write(b"".join(struct.pack(">d", _score_one(reward_fn, c, entry)) for c in completions))
+        out.write(b"".join(struct.pack(">d", _score_one(_score_direct, reward_fn, c, entry)) for c in completions))
         out.flush()
 
 
-def _score_one(reward_fn: str, completion: str, entry: dict) -> float:
-    from verify.rewards import _score_direct
-
+def _score_one(score, reward_fn: str, completion: str, entry: dict) -> float:
     try:
-        return float(_score_direct(reward_fn, completion, entry))
+        return float(score(reward_fn, completion, entry))
     except Exception:  # noqa: BLE001 - any scorer failure is a wrong answer
         return 0.0
 
