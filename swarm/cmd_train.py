@@ -39,6 +39,9 @@ def add_arguments(parser) -> None:
                         help="torch threads of the generator process (default 1)")
     parser.add_argument("--old-logprobs", choices=("recompute", "generator"), dest="old_logprobs",
                         help="off-policy rollouts: recompute old logprobs (default) or use the local generator's")
+    parser.add_argument("--off-policy-loss", choices=("coupled", "decoupled"), dest="off_policy_loss",
+                        help="stale rollouts: clip against their generating policy (coupled, INTELLECT-2, default) "
+                             "or clip this step's move and weight staleness (decoupled)")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN_DIR",
                         help="train nothing: compare the reward-vs-wall-time curves of finished runs (sync first) "
@@ -49,7 +52,7 @@ def add_arguments(parser) -> None:
 
 _OVERRIDES = ("model", "task", "async_level", "curriculum", "steps", "out", "seed", "lr", "group_size",
               "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads", "generator",
-              "generator_threads", "time_limit_min", "old_logprobs")
+              "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss")
 
 
 def run(args) -> int:

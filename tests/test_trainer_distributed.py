@@ -62,6 +62,13 @@ def tied_model():
         return Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB_SIZE, **{**ARCH, "tie_word_embeddings": True}))
 
 
+def close_weights(a: dict, b: dict, atol: float = 1e-5) -> bool:
+    """Every tensor of `b` matches `a`, except attention key biases: softmax ignores a shift that is the same for
+    all keys of a query, so their gradient is zero in exact arithmetic and pure float noise here, which Adam turns
+    into lr-sized steps whose sign depends on the order of summation (one process vs two ranks)."""
+    return all(torch.allclose(a[k], b[k], atol=atol) for k in b if not k.endswith("k_proj.bias"))
+
+
 def plain_weights(model) -> dict:
     return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
 
@@ -164,7 +171,7 @@ def test_two_ddp_ranks_match_one_process_on_the_full_batch(runs):
     out, initial, single, _ = runs
     r0, r1 = load_file(str(out / "ddp0.st")), load_file(str(out / "ddp1.st"))
     assert all(torch.equal(r0[k], r1[k]) for k in r0)  # the ranks never diverge
-    assert all(torch.allclose(r0[k], single[k], atol=1e-5) for k in single)  # summed shards == the whole batch
+    assert close_weights(r0, single)  # summed shards == the whole batch
     assert not torch.allclose(r0["model.norm.weight"], initial["model.norm.weight"])  # and training moved them
 
 
@@ -185,8 +192,8 @@ def test_fsdp_gathered_weights_match_one_process_and_ddp(runs):
     policy = load_model(str(out / "fsdp-policy")).model  # the published policy loads like any other
     gathered, ddp = plain_weights(policy), load_file(str(out / "ddp0.st"))
     assert set(gathered) == set(single)
-    assert all(torch.allclose(gathered[k], single[k], atol=1e-5) for k in single)
-    assert all(torch.allclose(gathered[k], ddp[k], atol=1e-5) for k in ddp)
+    assert close_weights(gathered, single)
+    assert close_weights(gathered, ddp)
     moved = [k for k in single if not torch.allclose(single[k], initial[k], atol=1e-4)]
     assert len(moved) > len(single) // 2  # two real steps moved most tensors, so the match is not vacuous
 
@@ -197,7 +204,7 @@ def test_fsdp_trains_a_tied_head_as_one_matrix_like_one_process(runs):
     for rank in range(2):
         gathered = load_file(str(out / f"tied{rank}.st"))
         assert torch.equal(gathered["lm_head.weight"], gathered["model.embed_tokens.weight"])
-        assert all(torch.allclose(gathered[k], single[k], atol=1e-5) for k in single)
+        assert close_weights(gathered, single)
 
 
 def test_fsdp_really_shards_every_tensor(runs):
@@ -222,7 +229,7 @@ def test_fsdp_checkpoint_resumes_the_exact_weights_and_adam_state(runs):
     out, _, single, trainer = runs
     for rank in range(2):
         resumed = load_file(str(out / f"resumed{rank}.st"))
-        assert all(torch.allclose(resumed[f"w.{k}"], single[k], atol=1e-5) for k in single)
+        assert close_weights({k: resumed[f"w.{k}"] for k in single}, single)
         names = dict(trainer.model.named_parameters())
         for k, p in names.items():  # the FSDP optimizer state, gathered after resume, is the single process's
             adam = trainer.optimizer.state[p]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.config import load_config
-from trainer.step import PolicyTrainer, TrainGroup
+from trainer.step import PolicyTrainer, TrainGroup, completion_logits, pack_rows
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -88,7 +88,7 @@ def test_generator_logprobs_are_the_recomputed_old_logprobs_and_replace_that_pas
     rows = [(g, c) for g in range(len(groups)) for c in range(len(groups[g].completions))]
     recorded = trainer.generator_logprobs(groups, rows)
     recomputed, source = trainer.old_logprobs(groups, rows)
-    mask = trainer._pack(groups, rows)[4].bool()
+    mask = trainer._pack(groups, rows).mask.bool()
     assert source == "exact" and recorded is not None
     torch.testing.assert_close(recorded[mask], recomputed[mask], rtol=0, atol=2e-4)  # KV-cached decode vs prefill
     assert trainer.train_step(0, groups).old_logprobs == "generator"
@@ -101,3 +101,42 @@ def test_generator_logprobs_are_the_recomputed_old_logprobs_and_replace_that_pas
     assert trainer.generator_logprobs(truncated, rows) is None  # one logprob per token, or recompute
     # the same groups without recorded logprobs (as the swarm's untrusted groups arrive)
     assert trainer.generator_logprobs([dataclasses.replace(g, logprobs=()) for g in groups], rows) is None
+
+
+def _plain_completion_logits(model, prompt, completion) -> torch.Tensor:
+    """The unshared reference: the whole sequence through the model, logits at the positions predicting the
+    completion ([len(completion), V])."""
+    ids = torch.tensor([list(prompt) + list(completion)])
+    logits = model(input_ids=ids).logits[0]
+    return logits[len(prompt) - 1: len(prompt) - 1 + len(completion)]
+
+
+def test_shared_prompt_logits_and_gradients_equal_the_unshared_forward(tiny):
+    """Each distinct prompt runs once and its cache serves every completion of it: the logits of real tokens and
+    the gradient of a loss over them must be those of running every (prompt, completion) sequence on its own."""
+    rng = random.Random(7)
+    prompts = [tuple(rng.randrange(4, 60) for _ in range(n)) for n in (3, 9, 6)]
+    rows = [(p, tuple(rng.randrange(4, 60) for _ in range(rng.randrange(1, 6)))) for p in prompts for _ in range(3)]
+    rng.shuffle(rows)  # a group's rows need not be adjacent
+    weights = torch.randn(len(rows), 5)
+
+    tiny.model.zero_grad(set_to_none=True)
+    packed = pack_rows([p for p, _ in rows], [c for _, c in rows], pad_id=0)
+    assert len(packed.prompts) == 3
+    shared = completion_logits(tiny.model, packed)
+    (torch.log_softmax(shared, -1).amax(-1) * packed.mask * weights[:, : shared.shape[1]]).sum().backward()
+    shared_grads = {n: p.grad.clone() for n, p in tiny.model.named_parameters() if p.grad is not None}
+
+    tiny.model.zero_grad(set_to_none=True)
+    total = 0.0
+    for i, (prompt, completion) in enumerate(rows):
+        plain = _plain_completion_logits(tiny.model, prompt, completion)
+        torch.testing.assert_close(shared[i, : len(completion)].detach(), plain.detach(), rtol=1e-4, atol=1e-5)
+        total = total + (torch.log_softmax(plain, -1).amax(-1) * weights[i, : len(completion)]).sum()
+    total.backward()
+    plain_grads = {n: p.grad for n, p in tiny.model.named_parameters() if p.grad is not None}
+    assert shared_grads.keys() == plain_grads.keys() and len(plain_grads) > 5
+    for name, grad in plain_grads.items():
+        scale = float(grad.abs().max())  # float32 sums in another order: about 1e-6 of the gradient's size
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+    tiny.model.zero_grad(set_to_none=True)

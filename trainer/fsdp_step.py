@@ -18,7 +18,7 @@ import torch
 from trainer.distributed import TorchCollective
 from trainer.errors import TrainerError
 from trainer.fsdp import full_state_dict, is_sharded
-from trainer.step import PolicyTrainer, TrainGroup, _chunks, completion_logits
+from trainer.step import PolicyTrainer, TrainGroup, _chunks, completion_logits, pack_rows
 
 
 class FsdpCollective(TorchCollective):
@@ -81,11 +81,9 @@ class FsdpPolicyTrainer(PolicyTrainer):
 
     def _idle_passes(self, count: int, *, backward: bool) -> None:
         """Passes that join the other ranks' collectives and contribute exactly zero to every gradient."""
-        device = next(self.model.parameters()).device
-        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=device)
-        ones, first = torch.ones_like(ids), torch.zeros_like(ids)
+        one_token = pack_rows([(self.pad_id,)], [(self.pad_id,)], self.pad_id)
         for _ in range(count):
             with torch.set_grad_enabled(backward):
-                logits = completion_logits(self.model, ids, ones, first)  # [1, 1, V]
+                logits = completion_logits(self.model, one_token)  # [1, 1, V], the same two passes as a live call
                 if backward:
                     (logits.float().sum() * 0.0).backward()

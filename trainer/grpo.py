@@ -33,6 +33,7 @@ class LossConfig:
     eps_high: float = 0.2  # PPO clip: ratio <= 1 + eps_high
     entropy_coef: float = 0.001  # entropy bonus (subtracted from the loss)
     kl_coef: float = 0.0  # k3 KL to a reference policy; INTELLECT-2 removed it, FastCuRL used 0.001
+    decoupled: bool = False  # clip against the step's own starting policy, staleness as a capped weight (below)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,34 @@ def token_policy_loss(
     return loss, clipped
 
 
+def decoupled_policy_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token decoupled loss (Hilton et al. 2021's decoupled PPO objective, as AReaL uses it for async RL).
+
+    The coupled loss clips pi_theta / pi_behaviour: a rollout one or two versions stale starts its step with a
+    ratio already off 1, and every token whose ratio left [1 - eps_low, 1 + eps_high] since it was sampled gives no
+    gradient, however small this step's own move is (10-15 % of an async-2 batch on the tiny model at lr 3e-4, which
+    then learned several times slower per step than synchronous training). Here the PPO clip bounds only this
+    step's move, against the proximal policy (the live weights before the update: the detached `logprobs`, since
+    the trainer takes one optimizer step per batch), and staleness is corrected by the importance weight
+    pi_proximal / pi_behaviour, capped at delta so that a token the policy now loves but rarely sampled cannot
+    blow up a negative advantage (INTELLECT-2's concern, the truncated weight of IMPALA's V-trace). On-policy
+    rollouts have weight 1 and ratio 1: the same gradient as the coupled loss. Returns (loss [B, T], clipped [B, T]:
+    tokens whose weight hit the cap or whose ratio the clip zeroed).
+    """
+    adv = advantages.unsqueeze(-1)  # [B, 1]
+    proximal = logprobs.detach()
+    weight = torch.exp(proximal - old_logprobs)  # [B, T]
+    capped_weight = torch.clamp(weight, max=cfg.clip_delta)
+    ratio = torch.exp(logprobs - proximal)  # 1 in value; its gradient is that of logprobs
+    unclipped_loss = -ratio * adv
+    clipped_loss = -clipped_ratio(ratio, cfg) * adv
+    loss = capped_weight * torch.maximum(unclipped_loss, clipped_loss)
+    clipped = (clipped_loss > unclipped_loss) | (weight > cfg.clip_delta)
+    return loss, clipped
+
+
 def constant_normaliser(batch_size: int, max_tokens: int) -> float:
     """The divisor of the summed token losses: batch size x max tokens (INTELLECT-2, Dr. GRPO).
 
@@ -150,7 +179,8 @@ def grpo_loss(
     """
     mask = mask.to(torch.float32)
     logprobs = token_logprobs(logits, tokens, temperature)
-    policy, clipped = token_policy_loss(logprobs, old_logprobs, advantages, cfg)
+    policy_loss_fn = decoupled_policy_loss if cfg.decoupled else token_policy_loss
+    policy, clipped = policy_loss_fn(logprobs, old_logprobs, advantages, cfg)
     entropy = token_entropy(logits / (temperature if temperature > 0 else 1.0))
     total = policy - cfg.entropy_coef * entropy
     kl = torch.zeros_like(policy)

@@ -32,21 +32,22 @@ class LocalRolloutSource:
     """Generates one batch of rollout groups per call with the given published policy."""
 
     def __init__(self, loaded, train_set, *, run: str, prompts_per_step: int, worker: str = "local",
-                 length_target: int = 0, capture_proofs: bool = False) -> None:
+                 length_target: int = 0, capture_proofs: bool = False, batch_rows: int = 128) -> None:
         self.loaded, self.train_set, self.run, self.worker = loaded, train_set, run, worker
         self.prompts_per_step, self.length_target = prompts_per_step, length_target
-        self.backend = TorchBackend(loaded, capture_proofs=capture_proofs)
+        self.backend = TorchBackend(loaded, capture_proofs=capture_proofs, max_batch_rows=batch_rows)
         self._segments = {name: segment(train_set, name) or train_set.indices() for name in ("short", "all", "long")}
         self._prompts: dict[int, tuple[int, ...]] = {}
 
     @classmethod
     def for_config(cls, cfg, train_set) -> "LocalRolloutSource":
         """The source `swarm train` generates with, in-process or in its generator process: a fresh copy of
-        cfg.model (its weights follow the published policies), the run's name and the step's prompt count."""
+        cfg.model (its weights follow the published policies), the run's name, the step's prompt count and how many
+        completions it decodes together."""
         from inference.models import load_model
 
         return cls(load_model(cfg.model), train_set, run=cfg.run, prompts_per_step=cfg.prompts_per_step,
-                   length_target=cfg.length_target)
+                   length_target=cfg.length_target, batch_rows=cfg.generation_batch_rows)
 
     def prompt_tokens(self, index: int) -> tuple[int, ...]:
         if index not in self._prompts:

@@ -83,34 +83,79 @@ def shaped_rewards(group: TrainGroup, length_target: int, coef: float) -> list[f
     return [length_penalised_reward(r, len(c), target, coef) for r, c in zip(group.rewards, group.completions)]
 
 
-def pack_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int):
-    """Right-padded model inputs and the completion positions.
+@dataclass(frozen=True)
+class PackedRows:
+    """A batch of completions with each distinct prompt stored once.
 
-    Returns input_ids [B, L], attention_mask [B, L], positions [B, T] (index in the sequence of the hidden state
-    that predicts each completion token: prompt_len - 1 + t), tokens [B, T], mask [B, T].
+    prompts: the distinct prompts; row_prompt [B]: which prompt each row continues; tokens [B, T] right-padded
+    completions; mask [B, T] (1 = real generated token).
     """
-    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+
+    prompts: tuple[tuple[int, ...], ...]
+    row_prompt: torch.Tensor
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    pad_id: int
+
+    def select(self, rows: torch.Tensor) -> "PackedRows":
+        return PackedRows(self.prompts, self.row_prompt[rows], self.tokens[rows], self.mask[rows], self.pad_id)
+
+
+def pack_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int) -> PackedRows:
+    """Rows (prompt, completion) packed for completion_logits; equal prompts (a group's) are stored once."""
+    index: dict[tuple[int, ...], int] = {}
+    row_prompt = [index.setdefault(tuple(p), len(index)) for p in prompts]
     t_max = max(len(c) for c in completions)
-    batch, width = len(prompts), max(lengths)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((batch, width), dtype=torch.long)
-    positions = torch.zeros((batch, t_max), dtype=torch.long)
-    tokens = torch.full((batch, t_max), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, t_max), dtype=torch.float32)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        input_ids[i, : lengths[i]] = torch.tensor(list(p) + list(c), dtype=torch.long)
-        attention[i, : lengths[i]] = 1
-        positions[i, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
+    tokens = torch.full((len(completions), t_max), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(completions), t_max), dtype=torch.float32)
+    for i, c in enumerate(completions):
         tokens[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
         mask[i, : len(c)] = 1.0
-    return input_ids, attention, positions, tokens, mask
+    return PackedRows(tuple(index), torch.tensor(row_prompt, dtype=torch.long), tokens, mask, pad_id)
 
 
-def completion_logits(model, input_ids, attention, positions) -> torch.Tensor:
-    """Logits [B, T, V] at the completion positions only: the LM head runs on T, not on the whole sequence."""
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention).last_hidden_state  # [B, L, H]
-    index = positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [B, T, H]
-    return model.get_output_embeddings()(torch.gather(hidden, 1, index))  # [B, T, V]
+def completion_logits(model, packed: PackedRows) -> torch.Tensor:
+    """Logits [B, T, V] that predict each completion token, with every distinct prompt run once.
+
+    Why: a GRPO group is G completions of one prompt, and prompts are often longer than the completions (the chat
+    template alone is ~80 tokens on the tiny task); running each prompt once and attending to its cached keys and
+    values from all G rows cuts the step's compute by up to G x (8x measured on tiny gcd: prompt 85 tokens,
+    completions 6). Gradients flow through the shared cache into the prompt pass exactly as through G copies
+    (autograd sums them), so the loss and its gradient are the unshared ones up to float rounding (test). Always
+    two passes per call, prompt then completions, so FSDP ranks stay in lockstep whatever their rows.
+    """
+    from transformers.cache_utils import DynamicCache
+
+    distinct, inverse = torch.unique(packed.row_prompt, return_inverse=True)
+    prompts = [packed.prompts[i] for i in distinct.tolist()]
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), packed.pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):  # left-padded, so every prompt's last token is the last column
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        prompt_mask[i, width - len(p):] = 1
+    device = next(model.parameters()).device
+    base = model.base_model
+    cache = DynamicCache(config=model.config)
+    cache_kw = _cache_keyword(base)
+    first = base(input_ids=ids.to(device), attention_mask=prompt_mask.to(device),
+                 position_ids=(prompt_mask.cumsum(dim=1) - 1).clamp(min=0).to(device), use_cache=True,
+                 **{cache_kw: cache}).last_hidden_state[:, -1:, :]  # [P, 1, H]: predicts completion token 0
+    cache.batch_select_indices(inverse.to(device))
+    tokens = packed.tokens  # the last token's own output is unused, but a fixed shape keeps two passes per call
+    attention = torch.cat([prompt_mask[inverse], torch.ones_like(tokens)], dim=1)
+    positions = prompt_mask.sum(dim=1)[inverse].unsqueeze(1) + torch.arange(tokens.shape[1]).unsqueeze(0)
+    rest = base(input_ids=tokens.to(device), attention_mask=attention.to(device), position_ids=positions.to(device),
+                use_cache=True, **{cache_kw: cache}).last_hidden_state[:, :-1, :]  # [B, T - 1, H]
+    hidden = torch.cat([first[inverse.to(device)], rest], dim=1)  # [B, T, H]
+    return model.get_output_embeddings()(hidden)
+
+
+def _cache_keyword(base_model) -> str:
+    """transformers 5.2x names forward's cache argument `cache`; older releases `past_key_values`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(base_model.forward).parameters else "past_key_values"
 
 
 class PolicyTrainer:
@@ -181,7 +226,7 @@ class PolicyTrainer:
     def old_logprobs(self, groups: Sequence[TrainGroup], rows: list[tuple[int, int]]) -> tuple[torch.Tensor, str]:
         """Old-policy logprobs [B, T] for the (group, completion) rows, each from its generating version."""
         packed = self._pack(groups, rows)
-        out = torch.zeros(packed[3].shape)
+        out = torch.zeros(packed.tokens.shape)
         sources = set()
         for version in sorted({groups[g].policy_version for g, _ in rows}):
             idx = [i for i, (g, _) in enumerate(rows) if groups[g].policy_version == version]
@@ -219,20 +264,19 @@ class PolicyTrainer:
             self._reference_model.load_state_dict(self.reference, strict=False)
             self._reference_model.requires_grad_(False)
         packed = self._pack(groups, rows)
-        out = torch.zeros(packed[3].shape)
+        out = torch.zeros(packed.tokens.shape)
         self._fill_logprobs(self._reference_model, packed, list(range(len(rows))), groups[rows[0][0]].temperature, out)
         return out
 
-    def _pack(self, groups, rows):
-        return pack_batch([groups[g].prompt_tokens for g, _ in rows], [groups[g].completions[c] for g, c in rows],
-                          self.pad_id)
+    def _pack(self, groups, rows) -> PackedRows:
+        return pack_rows([groups[g].prompt_tokens for g, _ in rows], [groups[g].completions[c] for g, c in rows],
+                         self.pad_id)
 
-    def _fill_logprobs(self, model, packed, idx: list[int], temperature: float, out: torch.Tensor) -> None:
-        input_ids, attention, positions, tokens, _ = packed
+    def _fill_logprobs(self, model, packed: PackedRows, idx: list[int], temperature: float, out: torch.Tensor) -> None:
         for chunk in _chunks(idx, self.cfg.micro_batch):
             sel = torch.tensor(chunk)
-            logits = completion_logits(model, input_ids[sel], attention[sel], positions[sel])
-            out[sel] = token_logprobs(logits, tokens[sel], temperature)
+            part = packed.select(sel)
+            out[sel] = token_logprobs(completion_logits(model, part), part.tokens, temperature)
 
     # --- the step -------------------------------------------------------------------------------------------
     def train_step(self, step: int, groups: Sequence[TrainGroup]) -> StepReport:
@@ -287,16 +331,18 @@ class PolicyTrainer:
 
     def _accumulate(self, groups, rows, advantages, old, ref, normaliser) -> list[LossStats]:
         """Forward and backward every micro-batch; `old` None means on-policy (old logprobs from this forward)."""
-        input_ids, attention, positions, tokens, mask = self._pack(groups, rows)
+        packed = self._pack(groups, rows)
         adv = torch.stack([advantages[g][c] for g, c in rows])  # [B]
         stats = []
         self.model.train()
         for chunk in _chunks(list(range(len(rows))), self.cfg.micro_batch):
             sel = torch.tensor(chunk)
-            logits = completion_logits(self.model, input_ids[sel], attention[sel], positions[sel])
+            part = packed.select(sel)
+            logits = completion_logits(self.model, part)
             temperature = groups[rows[chunk[0]][0]].temperature
-            old_chunk = token_logprobs(logits.detach(), tokens[sel], temperature) if old is None else old[sel]
-            loss, s = grpo_loss(logits, tokens[sel], mask[sel], old_chunk, adv[sel],
+            tokens, mask = part.tokens.to(logits.device), part.mask.to(logits.device)
+            old_chunk = token_logprobs(logits.detach(), tokens, temperature) if old is None else old[sel]
+            loss, s = grpo_loss(logits, tokens, mask, old_chunk.to(logits.device), adv[sel].to(logits.device),
                                 temperature=temperature, normaliser=normaliser,
                                 cfg=self.cfg.loss_config(), ref_logprobs=None if ref is None else ref[sel])
             loss.backward()
