@@ -45,7 +45,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN_DIR",
                         help="train nothing: compare the reward-vs-wall-time curves of finished runs (sync first) "
-                             "into --out/compare.json and compare.png")
+                             "into --out/compare.json and compare.png; a directory of runs (one per seed) is "
+                             "compared by its seed-mean curve")
     parser.add_argument("--reach", type=float,
                         help="with --compare: the 5-step mean reward to reach (default: the first run's final)")
 
@@ -72,21 +73,33 @@ def run(args) -> int:
 
 
 def _compare(args) -> int:
-    from trainer.errors import TrainerError
-    from trainer.report import compare_runs, plot_comparison, read_log
+    from trainer.report import compare_groups, compare_runs, plot_comparison
 
-    runs = {}
-    for directory in args.compare:
-        log = read_log(directory / "log.jsonl")
-        if not log:
-            raise TrainerError(f"{directory} holds no log.jsonl with training steps")
-        runs[str(directory)] = log
+    logs = {str(directory): _compared_logs(directory) for directory in args.compare}
     out = args.out or Path("runs/compare")
     out.mkdir(parents=True, exist_ok=True)
-    result = compare_runs(runs, args.reach)
+    if all(len(runs) == 1 for runs in logs.values()):
+        result = compare_runs({label: runs[0] for label, runs in logs.items()}, args.reach)
+    else:
+        result = compare_groups(logs, args.reach)
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     plot = plot_comparison(result, out / "compare.png", "reward against wall time")
     summary = {label: {k: v for k, v in run.items() if k != "curve"} for label, run in result["runs"].items()}
     print(json.dumps({"threshold": result["threshold"], "runs": summary, "json": str(out / "compare.json"),
                       "plot": str(plot) if plot else None}))
     return 0
+
+
+def _compared_logs(directory: Path) -> list[list[dict]]:
+    """One run's log, or, for a directory of runs (one per seed), each of their logs."""
+    from trainer.errors import TrainerError
+    from trainer.report import read_log
+
+    log = read_log(directory / "log.jsonl")
+    if log:
+        return [log]
+    seeds = [read_log(child / "log.jsonl") for child in sorted(directory.iterdir())] if directory.is_dir() else []
+    seeds = [log for log in seeds if log]
+    if not seeds:
+        raise TrainerError(f"{directory} holds no log.jsonl with training steps, nor runs that do")
+    return seeds

@@ -9,6 +9,7 @@ from trainer.grpo import (
     LossConfig,
     clip_gradients,
     constant_normaliser,
+    decoupled_policy_loss,
     group_advantages,
     grpo_loss,
     k3_kl,
@@ -70,6 +71,51 @@ def test_two_sided_clip_zeroes_the_gradient_exactly_where_clipped(ratio, advanta
 def test_delta_caps_the_loss_of_a_negative_advantage():
     loss, _ = token_policy_loss(torch.tensor([[math.log(100.0)]]), torch.zeros(1, 1), torch.tensor([-2.0]), CFG)
     assert float(loss) == pytest.approx(4.0 * 2.0)
+
+
+def _decoupled_grad(weight: float, advantage: float) -> tuple[float, float, bool]:
+    """(loss, d loss / d logp, clipped) of one token sampled with probability 1 / weight of the live policy's."""
+    logp = torch.tensor([[0.0]], requires_grad=True)
+    loss, clipped = decoupled_policy_loss(logp, torch.tensor([[-math.log(weight)]]), torch.tensor([advantage]), CFG)
+    loss.sum().backward()
+    return float(loss), float(logp.grad), bool(clipped)
+
+
+@pytest.mark.parametrize("ratio,advantage", [(1.0, 1.0), (1.0, -1.0), (1.5, 1.0), (0.5, -1.0), (1.1, 1.0)])
+def test_decoupled_loss_weights_staleness_instead_of_clipping_it(ratio, advantage):
+    """A token whose behaviour ratio left the PPO interval before this step still teaches, weighted by that ratio
+    (the coupled loss zeroes it); on-policy (ratio 1) both losses give the same gradient."""
+    loss, grad, clipped = _decoupled_grad(ratio, advantage)
+    assert grad == pytest.approx(-ratio * advantage, rel=1e-5) and not clipped
+    assert loss == pytest.approx(-ratio * advantage, rel=1e-5)
+    coupled_grad, coupled_clipped = _grad_of_loss(ratio, advantage)
+    if ratio == 1.0:
+        assert coupled_grad == pytest.approx(grad, rel=1e-6)
+    if ratio in (1.5, 0.5):
+        assert coupled_clipped and coupled_grad == 0.0
+
+
+def test_decoupled_weight_is_capped_at_delta_and_never_differentiated():
+    loss, grad, clipped = _decoupled_grad(100.0, -2.0)
+    assert loss == pytest.approx(4.0 * 2.0) and grad == pytest.approx(4.0 * 2.0) and clipped
+    stale = torch.tensor([[0.3]], requires_grad=True)  # the behaviour logprobs get no gradient through the weight
+    logp = torch.tensor([[0.0]], requires_grad=True)
+    decoupled_policy_loss(logp, stale, torch.tensor([1.0]), CFG)[0].sum().backward()
+    assert stale.grad is None or float(stale.grad) == 0.0
+
+
+def test_grpo_loss_uses_the_decoupled_form_only_when_configured():
+    logits = torch.tensor([[[0.0, 1.0, -1.0]]], requires_grad=True)
+    old = torch.tensor([[math.log(0.2)]])  # the token was rarer when sampled: behaviour ratio > 1 + eps_high
+    args = (torch.tensor([[1]]), torch.ones(1, 1), old, torch.tensor([1.0]))
+    grads = []
+    for decoupled in (False, True):
+        logits.grad = None
+        loss, _ = grpo_loss(logits, *args, temperature=1.0, normaliser=1.0,
+                            cfg=LossConfig(entropy_coef=0.0, decoupled=decoupled))
+        loss.backward()
+        grads.append(logits.grad.clone())
+    assert torch.count_nonzero(grads[0]) == 0 and torch.count_nonzero(grads[1]) == 3
 
 
 def test_constant_normaliser_is_batch_times_max_tokens_not_per_sequence():

@@ -5,6 +5,7 @@ import json
 import math
 import multiprocessing
 import random
+import sys
 from dataclasses import replace
 
 import pytest
@@ -17,7 +18,7 @@ from trainer.checkpoint import list_checkpoints, policy_dir
 from trainer.config import load_config
 from trainer.generator_process import GeneratorDied, GeneratorProcess, build_local_source
 from trainer.loop import TrainingRun, run_async_process, run_sync
-from trainer.report import compare_runs
+from trainer.report import compare_groups, compare_runs
 from verify.rollout import Completion, RolloutGroup
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -197,14 +198,19 @@ def gcd_cfg(tmp_path, model_cache, monkeypatch):
     return make
 
 
-def test_generator_process_matches_the_in_process_generator_and_exits_cleanly(gcd_cfg):
+@pytest.mark.parametrize("forked", [False, True], ids=["spawned", "forked"])
+def test_generator_process_matches_the_in_process_generator_and_exits_cleanly(gcd_cfg, forked):
+    """Spawned, the generator loads its own model and task set; forked (`swarm train` on Linux), it inherits the
+    trainer's and starts its own scorer (the trainer's is live here: local.generate scored with it)."""
     cfg, curriculum = gcd_cfg()
     local = build_local_source(cfg)
     run = TrainingRun(load_model("tiny"), cfg, curriculum)
     run.step(local.generate(0, run.latest_policy()))  # v1 differs from the base weights: the child must load it
     v1 = run.latest_policy()
     assert v1.version == 1
-    with GeneratorProcess(cfg) as generator:
+    preloaded = (load_model("tiny"), local.train_set) if forked else None
+    with GeneratorProcess(cfg, preloaded=preloaded) as generator:
+        assert generator.start_method == ("fork" if forked and sys.platform == "linux" else "spawn")
         remote = [generator.generate(step, v1) for step in (1, 2)]
         assert generator.ready
     expected = [local.generate(step, v1) for step in (1, 2)]
@@ -253,6 +259,24 @@ def test_comparison_finds_when_each_run_first_reaches_the_threshold():
     assert result["runs"]["async"]["reach_step"] == 4 and result["runs"]["async"]["reach_s"] == 4.0
     assert result["runs"]["async"]["curve"][2] == [3.0, 0.3]
     assert compare_runs({"sync": sync}, threshold=0.9)["runs"]["sync"]["reach_s"] is None
+
+
+def test_seed_groups_are_compared_by_their_mean_curve():
+    def run(rewards, step_s, first=1.0):
+        return [{"step": i, "reward": r, "wall_s": first + step_s * i} for i, r in enumerate(rewards)]
+
+    sync = [run([0.0, 0.2, 0.4], 2.0), run([0.0, 0.4, 0.6], 2.0)]  # finals 0.4 and 0.6: threshold 0.5
+    fast = [run([0.0, 0.6, 0.6], 1.0), run([0.0, 0.2, 0.5, 0.5], 1.0, first=2.0)]
+    result = compare_groups({"sync": sync, "async": fast}, window=1, grid_s=0.5)
+    assert result["threshold"] == pytest.approx(0.5)
+    assert result["runs"]["sync"]["reach_s"] == 5.0  # the mean reaches (0.4 + 0.6) / 2 only when both ended
+    assert result["runs"]["sync"]["seed_reach_s"] == [None, 5.0]
+    # async: at 2.0 s seed 0 is at 0.6 and seed 1 at its first value 0.0; at 4.0 s they are at 0.6 and 0.5
+    curve = dict(map(tuple, result["runs"]["async"]["curve"]))
+    assert curve[2.0] == pytest.approx(0.3) and curve[3.0] == pytest.approx(0.4) and curve[4.0] == pytest.approx(0.55)
+    assert result["runs"]["async"]["reach_s"] == 4.0 and result["runs"]["async"]["seeds"] == 2
+    with pytest.raises(ValueError):
+        compare_groups({"sync": [[]]})
 
 
 def test_the_time_budget_stops_stepping_but_not_before_it_is_spent(tmp_path, model_cache):

@@ -107,3 +107,19 @@ def test_cli_compare_writes_both_curves_and_when_each_reached_the_sync_reward(tm
     saved = json.loads((out / "compare.json").read_text())
     assert saved["runs"][str(tmp_path / "async")]["curve"] == [[2.0, 0.1], [4.0, 0.2], [6.0, 0.3]]
     assert (out / "compare.png").stat().st_size > 1000
+
+
+def test_cli_compare_takes_a_directory_of_seed_runs_as_one_curve(tmp_path, capsys):
+    for mode, seeds in (("sync", [[0.2, 0.4], [0.2, 0.6]]), ("async", [[0.3, 0.5], [0.5, 0.7]])):
+        for seed, rewards in enumerate(seeds):
+            (tmp_path / mode / f"s{seed}").mkdir(parents=True)
+            records = [{"step": i, "reward": r, "wall_s": 1.0 + i} for i, r in enumerate(rewards)]
+            (tmp_path / mode / f"s{seed}" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "empty").mkdir()
+    args = ["train", "--compare", str(tmp_path / "sync"), str(tmp_path / "async"), "--out", str(tmp_path / "cmp")]
+    assert main(args) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert runs[str(tmp_path / "sync")]["seeds"] == 2 and runs[str(tmp_path / "sync")]["reach_s"] == 2.0
+    assert runs[str(tmp_path / "async")]["reach_s"] == 1.0  # mean 0.4 at its first step: already the sync final
+    assert main(["train", "--compare", str(tmp_path / "empty"), "--out", str(tmp_path / "cmp")]) != 0
+    assert "holds no log.jsonl" in capsys.readouterr().err

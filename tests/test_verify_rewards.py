@@ -122,3 +122,63 @@ def test_compute_rewards_matches_compute_reward_and_survives_hostile_items():
         got = compute_rewards(fn, texts, entry)
         assert got == [compute_reward(fn, t, entry) for t in texts] and got[-1] == 0.0
     assert compute_rewards("numeric", texts, None) == [0.0] * 5 and compute_rewards("numeric", [], entry) == []
+
+
+def _report_scorer_state(queue) -> None:
+    from verify.rewards import _SCORER
+
+    queue.put((_SCORER._process is None, _SCORER.score("math", "\\boxed{4}", {"answer": "4"})))
+
+
+def test_started_scorer_is_launched_early_and_a_forked_child_starts_its_own():
+    """start_scorer launches without waiting; a forked process (the local generator) never writes into the parent's
+    scorer pipes but starts a scorer of its own, and the parent's keeps working."""
+    import multiprocessing
+
+    from verify.rewards import _SCORER, start_scorer
+
+    start_scorer({"exact"})  # in-process scorers need no scorer process
+    start_scorer({"exact", "math"})
+    assert _SCORER._process is not None and _SCORER._process.poll() is None
+    parent_pid = _SCORER._process.pid
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_report_scorer_state, args=(queue,))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == (True, 1.0)
+    finally:
+        child.join(30)
+    assert child.exitcode == 0
+    assert compute_reward("math", "\\boxed{4}", {"answer": "4"}) == 1.0 and _SCORER._process.pid == parent_pid
+
+
+_FORKED_SCORER_SCRIPT = r"""
+from verify.rewards import _ScorerWorker
+from verify.scorer_worker import ForkedScorer
+
+worker = _ScorerWorker(timeout_s=0.3)
+assert worker.score_many("math", ["\\boxed{4}", "\\boxed{5}"], {"answer": "4"}) == [1.0, 0.0]
+assert isinstance(worker._process, ForkedScorer), type(worker._process)
+first = worker._process.pid
+assert worker.score("math", "\\boxed{10^{10^{10^{10}}}}", {"answer": "4"}) == 0.0  # past the deadline: killed
+assert worker._process is None
+assert worker.score("math", "\\boxed{4}", {"answer": "4"}) == 1.0 and worker._process.pid != first
+worker._process.stdin.close()  # end of input: the forked scorer exits by itself
+assert worker._process.wait() == 0
+print("OK")
+"""
+
+
+def test_a_single_threaded_process_forks_its_scorer_which_behaves_like_the_spawned_one():
+    """Run in a fresh interpreter (one thread, so the fork path is taken): deadline, kill, replacement and a clean
+    exit at end of input; nothing the scorer does reaches the caller's stdout."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", _FORKED_SCORER_SCRIPT], cwd=root, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "OK\n"

@@ -20,15 +20,24 @@ Map (each module holds one idea):
 Never imports p2p: the swarm hands the trainer plain RolloutGroups and takes published directories back.
 """
 
-from trainer.admission import Window, refusal
-from trainer.checkpoint import TrainerState, latest_checkpoint, policy_dir, publish_policy
-from trainer.config import LoadedConfig, TrainerConfig, load_config
-from trainer.curriculum import Curriculum, Stage, load_curriculum
-from trainer.errors import TrainerError
-from trainer.loop import PublishedPolicy, TrainingRun, run_async, run_async_process, run_sync
+import importlib
 
-__all__ = [
-    "Curriculum", "LoadedConfig", "PublishedPolicy", "Stage", "TrainerConfig", "TrainerError", "TrainerState",
-    "TrainingRun", "Window", "latest_checkpoint", "load_config", "load_curriculum", "policy_dir", "publish_policy",
-    "refusal", "run_async", "run_async_process", "run_sync",
-]
+# Names are imported on first use (PEP 562): `trainer.config` must load without torch, so that `swarm train` can
+# start its generator process before the trainer's own 2-3 s of torch and transformers imports.
+_EXPORTS = {
+    "Window": "admission", "refusal": "admission",
+    "TrainerState": "checkpoint", "latest_checkpoint": "checkpoint", "policy_dir": "checkpoint",
+    "publish_policy": "checkpoint",
+    "LoadedConfig": "config", "TrainerConfig": "config", "load_config": "config",
+    "Curriculum": "curriculum", "Stage": "curriculum", "load_curriculum": "curriculum",
+    "TrainerError": "errors",
+    "PublishedPolicy": "loop", "TrainingRun": "loop", "run_async": "loop", "run_async_process": "loop",
+    "run_sync": "loop",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"trainer.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

@@ -12,10 +12,13 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer.curriculum import Curriculum, curriculum_from_tables, load_curriculum
 from trainer.errors import TrainerError
-from trainer.grpo import LossConfig
+
+if TYPE_CHECKING:
+    from trainer.grpo import LossConfig
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,9 @@ class TrainerConfig:
             raise TrainerError("clipping needs 0 <= eps_low < 1, eps_high >= 0 and clip_delta > 1 + eps_high")
         return self
 
-    def loss_config(self) -> LossConfig:
+    def loss_config(self) -> "LossConfig":
+        from trainer.grpo import LossConfig  # torch; the config itself loads without it
+
         return LossConfig(self.clip_delta, self.eps_low, self.eps_high, self.entropy_coef, self.kl_coef,
                           decoupled=self.off_policy_loss == "decoupled")
 

@@ -2,10 +2,11 @@
 
 Why a process and not a thread: on the tiny model generation is per-token Python (sampling, cache bookkeeping)
 and it is the bottleneck; in a thread of the trainer's process it competes with training for the GIL, so async-2
-did more training compute in the same wall time without finishing sooner. A spawned process has its own
+did more training compute in the same wall time without finishing sooner. A separate process has its own
 interpreter and its own torch thread count (`generator_threads`), so generation and training truly overlap.
 
-The protocol is plain data over two multiprocessing queues (the spawn context, so no torch state is forked):
+The protocol is plain data over two multiprocessing queues. The process is forked from the trainer once its model
+and task set are loaded (fork_is_safe says when and why), else spawned, when it loads its own:
   trainer -> generator  ("policy", PublishedPolicy)  the newest published version (its files on disk, as a
                                                      worker hot-swaps from a manifest)
                         ("generate", step)           produce the batch of this assignment step
@@ -35,18 +36,28 @@ class GeneratorDied(TrainerError):
     """The generator process failed or exited; the message says how (its error sentence or its exit code)."""
 
 
-def build_local_source(cfg: TrainerConfig):
-    """The same LocalRolloutSource `swarm train` uses in-process: same model spec, task split, run and prompts."""
+def build_local_source(cfg: TrainerConfig, preloaded=None):
+    """The same LocalRolloutSource `swarm train` uses in-process: same model spec, task split, run and prompts.
+
+    preloaded: (loaded model, train set) inherited by a forked generator (its own copy-on-write copies of the
+    trainer's at the fork); else the task set is split and the model loaded here, as the trainer does."""
     from trainer.local_source import LocalRolloutSource
     from trainer.session import load_task_split, seed_everything
+    from verify.rewards import start_scorer
 
     seed_everything(cfg.seed)
+    if preloaded is not None:
+        loaded, train_set = preloaded
+        start_scorer({entry.reward_fn for entry in train_set})
+        return LocalRolloutSource.from_loaded(cfg, loaded, train_set)
     train_set, _ = load_task_split(cfg)
+    start_scorer({entry.reward_fn for entry in train_set})  # its imports overlap the model load
     return LocalRolloutSource.for_config(cfg, train_set)
 
 
-def generator_main(cfg: TrainerConfig, requests, results) -> None:
-    """Child entry point: build the source, then answer generate requests with the newest known policy."""
+def generator_main(cfg: TrainerConfig, requests, results, preloaded=None) -> None:
+    """Child entry point: build the source (from the trainer's model and task set when forked with them), then
+    answer generate requests with the newest known policy."""
     code = 0
     try:
         import torch
@@ -54,7 +65,7 @@ def generator_main(cfg: TrainerConfig, requests, results) -> None:
         if cfg.generator_own_session:
             os.setsid()
         torch.set_num_threads(cfg.generator_threads)
-        source = build_local_source(cfg)
+        source = build_local_source(cfg, preloaded)
         results.put(("ready", None))
         _serve(source, requests, results)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the trainer reports it
@@ -99,18 +110,40 @@ def _serve(source, requests, results) -> None:
             results.put(("batch", (step, source.generate(step, policy))))
 
 
+def fork_is_safe() -> bool:
+    """Whether the generator may be forked from the trainer: Linux, and no CUDA context (which a fork corrupts).
+
+    Why fork at all: a spawned generator re-imports torch and transformers, rebuilds the task set, loads its model
+    and only then needs its reward scorer; on this 2-core box, next to a trainer doing the same, that took 11 s, so
+    async runs started 3-4 s behind synchronous ones. Forked once the trainer has loaded, it inherits the imports,
+    the task set and a copy-on-write copy of the initial model (its own from then on: the trainer's later steps
+    never reach it), and starts its scorer at once, while the trainer evaluates. The trainer has started no thread
+    of its own by then (trio runs later); verify.rewards makes a forked child start its own scorer rather than share
+    the trainer's.
+    """
+    import sys
+
+    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    import torch
+
+    return not torch.cuda.is_initialized()
+
+
 class GeneratorProcess:
     """Owns one generator process; `with GeneratorProcess(cfg) as gen:` starts it and always reaps it."""
 
-    def __init__(self, cfg: TrainerConfig, *, max_batches: int = 1) -> None:
+    def __init__(self, cfg: TrainerConfig, *, max_batches: int = 1, preloaded=None) -> None:
         self.cfg = cfg
-        ctx = multiprocessing.get_context("spawn")
+        self.start_method = "fork" if preloaded is not None and fork_is_safe() else "spawn"
+        ctx = multiprocessing.get_context(self.start_method)
         self.requests = ctx.Queue()
         self.results = ctx.Queue(maxsize=max(1, max_batches))
-        self.process = ctx.Process(target=generator_main, args=(cfg, self.requests, self.results),
-                                   name="rollout-generator", daemon=True)
+        args = (cfg, self.requests, self.results, preloaded if self.start_method == "fork" else None)
+        self.process = ctx.Process(target=generator_main, args=args, name="rollout-generator", daemon=True)
         self.ready = False
         self._sent_version: int | None = None
+        self._requested: set[int] = set()
 
     def __enter__(self) -> "GeneratorProcess":
         self.process.start()
@@ -153,7 +186,10 @@ class GeneratorProcess:
             self._sent_version = policy.version
 
     def request(self, step: int) -> None:
-        self.requests.put(("generate", step))
+        """Ask for the batch of `step` (once: a repeated request is ignored, so the trainer may ask early)."""
+        if step not in self._requested:
+            self._requested.add(step)
+            self.requests.put(("generate", step))
 
     def poll(self, timeout: float = POLL_S):
         """(step, groups) of the next batch, or None when none arrived within `timeout`; raises if it died."""

@@ -120,7 +120,7 @@ def decoupled_policy_loss(
     """
     adv = advantages.unsqueeze(-1)  # [B, 1]
     proximal = logprobs.detach()
-    weight = torch.exp(proximal - old_logprobs)  # [B, T]
+    weight = torch.exp(proximal - old_logprobs.detach())  # [B, T], a constant of this step
     capped_weight = torch.clamp(weight, max=cfg.clip_delta)
     ratio = torch.exp(logprobs - proximal)  # 1 in value; its gradient is that of logprobs
     unclipped_loss = -ratio * adv

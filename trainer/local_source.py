@@ -46,7 +46,12 @@ class LocalRolloutSource:
         completions it decodes together."""
         from inference.models import load_model
 
-        return cls(load_model(cfg.model), train_set, run=cfg.run, prompts_per_step=cfg.prompts_per_step,
+        return cls.from_loaded(cfg, load_model(cfg.model), train_set)
+
+    @classmethod
+    def from_loaded(cls, cfg, loaded, train_set) -> "LocalRolloutSource":
+        """for_config with a model already loaded (a forked generator's copy of the trainer's initial model)."""
+        return cls(loaded, train_set, run=cfg.run, prompts_per_step=cfg.prompts_per_step,
                    length_target=cfg.length_target, batch_rows=cfg.generation_batch_rows)
 
     def prompt_tokens(self, index: int) -> tuple[int, ...]:

@@ -252,12 +252,9 @@ async def run_async_process(run: TrainingRun, generator, steps: int,
     batch, so it never waits on the trainer. L is cfg.generator_prefetch, else async_level. The admission window
     still refuses anything older.
     """
-    ahead = run.cfg.generator_prefetch or max(1, run.cfg.async_level)
-    generator.publish(run.latest_policy())
-    next_request = run.state.step
-    while next_request < min(steps, run.state.step + ahead):
-        generator.request(next_request)
-        next_request += 1
+    ahead = _requests_ahead(run.cfg)
+    prime_generator(run, generator, steps)
+    next_request = run.state.step + ahead
     while run.wants_step(steps):
         step, groups = await _next_batch(generator, run.cfg.generator_timeout_s)
         if step != run.state.step:
@@ -270,6 +267,18 @@ async def run_async_process(run: TrainingRun, generator, steps: int,
         generator.publish(run.latest_policy())
         if between:
             between()
+
+
+def _requests_ahead(cfg) -> int:
+    return cfg.generator_prefetch or max(1, cfg.async_level)
+
+
+def prime_generator(run: TrainingRun, generator, steps: int) -> None:
+    """Send the newest version and request the first batches (run_async_process does it too; both are idempotent,
+    so a session primes the generator before its first evaluation and the first batches are ready after it)."""
+    generator.publish(run.latest_policy())
+    for step in range(run.state.step, min(steps, run.state.step + _requests_ahead(run.cfg))):
+        generator.request(step)
 
 
 async def _next_batch(generator, timeout_s: float):

@@ -80,6 +80,54 @@ def compare_runs(runs: dict[str, list[dict]], threshold: float | None = None, wi
     return result
 
 
+def compare_groups(groups: dict[str, list[list[dict]]], threshold: float | None = None, window: int = 5,
+                   grid_s: float = 0.25) -> dict:
+    """Like compare_runs, for groups of runs that differ only in their seed: the seed-mean curve reaches or not.
+
+    Why: one seed of a small RL run is noisy enough (the tiny policy collapses onto different answers per seed) to
+    reverse a comparison by itself, so each configuration is run over several seeds and compared by its mean curve:
+    at every `grid_s` of wall time the mean over seeds of each seed's trailing mean reward, a seed counting with its
+    first value before its first step (the initial policy's reward) and its final value after its last. The
+    threshold defaults to the first group's final mean (list the synchronous group first). Per-seed reach times
+    against the same threshold are reported too.
+    """
+    if not groups or not all(groups.values()) or not all(log for logs in groups.values() for log in logs):
+        raise ValueError("every compared group needs at least one non-empty log")
+    means = {label: [trailing_means(log, window) for log in logs] for label, logs in groups.items()}
+    if threshold is None:
+        finals = [curve[-1] for curve in means[next(iter(groups))]]
+        threshold = sum(finals) / len(finals)
+    result = {"threshold": threshold, "window": window, "grid_s": grid_s, "runs": {}}
+    for label, logs in groups.items():
+        start = min(log[0]["wall_s"] for log in logs)
+        end = max(log[-1]["wall_s"] for log in logs)
+        curve = []
+        for i in range(int((end - start) / grid_s) + 2):
+            t = min(start + i * grid_s, end)
+            values = [_value_at(log, seed_means, t) for log, seed_means in zip(logs, means[label])]
+            curve.append((t, sum(values) / len(values)))
+        reach = next((round(t, 3) for t, mean in curve if mean >= threshold - 1e-12), None)
+        seed_reach = [next((r["wall_s"] for r, m in zip(log, seed_means) if m >= threshold - 1e-12), None)
+                      for log, seed_means in zip(logs, means[label])]
+        result["runs"][label] = {
+            "seeds": len(logs), "wall_s": [log[-1]["wall_s"] for log in logs],
+            "final_mean": sum(m[-1] for m in means[label]) / len(logs),
+            "reach_s": reach, "seed_reach_s": seed_reach,
+            "curve": [[round(t, 3), round(mean, 4)] for t, mean in curve],
+        }
+    return result
+
+
+def _value_at(log: list[dict], means: list[float], t: float) -> float:
+    """A run's trailing mean at wall time t: its first value before its first step, its last after its end."""
+    value = means[0]
+    for record, mean in zip(log, means):
+        if record["wall_s"] > t:
+            break
+        value = mean
+    return value
+
+
 def plot_comparison(result: dict, target: Path, title: str) -> Path | None:
     """Trailing-mean reward against wall time, one line per run, the threshold dashed; None without matplotlib."""
     try:
@@ -92,7 +140,8 @@ def plot_comparison(result: dict, target: Path, title: str) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, run in result["runs"].items():
         reach = f", reached at {run['reach_s']:.0f} s" if run["reach_s"] is not None else ", never reached"
-        ax.plot([p[0] for p in run["curve"]], [p[1] for p in run["curve"]], label=f"{label}{reach}")
+        seeds = f" (mean of {run['seeds']} seeds)" if run.get("seeds", 1) > 1 else ""
+        ax.plot([p[0] for p in run["curve"]], [p[1] for p in run["curve"]], label=f"{label}{seeds}{reach}")
     ax.axhline(result["threshold"], linestyle="--", color="grey", label=f"threshold {result['threshold']:.3f}")
     return _save_plot(fig, ax, "wall time since session start (s)", f"mean reward of the last {result['window']} steps",
                       title, target)

@@ -8,6 +8,7 @@ with a step).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -71,34 +72,50 @@ class Evaluator:
 def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], None] = print) -> dict:
     """Run (or resume) a local training session; returns the summary printed as JSON by `swarm train`.
 
-    In async mode with generator = "process" the generator process starts first, so its imports and model load
-    overlap the trainer's; every log record's wall_s counts from this function's start in both modes.
+    In async mode with generator = "process" the generator process is forked once the model and task set are
+    loaded (where that is safe; else spawned at once, loading its own) and asked for its first batches before the
+    first evaluation, so it generates while the trainer evaluates; every log record's wall_s counts from this
+    function's start in both modes.
     """
-    from trainer.generator_process import GeneratorProcess
+    from trainer.generator_process import GeneratorProcess, fork_is_safe
 
     session_started = time.perf_counter()
-    if cfg.async_level and cfg.generator == "process":
-        with GeneratorProcess(cfg, max_batches=cfg.async_level) as generator:
-            return _train(cfg, curriculum, echo, session_started, generator)
-    return _train(cfg, curriculum, echo, session_started, None)
+    wants_process = bool(cfg.async_level) and cfg.generator == "process"
+    with contextlib.ExitStack() as stack:
+        if wants_process and not fork_is_safe():
+            spawned = stack.enter_context(GeneratorProcess(cfg, max_batches=cfg.async_level))
+            return _train(cfg, curriculum, echo, session_started, lambda loaded, train_set: spawned)
+
+        def fork_generator(loaded, train_set):
+            if not wants_process:
+                return None
+            return stack.enter_context(GeneratorProcess(cfg, max_batches=cfg.async_level,
+                                                        preloaded=(loaded, train_set)))
+
+        return _train(cfg, curriculum, echo, session_started, fork_generator)
 
 
 def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], None], session_started: float,
-           generator) -> dict:
+           start_generator: Callable) -> dict:
     import torch
 
     from inference.models import load_model
-    from trainer.loop import TrainingRun
+    from trainer.loop import TrainingRun, prime_generator
     from trainer.report import plot_rewards, progress_line, read_log
+    from verify.rewards import start_scorer
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     train_set, heldout = load_task_split(cfg)
+    start_scorer({entry.reward_fn for entry in heldout})  # the first evaluation scores; start it during the load
     trainer_model = load_model(cfg.model)
+    generator = start_generator(trainer_model, train_set)  # None when synchronous or with a generator thread
     run = TrainingRun(trainer_model, cfg, curriculum, started=session_started,
                       on_report=lambda record: echo(progress_line(record, cfg.steps)))
+    if generator is not None:
+        prime_generator(run, generator, cfg.steps)  # its first batches are generated during the evaluation
     evaluator = Evaluator(trainer_model, heldout, cfg, curriculum)
     started = time.perf_counter()
     before = evaluator(run.state.step)

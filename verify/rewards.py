@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 import threading
 import time
@@ -131,6 +132,7 @@ class _ScorerWorker:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._process = None
+        self._ready = False  # the launched process has said "R" (its imports are done)
 
     def score(self, reward_fn: str, completion: str, entry: dict) -> float:
         return self.score_many(reward_fn, [completion], entry)[0]
@@ -149,13 +151,21 @@ class _ScorerWorker:
             return [0.0]
         return [self.score_many(reward_fn, [completion], entry)[0] for completion in completions]
 
+    def start_soon(self) -> None:
+        """Launch the scorer process without waiting for it: its imports overlap whatever the caller does next."""
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._launch()
+
     def _exchange(self, reward_fn: str, completions: list[str], entry: dict) -> list[float] | None:
         import pickle
         import struct
 
         try:
             if self._process is None or self._process.poll() is not None:
-                self._start()
+                self._launch()
+            if not self._ready:
+                self._await_ready()
             body = pickle.dumps((reward_fn, completions, entry))
             self._process.stdin.write(struct.pack(">I", len(body)) + body)
             self._process.stdin.flush()
@@ -184,21 +194,29 @@ class _ScorerWorker:
             data += chunk
         return data
 
-    def _start(self) -> None:
+    def _launch(self) -> None:
         import subprocess
         import sys
-
-        import os
         from pathlib import Path
+
+        from verify.scorer_worker import ForkedScorer, fork_is_safe
+
+        if fork_is_safe():
+            self._process, self._ready = ForkedScorer(), False
+            return
 
         # The child must import this very package, installed or not: put its parent directory first on the path.
         root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self._process = subprocess.Popen([sys.executable, "-m", "verify.scorer_worker"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self._ready = False
+
+    def _await_ready(self) -> None:
         if self._read(1, _SCORER_START_S) != b"R":
             self._stop()
             raise OSError("reward scorer process did not start")
+        self._ready = True
 
     def _stop(self) -> None:
         if self._process is not None:
@@ -209,7 +227,15 @@ class _ScorerWorker:
         self._process = None
 
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: the scorer process and its pipes belong to the parent; start a fresh one when needed."""
+        self._lock = threading.Lock()
+        self._process = None
+        self._ready = False
+
+
 _SCORER = _ScorerWorker(timeout_s=_SCORER_TIMEOUT_S)
+os.register_at_fork(after_in_child=_SCORER.forget_after_fork)
 
 
 @functools.lru_cache(maxsize=64)
@@ -249,6 +275,13 @@ def _score_direct(reward_fn: str, completion: str, entry: dict) -> float:
         return reward_reasoning_gym(reward_fn[3:], completion, entry)
     fn = REGISTRY.get(reward_fn)
     return fn(completion, entry) if fn is not None else 0.0
+
+
+def start_scorer(reward_fns) -> None:
+    """Start the scorer process now when any of `reward_fns` runs in it, without waiting for its imports (about
+    2 s): a process that will score (a generator, a validator) overlaps them with its own start-up."""
+    if any(isinstance(fn, str) and fn not in _IN_PROCESS for fn in reward_fns):
+        _SCORER.start_soon()
 
 
 def compute_reward(reward_fn: str, completion_text: str, entry: dict) -> float:
