@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if module is None:
         parser.print_help()
         return 2
+    args._argv = argv  # a command that re-launches itself (swarm train --nproc) needs its own words
     try:
         return int(importlib.import_module(module).run(args) or 0)
     except Exception as exc:  # noqa: BLE001 - only user-facing errors are caught; bugs re-raise below

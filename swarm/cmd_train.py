@@ -42,6 +42,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--off-policy-loss", choices=("coupled", "decoupled"), dest="off_policy_loss",
                         help="stale rollouts: clip against their generating policy (coupled, INTELLECT-2, default) "
                              "or clip this step's move and weight staleness (decoupled)")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="data-parallel trainer processes on this machine (torchrun; gloo on CPUs, nccl on GPUs); "
+                             "rank 0 generates, every rank trains on its share of each batch (default 1)")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN_DIR",
                         help="train nothing: compare the reward-vs-wall-time curves of finished runs (sync first) "
@@ -60,15 +63,24 @@ def run(args) -> int:
     if args.compare:
         return _compare(args)
     from trainer.config import load_config
+    from trainer.errors import TrainerError
+    from trainer.launch import launch_ranks, world_size
     from trainer.session import train
 
     overrides = {k: getattr(args, k, None) for k in _OVERRIDES}
     if overrides.get("out") is not None:
         overrides["out"] = str(overrides["out"])
-    loaded = load_config(args.config, overrides)
+    loaded = load_config(args.config, overrides)  # a bad config is one line here, not one per rank
+    if args.nproc < 1:
+        raise TrainerError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.nproc > 1 and world_size() == 1:
+        if loaded.config.async_level:
+            raise TrainerError("data-parallel training (--nproc > 1) is synchronous for now: use --async-level 0")
+        return launch_ranks(args.nproc, args._argv)
     echo = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     summary = train(loaded.config, loaded.curriculum, echo=echo)
-    print(json.dumps(summary))
+    if "rank" not in summary:  # with --nproc, rank 0 alone reports
+        print(json.dumps(summary))
     return 0
 
 

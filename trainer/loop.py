@@ -30,6 +30,7 @@ from trainer.checkpoint import (
 )
 from trainer.config import TrainerConfig
 from trainer.curriculum import Curriculum
+from trainer.distributed import shard
 from trainer.errors import TrainerError
 from trainer.generator_process import GeneratorDied
 from trainer.step import PolicyTrainer, StepReport, TrainGroup
@@ -74,6 +75,7 @@ class TrainingRun:
         self.generator_logprobs = trusted_source and cfg.old_logprobs == "generator"
         self.out = Path(cfg.out)
         self.rank = getattr(collective, "rank", 0)
+        self.world_size = getattr(collective, "world_size", 1)
         pad = loaded.tokenizer.pad_token_id
         self.trainer = PolicyTrainer(loaded.model, cfg, pad_id=pad if pad is not None else loaded.eos_token_ids[0],
                                      collective=collective, load_version=self._load_version)
@@ -162,10 +164,13 @@ class TrainingRun:
             reason = refusal(group, window, seen)
             (refused if reason else accepted).append(reason or group)
             seen.add(group.rollout_id().hex())
+        mine = shard(accepted, self.rank, self.world_size)  # data parallel: this rank's share, gradients summed
         report = self.trainer.train_step(self.state.step, [to_train_group(g, with_logprobs=self.generator_logprobs)
-                                                           for g in accepted])
+                                                           for g in mine])
         self.state.consumed.update(g.rollout_id().hex() for g in accepted)
         record = self._record(report, accepted, refused)
+        if self.world_size > 1:
+            self._whole_batch_figures(record, accepted)
         self.state.step += 1
         if self.state.step % self.cfg.steps_per_policy == 0:
             self._publish(self.state.version + 1)
@@ -174,6 +179,20 @@ class TrainingRun:
         record["version"] = self.state.version
         self._log(record)
         return record
+
+    def _whole_batch_figures(self, record: dict, accepted) -> None:
+        """Data parallel: turn this rank's share of the step's figures into the whole batch's (a collective, so
+        every rank calls it at every step). The summed loss is the batch loss: each share is already divided by
+        the global normaliser."""
+        rewards = [c.reward for g in accepted for c in g.completions]
+        record["reward"] = sum(rewards) / len(rewards) if rewards else 0.0
+        record["groups"] = len(accepted)
+        tokens = self.trainer.collective.all_sum(float(record["tokens"]))
+        for name in ("entropy", "kl", "clip_fraction"):  # token-weighted means
+            record[name] = self.trainer.collective.all_sum(record[name] * record["tokens"]) / max(tokens, 1.0)
+        for name in ("groups_trained", "loss"):
+            record[name] = self.trainer.collective.all_sum(float(record[name]))
+        record["groups_trained"], record["tokens"] = int(record["groups_trained"]), int(tokens)
 
     def _record(self, report: StepReport, accepted, refused: list[str]) -> dict:
         stage = self.curriculum.stage_at(self.state.step)

@@ -78,8 +78,11 @@ def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], N
     function's start in both modes.
     """
     from trainer.generator_process import GeneratorProcess, fork_is_safe
+    from trainer.launch import world_size
 
     session_started = time.perf_counter()
+    if world_size() > 1:
+        return _train_data_parallel(cfg, curriculum, echo, session_started)
     wants_process = bool(cfg.async_level) and cfg.generator == "process"
     with contextlib.ExitStack() as stack:
         if wants_process and not fork_is_safe():
@@ -95,8 +98,26 @@ def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], N
         return _train(cfg, curriculum, echo, session_started, fork_generator)
 
 
+def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], None],
+                         session_started: float) -> dict:
+    """One rank of `swarm train --nproc N` (trainer.launch): synchronous, rank 0 generates and evaluates."""
+    import torch.distributed as dist
+
+    from trainer.distributed import init_parallel
+
+    if cfg.async_level:
+        raise TrainerError("data-parallel training (--nproc > 1) is synchronous for now: use --async-level 0")
+    collective = init_parallel("ddp")
+    try:
+        summary = _train(cfg, curriculum, echo if collective.rank == 0 else (lambda line: None), session_started,
+                         lambda loaded, train_set: None, collective=collective)
+    finally:
+        dist.destroy_process_group()
+    return summary
+
+
 def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], None], session_started: float,
-           start_generator: Callable) -> dict:
+           start_generator: Callable, collective=None) -> dict:
     import torch
 
     from inference.models import load_model
@@ -109,25 +130,35 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
     seed_everything(cfg.seed)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     train_set, heldout = load_task_split(cfg)
-    start_scorer({entry.reward_fn for entry in heldout})  # the first evaluation scores; start it during the load
+    lead = collective is None or collective.rank == 0  # generates, evaluates, logs, publishes
+    if lead:
+        start_scorer({entry.reward_fn for entry in heldout})  # the first evaluation scores; start it during the load
     trainer_model = load_model(cfg.model)
+    if collective is not None:
+        _broadcast_weights(trainer_model.model)
     generator = start_generator(trainer_model, train_set)  # None when synchronous or with a generator thread
-    run = TrainingRun(trainer_model, cfg, curriculum, started=session_started,
+    run = TrainingRun(trainer_model, cfg, curriculum, collective=collective, started=session_started,
                       on_report=lambda record: echo(progress_line(record, cfg.steps)))
     if generator is not None:
         prime_generator(run, generator, cfg.steps)  # its first batches are generated during the evaluation
     evaluator = Evaluator(trainer_model, heldout, cfg, curriculum)
     started = time.perf_counter()
-    before = evaluator(run.state.step)
-    echo(f"held-out accuracy before: {before['accuracy']:.3f} on {before['n']} prompts")
+    if lead:
+        before = evaluator(run.state.step)
+        echo(f"held-out accuracy before: {before['accuracy']:.3f} on {before['n']} prompts")
 
     def between() -> None:
-        if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
+        if lead and cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
             echo(f"held-out accuracy at step {run.state.step}: {evaluator(run.state.step)['accuracy']:.3f}")
 
-    _run_loop(cfg, run, train_set, generator, between)
+    if collective is not None:
+        _run_data_parallel(cfg, run, train_set, collective, between)
+    else:
+        _run_loop(cfg, run, train_set, generator, between)
     train_seconds = time.perf_counter() - started
     final = run.finish()
+    if not lead:
+        return {"rank": collective.rank, "steps": run.state.step, "versions": run.state.version}
     after = evaluator(run.state.step)
     echo(f"held-out accuracy after: {after['accuracy']:.3f} on {after['n']} prompts; final policy in {final}")
     log = read_log(Path(cfg.out) / "log.jsonl")
@@ -141,6 +172,32 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
             "final_reward": sum(r["reward"] for r in tail) / len(tail) if tail else None,
             "heldout_before": before["accuracy"], "heldout_after": after["accuracy"], "final": str(final),
             "log": str(Path(cfg.out) / "log.jsonl"), "plot": str(plot) if plot else None}
+
+
+def _broadcast_weights(model) -> None:
+    """Every rank starts from rank 0's weights (a model built from a config with random init could differ)."""
+    import torch.distributed as dist
+
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0)
+
+
+def _run_data_parallel(cfg: TrainerConfig, run, train_set, collective, between: Callable[[], None]) -> None:
+    """Rank 0 generates each batch and broadcasts it (None: stop, so the step count and the time budget are rank
+    0's decision alone); every rank then takes the same step on its share (TrainingRun.step shards)."""
+    from trainer.launch import broadcast_batch
+    from trainer.local_source import LocalRolloutSource
+
+    source = LocalRolloutSource.for_config(cfg, train_set) if collective.rank == 0 else None
+    while True:
+        batch = None
+        if source is not None and run.wants_step(cfg.steps):
+            batch = source.generate(run.state.step, run.latest_policy())
+        batch = broadcast_batch(collective, batch)
+        if batch is None:
+            return
+        run.step(batch)
+        between()
 
 
 def _run_loop(cfg: TrainerConfig, run, train_set, generator, between: Callable[[], None]) -> None:
