@@ -4,7 +4,9 @@ Writes into --out: log.jsonl (one line per step), eval.jsonl (held-out accuracy)
 policies/ (the async window's versions) and final/ (the last policy, loadable with `--model OUT/final`).
 Re-running with the same --out resumes from the newest checkpoint. With --async-level > 0 the generator runs in its
 own process by default (--generator thread for the older in-process thread). `--compare SYNC_DIR ASYNC_DIR ...`
-trains nothing: it writes the runs' reward-against-wall-time curves to --out/compare.json and compare.png.
+trains nothing: it writes the runs' reward-against-wall-time curves to --out/compare.json and compare.png (a
+directory of seed runs counts as one curve, their mean). `--nproc N` trains data parallel on N local ranks under
+torchrun (trainer.launch).
 """
 
 from __future__ import annotations
