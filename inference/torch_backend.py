@@ -21,6 +21,7 @@ from inference.backend import BASE_MANIFEST_ID, CompletionResult, GenerationRequ
 from inference.models import LoadedModel
 from inference.weights import load_weights_in_place
 from verify.sampling import SamplingKey, gumbel_noise_at, sample_tokens, stream_seeds
+from verify.model_inputs import cache_keyword, left_padded
 
 ProofFn = Callable[[list[torch.Tensor]], list[bytes]]  # hidden [T, H] per completion -> TOPLOC proof bytes each
 
@@ -51,7 +52,7 @@ class TorchBackend:
         self.policy_version = 0
         self.manifest_id = BASE_MANIFEST_ID
         self._captured: torch.Tensor | None = None
-        self._cache_kw = _cache_keyword(self.model)
+        self._cache_kw = cache_keyword(self.model)
         self.model.get_output_embeddings().register_forward_pre_hook(self._capture_hook)
 
     def _proof_fn(self) -> ProofFn:
@@ -117,24 +118,12 @@ class TorchBackend:
         """Left-padded prefill: returns (cache, last-position logits [P, V], attention mask [P, L])."""
         from transformers.cache_utils import DynamicCache
 
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        ids, mask = left_padded(prompts, self.pad_id)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1, **{self._cache_kw: cache})
         return cache, out.logits[:, -1, :], mask
-
-
-def _cache_keyword(model) -> str:
-    """transformers 5.2x renamed forward's `past_key_values` to `cache`; older releases (vLLM pins) know only the first."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class _DecodeState:

@@ -66,7 +66,7 @@ def run(args) -> int:
         return _compare(args)
     from trainer.config import load_config
     from trainer.errors import TrainerError
-    from trainer.launch import launch_ranks, world_size
+    from trainer.launch import check_supported, launch_ranks, world_size
     from trainer.session import train
 
     overrides = {k: getattr(args, k, None) for k in _OVERRIDES}
@@ -76,8 +76,7 @@ def run(args) -> int:
     if args.nproc < 1:
         raise TrainerError(f"--nproc must be at least 1, got {args.nproc}")
     if args.nproc > 1 and world_size() == 1:
-        if loaded.config.async_level:
-            raise TrainerError("data-parallel training (--nproc > 1) is synchronous for now: use --async-level 0")
+        check_supported(loaded.config)
         return launch_ranks(args.nproc, args._argv)
     echo = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     summary = train(loaded.config, loaded.curriculum, echo=echo)

@@ -41,18 +41,15 @@ def build_local_source(cfg: TrainerConfig, preloaded=None):
 
     preloaded: (loaded model, train set) inherited by a forked generator (its own copy-on-write copies of the
     trainer's at the fork); else the task set is split and the model loaded here, as the trainer does."""
+    from inference.models import load_model
     from trainer.local_source import LocalRolloutSource
     from trainer.session import load_task_split, seed_everything
     from verify.rewards import start_scorer
 
     seed_everything(cfg.seed)
-    if preloaded is not None:
-        loaded, train_set = preloaded
-        start_scorer({entry.reward_fn for entry in train_set})
-        return LocalRolloutSource.from_loaded(cfg, loaded, train_set)
-    train_set, _ = load_task_split(cfg)
-    start_scorer({entry.reward_fn for entry in train_set})  # its imports overlap the model load
-    return LocalRolloutSource.for_config(cfg, train_set)
+    loaded, train_set = preloaded if preloaded is not None else (None, load_task_split(cfg)[0])
+    start_scorer({entry.reward_fn for entry in train_set})  # now: its start overlaps the model load or the evaluation
+    return LocalRolloutSource.from_loaded(cfg, loaded or load_model(cfg.model), train_set)
 
 
 def generator_main(cfg: TrainerConfig, requests, results, preloaded=None) -> None:
@@ -143,7 +140,7 @@ class GeneratorProcess:
         self.process = ctx.Process(target=generator_main, args=args, name="rollout-generator", daemon=True)
         self.ready = False
         self._sent_version: int | None = None
-        self._requested: set[int] = set()
+        self._last_requested: int | None = None
 
     def __enter__(self) -> "GeneratorProcess":
         self.process.start()
@@ -186,9 +183,10 @@ class GeneratorProcess:
             self._sent_version = policy.version
 
     def request(self, step: int) -> None:
-        """Ask for the batch of `step` (once: a repeated request is ignored, so the trainer may ask early)."""
-        if step not in self._requested:
-            self._requested.add(step)
+        """Ask for the batch of `step`. Steps are asked for in increasing order, so one already asked for (the
+        trainer primes the generator before its first evaluation, then its loop asks again) is ignored."""
+        if self._last_requested is None or step > self._last_requested:
+            self._last_requested = step
             self.requests.put(("generate", step))
 
     def poll(self, timeout: float = POLL_S):

@@ -19,6 +19,12 @@ from collections.abc import Sequence
 from trainer.errors import TrainerError
 
 
+def check_supported(cfg) -> None:
+    """What data-parallel training cannot do yet, in one line (checked before launching and in every rank)."""
+    if cfg.async_level:
+        raise TrainerError("data-parallel training (--nproc > 1) is synchronous for now: use --async-level 0")
+
+
 def world_size() -> int:
     """Processes in this training job (1 unless launched by torchrun)."""
     try:

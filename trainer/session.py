@@ -104,9 +104,9 @@ def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Calla
     import torch.distributed as dist
 
     from trainer.distributed import init_parallel
+    from trainer.launch import check_supported
 
-    if cfg.async_level:
-        raise TrainerError("data-parallel training (--nproc > 1) is synchronous for now: use --async-level 0")
+    check_supported(cfg)
     collective = init_parallel("ddp")
     try:
         summary = _train(cfg, curriculum, echo if collective.rank == 0 else (lambda line: None), session_started,
@@ -141,7 +141,7 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
                       on_report=lambda record: echo(progress_line(record, cfg.steps)))
     if generator is not None:
         prime_generator(run, generator, cfg.steps)  # its first batches are generated during the evaluation
-    evaluator = Evaluator(trainer_model, heldout, cfg, curriculum)
+    evaluator = Evaluator(trainer_model, heldout, cfg, curriculum) if lead else None
     started = time.perf_counter()
     if lead:
         before = evaluator(run.state.step)

@@ -26,6 +26,7 @@ from trainer.grpo import (
     length_penalised_reward,
     token_logprobs,
 )
+from verify.model_inputs import cache_keyword, left_padded
 
 
 @dataclass(frozen=True)
@@ -127,17 +128,11 @@ def completion_logits(model, packed: PackedRows) -> torch.Tensor:
     from transformers.cache_utils import DynamicCache
 
     distinct, inverse = torch.unique(packed.row_prompt, return_inverse=True)
-    prompts = [packed.prompts[i] for i in distinct.tolist()]
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), packed.pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):  # left-padded, so every prompt's last token is the last column
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        prompt_mask[i, width - len(p):] = 1
+    ids, prompt_mask = left_padded([packed.prompts[i] for i in distinct.tolist()], packed.pad_id)
     device = next(model.parameters()).device
     base = model.base_model
     cache = DynamicCache(config=model.config)
-    cache_kw = _cache_keyword(base)
+    cache_kw = cache_keyword(base)
     first = base(input_ids=ids.to(device), attention_mask=prompt_mask.to(device),
                  position_ids=(prompt_mask.cumsum(dim=1) - 1).clamp(min=0).to(device), use_cache=True,
                  **{cache_kw: cache}).last_hidden_state[:, -1:, :]  # [P, 1, H]: predicts completion token 0
@@ -149,13 +144,6 @@ def completion_logits(model, packed: PackedRows) -> torch.Tensor:
                 use_cache=True, **{cache_kw: cache}).last_hidden_state[:, :-1, :]  # [B, T - 1, H]
     hidden = torch.cat([first[inverse.to(device)], rest], dim=1)  # [B, T, H]
     return model.get_output_embeddings()(hidden)
-
-
-def _cache_keyword(base_model) -> str:
-    """transformers 5.2x names forward's cache argument `cache`; older releases `past_key_values`."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(base_model.forward).parameters else "past_key_values"
 
 
 class PolicyTrainer:

@@ -226,7 +226,6 @@ class _ScorerWorker:
                 stream.close()
         self._process = None
 
-
     def forget_after_fork(self) -> None:
         """In a forked child: the scorer process and its pipes belong to the parent; start a fresh one when needed."""
         self._lock = threading.Lock()

@@ -24,6 +24,7 @@ from verify.checks import (
     CheckConfig, CheckResult, RunContext, check_assignment, check_lengths, check_logprobs, check_policy,
     check_proofs_many, check_rewards, check_sampling, check_termination, recomputed_logprobs,
 )
+from verify.model_inputs import cache_keyword, left_padded
 from verify.rollout import RolloutGroup, RolloutSchemaError
 
 
@@ -168,8 +169,8 @@ def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> list[list[t
     from transformers.cache_utils import DynamicCache
 
     device = next(model.parameters()).device
-    base, keyword = model.base_model, _cache_keyword(model.base_model)
-    prompt_ids, prompt_mask = _left_padded([item.group.prompt_tokens for item in batch])
+    base, keyword = model.base_model, cache_keyword(model.base_model)
+    prompt_ids, prompt_mask = left_padded([item.group.prompt_tokens for item in batch])
     cache = DynamicCache(config=model.config)
     last = base(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), use_cache=True,
                 position_ids=((prompt_mask.cumsum(dim=1) - 1).clamp(min=0)).to(device),
@@ -199,22 +200,6 @@ def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> list[list[t
         item.hidden[j] = hiddens[r]
         out[g].append(logits[r])
     return out
-
-
-def _left_padded(prompts: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p, dtype=torch.long), 1
-    return ids, mask
-
-
-def _cache_keyword(module: torch.nn.Module) -> str:
-    """transformers 5.2x renamed forward's `past_key_values` to `cache`; older releases know only the first."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def _apply_head(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
