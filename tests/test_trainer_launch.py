@@ -57,3 +57,23 @@ def test_two_ranks_train_like_one_process(tmp_path):
     for name in one:
         if not name.endswith("k_proj.bias"):  # zero gradient in exact arithmetic: see test_trainer_distributed
             assert (one[name] - two[name]).abs().max() < 1e-4, name
+
+
+def test_two_ranks_train_asynchronously_with_rank_0s_generator_process(tmp_path):
+    """With --async-level, rank 0 owns a generator process; every batch is broadcast and stays inside the window."""
+    from inference.models import load_model
+
+    cache = tmp_path / "cache"
+    load_model("tiny", cache_dir=cache)
+    done = _swarm([*TRAIN, "--nproc", "2", "--async-level", "1", "--out", str(tmp_path / "async")], cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = [json.loads(line) for line in (tmp_path / "async" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [0, 1, 2] and all(r["max_lag"] <= 1 and r["refused"] == 0 for r in log)
+    assert (tmp_path / "async" / "final" / "model.safetensors").is_file()
+
+
+def test_a_generator_thread_cannot_serve_several_ranks(tmp_path, capsys):
+    from swarm.cli import main
+
+    assert main([*TRAIN, "--nproc", "2", "--async-level", "1", "--generator", "thread", "--out", str(tmp_path)]) == 2
+    assert "needs the generator process" in capsys.readouterr().err

@@ -4,9 +4,10 @@ Why through torchrun (`torch.distributed.run --standalone`): it is how data-para
 GPU machines too, so one code path serves `--nproc` here and `torchrun --nproc-per-node N -m swarm train ...` on a
 GPU node; it picks a free rendezvous port on this machine and ends every rank if one fails. Each rank then sees
 RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT and joins the group (trainer.distributed). Rank 0 owns the
-generator, the evaluations, the log, the published policies and the checkpoints; each batch it generates is
-broadcast, every rank trains on its share (every world_size-th group) and the gradients are summed, so the step
-is the whole batch's step (trainer.distributed says why a sum).
+generator (in-process, or with --async-level a spawned generator process: a fork after the process group started
+could inherit its threads' locks), the evaluations, the log, the published policies and the checkpoints; each batch
+it takes is broadcast, every rank trains on its share (every world_size-th group) and the gradients are summed, so
+the step is the whole batch's step (trainer.distributed says why a sum).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from trainer.errors import TrainerError
 
 def check_supported(cfg) -> None:
     """What data-parallel training cannot do yet, in one line (checked before launching and in every rank)."""
-    if cfg.async_level:
-        raise TrainerError("data-parallel training (--nproc > 1) is synchronous for now: use --async-level 0")
+    if cfg.async_level and cfg.generator != "process":
+        raise TrainerError("data-parallel async training (--nproc > 1) needs the generator process (--generator process)")
 
 
 def world_size() -> int:

@@ -271,21 +271,23 @@ async def run_async_process(run: TrainingRun, generator, steps: int,
     batch, so it never waits on the trainer. L is cfg.generator_prefetch, else async_level. The admission window
     still refuses anything older.
     """
-    ahead = _requests_ahead(run.cfg)
     prime_generator(run, generator, steps)
-    next_request = run.state.step + ahead
     while run.wants_step(steps):
         step, groups = await _next_batch(generator, run.cfg.generator_timeout_s)
-        if step != run.state.step:
-            raise TrainerError(f"the generator sent the batch of step {step} while the trainer is at step "
-                               f"{run.state.step}")
-        if next_request < steps:
-            generator.request(next_request)
-            next_request += 1
+        keep_requesting(run, generator, step, steps)
         run.step(groups)
         generator.publish(run.latest_policy())
         if between:
             between()
+
+
+def keep_requesting(run: TrainingRun, generator, step: int, steps: int) -> None:
+    """On the batch of `step`: check it is the step the trainer is at, and request the one `ahead` steps on."""
+    if step != run.state.step:
+        raise TrainerError(f"the generator sent the batch of step {step} while the trainer is at step "
+                           f"{run.state.step}")
+    if step + _requests_ahead(run.cfg) < steps:
+        generator.request(step + _requests_ahead(run.cfg))
 
 
 def _requests_ahead(cfg) -> int:

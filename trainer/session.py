@@ -100,20 +100,29 @@ def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], N
 
 def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], None],
                          session_started: float) -> dict:
-    """One rank of `swarm train --nproc N` (trainer.launch): synchronous, rank 0 generates and evaluates."""
+    """One rank of `swarm train --nproc N` (trainer.launch): rank 0 generates (or owns the generator process)
+    and evaluates."""
     import torch.distributed as dist
 
     from trainer.distributed import init_parallel
     from trainer.launch import check_supported
 
+    from trainer.generator_process import GeneratorProcess
+
     check_supported(cfg)
     collective = init_parallel("ddp")
+    lead = collective.rank == 0
     try:
-        summary = _train(cfg, curriculum, echo if collective.rank == 0 else (lambda line: None), session_started,
-                         lambda loaded, train_set: None, collective=collective)
+        with contextlib.ExitStack() as stack:
+            def spawn_generator(loaded, train_set):
+                if not (lead and cfg.async_level):
+                    return None
+                return stack.enter_context(GeneratorProcess(cfg, max_batches=cfg.async_level))
+
+            return _train(cfg, curriculum, echo if lead else (lambda line: None), session_started, spawn_generator,
+                          collective=collective)
     finally:
         dist.destroy_process_group()
-    return summary
 
 
 def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], None], session_started: float,
@@ -152,7 +161,7 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
             echo(f"held-out accuracy at step {run.state.step}: {evaluator(run.state.step)['accuracy']:.3f}")
 
     if collective is not None:
-        _run_data_parallel(cfg, run, train_set, collective, between)
+        _run_data_parallel(cfg, run, train_set, collective, generator, between)
     else:
         _run_loop(cfg, run, train_set, generator, between)
     train_seconds = time.perf_counter() - started
@@ -182,21 +191,31 @@ def _broadcast_weights(model) -> None:
         dist.broadcast(tensor, src=0)
 
 
-def _run_data_parallel(cfg: TrainerConfig, run, train_set, collective, between: Callable[[], None]) -> None:
-    """Rank 0 generates each batch and broadcasts it (None: stop, so the step count and the time budget are rank
-    0's decision alone); every rank then takes the same step on its share (TrainingRun.step shards)."""
+def _run_data_parallel(cfg: TrainerConfig, run, train_set, collective, generator,
+                       between: Callable[[], None]) -> None:
+    """Rank 0 takes each batch (from its generator process when async, else generating it here) and broadcasts it
+    (None: stop, so the step count and the time budget are rank 0's decision alone); every rank then takes the same
+    step on its share (TrainingRun.step shards)."""
     from trainer.launch import broadcast_batch
     from trainer.local_source import LocalRolloutSource
+    from trainer.loop import keep_requesting
 
-    source = LocalRolloutSource.for_config(cfg, train_set) if collective.rank == 0 else None
+    lead = collective.rank == 0
+    source = LocalRolloutSource.for_config(cfg, train_set) if lead and generator is None else None
     while True:
         batch = None
-        if source is not None and run.wants_step(cfg.steps):
-            batch = source.generate(run.state.step, run.latest_policy())
+        if lead and run.wants_step(cfg.steps):
+            if generator is not None:
+                step, batch = generator.receive()
+                keep_requesting(run, generator, step, cfg.steps)
+            else:
+                batch = source.generate(run.state.step, run.latest_policy())
         batch = broadcast_batch(collective, batch)
         if batch is None:
             return
         run.step(batch)
+        if generator is not None:
+            generator.publish(run.latest_policy())
         between()
 
 
