@@ -286,8 +286,9 @@ def keep_requesting(run: TrainingRun, generator, step: int, steps: int) -> None:
     if step != run.state.step:
         raise TrainerError(f"the generator sent the batch of step {step} while the trainer is at step "
                            f"{run.state.step}")
-    if step + _requests_ahead(run.cfg) < steps:
-        generator.request(step + _requests_ahead(run.cfg))
+    following = step + _requests_ahead(run.cfg)
+    if following < steps:
+        generator.request(following)
 
 
 def _requests_ahead(cfg) -> int:

@@ -105,9 +105,8 @@ def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Calla
     import torch.distributed as dist
 
     from trainer.distributed import init_parallel
-    from trainer.launch import check_supported
-
     from trainer.generator_process import GeneratorProcess
+    from trainer.launch import check_supported
 
     check_supported(cfg)
     collective = init_parallel("ddp")

@@ -130,19 +130,20 @@ def completion_logits(model, packed: PackedRows) -> torch.Tensor:
     distinct, inverse = torch.unique(packed.row_prompt, return_inverse=True)
     ids, prompt_mask = left_padded([packed.prompts[i] for i in distinct.tolist()], packed.pad_id)
     device = next(model.parameters()).device
+    rows_to_prompt = inverse.to(device)
     base = model.base_model
     cache = DynamicCache(config=model.config)
     cache_kw = cache_keyword(base)
     first = base(input_ids=ids.to(device), attention_mask=prompt_mask.to(device),
                  position_ids=(prompt_mask.cumsum(dim=1) - 1).clamp(min=0).to(device), use_cache=True,
                  **{cache_kw: cache}).last_hidden_state[:, -1:, :]  # [P, 1, H]: predicts completion token 0
-    cache.batch_select_indices(inverse.to(device))
+    cache.batch_select_indices(rows_to_prompt)
     tokens = packed.tokens  # the last token's own output is unused, but a fixed shape keeps two passes per call
     attention = torch.cat([prompt_mask[inverse], torch.ones_like(tokens)], dim=1)
     positions = prompt_mask.sum(dim=1)[inverse].unsqueeze(1) + torch.arange(tokens.shape[1]).unsqueeze(0)
     rest = base(input_ids=tokens.to(device), attention_mask=attention.to(device), position_ids=positions.to(device),
                 use_cache=True, **{cache_kw: cache}).last_hidden_state[:, :-1, :]  # [B, T - 1, H]
-    hidden = torch.cat([first[inverse.to(device)], rest], dim=1)  # [B, T, H]
+    hidden = torch.cat([first[rows_to_prompt], rest], dim=1)  # [B, T, H]
     return model.get_output_embeddings()(hidden)
 
 
@@ -322,6 +323,7 @@ class PolicyTrainer:
         packed = self._pack(groups, rows)
         adv = torch.stack([advantages[g][c] for g, c in rows])  # [B]
         stats = []
+        loss_cfg = self.cfg.loss_config()
         self.model.train()
         for chunk in _chunks(list(range(len(rows))), self.cfg.micro_batch):
             sel = torch.tensor(chunk)
@@ -332,7 +334,7 @@ class PolicyTrainer:
             old_chunk = token_logprobs(logits.detach(), tokens, temperature) if old is None else old[sel]
             loss, s = grpo_loss(logits, tokens, mask, old_chunk.to(logits.device), adv[sel].to(logits.device),
                                 temperature=temperature, normaliser=normaliser,
-                                cfg=self.cfg.loss_config(), ref_logprobs=None if ref is None else ref[sel])
+                                cfg=loss_cfg, ref_logprobs=None if ref is None else ref[sel].to(logits.device))
             loss.backward()
             stats.append(s)
         return stats

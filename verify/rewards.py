@@ -154,16 +154,14 @@ class _ScorerWorker:
     def start_soon(self) -> None:
         """Launch the scorer process without waiting for it: its imports overlap whatever the caller does next."""
         with self._lock:
-            if self._process is None or self._process.poll() is not None:
-                self._launch()
+            self._launch_if_needed()
 
     def _exchange(self, reward_fn: str, completions: list[str], entry: dict) -> list[float] | None:
         import pickle
         import struct
 
         try:
-            if self._process is None or self._process.poll() is not None:
-                self._launch()
+            self._launch_if_needed()
             if not self._ready:
                 self._await_ready()
             body = pickle.dumps((reward_fn, completions, entry))
@@ -194,7 +192,14 @@ class _ScorerWorker:
             data += chunk
         return data
 
-    def _launch(self) -> None:
+    def _launch_if_needed(self) -> None:
+        """Launch a scorer unless a live one exists; it says "R" when ready (_await_ready waits for that)."""
+        if self._process is None or self._process.poll() is not None:
+            self._ready = False
+            self._process = self._launch()
+
+    @staticmethod
+    def _launch():
         import subprocess
         import sys
         from pathlib import Path
@@ -202,15 +207,13 @@ class _ScorerWorker:
         from verify.scorer_worker import ForkedScorer, fork_is_safe
 
         if fork_is_safe():
-            self._process, self._ready = ForkedScorer(), False
-            return
+            return ForkedScorer()
 
         # The child must import this very package, installed or not: put its parent directory first on the path.
         root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        self._process = subprocess.Popen([sys.executable, "-m", "verify.scorer_worker"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        self._ready = False
+        return subprocess.Popen([sys.executable, "-m", "verify.scorer_worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
     def _await_ready(self) -> None:
         if self._read(1, _SCORER_START_S) != b"R":
