@@ -47,6 +47,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--nproc", type=int, default=1,
                         help="data-parallel trainer processes on this machine (torchrun; gloo on CPUs, nccl on GPUs); "
                              "rank 0 generates, every rank trains on its share of each batch (default 1)")
+    parser.add_argument("--parallel", choices=("ddp", "fsdp"),
+                        help="with --nproc: all-reduce whole-model replicas (ddp, default) or shard weights, "
+                             "gradients and optimizer state across the ranks (fsdp)")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN_DIR",
                         help="train nothing: compare the reward-vs-wall-time curves of finished runs (sync first) "
@@ -58,7 +61,7 @@ def add_arguments(parser) -> None:
 
 _OVERRIDES = ("model", "task", "async_level", "curriculum", "steps", "out", "seed", "lr", "group_size",
               "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads", "generator",
-              "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss")
+              "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel")
 
 
 def run(args) -> int:
@@ -75,6 +78,8 @@ def run(args) -> int:
     loaded = load_config(args.config, overrides)  # a bad config is one line here, not one per rank
     if args.nproc < 1:
         raise TrainerError(f"--nproc must be at least 1, got {args.nproc}")
+    if loaded.config.parallel == "fsdp" and max(args.nproc, world_size()) == 1:
+        raise TrainerError("parallel = fsdp shards the trainer over data-parallel ranks: give --nproc 2 or more")
     if args.nproc > 1 and world_size() == 1:
         check_supported(loaded.config)
         return launch_ranks(args.nproc, args._argv)

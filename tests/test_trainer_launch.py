@@ -30,21 +30,22 @@ def _swarm(args, cache: Path) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_two_ranks_train_like_one_process(tmp_path):
-    """Rank 0 generates and broadcasts each batch, each rank trains on half of it and the gradients are summed:
-    the same rewards per step and the same final weights as one process on the whole batch; one summary line."""
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    """(model cache, output directory) of the reference: one process training the same steps."""
     from inference.models import load_model
 
-    cache = tmp_path / "cache"
-    load_model("tiny", cache_dir=cache)  # built once, read by every process below
-    single = _swarm([*TRAIN, "--out", str(tmp_path / "one")], cache)
+    root = tmp_path_factory.mktemp("launch")
+    cache = root / "cache"
+    load_model("tiny", cache_dir=cache)  # built once, read by every process of this module
+    single = _swarm([*TRAIN, "--out", str(root / "one")], cache)
     assert single.returncode == 0, single.stderr[-2000:]
-    pair = _swarm([*TRAIN, "--nproc", "2", "--out", str(tmp_path / "two")], cache)
-    assert pair.returncode == 0, pair.stderr[-3000:]
-    summaries = [json.loads(line) for line in pair.stdout.splitlines() if line.startswith("{")]
-    assert len(summaries) == 1 and summaries[0]["steps"] == 3  # rank 0 alone reports
-    logs = [[json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
-            for run in ("one", "two")]
+    return cache, root / "one"
+
+
+def _assert_same_training(one: Path, two: Path) -> None:
+    """Two runs took the same steps: rewards, batch figures and gradient norms per step, and final weights."""
+    logs = [[json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()] for run in (one, two)]
     assert [r["reward"] for r in logs[0]] == pytest.approx([r["reward"] for r in logs[1]], abs=1e-9)
     assert [r["grad_norm"] for r in logs[0]] == pytest.approx([r["grad_norm"] for r in logs[1]], rel=1e-4)
     # the log shows the whole batch, not rank 0's half
@@ -52,19 +53,54 @@ def test_two_ranks_train_like_one_process(tmp_path):
         [(r["groups"], r["groups_trained"], r["tokens"]) for r in logs[1]]
     assert [r["loss"] for r in logs[0]] == pytest.approx([r["loss"] for r in logs[1]], rel=1e-4, abs=1e-7)
     assert [r["entropy"] for r in logs[0]] == pytest.approx([r["entropy"] for r in logs[1]], rel=1e-4)
-    one, two = (load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("one", "two"))
-    assert one.keys() == two.keys()
-    for name in one:
+    first, second = (load_file(str(run / "final" / "model.safetensors")) for run in (one, two))
+    assert first.keys() == second.keys()
+    for name in first:
         if not name.endswith("k_proj.bias"):  # zero gradient in exact arithmetic: see test_trainer_distributed
-            assert (one[name] - two[name]).abs().max() < 1e-4, name
+            assert (first[name] - second[name]).abs().max() < 1e-4, name
 
 
-def test_two_ranks_train_asynchronously_with_rank_0s_generator_process(tmp_path):
-    """With --async-level, rank 0 owns a generator process; every batch is broadcast and stays inside the window."""
+def test_two_ranks_train_like_one_process(single_run, tmp_path):
+    """Rank 0 generates and broadcasts each batch, each rank trains on half of it and the gradients are summed:
+    the same rewards per step and the same final weights as one process on the whole batch; one summary line."""
+    cache, one = single_run
+    pair = _swarm([*TRAIN, "--nproc", "2", "--out", str(tmp_path / "two")], cache)
+    assert pair.returncode == 0, pair.stderr[-3000:]
+    summaries = [json.loads(line) for line in pair.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1 and summaries[0]["steps"] == 3  # rank 0 alone reports
+    _assert_same_training(one, tmp_path / "two")
+
+
+def test_two_fsdp_ranks_train_and_resume_like_one_process(single_run, tmp_path):
+    """--parallel fsdp: weights and AdamW state sharded over two ranks. Two steps with a held-out evaluation between
+    them (on gathered weights, rank 0 alone), a restart that resumes from the gathered checkpoint, a third step:
+    the same steps and final weights as one process, and a final policy that loads like any other."""
     from inference.models import load_model
 
-    cache = tmp_path / "cache"
-    load_model("tiny", cache_dir=cache)
+    cache, one = single_run
+    out = tmp_path / "fsdp"
+    fsdp = [*TRAIN, "--nproc", "2", "--parallel", "fsdp", "--out", str(out)]
+    first = _swarm([*fsdp, "--steps", "2", "--eval-every", "1"], cache)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = _swarm([*fsdp, "--steps", "3"], cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout.splitlines()[-1])["steps"] == 3
+    _assert_same_training(one, out)
+    evaluated = [json.loads(line)["step"] for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert evaluated == [0, 1, 2, 2, 3]  # the first session: before, between, after; the second: before, after
+    assert load_model(str(out / "final"), cache_dir=cache).model.config.hidden_size > 0
+
+
+def test_fsdp_needs_several_ranks(tmp_path, capsys):
+    from swarm.cli import main
+
+    assert main([*TRAIN, "--parallel", "fsdp", "--out", str(tmp_path)]) == 2
+    assert "--nproc 2 or more" in capsys.readouterr().err
+
+
+def test_two_ranks_train_asynchronously_with_rank_0s_generator_process(single_run, tmp_path):
+    """With --async-level, rank 0 owns a generator process; every batch is broadcast and stays inside the window."""
+    cache, _ = single_run
     done = _swarm([*TRAIN, "--nproc", "2", "--async-level", "1", "--out", str(tmp_path / "async")], cache)
     assert done.returncode == 0, done.stderr[-3000:]
     log = [json.loads(line) for line in (tmp_path / "async" / "log.jsonl").read_text().splitlines()]

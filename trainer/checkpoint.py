@@ -140,6 +140,23 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
+class WholeWeights:
+    """How a run whose processes each hold the whole model publishes and checkpoints it (one process, or plain
+    all-reduce data parallelism, where rank 0 writes). trainer.fsdp.ShardedWeights does the same for a sharded
+    model, so TrainingRun needs no branch."""
+
+    def publishable(self, model) -> tuple[object, dict | None]:
+        """(module to write or evaluate, a copy of its weights already made or None): the live model itself."""
+        return model, None
+
+    def save(self, root: Path, model, optimizer, scheduler, state: TrainerState, *, write: bool) -> Path | None:
+        """Write a checkpoint when `write` (rank 0); every rank calls it."""
+        return save_checkpoint(root, model, optimizer, scheduler, state) if write else None
+
+    def load(self, path: Path, model, optimizer, scheduler) -> TrainerState:
+        return load_checkpoint(path, model, optimizer, scheduler)
+
+
 def policy_dir(root: Path, version: int) -> Path:
     return Path(root) / f"{POLICY_PREFIX}{version:06d}"
 

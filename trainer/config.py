@@ -131,6 +131,11 @@ class TrainerConfig:
     idle or dedicated one)."""
     generator_timeout_s: float = 600.0
     """Longest wait for one batch from the generator process before the trainer stops with an error (never a hang)."""
+    parallel: str = "ddp"
+    """How `swarm train --nproc N` splits the trainer over ranks: "ddp" = every rank holds the whole model and the
+    gradients are all-reduced; "fsdp" = weights, gradients and AdamW state are sharded across the ranks (FSDP2,
+    trainer.fsdp), for a model whose training state does not fit one device. Both take the same steps as one
+    process; "fsdp" needs at least two ranks."""
     out: Path = Path("runs/train")
     """Output directory: checkpoints/, policies/, final/, log.jsonl, reward.png."""
 
@@ -148,6 +153,8 @@ class TrainerConfig:
             raise TrainerError(f"old_logprobs must be 'generator' or 'recompute', got {self.old_logprobs!r}")
         if self.off_policy_loss not in ("coupled", "decoupled"):
             raise TrainerError(f"off_policy_loss must be 'coupled' or 'decoupled', got {self.off_policy_loss!r}")
+        if self.parallel not in ("ddp", "fsdp"):
+            raise TrainerError(f"parallel must be 'ddp' or 'fsdp', got {self.parallel!r}")
         if self.generator not in ("process", "thread"):
             raise TrainerError(f"generator must be 'process' or 'thread', got {self.generator!r}")
         if not 0 <= self.generator_prefetch <= max(1, self.async_level):

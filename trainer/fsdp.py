@@ -146,7 +146,18 @@ def unsharded_copy(model, state: dict[str, torch.Tensor] | None = None):
     clone.load_state_dict(state, strict=True, assign=True)
     if getattr(model.config, "tie_word_embeddings", False):
         clone.tie_weights()
+    _copy_unsaved_buffers(model, clone)
     return clone.eval()
+
+
+def _copy_unsaved_buffers(model, clone) -> None:
+    """Give the clone the buffers a state dict leaves out (e.g. rotary inv_freq, computed at init): without them
+    it could be written to disk but not run. FSDP never shards buffers, so every rank holds them whole."""
+    for name, buffer in model.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        module = clone.get_submodule(owner) if owner else clone
+        if module._buffers.get(leaf) is not None and module._buffers[leaf].is_meta:
+            module._buffers[leaf] = buffer.detach().to("cpu", copy=True)
 
 
 class OptimizerState:
@@ -214,3 +225,29 @@ def _to_cpu(tree):
     if isinstance(tree, list):
         return [_to_cpu(v) for v in tree]
     return tree
+
+
+class ShardedWeights:
+    """trainer.checkpoint.WholeWeights for a sharded model: every method is a collective (all ranks call it)."""
+
+    def publishable(self, model) -> tuple[torch.nn.Module, dict]:
+        """A plain module holding the gathered weights, and those weights (the trainer keeps them as the
+        version's snapshot, so a publication gathers once)."""
+        weights = full_state_dict(model)
+        return unsharded_copy(model, weights), weights
+
+    def save(self, root, model, optimizer, scheduler, state, *, write: bool):
+        """Gather the weights and AdamW state on every rank; rank 0 (`write`) writes them as one checkpoint."""
+        from trainer.checkpoint import save_checkpoint
+
+        view = gather_checkpoint(model, optimizer)
+        return save_checkpoint(root, view.model, view.optimizer, scheduler, state) if write else None
+
+    def load(self, path, model, optimizer, scheduler):
+        """Every rank reads the full checkpoint and keeps its own shards of the weights and AdamW state."""
+        from trainer.checkpoint import load_checkpoint
+
+        view = empty_checkpoint(model)
+        state = load_checkpoint(path, view.model, view.optimizer, scheduler)
+        view.scatter_into(model, optimizer)
+        return state

@@ -39,11 +39,12 @@ class FsdpPolicyTrainer(PolicyTrainer):
         super().__init__(model, cfg, pad_id=pad_id, collective=collective, **kwargs)
         self._weights_memo: dict[int, dict | None] = {}
 
-    def mark_published(self, version: int, *, snapshot: bool = True) -> None:
-        """Snapshot the gathered full weights (a collective: every rank publishes every version). Always, whatever
-        `snapshot` says: FSDP recomputes old logprobs on every rank (generator logprobs are not used in lockstep)."""
+    def mark_published(self, version: int, *, snapshot: bool = True, weights: dict | None = None) -> None:
+        """Snapshot the gathered full weights (a collective unless `weights` already holds them: every rank
+        publishes every version). Always, whatever `snapshot` says: FSDP recomputes old logprobs on every rank
+        (generator logprobs are not used in lockstep)."""
         super().mark_published(version, snapshot=False)
-        self.snapshots[version] = full_state_dict(self.model)
+        self.snapshots[version] = weights if weights is not None else full_state_dict(self.model)
         self._prune_snapshots()
 
     def _weights_of(self, version: int) -> dict | None:

@@ -7,7 +7,9 @@ RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT and joins the group (trainer.distr
 generator (in-process, or with --async-level a spawned generator process: a fork after the process group started
 could inherit its threads' locks), the evaluations, the log, the published policies and the checkpoints; each batch
 it takes is broadcast, every rank trains on its share (every world_size-th group) and the gradients are summed, so
-the step is the whole batch's step (trainer.distributed says why a sum).
+the step is the whole batch's step (trainer.distributed says why a sum). With `--parallel fsdp` each rank holds a
+shard of the weights and AdamW state instead (trainer.fsdp); publishing, checkpointing and evaluating then gather
+the full weights on every rank (trainer.fsdp.ShardedWeights) and rank 0 writes or evaluates them.
 """
 
 from __future__ import annotations

@@ -20,14 +20,7 @@ from typing import Protocol
 import trio
 
 from trainer.admission import Window, refusal
-from trainer.checkpoint import (
-    TrainerState,
-    latest_checkpoint,
-    load_checkpoint,
-    policy_dir,
-    publish_policy,
-    save_checkpoint,
-)
+from trainer.checkpoint import TrainerState, WholeWeights, latest_checkpoint, policy_dir, publish_policy
 from trainer.config import TrainerConfig
 from trainer.curriculum import Curriculum
 from trainer.distributed import shard
@@ -77,7 +70,8 @@ class TrainingRun:
         self.rank = getattr(collective, "rank", 0)
         self.world_size = getattr(collective, "world_size", 1)
         pad = loaded.tokenizer.pad_token_id
-        self.trainer = PolicyTrainer(loaded.model, cfg, pad_id=pad if pad is not None else loaded.eos_token_ids[0],
+        trainer_class, self.weights = _trainer_for(loaded.model)
+        self.trainer = trainer_class(loaded.model, cfg, pad_id=pad if pad is not None else loaded.eos_token_ids[0],
                                      collective=collective, load_version=self._load_version)
         self.state = TrainerState()
         self.published: set[int] = set()
@@ -96,7 +90,7 @@ class TrainingRun:
     def _resume_or_publish_initial(self) -> None:
         found = latest_checkpoint(self.out / "checkpoints")
         if found is not None:
-            self.state = load_checkpoint(found, self.loaded.model, self.trainer.optimizer, self.trainer.scheduler)
+            self.state = self.weights.load(found, self.loaded.model, self.trainer.optimizer, self.trainer.scheduler)
             if self.state.stage_index != self.curriculum.stage_at(self.state.step).index:
                 raise TrainerError(f"checkpoint {found} was written under a different curriculum; use a new --out")
             self.published = {v for v in range(self.state.version + 1) if policy_dir(self.policies, v).is_dir()}
@@ -113,11 +107,12 @@ class TrainingRun:
 
     def _publish(self, version: int) -> None:
         generation = self.curriculum.generation_settings(self.state.step, self.cfg.temperature)
+        module, weights = self.weights.publishable(self.loaded.model)
         if self.rank == 0:
-            publish_policy(policy_dir(self.policies, version), self.loaded.model, self.loaded.tokenizer,
+            publish_policy(policy_dir(self.policies, version), module, self.loaded.tokenizer,
                            self._description(), generation)
             self._prune_policies(version)
-        self.trainer.mark_published(version, snapshot=not self.generator_logprobs)
+        self.trainer.mark_published(version, snapshot=not self.generator_logprobs, weights=weights)
         self.published.add(version)
         self.state.version = version
 
@@ -150,10 +145,8 @@ class TrainingRun:
 
     def checkpoint(self) -> Path | None:
         self.state.stage_index = self.curriculum.stage_at(self.state.step).index
-        if self.rank != 0:
-            return None
-        return save_checkpoint(self.out / "checkpoints", self.loaded.model, self.trainer.optimizer,
-                               self.trainer.scheduler, self.state)
+        return self.weights.save(self.out / "checkpoints", self.loaded.model, self.trainer.optimizer,
+                                 self.trainer.scheduler, self.state, write=self.rank == 0)
 
     # --- one step --------------------------------------------------------------------------------------------
     def step(self, groups: list[RolloutGroup]) -> dict:
@@ -216,10 +209,33 @@ class TrainingRun:
         """Checkpoint and write the final policy to out/final (loadable with `--model out/final`)."""
         self.checkpoint()
         final = self.out / "final"
+        module, _ = self.weights.publishable(self.loaded.model)
         if self.rank == 0:
             generation = self.curriculum.generation_settings(self.state.step, self.cfg.temperature)
-            publish_policy(final, self.loaded.model, self.loaded.tokenizer, self._description(), generation)
+            publish_policy(final, module, self.loaded.tokenizer, self._description(), generation)
         return final
+
+    def evaluable(self):
+        """The loaded model with weights an evaluation may run alone on rank 0: the live model, or under FSDP a
+        gathered plain copy (a collective: every rank calls this at the same points)."""
+        from dataclasses import replace
+
+        module, _ = self.weights.publishable(self.loaded.model)
+        return self.loaded if module is self.loaded.model else replace(self.loaded, model=module)
+
+
+def _trainer_for(model) -> tuple[type, object]:
+    """(PolicyTrainer class, weights I/O) for a whole model or one sharded by trainer.fsdp.apply_fsdp."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # only then can the model be sharded (spares the import)
+        from trainer.fsdp import ShardedWeights, is_sharded
+
+        if is_sharded(model):
+            from trainer.fsdp_step import FsdpPolicyTrainer
+
+            return FsdpPolicyTrainer, ShardedWeights()
+    return PolicyTrainer, WholeWeights()
 
 
 def run_sync(run: TrainingRun, source: RolloutSource, steps: int, between: Callable[[], None] | None = None) -> None:

@@ -53,14 +53,20 @@ class Evaluator:
         self.backend = TorchBackend(loaded, capture_proofs=False, max_batch_rows=64)
         self.results: list[dict] = []
 
-    def __call__(self, step: int) -> dict:
+    def __call__(self, step: int, loaded=None) -> dict:
+        """Evaluate the live model, or `loaded` (a gathered copy of a sharded one, see TrainingRun.evaluable)."""
         import torch
 
         from trainer.evaluate import evaluate
 
+        from inference.torch_backend import TorchBackend
+
+        loaded = loaded or self.loaded
+        backend = self.backend if loaded.model is self.loaded.model else TorchBackend(
+            loaded, capture_proofs=False, max_batch_rows=self.backend.max_batch_rows)  # a copy: a backend of its own
         with torch.no_grad():
-            result = evaluate(self.loaded, self.heldout, n=self.cfg.eval_n, seed=self.cfg.seed,
-                              max_new_tokens=self.max_new_tokens, backend=self.backend)
+            result = evaluate(loaded, self.heldout, n=self.cfg.eval_n, seed=self.cfg.seed,
+                              max_new_tokens=self.max_new_tokens, backend=backend)
         record = {"step": step, "accuracy": result.accuracy, "mean_reward": result.mean_reward, "n": result.n,
                   "mean_tokens": result.mean_tokens}
         self.results.append(record)
@@ -109,7 +115,7 @@ def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Calla
     from trainer.launch import check_supported
 
     check_supported(cfg)
-    collective = init_parallel("ddp")
+    collective = init_parallel(cfg.parallel)
     lead = collective.rank == 0
     try:
         with contextlib.ExitStack() as stack:
@@ -144,6 +150,10 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
     trainer_model = load_model(cfg.model)
     if collective is not None:
         _broadcast_weights(trainer_model.model)
+        if cfg.parallel == "fsdp":
+            from trainer.fsdp import apply_fsdp
+
+            apply_fsdp(trainer_model.model)  # before TrainingRun builds the optimizer over the shards
     generator = start_generator(trainer_model, train_set)  # None when synchronous or with a generator thread
     run = TrainingRun(trainer_model, cfg, curriculum, collective=collective, started=session_started,
                       on_report=lambda record: echo(progress_line(record, cfg.steps)))
@@ -151,13 +161,17 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
         prime_generator(run, generator, cfg.steps)  # its first batches are generated during the evaluation
     evaluator = Evaluator(trainer_model, heldout, cfg, curriculum) if lead else None
     started = time.perf_counter()
+    weights = run.evaluable()  # every rank: under FSDP gathering the weights is a collective
     if lead:
-        before = evaluator(run.state.step)
+        before = evaluator(run.state.step, weights)
         echo(f"held-out accuracy before: {before['accuracy']:.3f} on {before['n']} prompts")
 
     def between() -> None:
-        if lead and cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
-            echo(f"held-out accuracy at step {run.state.step}: {evaluator(run.state.step)['accuracy']:.3f}")
+        if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
+            weights = run.evaluable()
+            if lead:
+                accuracy = evaluator(run.state.step, weights)["accuracy"]
+                echo(f"held-out accuracy at step {run.state.step}: {accuracy:.3f}")
 
     if collective is not None:
         _run_data_parallel(cfg, run, train_set, collective, generator, between)
@@ -165,9 +179,10 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
         _run_loop(cfg, run, train_set, generator, between)
     train_seconds = time.perf_counter() - started
     final = run.finish()
+    weights = run.evaluable()
     if not lead:
         return {"rank": collective.rank, "steps": run.state.step, "versions": run.state.version}
-    after = evaluator(run.state.step)
+    after = evaluator(run.state.step, weights)
     echo(f"held-out accuracy after: {after['accuracy']:.3f} on {after['n']} prompts; final policy in {final}")
     log = read_log(Path(cfg.out) / "log.jsonl")
     plot = plot_rewards(log, evaluator.results, Path(cfg.out) / "reward.png",

@@ -166,14 +166,16 @@ class PolicyTrainer:
         self._reference_model = None
 
     # --- versions -------------------------------------------------------------------------------------------
-    def mark_published(self, version: int, *, snapshot: bool = True) -> None:
+    def mark_published(self, version: int, *, snapshot: bool = True, weights: dict | None = None) -> None:
         """Remember the live weights as `version`, keeping the async window's snapshots (k + 1 versions).
 
         snapshot=False skips the in-memory copy (its logprobs will come from the generator; a group without them
-        falls back to the version's published files)."""
+        falls back to the version's published files); `weights`: a copy of the live weights the caller already
+        made (it is kept instead of a second copy)."""
         self.current_version = version
         if snapshot:
-            self.snapshots[version] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.snapshots[version] = weights if weights is not None else {
+                k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self._prune_snapshots()
 
     def _prune_snapshots(self) -> None:
