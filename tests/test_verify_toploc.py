@@ -71,6 +71,32 @@ def test_interpolation_matches_naive_lagrange_and_passes_through_points():
         assert values[:5] == [naive_evaluate(got[r].tolist(), x) for x in rows[r][:5]]
 
 
+@pytest.mark.parametrize("k", [1, 5, 8, 9, 64, 100, 128])
+def test_every_interpolation_path_matches_naive_lagrange(k):
+    """Divided differences below 8 points, the product-tree Lagrange path from 8 (k a power of two or padded),
+    points that include 0 and the largest residue, and a chunk of points bunched at the top of the field."""
+    rng = random.Random(k)
+    rows = [rng.sample(range(P), k) for _ in range(3)]
+    rows[0][0] = 0
+    rows[1][-1] = P - 1
+    rows.append(list(range(P - k, P)))
+    ys = [[rng.randrange(65536) for _ in range(k)] for _ in rows]
+    got = ndd.interpolate(np.array(rows), np.array(ys))
+    for r, (xs, row_ys) in enumerate(zip(rows, ys)):
+        assert got[r].tolist() == naive_interpolate(xs, [y % P for y in row_ys])
+
+
+def test_a_suspect_fft_falls_back_to_divided_differences(monkeypatch):
+    """The guard: an FFT product that is not near an integer sends the batch to the exact integer method."""
+    rng = np.random.default_rng(5)
+    x = np.stack([rng.choice(P, 128, replace=False) for _ in range(4)])
+    y = rng.integers(0, 65536, (4, 128))
+    expected = ndd.interpolate(x, y)
+    real_ifft = np.fft.irfft
+    monkeypatch.setattr(np.fft, "irfft", lambda *a, **kw: real_ifft(*a, **kw) + 0.7)
+    assert (ndd.interpolate(x, y) == expected).all()
+
+
 def test_injective_modulus_is_the_largest_like_the_naive_search():
     rng = random.Random(3)
     # indices spread over a 32 x 5120 chunk collide modulo the prime often enough to exercise the search
