@@ -57,9 +57,8 @@ class Evaluator:
         """Evaluate the live model, or `loaded` (a gathered copy of a sharded one, see TrainingRun.evaluable)."""
         import torch
 
-        from trainer.evaluate import evaluate
-
         from inference.torch_backend import TorchBackend
+        from trainer.evaluate import evaluate
 
         loaded = loaded or self.loaded
         backend = self.backend if loaded.model is self.loaded.model else TorchBackend(

@@ -8,8 +8,8 @@ the interpolating polynomial is unique, so any exact method gives the reference'
 Why not Newton's divided differences (the reference's method, kept here as the fallback): in numpy it is 2k
 dependent steps of a few calls each, about 8 ms of pure call overhead per batch, which made proof building 4-5 %
 of the tiny model's generation. `interpolate` instead uses Lagrange's formula in a form made of a few large
-operations (see its docstring), all in float64, which is exact here because every value is an integer below 2^51:
-residues are below 2^16, so a product is below 2^32 and a sum of 128 products below 2^39. The longer convolutions
+operations (see its docstring), all in float64, which is exact here because every value is an integer below 2^40:
+residues are below 2^16, so a product is below 2^32 and a sum of at most 128 products below 2^39. The longer convolutions
 use float FFTs: for vectors a, b of residues the rounding error of an FFT product of size N = 2^m is at most
 ||a||_2 ||b||_2 (about 13 m) 2^-53 (Brent, Percival and Zimmermann's bound), below 0.01 here (||a||_2 <= sqrt(128)
 x 65497, m <= 8), so rounding to the nearest integer gives the exact product. As a guard against a broken FFT
@@ -50,14 +50,15 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     Lagrange: f = sum_i v_i M(X) / (X - x_i) with M = prod_j (X - x_j) and v_i = y_i / M'(x_i). Written out,
     coefficient c_m = sum_s M_{m+1+s} z_s with z_s = sum_i v_i x_i^s, so the work is: M by a product tree of
     pairwise polynomial products (log2 k levels), M'(x_i) and z as matrix products with the chunk's power tables
-    (`_Powers`), and c as one correlation of M with z. Every chunk is then evaluated at its points and compared
-    with y; the rare chunk that differs would be recomputed by divided differences (`_newton`).
+    (`_Powers`), and c as one correlation of M with z. Divided differences (`_newton`) take over for fewer than
+    8 or more than 128 points per chunk (the exactness argument above assumes at most 128) and when the FFT guard
+    fires.
     """
     x = np.asarray(x, dtype=np.int64) % PRIME
     y = np.asarray(y, dtype=np.int64) % PRIME
     if x.ndim != 2 or x.shape != y.shape or x.shape[1] == 0:
         raise ValueError("x and y must be matching non-empty [chunks, k] arrays")
-    if x.shape[1] < _LAGRANGE_FROM:
+    if not _LAGRANGE_FROM <= x.shape[1] <= _LAGRANGE_UP_TO:
         return _newton(x, y)
     try:
         return _lagrange(x.astype(np.float64), y.astype(np.float64)).astype(np.int64)
@@ -103,6 +104,7 @@ def _newton(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 _P32 = np.uint32(PRIME)
 _LAGRANGE_FROM = 8  # below this many points per chunk divided differences take fewer numpy calls
+_LAGRANGE_UP_TO = 128  # the float64 exactness bounds (module docstring) are worked out for at most 128 points
 _POWER_BLOCK = 16  # x^s = x^(s mod 16) * (x^16)^(s // 16): two small power tables instead of one k x k table
 _P64 = float(PRIME)
 _INV_P = 1.0 / PRIME
@@ -110,11 +112,11 @@ _HALF_STEP = 0.5 / PRIME
 
 
 def _reduce(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """a mod p for float64 arrays of exact non-negative integers below 2^51, into `out` or a new array.
+    """a mod p for float64 arrays of exact non-negative integers below 2^40, into `out` or a new array.
 
-    floor(a / p) is computed as floor(a * (1/p) + 1/(2p)): the product's rounding error (below 2^-28 for such a)
-    is far smaller than the 1/(2p) margin, and a / p is never within 1/(2p) below an integer it does not reach,
-    so the quotient is exact. About 5x cheaper than np.fmod.
+    floor(a / p) is computed as floor(a * (1/p) + 1/(2p)): a / p = n + r / p with r <= p - 1, so adding 1/(2p)
+    never reaches n + 1, and the computed product's error (below 2^-28 for such a) is far smaller than the 1/(2p)
+    margin on either side, so the quotient is exact. About 5x cheaper than np.fmod.
     """
     q = a * _INV_P
     q += _HALF_STEP
