@@ -177,7 +177,7 @@ class SwarmPublisher:
 async def trainer_role(node) -> None:
     """Train on quorum-accepted rollouts until the configured steps are done, publishing every new version."""
     from trainer.config import load_config as load_trainer_config
-    from swarm.rollout_transport import receive_group
+    from swarm.rollout_transport import receive_groups
     from verify.votes import Vote, VoteError
 
     peer = node.config
@@ -194,13 +194,15 @@ async def trainer_role(node) -> None:
     await _publish_newest(run, publisher, gate)
     progress = trio.Event()
 
+    def on_rollout(group) -> None:
+        """A received group (inline, compressed, or announced and fetched); refusals (a group of another worker
+        than its sender included) never get here: receive_groups counts and logs them."""
+        gate.on_rollout(group, trio.current_time())
+        progress.set()
+
     async def rollouts() -> None:
-        async for env in node.gossip.subscribe("rollout"):
-            group = await receive_group(node, env, refused=lambda why: gate.count(f"refused:{why}"))
-            if group is None:  # inline, compressed or announced and fetched; refusals (a group of another
-                continue  # worker than its sender included) are counted and logged by receive_group
-            gate.on_rollout(group, trio.current_time())
-            progress.set()
+        await receive_groups(node, node.gossip.subscribe("rollout"), on_rollout,
+                             refused=lambda why: gate.count(f"refused:{why}"))
 
     async def votes() -> None:
         async for env in node.gossip.subscribe("vote"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from functools import partial
 
 import trio
 
@@ -117,7 +118,7 @@ def wants_announced(models: VersionModels, workers, my_key: bytes):
 
 
 async def validator_role(node) -> None:
-    from swarm.rollout_transport import receive_group
+    from swarm.rollout_transport import receive_groups
     from verify.reputation import Reputation
     from verify.votes import vote_from_verdict
 
@@ -128,22 +129,20 @@ async def validator_role(node) -> None:
     send, receive = trio.open_memory_channel(MAX_WAITING)
     stats = {"checked": 0, "accepted": 0, "rejected": 0, "skipped_banned": 0}
 
-    async def collect() -> None:
-        wanted = wants_announced(models, workers, my_key)
-        async for env in node.gossip.subscribe("rollout"):
-            group = await receive_group(node, env, wanted=wanted)  # inline, compressed or announced and fetched
-            if group is None:
-                continue  # the trainer refuses it too; nobody waits for a vote on it
-            if workers.is_banned(group.worker):
-                stats["skipped_banned"] += 1
-                continue
-            try:
-                send.send_nowait(group)
-            except trio.WouldBlock:
-                log.warning("validator queue full; dropping a rollout")
+    def collect(group) -> None:
+        """Queue a received group (inline, compressed, or announced and fetched) unless its worker is banned; a
+        refused one never gets here: the trainer refuses it too, nobody waits for a vote on it."""
+        if workers.is_banned(group.worker):
+            stats["skipped_banned"] += 1
+            return
+        try:
+            send.send_nowait(group)
+        except trio.WouldBlock:
+            log.warning("validator queue full; dropping a rollout")
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(collect)
+        nursery.start_soon(partial(receive_groups, node, node.gossip.subscribe("rollout"), collect,
+                                   wanted=wants_announced(models, workers, my_key)))
         waiting: list = []
         while True:
             # Wake at least every second: rollouts may have arrived before their version finished downloading

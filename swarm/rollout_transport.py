@@ -5,7 +5,8 @@ The codec (swarm.rollout_codec) decides; this module only moves bytes. A worker 
 blob, which the worker keeps in a bounded `BlobCache` and serves on PROTOCOL. Receivers (validators, the trainer)
 call `receive_group` on every "rollout" envelope: an announced group is fetched from the envelope's sender (the
 only peer that can hold it), with bounded attempts and deadlines, verified, decoded, and then handled exactly like
-a gossiped one.
+a gossiped one. `receive_groups` does that for a whole subscription, several envelopes at once, so a slow or silent
+announcer holds up only its own announcements, not every group behind it.
 
 Request: the 32-byte blob id. Response: 4-byte big-endian length, then the blob (length 0: not held, e.g.
 expired). The response is read in bounded chunks (py-libp2p's own readers fail above ~6.5 MiB, REFERENCE §5).
@@ -52,9 +53,9 @@ UNSERVED_REASON = "rollout_unserved"  # unknown to gossip's table: its default p
 class FetchConfig:
     """How hard a receiver tries to fetch an announced blob. Seconds of trio time.
 
-    Why one deadline for all tries: receivers fetch inside their rollout loop, so a slow or silent announcer
-    delays the rollouts behind it; the deadline bounds that delay per announcement (8 MiB: 9 s at most), and each
-    failure scores the announcer down until gossip bans it.
+    Why one deadline for all tries: a slow or silent announcer holds a fetch slot (`ReceiveFlow`) until it; the
+    deadline bounds that per announcement (8 MiB: 9 s at most), and each failure scores the announcer down until
+    gossip bans it.
     """
 
     attempts: int = 3
@@ -120,6 +121,67 @@ async def publish_group(node: Any, group: Any, cache: BlobCache,
 
 
 # ---- receiver side -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReceiveFlow:
+    """How many envelopes `receive_groups` handles at once.
+
+    concurrent: envelopes in progress at a time (an announced one holds its slot for up to a fetch deadline);
+    per_sender: of those, at most this many from one sender, so one slow or silent announcer can never take every
+    slot; pending: envelopes accepted and not yet finished (waiting for a slot included), beyond which new ones are
+    dropped with a warning (memory stays bounded under a flood; gossip already rate-limits each peer).
+    """
+
+    concurrent: int = 8
+    per_sender: int = 2
+    pending: int = 256
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.per_sender <= self.concurrent <= self.pending:
+            raise ValueError("receive flow needs 1 <= per_sender <= concurrent <= pending")
+
+
+DEFAULT_FLOW = ReceiveFlow()
+
+
+async def receive_groups(node: Any, envelopes: Any, deliver: Callable[[Any], None],
+                         refused: Callable[[str], None] | None = None, limits: TransportLimits = DEFAULT_LIMITS,
+                         fetch: FetchConfig = DEFAULT_FETCH, wanted: Callable[[Announcement], bool] | None = None,
+                         flow: ReceiveFlow = DEFAULT_FLOW) -> None:
+    """receive_group on every envelope of the async iterable `envelopes`, handing each group to `deliver(group)`.
+
+    Envelopes are handled concurrently within `flow`'s bounds, so groups may be delivered out of arrival order.
+    Returns when `envelopes` ends and every envelope taken from it is finished.
+    """
+    slots = trio.CapacityLimiter(flow.concurrent)
+    senders: dict[str, list] = {}  # sender -> [semaphore, envelopes of it in progress or waiting]
+    pending = 0
+
+    async def one(env: Any) -> None:
+        nonlocal pending
+        sender = env.sender_peer_id
+        entry = senders.setdefault(sender, [trio.Semaphore(flow.per_sender), 0])
+        entry[1] += 1
+        try:
+            async with entry[0], slots:
+                group = await receive_group(node, env, refused, limits, fetch, wanted)
+            if group is not None:
+                deliver(group)
+        finally:
+            pending -= 1
+            entry[1] -= 1
+            if not entry[1]:
+                del senders[sender]
+
+    async with trio.open_nursery() as nursery:
+        async for env in envelopes:
+            if pending >= flow.pending:
+                log.warning("%d rollout envelopes already in progress; dropping one from %s", pending,
+                            env.sender_peer_id)
+                continue
+            pending += 1
+            nursery.start_soon(one, env)
+
 
 async def receive_group(node: Any, env: Any, refused: Callable[[str], None] | None = None,
                         limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH,
