@@ -121,17 +121,36 @@ def test_user_dataset_errors_name_file_and_column(tmp_path):
         load_tasks(str(tmp_path / "missing.jsonl"))
 
 
-def test_parquet_without_pyarrow_says_so(tmp_path):
-    path = tmp_path / "data.parquet"
-    path.write_bytes(b"PAR1 not really")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        with pytest.raises(TaskError, match="needs pyarrow, which is not installed"):
-            load_tasks(str(path))
-    else:
-        with pytest.raises(TaskError, match="not a readable parquet file"):
-            load_tasks(str(path))
+def test_parquet_files_load_like_jsonl(tmp_path):
+    """The same rows as a parquet file (metadata as a struct column) give the same task set as JSONL."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": "What is 2+3?", "answer": "5", "metadata": {"level": 1}},
+            {"prompt": "What is 7*6?", "answer": "42", "metadata": {"level": 2}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "sums.parquet")
+    (tmp_path / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from_parquet, from_jsonl = load_tasks(str(tmp_path / "sums.parquet")), load_tasks(str(tmp_path / "sums.jsonl"))
+    assert [e.to_dict() for e in from_parquet] == [e.to_dict() for e in from_jsonl]
+    assert from_parquet[1].answer == "42" and from_parquet[1].metadata == {"level": 2}
+
+
+def test_bad_parquet_files_are_one_clear_error(tmp_path, monkeypatch):
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"prompt": "x"}]), tmp_path / "noanswer.parquet")
+    with pytest.raises(TaskError, match=r"noanswer\.parquet row 0 has no 'answer' column"):
+        load_tasks(str(tmp_path / "noanswer.parquet"))
+    garbage = tmp_path / "data.parquet"
+    garbage.write_bytes(b"PAR1 not really")
+    with pytest.raises(TaskError, match="not a readable parquet file"):
+        load_tasks(str(garbage))
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # an environment without pyarrow
+    with pytest.raises(TaskError, match="needs pyarrow, which is not installed"):
+        load_tasks(str(garbage))
 
 
 def test_difficulty_filter_keeps_the_band_and_caches(tmp_path, arithmetic):
