@@ -33,7 +33,7 @@ _U64 = struct.Struct(">Q")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size-mb", type=int, default=256, help="MiB sent per run (default 256)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per path; medians are reported (default 3)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per path; medians are reported (default 5)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
     parser.add_argument(
         "--with-stream", action="store_true", help="also measure the libp2p-stream fallback (mib_s_p2p_stream)"
