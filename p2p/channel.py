@@ -103,20 +103,32 @@ async def _write_msg(stream: Any, msg: dict) -> None:
         raise ChannelError(f"data channel handshake failed while sending ({type(exc).__name__})") from exc
 
 
-async def _read_exact_libp2p(stream: Any, n: int) -> bytes:
+class HandshakeAbandoned(ChannelError):
+    """The peer closed the handshake stream before sending a byte: it gave up (its download finished, it is
+    shutting down, its dial was cancelled). Nothing was claimed, so nothing is hostile: the listener logs it at
+    debug level, where a malformed or truncated handshake is a warning."""
+
+
+async def _read_exact_libp2p(stream: Any, n: int, *, opening: bool = False) -> bytes:
+    """Exactly n bytes; `opening`: the first read of a handshake, where an immediate end is HandshakeAbandoned."""
     buf = bytearray()
     while len(buf) < n:
-        chunk = await stream.read(n - len(buf))
+        try:
+            chunk = await stream.read(n - len(buf))
+        except EOFError:  # py-libp2p's StreamEOF
+            chunk = b""
         if not chunk:
+            if opening and not buf:
+                raise HandshakeAbandoned("the peer closed the handshake stream before sending anything")
             raise ChannelError("handshake stream ended early")
         buf += chunk
     return bytes(buf)
 
 
-async def _read_msg(stream: Any) -> dict:
+async def _read_msg(stream: Any, *, opening: bool = False) -> dict:
     """One bounded handshake message; anything malformed is a ChannelError (hostile until verified)."""
     try:
-        (size,) = _MSG_LEN.unpack(await _read_exact_libp2p(stream, _MSG_LEN.size))
+        (size,) = _MSG_LEN.unpack(await _read_exact_libp2p(stream, _MSG_LEN.size, opening=opening))
         if size > _MAX_MSG:
             raise ChannelError(f"handshake message of {size} bytes exceeds {_MAX_MSG}")
         msg = msgpack.unpackb(await _read_exact_libp2p(stream, size), raw=False)
@@ -187,7 +199,11 @@ class DataChannelServer:
     async def _handle_handshake(self, stream: Any) -> None:
         peer_id = self.host.remote_peer_id(stream)
         with trio.fail_after(self.config.handshake_timeout):
-            request = await _read_msg(stream)
+            try:
+                request = await _read_msg(stream, opening=True)
+            except HandshakeAbandoned:
+                log.debug("peer %s closed a data channel handshake before sending it", peer_id)
+                return
         if request.get("mode") == "stream":
             tune_yamux()
             await self._serve(peer_id, Libp2pByteStream(stream, peer_id))

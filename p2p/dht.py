@@ -438,7 +438,7 @@ async def open_dht(host: Any, config: DHTConfig | None = None) -> AsyncIterator[
 
     validator = NamespacedValidator({NAMESPACE: _record_validator()}, strict_validation=True)
     kad = KadDHT(host.libp2p, DHTMode.SERVER, validator=validator, strict_validation=True)
-    host.set_guarded_handler(PROTOCOL_ID, kad.handle_stream, timeout=30.0)
+    host.set_guarded_handler(PROTOCOL_ID, kad.handle_stream, timeout=30.0, idle_streams=True)
     dht = DHT(host, kad, config or DHTConfig())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(dht._maintain)

@@ -420,6 +420,8 @@ async def open_gossip(
             try:
                 yield gossip
             finally:
+                for protocol in router.get_protocols():  # a peer opening pubsub now is told "not supported"
+                    host.remove_handler(protocol)  # instead of hitting a service that is shutting down
                 nursery.cancel_scope.cancel()
                 for channels in gossip._channels.values():
                     for channel in channels:

@@ -179,15 +179,18 @@ class P2PHost:
             raise HostError(f"cannot open {protocol} to {peer_id}: {_one_line(exc)}") from exc
 
     def set_guarded_handler(
-        self, protocol: str, handler: StreamHandler, timeout: float | None | _ConfigDefault = CONFIG_DEFAULT
+        self, protocol: str, handler: StreamHandler, timeout: float | None | _ConfigDefault = CONFIG_DEFAULT,
+        *, idle_streams: bool = False,
     ) -> None:
         """Install `handler(stream)` so that its exception or hang is logged and the stream reset, never fatal.
 
         `timeout` bounds the whole handler (default: `HostConfig.handler_timeout`); None is for long-lived
         protocols (gossip, data channels) whose handlers enforce their own per-operation timeouts.
+        `idle_streams`: the protocol lets a peer keep its stream open between requests (Kademlia does), so a
+        handler still running at `timeout` is an idle stream being closed, logged at debug level, not a hang.
         """
         limit = self.config.handler_timeout if isinstance(timeout, _ConfigDefault) else timeout
-        self.libp2p.set_stream_handler(protocol, guard_handler(protocol, handler, limit))
+        self.libp2p.set_stream_handler(protocol, guard_handler(protocol, handler, limit, idle_streams=idle_streams))
 
     def remove_handler(self, protocol: str) -> None:
         """Stop serving `protocol` (peers are told it is not supported; see `_HandlerTable` for the race)."""
@@ -203,8 +206,10 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None) -> StreamHandler:
-    """Wrap a stream handler: a raise or a run past `timeout` resets the stream and is logged in one line."""
+def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None, *,
+                  idle_streams: bool = False) -> StreamHandler:
+    """Wrap a stream handler: a raise or a run past `timeout` resets the stream and is logged in one line (at
+    debug level for a protocol with `idle_streams`, see P2PHost.set_guarded_handler)."""
 
     async def guarded(stream: Any) -> None:
         # Our limit is a cancel scope, so that it is told apart from a TooSlowError of the handler's own deadline.
@@ -220,7 +225,8 @@ def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None) 
             log.debug("handler traceback", exc_info=True)
             await reset_quietly(stream)
         if limit.cancelled_caught:
-            log.warning("handler for %s exceeded %g s; stream reset", protocol, timeout)
+            log.log(logging.DEBUG if idle_streams else logging.WARNING, "handler for %s exceeded %g s; stream reset",
+                    protocol, timeout)
             await reset_quietly(stream)
 
     return guarded

@@ -127,6 +127,7 @@ class SwarmService:
         self._links: dict[str, _Link] = {}
         self._bucket = TokenBucket(config.upload_bps)
         self._nursery: trio.Nursery | None = None
+        self._stopped = False  # run() has returned: its nursery takes no new links
         self._max_payload = max(f.piece_size for f in manifest.files)
 
     # ------------------------------------------------------------------ service
@@ -147,15 +148,21 @@ class SwarmService:
                     self._dispatch(self.engine.tick(trio.current_time()))
         except* StoreError as group:
             raise _first_leaf(group) from None
+        finally:
+            self._stopped = True
 
-    def add_link(self, peer: str, stream: Stream, opened: _Opened | None = None) -> None:
-        """Start serving a new authenticated link (any time, also after completion).
+    def add_link(self, peer: str, stream: Stream, opened: _Opened | None = None) -> bool:
+        """Start serving a new authenticated link (any time, also after completion); False once the service has
+        stopped (a link dialed while the node shut down): the caller then closes the stream.
 
         `opened` is for SwarmRouter: the decoder and the peer's hello frame it already read from `stream`.
         """
+        if self._stopped:
+            return False
         if self._nursery is None:
             raise RuntimeError("SwarmService.run must be started before links are added")
         self._nursery.start_soon(self._serve_link, peer, stream, opened)
+        return True
 
     @property
     def peers(self) -> list[str]:
@@ -322,7 +329,8 @@ async def run_swarm(manifest: PolicyManifest, store: PieceStore, links: trio.Mem
         task_status.started(service)
         async with links:
             async for peer, stream in links:
-                service.add_link(peer, stream)
+                if not service.add_link(peer, stream):
+                    await trio.aclose_forcefully(stream)
 
 
 class SwarmRouter:
@@ -355,8 +363,7 @@ class SwarmRouter:
         service = None
         if frame is not None and frame[0].get("t") == "hello" and isinstance(frame[0].get("manifest_id"), bytes):
             service = self.services.get(frame[0]["manifest_id"])
-        if service is None:
+        if service is None or not service.add_link(peer, stream, _Opened(decoder, frame)):
             await trio.aclose_forcefully(stream)
             return False
-        service.add_link(peer, stream, _Opened(decoder, frame))
         return True

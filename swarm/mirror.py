@@ -312,10 +312,10 @@ class PolicyMirror:
             with trio.fail_after(self.dial_timeout):
                 stream = spare if spare is not None else await dial(peer)
                 await _send_preamble(stream, policy)
-            if not self._live(policy):  # garbage-collected while we dialed: its service takes no new links
+            # garbage-collected while we dialed, or its service stopped (the node is shutting down): no new links
+            if not self._live(policy) or not policy.service.add_link(peer, stream):
                 await trio.aclose_forcefully(stream)
                 return
-            policy.service.add_link(peer, stream)
             self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "out",
                                    "dial_s": round(trio.current_time() - started, 3), "spare": spare is not None})
         except _DIAL_ERRORS as exc:

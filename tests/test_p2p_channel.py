@@ -182,3 +182,23 @@ async def test_both_transports_carry_piece_frames_intact(use_socket):
             assert await stream.receive_some(10) == b"done"
             await stream.aclose()
     assert [(h, bytes(p)) for h, p in received] == frames
+
+
+async def test_an_abandoned_handshake_is_quiet_and_a_truncated_one_is_a_warning(pair, caplog):
+    """A peer that opens the handshake stream and closes it at once gave up (no warning); one that stops inside
+    its request is logged as a failed handshake; the server serves the next peer either way."""
+    from p2p.channel import PROTOCOL
+
+    server, server_host, client_host = pair
+    with trio.fail_after(30), caplog.at_level(logging.DEBUG, logger="p2p"):
+        abandoned = await client_host.new_stream(server_host.peer_id, PROTOCOL)
+        await abandoned.close()
+        truncated = await client_host.new_stream(server_host.peer_id, PROTOCOL)
+        await truncated.write(b"\x00")  # a part of the length prefix
+        await truncated.close()
+        client = await open_data_channel(client_host, server_host.peer_id)
+        await send_and_check(client, os.urandom(1000), server_host.peer_id, client_host.peer_id)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("closed a data channel handshake before sending" in r.getMessage() for r in caplog.records
+               if r.levelno == logging.DEBUG)
+    assert len(warnings) == 1 and "handshake stream ended early" in warnings[0], warnings

@@ -448,3 +448,27 @@ async def test_serve_link_runs_a_link_in_the_callers_task(tmp_path, autojump_clo
         nursery.cancel_scope.cancel()
     c.assert_identical("p0")
     c.close()
+
+
+async def test_a_link_that_arrives_after_the_service_stopped_is_refused_not_a_crash(tmp_path, autojump_clock):
+    """A dial that completes while the node shuts down: add_link says no (the caller closes the stream) instead of
+    raising into a closed nursery, and the router closes such a link itself."""
+    from p2p.transfer import SwarmRouter
+
+    v1 = make_policy(tmp_path / "v1", 1 * MB, seed=1)
+    store = PieceStore(tmp_path / "seed")
+    store.add_local_policy(v1, tmp_path / "v1")
+    service = SwarmService(v1, store)
+    router = SwarmRouter()
+    async with trio.open_nursery() as nursery:
+        router.register(await nursery.start(service.run))
+        nursery.cancel_scope.cancel()
+    net = MemoryNetwork()
+    net.add_node("a")
+    net.add_node("seed")
+    mine, theirs = net.connect("a", "seed")
+    assert service.add_link("a", theirs) is False
+    for part in message_frame(Hello(v1.id, b"")):
+        await mine.send_all(part)
+    assert not await router.accept("a", theirs)
+    assert await mine.receive_some(100) == b""  # closed
