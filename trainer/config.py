@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from trainer.grpo import LossConfig
 
 
+PARALLEL_MODES = ("ddp", "fsdp")
+"""How data-parallel ranks split the trainer (TrainerConfig.parallel); trainer.distributed builds each."""
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     model: str = "tiny"
@@ -153,8 +157,8 @@ class TrainerConfig:
             raise TrainerError(f"old_logprobs must be 'generator' or 'recompute', got {self.old_logprobs!r}")
         if self.off_policy_loss not in ("coupled", "decoupled"):
             raise TrainerError(f"off_policy_loss must be 'coupled' or 'decoupled', got {self.off_policy_loss!r}")
-        if self.parallel not in ("ddp", "fsdp"):
-            raise TrainerError(f"parallel must be 'ddp' or 'fsdp', got {self.parallel!r}")
+        if self.parallel not in PARALLEL_MODES:
+            raise TrainerError(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}")
         if self.generator not in ("process", "thread"):
             raise TrainerError(f"generator must be 'process' or 'thread', got {self.generator!r}")
         if not 0 <= self.generator_prefetch <= max(1, self.async_level):

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from trainer.config import PARALLEL_MODES
 from trainer.errors import TrainerError
 
 
@@ -57,9 +58,6 @@ class TorchCollective:
             n = p.grad.numel()
             p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
             offset += n
-
-
-PARALLEL_MODES = ("ddp", "fsdp")
 
 
 def default_backend() -> str:

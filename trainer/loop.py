@@ -75,6 +75,7 @@ class TrainingRun:
                                      collective=collective, load_version=self._load_version)
         self.state = TrainerState()
         self.published: set[int] = set()
+        self._gathered: tuple | None = None  # (step, module, weights): see _publishable
         self.on_report = on_report or (lambda report: None)
         self._started = time.perf_counter() if started is None else started  # wall_s counts from here
         self._resume_or_publish_initial()
@@ -107,7 +108,7 @@ class TrainingRun:
 
     def _publish(self, version: int) -> None:
         generation = self.curriculum.generation_settings(self.state.step, self.cfg.temperature)
-        module, weights = self.weights.publishable(self.loaded.model)
+        module, weights = self._publishable()
         if self.rank == 0:
             publish_policy(policy_dir(self.policies, version), module, self.loaded.tokenizer,
                            self._description(), generation)
@@ -209,7 +210,7 @@ class TrainingRun:
         """Checkpoint and write the final policy to out/final (loadable with `--model out/final`)."""
         self.checkpoint()
         final = self.out / "final"
-        module, _ = self.weights.publishable(self.loaded.model)
+        module, _ = self._publishable()
         if self.rank == 0:
             generation = self.curriculum.generation_settings(self.state.step, self.cfg.temperature)
             publish_policy(final, module, self.loaded.tokenizer, self._description(), generation)
@@ -220,8 +221,17 @@ class TrainingRun:
         gathered plain copy (a collective: every rank calls this at the same points)."""
         from dataclasses import replace
 
-        module, _ = self.weights.publishable(self.loaded.model)
+        module, _ = self._publishable()
         return self.loaded if module is self.loaded.model else replace(self.loaded, model=module)
+
+    def _publishable(self) -> tuple:
+        """(module, weights) of `self.weights.publishable` for the weights of this step, made once per step: a
+        version published at a step, the final policy and the evaluations at that step share one copy (under FSDP
+        each is a gather of the whole model on every rank). The weights change only inside `step`, which also
+        advances the step count, so the step number says whether the copy is current."""
+        if self._gathered is None or self._gathered[0] != self.state.step:
+            self._gathered = (self.state.step, *self.weights.publishable(self.loaded.model))
+        return self._gathered[1:]
 
 
 def _trainer_for(model) -> tuple[type, object]:
