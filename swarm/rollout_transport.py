@@ -53,8 +53,8 @@ UNSERVED_REASON = "rollout_unserved"  # unknown to gossip's table: its default p
 class FetchConfig:
     """How hard a receiver tries to fetch an announced blob. Seconds of trio time.
 
-    Why one deadline for all tries: a slow or silent announcer holds a fetch slot (`ReceiveFlow`) until it; the
-    deadline bounds that per announcement (8 MiB: 9 s at most), and each failure scores the announcer down until
+    Why one deadline for all tries: a slow or silent announcer holds a fetch slot (`ReceiveFlow`) until the
+    deadline, which bounds that per announcement (8 MiB: 9 s at most), and each failure scores the announcer down until
     gossip bans it.
     """
 
