@@ -151,7 +151,7 @@ class _DecodeState:
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None, eos_ids: torch.Tensor) -> list[int]:
         """Sample every live row's next token; returns the positions (in `live`) of rows that just finished."""
         live_t = torch.tensor(self.live)
-        noise = gumbel_noise_at(self.seeds[self.live], [self.position] * len(self.live), logits.shape[-1])
+        noise = gumbel_noise_at(self.seeds[self.live], [self.position] * len(self.live), logits.shape[-1], logits.device)
         temperatures = self.temperatures[live_t]
         if bool((temperatures == temperatures[0]).all()):  # the usual case: one temperature, one call
             tokens, logprobs = sample_tokens(logits, noise, float(temperatures[0]))

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import torch
 
-from verify.sampling import SamplingKey, completion_noise, gumbel_noise_at, gumbel_noise_batch, stream_seeds
+from verify import sampling
+from verify.sampling import SamplingKey, completion_noise, gumbel_noise, gumbel_noise_at, gumbel_noise_batch, stream_seeds
 
 
 def test_noise_has_the_gumbel_moments_and_quantiles():
@@ -39,3 +40,29 @@ def test_a_decoding_batch_draws_the_same_rows_as_the_validator():
     seeds = stream_seeds(keys)
     assert seeds.dtype == np.uint64 and len(set(seeds.tolist())) == len(keys)
     assert torch.equal(gumbel_noise_at(seeds[[2, 2]], [4, 9], 97), torch.stack([per_completion[2][4], per_completion[2][9]]))
+
+
+def test_the_noise_stream_is_pinned():
+    """The noise is versioned ("gumbel-v2"): a change to the hash, the counters or the transform must be a new
+    version, not a silent drift that makes every validator reject every worker of the older release."""
+    key = SamplingKey("run", "w", 3, 7, 1)
+    assert key.stream_seed() == 0xA37E46E32FD24CBE
+    drawn = gumbel_noise(key, 5, 1000)
+    first_release = [-0.004666153807193041, 2.059312105178833, 1.55149507522583, 0.9195906519889832]
+    # tolerance: one float32 ulp near 2, the most a different vectorised log may move a value
+    assert torch.allclose(drawn[:4], torch.tensor(first_release), rtol=0, atol=2.5e-7)
+    assert abs(float(drawn[999]) - 0.08257195353507996) < 1e-8
+
+
+def test_cpu_blocks_and_the_device_path_draw_the_same_noise():
+    """The CPU draw works in cache-sized blocks (rows and, for large vocabularies, columns); the accelerator path
+    is one torch expression. Both must give every row exactly what it gets when drawn alone."""
+    keys = [SamplingKey("run", f"w{i}", 1, i, 0) for i in range(3)]
+    seeds, positions = np.repeat(stream_seeds(keys), 7), np.tile(np.arange(7), 3)
+    for vocab in (3, 384, sampling._BLOCK_ELEMENTS + 17, 2 * sampling._BLOCK_ELEMENTS + 5):
+        batch = gumbel_noise_at(seeds, positions, vocab)
+        alone = torch.cat([gumbel_noise_at(seeds[i : i + 1], positions[i : i + 1], vocab) for i in range(len(seeds))])
+        row_seeds = sampling._splitmix64(seeds, positions.astype(np.uint64))
+        assert torch.equal(batch, alone)
+        assert torch.equal(batch, sampling._noise_torch(row_seeds, vocab, torch.device("cpu")))
+    assert gumbel_noise_at(seeds[:0], positions[:0], 384).shape == (0, 384)
