@@ -160,9 +160,10 @@ def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: 
     lengths = [len(c.tokens) for c in group.completions]
     keys = [SamplingKey(group.run, group.worker, group.step, group.task_index, i) for i in range(len(lengths))]
     positions = np.concatenate([np.arange(n) for n in lengths])
-    noise = gumbel_noise_at(np.repeat(stream_seeds(keys), lengths), positions, logits[0].shape[-1])
+    noise = gumbel_noise_at(np.repeat(stream_seeds(keys), lengths), positions, logits[0].shape[-1], logits[0].device)
     scores = perturbed_scores(torch.cat([lg.float() for lg in logits]), noise, group.temperature)
-    claimed = scores.gather(-1, torch.tensor([t for c in group.completions for t in c.tokens])[:, None]).squeeze(-1)
+    tokens = torch.tensor([t for c in group.completions for t in c.tokens], device=scores.device)
+    claimed = scores.gather(-1, tokens[:, None]).squeeze(-1)
     gaps = scores.max(dim=-1).values - claimed
     if not (bool(torch.isfinite(gaps).all()) and float(gaps.max()) <= config.near_tie_tol):
         return _first_sampling_failure(gaps.split(lengths), config)
@@ -188,18 +189,20 @@ def _first_sampling_failure(gaps: Sequence[torch.Tensor], config: CheckConfig) -
 def recomputed_logprobs(logits: torch.Tensor, tokens: Sequence[int], temperature: float) -> torch.Tensor:
     """Sampling logprobs of `tokens` under softmax(logits / T) (T = 1 for greedy), as verify.sampling defines them."""
     scaled = logits.float() / (temperature if temperature > 0 else 1.0)
-    return torch.log_softmax(scaled, dim=-1).gather(-1, torch.tensor(list(tokens))[:, None]).squeeze(-1)
+    index = torch.tensor(list(tokens), device=logits.device)[:, None]
+    return torch.log_softmax(scaled, dim=-1).gather(-1, index).squeeze(-1)
 
 
 def check_logprobs(group: RolloutGroup, recomputed: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
     """Claimed sampling logprobs agree with the recomputed ones within logprob_atol (one vectorised comparison
     for the group; the per-completion loop only runs to name a failure)."""
-    claimed = torch.tensor([lp for c in group.completions for lp in c.logprobs], dtype=torch.float32)
+    claimed = torch.tensor([lp for c in group.completions for lp in c.logprobs], dtype=torch.float32,
+                           device=recomputed[0].device)
     diff = (claimed - torch.cat([lp.float() for lp in recomputed])).abs()
     if bool(torch.isfinite(diff).all()) and float(diff.max()) <= config.logprob_atol:
         return CheckResult("logprobs", True)
     for i, (c, lp) in enumerate(zip(group.completions, recomputed)):
-        diff = (torch.tensor(c.logprobs, dtype=torch.float32) - lp.float()).abs()
+        diff = (torch.tensor(c.logprobs, dtype=torch.float32, device=lp.device) - lp.float()).abs()
         if not bool(torch.isfinite(diff).all()) or float(diff.max()) > config.logprob_atol:
             return CheckResult("logprobs", False, f"completion {i} logprobs differ by up to {float(diff.max()):.3g}")
     return CheckResult("logprobs", True)

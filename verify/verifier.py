@@ -193,8 +193,10 @@ def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> list[list[t
     lengths = [len(t) + 1 for t in tails]
     valid = torch.arange(states.shape[1])[None, :] < torch.tensor(lengths)[:, None]  # [R, 1 + W]
     h = states[valid.to(device)]  # [sum T, H], row by row
-    logits = _apply_head(model.get_output_embeddings(), h).float().cpu().split(lengths)
-    hiddens = h.float().cpu().split(lengths)
+    # Both stay on the model's device: the checks and the proofs' top-k run there, and a GPU validator never
+    # copies [T, V] logits to the host.
+    logits = _apply_head(model.get_output_embeddings(), h).float().split(lengths)
+    hiddens = h.float().split(lengths)
     out: list[list[torch.Tensor]] = [[] for _ in batch]
     for r, (g, item, j) in enumerate(rows):
         item.hidden[j] = hiddens[r]
