@@ -11,8 +11,10 @@ module-level `_WORKER` state below):
 - Proof hidden states: a forward pre-hook on the model's `logits_processor` module (installed through the worker
   extension) keeps the hidden states whose logits are about to be computed; row i of them belongs to row i of
   the logits the processor sees next, which it files under the request's uid and position.
-- Read-back: `collective_rpc("swarm_take_records")` builds the TOPLOC proofs in the worker and returns tokens,
-  logprobs and proof bytes (plain data, small).
+- Read-back: `collective_rpc("swarm_take_records")` builds the TOPLOC proofs in the worker (on the device the
+  hidden states are on) and returns tokens, logprobs and proof bytes (plain data, small).
+- The Gumbel noise of each step is drawn on the logits' device (verify.sampling), from stream seeds hashed once
+  per request.
 - Weight swap: `collective_rpc("swarm_load_policy", paths)` passes file paths (never tensors) and the worker
   calls `model_runner.reload_weights(weights_iterator=...)`, which re-runs vLLM's post-load processing (a bare
   `model.load_weights` leaves prepacked kernels stale on some platforms).
@@ -25,13 +27,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from inference.backend import BASE_MANIFEST_ID, CompletionResult, GenerationRequest, GroupResult
 from inference.errors import InferenceError
 from inference.models import LoadedModel
 from inference.weights import safetensors_files
-from verify.sampling import SamplingKey, gumbel_noise_batch
+from verify.sampling import SamplingKey, gumbel_noise_at
 
 EXTRA_KEY = "swarm"
 
@@ -41,7 +44,7 @@ class _WorkerState:
     """Per worker process: the last captured hidden states and every live completion's records by position."""
 
     hidden: torch.Tensor | None = None
-    records: dict[int, dict[int, tuple[int, float, torch.Tensor]]] = field(default_factory=dict)
+    records: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]] = field(default_factory=dict)
 
 
 _WORKER = _WorkerState()
@@ -89,7 +92,8 @@ def _make_processor_class():
 
         def __init__(self, vllm_config, device, is_pin_memory) -> None:
             self.device = device
-            self.rows: dict[int, tuple[int, SamplingKey, float, list[int]]] = {}
+            # row -> (uid, key, temperature, vLLM's live output ids, noise stream seed hashed once per request)
+            self.rows: dict[int, tuple[int, SamplingKey, float, list[int], int]] = {}
 
         def is_argmax_invariant(self) -> bool:
             return False  # it chooses the token: greedy decoding must see it
@@ -104,7 +108,7 @@ def _make_processor_class():
                 if parsed is None:
                     self.rows.pop(index, None)
                 else:
-                    self.rows[index] = (*parsed, output_ids)  # output_ids is vLLM's live list
+                    self.rows[index] = (*parsed, output_ids, parsed[1].stream_seed())
             for a, b, direction in batch_update.moved:
                 ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
                 if ra is not None:
@@ -117,12 +121,12 @@ def _make_processor_class():
                 return logits
             index = sorted(self.rows)
             uids = [self.rows[i][0] for i in index]
-            keys = [self.rows[i][1] for i in index]
+            seeds = np.array([self.rows[i][4] for i in index], dtype=np.uint64)
             temps = torch.tensor([self.rows[i][2] for i in index], device=logits.device).unsqueeze(1)
             positions = [len(self.rows[i][3]) for i in index]
             rows = torch.tensor(index, device=logits.device)
             raw = logits[rows].float()
-            noise = gumbel_noise_batch(keys, positions, raw.shape[-1]).to(raw.device)
+            noise = gumbel_noise_at(seeds, positions, raw.shape[-1], device=raw.device)
             safe_t = torch.where(temps > 0, temps, torch.ones_like(temps))
             scores = torch.where(temps > 0, raw / safe_t + noise, raw)
             tokens = scores.argmax(dim=-1)
@@ -152,18 +156,25 @@ class SwarmWorkerExtension:
         return True
 
     def swarm_take_records(self, uids: list[int]) -> dict[int, dict]:
+        """Tokens, logprobs and proofs of finished completions. The per-position records are device scalars: they
+        are stacked per completion and copied to the host in one transfer each (reading them one by one would
+        synchronise the GPU once per token), and the proofs' top-k runs where the hidden states already are."""
         from verify.toploc import build_proofs
 
-        out, hiddens = {}, []
-        for uid in uids:
-            rec = _WORKER.records.pop(uid, {})
-            positions = sorted(rec)
-            out[uid] = {"tokens": [int(rec[p][0]) for p in positions], "logprobs": [float(rec[p][1]) for p in positions]}
-            hiddens.append(torch.stack([rec[p][2] for p in positions]).cpu() if positions and rec[positions[0]][2] is not None else None)
-        present = [h for h in hiddens if h is not None]
-        proofs = iter(build_proofs(present)) if present else iter(())
-        for uid, h in zip(uids, hiddens):
-            out[uid]["proof"] = next(proofs) if h is not None else b""
+        records = [_WORKER.records.pop(uid, {}) for uid in uids]
+        ordered = [[rec[p] for p in sorted(rec)] for rec in records]
+        lengths = [len(entries) for entries in ordered]
+        flat = [entry for entries in ordered for entry in entries]
+        tokens = torch.stack([e[0] for e in flat]).tolist() if flat else []
+        logprobs = torch.stack([e[1] for e in flat]).float().tolist() if flat else []
+        hiddens = [torch.stack([e[2] for e in entries]) if entries and entries[0][2] is not None else None
+                   for entries in ordered]
+        proofs = iter(build_proofs([h for h in hiddens if h is not None]) if any(h is not None for h in hiddens) else ())
+        out, start = {}, 0
+        for uid, n, hidden in zip(uids, lengths, hiddens):
+            out[uid] = {"tokens": tokens[start : start + n], "logprobs": logprobs[start : start + n],
+                        "proof": next(proofs) if hidden is not None else b""}
+            start += n
         return out
 
     def swarm_load_policy(self, paths: list[str]) -> int:

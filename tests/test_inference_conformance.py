@@ -28,6 +28,17 @@ def make_backend(kind, loaded):
     return VllmBackend(loaded, dtype="float32")  # the oracle below is a float32 transformers prefill
 
 
+# vLLM's in-process engines share one process-wide parallel state, which the first engine to be destroyed tears
+# down for all of them: a test's extra engines therefore live as long as the module's, never shorter.
+_EXTRA_ENGINES: list = []
+
+
+def extra_backend(kind, loaded):
+    backend = make_backend(kind, loaded)
+    _EXTRA_ENGINES.append(backend)
+    return backend
+
+
 def model_for(kind, cache_dir=None):
     """The tiny model, except under vLLM, whose attention kernels take heads of 32 or more dimensions (the tiny
     model's have 16; vLLM's CPU backend refuses them): there SmolLM2-135M, converted from the offline GGUF."""
@@ -105,12 +116,12 @@ def test_max_tokens_and_eos(backend):
         assert (c.finish_reason, len(c.tokens)) == ("length", 9) or (c.finish_reason == "eos" and
                                                                      c.tokens[-1] in loaded.eos_token_ids)
     never = loaded.model.config.vocab_size  # an id no logit row can produce: nothing stops before the limit
-    plain = make_backend(kind_of(backend), dataclasses.replace(loaded, eos_token_ids=(never,))).generate(reqs)
+    plain = extra_backend(kind_of(backend), dataclasses.replace(loaded, eos_token_ids=(never,))).generate(reqs)
     for c in (c for g in plain for c in g.completions):
         assert c.finish_reason == "length" and len(c.tokens) == 9
     # Declare a token the model does produce mid-completion to be EOS: it must stop right there.
     stop = plain[0].completions[0].tokens[4]
-    eos_backend = make_backend(kind_of(backend), dataclasses.replace(loaded, eos_token_ids=(stop,)))
+    eos_backend = extra_backend(kind_of(backend), dataclasses.replace(loaded, eos_token_ids=(stop,)))
     stopped = eos_backend.generate(reqs)
     for before, after in zip((c for g in plain for c in g.completions), (c for g in stopped for c in g.completions)):
         if stop in before.tokens:
