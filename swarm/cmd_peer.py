@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from swarm.config import BACKENDS, DEVICES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--role", action="append", dest="roles", metavar="ROLE",
@@ -31,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print machine-readable JSON event lines instead of progress text")
     parser.add_argument("--key", type=Path, help="identity key file (the trainer's run key; default: data dir's)")
     parser.add_argument("--model", help="base model of trainer/inference/validator roles: tiny, smollm2 or a dir")
+    parser.add_argument("--backend", choices=BACKENDS,
+                        help="inference role: generation backend, torch (CPU) or vllm (GPU, the gpu extra)")
+    parser.add_argument("--device", choices=DEVICES,
+                        help="validator role: where prefills run (default auto: a CUDA GPU when present)")
     parser.add_argument("--trainer-config", dest="trainer_config", type=Path,
                         help="trainer role: TOML of GRPO and curriculum settings (trainer/configs/*.toml)")
     parser.add_argument("--prompts-per-worker", dest="prompts_per_worker", type=int,
@@ -50,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         "listen": tuple(args.listen) if args.listen else None,
         "data_dir": args.data_dir, "keep_versions": args.keep_versions, "upload_mbps": args.upload_mbps,
         "reseed": args.reseed, "exit_when_complete": args.exit_when_complete, "model": args.model,
+        "backend": args.backend, "device": args.device,
         "trainer_config": args.trainer_config, "prompts_per_worker": args.prompts_per_worker,
         "replicas": args.replicas, "quorum": args.quorum,
     }

@@ -14,6 +14,8 @@ from pathlib import Path
 from swarm.errors import UserError
 
 ROLES = ("trainer", "inference", "validator", "seed")
+BACKENDS = ("torch", "vllm")  # inference.select.open_backend's names (kept here: a seed-only peer never imports torch)
+DEVICES = ("auto", "cpu", "cuda")  # inference.select.resolve_device's names
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,10 @@ class PeerConfig:
     """Seconds between progress lines and heartbeats."""
     model: str = "tiny"
     """Base model of the trainer, inference and validator roles: tiny, smollm2 or a local HF directory."""
+    backend: str = "torch"
+    """Generation backend of the inference role: torch (CPU, any machine) or vllm (GPU; `./install.sh --gpu`)."""
+    device: str = "auto"
+    """Where the validator role runs its prefills: auto (a CUDA GPU when torch sees one, else the CPU), cpu or cuda."""
     trainer_config: Path | None = None
     """TOML file of the trainer's GRPO and curriculum settings (trainer role; see trainer/config.py)."""
     prompts_per_worker: int = 4
@@ -76,6 +82,10 @@ class PeerConfig:
             raise UserError(f"quorum {self.quorum} must be between 1 and replicas ({self.replicas})")
         if self.prompts_per_worker < 1:
             raise UserError("prompts_per_worker must be at least 1")
+        if self.backend not in BACKENDS:
+            raise UserError(f"unknown backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
+        if self.device not in DEVICES:
+            raise UserError(f"unknown device {self.device!r}: choose from {', '.join(DEVICES)}")
         if self.cheat not in ("", "reward"):
             raise UserError(f"unknown cheat {self.cheat!r}")
         if self.upload_mbps < 0:

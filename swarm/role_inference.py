@@ -20,12 +20,12 @@ log = logging.getLogger(__name__)
 
 
 async def inference_role(node) -> None:
-    from inference.torch_backend import TorchBackend
+    from inference.select import open_backend
     from swarm.rollout_transport import serve_rollout_blobs
 
     blobs = serve_rollout_blobs(node.host)  # groups too large for gossip are announced and served from here
     loaded = await load_base_model(node.config.model)
-    backend = TorchBackend(loaded)
+    backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded)  # vLLM starts for minutes
     done = -1
     while True:
         policy = await newest_complete(node, done)

@@ -24,10 +24,12 @@ MAX_WAITING = 1024
 
 
 class VersionModels:
-    """One model per policy version inside the window, built from the base model and the version's weights."""
+    """One model per policy version inside the window, built from the base model and the version's weights and
+    placed on `device` (the base model itself stays on the CPU: it is only ever copied)."""
 
-    def __init__(self, loaded) -> None:
+    def __init__(self, loaded, device=None) -> None:
         self.loaded = loaded
+        self.device = device
         self.models: dict[int, object] = {}
         self.specs: dict[int, RunSpec] = {}
         self.policies: dict[int, object] = {}
@@ -47,6 +49,8 @@ class VersionModels:
             directory = await materialize(node, policy)
             model = copy.deepcopy(self.loaded.model)
             await trio.to_thread.run_sync(load_weights_in_place, model, directory)
+            if self.device is not None:
+                model = await trio.to_thread.run_sync(model.to, self.device)
             self.models[version], self.specs[version], self.policies[version] = model, spec, policy
         newest = max(self.models, default=-1)
         for version in [v for v in self.models if newest in self.specs and v < newest - self.specs[newest].async_level]:
@@ -122,8 +126,12 @@ async def validator_role(node) -> None:
     from verify.reputation import Reputation
     from verify.votes import vote_from_verdict
 
+    from inference.select import resolve_device
+
+    device = resolve_device(node.config.device)
     loaded = await load_base_model(node.config.model)
-    models = VersionModels(loaded)
+    models = VersionModels(loaded, device)
+    node.events.emit("validator_device", device=str(device), message=f"prefills run on {device}")
     my_key = node.identity.public_bytes
     workers = Reputation()  # this validator's own verdicts; a worker it bans is no longer checked
     send, receive = trio.open_memory_channel(MAX_WAITING)

@@ -65,3 +65,11 @@ def test_unreachable_bootstrap_peer_is_one_warning_and_the_peer_runs(tmp_path):
     kinds = [e["event"] for e in events]
     assert "bootstrap_unreachable" in kinds and "listening" in kinds
     assert "Traceback" not in err
+
+
+def test_a_bad_backend_in_a_config_file_is_one_line(tmp_path):
+    config = tmp_path / "peer.toml"
+    config.write_text('[peer]\nroles = ["inference"]\nbackend = "tpu"\n')
+    result = run_swarm("peer", "start", "--config", str(config), "--data-dir", str(tmp_path / "d"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "swarm: error: unknown backend 'tpu': choose from torch, vllm" in result.stderr

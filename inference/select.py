@@ -1,0 +1,36 @@
+"""Choosing a generation backend and a compute device by name, for peers and commands that take them as flags.
+
+Why here: `swarm peer start` must refuse a misspelt backend or an unavailable GPU in one sentence before it joins a
+swarm, and the roles must not each grow their own import-and-check logic for the optional vLLM extra.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inference.backend import GenerationBackend
+from inference.errors import InferenceError
+from inference.models import LoadedModel
+
+def open_backend(name: str, loaded: LoadedModel) -> GenerationBackend:
+    """The named backend over `loaded`: torch (the CPU reference, any machine) or vllm (the gpu extra)."""
+    if name == "torch":
+        from inference.torch_backend import TorchBackend
+
+        return TorchBackend(loaded)
+    if name == "vllm":
+        from inference.vllm_backend import VllmBackend
+
+        return VllmBackend(loaded)
+    raise InferenceError(f"unknown generation backend {name!r}: choose torch or vllm")
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto: the first CUDA GPU when torch sees one, else the CPU; cuda is refused when torch sees none."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise InferenceError(f"unknown device {name!r}: choose auto, cpu or cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InferenceError("device cuda was asked for, but torch sees no CUDA GPU on this machine")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
