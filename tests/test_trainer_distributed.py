@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from trainer.distributed import init_data_parallel, init_parallel, shard
+from trainer.distributed import default_backend, init_data_parallel, init_parallel, shard
 from trainer.errors import TrainerError
 from trainer.fsdp import FsdpPrecision, default_precision, shard_plan
 
@@ -256,9 +256,9 @@ def test_shard_splits_round_robin():
 
 
 def test_guards_name_the_missing_piece(monkeypatch):
-    if not torch.cuda.is_available():
-        with pytest.raises(TrainerError, match="nccl backend needs CUDA"):
-            init_data_parallel("nccl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(TrainerError, match="nccl backend needs CUDA"):
+        init_data_parallel("nccl")
     with pytest.raises(TrainerError, match="unknown distributed backend"):
         init_data_parallel("mpi")
     with pytest.raises(TrainerError, match="unknown parallel mode"):
@@ -267,3 +267,14 @@ def test_guards_name_the_missing_piece(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(TrainerError, match="needs RANK in the environment"):
         init_data_parallel()  # the automatic backend (gloo here) still needs torchrun's environment
+
+
+def test_ddp_stays_on_gloo_even_beside_gpus(monkeypatch):
+    """ddp keeps the model on the CPU (shared with the torch generator): NCCL cannot reduce it, so a GPU machine
+    still gets gloo for ddp, and nccl for FSDP, whose shards live on the GPUs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_backend("ddp") == "gloo" and default_backend("fsdp") == "nccl"
+    with pytest.raises(TrainerError, match="ddp keeps the model on the CPU, which nccl cannot reduce"):
+        init_data_parallel("nccl", "ddp")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_backend("fsdp") == "gloo"

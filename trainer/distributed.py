@@ -7,8 +7,9 @@ whatever the split; AdamW then takes the same step on every rank and the weights
 Two modes: "ddp" keeps the whole model on every rank and all-reduces the gradients once per step (this module);
 "fsdp" shards weights, gradients and optimizer state across ranks (trainer.fsdp, trainer.fsdp_step), for models
 whose training state does not fit one device. Backends: "gloo" on CPUs (both modes tested with two processes),
-"nccl" on GPUs (one process per GPU launched by torchrun; chosen automatically when CUDA is available; guarded,
-not exercised by the CPU test suite).
+"nccl" for FSDP on GPUs (one process per GPU launched by torchrun; chosen automatically when CUDA is available;
+guarded, not exercised by the CPU test suite). "ddp" always runs on gloo: its model stays on the CPU, next to the
+torch generation backend it shares weights with.
 """
 
 from __future__ import annotations
@@ -60,20 +61,24 @@ class TorchCollective:
             offset += n
 
 
-def default_backend() -> str:
-    """nccl when this process can see a GPU, gloo otherwise."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def default_backend(mode: str) -> str:
+    """nccl for FSDP when this process can see a GPU (the shards live there), gloo otherwise: in "ddp" mode the
+    whole model stays on the CPU, and NCCL cannot reduce CPU tensors."""
+    return "nccl" if mode == "fsdp" and torch.cuda.is_available() else "gloo"
 
 
-def init_data_parallel(backend: str | None = None) -> TorchCollective:
+def init_data_parallel(backend: str | None = None, mode: str = "ddp") -> TorchCollective:
     """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     import torch.distributed as dist
 
-    backend = backend or default_backend()
+    backend = backend or default_backend(mode)
     if backend not in ("gloo", "nccl"):
         raise TrainerError(f"unknown distributed backend {backend!r}: choose gloo (CPU) or nccl (GPU)")
     if backend == "nccl" and not torch.cuda.is_available():
         raise TrainerError("the nccl backend needs CUDA GPUs; use gloo on CPUs")
+    if backend == "nccl" and mode == "ddp":
+        raise TrainerError("ddp keeps the model on the CPU, which nccl cannot reduce; use gloo, or --parallel fsdp "
+                           "to train on GPUs")
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise TrainerError(f"data parallelism needs {missing[0]} in the environment (launch with torchrun)")
@@ -89,7 +94,7 @@ def init_parallel(mode: str = "ddp", backend: str | None = None) -> TorchCollect
     the model must then be sharded with trainer.fsdp.apply_fsdp and trained by trainer.fsdp_step)."""
     if mode not in PARALLEL_MODES:
         raise TrainerError(f"unknown parallel mode {mode!r}: choose ddp or fsdp")
-    init_data_parallel(backend)
+    init_data_parallel(backend, mode)
     if mode == "ddp":
         return TorchCollective()
     from trainer.fsdp_step import FsdpCollective

@@ -197,11 +197,19 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
 
 
 def _broadcast_weights(model) -> None:
-    """Every rank starts from rank 0's weights (a model built from a config with random init could differ)."""
+    """Every rank starts from rank 0's weights (a model built from a config with random init could differ). The
+    model is still on the CPU here; under nccl each tensor travels through this rank's GPU."""
+    import torch
     import torch.distributed as dist
 
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     for tensor in model.state_dict().values():
-        dist.broadcast(tensor, src=0)
+        if device is None:
+            dist.broadcast(tensor, src=0)
+            continue
+        staged = tensor.to(device)
+        dist.broadcast(staged, src=0)
+        tensor.copy_(staged)
 
 
 def _run_data_parallel(cfg: TrainerConfig, run, train_set, collective, generator,
