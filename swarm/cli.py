@@ -25,6 +25,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "transfer"), "swarm.cmd_bench_transfer", "benchmark one piece-protocol stream against raw TCP"),
     (("bench", "verify"), "swarm.cmd_bench_verify", "benchmark rollout validation on honest and attacked groups"),
     (("bench", "generate"), "swarm.cmd_bench_generate", "benchmark generation throughput and proof overhead"),
+    (("bench", "noise"), "swarm.cmd_bench_noise", "benchmark the seeded Gumbel noise draw per element"),
 ]
 
 

@@ -21,3 +21,16 @@ def test_bench_generate_reports_json(tmp_path, monkeypatch, capsys):
     assert report["tokens_per_s_with_proofs"] > 0 and report["tokens_per_s_without_proofs"] > 0
     assert report["proof_build_s"] > 0  # proofs were really built in the capture runs
     assert (tmp_path / "tiny-v2" / "config.json").exists()
+
+
+def test_bench_noise_reports_json_and_agrees_with_the_textbook_draw(capsys):
+    threads = torch.get_num_threads()
+    try:
+        code = main(["bench", "noise", "--rows", "3", "--vocab", "5000", "--repeats", "1", "--json"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["rows"] == 3 and report["vocab"] == 5000 and report["device"] == "cpu"
+    assert report["ns_per_element"] > 0 and report["textbook_ns_per_element"] > 0 and report["speedup"] > 0
+    assert report["max_abs_difference"] < 1e-5  # the same noise, up to a float32 ulp of the log

@@ -66,3 +66,17 @@ def test_cpu_blocks_and_the_device_path_draw_the_same_noise():
         assert torch.equal(batch, alone)
         assert torch.equal(batch, sampling._noise_torch(row_seeds, vocab, torch.device("cpu")))
     assert gumbel_noise_at(seeds[:0], positions[:0], 384).shape == (0, 384)
+
+
+def test_the_draw_equals_its_textbook_definition_up_to_a_log_ulp():
+    """verify.testing writes the noise as its definition reads (whole arrays, numpy's logs); the blocked draw may
+    differ from it only by one float32 ulp of the final log, never in which integers it hashed."""
+    from verify.testing import textbook_gumbel_noise
+
+    seeds = stream_seeds([SamplingKey("run", "w", 2, i, i % 3) for i in range(5)]).repeat(9)
+    positions = np.tile(np.arange(9), 5)
+    for vocab in (7, 384, sampling._BLOCK_ELEMENTS + 3):
+        drawn, textbook = gumbel_noise_at(seeds, positions, vocab), textbook_gumbel_noise(seeds, positions, vocab)
+        ulp = torch.finfo(torch.float32).eps * textbook.abs().clamp(min=2.0**-126)
+        assert bool(((drawn - textbook).abs() <= ulp + 1e-7).all())
+        assert float((drawn == textbook).double().mean()) > 0.5

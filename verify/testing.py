@@ -13,12 +13,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from verify import sampling
 from verify.sampling import SamplingKey, gumbel_noise_batch, sample_tokens
 from verify.toploc import build_proofs
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+
+def textbook_gumbel_noise(seeds: np.ndarray, positions: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """verify.sampling's noise written as its definition reads, in whole-array numpy (numpy's logs): the oracle
+    of the blocked CPU draw and the device draw, and the baseline `swarm bench noise` times them against."""
+    row_seeds = sampling._splitmix64(np.asarray(seeds, dtype=np.uint64), np.asarray(positions, dtype=np.uint64))
+    bits = sampling._splitmix64(row_seeds[:, None], np.arange(vocab_size, dtype=np.uint64)[None, :])
+    uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+    return torch.from_numpy(-np.log((-np.log(uniform)).astype(np.float32)))
 _BYTE_OFFSET = 3
 
 
