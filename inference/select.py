@@ -12,8 +12,9 @@ from inference.backend import GenerationBackend
 from inference.errors import InferenceError
 from inference.models import LoadedModel
 
-def open_backend(name: str, loaded: LoadedModel) -> GenerationBackend:
-    """The named backend over `loaded`: torch (the CPU reference, any machine) or vllm (the gpu extra)."""
+def open_backend(name: str, loaded: LoadedModel, precision: str = "float32") -> GenerationBackend:
+    """The named backend over `loaded`: torch (the CPU reference, any machine; it generates in the loaded
+    model's float32, which every precision's tolerances accept) or vllm (the gpu extra), in `precision`."""
     if name == "torch":
         from inference.torch_backend import TorchBackend
 
@@ -21,7 +22,7 @@ def open_backend(name: str, loaded: LoadedModel) -> GenerationBackend:
     if name == "vllm":
         from inference.vllm_backend import VllmBackend
 
-        return VllmBackend(loaded)
+        return VllmBackend(loaded, dtype=precision)
     raise InferenceError(f"unknown generation backend {name!r}: choose torch or vllm")
 
 

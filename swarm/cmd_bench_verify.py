@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the task set and attacks (default 0)")
     parser.add_argument("--honest-only", action="store_true", dest="honest_only",
                         help="run only the honest cases (generation, proof and validation cost; no attacks)")
+    parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                        help="what workers generate in (bfloat16: as vLLM on GPUs, checked with that "
+                             "precision's tolerances by float32 validators; default float32)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--groups, --group-size, --max-new-tokens and --threads must be at least 1")
     config = BenchConfig(model=args.model, groups=args.groups, group_size=args.group_size,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, threads=args.threads,
-                         seed=args.seed, min_eos_prob=args.min_eos_prob, honest_only=args.honest_only)
+                         seed=args.seed, min_eos_prob=args.min_eos_prob, honest_only=args.honest_only,
+                         precision=args.precision)
     report = run_bench(config)
     print(json.dumps(report, indent=None if args.json else 2))
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from swarm.config import BACKENDS, DEVICES
+from swarm.config import BACKENDS, DEVICES, PRECISIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="inference role: generation backend, torch (CPU) or vllm (GPU, the gpu extra)")
     parser.add_argument("--device", choices=DEVICES,
                         help="validator role: where prefills run (default auto: a CUDA GPU when present)")
+    parser.add_argument("--precision", choices=PRECISIONS,
+                        help="trainer role: what the run's workers generate in (bfloat16 for vLLM on GPUs)")
     parser.add_argument("--trainer-config", dest="trainer_config", type=Path,
                         help="trainer role: TOML of GRPO and curriculum settings (trainer/configs/*.toml)")
     parser.add_argument("--prompts-per-worker", dest="prompts_per_worker", type=int,
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         "listen": tuple(args.listen) if args.listen else None,
         "data_dir": args.data_dir, "keep_versions": args.keep_versions, "upload_mbps": args.upload_mbps,
         "reseed": args.reseed, "exit_when_complete": args.exit_when_complete, "model": args.model,
-        "backend": args.backend, "device": args.device,
+        "backend": args.backend, "device": args.device, "precision": args.precision,
         "trainer_config": args.trainer_config, "prompts_per_worker": args.prompts_per_worker,
         "replicas": args.replicas, "quorum": args.quorum,
     }

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from swarm.errors import UserError
+from swarm.runspec import PRECISIONS
 
 ROLES = ("trainer", "inference", "validator", "seed")
 BACKENDS = ("torch", "vllm")  # inference.select.open_backend's names (kept here: a seed-only peer never imports torch)
@@ -53,6 +54,9 @@ class PeerConfig:
     """Base model of the trainer, inference and validator roles: tiny, smollm2 or a local HF directory."""
     backend: str = "torch"
     """Generation backend of the inference role: torch (CPU, any machine) or vllm (GPU; `./install.sh --gpu`)."""
+    precision: str = "float32"
+    """Trainer role: what the run's workers generate in, written into every manifest: float32 (CPU workers) or
+    bfloat16 (vLLM on GPUs); validators take their sampling and logprob tolerances from it."""
     device: str = "auto"
     """Where the validator role runs its prefills: auto (a CUDA GPU when torch sees one, else the CPU), cpu or cuda."""
     trainer_config: Path | None = None
@@ -84,6 +88,8 @@ class PeerConfig:
             raise UserError("prompts_per_worker must be at least 1")
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"unknown precision {self.precision!r}: choose from {', '.join(PRECISIONS)}")
         if self.device not in DEVICES:
             raise UserError(f"unknown device {self.device!r}: choose from {', '.join(DEVICES)}")
         if self.cheat not in ("", "reward"):

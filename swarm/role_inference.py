@@ -25,7 +25,7 @@ async def inference_role(node) -> None:
 
     blobs = serve_rollout_blobs(node.host)  # groups too large for gossip are announced and served from here
     loaded = await load_base_model(node.config.model)
-    backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded)  # vLLM starts for minutes
+    backend = None  # opened with the first version: the run's manifest names the precision to generate in
     done = -1
     while True:
         policy = await newest_complete(node, done)
@@ -35,6 +35,8 @@ async def inference_role(node) -> None:
         except Exception as exc:  # noqa: BLE001 - a malformed spec skips this version, it does not stop the peer
             node.events.emit("skipped", version=done, message=str(exc))
             continue
+        if backend is None:  # vLLM takes minutes to start
+            backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision)
         directory = await materialize(node, policy)
         # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
         node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)

@@ -146,7 +146,7 @@ class SwarmPublisher:
         cfg, peer = self.cfg, self.node.config
         return RunSpec(cfg.task, cfg.task_size, json.dumps(cfg.task_config, sort_keys=True), cfg.seed,
                        cfg.eval_fraction, segment, peer.prompts_per_worker, cfg.async_level, peer.replicas,
-                       peer.quorum, tuple(validators))
+                       peer.quorum, tuple(validators), peer.precision)
 
     async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
         from p2p.manifest import GenerationSettings, build_manifest, sign_manifest

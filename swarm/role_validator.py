@@ -78,8 +78,8 @@ def _context(node, models: VersionModels, version: int, loaded):
         tasks=TaskSetProvider({train.name: train}, loaded.tokenizer))
 
 
-def check_config():
-    """The validator's tolerances: the verifier's defaults, except the EOS-probability floor.
+def check_config(spec: RunSpec):
+    """The validator's tolerances: those of the run's precision, except the EOS-probability floor.
 
     Why: INTELLECT-2 required P(EOS) > 0.1 because it could not check how tokens were sampled. Our seeded
     Gumbel-max sampler lets the sampling check re-derive every token, the final EOS included, which proves the
@@ -88,7 +88,7 @@ def check_config():
     """
     from verify.checks import CheckConfig
 
-    return CheckConfig(min_eos_prob=0.0)
+    return CheckConfig.for_precision(spec.precision, min_eos_prob=0.0)
 
 
 def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
@@ -100,7 +100,7 @@ def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
     for version in sorted({g.policy_version for g in groups}):
         batch = [g for g in groups if g.policy_version == version]
         for g, verdict in zip(batch, verify_groups(models.models, batch, _context(node, models, version, loaded),
-                                                check_config())):
+                                                check_config(models.specs[version]))):
             if g.step != g.policy_version:  # a worker may not shop for easier prompts under another step
                 verdict = Verdict(verdict.rollout_id, False, verdict.checks + (
                     CheckResult("step", False, "assignment step differs from the policy version"),))

@@ -13,6 +13,8 @@ from functools import lru_cache
 
 from swarm.errors import UserError
 
+PRECISIONS = ("float32", "bfloat16")  # verify.checks.PRECISIONS (named here too: seed peers never import torch)
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -27,6 +29,7 @@ class RunSpec:
     replicas: int  # validators assigned to each rollout
     quorum: int  # accepting votes that settle a rollout as accepted
     validators: tuple[str, ...]  # hex Ed25519 public keys of the validators for this version's rollouts
+    precision: str = "float32"  # what workers generate in (float32, or bfloat16 on GPUs); sets the validators' tolerances
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -42,11 +45,14 @@ class RunSpec:
             spec = cls(str(raw["task"]), int(raw["task_size"]), str(raw["task_config"]), int(raw["task_seed"]),
                        float(raw["eval_fraction"]),
                        str(raw["segment"]), int(raw["prompts_per_worker"]), int(raw["async_level"]),
-                       int(raw["replicas"]), int(raw["quorum"]), tuple(str(v) for v in raw["validators"]))
+                       int(raw["replicas"]), int(raw["quorum"]), tuple(str(v) for v in raw["validators"]),
+                       str(raw.get("precision", "float32")))  # manifests of older releases name no precision
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"the manifest's run_spec is malformed ({exc})") from None
         if spec.segment not in ("short", "all", "long") or not 1 <= spec.quorum <= spec.replicas:
             raise UserError("the manifest's run_spec names an unknown segment or an impossible quorum")
+        if spec.precision not in PRECISIONS:
+            raise UserError(f"the manifest's run_spec names an unknown precision {spec.precision!r}")
         return spec
 
     def validator_keys(self) -> tuple[bytes, ...]:

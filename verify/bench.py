@@ -8,6 +8,7 @@ in small batches in reverse order) so batch composition and padding always diffe
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -40,12 +41,13 @@ class BenchConfig:
     seed: int = 0
     min_eos_prob: float | None = None
     honest_only: bool = False  # only the honest cases: the cost figures of a model too slow on CPU for every attack
+    precision: str = "float32"  # what every worker (honest or not) generates in; validators stay float32
 
     def check_config(self) -> CheckConfig:
         floor = self.min_eos_prob
         if floor is None:
             floor = 0.0 if self.model == "tiny" else CheckConfig().min_eos_prob
-        return CheckConfig(min_eos_prob=floor)
+        return CheckConfig.for_precision(self.precision, min_eos_prob=floor)
 
 
 class Harness:
@@ -97,6 +99,8 @@ class Harness:
         from inference.rollouts import build_rollout_group, make_request
         from inference.torch_backend import TorchBackend
 
+        if self.config.precision == "bfloat16":  # as vLLM on a GPU: weights and activations in bf16
+            model = copy.deepcopy(model).to(torch.bfloat16)
         loaded = dataclasses.replace(self.loaded, model=model)
         backend = TorchBackend(loaded, proof_fn=self._timed_proofs)
         backend.policy_version, backend.manifest_id = version, self.ctx.manifest_ids[version]
@@ -153,7 +157,7 @@ def run_bench(config: BenchConfig) -> dict:
     h = Harness(config)
     rows = _honest_cases(h) if config.honest_only else _honest_cases(h) + _weight_attacks(h) + _rollout_attacks(h)
     return {"model": config.model, "config": dataclasses.asdict(config),
-            "checks": dataclasses.asdict(config.check_config()), "cases": rows, "summary": _summary(rows)}
+            "checks": dataclasses.asdict(config.check_config()), "cases": rows, "summary": _summary(rows, config.precision)}
 
 
 def _honest_cases(h: Harness) -> list[dict]:
@@ -163,13 +167,20 @@ def _honest_cases(h: Harness) -> list[dict]:
     alone_pairs = [h.validate([g]) for g in groups]
     small, t3 = h.validate(list(reversed(groups)), max_batch_tokens=256)
     alone = [v for vs, _ in alone_pairs for v in vs]
-    strict, t4 = h.validate(groups, config=_strict(h))
-    return [
+    rows = [
         _row("honest_one_padded_batch", "honest", together, gen_s, proof_s, t1, groups),
         _row("honest_each_group_alone", "honest", alone, gen_s, proof_s, sum(t for _, t in alone_pairs), groups),
         _row("honest_small_batches_reversed", "honest", small, gen_s, proof_s, t3, groups),
-        _row("honest_fp32_same_kernels_toploc", "honest", strict, gen_s, proof_s, t4, groups),
     ]
+    if _same_kernels(h):
+        strict, t4 = h.validate(groups, config=_strict(h))
+        rows.append(_row("honest_fp32_same_kernels_toploc", "honest", strict, gen_s, proof_s, t4, groups))
+    return rows
+
+
+def _same_kernels(h: Harness) -> bool:
+    """Whether workers run the validator's own float32 kernels, the only setting FP32_SAME_KERNELS is for."""
+    return h.config.precision == "float32"
 
 
 def _strict(h: Harness) -> CheckConfig:
@@ -196,7 +207,7 @@ def _weight_attacks(h: Harness) -> list[dict]:
             groups = [dataclasses.replace(g, temperature=h.config.temperature) for g in groups]
         verdicts, val_s = h.validate(groups)
         rows.append(_row(name, "attack", verdicts, gen_s, proof_s, val_s, groups))
-        if name == "weights_perturbed_1e-3":
+        if name == "weights_perturbed_1e-3" and _same_kernels(h):
             verdicts, val_s = h.validate(groups, config=_strict(h))
             rows.append(_row(name + "_fp32_same_kernels_toploc", "attack", verdicts, gen_s, proof_s, val_s, groups))
         if "version" in kwargs:  # the same old rollouts, relabelled as the current version
@@ -243,7 +254,19 @@ NOTES = {
 }
 
 
-def _summary(rows: list[dict]) -> dict:
+BF16_NOTE = (
+    "bf16 workers: two honest bf16 kernels already disagree on logits by more than this attack moves them, so the "
+    "tolerances widened for bf16 (CheckConfig.for_precision) and TOPLOC's reference thresholds, built for "
+    "cross-GPU bf16 noise, both absorb it; only float32 runs with shared kernels can tell it apart")
+
+
+def _why_undetected(case: str, precision: str) -> str:
+    if precision == "bfloat16" and case in ("weights_perturbed_1e-3", "int8_quantised"):
+        return BF16_NOTE
+    return NOTES.get(case, "see first_reason and rejected_by")
+
+
+def _summary(rows: list[dict], precision: str = "float32") -> dict:
     honest = [r for r in rows if r["kind"] == "honest"]
     attack_rows = [r for r in rows if r["kind"] == "attack"]
     gen = honest[0]["gen_s"] if honest else 0.0
@@ -253,7 +276,7 @@ def _summary(rows: list[dict]) -> dict:
         "honest_groups": honest[0]["groups"] if honest else 0,
         "false_rejects": sum(r["rejected"] for r in honest),
         "attacks_below_99pct": weak,
-        "why_undetected": {case: NOTES.get(case, "see first_reason and rejected_by") for case in weak},
+        "why_undetected": {case: _why_undetected(case, precision) for case in weak},
         "proof_build_share_of_gen": round(honest[0]["proof_build_s"] / gen, 4) if gen else None,
         "validate_share_of_gen": round(honest[0]["validate_s"] / gen, 4) if gen else None,
         "proof_bytes_per_32_tokens": sorted({r["proof_bytes_per_chunk"] for r in rows}),

@@ -22,6 +22,9 @@ from verify.sampling import SamplingKey, gumbel_noise_at, perturbed_scores, stre
 from verify.toploc import ToplocConfig, verify_proofs
 
 
+PRECISIONS = ("float32", "bfloat16")  # what a run's workers may generate in; each has its tolerances
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """name: which check; ok: passed; reason: why it failed, in one sentence ('' when ok)."""
@@ -33,7 +36,7 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class CheckConfig:
-    """Tolerances of the checks. Defaults suit float32 validators; bf16 GPU kernels need wider tolerances.
+    """Tolerances of the checks. Defaults suit float32 workers; `for_precision("bfloat16")` widens them for bf16.
 
     near_tie_tol: a re-derived token that differs from the claimed one is a near-tie when the claimed token's
       perturbed score (logits / T + Gumbel noise) is within this of the best one; larger gaps reject at once.
@@ -50,6 +53,24 @@ class CheckConfig:
     reward_atol: float = 1e-6
     min_eos_prob: float = 0.1
     toploc: ToplocConfig = field(default_factory=ToplocConfig)
+
+    @classmethod
+    def for_precision(cls, precision: str, **overrides) -> "CheckConfig":
+        """The tolerances for workers that generate in `precision` (the run's, from its manifest), checked by
+        float32 validators.
+
+        float32: the defaults. bfloat16 (vLLM on GPUs): two honest kernels' bf16 logits differ by far more than
+        float32 ones. Measured on CPU, bf16 workers against a float32 prefill: SmolLM2-135M (704 tokens)
+        logprobs differ by up to 0.31, 1.6 % of tokens re-derive as another token, with score gaps up to 0.21;
+        the tiny model up to 0.07, 0.8 % and 0.06. These tolerances leave a margin of about two and a half on
+        SmolLM2's; the price is a weaker sampling check, which then catches only sampling changes that move a
+        token's score by more than 0.5 or flip more than 6 % of tokens (`swarm bench verify --precision bfloat16`
+        reports which attacks that leaves undetected). TOPLOC's reference thresholds already target bf16.
+        """
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}: choose from {', '.join(PRECISIONS)}")
+        widened = {"near_tie_tol": 0.5, "max_near_tie_fraction": 0.06, "logprob_atol": 0.75}
+        return cls(**{**(widened if precision == "bfloat16" else {}), **overrides})
 
 
 class TaskProvider(Protocol):
