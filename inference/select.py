@@ -6,6 +6,8 @@ swarm, and the roles must not each grow their own import-and-check logic for the
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from inference.backend import GenerationBackend
@@ -24,6 +26,21 @@ def open_backend(name: str, loaded: LoadedModel, precision: str = "float32") -> 
 
         return VllmBackend(loaded, dtype=precision)
     raise InferenceError(f"unknown generation backend {name!r}: choose torch or vllm")
+
+
+def require_backend(name: str) -> None:
+    """Refuse, in one sentence, a backend this machine cannot run (checked when a peer starts, not when its first
+    policy arrives minutes later); imports nothing heavy."""
+    if name == "torch":
+        return
+    if name != "vllm":
+        raise InferenceError(f"unknown generation backend {name!r}: choose torch or vllm")
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a broken or blocked installation counts as none
+        found = False
+    if not found:
+        raise InferenceError("the vLLM backend needs the gpu extra (./install.sh --gpu)")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -17,6 +17,10 @@ def build_roles(config: PeerConfig) -> list[RoleTask]:
         from inference.select import resolve_device
 
         resolve_device(config.device)
+    if "inference" in config.roles:
+        from inference.select import require_backend
+
+        require_backend(config.backend)
     tasks: list[RoleTask] = []
     if config.exit_when_complete:
         tasks.append(exit_when_newest_complete)

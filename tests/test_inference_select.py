@@ -42,3 +42,13 @@ def test_a_validator_asking_for_a_missing_gpu_is_refused_before_it_joins(monkeyp
         build_roles(load_config(None, {"roles": ("validator",), "device": "cuda"}))
     assert caught.value.user_facing  # the CLI prints it as one line, exit status 2
     assert build_roles(load_config(None, {"roles": ("seed",), "device": "cuda"})) == []  # only validators need it
+
+
+def test_an_inference_peer_without_vllm_is_refused_before_it_joins(monkeypatch):
+    from swarm.config import load_config
+    from swarm.roles import build_roles
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without the gpu extra
+    with pytest.raises(InferenceError, match="the vLLM backend needs the gpu extra"):
+        build_roles(load_config(None, {"roles": ("inference",), "backend": "vllm"}))
+    assert len(build_roles(load_config(None, {"roles": ("inference",), "backend": "torch"}))) == 1
