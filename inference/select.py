@@ -14,18 +14,18 @@ from inference.backend import GenerationBackend
 from inference.errors import InferenceError
 from inference.models import LoadedModel
 
+
 def open_backend(name: str, loaded: LoadedModel, precision: str = "float32") -> GenerationBackend:
     """The named backend over `loaded`: torch (the CPU reference, any machine; it generates in the loaded
     model's float32, which every precision's tolerances accept) or vllm (the gpu extra), in `precision`."""
+    require_backend(name)
     if name == "torch":
         from inference.torch_backend import TorchBackend
 
         return TorchBackend(loaded)
-    if name == "vllm":
-        from inference.vllm_backend import VllmBackend
+    from inference.vllm_backend import VllmBackend
 
-        return VllmBackend(loaded, dtype=precision)
-    raise InferenceError(f"unknown generation backend {name!r}: choose torch or vllm")
+    return VllmBackend(loaded, dtype=precision)
 
 
 def require_backend(name: str) -> None:

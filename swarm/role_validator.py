@@ -122,11 +122,10 @@ def wants_announced(models: VersionModels, workers, my_key: bytes):
 
 
 async def validator_role(node) -> None:
+    from inference.select import resolve_device
     from swarm.rollout_transport import receive_groups
     from verify.reputation import Reputation
     from verify.votes import vote_from_verdict
-
-    from inference.select import resolve_device
 
     device = resolve_device(node.config.device)
     loaded = await load_base_model(node.config.model)
