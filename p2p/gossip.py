@@ -49,6 +49,7 @@ from p2p.envelope import (
     seal,
 )
 from p2p.errors import EnvelopeError, GossipError
+from p2p.host import reset_quietly
 from p2p.identity import Identity
 from p2p.libp2p_compat import lean_pubsub_classes
 from p2p.scores import PeerScores, ScoreConfig, Verdict
@@ -182,6 +183,7 @@ class Gossip:
         self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
         self._banned_ids: dict[str, Any] = {}
         self._stream_retry_at: dict[Any, float] = {}  # connected peer -> earliest next pubsub-stream attempt
+        self._closing = False  # set when the session ends: pubsub streams still arriving are reset quietly
         # `rejections`: a bounded feed of refused envelopes for logs/status (the newest are dropped when unread).
         self._rejections_in, self.rejections = trio.open_memory_channel[Rejection](config.queue_size)
 
@@ -351,7 +353,13 @@ class Gossip:
         peer_id = stream.muxed_conn.peer_id
         if peer_id not in self.pubsub.peers:
             self._stream_retry_at.pop(peer_id, None)
-        await self.pubsub.stream_handler(stream)
+        try:
+            await self.pubsub.stream_handler(stream)
+        except RuntimeError:  # py-libp2p's service refuses new tasks once it is closing ("Nursery is closed")
+            if not self._closing:
+                raise
+            log.debug("pubsub stream from %s arrived while this session closed", peer_id)
+            await reset_quietly(stream)
 
     async def _ensure_stream(self, peer_id: Any) -> None:
         try:
@@ -420,6 +428,7 @@ async def open_gossip(
             try:
                 yield gossip
             finally:
+                gossip._closing = True
                 for protocol in router.get_protocols():  # a peer opening pubsub now is told "not supported"
                     host.remove_handler(protocol)  # instead of hitting a service that is shutting down
                 nursery.cancel_scope.cancel()

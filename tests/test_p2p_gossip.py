@@ -247,3 +247,31 @@ async def test_streams_open_promptly_while_every_host_publishes_heartbeats():
                 received += 1
             assert received >= count - 1  # the heartbeats really flowed while the streams opened
             assert slowest < OPEN_LIMIT_S
+
+
+async def test_a_pubsub_stream_arriving_while_the_session_closes_is_reset_quietly():
+    """py-libp2p's pubsub refuses new tasks once it is closing; a peer's stream that lands in that moment is reset
+    without the warning a real handler failure gets, and outside that moment the failure still surfaces."""
+
+    class ClosingPubsub:
+        peers: dict = {}
+
+        async def stream_handler(self, stream):
+            raise RuntimeError("Nursery is closed to new arrivals")
+
+    class Stream:
+        class muxed_conn:  # noqa: N801 - the attribute path py-libp2p streams have
+            peer_id = "peer-a"
+
+        resets = 0
+
+        async def reset(self):
+            Stream.resets += 1
+
+    gossip = Gossip(None, "run", Identity.generate(), ("rollout",), GossipConfig(), trio.current_time)
+    gossip.pubsub = ClosingPubsub()
+    with pytest.raises(RuntimeError, match="Nursery is closed"):
+        await gossip._inbound_stream(Stream())
+    gossip._closing = True
+    await gossip._inbound_stream(Stream())
+    assert Stream.resets == 1
