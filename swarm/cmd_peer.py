@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS,
                         help="inference role: generation backend, torch (CPU) or vllm (GPU, the gpu extra)")
     parser.add_argument("--device", choices=DEVICES,
-                        help="validator role: where prefills run (default auto: a CUDA GPU when present)")
+                        help="validator and trainer roles: where they compute (default auto: a CUDA GPU when present)")
     parser.add_argument("--precision", choices=PRECISIONS,
                         help="trainer role: what the run's workers generate in (bfloat16 for vLLM on GPUs)")
     parser.add_argument("--trainer-config", dest="trainer_config", type=Path,

@@ -58,7 +58,8 @@ class PeerConfig:
     """Trainer role: what the run's workers generate in, written into every manifest: float32 (CPU workers) or
     bfloat16 (vLLM on GPUs); validators take their sampling and logprob tolerances from it."""
     device: str = "auto"
-    """Where the validator role runs its prefills: auto (a CUDA GPU when torch sees one, else the CPU), cpu or cuda."""
+    """Where the validator role prefills and the trainer role trains: auto (a CUDA GPU when torch sees one, else
+    the CPU), cpu or cuda."""
     trainer_config: Path | None = None
     """TOML file of the trainer's GRPO and curriculum settings (trainer role; see trainer/config.py)."""
     prompts_per_worker: int = 4

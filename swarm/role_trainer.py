@@ -184,9 +184,14 @@ async def trainer_role(node) -> None:
     loaded_cfg = load_trainer_config(peer.trainer_config, {"run": peer.run, "model": peer.model,
                                                             "out": Path(peer.data_dir) / "training"})
     cfg, curriculum = loaded_cfg.config, loaded_cfg.curriculum
+    from inference.select import resolve_device
     from swarm.policy_files import load_base_model
 
-    run = await trio.to_thread.run_sync(_open_training_run, await load_base_model(cfg.model), cfg, curriculum)
+    loaded = await load_base_model(cfg.model)
+    device = resolve_device(peer.device)
+    await trio.to_thread.run_sync(loaded.model.to, device)  # it only trains: no CPU generator shares it here
+    node.events.emit("trainer_device", device=str(device), message=f"training on {device}")
+    run = await trio.to_thread.run_sync(_open_training_run, loaded, cfg, curriculum)
     identity = node.identity
     publisher = SwarmPublisher(node, identity, cfg, peer.piece_kb)
     gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)

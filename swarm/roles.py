@@ -13,7 +13,7 @@ from swarm.node import Node, RoleTask
 def build_roles(config: PeerConfig) -> list[RoleTask]:
     """The role tasks of `config`, after the checks that need the machine (a GPU that is not there fails here,
     in one line, before the peer joins a swarm it could not serve)."""
-    if "validator" in config.roles:
+    if "validator" in config.roles or "trainer" in config.roles:
         from inference.select import resolve_device
 
         resolve_device(config.device)

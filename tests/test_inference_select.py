@@ -41,7 +41,9 @@ def test_a_validator_asking_for_a_missing_gpu_is_refused_before_it_joins(monkeyp
     with pytest.raises(InferenceError, match="device cuda was asked for") as caught:
         build_roles(load_config(None, {"roles": ("validator",), "device": "cuda"}))
     assert caught.value.user_facing  # the CLI prints it as one line, exit status 2
-    assert build_roles(load_config(None, {"roles": ("seed",), "device": "cuda"})) == []  # only validators need it
+    with pytest.raises(InferenceError, match="device cuda was asked for"):
+        build_roles(load_config(None, {"roles": ("trainer",), "device": "cuda"}))
+    assert build_roles(load_config(None, {"roles": ("seed",), "device": "cuda"})) == []  # seeds compute nothing
 
 
 def test_an_inference_peer_without_vllm_is_refused_before_it_joins(monkeypatch):

@@ -267,7 +267,8 @@ class PolicyTrainer:
         for chunk in _chunks(idx, self.cfg.micro_batch):
             sel = torch.tensor(chunk)
             part = packed.select(sel)
-            out[sel] = token_logprobs(completion_logits(model, part), part.tokens, temperature)
+            logits = completion_logits(model, part)  # on the model's device; `out` stays on the CPU
+            out[sel] = token_logprobs(logits, part.tokens.to(logits.device), temperature).to(out.device)
 
     # --- the step -------------------------------------------------------------------------------------------
     def train_step(self, step: int, groups: Sequence[TrainGroup]) -> StepReport:
