@@ -86,15 +86,16 @@ class TorchBackend:
 
     @torch.no_grad()
     def _generate_rows(self, requests: Sequence[GenerationRequest], rows: list[tuple[int, int]]) -> list[CompletionResult]:
+        device = next(self.model.parameters()).device
         distinct = sorted({r for r, _ in rows})
         prompts = [requests[r].prompt_tokens for r in distinct]
-        cache, logits, mask = self._prefill(prompts)
-        expand = torch.tensor([distinct.index(r) for r, _ in rows])
+        cache, logits, mask = self._prefill(prompts, device)
+        expand = torch.tensor([distinct.index(r) for r, _ in rows], device=device)
         cache.batch_select_indices(expand)
         hidden = self._captured[expand] if self.capture_proofs else None
         state = _DecodeState(rows=[(requests[r], requests[r].keys[k]) for r, k in rows], width=logits.shape[-1],
                              hidden_size=self.model.config.hidden_size if hidden is None else hidden.shape[-1],
-                             capture=self.capture_proofs)
+                             capture=self.capture_proofs, device=device)
         logits, mask, positions = logits[expand], mask[expand], mask[expand].sum(dim=1, keepdim=True) - 1
         while True:
             finished = state.step(logits, hidden, self.eos_ids)
@@ -104,21 +105,21 @@ class TorchBackend:
             if not keep:
                 return state.completions(self._proof_fn() if self.capture_proofs else None)
             if finished:
-                keep_t = torch.tensor(keep)
+                keep_t = torch.tensor(keep, device=device)
                 cache.batch_select_indices(keep_t)
                 mask, positions = mask[keep_t], positions[keep_t]
                 state.compact(keep)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             positions = positions + 1
-            out = self.model(input_ids=state.last_tokens(), attention_mask=mask, position_ids=positions,
+            out = self.model(input_ids=state.last_tokens().to(device), attention_mask=mask, position_ids=positions,
                              use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
             logits, hidden = out.logits[:, -1, :], self._captured
 
-    def _prefill(self, prompts: list[tuple[int, ...]]):
-        """Left-padded prefill: returns (cache, last-position logits [P, V], attention mask [P, L])."""
+    def _prefill(self, prompts: list[tuple[int, ...]], device: torch.device):
+        """Left-padded prefill: returns (cache, last-position logits [P, V], attention mask [P, L]), on `device`."""
         from transformers.cache_utils import DynamicCache
 
-        ids, mask = left_padded(prompts, self.pad_id)
+        ids, mask = (t.to(device) for t in left_padded(prompts, self.pad_id))
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
@@ -129,11 +130,13 @@ class TorchBackend:
 class _DecodeState:
     """Per-batch bookkeeping: which rows are live, their tokens, logprobs and captured hidden states.
 
-    Buffers are indexed by the original row; `live` maps the current cache row order to original rows.
+    Buffers are indexed by the original row; `live` maps the current cache row order to original rows. Tokens and
+    logprobs are kept on the CPU (the finish checks read them every step anyway); the captured hidden states stay
+    on the model's device, where the proofs' top-k then runs.
     """
 
     def __init__(self, rows: list[tuple[GenerationRequest, SamplingKey]], width: int, hidden_size: int,
-                 capture: bool) -> None:
+                 capture: bool, device: torch.device | None = None) -> None:
         self.rows = rows
         self.seeds = stream_seeds([key for _, key in rows])  # hashed once per row, not per token
         self.limits = torch.tensor([req.max_new_tokens for req, _ in rows])
@@ -141,7 +144,7 @@ class _DecodeState:
         steps = int(self.limits.max())
         self.tokens = torch.zeros((len(rows), steps), dtype=torch.long)
         self.logprobs = torch.zeros((len(rows), steps), dtype=torch.float32)
-        self.hidden = torch.zeros((len(rows), steps, hidden_size)) if capture else None
+        self.hidden = torch.zeros((len(rows), steps, hidden_size), device=device) if capture else None
         self.width = width
         self.live = list(range(len(rows)))
         self.position = 0
@@ -154,17 +157,18 @@ class _DecodeState:
         noise = gumbel_noise_at(self.seeds[self.live], [self.position] * len(self.live), logits.shape[-1], logits.device)
         temperatures = self.temperatures[live_t]
         if bool((temperatures == temperatures[0]).all()):  # the usual case: one temperature, one call
-            tokens, logprobs = sample_tokens(logits, noise, float(temperatures[0]))
+            tokens, logprobs = (t.cpu() for t in sample_tokens(logits, noise, float(temperatures[0])))
         else:
             tokens = torch.empty(len(self.live), dtype=torch.long)
             logprobs = torch.empty(len(self.live), dtype=torch.float32)
             for temperature in temperatures.unique().tolist():
                 sel = temperatures == temperature
-                tokens[sel], logprobs[sel] = sample_tokens(logits[sel], noise[sel], temperature)
+                picked = sample_tokens(logits[sel.to(logits.device)], noise[sel.to(noise.device)], temperature)
+                tokens[sel], logprobs[sel] = (t.cpu() for t in picked)
         self.tokens[live_t, self.position] = tokens
         self.logprobs[live_t, self.position] = logprobs
         if self.hidden is not None:
-            self.hidden[live_t, self.position] = hidden.to(self.hidden.dtype)
+            self.hidden[live_t.to(self.hidden.device), self.position] = hidden.to(self.hidden.dtype)
         self.position += 1
         is_eos = torch.isin(tokens, eos_ids)
         finished = (is_eos | (self.limits[live_t] <= self.position)).nonzero().flatten().tolist()
