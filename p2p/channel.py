@@ -92,21 +92,21 @@ def channel_key(secret: bytes, dialer: str, listener: str) -> bytes:
 # ------------------------------------------------------------------------------------- handshake messages
 
 
+class HandshakeAbandoned(ChannelError):
+    """The peer closed the handshake stream before sending a byte, or reset it before our answer went out: it gave
+    up (its download finished, it is shutting down, its dial was cancelled). Nothing hostile was sent: the
+    listener logs it at debug level, where a malformed or truncated handshake is a warning."""
+
+
 async def _write_msg(stream: Any, msg: dict) -> None:
-    """Send one handshake message; a reset or closed stream is a ChannelError like any failed handshake."""
+    """Send one handshake message; a stream the peer reset or closed is HandshakeAbandoned (a ChannelError)."""
     raw = msgpack.packb(msg, use_bin_type=True)
     try:
         await stream.write(_MSG_LEN.pack(len(raw)) + raw)
     except (trio.Cancelled, trio.TooSlowError):
         raise
     except Exception as exc:  # noqa: BLE001 - py-libp2p raises StreamReset/StreamClosed/etc. on a dying stream
-        raise ChannelError(f"data channel handshake failed while sending ({type(exc).__name__})") from exc
-
-
-class HandshakeAbandoned(ChannelError):
-    """The peer closed the handshake stream before sending a byte: it gave up (its download finished, it is
-    shutting down, its dial was cancelled). Nothing was claimed, so nothing is hostile: the listener logs it at
-    debug level, where a malformed or truncated handshake is a warning."""
+        raise HandshakeAbandoned(f"data channel handshake stream gone while sending ({type(exc).__name__})") from exc
 
 
 async def _read_exact_libp2p(stream: Any, n: int, *, opening: bool = False) -> bytes:
@@ -218,7 +218,12 @@ class DataChannelServer:
         self._offers[token] = _Offer(peer_id, secret, aead, trio.current_time() + self.config.token_ttl)
         offer = {"v": 1, "port": self.port, "token": token, "secret": secret, "aead": aead}
         with trio.fail_after(self.config.handshake_timeout):
-            await _write_msg(stream, offer)
+            try:
+                await _write_msg(stream, offer)
+            except HandshakeAbandoned:
+                del self._offers[token]  # never delivered: nobody can claim it
+                log.debug("peer %s reset a data channel handshake before our offer", peer_id)
+                return
             await stream.close()
 
     def _expire_offers(self) -> None:

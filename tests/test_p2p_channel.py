@@ -202,3 +202,33 @@ async def test_an_abandoned_handshake_is_quiet_and_a_truncated_one_is_a_warning(
     assert any("closed a data channel handshake before sending" in r.getMessage() for r in caplog.records
                if r.levelno == logging.DEBUG)
     assert len(warnings) == 1 and "handshake stream ended early" in warnings[0], warnings
+
+
+async def test_a_peer_resetting_before_the_offer_is_quiet_and_leaves_no_offer(pair, caplog):
+    """The dialer asked for a socket, then reset the stream (its download finished elsewhere): the listener's
+    offer cannot go out. That is the peer giving up, not a failure: no warning, and no claimable offer is left."""
+    import msgpack
+
+    server, server_host, client_host = pair
+    request = msgpack.packb({"v": 1, "mode": "socket", "aeads": sorted(AEADS)}, use_bin_type=True)
+
+    class ResetAfterRequest:
+        class muxed_conn:  # noqa: N801 - the attribute path py-libp2p streams have
+            peer_id = client_host.peer_id
+
+        def __init__(self):
+            self.unread = bytearray(len(request).to_bytes(2, "big") + request)  # the 2-byte length prefix
+
+        async def read(self, n):
+            chunk = bytes(self.unread[:n])
+            del self.unread[:n]
+            return chunk
+
+        async def write(self, data):
+            raise RuntimeError("StreamReset")  # what py-libp2p raises on a stream the peer reset
+
+    with trio.fail_after(10), caplog.at_level(logging.DEBUG, logger="p2p"):
+        await server._handle_handshake(ResetAfterRequest())
+    assert not server._offers
+    assert any("reset a data channel handshake before our offer" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
