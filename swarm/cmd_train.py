@@ -50,6 +50,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--parallel", choices=("ddp", "fsdp"),
                         help="with --nproc: all-reduce whole-model replicas (ddp, default) or shard weights, "
                              "gradients and optimizer state across the ranks (fsdp)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                        help="one process: where it trains, generates and evaluates (default auto: a CUDA GPU when "
+                             "present); with --nproc the parallel mode decides")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN_DIR",
                         help="train nothing: compare the reward-vs-wall-time curves of finished runs (sync first) "
@@ -61,7 +64,7 @@ def add_arguments(parser) -> None:
 
 _OVERRIDES = ("model", "task", "async_level", "curriculum", "steps", "out", "seed", "lr", "group_size",
               "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads", "generator",
-              "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel")
+              "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel", "device")
 
 
 def run(args) -> int:

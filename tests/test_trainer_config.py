@@ -64,3 +64,22 @@ def test_generator_options_are_checked():
         load_config(overrides={"async_level": 2, "generator_prefetch": 3})
     with pytest.raises(TrainerError, match="generator_threads must be at least 1"):
         load_config(overrides={"generator_threads": 0})
+
+
+def test_the_device_is_checked_and_ddp_keeps_to_the_cpu(monkeypatch):
+    import torch
+
+    from inference.errors import InferenceError
+    from trainer.launch import check_supported
+    from trainer.session import train
+
+    assert load_config().config.device == "auto"
+    with pytest.raises(TrainerError, match="device must be auto, cpu or cuda"):
+        load_config(overrides={"device": "tpu"})
+    with pytest.raises(TrainerError, match="--device cuda does not apply to --nproc with ddp"):
+        check_supported(load_config(overrides={"device": "cuda"}).config)
+    check_supported(load_config(overrides={"device": "cuda", "parallel": "fsdp"}).config)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    loaded = load_config(overrides={"device": "cuda"})
+    with pytest.raises(InferenceError, match="device cuda was asked for"):  # before any model is loaded
+        train(loaded.config, loaded.curriculum, echo=lambda line: None)

@@ -140,6 +140,10 @@ class TrainerConfig:
     gradients are all-reduced; "fsdp" = weights, gradients and AdamW state are sharded across the ranks (FSDP2,
     trainer.fsdp), for a model whose training state does not fit one device. Both take the same steps as one
     process; "fsdp" needs at least two ranks."""
+    device: str = "auto"
+    """Where a one-process `swarm train` trains, generates and evaluates: auto (a CUDA GPU when torch sees one, else
+    the CPU), cpu or cuda. Its generator process (async) stays on the CPU. With --nproc the parallel mode decides
+    (ddp: the CPU; fsdp: each rank's GPU under nccl). The swarm trainer role takes `swarm peer start --device`."""
     out: Path = Path("runs/train")
     """Output directory: checkpoints/, policies/, final/, log.jsonl, reward.png."""
 
@@ -159,6 +163,8 @@ class TrainerConfig:
             raise TrainerError(f"off_policy_loss must be 'coupled' or 'decoupled', got {self.off_policy_loss!r}")
         if self.parallel not in PARALLEL_MODES:
             raise TrainerError(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise TrainerError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.generator not in ("process", "thread"):
             raise TrainerError(f"generator must be 'process' or 'thread', got {self.generator!r}")
         if not 0 <= self.generator_prefetch <= max(1, self.async_level):

@@ -88,6 +88,9 @@ def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], N
     session_started = time.perf_counter()
     if world_size() > 1:
         return _train_data_parallel(cfg, curriculum, echo, session_started)
+    from inference.select import resolve_device
+
+    resolve_device(cfg.device)  # a GPU asked for and missing is one line now, not after the model has loaded
     wants_process = bool(cfg.async_level) and cfg.generator == "process"
     with contextlib.ExitStack() as stack:
         if wants_process and not fork_is_safe():
@@ -154,6 +157,13 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
 
             apply_fsdp(trainer_model.model)  # before TrainingRun builds the optimizer over the shards
     generator = start_generator(trainer_model, train_set)  # None when synchronous or with a generator thread
+    if collective is None:  # after the fork: a generator process keeps its CPU copy, and CUDA must not precede fork
+        from inference.select import resolve_device
+
+        device = resolve_device(cfg.device)
+        if device.type != "cpu":
+            trainer_model.model.to(device)
+            echo(f"training on {device}")
     run = TrainingRun(trainer_model, cfg, curriculum, collective=collective, started=session_started,
                       on_report=lambda record: echo(progress_line(record, cfg.steps)))
     if generator is not None:
