@@ -26,6 +26,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "verify"), "swarm.cmd_bench_verify", "benchmark rollout validation on honest and attacked groups"),
     (("bench", "generate"), "swarm.cmd_bench_generate", "benchmark generation throughput and proof overhead"),
     (("bench", "noise"), "swarm.cmd_bench_noise", "benchmark the seeded Gumbel noise draw per element"),
+    (("bench", "device"), "swarm.cmd_bench_device", "check every GPU path against its CPU twin (prepared GPU check)"),
 ]
 
 

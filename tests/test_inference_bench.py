@@ -34,3 +34,18 @@ def test_bench_noise_reports_json_and_agrees_with_the_textbook_draw(capsys):
     assert report["rows"] == 3 and report["vocab"] == 5000 and report["device"] == "cpu"
     assert report["ns_per_element"] > 0 and report["textbook_ns_per_element"] > 0 and report["speedup"] > 0
     assert report["max_abs_difference"] < 1e-5  # the same noise, up to a float32 ulp of the log
+
+
+def test_bench_device_checks_itself_exactly_on_the_cpu(capsys):
+    """On a CPU every device path is the CPU path, so every figure must be exact; on a GPU the same command is the
+    prepared check of the accelerator paths."""
+    threads = torch.get_num_threads()
+    try:
+        code = main(["bench", "device", "--device", "cpu", "--groups", "2", "--max-new-tokens", "8", "--json"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["ok"] and report["noise"]["max_abs_difference"] == 0.0
+    assert report["generate"]["identical_fraction"] == 1.0 and report["verify"]["first_reason"] == ""
+    assert report["train_step"]["weights_max_abs_difference"] == 0.0 and report["train_step"]["skipped"] == ""
