@@ -15,9 +15,11 @@ from inference.errors import InferenceError
 from inference.models import LoadedModel
 
 
-def open_backend(name: str, loaded: LoadedModel, precision: str = "float32") -> GenerationBackend:
+def open_backend(name: str, loaded: LoadedModel, precision: str = "float32",
+                 gpu_memory: float = 0.3) -> GenerationBackend:
     """The named backend over `loaded`: torch (the CPU reference, any machine; it generates in the loaded
-    model's float32, which every precision's tolerances accept) or vllm (the gpu extra), in `precision`."""
+    model's float32, which every precision's tolerances accept) or vllm (the gpu extra), in `precision`, taking
+    at most `gpu_memory` of the GPU."""
     require_backend(name)
     if name == "torch":
         from inference.torch_backend import TorchBackend
@@ -25,7 +27,7 @@ def open_backend(name: str, loaded: LoadedModel, precision: str = "float32") -> 
         return TorchBackend(loaded)
     from inference.vllm_backend import VllmBackend
 
-    return VllmBackend(loaded, dtype=precision)
+    return VllmBackend(loaded, dtype=precision, gpu_memory_utilization=gpu_memory)
 
 
 def require_backend(name: str) -> None:

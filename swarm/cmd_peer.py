@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="base model of trainer/inference/validator roles: tiny, smollm2 or a dir")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="inference role: generation backend, torch (CPU) or vllm (GPU, the gpu extra)")
+    parser.add_argument("--gpu-memory", dest="gpu_memory", type=float,
+                        help="inference role with vllm: share of the GPU's memory it may take (default 0.3)")
     parser.add_argument("--device", choices=DEVICES,
                         help="validator and trainer roles: where they compute (default auto: a CUDA GPU when present)")
     parser.add_argument("--precision", choices=PRECISIONS,
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         "listen": tuple(args.listen) if args.listen else None,
         "data_dir": args.data_dir, "keep_versions": args.keep_versions, "upload_mbps": args.upload_mbps,
         "reseed": args.reseed, "exit_when_complete": args.exit_when_complete, "model": args.model,
-        "backend": args.backend, "device": args.device, "precision": args.precision,
+        "backend": args.backend, "device": args.device, "precision": args.precision, "gpu_memory": args.gpu_memory,
         "trainer_config": args.trainer_config, "prompts_per_worker": args.prompts_per_worker,
         "replicas": args.replicas, "quorum": args.quorum,
     }

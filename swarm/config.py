@@ -54,6 +54,9 @@ class PeerConfig:
     """Base model of the trainer, inference and validator roles: tiny, smollm2 or a local HF directory."""
     backend: str = "torch"
     """Generation backend of the inference role: torch (CPU, any machine) or vllm (GPU; `./install.sh --gpu`)."""
+    gpu_memory: float = 0.3
+    """Inference role with the vllm backend: the share of the GPU's memory vLLM may take (weights and KV cache);
+    raise it (e.g. 0.85) on a GPU this peer does not share with a validator or trainer."""
     precision: str = "float32"
     """Trainer role: what the run's workers generate in, written into every manifest: float32 (CPU workers) or
     bfloat16 (vLLM on GPUs); validators take their sampling and logprob tolerances from it."""
@@ -89,6 +92,8 @@ class PeerConfig:
             raise UserError("prompts_per_worker must be at least 1")
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
+        if not 0.05 <= self.gpu_memory <= 0.95:
+            raise UserError(f"gpu_memory {self.gpu_memory} is outside 0.05..0.95 (a share of the GPU's memory)")
         if self.precision not in PRECISIONS:
             raise UserError(f"unknown precision {self.precision!r}: choose from {', '.join(PRECISIONS)}")
         if self.device not in DEVICES:

@@ -36,7 +36,8 @@ async def inference_role(node) -> None:
             node.events.emit("skipped", version=done, message=str(exc))
             continue
         if backend is None:  # vLLM takes minutes to start
-            backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision)
+            backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision,
+                                                    node.config.gpu_memory)
         directory = await materialize(node, policy)
         # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
         node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)

@@ -21,6 +21,7 @@ def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["peer", "start", "--bootstrap", "/ip4/not-an-ip"], "is not a valid multiaddr"),
     (["publish", "/nonexistent/ckpt", "--run", "r", "--key", "/nonexistent/key"], "does not exist"),
     (["peer", "start", "--quorum", "3", "--replicas", "2"], "quorum 3 must be between 1 and replicas"),
+    (["peer", "start", "--gpu-memory", "1.5"], "gpu_memory 1.5 is outside 0.05..0.95"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, fragment):
     result = run_swarm(*args, "--data-dir", str(tmp_path / "d")) if args[0] == "peer" else run_swarm(*args)
