@@ -157,3 +157,27 @@ def test_validator_noise_is_bit_identical_to_the_samplers(vocab):
     mixed = gumbel_noise_batch([other, key, other], [3, length - 1, 0], vocab)  # a decoding batch's row order
     assert torch.equal(mixed[1], per_position[-1])
     assert torch.equal(mixed[0], gumbel_noise(other, 3, vocab)) and torch.equal(mixed[2], gumbel_noise(other, 0, vocab))
+
+
+@pytest.mark.parametrize("field,bad,needle", [
+    ("tokens", [5, True, 7], "not a token id"),  # a bool is not a token, though Python counts it as an int
+    ("tokens", [5, -1, 7], "not a token id"),
+    ("tokens", [5, 1 << 31, 7], "not a token id"),
+    ("tokens", [5, 6.0, 7], "not a token id"),
+    ("logprobs", [-0.5, float("nan"), -0.1], "logprob is not finite"),
+    ("logprobs", [-0.5, float("-inf"), -0.1], "logprob is not finite"),
+    ("logprobs", [-0.5, 0.3, -0.1], "positive logprob 0.3"),
+    ("logprobs", [-0.5, "x", -0.1], "logprob must be a number"),
+    ("logprobs", [-0.5, False, -0.1], "logprob must be a number"),
+])
+def test_the_schema_names_a_bad_token_or_logprob(field, bad, needle):
+    """Tokens and logprobs are checked by whole-list passes; a failure is still named the way a per-value check
+    names it."""
+    from verify.rollout import RolloutSchemaError
+
+    wire = make_group([5, 6, 7], "length").to_wire()
+    wire["completions"][0][field] = bad
+    with pytest.raises(RolloutSchemaError, match=needle):
+        RolloutGroup.from_wire(wire)
+    wire["completions"][0][field] = [5, 6, 7] if field == "tokens" else [-0.5, 0, -0.1]  # an int 0 is a logprob
+    assert RolloutGroup.from_wire(wire).completions[0].logprobs[1] == (0.0 if field == "logprobs" else -1.0)
