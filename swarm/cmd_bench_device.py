@@ -77,12 +77,8 @@ def _generate(harness, on_device) -> tuple[dict, dict]:
 
 def _verify(harness, on_device, groups: dict) -> dict:
     """Groups made on each side, validated on the other: honest work must pass across devices."""
-    from verify.bench import CURRENT_VERSION
-    from verify.verifier import verify_groups
-
-    config = harness.config.check_config()
     on_cpu, _ = harness.validate(groups["device"])
-    there = verify_groups({CURRENT_VERSION: on_device}, groups["cpu"], harness.ctx, config)
+    there, _ = harness.validate(groups["cpu"], model=on_device)
     reasons = [v.reason for v in list(on_cpu) + list(there) if not v.accepted]
     return {"device_groups_rejected_on_cpu": sum(not v.accepted for v in on_cpu),
             "cpu_groups_rejected_on_device": sum(not v.accepted for v in there),
@@ -100,15 +96,14 @@ def _train_step(harness, trainees: tuple, groups: list, exact: bool) -> dict:
     batch = [dataclasses.replace(to_train_group(g), rewards=tuple(float(i % 2) for i in range(len(g.completions))))
              for g in groups]
     pad = harness.loaded.tokenizer.pad_token_id or 0
-    reports, models = [], []
+    timed = []
     for model in trainees:
         started = time.perf_counter()
-        reports.append(PolicyTrainer(model, TrainerConfig(), pad_id=pad).train_step(0, batch))
-        models.append((model, time.perf_counter() - started))
-    (cpu_model, cpu_s), (there_model, there_s) = models
-    cpu_report, there_report = reports
+        timed.append((PolicyTrainer(model, TrainerConfig(), pad_id=pad).train_step(0, batch),
+                      time.perf_counter() - started))
+    (cpu_report, cpu_s), (there_report, there_s) = timed
     weights = max(float((a.detach().cpu() - b.detach().cpu()).abs().max())
-                  for a, b in zip(cpu_model.parameters(), there_model.parameters()))
+                  for a, b in zip(*(model.parameters() for model in trainees)))
     loss_gap = abs(cpu_report.loss - there_report.loss)
     norm_gap = abs(cpu_report.grad_norm - there_report.grad_norm) / max(cpu_report.grad_norm, 1e-12)
     close = loss_gap < 1e-3 and norm_gap < 1e-2 and weights < 1e-3

@@ -117,10 +117,11 @@ class Harness:
                   for r, e, (w, s, _) in zip(results, entries, items)]
         return groups, gen_s, self.proof_s
 
-    def validate(self, groups, config: CheckConfig | None = None, **kwargs):
+    def validate(self, groups, config: CheckConfig | None = None, model=None, **kwargs):
+        """Verdicts on `groups` by `model` (the harness's own by default); returns (verdicts, validate_s)."""
         start = time.perf_counter()
-        verdicts = verify_groups({CURRENT_VERSION: self.model}, groups, self.ctx, config or self.config.check_config(),
-                                 **kwargs)
+        verdicts = verify_groups({CURRENT_VERSION: model or self.model}, groups, self.ctx,
+                                 config or self.config.check_config(), **kwargs)
         return verdicts, time.perf_counter() - start
 
 
