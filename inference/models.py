@@ -44,6 +44,12 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SWARM_MODEL_CACHE") or Path.home() / ".cache" / "rl-swarm" / "models")
 
 
+def check_model_spec(spec: str) -> None:
+    """Refuse, in one sentence, a model that `load_model` could not find (cheap: nothing is loaded)."""
+    if spec not in ("tiny", "smollm2") and not Path(spec).is_dir():
+        raise InferenceError(f"model {spec!r} is neither 'tiny', 'smollm2' nor an existing directory")
+
+
 def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None) -> LoadedModel:
     """Load "tiny", "smollm2" or a local HF directory as float32 (or `dtype`) on the CPU, in eval mode."""
     import torch
@@ -58,10 +64,8 @@ def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None) -> Lo
     if spec == "smollm2":
         directory = _cached(cache / SMOLLM2_DIRNAME, convert_smollm2)
         return load_directory(directory, dtype, name="smollm2")
-    path = Path(spec)
-    if not path.is_dir():
-        raise InferenceError(f"model {spec!r} is neither 'tiny', 'smollm2' nor an existing directory")
-    return load_directory(path, dtype)
+    check_model_spec(spec)
+    return load_directory(Path(spec), dtype)
 
 
 def _cached(directory: Path, build) -> Path:

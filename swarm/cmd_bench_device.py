@@ -28,11 +28,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from inference.select import resolve_device
-    from swarm.errors import UserError
+    from swarm.errors import require_at_least_one
     from verify.bench import BenchConfig, Harness
 
-    if args.groups < 1 or args.max_new_tokens < 1:
-        raise UserError("--groups and --max-new-tokens must be at least 1")
+    require_at_least_one(groups=args.groups, max_new_tokens=args.max_new_tokens)
     device = resolve_device(args.device)
     torch.set_num_threads(1)
     harness = Harness(BenchConfig(model=args.model, groups=args.groups, max_new_tokens=args.max_new_tokens))

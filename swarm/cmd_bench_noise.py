@@ -26,12 +26,11 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from swarm.errors import UserError
+    from swarm.errors import UserError, require_at_least_one
     from verify.sampling import gumbel_noise_at
     from verify.testing import textbook_gumbel_noise
 
-    if args.rows < 1 or args.vocab < 1 or args.repeats < 1:
-        raise UserError("--rows, --vocab and --repeats must be at least 1")
+    require_at_least_one(rows=args.rows, vocab=args.vocab, repeats=args.repeats)
     if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
         raise UserError(f"device {args.device!r} is not available here (cpu, or cuda where torch sees a GPU)")
     torch.set_num_threads(args.threads)

@@ -29,11 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.errors import UserError
+    from swarm.errors import require_at_least_one
     from verify.bench import BenchConfig, run_bench
 
-    if args.groups < 1 or args.group_size < 1 or args.max_new_tokens < 1 or args.threads < 1:
-        raise UserError("--groups, --group-size, --max-new-tokens and --threads must be at least 1")
+    require_at_least_one(groups=args.groups, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+                         threads=args.threads)
     config = BenchConfig(model=args.model, groups=args.groups, group_size=args.group_size,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, threads=args.threads,
                          seed=args.seed, min_eos_prob=args.min_eos_prob, honest_only=args.honest_only,

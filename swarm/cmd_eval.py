@@ -26,11 +26,16 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from swarm.errors import UserError, require_at_least_one
+
+    require_at_least_one(n=args.n, max_new_tokens=args.max_new_tokens, batch=args.batch)
+    if not 0.0 <= args.temperature <= 10.0:
+        raise UserError(f"--temperature must be within 0..10 (0 = greedy), got {args.temperature}")
+
     from inference.models import load_model
     from trainer.config import load_config
     from trainer.evaluate import evaluate
     from trainer.session import load_task_split
-
     overrides = {"task": args.task, "seed": args.seed, "task_size": args.size, "eval_fraction": args.eval_fraction}
     cfg = load_config(args.config, overrides).config
     _, heldout = load_task_split(cfg)

@@ -7,6 +7,7 @@ key is still caught. Every field is documented where it is declared.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -15,6 +16,8 @@ from swarm.errors import UserError
 from swarm.runspec import PRECISIONS
 
 ROLES = ("trainer", "inference", "validator", "seed")
+_RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""Run names become parts of gossip topics, DHT keys and directory names."""
 BACKENDS = ("torch", "vllm")  # inference.select.open_backend's names (kept here: a seed-only peer never imports torch)
 DEVICES = ("auto", "cpu", "cuda")  # inference.select.resolve_device's names
 
@@ -102,6 +105,8 @@ class PeerConfig:
             raise UserError(f"unknown cheat {self.cheat!r}")
         if self.upload_mbps < 0:
             raise UserError("upload_mbps must not be negative")
+        if not _RUN_NAME.fullmatch(self.run):
+            raise UserError(f"run name {self.run!r} must be 1 to 64 letters, digits, '.', '_' or '-'")
         return self
 
 

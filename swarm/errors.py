@@ -10,3 +10,10 @@ class UserError(Exception):
     """A problem with the user's input or environment, reported as one sentence."""
 
     user_facing = True
+
+
+def require_at_least_one(**flags: int | float) -> None:
+    """Refuse, in one sentence naming it, the first command-line count below 1 (flags given by their dest names)."""
+    for name, value in flags.items():
+        if value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")

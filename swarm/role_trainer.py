@@ -174,16 +174,23 @@ class SwarmPublisher:
         return spec
 
 
+def load_role_config(peer):
+    """(TrainerConfig, curriculum) of the trainer role: its --trainer-config file with the peer's run, model and
+    data directory filled in."""
+    from trainer.config import load_config as load_trainer_config
+
+    loaded = load_trainer_config(peer.trainer_config, {"run": peer.run, "model": peer.model,
+                                                       "out": Path(peer.data_dir) / "training"})
+    return loaded.config, loaded.curriculum
+
+
 async def trainer_role(node) -> None:
     """Train on quorum-accepted rollouts until the configured steps are done, publishing every new version."""
-    from trainer.config import load_config as load_trainer_config
     from swarm.rollout_transport import receive_groups
     from verify.votes import Vote, VoteError
 
     peer = node.config
-    loaded_cfg = load_trainer_config(peer.trainer_config, {"run": peer.run, "model": peer.model,
-                                                            "out": Path(peer.data_dir) / "training"})
-    cfg, curriculum = loaded_cfg.config, loaded_cfg.curriculum
+    cfg, curriculum = load_role_config(peer)
     from inference.select import resolve_device
     from swarm.policy_files import load_base_model
 

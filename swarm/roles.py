@@ -11,8 +11,17 @@ from swarm.node import Node, RoleTask
 
 
 def build_roles(config: PeerConfig) -> list[RoleTask]:
-    """The role tasks of `config`, after the checks that need the machine (a GPU that is not there fails here,
-    in one line, before the peer joins a swarm it could not serve)."""
+    """The role tasks of `config`, after the checks that need the machine or the files it names (a GPU that is not
+    there, a model that does not exist, a trainer config that does not load fail here, in one line, before the peer
+    joins a swarm it could not serve)."""
+    if set(config.roles) & {"trainer", "inference", "validator"}:
+        from inference.models import check_model_spec
+
+        check_model_spec(config.model)
+    if "trainer" in config.roles:
+        from swarm.role_trainer import load_role_config
+
+        load_role_config(config)
     if "validator" in config.roles or "trainer" in config.roles:
         from inference.select import resolve_device
 

@@ -22,6 +22,12 @@ def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["publish", "/nonexistent/ckpt", "--run", "r", "--key", "/nonexistent/key"], "does not exist"),
     (["peer", "start", "--quorum", "3", "--replicas", "2"], "quorum 3 must be between 1 and replicas"),
     (["peer", "start", "--gpu-memory", "1.5"], "gpu_memory 1.5 is outside 0.05..0.95"),
+    (["peer", "start", "--run", "a/b"], "run name 'a/b' must be 1 to 64 letters"),
+    (["peer", "start", "--role", "inference", "--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
+    (["peer", "start", "--role", "trainer", "--trainer-config", "/nonexistent.toml"], "/nonexistent.toml does not exist"),
+    (["eval", "--n", "-5"], "--n must be at least 1, got -5"),
+    (["eval", "--temperature", "-1"], "--temperature must be within 0..10"),
+    (["bench", "generate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, fragment):
     result = run_swarm(*args, "--data-dir", str(tmp_path / "d")) if args[0] == "peer" else run_swarm(*args)
