@@ -264,7 +264,10 @@ class PolicyMirror:
 
     def _take_spare(self, peer: str, now: float) -> Any:
         spare = self._spares.pop(peer, None)
-        if spare is None or now - spare[1] > self.spare_ttl:
+        if spare is None:
+            return None
+        if now - spare[1] > self.spare_ttl:  # the acceptor stopped waiting for it: close it cleanly, not by GC
+            self._nursery.start_soon(trio.aclose_forcefully, spare[0])
             return None
         return spare[0]
 
@@ -340,10 +343,16 @@ async def _send_preamble(stream: Any, policy: MirroredPolicy) -> None:
 
 
 async def _read_exactly(stream: Any, size: int, timeout: float) -> bytes | None:
+    """`size` bytes, or None if the stream ends, breaks or stalls first: a dialer may drop a spare channel it no
+    longer needs (or vanish) at any time, which is no error of ours."""
     buf = bytearray()
     with trio.move_on_after(timeout):
         while len(buf) < size:
-            chunk = await stream.receive_some(min(size - len(buf), 1 << 20))
+            try:
+                chunk = await stream.receive_some(min(size - len(buf), 1 << 20))
+            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                log.debug("data channel ended before its preamble: %s", exc)
+                return None
             if not chunk:
                 return None
             buf += chunk

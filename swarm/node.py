@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 RoleTask = Callable[["Node"], Awaitable[None]]
 GOSSIP_INLINE_MANIFEST = 512 * 1024
 DHT_PUT_LIMIT_S = 15.0  # larger manifests are announced by id and fetched by the manifest protocol
+DHT_PUT_WARN_AFTER = 3
+"""Versions in a row whose latest-manifest record the DHT did not store before that is worth a warning."""
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Node:
     peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
     done: trio.Event = field(default_factory=trio.Event)
     failed: bool = False
+    dht_put_misses: int = 0  # latest-manifest puts in a row that did not complete
 
     @property
     def peer_id(self) -> str:
@@ -69,13 +72,30 @@ class Node:
         self.nursery.start_soon(self._put_latest, record)
 
     async def _put_latest(self, record: Any) -> None:
+        miss = None
         try:
             with trio.move_on_after(DHT_PUT_LIMIT_S) as scope:
                 await self.dht.put_latest_manifest(record)
             if scope.cancelled_caught:
-                log.warning("latest-manifest record not stored within %g s; the DHT re-puts it later", DHT_PUT_LIMIT_S)
+                miss = f"not stored within {DHT_PUT_LIMIT_S:g} s"
         except P2PError as exc:
-            log.warning("latest-manifest record not stored: %s", exc)
+            miss = f"not stored: {exc}"
+        self.note_dht_put(miss)
+
+    def note_dht_put(self, miss: str | None) -> None:
+        """Count a latest-manifest put that did not complete (`miss` says how), or reset on success.
+
+        One miss is routine when the DHT's peers are slow: the DHT re-puts the record, and gossip and heartbeats
+        carry the version meanwhile. A streak means late joiners cannot find the run's newest policy through the
+        DHT, which is worth one warning per streak.
+        """
+        if miss is None:
+            self.dht_put_misses = 0
+            return
+        self.dht_put_misses += 1
+        level = logging.WARNING if self.dht_put_misses == DHT_PUT_WARN_AFTER else logging.DEBUG
+        log.log(level, "latest-manifest record %s (%d versions in a row); the DHT re-puts it later", miss,
+                self.dht_put_misses)
 
 
 async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask],

@@ -50,3 +50,31 @@ async def test_a_link_dialed_for_a_dropped_version_is_closed_not_handed_to_its_s
             assert "peer" not in oldest.service.peers
             assert await theirs.receive_some(1 << 16)  # the preamble went out, then our end was closed
             nursery.cancel_scope.cancel()
+
+
+async def test_an_expired_spare_is_closed_cleanly_and_a_vanished_dialer_is_no_error(tmp_path, autojump_clock):
+    """An expired spare used to be dropped unclosed, so its acceptor saw a truncated channel and logged a warning;
+    now it is closed (a clean end), and an acceptor whose dialer vanishes before the preamble just stops."""
+    from p2p.errors import ChannelError
+
+    key = Identity.generate()
+    with PieceStore(tmp_path / "store", keep_versions=2) as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2,
+                              spare_ttl=10.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            ours, theirs = trio.testing.memory_stream_pair()
+            mirror._spares["peer"] = (ours, trio.current_time())
+            await trio.sleep(11.0)  # virtual time: past the spare's lifetime
+            assert mirror._take_spare("peer", trio.current_time()) is None
+            with trio.fail_after(1):
+                assert await theirs.receive_some(1024) == b""  # closed, not left to the garbage collector
+
+            class Truncated:
+                async def receive_some(self, max_bytes=None):
+                    raise ChannelError("data channel from peer ended without its final record (truncated)")
+
+            with trio.fail_after(1):
+                assert await mirror.accept_link("peer", Truncated()) is None  # quietly, no exception
+            assert mirror._waiting["peer"] == 0
+            nursery.cancel_scope.cancel()

@@ -151,3 +151,35 @@ def test_two_swarm_processes_second_joins_through_first_multiaddr(tmp_path):
         (manifest,) = store.manifests()
         out = store.reassemble(manifest, tmp_path / "out")
     assert blake3.blake3((out / "model.safetensors").read_bytes()).digest() == blake3.blake3(original).digest()
+
+
+async def test_a_slow_dht_put_is_quiet_until_it_becomes_a_streak(caplog, autojump_clock):
+    """One latest-manifest put that times out is routine (the DHT re-puts it); a streak of them is one warning."""
+    import logging
+
+    from swarm.node import DHT_PUT_LIMIT_S, DHT_PUT_WARN_AFTER, Node
+
+    class StuckDht:
+        stuck = True
+
+        async def put_latest_manifest(self, record):
+            if self.stuck:
+                await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        node = Node(config=None, host=None, gossip=None, mirror=None, events=None, nursery=nursery, dht=StuckDht())
+        caplog.set_level(logging.DEBUG, logger="swarm.node")
+
+        async def put_and_count_warnings() -> int:
+            before = trio.current_time()
+            await node._put_latest(record=None)
+            assert trio.current_time() - before <= DHT_PUT_LIMIT_S  # bounded by the put limit
+            return sum(r.levelno == logging.WARNING for r in caplog.records)
+
+        assert [await put_and_count_warnings() for _ in range(DHT_PUT_WARN_AFTER + 1)] == [0] * (DHT_PUT_WARN_AFTER - 1) + [1, 1]
+        node.dht.stuck = False
+        await node._put_latest(record=None)
+        assert node.dht_put_misses == 0  # a stored record ends the streak
+        node.dht.stuck = True
+        assert [await put_and_count_warnings() for _ in range(DHT_PUT_WARN_AFTER)] == [1] * (DHT_PUT_WARN_AFTER - 1) + [2]
+    assert "not stored within" in caplog.text
