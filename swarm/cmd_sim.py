@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from swarm.events import describe
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/sim"), help="where peers keep data and the report")
@@ -52,40 +54,23 @@ def run(args: argparse.Namespace) -> int:
     return 1 if extra["timed_out"] else 0
 
 
+_NARRATED = ("published", "train_step", "trainer_waiting", "role_failed", "dht_found", "generated", "rejected_rollout")
+
+
 def _narrate(e: dict) -> None:
+    """The simulation's story: role milestones in the words a peer uses (swarm.events.describe), each prefixed by
+    the peer's name, plus the watchdog's stall reports and the seed-only peer's copies."""
     kind, who = e["event"], e.get("peer", "?")
     line = None
-    if kind == "published":
-        line = f"[{who}] published policy v{e['version']} ({e['bytes'] / 2**20:.2f} MiB, {e['validators']} validators, stage {e['stage']})"
-    elif kind == "train_step":
-        line = _step_line(who, e)
-    elif kind == "trainer_waiting":
-        line = (f"[{who}] waiting {e['waited_s']} s for a batch: {e['ready']}/{e['wanted']} accepted groups ready, "
-                f"{e['awaiting_votes']} awaiting votes, newest version v{e['newest_version']}")
+    if kind in _NARRATED:
+        line = describe(e)
     elif kind == "stalled":
-        line = (f"[{who}] no trainer step for {e['seconds']:.0f} s: knows v{e['knows']}, holds v{e['holds']}, "
+        line = (f"no trainer step for {e['seconds']:.0f} s: knows v{e['knows']}, holds v{e['holds']}, "
                 f"connected to {e['connected']} peers, last: {e['last']}{' (STOPPED)' if e['stopped'] else ''}")
-    elif kind == "role_failed":
-        line = f"[{who}] {e['role']} FAILED: {e['message']}"
-    elif kind == "dht_found":
-        line = f"[{who}] found policy v{e['version']} through the DHT (gossip missed it)"
-    elif kind == "generated":
-        line = f"[{who}] generated {e['groups']} groups with v{e['version']} (claimed mean reward {e['mean_reward']})"
-    elif kind == "rejected_rollout":
-        line = f"[{who}] voted to reject a rollout: {e['reason']}"
     elif kind == "complete" and who.startswith("seed"):
-        line = f"[{who}] mirrored policy v{e['version']}"
+        line = f"mirrored policy v{e['version']}"
     if line:
-        print(line, flush=True)
-
-
-def _step_line(who: str, e: dict) -> str:
-    if e.get("reward") is None:
-        return f"[{who}] step {e['step']}: no group inside the async window ({e['refused']} refused, stage {e['stage']})"
-    return (f"[{who}] step {e['step']}: reward {e['reward']:.3f} on {e['groups']} quorum-accepted groups "
-            f"({e.get('trained_groups')} with a learning signal, lags {e.get('lags')}, {e.get('mean_tokens')} "
-            f"tokens/completion, {e.get('hit_length')}/{e.get('completions')} cut at the limit; stage {e['stage']}) "
-            f"best: {e.get('sample', '')!r}")
+        print(f"[{who}] {line}", flush=True)
 
 
 def _render(report: dict, out: Path) -> str:

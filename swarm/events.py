@@ -12,13 +12,22 @@ import sys
 import time
 
 
+PROGRESS_HEARTBEAT_S = 60.0
+"""An idle policy's progress line (nothing moving, nothing changed) is repeated at most this often in text mode."""
+
+
 class EventSink:
-    """Emits events as JSON lines (`json_lines=True`) or as short human-readable lines."""
+    """Emits events as JSON lines (`json_lines=True`) or as short human-readable lines.
+
+    JSON lines carry every event; the text form says what a person needs: role milestones (steps, versions,
+    rollouts, votes) and piece progress when it changes or moves, not the same idle line every status period.
+    """
 
     def __init__(self, json_lines: bool = False, stream=None) -> None:
         self.json_lines = json_lines
         self.stream = stream or sys.stdout
         self.listeners: list = []
+        self._last_progress: dict[object, tuple[int, int, float]] = {}  # version -> (pieces, peers, printed at)
 
     def configure_logging(self, level: int = logging.WARNING) -> None:
         logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
@@ -38,10 +47,20 @@ class EventSink:
             listener(record)
         if self.json_lines:
             print(json.dumps(record, default=_jsonable), file=self.stream, flush=True)
-        else:
-            text = _human(record)
+        elif kind != "progress" or self._progress_worth_printing(record):
+            text = describe(record)
             if text:
                 print(text, file=self.stream, flush=True)
+
+    def _progress_worth_printing(self, r: dict) -> bool:
+        """A progress line when pieces or peers changed, bytes are moving, or a heartbeat is due."""
+        previous = self._last_progress.get(r["version"])
+        moving = r["up_mib_s"] > 0 or r["down_mib_s"] > 0
+        changed = previous is None or previous[:2] != (r["pieces"], r["peers"])
+        if not (moving or changed or r["t"] - previous[2] >= PROGRESS_HEARTBEAT_S):
+            return False
+        self._last_progress[r["version"]] = (r["pieces"], r["peers"], r["t"])
+        return True
 
 
 def _jsonable(value):
@@ -50,7 +69,8 @@ def _jsonable(value):
     return str(value)
 
 
-def _human(r: dict) -> str | None:
+def describe(r: dict) -> str | None:
+    """One line for a person about event `r`, or None for events that are only for programs."""
     kind = r["event"]
     if kind == "listening":
         addrs = "\n  ".join(r["addrs"])
@@ -67,5 +87,34 @@ def _human(r: dict) -> str | None:
         return f"warning: {kind.replace('_', ' ')}: {r.get('reason', '')} {r.get('address', '')}".rstrip()
     if kind == "dropped":
         return f"policy v{r['version']} left the window; garbage-collected"
+    role_line = _ROLE_LINES.get(kind)
+    if role_line is not None:
+        return role_line(r)
     msg = r.get("message")
     return f"{kind}: {msg}" if msg else None
+
+
+def _train_step_line(r: dict) -> str:
+    if r.get("reward") is None:
+        return f"step {r['step']}: no group inside the async window ({r['refused']} refused, stage {r['stage']})"
+    return (f"step {r['step']}: reward {r['reward']:.3f} on {r['groups']} quorum-accepted groups "
+            f"({r.get('trained_groups')} with a learning signal, lags {r.get('lags')}, {r.get('mean_tokens')} "
+            f"tokens/completion, {r.get('hit_length')}/{r.get('completions')} cut at the limit; stage {r['stage']}) "
+            f"best: {r.get('sample', '')!r}")
+
+
+_ROLE_LINES = {
+    "published": lambda r: (f"published policy v{r['version']} ({r['bytes'] / 2**20:.2f} MiB, {r['validators']} "
+                            f"validators, stage {r['stage']})"),
+    "train_step": _train_step_line,
+    "trainer_waiting": lambda r: (f"waiting {r['waited_s']} s for a batch: {r['ready']}/{r['wanted']} accepted groups "
+                                  f"ready, {r['awaiting_votes']} awaiting votes, newest version v{r['newest_version']}"),
+    "trained": lambda r: f"training done: {r['steps']} steps, final policy v{r['version']} in {r['final']}",
+    "generated": lambda r: (f"generated {r['groups']} groups with v{r['version']} (claimed mean reward "
+                            f"{r['mean_reward']})"),
+    "validated": lambda r: (f"validated {r.get('checked', 0)} rollouts so far: {r.get('accepted', 0)} accepted, "
+                            f"{r.get('rejected', 0)} rejected"),
+    "rejected_rollout": lambda r: f"voted to reject a rollout: {r['reason']}",
+    "role_failed": lambda r: f"{r['role']} FAILED: {r['message']}",
+    "dht_found": lambda r: f"found policy v{r['version']} through the DHT (gossip missed it)",
+}

@@ -1,0 +1,55 @@
+"""What a person sees from `swarm peer start`: role milestones in words, piece progress only when it says something."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from swarm.events import PROGRESS_HEARTBEAT_S, EventSink
+
+
+def progress(sink: EventSink, t: float, pieces: int, up: float = 0.0, peers: int = 3) -> None:
+    sink.emit("progress", version=1, pieces=pieces, total=4, up_mib_s=up, down_mib_s=0.0, peers=peers, t=t)
+
+
+def test_idle_progress_is_not_repeated_every_status_period_but_changes_and_transfers_are_shown():
+    out = io.StringIO()
+    sink = EventSink(stream=out)
+    progress(sink, 0.0, 4)
+    progress(sink, 2.0, 4)  # nothing changed, nothing moving: not repeated
+    progress(sink, 4.0, 4, up=1.5)  # serving others: shown
+    progress(sink, 6.0, 4, peers=4)  # a new peer: shown
+    progress(sink, 8.0, 4, peers=4)
+    progress(sink, 6.0 + PROGRESS_HEARTBEAT_S, 4, peers=4)  # a heartbeat after a quiet minute
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 4, lines
+    assert lines[0] == "policy v1: 4/4 pieces (100%), up 0.0 MiB/s, down 0.0 MiB/s, 3 peers"
+    assert "up 1.5 MiB/s" in lines[1] and "4 peers" in lines[2]
+
+
+def test_json_lines_keep_every_progress_event():
+    out = io.StringIO()
+    sink = EventSink(json_lines=True, stream=out)
+    for t in (0.0, 2.0, 4.0):
+        progress(sink, t, 4)
+    assert [json.loads(line)["event"] for line in out.getvalue().splitlines()] == ["progress"] * 3
+
+
+def test_role_milestones_are_sentences_in_text_mode():
+    out = io.StringIO()
+    sink = EventSink(stream=out)
+    sink.emit("published", version=3, bytes=2**20, validators=2, stage="short@4")
+    sink.emit("train_step", step=2, reward=0.25, groups=4, refused=0, stage="short@4", trained_groups=3,
+              lags={1: 4}, mean_tokens=4.0, hit_length=60, completions=64, sample="42")
+    sink.emit("train_step", step=3, reward=None, groups=0, refused=5, stage="short@4")
+    sink.emit("generated", version=3, groups=4, mean_reward=0.5)
+    sink.emit("validated", checked=8, accepted=7, rejected=1)
+    sink.emit("gate", waiting=1, ready=2, counts={})  # bookkeeping for programs only
+    assert out.getvalue().splitlines() == [
+        "published policy v3 (1.00 MiB, 2 validators, stage short@4)",
+        "step 2: reward 0.250 on 4 quorum-accepted groups (3 with a learning signal, lags {1: 4}, 4.0 "
+        "tokens/completion, 60/64 cut at the limit; stage short@4) best: '42'",
+        "step 3: no group inside the async window (5 refused, stage short@4)",
+        "generated 4 groups with v3 (claimed mean reward 0.5)",
+        "validated 8 rollouts so far: 7 accepted, 1 rejected",
+    ]
