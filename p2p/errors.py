@@ -50,6 +50,10 @@ class HostError(P2PError):
     """The libp2p host cannot start, dial or open a stream (bad address, unreachable peer, timeout)."""
 
 
+class StreamEndedEarly(HostError):
+    """The peer closed a stream before sending what the protocol promised."""
+
+
 class ChannelError(P2PError):
     """A data channel failed: handshake refused, record tampered, truncated or the peer vanished mid-transfer."""
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from p2p.errors import HostError
+from p2p.errors import HostError, StreamEndedEarly
 from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import tune_yamux
 
@@ -221,7 +221,8 @@ def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None, 
             log.warning("handler for %s exceeded its own deadline; stream reset", protocol)
             await reset_quietly(stream)
         except Exception as exc:  # noqa: BLE001 - the whole point: nothing escapes into libp2p's nursery
-            log.warning("handler for %s failed (%s); stream reset", protocol, _one_line(exc))
+            level = logging.DEBUG if peer_went_away(exc) else logging.WARNING
+            log.log(level, "handler for %s failed (%s); stream reset", protocol, _one_line(exc))
             log.debug("handler traceback", exc_info=True)
             await reset_quietly(stream)
         if limit.cancelled_caught:
@@ -242,6 +243,16 @@ async def reset_quietly(stream: Any) -> None:
             log.debug("stream reset failed", exc_info=True)
 
 
+def peer_went_away(exc: BaseException) -> bool:
+    """Whether `exc` only says that the other end closed, reset or dropped the stream: routine on a network (a
+    requester that gave up, a peer that left), so no warning, unlike a failure of the handler itself."""
+    from libp2p.network.stream.exceptions import StreamError
+    from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
+
+    return isinstance(exc, (StreamError, MuxedStreamError, MuxedConnError, StreamEndedEarly, EOFError,
+                            ConnectionError, trio.BrokenResourceError, trio.ClosedResourceError))
+
+
 async def read_exactly(stream: Any, n: int, what: str = "stream") -> bytes:
     """Exactly `n` bytes from a libp2p stream, read in chunks of at most 1 MiB; HostError if the peer closes early.
 
@@ -251,7 +262,7 @@ async def read_exactly(stream: Any, n: int, what: str = "stream") -> bytes:
     while len(buf) < n:
         chunk = await stream.read(min(n - len(buf), 1 << 20))
         if not chunk:
-            raise HostError(f"the peer closed the {what} early")
+            raise StreamEndedEarly(f"the peer closed the {what} early")
         buf += chunk
     return bytes(buf)
 

@@ -7,7 +7,7 @@ import trio
 from libp2p.network.stream.exceptions import StreamError
 
 from p2p.errors import HostError
-from p2p.host import HostConfig, open_host
+from p2p.host import HostConfig, open_host, read_exactly
 
 ECHO = "/test/echo/1"
 PEER = "12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"
@@ -103,8 +103,12 @@ async def test_raising_and_hanging_handlers_reset_the_stream_and_the_host_surviv
     async def hang(stream):
         await trio.sleep_forever()
 
+    async def wants_more(stream):
+        await read_exactly(stream, 32, "request")  # the client sends 8 bytes and closes: it went away
+
     async with open_host() as a, open_host() as b:
         a.set_guarded_handler("/test/boom/1", boom)
+        a.set_guarded_handler("/test/short/1", wants_more)
         a.set_guarded_handler("/test/hang/1", hang, timeout=0.5)
         a.set_guarded_handler("/test/idle/1", hang, timeout=0.5, idle_streams=True)  # e.g. Kademlia's streams
         a.set_guarded_handler(ECHO, echo_reversed)
@@ -114,9 +118,15 @@ async def test_raising_and_hanging_handlers_reset_the_stream_and_the_host_surviv
                 with pytest.raises(StreamError):  # the reset reaches the client as an error, not data
                     await ask(b, a.peer_id, protocol)
             assert await ask(b, a.peer_id, ECHO, b"still up") == b"pu llits"
+            short = await b.new_stream(a.peer_id, "/test/short/1")
+            await short.write(b"8 bytes.")
+            await short.close()  # a requester giving up before its request was whole
+            while "/test/short/1 failed" not in caplog.text:
+                await trio.sleep(0.01)
         warnings = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
         assert "handler bug" in warnings and "/test/hang/1 exceeded 0.5 s" in warnings
         assert "/test/idle/1" not in warnings and "/test/idle/1 exceeded 0.5 s" in caplog.text  # closed, quietly
+        assert "/test/short/1" not in warnings  # a peer that went away is routine: a debug line
 
 
 async def test_unreachable_bootstrap_is_one_log_line_and_the_host_still_starts(caplog):
