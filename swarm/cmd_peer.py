@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="download only, never upload (single-origin baseline)")
     parser.add_argument("--exit-when-complete", dest="exit_when_complete", action="store_const", const=True,
                         help="exit once the newest policy is complete")
+    parser.add_argument("--exit-when-trained", dest="exit_when_trained", action="store_const", const=True,
+                        help="trainer role: exit once the configured steps are done and the final policy is saved")
     parser.add_argument("--json-events", dest="json_events", action="store_true",
                         help="print machine-readable JSON event lines instead of progress text")
     parser.add_argument("--key", type=Path, help="identity key file (the trainer's run key; default: data dir's)")
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         "bootstrap": tuple(args.bootstrap) if args.bootstrap else None,
         "listen": tuple(args.listen) if args.listen else None,
         "data_dir": args.data_dir, "keep_versions": args.keep_versions, "upload_mbps": args.upload_mbps,
-        "reseed": args.reseed, "exit_when_complete": args.exit_when_complete, "model": args.model,
+        "reseed": args.reseed, "exit_when_complete": args.exit_when_complete,
+        "exit_when_trained": args.exit_when_trained, "model": args.model,
         "backend": args.backend, "device": args.device, "precision": args.precision, "gpu_memory": args.gpu_memory,
         "trainer_config": args.trainer_config, "prompts_per_worker": args.prompts_per_worker,
         "replicas": args.replicas, "quorum": args.quorum,

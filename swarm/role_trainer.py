@@ -251,6 +251,12 @@ async def trainer_role(node) -> None:
                     progress = trio.Event()
                 if waiting.should_report(trio.current_time()):
                     node.events.emit("trainer_waiting", **waiting.status(gate, trio.current_time()))
+                if waiting.starved(gate, trio.current_time()) and await trio.to_thread.run_sync(run.publish_early):
+                    node.events.emit("publishing_early", version=run.state.version, message=(
+                        f"no rollouts for {waiting.patience_s:g} s and none awaiting votes: the workers have answered "
+                        f"the current version, so the weights of step {run.state.step} go out as v{run.state.version}"))
+                    await _publish_newest(run, publisher, gate)
+                    waiting.restart(trio.current_time())
             batch = gate.take(cfg.prompts_per_step)
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
@@ -287,8 +293,19 @@ class BatchWait:
         have = gate.expire()
         if have != self.have:
             self.have, self.changed_at = have, now
-        quiet = not gate.pending and now - max(self.since, self.changed_at) >= self.patience_s
-        return have >= self.wanted or (have > 0 and quiet)
+        return have >= self.wanted or (have > 0 and self._quiet(gate, now))
+
+    def starved(self, gate: RolloutGate, now: float) -> bool:
+        """Nothing to train on and nothing on its way for `patience_s`: the workers have answered the current
+        version and wait for the next one (see TrainingRun.publish_early)."""
+        return self.have == 0 and self._quiet(gate, now)
+
+    def restart(self, now: float) -> None:
+        """Wait afresh (after publishing early: the new version's groups need time to come)."""
+        self.since = self.changed_at = now
+
+    def _quiet(self, gate: RolloutGate, now: float) -> bool:
+        return not gate.pending and now - max(self.since, self.changed_at) >= self.patience_s
 
     def should_report(self, now: float) -> bool:
         if now - max(self.since, self.reported_at) < self.report_every_s:

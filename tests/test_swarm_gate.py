@@ -159,6 +159,24 @@ def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_repor
     assert not BatchWait(wanted=4, since=0.0).ready(gate, 1000.0)  # nothing to train on: keep waiting
 
 
+def test_a_trainer_with_nothing_to_train_on_and_nothing_coming_is_starved_until_it_waits_afresh():
+    from swarm.role_trainer import BatchWait
+
+    validators = keys(2)
+    gate = gate_with(validators)
+    wait = BatchWait(wanted=4, since=100.0, patience_s=30.0)
+    assert not wait.ready(gate, 120.0) and not wait.starved(gate, 120.0)
+    pending = group(task=7)
+    gate.on_rollout(pending, 125.0)
+    assert not wait.ready(gate, 140.0) and not wait.starved(gate, 140.0)  # a quorum is still open
+    gate.tick(136.0)  # its votes never came: the quorum times out (10 s)
+    assert not gate.pending and not wait.ready(gate, 141.0) and wait.starved(gate, 141.0)  # time to publish early
+    wait.restart(141.0)
+    assert not wait.starved(gate, 160.0) and wait.starved(gate, 171.0)
+    accept(gate, validators, group(task=1))
+    assert not wait.ready(gate, 172.0) and not wait.starved(gate, 300.0) and wait.ready(gate, 300.0)
+
+
 def test_a_validator_fetches_only_announced_groups_assigned_to_it_and_not_from_workers_it_banned():
     from types import SimpleNamespace
 

@@ -293,3 +293,20 @@ def test_the_time_budget_stops_stepping_but_not_before_it_is_spent(tmp_path, mod
     unlimited._started = time.perf_counter() - 1e6
     run_sync(unlimited, FixedSource(), 2)
     assert unlimited.state.step == 2
+
+
+def test_publish_early_releases_the_trained_weights_once_and_the_schedule_goes_on(tmp_path, model_cache):
+    """A swarm trainer whose workers supply fewer groups per version than its schedule consumes publishes early."""
+    from trainer.checkpoint import policy_dir
+
+    run = make_run(tmp_path, model_cache, steps_per_policy=3)
+    assert not run.publish_early() and run.state.version == 0  # no step since v0: the same weights
+    run.step(FixedSource().generate(0, run.latest_policy()))
+    assert run.publish_early() and run.state.version == 1 and policy_dir(run.policies, 1).is_dir()
+    assert not run.publish_early() and run.state.version == 1  # nothing trained since v1
+    published = load_file(str(policy_dir(run.policies, 1) / "model.safetensors"))
+    trained = run.loaded.model.state_dict()
+    assert torch.equal(published["model.embed_tokens.weight"], trained["model.embed_tokens.weight"])
+    for step in (1, 2):
+        run.step(FixedSource().generate(step, run.latest_policy()))
+    assert run.state.version == 2  # step 3 of every 3 still publishes on schedule

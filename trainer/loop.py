@@ -75,6 +75,7 @@ class TrainingRun:
                                      collective=collective, load_version=self._load_version)
         self.state = TrainerState()
         self.published: set[int] = set()
+        self._published_at_step = 0  # the step count when the newest version was published
         self._gathered: tuple | None = None  # (step, module, weights): see _publishable
         self.on_report = on_report or (lambda report: None)
         self._started = time.perf_counter() if started is None else started  # wall_s counts from here
@@ -97,6 +98,7 @@ class TrainingRun:
             self.published = {v for v in range(self.state.version + 1) if policy_dir(self.policies, v).is_dir()}
             if self.state.version not in self.published:
                 raise TrainerError(f"checkpoint {found} names policy v{self.state.version} but its files are gone")
+            self._published_at_step = self.state.step
         else:
             self._publish(0)
         if self.cfg.kl_coef > 0:
@@ -116,6 +118,20 @@ class TrainingRun:
         self.trainer.mark_published(version, snapshot=not self.generator_logprobs, weights=weights)
         self.published.add(version)
         self.state.version = version
+        self._published_at_step = self.state.step
+
+    def publish_early(self) -> bool:
+        """Publish the current weights as the next version before `steps_per_policy` steps have passed; False (and
+        nothing published) when no step was taken since the newest version, whose weights these still are.
+
+        Why: in the swarm each worker answers its assigned prompts once per version, so when the workers together
+        supply fewer groups per version than `prompts_per_step * steps_per_policy`, a trainer that waited for its
+        schedule would wait for ever; a new version is what makes them generate again.
+        """
+        if self.state.step == self._published_at_step:
+            return False
+        self._publish(self.state.version + 1)
+        return True
 
     def _description(self) -> dict:
         desc = dict(self.loaded.description)
