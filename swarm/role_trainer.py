@@ -7,6 +7,7 @@ tested without sockets; this module only moves data between gossip, the gate and
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -138,15 +139,23 @@ class SwarmPublisher:
         self.root = Path(node.config.data_dir) / "swarm-policies"
         self.published: set[int] = set()
 
-    def spec_for(self, segment: str) -> RunSpec:
+    def known_validators(self) -> tuple[str, ...]:
+        """Public keys (hex, sorted) of the validators this peer hears heartbeats from."""
         from p2p.identity import public_bytes_from_peer_id
 
-        validators = sorted(public_bytes_from_peer_id(p).hex() for p, roles in self.node.peer_roles.items()
-                            if "validator" in roles)
+        return tuple(sorted(public_bytes_from_peer_id(p).hex() for p, roles in self.node.peer_roles.items()
+                            if "validator" in roles))
+
+    def validators_changed(self, spec: RunSpec) -> bool:
+        """Whether validators are known now and differ from those `spec` names (some joined late, some left)."""
+        known = set(self.known_validators())
+        return bool(known) and known != set(spec.validators)
+
+    def spec_for(self, segment: str) -> RunSpec:
         cfg, peer = self.cfg, self.node.config
         return RunSpec(cfg.task, cfg.task_size, json.dumps(cfg.task_config, sort_keys=True), cfg.seed,
                        cfg.eval_fraction, segment, peer.prompts_per_worker, cfg.async_level, peer.replicas,
-                       peer.quorum, tuple(validators), peer.precision)
+                       peer.quorum, self.known_validators(), peer.precision)
 
     async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
         from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
@@ -202,6 +211,12 @@ async def trainer_role(node) -> None:
     identity = node.identity
     publisher = SwarmPublisher(node, identity, cfg, peer.piece_kb)
     gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)
+    if run.state.step > 0:  # resumed: the workers answered the newest version already, to a trainer now gone
+        resumed_at = run.state.version
+        await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
+        node.events.emit("resumed", step=run.state.step, version=run.state.version, message=(
+            f"resumed at step {run.state.step}; the rollouts of v{resumed_at} went with the previous process, so its "
+            f"weights go out again as v{run.state.version}"))
     await _wait_for_validators(node, peer.replicas)
     await _publish_newest(run, publisher, gate)
     progress = trio.Event()
@@ -251,12 +266,8 @@ async def trainer_role(node) -> None:
                     progress = trio.Event()
                 if waiting.should_report(trio.current_time()):
                     node.events.emit("trainer_waiting", **waiting.status(gate, trio.current_time()))
-                if waiting.starved(gate, trio.current_time()) and await trio.to_thread.run_sync(run.publish_early):
-                    node.events.emit("publishing_early", version=run.state.version, message=(
-                        f"no rollouts for {waiting.patience_s:g} s and none awaiting votes: the workers have answered "
-                        f"the current version, so the weights of step {run.state.step} go out as v{run.state.version}"))
-                    await _publish_newest(run, publisher, gate)
-                    waiting.restart(trio.current_time())
+                if waiting.starved(gate, trio.current_time()):
+                    await _publish_when_starved(node, run, publisher, gate, waiting)
             batch = gate.take(cfg.prompts_per_step)
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
@@ -355,6 +366,21 @@ def _open_training_run(loaded, cfg, curriculum):
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     return TrainingRun(loaded, cfg, curriculum, trusted_source=False)  # workers' logprobs are claims: recompute
+
+
+async def _publish_when_starved(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait) -> None:
+    """Nothing to train on and nothing on its way: publish a new version if that can change it, i.e. when steps were
+    trained since the newest version (its workers answered it already) or when the validators it names are not
+    the ones around now (a version whose validators are gone, or that names none, can never be accepted)."""
+    revalidate = publisher.validators_changed(gate.specs[gate.newest])
+    why = "the workers have answered it" if run.trained_since_publish else "it names other validators than those here"
+    if not await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=revalidate)):
+        return
+    node.events.emit("publishing_early", version=run.state.version, message=(
+        f"no rollouts for {waiting.patience_s:g} s and none awaiting votes on v{gate.newest}: {why}, so the weights "
+        f"of step {run.state.step} go out as v{run.state.version}"))
+    await _publish_newest(run, publisher, gate)
+    waiting.restart(trio.current_time())
 
 
 async def _wait_for_validators(node, wanted: int, patience_s: float = 30.0) -> None:

@@ -198,3 +198,24 @@ def test_a_validator_fetches_only_announced_groups_assigned_to_it_and_not_from_w
     for _ in range(4):
         workers.record("w", good=False)
     assert workers.is_banned("w") and not any(wanted(a) for a in anns + [unknown_version])
+
+
+def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_around(tmp_path):
+    """A version published before its validators announced themselves names none and can never be accepted; a
+    starved trainer republishes when the validators it hears from differ from those the newest version names."""
+    from types import SimpleNamespace
+
+    from p2p.identity import peer_id_from_public_bytes
+    from swarm.role_trainer import SwarmPublisher
+
+    validators = keys(2)
+    node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path))
+    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    nobody = spec([])
+    assert not publisher.validators_changed(nobody)  # none known: a new version would name none either
+    for k in validators:
+        node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
+    node.peer_roles["12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"] = ("inference",)
+    assert publisher.validators_changed(nobody)
+    assert not publisher.validators_changed(spec(validators[::-1]))  # the same set, in any order
+    assert publisher.validators_changed(spec(validators[:1]))  # one joined since

@@ -310,3 +310,17 @@ def test_publish_early_releases_the_trained_weights_once_and_the_schedule_goes_o
     for step in (1, 2):
         run.step(FixedSource().generate(step, run.latest_policy()))
     assert run.state.version == 2  # step 3 of every 3 still publishes on schedule
+
+
+def test_a_run_resumed_after_a_crash_between_checkpoints_never_reuses_a_version_number(tmp_path, model_cache):
+    """Versions written after the last checkpoint were announced (in the swarm); retraining those steps gives other
+    weights, so the resumed run numbers its versions past them instead of publishing v3 twice."""
+    first = make_run(tmp_path, model_cache, checkpoint_every=2)
+    run_sync(first, FixedSource(), 3)  # checkpoint at step 2 (v2), then v3 written: the crash comes here
+    assert first.state.version == 3
+    del first
+    resumed = make_run(tmp_path, model_cache, checkpoint_every=2)
+    assert resumed.state.step == 2 and resumed.state.version == 2
+    resumed.step(FixedSource().generate(2, resumed.latest_policy()))
+    assert resumed.state.version == 4  # not v3 again
+    assert resumed.publish_early(even_untrained=True) and resumed.state.version == 5

@@ -20,7 +20,8 @@ from typing import Protocol
 import trio
 
 from trainer.admission import Window, refusal
-from trainer.checkpoint import TrainerState, WholeWeights, latest_checkpoint, policy_dir, publish_policy
+from trainer.checkpoint import (POLICY_PREFIX, TrainerState, WholeWeights, latest_checkpoint, policy_dir,
+                                publish_policy)
 from trainer.config import TrainerConfig
 from trainer.curriculum import Curriculum
 from trainer.distributed import shard
@@ -76,6 +77,7 @@ class TrainingRun:
         self.state = TrainerState()
         self.published: set[int] = set()
         self._published_at_step = 0  # the step count when the newest version was published
+        self._highest_written = -1  # the newest version directory found on disk at start, or written since
         self._gathered: tuple | None = None  # (step, module, weights): see _publishable
         self.on_report = on_report or (lambda report: None)
         self._started = time.perf_counter() if started is None else started  # wall_s counts from here
@@ -99,6 +101,7 @@ class TrainingRun:
             if self.state.version not in self.published:
                 raise TrainerError(f"checkpoint {found} names policy v{self.state.version} but its files are gone")
             self._published_at_step = self.state.step
+            self._highest_written = max((_version_of(p) for p in self.policies.glob(f"{POLICY_PREFIX}*")), default=-1)
         else:
             self._publish(0)
         if self.cfg.kl_coef > 0:
@@ -119,18 +122,36 @@ class TrainingRun:
         self.published.add(version)
         self.state.version = version
         self._published_at_step = self.state.step
+        self._highest_written = max(self._highest_written, version)
 
-    def publish_early(self) -> bool:
+    def _next_version(self) -> int:
+        """One past every version this run ever wrote, checkpointed or not.
+
+        Why not the checkpoint's version + 1: after a crash between checkpoints the versions written after the
+        last checkpoint are on disk, and in the swarm they were announced; training the same steps again gives
+        other weights, and a number must name one set of weights for ever (peers answer each version once).
+        """
+        return max(self.state.version, self._highest_written) + 1
+
+    @property
+    def trained_since_publish(self) -> bool:
+        """Whether steps were taken since the newest version was published (its weights are no longer current)."""
+        return self.state.step != self._published_at_step
+
+    def publish_early(self, *, even_untrained: bool = False) -> bool:
         """Publish the current weights as the next version before `steps_per_policy` steps have passed; False (and
-        nothing published) when no step was taken since the newest version, whose weights these still are.
+        nothing published) when no step was taken since the newest version, whose weights these still are, unless
+        `even_untrained`.
 
         Why: in the swarm each worker answers its assigned prompts once per version, so when the workers together
         supply fewer groups per version than `prompts_per_step * steps_per_policy`, a trainer that waited for its
-        schedule would wait for ever; a new version is what makes them generate again.
+        schedule would wait for ever; a new version is what makes them generate again. `even_untrained` is for a
+        swarm trainer resumed from a checkpoint: its workers answered the newest version before it stopped, and
+        those rollouts died with it.
         """
-        if self.state.step == self._published_at_step:
+        if not (self.trained_since_publish or even_untrained):
             return False
-        self._publish(self.state.version + 1)
+        self._publish(self._next_version())
         return True
 
     def _description(self) -> dict:
@@ -183,7 +204,7 @@ class TrainingRun:
             self._whole_batch_figures(record, accepted)
         self.state.step += 1
         if self.state.step % self.cfg.steps_per_policy == 0:
-            self._publish(self.state.version + 1)
+            self._publish(self._next_version())
         if self.state.step % self.cfg.checkpoint_every == 0:
             self.checkpoint()
         record["version"] = self.state.version
@@ -353,3 +374,9 @@ async def _next_batch(generator, timeout_s: float):
             if batch is not None:
                 return batch
     raise GeneratorDied(f"the generator process sent no batch within {timeout_s:.0f} s")
+
+
+def _version_of(path: Path) -> int:
+    """The version a policy directory's name gives (`policy_dir`), or -1 for anything else found there."""
+    digits = path.name[len(POLICY_PREFIX):]
+    return int(digits) if path.is_dir() and digits.isdigit() else -1
