@@ -55,7 +55,7 @@ def _make_checkpoint(path: Path, size_mb: float) -> bytes:
     return blake3.blake3((path / "model.safetensors").read_bytes()).digest()
 
 
-class _Proc:
+class EventProcess:
     """A child process whose JSON event lines a thread collects as they come.
 
     Why a thread per process: a child whose stdout pipe is not drained blocks in its next print (and with it its
@@ -127,7 +127,7 @@ class _Proc:
         self.log.close()
 
 
-def _warm_up(procs: list[_Proc], deadline: float) -> tuple[int, int]:
+def _warm_up(procs: list[EventProcess], deadline: float) -> tuple[int, int]:
     """Wait until every pair of processes holds a warm data channel (a mirror's 'spare' event); returns (pairs
     warm, pairs in all). Why: a run's peers live for many versions, so a new version finds its links open; a
     cold start would measure libp2p start-up (connections, then several seconds per data-channel dial) instead."""
@@ -186,10 +186,10 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     """
     tag = "swarm" if reseed else "single"
     start_deadline = time.monotonic() + args.timeout
-    pub = _Proc(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
+    pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
                  str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps)], work / f"{tag}-seed.log",
                 stdin=subprocess.PIPE)
-    peers: list[_Proc] = []
+    peers: list[EventProcess] = []
     try:
         # every peer bootstraps from the seed and from all peers started before it (a tracker's peer list), so the
         # swarm is fully connected without waiting for heartbeat discovery
@@ -198,7 +198,7 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
             flags = ["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
                      key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
                      "--json-events", *[f for addr in known for f in ("--bootstrap", addr)]]
-            peers.append(_Proc(flags + ([] if reseed else ["--no-reseed"]), work / f"{tag}-peer{i}.log"))
+            peers.append(EventProcess(flags + ([] if reseed else ["--no-reseed"]), work / f"{tag}-peer{i}.log"))
             known.append(peers[-1].wait_for("listening", time.monotonic() + args.timeout)["addrs"][0])
         warm = _warm_up([pub] + peers, time.monotonic() + args.warmup)
         pub.popen.stdin.write("go\n")
