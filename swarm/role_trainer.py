@@ -200,23 +200,9 @@ async def trainer_role(node) -> None:
 
     peer = node.config
     cfg, curriculum = load_role_config(peer)
-    from inference.select import resolve_device
-    from swarm.policy_files import load_base_model
-
-    loaded = await load_base_model(cfg.model)
-    device = resolve_device(peer.device)
-    await trio.to_thread.run_sync(loaded.model.to, device)  # it only trains: no CPU generator shares it here
-    node.events.emit("trainer_device", device=str(device), message=f"training on {device}")
-    run = await trio.to_thread.run_sync(_open_training_run, loaded, cfg, curriculum)
-    identity = node.identity
-    publisher = SwarmPublisher(node, identity, cfg, peer.piece_kb)
+    run = await _start_training_run(node, cfg, curriculum)
+    publisher = SwarmPublisher(node, node.identity, cfg, peer.piece_kb)
     gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)
-    if run.state.step > 0:  # resumed: the workers answered the newest version already, to a trainer now gone
-        resumed_at = run.state.version
-        await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
-        node.events.emit("resumed", step=run.state.step, version=run.state.version, message=(
-            f"resumed at step {run.state.step}; the rollouts of v{resumed_at} went with the previous process, so its "
-            f"weights go out again as v{run.state.version}"))
     await _wait_for_validators(node, peer.replicas)
     await _publish_newest(run, publisher, gate)
     progress = trio.Event()
@@ -366,6 +352,31 @@ def _open_training_run(loaded, cfg, curriculum):
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     return TrainingRun(loaded, cfg, curriculum, trusted_source=False)  # workers' logprobs are claims: recompute
+
+
+async def _start_training_run(node, cfg, curriculum):
+    """Load the base model onto the peer's device and open the training run (resuming it from its checkpoint)."""
+    from inference.select import resolve_device
+    from swarm.policy_files import load_base_model
+
+    loaded = await load_base_model(cfg.model)
+    device = resolve_device(node.config.device)
+    await trio.to_thread.run_sync(loaded.model.to, device)  # it only trains: no CPU generator shares it here
+    node.events.emit("trainer_device", device=str(device), message=f"training on {device}")
+    run = await trio.to_thread.run_sync(_open_training_run, loaded, cfg, curriculum)
+    if run.state.step > 0:
+        await _resumed(node, run)
+    return run
+
+
+async def _resumed(node, run) -> None:
+    """A trainer resumed from its checkpoint: its workers answered the newest version already, to the process that
+    stopped, so the same weights go out under a new version number."""
+    resumed_at = run.state.version
+    await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
+    node.events.emit("resumed", step=run.state.step, version=run.state.version, message=(
+        f"resumed at step {run.state.step}; the rollouts of v{resumed_at} went with the previous process, so its "
+        f"weights go out again as v{run.state.version}"))
 
 
 async def _publish_when_starved(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait) -> None:
