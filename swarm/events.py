@@ -45,6 +45,8 @@ class EventSink:
         record = {"event": kind, "t": time.monotonic(), **(info or {}), **fields}
         for listener in self.listeners:
             listener(record)
+        if kind == "dropped":  # a version that left the window never reports progress again
+            self._last_progress.pop(record.get("version"), None)
         if self.json_lines:
             print(json.dumps(record, default=_jsonable), file=self.stream, flush=True)
         elif kind != "progress" or self._progress_worth_printing(record):

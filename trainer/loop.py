@@ -145,9 +145,10 @@ class TrainingRun:
 
         Why: in the swarm each worker answers its assigned prompts once per version, so when the workers together
         supply fewer groups per version than `prompts_per_step * steps_per_policy`, a trainer that waited for its
-        schedule would wait for ever; a new version is what makes them generate again. `even_untrained` is for a
-        swarm trainer resumed from a checkpoint: its workers answered the newest version before it stopped, and
-        those rollouts died with it.
+        schedule would wait for ever; a new version is what makes them generate again. `even_untrained` sends the
+        same weights out again under a new number: for a swarm trainer resumed from a checkpoint (its workers
+        answered the newest version before it stopped, and those rollouts died with it) and for a version whose
+        run spec names validators that are not there.
         """
         if not (self.trained_since_publish or even_untrained):
             return False
