@@ -146,6 +146,10 @@ class SwarmPublisher:
         return tuple(sorted(public_bytes_from_peer_id(p).hex() for p, roles in self.node.peer_roles.items()
                             if "validator" in roles))
 
+    def workers_known(self) -> bool:
+        """Whether any inference peer is heard from: a new version only helps if someone will answer it."""
+        return any("inference" in roles for roles in self.node.peer_roles.values())
+
     def validators_changed(self, spec: RunSpec) -> bool:
         """Whether validators are known now and differ from those `spec` names (some joined late, some left)."""
         known = set(self.known_validators())
@@ -281,6 +285,8 @@ class BatchWait:
     wanted: int
     since: float
     patience_s: float = 30.0
+    retry_after_s: float = 120.0
+    """Starved this long, the trainer sends the same weights out again: rollouts or votes were lost for good."""
     report_every_s: float = 20.0
     reported_at: float = 0.0
     have: int = 0
@@ -296,6 +302,11 @@ class BatchWait:
         """Nothing to train on and nothing on its way for `patience_s`: the workers have answered the current
         version and wait for the next one (see TrainingRun.publish_early)."""
         return self.have == 0 and self._quiet(gate, now)
+
+    def starved_long(self, gate: RolloutGate, now: float) -> bool:
+        """Starved for `retry_after_s`: whatever the newest version's rollouts became, none will come now (a
+        validator that died holding its votes, a worker that died before answering)."""
+        return self.starved(gate, now) and now - max(self.since, self.changed_at) >= self.retry_after_s
 
     def restart(self, now: float) -> None:
         """Wait afresh (after publishing early: the new version's groups need time to come)."""
@@ -381,12 +392,20 @@ async def _resumed(node, run) -> None:
 
 async def _publish_when_starved(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait) -> None:
     """Nothing to train on and nothing on its way: publish a new version if that can change it, i.e. when steps were
-    trained since the newest version (its workers answered it already) or when the validators it names are not
-    the ones around now (a version whose validators are gone, or that names none, can never be accepted)."""
-    revalidate = publisher.validators_changed(gate.specs[gate.newest])
-    why = "the workers have answered it" if run.trained_since_publish else "it names other validators than those here"
-    if not await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=revalidate)):
+    trained since the newest version (its workers answered it already), when the validators it names are not the
+    ones around now (a version whose validators are gone, or that names none, can never be accepted), or, with
+    workers around, when nothing came for `retry_after_s` (its rollouts or votes were lost). The same weights sent
+    again cost the swarm a manifest: their files have the same roots, which every peer already holds."""
+    now = trio.current_time()
+    if run.trained_since_publish:
+        why = "the workers have answered it"
+    elif publisher.validators_changed(gate.specs[gate.newest]):
+        why = "it names other validators than those here"
+    elif waiting.starved_long(gate, now) and publisher.workers_known():
+        why = f"nothing came for it in {waiting.retry_after_s:g} s (its rollouts or votes were lost)"
+    else:
         return
+    await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
     node.events.emit("publishing_early", version=run.state.version, message=(
         f"no rollouts for {waiting.patience_s:g} s and none awaiting votes on v{gate.newest}: {why}, so the weights "
         f"of step {run.state.step} go out as v{run.state.version}"))

@@ -171,8 +171,10 @@ def test_a_trainer_with_nothing_to_train_on_and_nothing_coming_is_starved_until_
     assert not wait.ready(gate, 140.0) and not wait.starved(gate, 140.0)  # a quorum is still open
     gate.tick(136.0)  # its votes never came: the quorum times out (10 s)
     assert not gate.pending and not wait.ready(gate, 141.0) and wait.starved(gate, 141.0)  # time to publish early
+    assert not wait.starved_long(gate, 141.0) and wait.starved_long(gate, 100.0 + wait.retry_after_s)
     wait.restart(141.0)
     assert not wait.starved(gate, 160.0) and wait.starved(gate, 171.0)
+    assert not wait.starved_long(gate, 171.0) and wait.starved_long(gate, 141.0 + wait.retry_after_s)
     accept(gate, validators, group(task=1))
     assert not wait.ready(gate, 172.0) and not wait.starved(gate, 300.0) and wait.ready(gate, 300.0)
 
@@ -213,9 +215,10 @@ def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_aroun
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     nobody = spec([])
     assert not publisher.validators_changed(nobody)  # none known: a new version would name none either
+    assert not publisher.workers_known()
     for k in validators:
         node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
     node.peer_roles["12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"] = ("inference",)
-    assert publisher.validators_changed(nobody)
+    assert publisher.validators_changed(nobody) and publisher.workers_known()
     assert not publisher.validators_changed(spec(validators[::-1]))  # the same set, in any order
     assert publisher.validators_changed(spec(validators[:1]))  # one joined since
