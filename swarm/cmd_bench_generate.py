@@ -26,12 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.errors import UserError, require_at_least_one
+    from swarm.errors import UserError, require_at_least_one, require_temperature
 
     require_at_least_one(prompts=args.prompts, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                          repeats=args.repeats)
-    if not 0.0 <= args.temperature <= 10.0:
-        raise UserError(f"--temperature must be within 0..10 (0 = greedy), got {args.temperature}")
+    require_temperature(args.temperature)
     if args.threads < 0:
         raise UserError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
 

@@ -26,11 +26,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from swarm.errors import UserError, require_at_least_one
+    from swarm.errors import require_at_least_one, require_temperature
 
     require_at_least_one(n=args.n, max_new_tokens=args.max_new_tokens, batch=args.batch)
-    if not 0.0 <= args.temperature <= 10.0:
-        raise UserError(f"--temperature must be within 0..10 (0 = greedy), got {args.temperature}")
+    require_temperature(args.temperature)
 
     from inference.models import load_model
     from trainer.config import load_config

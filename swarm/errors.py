@@ -12,6 +12,12 @@ class UserError(Exception):
     user_facing = True
 
 
+def require_temperature(value: float) -> None:
+    """Refuse a sampling temperature outside 0..10 (the range every generation request accepts; 0 = greedy)."""
+    if not 0.0 <= value <= 10.0:
+        raise UserError(f"--temperature must be within 0..10 (0 = greedy), got {value}")
+
+
 def require_at_least_one(**flags: int | float) -> None:
     """Refuse, in one sentence naming it, the first command-line count below 1 (flags given by their dest names)."""
     for name, value in flags.items():
