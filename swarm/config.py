@@ -53,6 +53,9 @@ class PeerConfig:
     """Exit once the newest policy is complete (benchmarks); normally peers seed until stopped."""
     status_every_s: float = 2.0
     """Seconds between progress lines and heartbeats."""
+    peer_silence_s: float = 30.0
+    """A peer not heard from (no heartbeat) this long is forgotten: its roles no longer count, so a trainer stops
+    naming a validator that left in the versions it publishes."""
     model: str = "tiny"
     """Base model of the trainer, inference and validator roles: tiny, smollm2 or a local HF directory."""
     backend: str = "torch"
@@ -91,6 +94,9 @@ class PeerConfig:
             raise UserError(f"piece size {self.piece_kb} KiB is outside 256..4096 KiB")
         if not 1 <= self.quorum <= self.replicas:
             raise UserError(f"quorum {self.quorum} must be between 1 and replicas ({self.replicas})")
+        if self.peer_silence_s < 3 * self.status_every_s:
+            raise UserError(f"peer_silence_s {self.peer_silence_s} must be at least 3 heartbeats "
+                            f"({3 * self.status_every_s:g} s)")
         if self.prompts_per_worker < 1:
             raise UserError("prompts_per_worker must be at least 1")
         if self.backend not in BACKENDS:

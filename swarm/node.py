@@ -42,6 +42,7 @@ class Node:
     nursery: trio.Nursery
     dht: Any = None
     peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
+    peer_heard: dict[str, float] = field(default_factory=dict)  # peer id -> when its last heartbeat came (trio)
     done: trio.Event = field(default_factory=trio.Event)
     failed: bool = False
     dht_put_misses: int = 0  # latest-manifest puts in a row that did not complete
@@ -53,6 +54,20 @@ class Node:
     @property
     def identity(self) -> Any:
         return self.host.identity
+
+    def heard_from(self, peer: str, roles: tuple[str, ...], now: float) -> None:
+        """A heartbeat from `peer` came at `now`: it is alive and plays `roles`."""
+        self.peer_roles[peer] = roles
+        self.peer_heard[peer] = now
+
+    def forget_silent(self, now: float) -> dict[str, tuple[str, ...]]:
+        """Forget peers not heard from for `peer_silence_s`; returns them with their roles. Why: roles were kept
+        for ever, so a validator that left stayed in every version's validator set, and the rollouts assigned to it
+        waited out the quorum timeout, every version; with a quorum as large as the set, none was accepted again."""
+        silent = [p for p, at in self.peer_heard.items() if now - at > self.config.peer_silence_s]
+        for peer in silent:
+            self.peer_heard.pop(peer)
+        return {peer: self.peer_roles.pop(peer, ()) for peer in silent}
 
     def connected_peers(self) -> list[str]:
         return sorted(str(p) for p in self.host.libp2p.get_connected_peers())
@@ -133,6 +148,7 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
                 nursery.start_soon(_receive_manifests, node)
                 nursery.start_soon(_receive_heartbeats, node)
                 nursery.start_soon(_send_heartbeats, node)
+                nursery.start_soon(_forget_silent_peers, node)
                 nursery.start_soon(_reconcile_links, node, open_data_channel)
                 nursery.start_soon(_report_progress, node)
                 nursery.start_soon(_provide_held, node)
@@ -198,6 +214,15 @@ async def _send_heartbeats(node: Node) -> None:
         await trio.sleep(node.config.status_every_s)
 
 
+async def _forget_silent_peers(node: Node) -> None:
+    while True:
+        await trio.sleep(node.config.status_every_s)
+        for peer, roles in node.forget_silent(trio.current_time()).items():
+            node.events.emit("peer_gone", peer=peer, roles=list(roles), message=(
+                f"{', '.join(roles) or 'peer'} {peer} sent no heartbeat for {node.config.peer_silence_s:g} s; "
+                f"its roles no longer count"))
+
+
 async def _receive_heartbeats(node: Node) -> None:
     """Learn peers (dial their announced addresses) and manifests we have not seen yet."""
     from swarm.manifest_protocol import fetch_manifest
@@ -208,7 +233,7 @@ async def _receive_heartbeats(node: Node) -> None:
         sender = env.sender_peer_id
         roles = body.get("roles")
         if isinstance(roles, list):
-            node.peer_roles[sender] = tuple(r for r in roles if isinstance(r, str))[:4]
+            node.heard_from(sender, tuple(r for r in roles if isinstance(r, str))[:4], trio.current_time())
         # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
         # collide under one-connection-per-peer and the streams opened on the losing connection hang.
         if (sender < node.peer_id and sender not in node.connected_peers() and sender not in connected

@@ -44,6 +44,7 @@ class RolloutGate:
         self.tracker = QuorumTracker(QuorumConfig(self.replicas, self.quorum, self.timeout_s))
         self.reputation = Reputation()
         self.seen: set[bytes] = set()
+        self.present: set[bytes] = set()  # validators heard from at the last on_validators
 
     def count(self, what: str, n: int = 1) -> None:
         """Add to one of the gate's counters (refusals, votes, outcomes): the trainer's report shows them all."""
@@ -78,8 +79,8 @@ class RolloutGate:
             return "too stale"
         if group.step != group.policy_version:
             return "assignment step differs from the policy version"
-        if not self.specs[group.policy_version].validators:
-            return "no validators for this version"
+        if not self.specs[group.policy_version].quorum_reachable():
+            return "fewer validators than the quorum"  # not the worker's fault: no penalty
         return ""
 
     def on_vote(self, vote, now: float) -> str:
@@ -92,6 +93,16 @@ class RolloutGate:
     def tick(self, now: float) -> None:
         for s in self.tracker.tick(now):
             self._settle(s)
+
+    def on_validators(self, present: set[bytes], now: float) -> None:
+        """The validators heard from now: rollouts only departed ones could settle time out at once (see
+        QuorumTracker.validator_gone); one heard from again owes its votes once more."""
+        for key in self.present - present:
+            for s in self.tracker.validator_gone(key, now):
+                self._settle(s)
+        for key in present - self.present:
+            self.tracker.validator_back(key)
+        self.present = present
 
     def _settle(self, settlement) -> None:
         from verify.quorum import Outcome
@@ -155,6 +166,32 @@ class SwarmPublisher:
         known = set(self.known_validators())
         return bool(known) and known != set(spec.validators)
 
+    async def wait_for_validators(self, quorum: int, replicas: int, grace_s: float = 30.0) -> None:
+        """Before the first version: wait for `quorum` validators, then give the rest of `replicas` `grace_s` to
+        announce themselves (every validator a version names shares its rollouts' prefills)."""
+        await self.wait_for_quorum(quorum)
+        with trio.move_on_after(grace_s):
+            while len(self.known_validators()) < replicas:
+                await trio.sleep(0.2)
+
+    async def wait_for_quorum(self, quorum: int, report_every_s: float = 20.0) -> None:
+        """Block until `quorum` validators are heard from, saying every `report_every_s` what it waits for.
+
+        Why block: a version names its validators for good, and one naming fewer than the quorum could never have
+        a rollout accepted. Published anyway, it would cost every worker a round of generation for nothing (the
+        gate refuses such rollouts without blaming the workers; before it did, each was settled as rejected and an
+        honest worker was banned within four groups)."""
+        since = reported = trio.current_time()
+        while (known := len(self.known_validators())) < quorum:
+            now = trio.current_time()
+            if now - reported >= report_every_s:
+                reported = now
+                self.node.events.emit("waiting_for_validators", known=known, quorum=quorum,
+                                      waited_s=round(now - since, 1), message=(
+                                          f"the quorum needs {quorum} validators and {known} are heard from: no "
+                                          f"version goes out until enough join ({now - since:.0f} s so far)"))
+            await trio.sleep(0.2)
+
     def spec_for(self, segment: str) -> RunSpec:
         cfg, peer = self.cfg, self.node.config
         return RunSpec(cfg.task, cfg.task_size, json.dumps(cfg.task_config, sort_keys=True), cfg.seed,
@@ -207,7 +244,9 @@ async def trainer_role(node) -> None:
     run = await _start_training_run(node, cfg, curriculum)
     publisher = SwarmPublisher(node, node.identity, cfg, peer.piece_kb)
     gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)
-    await _wait_for_validators(node, peer.replicas)
+    rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
+    # the first version goes out: nothing its workers and validators send may pass before the trainer listens
+    await publisher.wait_for_validators(peer.quorum, peer.replicas)
     await _publish_newest(run, publisher, gate)
     progress = trio.Event()
 
@@ -218,11 +257,11 @@ async def trainer_role(node) -> None:
         progress.set()
 
     async def rollouts() -> None:
-        await receive_groups(node, node.gossip.subscribe("rollout"), on_rollout,
+        await receive_groups(node, rollout_envelopes, on_rollout,
                              refused=lambda why: gate.count(f"refused:{why}"))
 
     async def votes() -> None:
-        async for env in node.gossip.subscribe("vote"):
+        async for env in vote_envelopes:
             try:
                 vote = Vote.from_wire(env.body.get("vote") if isinstance(env.body, dict) else None)
             except VoteError:
@@ -238,6 +277,7 @@ async def trainer_role(node) -> None:
         last = None
         while True:
             await trio.sleep(1.0)
+            gate.on_validators({bytes.fromhex(k) for k in publisher.known_validators()}, trio.current_time())
             gate.tick(trio.current_time())
             progress.set()
             if gate.counts != last:  # what the gate has seen so far, for the status view and the report
@@ -413,19 +453,14 @@ async def _publish_when_starved(node, run, publisher: SwarmPublisher, gate: Roll
     waiting.restart(trio.current_time())
 
 
-async def _wait_for_validators(node, wanted: int, patience_s: float = 30.0) -> None:
-    """Give validators a moment to announce themselves before the first version names the validator set."""
-    with trio.move_on_after(patience_s):
-        while sum("validator" in r for r in node.peer_roles.values()) < wanted:
-            await trio.sleep(0.2)
-
-
 async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> None:
     from trainer.checkpoint import policy_dir
 
     version = run.state.version
     if version in publisher.published:
         return
+    await publisher.wait_for_quorum(publisher.node.config.quorum)
+
     def register(spec: RunSpec) -> None:
         gate.specs[version] = spec
         gate.newest = version

@@ -127,6 +127,11 @@ async def validator_role(node) -> None:
     from verify.reputation import Reputation
     from verify.votes import vote_from_verdict
 
+    # Listen before loading the model: the trainer names this validator in a version as soon as its heartbeat is
+    # heard, and that version's rollouts, gossiped while the model loaded, were otherwise lost here for good (seen
+    # with three processes: a validator that joined late held up the version's rollouts for the 120 s quorum
+    # timeout). The channel holds them until the model is ready.
+    rollouts = node.gossip.subscribe("rollout")
     device = resolve_device(node.config.device)
     loaded = await load_base_model(node.config.model)
     models = VersionModels(loaded, device)
@@ -148,7 +153,7 @@ async def validator_role(node) -> None:
             log.warning("validator queue full; dropping a rollout")
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(receive_groups, node, node.gossip.subscribe("rollout"), collect,
+        nursery.start_soon(partial(receive_groups, node, rollouts, collect,
                                    wanted=wants_announced(models, workers, my_key)))
         waiting: list = []
         while True:

@@ -58,6 +58,10 @@ class RunSpec:
     def validator_keys(self) -> tuple[bytes, ...]:
         return tuple(bytes.fromhex(v) for v in self.validators)
 
+    def quorum_reachable(self) -> bool:
+        """Whether the version names at least `quorum` validators: with fewer, no rollout of it can be accepted."""
+        return len(self.validators) >= self.quorum
+
 
 @lru_cache(maxsize=4)
 def training_tasks(task: str, task_size: int, task_config: str, task_seed: int, eval_fraction: float):

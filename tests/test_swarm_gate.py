@@ -222,3 +222,60 @@ def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_aroun
     assert publisher.validators_changed(nobody) and publisher.workers_known()
     assert not publisher.validators_changed(spec(validators[::-1]))  # the same set, in any order
     assert publisher.validators_changed(spec(validators[:1]))  # one joined since
+
+
+def test_a_version_naming_fewer_validators_than_the_quorum_refuses_rollouts_without_blaming_the_worker():
+    """Found running the README's recipe (replicas 2, quorum 2) with one validator: each honest group was settled
+    as rejected (its one assigned validator's accept could never make a quorum of 2) and the worker was banned."""
+    validators = keys(1)
+    gate = gate_with(validators)
+    for task in range(8):
+        assert gate.on_rollout(group(worker="honest", task=task), float(task)) == "fewer validators than the quorum"
+    assert gate.counts == {"refused:fewer validators than the quorum": 8}
+    assert gate.reputation.score("honest") == 0.0 and not gate.reputation.is_banned("honest")
+    assert not spec(validators).quorum_reachable() and spec(keys(2)).quorum_reachable()
+
+
+async def test_the_trainer_publishes_no_version_until_a_quorum_of_validators_is_heard_from(autojump_clock, tmp_path):
+    """A version names its validators for good: the publisher waits, saying so every 20 s, for `quorum` of them."""
+    from types import SimpleNamespace
+
+    import trio
+
+    from p2p.identity import peer_id_from_public_bytes
+    from swarm.role_trainer import SwarmPublisher
+
+    emitted = []
+    node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path),
+                           events=SimpleNamespace(emit=lambda kind, **f: emitted.append((kind, f))))
+    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    validators = [peer_id_from_public_bytes(public_key_of(k)) for k in keys(2)]
+    done = trio.Event()
+
+    async def wait() -> None:
+        await publisher.wait_for_quorum(2)
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        node.peer_roles[validators[0]] = ("validator",)
+        await trio.sleep(45)
+        assert not done.is_set()
+        assert [(k, f["known"], f["quorum"]) for k, f in emitted] == [("waiting_for_validators", 1, 2)] * 2
+        node.peer_roles[validators[1]] = ("validator",)
+        with trio.fail_after(1):
+            await done.wait()
+
+
+def test_rollouts_waiting_on_a_validator_that_left_time_out_when_it_is_no_longer_heard_from():
+    validators = keys(2)
+    gate = gate_with(validators)
+    present = {public_key_of(k) for k in validators}
+    gate.on_validators(present, 0.0)
+    g = group(worker="honest")
+    assert gate.on_rollout(g, 1.0) == "opened"
+    first, second = assigned(validators, g)
+    gate.on_vote(vote(first, g), 2.0)
+    gate.on_validators(present - {public_key_of(second)}, 32.0)
+    assert gate.pending == {} and gate.counts.get("timed_out") == 1 and gate.accepted == []
+    assert gate.reputation.score("honest") == 0.0

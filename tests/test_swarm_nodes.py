@@ -36,7 +36,8 @@ class Peer:
     def __init__(self, tmp: Path, name: str, trainer: Identity, bootstrap=(), identity=None, reseed=True):
         self.config = load_config(None, {"run": "t", "data_dir": tmp / name, "bootstrap": tuple(bootstrap),
                                          "trainer_key": trainer.public_bytes.hex(), "reseed": reseed,
-                                         "bootstrap_file": tmp / "none.txt", "status_every_s": 0.5})
+                                         "bootstrap_file": tmp / "none.txt", "status_every_s": 0.5,
+                                         "peer_silence_s": 1.5})
         self.identity = identity or Identity.generate()
         self.trainer = trainer
         self.node = None
@@ -80,12 +81,17 @@ async def test_publish_fetch_seed_leaves_late_peer_completes(tmp_path):
             await first.ready.wait()
             await first.wait_complete(manifest.id)
             first_addr = first.node.host.multiaddrs[0]
+            seed_id = seed.node.peer_id
+            assert seed_id in first.node.peer_roles
             seed.stop()  # the origin leaves; only the first peer holds the policy now
             late = Peer(tmp_path, "late", trainer, bootstrap=[first_addr])
             nursery.start_soon(late.run)
             await late.ready.wait()
             policy = await late.wait_complete(manifest.id)
             out = late.node.mirror.store.reassemble(policy.manifest, tmp_path / "late-out")
+            while not any(e["event"] == "peer_gone" and e["peer"] == seed_id for e in first.events):
+                await trio.sleep(0.1)  # heartbeats stopped with the seed: it is forgotten within peer_silence_s
+            assert seed_id not in first.node.peer_roles and late.node.peer_id in first.node.peer_roles
             first.stop()
             late.stop()
     assert (out / "model.safetensors").read_bytes() == original
@@ -183,3 +189,18 @@ async def test_a_slow_dht_put_is_quiet_until_it_becomes_a_streak(caplog, autojum
         node.dht.stuck = True
         assert [await put_and_count_warnings() for _ in range(DHT_PUT_WARN_AFTER)] == [1] * (DHT_PUT_WARN_AFTER - 1) + [2]
     assert "not stored within" in caplog.text
+
+
+def test_a_peer_is_forgotten_once_its_heartbeats_stop_and_remembered_while_they_come():
+    from types import SimpleNamespace
+
+    from swarm.node import Node
+
+    node = Node(SimpleNamespace(peer_silence_s=30.0), None, None, None, None, None)
+    node.heard_from("validator-a", ("validator",), now=0.0)
+    node.heard_from("worker-b", ("inference", "seed"), now=0.0)
+    node.heard_from("worker-b", ("inference", "seed"), now=25.0)
+    assert node.forget_silent(30.0) == {}
+    assert node.forget_silent(30.5) == {"validator-a": ("validator",)}
+    assert node.peer_roles == {"worker-b": ("inference", "seed")}
+    assert node.forget_silent(56.0) == {"worker-b": ("inference", "seed")} and node.peer_heard == {}

@@ -143,3 +143,36 @@ def test_reputation_bans_cheaters_and_dissenting_validators_but_not_honest_peers
     for _ in range(5):
         rep.record("honest", False)
     assert rep.is_banned("honest") and rep.score("honest") == pytest.approx(-3.0)
+
+
+def test_a_rollout_that_needs_a_departed_validators_vote_times_out_at_once_and_blames_nobody():
+    tracker = QuorumTracker(QuorumConfig(replicas=2, quorum=2, timeout_s=120))
+    assigned, _ = tracker.open(RID, PUBS[:2], now=0.0)
+    tracker.on_vote(vote(assigned[0], True), 1.0)
+    (settled,) = tracker.validator_gone(assigned[1], now=31.0)
+    assert settled.outcome is Outcome.TIMED_OUT and settled.at == 31.0 and settled.votes == {assigned[0]: True}
+    later = blake3.blake3(b"opened after it left").digest()  # a rollout of a version that still names it
+    _, (settled,) = tracker.open(later, PUBS[:2], now=32.0)
+    assert settled.outcome is Outcome.TIMED_OUT
+    tracker.validator_back(assigned[1])  # restarted with its key: it owes votes again
+    again = blake3.blake3(b"after it came back").digest()
+    assert tracker.open(again, PUBS[:2], now=40.0)[1] == [] and tracker.outcome(again) is Outcome.PENDING
+
+
+def test_a_departed_validator_leaves_alone_the_rollouts_others_can_still_accept():
+    tracker = QuorumTracker(QuorumConfig(replicas=3, quorum=2, timeout_s=120))
+    assigned, _ = tracker.open(RID, PUBS[:3], now=0.0)
+    assert tracker.validator_gone(assigned[2], now=5.0) == []  # two live validators can still make 2 accepts
+    tracker.on_vote(vote(assigned[0], True), 6.0)
+    _, settled = tracker.on_vote(vote(assigned[1], True), 7.0)
+    assert settled.outcome is Outcome.ACCEPTED
+
+
+def test_too_few_assigned_validators_time_a_rollout_out_instead_of_rejecting_it():
+    """Fewer validators than the quorum is no fault of the worker: a REJECTED here banned honest workers."""
+    tracker = QuorumTracker(QuorumConfig(replicas=2, quorum=2))
+    (only,), settled = tracker.open(RID, PUBS[:1], now=0.0)
+    assert [s.outcome for s in settled] == [Outcome.TIMED_OUT]
+    reputation = Reputation()
+    reputation.settle(settled[0], "honest worker")
+    assert reputation.score("honest worker") == 0.0

@@ -5,8 +5,11 @@ is tested on virtual time; `now` is always passed in (trio.current_time() in the
 
 Rules, for a rollout assigned to r validators (verify.votes.assign_validators) and quorum q:
   - ACCEPTED as soon as q assigned validators voted accept;
-  - REJECTED as soon as a majority of the r (more than r/2) voted reject, or when accept can no longer reach q;
-  - TIMED_OUT when neither happened within `timeout_s` of opening (the trainer does not train on it);
+  - REJECTED as soon as a majority of the r (more than r/2) voted reject, or when rejecting votes put q out of
+    reach;
+  - TIMED_OUT when neither happened within `timeout_s` of opening (the trainer does not train on it), or at once
+    when q is out of reach for want of validators: fewer than q assigned, or assigned ones that left the swarm
+    (`validator_gone`) still owe the votes it needs. Timeouts blame nobody;
   - a vote that is forged, from a validator not assigned to the rollout, a duplicate, for a settled rollout or
     for an unknown one is ignored with a reason; votes that arrive before their rollout is opened are held in a
     bounded buffer and replayed at open (gossip does not order rollouts before votes).
@@ -70,17 +73,20 @@ class QuorumTracker:
         self._open: dict[bytes, _Open] = {}
         self._settled: dict[bytes, Settlement] = {}
         self._early: OrderedDict[tuple[bytes, bytes], Vote] = OrderedDict()
+        self._gone: set[bytes] = set()  # validators that left: the votes they owe will not come
 
     def open(self, rollout_id: bytes, validators: Sequence[bytes], now: float) -> tuple[tuple[bytes, ...], list[Settlement]]:
         """Start tracking a rollout; returns its assigned validators and any settlement the buffered votes cause."""
         if rollout_id in self._open or rollout_id in self._settled:
             return self.assigned(rollout_id), []
         assigned = assign_validators(rollout_id, validators, self.config.replicas)
-        self._open[rollout_id] = _Open(assigned, now + self.config.timeout_s)
+        state = self._open[rollout_id] = _Open(assigned, now + self.config.timeout_s)
         settled = []
         for key in [k for k in self._early if k[0] == rollout_id]:
             _, s = self.on_vote(self._early.pop(key), now)
             settled.extend([s] if s else [])
+        if rollout_id in self._open and (s := self._decide(rollout_id, state, now)) is not None:
+            settled.append(s)  # assigned to departed validators: it can never reach the quorum
         return assigned, settled
 
     def assigned(self, rollout_id: bytes) -> tuple[bytes, ...]:
@@ -111,6 +117,21 @@ class QuorumTracker:
         expired = [rid for rid, s in self._open.items() if now >= s.deadline]
         return [self._settle(rid, Outcome.TIMED_OUT, now) for rid in expired]
 
+    def validator_gone(self, validator: bytes, now: float) -> list[Settlement]:
+        """A validator left the swarm: time out at once every open rollout (and every one opened later) that cannot
+        be accepted without the votes it and other departed validators still owe; timeouts blame nobody.
+
+        Why not wait for the deadline: nothing can settle those rollouts any more, and the trainer waited the
+        whole quorum timeout (120 s) for them before it could publish a version naming the validators still here.
+        """
+        self._gone.add(validator)
+        stuck = [(rid, s) for rid, s in self._open.items() if validator in s.assigned]
+        return [x for rid, s in stuck if (x := self._decide(rid, s, now)) is not None]
+
+    def validator_back(self, validator: bytes) -> None:
+        """A departed validator is heard from again: its votes count as owed once more."""
+        self._gone.discard(validator)
+
     def outcome(self, rollout_id: bytes) -> Outcome | None:
         """The outcome of a known rollout (PENDING while open), None for an unknown one."""
         if rollout_id in self._settled:
@@ -131,11 +152,15 @@ class QuorumTracker:
     def _decide(self, rollout_id: bytes, state: _Open, now: float) -> Settlement | None:
         accepts = sum(state.votes.values())
         rejects = len(state.votes) - accepts
-        remaining = len(state.assigned) - len(state.votes)
+        owed = [v for v in state.assigned if v not in state.votes]
         if accepts >= self.config.quorum:
             return self._settle(rollout_id, Outcome.ACCEPTED, now)
-        if rejects * 2 > self.config.replicas or accepts + remaining < self.config.quorum:
+        enough_assigned = len(state.assigned) >= self.config.quorum
+        if rejects * 2 > self.config.replicas or (enough_assigned and accepts + len(owed) < self.config.quorum):
             return self._settle(rollout_id, Outcome.REJECTED, now)
+        if accepts + sum(v not in self._gone for v in owed) < self.config.quorum:
+            # out of reach for want of validators (too few assigned, or gone), not by votes: nobody is blamed
+            return self._settle(rollout_id, Outcome.TIMED_OUT, now)
         return None
 
     def _settle(self, rollout_id: bytes, outcome: Outcome, now: float) -> Settlement:
