@@ -59,7 +59,7 @@ class RolloutGate:
             return reason
         self.seen.add(rid)
         self.pending[rid] = group
-        validators = self.specs[group.policy_version].validator_keys()
+        validators = self.specs[group.policy_version].validators_for(group.worker)
         _, settlements = self.tracker.open(rid, validators, now)
         self.count("opened")
         for s in settlements:
@@ -79,7 +79,7 @@ class RolloutGate:
             return "too stale"
         if group.step != group.policy_version:
             return "assignment step differs from the policy version"
-        if not self.specs[group.policy_version].quorum_reachable():
+        if not self.specs[group.policy_version].quorum_reachable(group.worker):
             return "fewer validators than the quorum"  # not the worker's fault: no penalty
         return ""
 

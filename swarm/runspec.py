@@ -58,9 +58,23 @@ class RunSpec:
     def validator_keys(self) -> tuple[bytes, ...]:
         return tuple(bytes.fromhex(v) for v in self.validators)
 
-    def quorum_reachable(self) -> bool:
-        """Whether the version names at least `quorum` validators: with fewer, no rollout of it can be accepted."""
-        return len(self.validators) >= self.quorum
+    def quorum_reachable(self, worker: str | None = None) -> bool:
+        """Whether the version names at least `quorum` validators (other than `worker`, for its rollouts): with
+        fewer, no rollout of it can be accepted."""
+        return len(self.validator_keys() if worker is None else self.validators_for(worker)) >= self.quorum
+
+    def validators_for(self, worker: str) -> tuple[bytes, ...]:
+        """The validators a rollout of `worker` (its peer id) is assigned among: the version's, less the worker's
+        own key. Why: a peer that both generates and validates was assigned some of its own rollouts, and its
+        accepting vote counted toward their quorum."""
+        return tuple(k for k in self.validator_keys() if _peer_id_of(k) != worker)
+
+
+@lru_cache(maxsize=1024)
+def _peer_id_of(public_key: bytes) -> str:
+    from p2p.identity import peer_id_from_public_bytes
+
+    return peer_id_from_public_bytes(public_key)
 
 
 @lru_cache(maxsize=4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -186,13 +187,13 @@ def test_a_validator_fetches_only_announced_groups_assigned_to_it_and_not_from_w
     from verify.reputation import Reputation
 
     keys = [bytes([k]) * 32 for k in range(1, 6)]
-    spec = SimpleNamespace(validator_keys=lambda: keys, replicas=2)
+    spec = SimpleNamespace(validators_for=lambda worker: keys, replicas=2)
     models = VersionModels(loaded=None)
     models.specs[3] = spec
     workers = Reputation()
     wanted = wants_announced(models, workers, keys[0])
     anns = [SimpleNamespace(worker="w", policy_version=3, rollout_id=bytes([i]) * 32) for i in range(40)]
-    mine = [a for a in anns if assigned_to_me(a.rollout_id, spec, keys[0])]
+    mine = [a for a in anns if assigned_to_me(a.rollout_id, a.worker, spec, keys[0])]
     assert 0 < len(mine) < len(anns)  # rendezvous hashing spreads 40 groups over 5 validators, 2 each
     assert [a for a in anns if wanted(a)] == mine
     unknown_version = SimpleNamespace(worker="w", policy_version=4, rollout_id=bytes(32))
@@ -279,3 +280,25 @@ def test_rollouts_waiting_on_a_validator_that_left_time_out_when_it_is_no_longer
     gate.on_validators(present - {public_key_of(second)}, 32.0)
     assert gate.pending == {} and gate.counts.get("timed_out") == 1 and gate.accepted == []
     assert gate.reputation.score("honest") == 0.0
+
+
+def test_a_peer_that_also_validates_is_never_assigned_its_own_rollouts():
+    """Otherwise its accepting vote counted toward the quorum of rollouts it generated itself."""
+    from p2p.identity import peer_id_from_public_bytes
+    from swarm.role_validator import assigned_to_me
+
+    validators = keys(2)
+    both = peer_id_from_public_bytes(public_key_of(validators[0]))  # generates and validates under one key
+    version = spec(validators)
+    assert version.validators_for(both) == (public_key_of(validators[1]),)
+    assert version.validators_for("12D3KooWother") == version.validator_keys()
+    groups = [group(worker=both, task=t) for t in range(20)]
+    assert not any(assigned_to_me(g.rollout_id(), both, version, public_key_of(validators[0])) for g in groups)
+    gate = RolloutGate("run", replicas=2, quorum=1, timeout_s=10.0, async_level=1)
+    gate.specs[1], gate.newest = dataclasses.replace(version, quorum=1), 1
+    g = groups[0]
+    assert gate.on_rollout(g, 0.0) == "opened"
+    assert gate.on_vote(vote(validators[0], g), 1.0) == "unassigned" and gate.accepted == []
+    assert gate.on_vote(vote(validators[1], g), 1.0) == "counted" and gate.accepted == [g]
+    strict = gate_with(validators)  # quorum 2 of the one other validator: refused, and nobody blamed
+    assert strict.on_rollout(group(worker=both, task=99), 0.0) == "fewer validators than the quorum"
