@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trainer role: prompts each inference peer answers per version")
     parser.add_argument("--replicas", type=int, help="trainer role: validators assigned to each rollout")
     parser.add_argument("--quorum", type=int, help="trainer role: accepting votes a rollout needs")
+    parser.add_argument("--validator-key", action="append", dest="validator_keys", metavar="KEY",
+                        help="trainer role: a validator it may name (peer id, hex public key or key file; "
+                             "repeatable); default: every peer announcing the validator role")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         "backend": args.backend, "device": args.device, "precision": args.precision, "gpu_memory": args.gpu_memory,
         "trainer_config": args.trainer_config, "prompts_per_worker": args.prompts_per_worker,
         "replicas": args.replicas, "quorum": args.quorum,
+        "validator_keys": tuple(args.validator_keys) if args.validator_keys else None,
     }
     config = load_config(args.config, overrides)
     return run_peer(config, json_events=args.json_events, key_file=args.key)

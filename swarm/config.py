@@ -77,6 +77,10 @@ class PeerConfig:
     """Validators assigned to each rollout (trainer role)."""
     quorum: int = 2
     """Accepting votes a rollout needs (trainer role); a rejecting majority rejects it."""
+    validator_keys: tuple[str, ...] = ()
+    """Trainer role: the only validators it names in its versions (hex public keys, peer ids or key files); empty:
+    every peer that announces the validator role. Why: any peer may announce it, and a worker that also ran enough
+    validators under other keys could vote its own rollouts through."""
     quorum_timeout_s: float = 120.0
     """Seconds a rollout may wait for its votes before it times out unaccepted (trainer role)."""
     exit_when_trained: bool = False
@@ -111,12 +115,17 @@ class PeerConfig:
             raise UserError(f"unknown cheat {self.cheat!r}")
         if self.upload_mbps < 0:
             raise UserError("upload_mbps must not be negative")
+        if self.validator_keys:
+            from swarm.trust import parse_public_key
+
+            for text in self.validator_keys:
+                parse_public_key(text, "--validator-key")
         if not _RUN_NAME.fullmatch(self.run):
             raise UserError(f"run name {self.run!r} must be 1 to 64 letters, digits, '.', '_' or '-'")
         return self
 
 
-_TUPLE_FIELDS = {"roles", "listen", "bootstrap"}
+_TUPLE_FIELDS = {"roles", "listen", "bootstrap", "validator_keys"}
 _PATH_FIELDS = {"data_dir", "bootstrap_file", "trainer_config"}
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import trio
 
 from swarm.runspec import RunSpec
+from swarm.trust import parse_public_key
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +150,23 @@ class SwarmPublisher:
         self.node, self.identity, self.cfg, self.piece_kb = node, identity, cfg, piece_kb
         self.root = Path(node.config.data_dir) / "swarm-policies"
         self.published: set[int] = set()
+        keys = node.config.validator_keys
+        self.allowed = {parse_public_key(k, "--validator-key") for k in keys} if keys else None
+        self.ignored: set[str] = set()  # heard-from validators outside `allowed`, reported once
 
     def known_validators(self) -> tuple[str, ...]:
-        """Public keys (hex, sorted) of the validators this peer hears heartbeats from."""
+        """Public keys (hex, sorted) of the validators this peer hears heartbeats from (only those of
+        --validator-key when it is given; another is reported once and ignored)."""
         from p2p.identity import public_bytes_from_peer_id
 
-        return tuple(sorted(public_bytes_from_peer_id(p).hex() for p, roles in self.node.peer_roles.items()
-                            if "validator" in roles))
+        heard = {p: public_bytes_from_peer_id(p) for p, roles in self.node.peer_roles.items() if "validator" in roles}
+        if self.allowed is None:
+            return tuple(sorted(k.hex() for k in heard.values()))
+        for peer in [p for p, k in heard.items() if k not in self.allowed and p not in self.ignored]:
+            self.ignored.add(peer)
+            self.node.events.emit("validator_ignored", peer=peer, message=(
+                f"validator {peer} is not among --validator-key; its votes will not count"))
+        return tuple(sorted(k.hex() for k in heard.values() if k in self.allowed))
 
     def workers_known(self) -> bool:
         """Whether any inference peer is heard from: a new version only helps if someone will answer it."""

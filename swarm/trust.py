@@ -22,13 +22,23 @@ def parse_trainer_key(text: str) -> bytes | None:
     """A raw 32-byte Ed25519 public key from hex or from a key file; None when `text` is empty."""
     if not text:
         return None
+    return parse_public_key(text, "--trainer-key")
+
+
+def parse_public_key(text: str, flag: str) -> bytes:
+    """A raw 32-byte Ed25519 public key from 64 hex digits, a peer id (what every peer prints) or a key file."""
     if _HEX_KEY.match(text):
         return bytes.fromhex(text)
-    path = Path(text)
-    if not path.exists():
-        raise UserError(f"--trainer-key {text!r} is neither a 64-hex-digit public key nor an existing key file")
-    from p2p.identity import read_key_file
+    from p2p.identity import IdentityError, public_bytes_from_peer_id, read_key_file
 
+    if text.startswith("12D3KooW"):
+        try:
+            return public_bytes_from_peer_id(text)
+        except IdentityError:
+            raise UserError(f"{flag} {text!r} is not a valid peer id") from None
+    path = Path(text)
+    if not path.is_file():
+        raise UserError(f"{flag} {text!r} is neither a 64-hex-digit public key, a peer id nor an existing key file")
     return read_key_file(path).public_bytes
 
 

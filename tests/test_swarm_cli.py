@@ -23,6 +23,8 @@ def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["peer", "start", "--quorum", "3", "--replicas", "2"], "quorum 3 must be between 1 and replicas"),
     (["peer", "start", "--gpu-memory", "1.5"], "gpu_memory 1.5 is outside 0.05..0.95"),
     (["peer", "start", "--run", "a/b"], "run name 'a/b' must be 1 to 64 letters"),
+    (["peer", "start", "--validator-key", "nokey"], "--validator-key 'nokey' is neither a 64-hex-digit public key"),
+    (["peer", "start", "--validator-key", "12D3KooWbroken"], "--validator-key '12D3KooWbroken' is not a valid peer"),
     (["peer", "start", "--role", "inference", "--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
     (["peer", "start", "--role", "trainer", "--trainer-config", "/nonexistent.toml"], "/nonexistent.toml does not exist"),
     (["eval", "--n", "-5"], "--n must be at least 1, got -5"),

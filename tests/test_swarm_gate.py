@@ -212,7 +212,7 @@ def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_aroun
     from swarm.role_trainer import SwarmPublisher
 
     validators = keys(2)
-    node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path))
+    node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path, validator_keys=()))
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     nobody = spec([])
     assert not publisher.validators_changed(nobody)  # none known: a new version would name none either
@@ -247,7 +247,7 @@ async def test_the_trainer_publishes_no_version_until_a_quorum_of_validators_is_
     from swarm.role_trainer import SwarmPublisher
 
     emitted = []
-    node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path),
+    node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path, validator_keys=()),
                            events=SimpleNamespace(emit=lambda kind, **f: emitted.append((kind, f))))
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     validators = [peer_id_from_public_bytes(public_key_of(k)) for k in keys(2)]
@@ -302,3 +302,22 @@ def test_a_peer_that_also_validates_is_never_assigned_its_own_rollouts():
     assert gate.on_vote(vote(validators[1], g), 1.0) == "counted" and gate.accepted == [g]
     strict = gate_with(validators)  # quorum 2 of the one other validator: refused, and nobody blamed
     assert strict.on_rollout(group(worker=both, task=99), 0.0) == "fewer validators than the quorum"
+
+
+def test_a_trainer_given_validator_keys_names_only_those_and_reports_the_others_once(tmp_path):
+    from types import SimpleNamespace
+
+    from p2p.identity import peer_id_from_public_bytes
+    from swarm.role_trainer import SwarmPublisher
+
+    listed, stranger = [public_key_of(k) for k in keys(2)]
+    emitted = []
+    node = SimpleNamespace(peer_roles={}, events=SimpleNamespace(emit=lambda kind, **f: emitted.append(f["peer"])),
+                           config=SimpleNamespace(data_dir=tmp_path, validator_keys=(
+                               peer_id_from_public_bytes(listed),)))  # a peer id, as every peer prints its own
+    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    for key in (listed, stranger):
+        node.peer_roles[peer_id_from_public_bytes(key)] = ("validator",)
+    assert publisher.known_validators() == (listed.hex(),)
+    assert publisher.known_validators() == (listed.hex(),)
+    assert emitted == [peer_id_from_public_bytes(stranger)]
