@@ -258,6 +258,7 @@ async def trainer_role(node) -> None:
     rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
     await publisher.wait_for_validators(peer.quorum, peer.replicas)
+    await _number_past_the_swarm(node, run, publisher)
     await _publish_newest(run, publisher, gate)
     progress = trio.Event()
 
@@ -448,7 +449,10 @@ async def _publish_when_starved(node, run, publisher: SwarmPublisher, gate: Roll
     workers around, when nothing came for `retry_after_s` (its rollouts or votes were lost). The same weights sent
     again cost the swarm a manifest: their files have the same roots, which every peer already holds."""
     now = trio.current_time()
-    if run.trained_since_publish:
+    if (held := newest_in_swarm(node)) > gate.newest:
+        why = f"peers hold v{held}, published by an earlier process of this run, and answer that"
+        run.number_past(held)
+    elif run.trained_since_publish:
         why = "the workers have answered it"
     elif publisher.validators_changed(gate.specs[gate.newest]):
         why = "it names other validators than those here"
@@ -462,6 +466,25 @@ async def _publish_when_starved(node, run, publisher: SwarmPublisher, gate: Roll
         f"of step {run.state.step} go out as v{run.state.version}"))
     await _publish_newest(run, publisher, gate)
     waiting.restart(trio.current_time())
+
+
+def newest_in_swarm(node) -> int:
+    """The newest version among the manifests this peer adopted (only the run key's are adopted), or -1."""
+    return max((p.manifest.version for p in node.mirror.policies.values()), default=-1)
+
+
+async def _number_past_the_swarm(node, run, publisher: SwarmPublisher) -> None:
+    """Before the first version goes out: when peers hold a version at least as new as the one about to be
+    published (an earlier process of this run published it, and its data directory or checkpoint is gone), the
+    weights go out past it. Why: workers answer the newest version they hold, so a trainer that published below
+    it would wait for rollouts nobody sends."""
+    held = newest_in_swarm(node)
+    if held < run.state.version or run.state.version in publisher.published:
+        return
+    run.number_past(held)
+    await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
+    node.events.emit("numbered_past", held=held, version=run.state.version, message=(
+        f"peers hold v{held} from an earlier process of this run; its weights go out as v{run.state.version}"))
 
 
 async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> None:

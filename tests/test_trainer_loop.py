@@ -324,3 +324,20 @@ def test_a_run_resumed_after_a_crash_between_checkpoints_never_reuses_a_version_
     resumed.step(FixedSource().generate(2, resumed.latest_policy()))
     assert resumed.state.version == 4  # not v3 again
     assert resumed.publish_early(even_untrained=True) and resumed.state.version == 5
+
+
+def test_a_run_restarted_before_its_first_checkpoint_starts_over_numbered_past_what_it_wrote(tmp_path, model_cache):
+    """No checkpoint to resume: training starts from the base model, but v0..v2 went out to peers already, so the
+    base weights go out as v3 (the KL reference) and the next as v4."""
+    first = make_run(tmp_path, model_cache, checkpoint_every=1000, kl_coef=0.01)
+    run_sync(first, FixedSource(), 2)
+    assert first.state.version == 2 and first.first_version == 0
+    del first
+    again = make_run(tmp_path, model_cache, checkpoint_every=1000, kl_coef=0.01)
+    assert again.state.step == 0 and again.state.version == again.first_version == 3
+    base = load_file(str(policy_dir(again.policies, 0) / "model.safetensors"))
+    assert all(torch.equal(again.trainer.reference[k], base[k]) for k in base)  # both are the base model
+    again.number_past(7)  # the swarm holds v7 from a process whose disk was lost
+    assert again.publish_early(even_untrained=True) and again.state.version == 8
+    run_sync(again, FixedSource(), 4)
+    assert policy_dir(again.policies, 3).is_dir()  # the reference stays while the window moves on

@@ -101,11 +101,27 @@ class TrainingRun:
             if self.state.version not in self.published:
                 raise TrainerError(f"checkpoint {found} names policy v{self.state.version} but its files are gone")
             self._published_at_step = self.state.step
-            self._highest_written = max((_version_of(p) for p in self.policies.glob(f"{POLICY_PREFIX}*")), default=-1)
+            self._highest_written = self._highest_on_disk()
         else:
-            self._publish(0)
+            # No checkpoint: training starts from the base model, but numbered past any version an earlier process
+            # wrote here before its first checkpoint (its versions went out to peers: a number names one set of
+            # weights for ever, see _next_version).
+            self.state.extra["first_version"] = self._highest_on_disk() + 1
+            self._publish(self.first_version)
         if self.cfg.kl_coef > 0:
-            self.trainer.reference = self._load_version(0)  # v0 is kept on disk for this (see _prune_policies)
+            self.trainer.reference = self._load_version(self.first_version)  # kept on disk (see _prune_policies)
+
+    @property
+    def first_version(self) -> int:
+        """The run's initial policy version: the base model's weights, and the KL reference."""
+        return int(self.state.extra.get("first_version", 0))
+
+    def _highest_on_disk(self) -> int:
+        return max((_version_of(p) for p in self.policies.glob(f"{POLICY_PREFIX}*")), default=-1)
+
+    def number_past(self, version: int) -> None:
+        """Number the next version past `version`: the swarm holds it from an earlier process of this run."""
+        self._highest_written = max(self._highest_written, version)
 
     @property
     def policies(self) -> Path:
@@ -165,7 +181,7 @@ class TrainingRun:
         import shutil
 
         for v in sorted(self.published):
-            if v < newest - self.cfg.async_level - 1 and not (v == 0 and self.cfg.kl_coef > 0):
+            if v < newest - self.cfg.async_level - 1 and not (v == self.first_version and self.cfg.kl_coef > 0):
                 shutil.rmtree(policy_dir(self.policies, v), ignore_errors=True)
                 self.published.discard(v)
 
