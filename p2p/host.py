@@ -166,6 +166,21 @@ class P2PHost:
             raise HostError(f"cannot reach {multiaddr}: {_one_line(exc)}") from exc
         return str(info.peer_id)
 
+    async def redial(self, multiaddr: str) -> str:
+        """`connect`, even when py-libp2p still remembers a failed dial to that peer.
+
+        Why: py-libp2p refuses for 60 s every dial to a peer whose addresses all failed once (its negative cache).
+        A bootstrap peer redialed on purpose (it restarted, or was not up yet) would be refused for that minute.
+        """
+        from libp2p.peer.id import ID
+
+        peer = multiaddr.rsplit("/p2p/", 1)[-1]
+        try:
+            self.libp2p.get_network().unblock_peer(ID.from_base58(peer))
+        except Exception as exc:  # noqa: BLE001 - a malformed id: connect names the problem in one line
+            log.debug("cannot clear the failed-dial record of %s: %s", peer, exc)
+        return await self.connect(multiaddr)
+
     async def new_stream(self, peer_id: str, protocol: str):
         """Open a stream to a connected (or known) peer on `protocol`; HostError on failure or timeout."""
         from libp2p.peer.id import ID

@@ -53,6 +53,9 @@ class PeerConfig:
     """Exit once the newest policy is complete (benchmarks); normally peers seed until stopped."""
     status_every_s: float = 2.0
     """Seconds between progress lines and heartbeats."""
+    bootstrap_redial_s: float = 10.0
+    """Seconds between redials of bootstrap peers this peer is not connected to (one that restarted, or was not up
+    yet when this peer started)."""
     peer_silence_s: float = 30.0
     """A peer not heard from (no heartbeat) this long is forgotten: its roles no longer count, so a trainer stops
     naming a validator that left in the versions it publishes."""
@@ -98,6 +101,8 @@ class PeerConfig:
             raise UserError(f"piece size {self.piece_kb} KiB is outside 256..4096 KiB")
         if not 1 <= self.quorum <= self.replicas:
             raise UserError(f"quorum {self.quorum} must be between 1 and replicas ({self.replicas})")
+        if self.bootstrap_redial_s <= 0:
+            raise UserError("bootstrap_redial_s must be positive")
         if self.peer_silence_s < 3 * self.status_every_s:
             raise UserError(f"peer_silence_s {self.peer_silence_s} must be at least 3 heartbeats "
                             f"({3 * self.status_every_s:g} s)")

@@ -149,6 +149,7 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
                 nursery.start_soon(_receive_heartbeats, node)
                 nursery.start_soon(_send_heartbeats, node)
                 nursery.start_soon(_forget_silent_peers, node)
+                nursery.start_soon(_keep_bootstrap_links, node, tuple(bootstrap))
                 nursery.start_soon(_reconcile_links, node, open_data_channel)
                 nursery.start_soon(_report_progress, node)
                 nursery.start_soon(_provide_held, node)
@@ -212,6 +213,28 @@ async def _send_heartbeats(node: Node) -> None:
         # seven peers heartbeating each second in one simulated process starved its streams (stream opens timed
         # out, new versions stopped reaching peers).
         await trio.sleep(node.config.status_every_s)
+
+
+async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:
+    """Redial, every `bootstrap_redial_s`, each bootstrap peer this peer is not connected to.
+
+    Why: the bootstrap peer is often the trainer, and a trainer restarts (a crash, an upgrade) on its address.
+    Nothing dialed it back: with three processes, its validator and workers found it again only when the DHT
+    refreshed its routing table about a minute later, and until then it heard no validator and published nothing.
+    A peer started before its bootstrap peer was up stayed alone for good the same way.
+    """
+    wanted = {addr: addr.rsplit("/p2p/", 1)[-1] for addr in bootstrap}
+    while True:
+        await trio.sleep(node.config.bootstrap_redial_s)
+        for addr, peer in wanted.items():
+            if peer == node.peer_id or peer in node.connected_peers():
+                continue
+            try:
+                await node.host.redial(addr)
+            except P2PError as exc:
+                log.debug("bootstrap peer %s still unreachable: %s", addr, exc, exc_info=True)
+            else:
+                node.events.emit("bootstrap_reconnected", address=addr, message=f"connected to bootstrap peer {addr}")
 
 
 async def _forget_silent_peers(node: Node) -> None:

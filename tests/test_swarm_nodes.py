@@ -33,11 +33,11 @@ def make_checkpoint(path: Path, floats: int = 300_000) -> bytes:
 class Peer:
     """One in-process peer; `node` is set once it runs, `stop()` ends it."""
 
-    def __init__(self, tmp: Path, name: str, trainer: Identity, bootstrap=(), identity=None, reseed=True):
+    def __init__(self, tmp: Path, name: str, trainer: Identity, bootstrap=(), identity=None, reseed=True, **config):
         self.config = load_config(None, {"run": "t", "data_dir": tmp / name, "bootstrap": tuple(bootstrap),
                                          "trainer_key": trainer.public_bytes.hex(), "reseed": reseed,
                                          "bootstrap_file": tmp / "none.txt", "status_every_s": 0.5,
-                                         "peer_silence_s": 1.5})
+                                         "peer_silence_s": 1.5, "bootstrap_redial_s": 0.5, **config})
         self.identity = identity or Identity.generate()
         self.trainer = trainer
         self.node = None
@@ -96,6 +96,34 @@ async def test_publish_fetch_seed_leaves_late_peer_completes(tmp_path):
             late.stop()
     assert (out / "model.safetensors").read_bytes() == original
     assert load_file(str(out / "model.safetensors"))["b"].tolist() == list(range(1000))
+
+
+async def test_a_peer_whose_bootstrap_peer_comes_up_later_or_again_connects_to_it(tmp_path):
+    """The bootstrap peer is often the trainer, which restarts on its address; nothing used to dial it back."""
+    import socket
+
+    trainer = Identity.generate()
+    with socket.socket() as probe:  # a free port for the bootstrap peer to come up on later
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listen = f"/ip4/127.0.0.1/tcp/{port}"
+    joiner = Peer(tmp_path, "joiner", trainer, bootstrap=[f"{listen}/p2p/{trainer.peer_id}"])
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(joiner.run)
+            await joiner.ready.wait()
+            assert any(e["event"] == "bootstrap_unreachable" for e in joiner.events)
+            for life in range(2):
+                boot = Peer(tmp_path, "boot", trainer, identity=trainer, listen=(listen,))
+                nursery.start_soon(boot.run)
+                await boot.ready.wait()
+                while sum(e["event"] == "bootstrap_reconnected" for e in joiner.events) <= life:
+                    await trio.sleep(0.05)
+                assert trainer.peer_id in joiner.node.connected_peers()
+                boot.stop()
+                while trainer.peer_id in joiner.node.connected_peers():
+                    await trio.sleep(0.05)
+            joiner.stop()
 
 
 async def test_forged_manifest_is_refused(tmp_path):
