@@ -44,7 +44,7 @@ class RolloutGate:
 
         self.tracker = QuorumTracker(QuorumConfig(self.replicas, self.quorum, self.timeout_s))
         self.reputation = Reputation()
-        self.seen: set[bytes] = set()
+        self.seen: dict[bytes, int] = {}  # rollout id -> its version, for ids inside the async window
         self.present: set[bytes] = set()  # validators heard from at the last on_validators
 
     def count(self, what: str, n: int = 1) -> None:
@@ -58,7 +58,7 @@ class RolloutGate:
         if reason:
             self.count(f"refused:{reason}")
             return reason
-        self.seen.add(rid)
+        self.seen[rid] = group.policy_version
         self.pending[rid] = group
         validators = self.specs[group.policy_version].validators_for(group.worker)
         _, settlements = self.tracker.open(rid, validators, now)
@@ -74,10 +74,10 @@ class RolloutGate:
             return "duplicate"
         if self.reputation.is_banned(group.worker):
             return "worker banned"
-        if group.policy_version not in self.specs:
-            return "unknown policy version"
         if group.policy_version < self.newest - self.async_level:
             return "too stale"
+        if group.policy_version not in self.specs:
+            return "unknown policy version"
         if group.step != group.policy_version:
             return "assignment step differs from the policy version"
         if not self.specs[group.policy_version].quorum_reachable(group.worker):
@@ -94,6 +94,17 @@ class RolloutGate:
     def tick(self, now: float) -> None:
         for s in self.tracker.tick(now):
             self._settle(s)
+
+    def forget_old(self, now: float) -> None:
+        """Forget what no longer decides anything: ids and specs of versions behind the async window (their
+        rollouts are refused as too stale before a duplicate check could matter) and settlements older than two
+        quorum timeouts (they only answered late duplicate votes). Why: all three grew by every rollout for the
+        whole run, which in a run of days is memory without bound."""
+        floor = self.newest - self.async_level
+        self.seen = {rid: v for rid, v in self.seen.items() if v >= floor}
+        for version in [v for v in self.specs if v < floor]:
+            del self.specs[version]
+        self.tracker.forget_settled(now - 2 * self.timeout_s)
 
     def on_validators(self, present: set[bytes], now: float) -> None:
         """The validators heard from now: rollouts only departed ones could settle time out at once (see
@@ -291,6 +302,7 @@ async def trainer_role(node) -> None:
             await trio.sleep(1.0)
             gate.on_validators({bytes.fromhex(k) for k in publisher.known_validators()}, trio.current_time())
             gate.tick(trio.current_time())
+            gate.forget_old(trio.current_time())
             progress.set()
             if gate.counts != last:  # what the gate has seen so far, for the status view and the report
                 last = dict(gate.counts)

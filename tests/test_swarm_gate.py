@@ -321,3 +321,18 @@ def test_a_trainer_given_validator_keys_names_only_those_and_reports_the_others_
     assert publisher.known_validators() == (listed.hex(),)
     assert publisher.known_validators() == (listed.hex(),)
     assert emitted == [peer_id_from_public_bytes(stranger)]
+
+
+def test_the_gate_forgets_what_the_async_window_left_behind_so_a_long_run_stays_bounded():
+    validators = keys(2)
+    gate = gate_with(validators, newest=0)
+    for version in range(30):
+        gate.specs[version], gate.newest = spec(validators), version
+        for task in range(4):
+            accept(gate, validators, group(version=version, task=task), now=10.0 * version)
+        gate.take(4)
+        gate.forget_old(now=10.0 * version)
+    assert sorted(gate.specs) == [28, 29] and set(gate.seen.values()) == {28, 29} and len(gate.seen) == 8
+    assert len(gate.tracker._settled) <= 4 * 3  # settled within the last two timeouts (20 s) only
+    replay = group(version=3)
+    assert gate.on_rollout(replay, 300.0) == "too stale"  # what it forgot is refused all the same
