@@ -22,7 +22,7 @@ def _parts():
 
 def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     model, opt, sched = _parts()
-    save_checkpoint(tmp_path, model, opt, sched, TrainerState(step=1, version=1, consumed={"ab"}))
+    save_checkpoint(tmp_path, model, opt, sched, TrainerState(step=1, version=1, consumed={"ab": 1}))
     saved = model.lin.weight.detach().clone()
     with torch.no_grad():
         model.lin.weight.add_(1.0)
@@ -38,7 +38,7 @@ def test_crash_mid_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     fresh, opt2, sched2 = _parts()
     state = load_checkpoint(latest_checkpoint(tmp_path), fresh, opt2, sched2)
-    assert state.step == 1 and state.consumed == {"ab"}
+    assert state.step == 1 and state.consumed == {"ab": 1}
     assert torch.equal(fresh.lin.weight, saved) and not torch.equal(saved, model.lin.weight)
 
 
@@ -53,3 +53,14 @@ def test_rng_states_round_trip(tmp_path):
     load_checkpoint(latest_checkpoint(tmp_path), model, opt, sched)
     assert torch.equal(torch.rand(2), expected[0])
     assert random.random() == expected[1] and np.random.rand() == expected[2]
+
+
+def test_a_checkpoint_of_an_older_release_keeps_its_consumed_ids_as_of_its_version(tmp_path):
+    import json
+
+    model, opt, sched = _parts()
+    path = save_checkpoint(tmp_path, model, opt, sched, TrainerState(step=3, version=2, consumed={"ab": 2, "cd": 1}))
+    assert json.loads((path / "state.json").read_text())["consumed"] == [["ab", 2], ["cd", 1]]
+    meta = json.loads((path / "state.json").read_text())
+    (path / "state.json").write_text(json.dumps({**meta, "consumed": ["ab", "cd"]}))  # bare ids, as before
+    assert load_checkpoint(path, *_parts()).consumed == {"ab": 2, "cd": 2}

@@ -37,7 +37,8 @@ class TrainerState:
 
     step: int = 0  # optimizer steps taken
     version: int = 0  # last published policy version (0 = the initial policy)
-    consumed: set[str] = field(default_factory=set)  # hex rollout ids already trained on (never train twice)
+    consumed: dict[str, int] = field(default_factory=dict)  # hex rollout id -> version, trained on (never twice),
+    # for versions inside the async window only (older ones are refused as too stale: TrainingRun.step prunes them)
     stage_index: int = 0  # curriculum stage at `step`, checked against the schedule on resume
     extra: dict = field(default_factory=dict)  # free-form JSON-able counters (e.g. tokens seen)
 
@@ -99,7 +100,7 @@ def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainerState
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
                    tmp / "trainer_state.pt")
         meta = {"step": state.step, "version": state.version, "stage_index": state.stage_index,
-                "consumed": sorted(state.consumed), "extra": state.extra}
+                "consumed": sorted([rid, v] for rid, v in state.consumed.items()), "extra": state.extra}
         (tmp / "state.json").write_text(json.dumps(meta))
         _commit_dir(tmp, final)
     except BaseException:
@@ -131,8 +132,16 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> TrainerState:
     optimizer.load_state_dict(blobs["optimizer"])
     scheduler.load_state_dict(blobs["scheduler"])
     set_rng_state(blobs["rng"])
-    return TrainerState(step=meta["step"], version=meta["version"], consumed=set(meta["consumed"]),
+    consumed = _consumed(meta["consumed"], meta["version"])
+    return TrainerState(step=meta["step"], version=meta["version"], consumed=consumed,
                         stage_index=meta["stage_index"], extra=meta.get("extra", {}))
+
+
+def _consumed(raw: list, version: int) -> dict[str, int]:
+    """Consumed ids as written: [id, version] pairs, or bare ids (checkpoints of older releases, kept as if from
+    `version` until the async window passes them)."""
+    return {str(item[0]): int(item[1]) if isinstance(item, list) else version
+            for item in raw} if raw and isinstance(raw[0], list) else {str(rid): version for rid in raw}
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import ChainMap
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -207,15 +208,17 @@ class TrainingRun:
     def step(self, groups: list[RolloutGroup]) -> dict:
         """Admit, train, publish every `steps_per_policy` steps, checkpoint; returns the step's log record."""
         window, accepted, refused = self.window(), [], []
-        seen = set(self.state.consumed)
+        batch: dict[str, int] = {}
         for group in groups:
-            reason = refusal(group, window, seen)
+            reason = refusal(group, window, ChainMap(batch, self.state.consumed))
             (refused if reason else accepted).append(reason or group)
-            seen.add(group.rollout_id().hex())
+            batch[group.rollout_id().hex()] = group.policy_version
         mine = shard(accepted, self.rank, self.world_size)  # data parallel: this rank's share, gradients summed
         report = self.trainer.train_step(self.state.step, [to_train_group(g, with_logprobs=self.generator_logprobs)
                                                            for g in mine])
-        self.state.consumed.update(g.rollout_id().hex() for g in accepted)
+        self.state.consumed.update((g.rollout_id().hex(), g.policy_version) for g in accepted)
+        floor = window.latest_version - window.async_level  # older ids are refused as too stale: forget them
+        self.state.consumed = {rid: v for rid, v in self.state.consumed.items() if v >= floor}
         record = self._record(report, accepted, refused)
         if self.world_size > 1:
             self._whole_batch_figures(record, accepted)
