@@ -185,7 +185,7 @@ class DataChannelServer:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on the host's IP, install the handshake handler, serve until cancelled."""
-        ip = _listen_ip(self.host.multiaddrs)
+        ip = _listen_ip(self.host.bound_multiaddrs)  # 0.0.0.0 when libp2p listens on every interface
         listeners = await trio.open_tcp_listeners(0, host=ip)
         self.port = listeners[0].socket.getsockname()[1]
         self.host.set_guarded_handler(PROTOCOL, self._handle_handshake, timeout=None)

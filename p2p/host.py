@@ -52,6 +52,9 @@ class HostConfig:
     """Multiaddrs to listen on; port 0 picks a free port (the actual one is in `P2PHost.multiaddrs`)."""
     bootstrap: tuple[str, ...] = ()
     """Validated multiaddrs with /p2p/<id> (see p2p.bootstrap.resolve_bootstrap) dialed once at start."""
+    announce: tuple[str, ...] = ()
+    """Multiaddrs to tell others instead of the listen addresses (a public address behind NAT or a port forward);
+    empty: the listen addresses, an unspecified IP (0.0.0.0, ::) expanded to the machine's interface addresses."""
     dial_timeout: float = 10.0
     """Limit on one dial (TCP + Noise + Yamux negotiation)."""
     stream_timeout: float = 10.0
@@ -62,6 +65,10 @@ class HostConfig:
     def __post_init__(self) -> None:
         if not self.listen:
             raise HostError("a host needs at least one listen multiaddr")
+        for addr in self.announce:
+            _parse_multiaddr(addr)
+            if "/p2p/" in addr:
+                raise HostError(f"announce address {addr!r} must not name a peer id (/p2p/...): it is added")
         for name in ("dial_timeout", "stream_timeout"):
             if getattr(self, name) <= 0:
                 raise HostError(f"{name} must be positive, got {getattr(self, name)}")
@@ -135,6 +142,7 @@ class P2PHost:
     config: HostConfig
     nursery: trio.Nursery
     bootstrap_failures: dict[str, str] = field(default_factory=dict)
+    _interface_ips: dict[str, list[str]] | None = None  # looked up once, on first use of `multiaddrs`
 
     @property
     def peer_id(self) -> str:
@@ -142,10 +150,28 @@ class P2PHost:
 
     @property
     def multiaddrs(self) -> list[str]:
-        """Actual listen addresses, each ending in /p2p/<peer id>, ready to hand to another peer."""
+        """Addresses to hand to another peer, each ending in /p2p/<peer id>: the `announce` addresses, else the
+        listen addresses with an unspecified IP expanded to this machine's (p2p.addresses), loopback last."""
+        from p2p.addresses import dialable
+
+        if self.config.announce:
+            return [self._with_id(a) for a in self.config.announce]
+        if self._interface_ips is None:
+            from p2p.addresses import interface_ips
+
+            self._interface_ips = interface_ips()
+        return [self._with_id(a) for a in dialable(self.bound_multiaddrs, self._interface_ips)]
+
+    @property
+    def bound_multiaddrs(self) -> list[str]:
+        """The listen addresses as bound (0.0.0.0 stays 0.0.0.0), with the actual ports; for binding other sockets
+        beside them, never to give out."""
+        return [str(a) for a in self.libp2p.get_transport_addrs()]
+
+    def _with_id(self, addr: str) -> str:
         suffix = f"/p2p/{self.peer_id}"
-        addrs = [str(a) for a in self.libp2p.get_transport_addrs()]
-        return [a if a.endswith(suffix) else a + suffix for a in addrs]
+        base = addr.split("/p2p/")[0]
+        return base + suffix
 
     async def connect(self, multiaddr: str) -> str:
         """Dial `multiaddr` (which must end in /p2p/<id>) and return the remote peer id; HostError on failure."""

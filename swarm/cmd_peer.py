@@ -21,7 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hex public key of the run's trainer, or a key file; only its manifests are loaded")
     parser.add_argument("--bootstrap", action="append", metavar="MULTIADDR",
                         help="bootstrap peer multiaddr (repeatable); default: bootstrap_peers.txt")
-    parser.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen multiaddr (repeatable)")
+    parser.add_argument("--listen", action="append", metavar="MULTIADDR",
+                        help="listen multiaddr (repeatable); /ip4/0.0.0.0/tcp/4001 for peers on other machines")
+    parser.add_argument("--announce", action="append", metavar="MULTIADDR",
+                        help="address other peers should dial instead (repeatable; e.g. a public NAT address)")
     parser.add_argument("--data-dir", dest="data_dir", type=Path, help="identity, piece store and lock (default ./swarm-data)")
     parser.add_argument("--keep-versions", dest="keep_versions", type=int, help="policy versions kept on disk")
     parser.add_argument("--upload-mbps", dest="upload_mbps", type=float, help="upload cap in Mbit/s (0 = none)")
@@ -63,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         "run": args.run, "trainer_key": args.trainer_key,
         "bootstrap": tuple(args.bootstrap) if args.bootstrap else None,
         "listen": tuple(args.listen) if args.listen else None,
+        "announce": tuple(args.announce) if args.announce else None,
         "data_dir": args.data_dir, "keep_versions": args.keep_versions, "upload_mbps": args.upload_mbps,
         "reseed": args.reseed, "exit_when_complete": args.exit_when_complete,
         "exit_when_trained": args.exit_when_trained, "model": args.model,

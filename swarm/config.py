@@ -37,6 +37,9 @@ class PeerConfig:
     """Multiaddrs to listen on; tcp/0 picks a free port."""
     bootstrap: tuple[str, ...] = ()
     """Bootstrap multiaddrs; when empty, bootstrap_peers.txt is read."""
+    announce: tuple[str, ...] = ()
+    """Multiaddrs to give other peers instead of the listen addresses (e.g. the public address of a NAT port
+    forward); empty: the listen addresses, /ip4/0.0.0.0 expanded to this machine's interface addresses."""
     bootstrap_file: Path = Path("bootstrap_peers.txt")
     """File of bootstrap multiaddrs, one per line, '#' comments."""
     keep_versions: int = 3
@@ -130,7 +133,7 @@ class PeerConfig:
         return self
 
 
-_TUPLE_FIELDS = {"roles", "listen", "bootstrap", "validator_keys"}
+_TUPLE_FIELDS = {"roles", "listen", "bootstrap", "announce", "validator_keys"}
 _PATH_FIELDS = {"data_dir", "bootstrap_file", "trainer_config"}
 
 

@@ -147,3 +147,27 @@ async def test_dial_and_stream_errors_are_one_sentence_host_errors():
             await a.new_stream(PEER, ECHO)
     with pytest.raises(HostError, match="handler_timeout"):
         HostConfig(handler_timeout=0)
+
+
+def test_an_unspecified_listen_ip_is_given_out_as_each_interface_address_loopback_last():
+    """A peer listening on every interface printed /ip4/0.0.0.0/...: no other machine can dial that."""
+    from p2p.addresses import dialable, interface_ips
+
+    ips = {"ip4": ["10.1.2.3", "127.0.0.1"], "ip6": ["2001:db8::5", "::1"]}
+    bound = ["/ip4/0.0.0.0/tcp/4001", "/ip6/::/tcp/4002", "/ip4/127.0.0.1/tcp/5", "/ip4/10.1.2.3/tcp/4001"]
+    assert dialable(bound, ips) == ["/ip4/10.1.2.3/tcp/4001", "/ip4/127.0.0.1/tcp/4001", "/ip6/2001:db8::5/tcp/4002",
+                                    "/ip6/::1/tcp/4002", "/ip4/127.0.0.1/tcp/5"]
+    assert dialable(["/ip4/0.0.0.0/tcp/1"], {"ip4": [], "ip6": []}) == []
+    here = interface_ips()
+    assert here["ip4"][-1].startswith("127.") and "0.0.0.0" not in here["ip4"]
+    assert not any(ip.startswith("fe80") for ip in here["ip6"])
+
+
+async def test_announce_addresses_replace_the_listen_addresses_given_out():
+    config = HostConfig(announce=("/ip4/203.0.113.7/tcp/4001",))
+    async with open_host(config) as host:
+        assert host.multiaddrs == [f"/ip4/203.0.113.7/tcp/4001/p2p/{host.peer_id}"]
+        (bound,) = host.bound_multiaddrs
+        assert bound.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/" not in bound
+    with pytest.raises(HostError, match="must not name a peer id"):
+        HostConfig(announce=(f"/ip4/203.0.113.7/tcp/4001/p2p/{PEER}",))
