@@ -68,3 +68,38 @@ def test_trainer_validator_and_inference_processes_train_on_accepted_rollouts(tm
     assert all(s["groups"] == 4 and s["workers"] == [worker_id] for s in steps)  # only quorum-accepted groups
     assert votes["accepted"] >= 4 and votes["rejected"] == 0
     assert all(e["groups"] == 4 for e in worker.events("generated"))
+
+
+def test_a_run_survives_a_validator_that_leaves_for_good(tmp_path):
+    """Three validators (replicas 2, quorum 2), one killed after the first step: its peers forget it once its
+    heartbeats stop, the rollouts that waited on its vote time out at once (blaming no worker), and training ends.
+    Before, a departed validator stayed in every version's validator set and held each of its rollouts for the
+    whole quorum timeout."""
+    key = Identity.generate()
+    write_key_file(tmp_path / "run.key", key)
+    (tmp_path / "trainer.toml").write_text(TRAINER_TOML)
+    (tmp_path / "peer.toml").write_text("[peer]\nstatus_every_s = 1.0\npeer_silence_s = 8.0\n")
+    fast = ["--config", str(tmp_path / "peer.toml")]
+    peers: list[EventProcess] = []
+    try:
+        deadline = time.monotonic() + 300
+        trainer = start_peer(tmp_path, "trainer", "--role", "trainer", "--role", "seed", "--trainer-config",
+                             str(tmp_path / "trainer.toml"), "--key", str(tmp_path / "run.key"), "--replicas", "2",
+                             "--quorum", "2", "--prompts-per-worker", "4", "--exit-when-trained", *fast)
+        peers.append(trainer)
+        address = trainer.wait_for("listening", deadline)["addrs"][0]
+        joined = ["--bootstrap", address, "--trainer-key", key.public_bytes.hex(), "--model", "tiny", *fast]
+        validators = [start_peer(tmp_path, f"validator{i}", "--role", "validator", *joined) for i in range(3)]
+        peers += validators + [start_peer(tmp_path, "worker", "--role", "inference", *joined)]
+        assert trainer.wait_for("published", deadline, version=0)["validators"] == 3
+        trainer.wait_for("train_step", deadline)
+        leaving = validators[2].wait_for("listening", deadline)["peer_id"]
+        validators[2].popen.kill()
+        gone = trainer.wait_for("peer_gone", deadline, peer=leaving)
+        trained = trainer.wait_for("trained", deadline)
+    finally:
+        for peer in peers:
+            peer.stop()
+    assert trained["steps"] == 2 and trained["banned"] == []
+    assert gone["roles"] == ["validator"]
+    assert trained["gate"].get("rejected", 0) == 0  # nothing honest was blamed for the missing votes
