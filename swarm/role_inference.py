@@ -35,6 +35,10 @@ async def inference_role(node) -> None:
         except Exception as exc:  # noqa: BLE001 - a malformed spec skips this version, it does not stop the peer
             node.events.emit("skipped", version=done, message=str(exc))
             continue
+        why = unanswerable(spec, node.peer_id, done)
+        if why:
+            node.events.emit("skipped", version=done, message=why)
+            continue
         if backend is None:  # vLLM takes minutes to start
             backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision,
                                                     node.config.gpu_memory)
@@ -47,6 +51,17 @@ async def inference_role(node) -> None:
         node.events.emit("generated", version=done, groups=len(groups),
                          mean_reward=round(sum(c.reward for g in groups for c in g.completions)
                                            / max(1, sum(len(g.completions) for g in groups)), 3))
+
+
+def unanswerable(spec: RunSpec, worker: str, version: int) -> str:
+    """Why this worker's rollouts of `version` could never be accepted (then it does not generate them), or "".
+
+    The trainer never publishes a version naming fewer validators than its quorum, but a peer that also validates
+    is never assigned its own rollouts, so for it a version may still be one validator short."""
+    if spec.quorum_reachable(worker):
+        return ""
+    return (f"v{version} names {len(spec.validators)} validators and its quorum needs {spec.quorum} other than this "
+            f"peer (no peer validates its own rollouts): its rollouts could not be accepted, so it skips the version")
 
 
 def _generate(node, backend, loaded, policy, spec: RunSpec, directory) -> list:

@@ -302,6 +302,10 @@ def test_a_peer_that_also_validates_is_never_assigned_its_own_rollouts():
     assert gate.on_vote(vote(validators[1], g), 1.0) == "counted" and gate.accepted == [g]
     strict = gate_with(validators)  # quorum 2 of the one other validator: refused, and nobody blamed
     assert strict.on_rollout(group(worker=both, task=99), 0.0) == "fewer validators than the quorum"
+    from swarm.role_inference import unanswerable
+
+    assert "its quorum needs 2 other than this peer" in unanswerable(version, both, 1)  # so it does not generate
+    assert unanswerable(version, "12D3KooWother", 1) == ""
 
 
 def test_a_trainer_given_validator_keys_names_only_those_and_reports_the_others_once(tmp_path):
