@@ -124,6 +124,37 @@ def test_compute_rewards_matches_compute_reward_and_survives_hostile_items():
     assert compute_rewards("numeric", texts, None) == [0.0] * 5 and compute_rewards("numeric", [], entry) == []
 
 
+def test_many_groups_are_scored_in_one_round_trip_and_a_hanging_group_costs_only_itself():
+    from verify.rewards import _ScorerWorker
+
+    worker = _ScorerWorker(timeout_s=0.3)
+    exchanges = []
+    exchange = worker._exchange
+    worker._exchange = lambda jobs: exchanges.append(len(jobs)) or exchange(jobs)
+    try:
+        four, five = {"answer": "4"}, {"answer": "5"}
+        jobs = [("math", ["\\boxed{4}", "\\boxed{5}"], four), ("math", ["\\boxed{5}"], five), ("math", ["4"], five)]
+        assert worker.score_jobs(jobs) == [[1.0, 0.0], [1.0], [0.0]] and exchanges == [3]
+        tower = "\\boxed{10^{10^{10^{10}}}}"  # the batch misses its deadline: each group is scored on its own
+        exchanges.clear()
+        assert worker.score_jobs([("math", ["\\boxed{4}"], four), ("math", [tower, "\\boxed{5}"], five)]) == [
+            [1.0], [0.0, 1.0]]
+        assert exchanges[:3] == [2, 1, 1]  # the batch, then the honest group alone, then the hanging one alone
+    finally:
+        worker._stop()
+
+
+def test_compute_rewards_many_equals_compute_rewards_job_by_job():
+    from verify.rewards import compute_rewards, compute_rewards_many
+
+    arithmetic = {"question": "Calculate 6 * 10.", "answer": "60", "metadata": {}}
+    jobs = [("numeric", ["60", "600", None], arithmetic), ("rg:basic_arithmetic", ["Answer: 60", "61"], arithmetic),
+            ("nope", ["60"], arithmetic), ("exact", ["60"], None), ("rg:basic_arithmetic", [], arithmetic),
+            ("math", ["\\boxed{60}"], arithmetic)]
+    assert compute_rewards_many(jobs) == [compute_rewards(*job) for job in jobs]
+    assert compute_rewards_many(jobs)[:2] == [[1.0, 0.0, 0.0], [1.0, 0.0]]
+
+
 def _report_scorer_state(queue) -> None:
     from verify.rewards import _SCORER
 

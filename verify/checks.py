@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from tasks.assignment import is_assigned
-from verify.rewards import compute_rewards
+from verify.rewards import compute_rewards_many
 from verify.rollout import RolloutGroup
 from verify.sampling import SamplingKey, gumbel_noise_at, perturbed_scores, stream_seeds
 from verify.toploc import ToplocConfig, verify_proofs
@@ -231,14 +231,32 @@ def check_logprobs(group: RolloutGroup, recomputed: Sequence[torch.Tensor], conf
 
 def check_rewards(group: RolloutGroup, ctx: RunContext, config: CheckConfig) -> CheckResult:
     """Every claimed reward is in [0, 1] and equals the reward recomputed with the task's own reward function."""
-    entry = ctx.tasks.entry(group.dataset, group.task_index)
-    if entry is None:
-        return CheckResult("reward", False, f"task {group.dataset}[{group.task_index}] does not exist")
-    for i, c in enumerate(group.completions):
-        if not 0.0 <= c.reward <= 1.0:
-            return CheckResult("reward", False, f"completion {i} claims reward {c.reward} outside [0, 1]")
-    wanted = compute_rewards(entry.get("reward_fn", "exact"), [ctx.tasks.decode(c.tokens) for c in group.completions],
-                             entry)
+    return check_rewards_many([group], ctx, config)[0]
+
+
+def check_rewards_many(groups: Sequence[RolloutGroup], ctx: RunContext, config: CheckConfig) -> list[CheckResult]:
+    """check_rewards of many groups with one scorer round trip for all of them (compute_rewards_many)."""
+    results: list[CheckResult | None] = []
+    jobs, scored = [], []  # the scorer's jobs, and the index in `results` each answers
+    for group in groups:
+        entry = ctx.tasks.entry(group.dataset, group.task_index)
+        bad = next((i for i, c in enumerate(group.completions) if not 0.0 <= c.reward <= 1.0), None)
+        if entry is None:
+            results.append(CheckResult("reward", False, f"task {group.dataset}[{group.task_index}] does not exist"))
+        elif bad is not None:
+            claimed = group.completions[bad].reward
+            results.append(CheckResult("reward", False, f"completion {bad} claims reward {claimed} outside [0, 1]"))
+        else:
+            results.append(None)
+            scored.append(len(results) - 1)
+            jobs.append((entry.get("reward_fn", "exact"), [ctx.tasks.decode(c.tokens) for c in group.completions],
+                         entry))
+    for index, wanted in zip(scored, compute_rewards_many(jobs)):
+        results[index] = _judge_rewards(groups[index], wanted, config)
+    return results
+
+
+def _judge_rewards(group: RolloutGroup, wanted: list[float], config: CheckConfig) -> CheckResult:
     for i, (c, want) in enumerate(zip(group.completions, wanted)):
         if abs(want - c.reward) > config.reward_atol:
             return CheckResult("reward", False, f"completion {i} claims reward {c.reward}, recomputed {want}")

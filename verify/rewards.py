@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 _TAIL_CHARS = 4000
@@ -144,32 +144,50 @@ class _ScorerWorker:
         at a time, so a hostile completion scores 0 alone and never takes its group's honest ones with it.
         """
         with self._lock:
-            values = self._exchange(reward_fn, completions, entry)
+            values = self._exchange([(reward_fn, completions, entry)])
         if values is not None:
             return values
         if len(completions) == 1:
             return [0.0]
         return [self.score_many(reward_fn, [completion], entry)[0] for completion in completions]
 
+    def score_jobs(self, jobs: list[tuple[str, list[str], dict]]) -> list[list[float]]:
+        """score_many of many groups in one round trip (a validator's batch), under one shared deadline; if it is
+        missed, each group is scored on its own (score_many), so a hostile group costs its own deadlines only."""
+        if len(jobs) == 1:
+            return [self.score_many(*jobs[0])]
+        with self._lock:
+            values = self._exchange(jobs)
+        if values is None:
+            return [self.score_many(*job) for job in jobs]
+        out, at = [], 0
+        for _, completions, _ in jobs:
+            out.append(values[at:at + len(completions)])
+            at += len(completions)
+        return out
+
     def start_soon(self) -> None:
         """Launch the scorer process without waiting for it: its imports overlap whatever the caller does next."""
         with self._lock:
             self._launch_if_needed()
 
-    def _exchange(self, reward_fn: str, completions: list[str], entry: dict) -> list[float] | None:
+    def _exchange(self, jobs: list[tuple[str, list[str], dict]]) -> list[float] | None:
+        """One frame of (reward_fn, completions, entry) jobs out, every completion's score back, in order; None
+        when the deadline passes or the scorer fails (it is then stopped, and relaunched by the next call)."""
         import pickle
         import struct
 
+        count = sum(len(completions) for _, completions, _ in jobs)
         try:
             self._launch_if_needed()
             if not self._ready:
                 self._await_ready()
-            body = pickle.dumps((reward_fn, completions, entry))
+            body = pickle.dumps(jobs)
             self._process.stdin.write(struct.pack(">I", len(body)) + body)
             self._process.stdin.flush()
-            reply = self._read(8 * len(completions), self.timeout_s)
+            reply = self._read(8 * count, self.timeout_s)
             if reply is not None:
-                return list(struct.unpack(f">{len(completions)}d", reply))
+                return list(struct.unpack(f">{count}d", reply))
         except (OSError, ValueError, pickle.PicklingError):
             pass
         self._stop()
@@ -300,23 +318,42 @@ def compute_rewards(reward_fn: str, completion_texts: list[str], entry: dict) ->
 
     Never raises; every value is in [0, 1], and a text that is not a string scores 0.0 without touching the others.
     """
-    texts = list(completion_texts)
-    if not isinstance(entry, dict) or not isinstance(reward_fn, str):
-        return [0.0] * len(texts)
-    valid = [i for i, text in enumerate(texts) if isinstance(text, str)]
-    values = [0.0] * len(texts)
-    try:
+    return compute_rewards_many([(reward_fn, completion_texts, entry)])[0]
+
+
+def compute_rewards_many(jobs: Sequence[tuple[str, Sequence[str], dict]]) -> list[list[float]]:
+    """compute_rewards of many (reward_fn, texts, entry) jobs, with one scorer round trip for all those scored out
+    of process: a validator scores its whole batch at once (a round trip costs more than an arithmetic scorer)."""
+    values: list[list[float]] = []
+    remote: list[tuple[int, list[int]]] = []  # (job, its valid text indices) scored in the scorer process
+    for reward_fn, completion_texts, entry in jobs:
+        texts = list(completion_texts)
+        values.append([0.0] * len(texts))
+        if not isinstance(entry, dict) or not isinstance(reward_fn, str):
+            continue
+        valid = [i for i, text in enumerate(texts) if isinstance(text, str)]
         if reward_fn in _IN_PROCESS:
-            scored = [_score_direct(reward_fn, texts[i], entry) for i in valid]
+            for i in valid:
+                values[-1][i] = _clamped(_direct_or_zero(reward_fn, texts[i], entry))
         elif (reward_fn in REGISTRY or reward_fn.startswith("rg:")) and valid:
-            scored = _SCORER.score_many(reward_fn, [texts[i] for i in valid], entry)
-        else:
-            return values
-    except Exception:  # noqa: BLE001 - hostile text must never crash a validator
-        return values
-    for i, value in zip(valid, scored):
-        values[i] = _clamped(value)
+            remote.append((len(values) - 1, valid))
+    if remote:
+        try:
+            requests = [(jobs[j][0], [jobs[j][1][i] for i in valid], jobs[j][2]) for j, valid in remote]
+            scored = _SCORER.score_jobs(requests)
+        except Exception:  # noqa: BLE001 - hostile text must never crash a validator
+            scored = [[0.0] * len(valid) for _, valid in remote]
+        for (j, valid), group_scores in zip(remote, scored):
+            for i, value in zip(valid, group_scores):
+                values[j][i] = _clamped(value)
     return values
+
+
+def _direct_or_zero(reward_fn: str, text: str, entry: dict) -> float:
+    try:
+        return _score_direct(reward_fn, text, entry)
+    except Exception:  # noqa: BLE001 - hostile text must never crash a validator
+        return 0.0
 
 
 def _clamped(value) -> float:

@@ -3,9 +3,9 @@
 Why a plain subprocess rather than multiprocessing: spawn and forkserver re-import the parent's __main__ module,
 which breaks (or re-runs) scripts without a main guard and stdin-fed programs; this child imports only what it
 needs. Where a fork is safe (ForkedScorer) the same loop runs in a fork of the caller instead, which has its
-imports already. Frames: parent -> child a 4-byte big-endian length then a pickle of (reward_fn, [completion, ...], entry),
-built by the parent from its own data; child -> parent one 8-byte big-endian double per completion, in order. The
-child writes one ready byte first.
+imports already. Frames: parent -> child a 4-byte big-endian length then a pickle of a list of jobs, each
+(reward_fn, [completion, ...], entry), built by the parent from its own data; child -> parent one 8-byte big-endian
+double per completion of every job, in order. The child writes one ready byte first.
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ def main(inp=None, out=None) -> None:
         if body is None:
             return
         try:
-            reward_fn, completions, entry = pickle.loads(body)
+            jobs = [(str(fn), list(completions), entry) for fn, completions, entry in pickle.loads(body)]
         except Exception:  # noqa: BLE001 - cannot happen with our own parent; end rather than guess a count
             return
-        out.write(b"".join(struct.pack(">d", _score_one(_score_direct, reward_fn, c, entry)) for c in completions))
+        out.write(b"".join(struct.pack(">d", _score_one(_score_direct, fn, c, entry))
+                           for fn, completions, entry in jobs for c in completions))
         out.flush()
 
 

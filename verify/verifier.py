@@ -22,7 +22,7 @@ import torch
 
 from verify.checks import (
     CheckConfig, CheckResult, RunContext, check_assignment, check_lengths, check_logprobs, check_policy,
-    check_proofs_many, check_rewards, check_sampling, check_termination, recomputed_logprobs,
+    check_proofs_many, check_rewards_many, check_sampling, check_termination, recomputed_logprobs,
 )
 from verify.model_inputs import cache_keyword, left_padded
 from verify.rollout import RolloutGroup, RolloutSchemaError
@@ -82,6 +82,7 @@ def verify_groups(models: Mapping[int, torch.nn.Module], groups: Sequence[Rollou
         for batch in _batches(items, min(max_batch_tokens, budget)):
             _verify_batch(model, batch, ctx, config)
     prefilled = [item for item in pending if all(c.ok for c in item.checks)]
+    _reward_checks([item for item in prefilled if item.logit_checks], ctx, config)
     proofs = dict(zip((id(item) for item in prefilled), _proof_checks(prefilled, config)))
     for item in pending:
         checks = item.checks + item.logit_checks + ([proofs[id(item)]] if id(item) in proofs else [])
@@ -212,6 +213,17 @@ def _apply_head(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     return head(h[None])[0]
 
 
+def _reward_checks(items: list[_Pending], ctx: RunContext, config: CheckConfig) -> None:
+    """The reward check of every prefilled group, one scorer round trip for all (each logit-checked group gets it
+    last among its logit checks, as check order is part of the vote)."""
+    try:
+        results = check_rewards_many([item.group for item in items], ctx, config)
+    except Exception as exc:  # noqa: BLE001 - a crash here rejects these groups, never the validator
+        results = [CheckResult("internal", False, f"check raised {type(exc).__name__}")] * len(items)
+    for item, result in zip(items, results):
+        item.logit_checks.append(result)
+
+
 def _proof_checks(items: list[_Pending], config: CheckConfig) -> list[CheckResult]:
     """The TOPLOC check of every prefilled group in one batched call (per-group calls cost 2 x 128 numpy steps each)."""
     try:
@@ -222,7 +234,7 @@ def _proof_checks(items: list[_Pending], config: CheckConfig) -> list[CheckResul
 
 def _logit_checks(group: RolloutGroup, logits: list[torch.Tensor], ctx: RunContext,
                   config: CheckConfig) -> list[CheckResult]:
-    """Termination, sampling, logprobs and reward of one prefilled group, from its logits ([T_j, V] per completion)."""
+    """Termination, sampling and logprobs of one prefilled group, from its logits ([T_j, V] per completion)."""
     checks: list[CheckResult] = []
     try:
         lengths = [len(c.tokens) for c in group.completions]
@@ -231,8 +243,7 @@ def _logit_checks(group: RolloutGroup, logits: list[torch.Tensor], ctx: RunConte
         last_probs = [float(torch.exp(lp[-1])) for lp in recomputed]
         checks.append(check_termination(group, last_probs, ctx, config))
         checks.append(check_sampling(group, logits, config))
-        checks.append(check_logprobs(group, recomputed, config))
-        checks.append(check_rewards(group, ctx, config))
+        checks.append(check_logprobs(group, recomputed, config))  # the reward check follows (_reward_checks)
     except Exception as exc:  # noqa: BLE001 - a crash while checking rejects this group only
         checks.append(CheckResult("internal", False, f"check raised {type(exc).__name__}"))
     return checks
