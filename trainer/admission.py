@@ -7,6 +7,7 @@ bug or an attack; one beyond the async window is merely late).
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 from verify.rollout import RolloutGroup
@@ -22,7 +23,7 @@ class Window:
     published: frozenset[int]  # every version this trainer has published (and could have generated a group)
 
 
-def refusal(group: RolloutGroup, window: Window, consumed: set[str]) -> str | None:
+def refusal(group: RolloutGroup, window: Window, consumed: Container[str]) -> str | None:
     """None when the group may be trained on, else one sentence saying why not."""
     if group.run != window.run:
         return f"rollout belongs to run {group.run!r}, not {window.run!r}"

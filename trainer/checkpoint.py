@@ -140,8 +140,13 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> TrainerState:
 def _consumed(raw: list, version: int) -> dict[str, int]:
     """Consumed ids as written: [id, version] pairs, or bare ids (checkpoints of older releases, kept as if from
     `version` until the async window passes them)."""
-    return {str(item[0]): int(item[1]) if isinstance(item, list) else version
-            for item in raw} if raw and isinstance(raw[0], list) else {str(rid): version for rid in raw}
+    consumed: dict[str, int] = {}
+    for item in raw:
+        if isinstance(item, list):
+            consumed[str(item[0])] = int(item[1])
+        else:
+            consumed[str(item)] = version
+    return consumed
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -209,8 +209,9 @@ class TrainingRun:
         """Admit, train, publish every `steps_per_policy` steps, checkpoint; returns the step's log record."""
         window, accepted, refused = self.window(), [], []
         batch: dict[str, int] = {}
+        seen = ChainMap(batch, self.state.consumed)  # trained on before, or earlier in this batch
         for group in groups:
-            reason = refusal(group, window, ChainMap(batch, self.state.consumed))
+            reason = refusal(group, window, seen)
             (refused if reason else accepted).append(reason or group)
             batch[group.rollout_id().hex()] = group.policy_version
         mine = shard(accepted, self.rank, self.world_size)  # data parallel: this rank's share, gradients summed
