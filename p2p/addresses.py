@@ -41,10 +41,9 @@ def dialable(bound: Sequence[str], ips: dict[str, list[str]]) -> list[str]:
     """`bound` multiaddrs with every unspecified IP replaced by each of `ips` of its family (in their order)."""
     out: list[str] = []
     for addr in bound:
-        parts = addr.split("/")
-        family = parts[1] if len(parts) > 2 else ""
-        if UNSPECIFIED.get(family) != parts[2 if len(parts) > 2 else 0]:
+        parts = addr.split("/")  # "", "ip4", "0.0.0.0", "tcp", "4001"
+        if len(parts) < 3 or UNSPECIFIED.get(parts[1]) != parts[2]:
             out.append(addr)
             continue
-        out.extend("/".join([*parts[:2], ip, *parts[3:]]) for ip in ips.get(family, []))
+        out.extend("/".join([*parts[:2], ip, *parts[3:]]) for ip in ips.get(parts[1], []))
     return list(dict.fromkeys(out))  # one entry per address, first position kept
