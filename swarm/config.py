@@ -126,8 +126,10 @@ class PeerConfig:
         if self.validator_keys:
             from swarm.trust import parse_public_key
 
-            for text in self.validator_keys:
-                parse_public_key(text, "--validator-key")
+            listed = {parse_public_key(text, "--validator-key") for text in self.validator_keys}
+            if len(listed) < self.quorum:
+                raise UserError(f"--validator-key lists {len(listed)} distinct key(s) but the quorum needs "
+                                f"{self.quorum} validators: no rollout could ever be accepted")
         if not _RUN_NAME.fullmatch(self.run):
             raise UserError(f"run name {self.run!r} must be 1 to 64 letters, digits, '.', '_' or '-'")
         return self

@@ -25,6 +25,7 @@ def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["peer", "start", "--run", "a/b"], "run name 'a/b' must be 1 to 64 letters"),
     (["peer", "start", "--validator-key", "nokey"], "--validator-key 'nokey' is neither a 64-hex-digit public key"),
     (["peer", "start", "--validator-key", "12D3KooWbroken"], "--validator-key '12D3KooWbroken' is not a valid peer"),
+    (["peer", "start", "--validator-key", "ab" * 32], "--validator-key lists 1 distinct key(s) but the quorum needs 2 validators"),
     (["peer", "start", "--role", "inference", "--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
     (["peer", "start", "--role", "trainer", "--trainer-config", "/nonexistent.toml"], "/nonexistent.toml does not exist"),
     (["eval", "--n", "-5"], "--n must be at least 1, got -5"),
