@@ -210,8 +210,9 @@ class SwarmPublisher:
                 reported = now
                 self.node.events.emit("waiting_for_validators", known=known, quorum=quorum,
                                       waited_s=round(now - since, 1), message=(
-                                          f"the quorum needs {quorum} validators and {known} are heard from: no "
-                                          f"version goes out until enough join ({now - since:.0f} s so far)"))
+                                          f"the quorum needs {quorum} validators and {known} are heard from"
+                                          f"{'' if self.allowed is None else ' (of those --validator-key lists)'}: "
+                                          f"no version goes out until enough join ({now - since:.0f} s so far)"))
             await trio.sleep(0.2)
 
     def spec_for(self, segment: str) -> RunSpec:
