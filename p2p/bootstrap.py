@@ -30,6 +30,11 @@ def validate_multiaddr(text: str, where: str) -> str:
     return addr
 
 
+def peer_id_of(multiaddr: str) -> str:
+    """The peer id a validated multiaddr ends with (its /p2p/<peer id> part)."""
+    return multiaddr.rsplit("/p2p/", 1)[-1]
+
+
 def parse_bootstrap_lines(lines: Iterable[str], source: str) -> tuple[str, ...]:
     """Multiaddrs from text lines; blank lines and '#' comments (whole-line or trailing) are skipped."""
     addrs: list[str] = []

@@ -200,7 +200,9 @@ class P2PHost:
         """
         from libp2p.peer.id import ID
 
-        peer = multiaddr.rsplit("/p2p/", 1)[-1]
+        from p2p.bootstrap import peer_id_of
+
+        peer = peer_id_of(multiaddr)
         try:
             self.libp2p.get_network().unblock_peer(ID.from_base58(peer))
         except Exception as exc:  # noqa: BLE001 - a malformed id: connect names the problem in one line

@@ -224,7 +224,9 @@ async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:
     refreshed its routing table about a minute later, and until then it heard no validator and published nothing.
     A peer started before its bootstrap peer was up stayed alone for good the same way.
     """
-    wanted = {addr: addr.rsplit("/p2p/", 1)[-1] for addr in bootstrap}
+    from p2p.bootstrap import peer_id_of
+
+    wanted = {addr: peer_id_of(addr) for addr in bootstrap}
     while True:
         await trio.sleep(node.config.bootstrap_redial_s)
         for addr, peer in wanted.items():
