@@ -51,7 +51,7 @@ from p2p.envelope import (
 from p2p.errors import EnvelopeError, GossipError
 from p2p.host import reset_quietly
 from p2p.identity import Identity
-from p2p.libp2p_compat import lean_pubsub_classes
+from p2p.libp2p_compat import BufferedInboundStream, lean_pubsub_classes
 from p2p.scores import PeerScores, ScoreConfig, Verdict
 
 log = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ class Gossip:
         if peer_id not in self.pubsub.peers:
             self._stream_retry_at.pop(peer_id, None)
         try:
-            await self.pubsub.stream_handler(stream)
+            await self.pubsub.stream_handler(BufferedInboundStream(stream))
         except RuntimeError:  # py-libp2p's service refuses new tasks once it is closing ("Nursery is closed")
             if not self._closing:
                 raise

@@ -96,6 +96,40 @@ def lean_pubsub_classes() -> tuple[type, type]:
     return LeanGossipSub, LeanPubsub
 
 
+class BufferedInboundStream:
+    """An inbound pubsub stream read in large chunks; every other attribute is the wrapped stream's.
+
+    Why: py-libp2p reads a gossip RPC one byte per varint byte and then its body, and every read of a Yamux stream
+    takes the connection's stream lock and re-checks the receive window (sometimes sending a window update). In
+    `swarm sim`, whose hosts share one trio thread, those reads and window checks were about a quarter of that
+    thread's time. Here one Yamux read takes everything buffered (up to `chunk` bytes) and the varint and body are
+    served from it. Only reads are buffered; reset, close and the connection pass through unchanged.
+    """
+
+    def __init__(self, stream: Any, chunk: int = 64 * 1024) -> None:
+        self._stream = stream
+        self._chunk = chunk
+        self._buffer = bytearray()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    async def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0:  # "everything until EOF": hand over what is buffered first, then pass through
+            if self._buffer:
+                data, self._buffer = bytes(self._buffer), bytearray()
+                return data
+            return await self._stream.read(n)
+        if not self._buffer:
+            data = await self._stream.read(max(n, self._chunk))
+            if len(data) <= n:  # no copy into the buffer when the read is consumed whole (and b"" at EOF)
+                return data
+            self._buffer += data
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+
 def next_seqno(previous: int, now: float) -> int:
     """The next pubsub sequence number: past the previous one and never below the wall clock in microseconds.
 
