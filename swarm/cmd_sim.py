@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     from swarm.errors import UserError
     from swarm.events import EventSink
-    from swarm.sim import SimSettings, run_sim, summarize, write_report
+    from swarm.sim import SimSettings, heldout_accuracy, run_sim, summarize, write_report
 
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
     sink.configure_logging()
     extra = trio.run(run_sim, settings, sink)
     report = summarize(events, extra)
+    if report["final_policy"] and not extra["timed_out"]:
+        report["heldout_accuracy"] = heldout_accuracy(args.out / "trainer.toml",
+                                                      {"base": args.model, "final": report["final_policy"]})
     write_report(args.out, report, events)
     print(json.dumps(report) if args.json else _render(report, args.out))
     return 1 if extra["timed_out"] else 0
@@ -81,5 +84,13 @@ def _render(report: dict, out: Path) -> str:
         f"  rollout groups generated: {report['groups_generated']}, rejecting votes: {report['votes_rejecting']} {report['rejection_reasons']}",
         f"  trainer gate: {report['gate']}",
         f"  banned workers: {report['banned_workers']}",
-        f"  final policy: {report['final_policy']}", f"  report: {out / 'report.json'}",
+        f"  final policy: {report['final_policy']}", *_heldout_line(report.get("heldout_accuracy")),
+        f"  report: {out / 'report.json'}",
     ])
+
+
+def _heldout_line(accuracy: dict | None) -> list[str]:
+    if not accuracy:
+        return []
+    return [f"  held-out accuracy (greedy, 64 prompts never trained on): base {accuracy['base']:.3f} -> "
+            f"final {accuracy['final']:.3f}"]

@@ -47,6 +47,9 @@ class SimPeer:
 
 
 def _trainer_toml(s: SimSettings) -> Path:
+    """The trainer's config. lr 1e-3: on this task set (seed 0) the last four steps' reward averaged 0.27 over
+    eight sampling-noise draws (worst 0.14) against 0.14 (worst 0.00) at 3e-3, which locked the policy onto one
+    token in some runs (README, The whole swarm)."""
     workers = s.inference + s.cheaters
     path = s.out / "trainer.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,7 +58,7 @@ def _trainer_toml(s: SimSettings) -> Path:
         "task_size = 400", f"steps = {s.steps}", "temperature = 1.0", "grad_clip = 1.0", "threads = 1",
         f"prompts_per_step = {max(1, (s.inference * s.prompts_per_worker) // 2)}", f"group_size = {s.group_size}",
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
-        'curriculum = "fastcurl"', "lr = 3e-3", "checkpoint_every = 1000", f"# {workers} workers",
+        'curriculum = "fastcurl"', "lr = 1e-3", "checkpoint_every = 1000", f"# {workers} workers",
     ]) + "\n")
     return path
 
@@ -189,6 +192,26 @@ def summarize(events: list[dict], extra: dict) -> dict:
         "gate": trained["gate"] if trained else (steps[-1]["gate"] if steps else {}),
         "banned_workers": trained["banned"] if trained else [], "final_policy": trained["final"] if trained else None,
     }
+
+
+def heldout_accuracy(trainer_toml: Path, models: dict[str, str], n: int = 64) -> dict[str, float]:
+    """Greedy accuracy of each named model (base, final policy) on `n` prompts the run set aside and never trained
+    on: the same split and generation limit (the curriculum's longest) as `swarm train`'s own evaluation.
+
+    Why: a step's reward is measured on the prompts it trains on, four groups at a time; whether the swarm taught
+    the policy anything shows on prompts it never saw.
+    """
+    from inference.models import load_model
+    from trainer.config import load_config
+    from trainer.evaluate import evaluate
+    from trainer.session import load_task_split
+
+    loaded_config = load_config(trainer_toml)
+    cfg = loaded_config.config
+    _, heldout = load_task_split(cfg)
+    limit = max(stage.max_new_tokens for stage in loaded_config.curriculum.stages)
+    return {name: round(evaluate(load_model(model), heldout, n=n, seed=cfg.seed, max_new_tokens=limit).accuracy, 3)
+            for name, model in models.items()}
 
 
 def write_report(out: Path, report: dict, events: list[dict]) -> None:

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from swarm.events import EventSink
-from swarm.sim import SimSettings, run_sim, summarize
+from swarm.sim import SimSettings, heldout_accuracy, run_sim, summarize
 
 
 @pytest.mark.timeout(280)
@@ -39,3 +39,7 @@ def test_small_swarm_trains_only_on_quorum_accepted_rollouts(tmp_path):
     assert trained_workers and not (trained_workers & cheater_ids)
     # the seed-only peer mirrored at least the first version
     assert any(e["event"] == "complete" and e["peer"] == "seed0" for e in events)
+    # the final policy loads and is scored on the held-out split, as `swarm sim` reports it
+    accuracy = heldout_accuracy(tmp_path / "trainer.toml", {"base": "tiny", "final": report["final_policy"]}, n=8)
+    assert set(accuracy) == {"base", "final"} and all(0.0 <= a <= 1.0 for a in accuracy.values())
+
