@@ -260,7 +260,7 @@ def load_role_config(peer):
 async def trainer_role(node) -> None:
     """Train on quorum-accepted rollouts until the configured steps are done, publishing every new version."""
     from swarm.rollout_transport import receive_groups
-    from verify.votes import Vote, VoteError
+    from swarm.vote_messages import votes_in
 
     peer = node.config
     cfg, curriculum = load_role_config(peer)
@@ -286,15 +286,14 @@ async def trainer_role(node) -> None:
 
     async def votes() -> None:
         async for env in vote_envelopes:
-            try:
-                vote = Vote.from_wire(env.body.get("vote") if isinstance(env.body, dict) else None)
-            except VoteError:
-                gate.count("vote:malformed")
-                continue
-            if vote.validator != env.sender:
-                gate.count("vote:not from its validator")
-                continue
-            gate.on_vote(vote, trio.current_time())
+            votes, malformed = votes_in(env.body)
+            if malformed:
+                gate.count("vote:malformed", malformed)
+            for vote in votes:
+                if vote.validator != env.sender:
+                    gate.count("vote:not from its validator")
+                    continue
+                gate.on_vote(vote, trio.current_time())
             progress.set()
 
     async def ticks() -> None:

@@ -126,6 +126,7 @@ async def validator_role(node) -> None:
     from inference.select import resolve_device
     from swarm.rollout_transport import receive_groups
     from verify.reputation import Reputation
+    from swarm.vote_messages import vote_bodies
     from verify.votes import vote_from_verdict
 
     # Listen before loading the model: the trainer names this validator in a version as soon as its heartbeat is
@@ -177,10 +178,10 @@ async def validator_role(node) -> None:
                 continue
             verdicts = await trio.to_thread.run_sync(_verify_batch, node, models, loaded, mine)
             worker_of = {g.rollout_id(): g.worker for g in mine}  # verdicts come back ordered by version
+            for body in vote_bodies(vote_from_verdict(node.identity.seed, v) for v in verdicts):
+                await node.gossip.publish("vote", body)  # the batch's votes in as few messages as fit
             for verdict in verdicts:
                 workers.record(worker_of[verdict.rollout_id], verdict.accepted)
-                vote = vote_from_verdict(node.identity.seed, verdict)
-                await node.gossip.publish("vote", {"vote": vote.to_wire()})
                 stats["checked"] += 1
                 stats["accepted" if verdict.accepted else "rejected"] += 1
                 if not verdict.accepted:
