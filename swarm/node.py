@@ -210,10 +210,10 @@ async def _send_heartbeats(node: Node) -> None:
             await node.gossip.publish("heartbeat", _heartbeat_body(node))
         except P2PError as exc:
             log.debug("heartbeat not sent: %s", exc)
-        # Every status period, not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and
-        # seven peers heartbeating each second in one simulated process starved its streams (stream opens timed
-        # out, new versions stopped reaching peers).
-        await trio.sleep(node.config.status_every_s)
+        # Not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and seven peers
+        # heartbeating each second in one simulated process starved its streams (stream opens timed out, new
+        # versions stopped reaching peers). See PeerConfig.heartbeat_every_s.
+        await trio.sleep(node.config.heartbeat_every_s)
 
 
 async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:

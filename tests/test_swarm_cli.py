@@ -83,3 +83,15 @@ def test_a_bad_backend_in_a_config_file_is_one_line(tmp_path):
     result = run_swarm("peer", "start", "--config", str(config), "--data-dir", str(tmp_path / "d"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "swarm: error: unknown backend 'tpu': choose from torch, vllm" in result.stderr
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("heartbeat_every_s = 0", "heartbeat_every_s must be positive"),
+    ("heartbeat_every_s = 20", "peer_silence_s 30 must be at least 3 heartbeats (60 s)"),
+])
+def test_heartbeats_too_rare_to_judge_liveness_are_one_line(tmp_path, line, fragment):
+    config = tmp_path / "peer.toml"
+    config.write_text(f"[peer]\n{line}\n")
+    result = run_swarm("peer", "start", "--config", str(config), "--data-dir", str(tmp_path / "d"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"swarm: error: {fragment}" in result.stderr

@@ -37,7 +37,7 @@ class Peer:
         self.config = load_config(None, {"run": "t", "data_dir": tmp / name, "bootstrap": tuple(bootstrap),
                                          "trainer_key": trainer.public_bytes.hex(), "reseed": reseed,
                                          "bootstrap_file": tmp / "none.txt", "status_every_s": 0.5,
-                                         "peer_silence_s": 1.5, "bootstrap_redial_s": 0.5, **config})
+                                         "heartbeat_every_s": 0.5, "peer_silence_s": 1.5, "bootstrap_redial_s": 0.5, **config})
         self.identity = identity or Identity.generate()
         self.trainer = trainer
         self.node = None

@@ -78,7 +78,7 @@ def test_a_run_survives_a_validator_that_leaves_for_good(tmp_path):
     key = Identity.generate()
     write_key_file(tmp_path / "run.key", key)
     (tmp_path / "trainer.toml").write_text(TRAINER_TOML)
-    (tmp_path / "peer.toml").write_text("[peer]\nstatus_every_s = 1.0\npeer_silence_s = 8.0\n")
+    (tmp_path / "peer.toml").write_text("[peer]\nstatus_every_s = 1.0\nheartbeat_every_s = 1.0\npeer_silence_s = 8.0\n")
     fast = ["--config", str(tmp_path / "peer.toml")]
     peers: list[EventProcess] = []
     try:
