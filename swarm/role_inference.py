@@ -46,8 +46,7 @@ async def inference_role(node) -> None:
         # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
         node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
         groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, spec, directory)
-        for group in groups:
-            await _publish_group(node, group, blobs)
+        await _publish_groups(node, groups, blobs)
         node.events.emit("generated", version=done, groups=len(groups),
                          mean_reward=round(sum(c.reward for g in groups for c in g.completions)
                                            / max(1, sum(len(g.completions) for g in groups)), 3))
@@ -85,15 +84,16 @@ def _generate(node, backend, loaded, policy, spec: RunSpec, directory) -> list:
     return groups
 
 
-async def _publish_group(node, group, blobs) -> None:
-    """Gossip one group: inline (compressed when that helps) or announced by hash and served from `blobs`."""
+async def _publish_groups(node, groups, blobs) -> None:
+    """Gossip this version's groups, several to a message: inline (compressed when that helps) or announced by hash
+    and served from `blobs`."""
     from p2p.errors import P2PError
-    from swarm.rollout_codec import RolloutRefused
-    from swarm.rollout_transport import publish_group
+    from swarm.rollout_transport import publish_groups
+
+    def skipped(group, exc) -> None:
+        node.events.emit("skipped", message=f"rollout group for task {group.task_index} not published: {exc}")
 
     try:
-        await publish_group(node, group, blobs)
-    except RolloutRefused as exc:
-        node.events.emit("skipped", message=f"rollout group for task {group.task_index} not published: {exc}")
+        await publish_groups(node, groups, blobs, skipped=skipped)
     except P2PError as exc:
-        log.warning("rollout not published: %s", exc)
+        log.warning("rollouts not published: %s", exc)

@@ -13,7 +13,11 @@ Gossip bodies on the "rollout" topic (the announcement rides the same topic as t
 rollouts sees both in one subscription, in order):
 - {"group": wire dict}                       the plain form (used when compression does not shrink the group);
 - {"z": zlib(group.encode()), "n": raw size} compressed inline;
-- {"ann": {"id", "size", "n", "worker", "rollout", "version", "addrs"}} announced: the blob is fetched by id.
+- {"ann": {"id", "size", "n", "worker", "rollout", "version", "addrs"}} announced: the blob is fetched by id;
+- {"batch": [body, ...]}                     several of the above from one worker (its groups of one version),
+                                             within `inline_bytes` together: one gossip message instead of one per
+                                             group, since every message floods the run at a fixed CPU cost per
+                                             delivery. Each item is parsed, checked and refused on its own.
 
 Every bound is checked before the work it protects: the declared sizes before fetching, the blob's length and
 BLAKE3 before inflating it, the inflated size while inflating (a zip bomb stops at its declared size), and the
@@ -27,10 +31,13 @@ import zlib
 from dataclasses import dataclass
 
 import blake3
+import msgpack
 
 from verify.rollout import RolloutGroup, RolloutSchemaError
 
 ID_BYTES = 32
+MAX_BATCH_ITEMS = 64
+"""Bodies in one {"batch": [...]} at most; a longer list is refused unread."""
 MAX_ADDRS = 4
 MAX_ADDR_CHARS = 256
 
@@ -138,6 +145,48 @@ def parse_body(body: object, limits: TransportLimits = DEFAULT_LIMITS) -> Rollou
     if "ann" in body:
         return parse_announcement(body["ann"], limits)
     raise RolloutRefused("schema", "a rollout body holds neither a group nor an announcement")
+
+
+def batch_bodies(bodies: list[dict], limits: TransportLimits = DEFAULT_LIMITS) -> list[dict]:
+    """pack_group bodies combined, in order, into as few gossip bodies as fit `inline_bytes` (and MAX_BATCH_ITEMS)
+    each; a body that ends up alone is sent as itself."""
+    out: list[list[dict]] = []
+    size = 0
+    for body in bodies:
+        body_size = len(msgpack.packb(body, use_bin_type=True))
+        if not out or len(out[-1]) == MAX_BATCH_ITEMS or size + body_size > limits.inline_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(body)
+        size += body_size
+    return [items[0] if len(items) == 1 else {"batch": items} for items in out]
+
+
+def parse_items(body: object, limits: TransportLimits = DEFAULT_LIMITS) -> list[RolloutGroup | Announcement | RolloutRefused]:
+    """Every item a gossip body carries (one, or a batch's), each a group, an announcement or its own refusal.
+
+    RolloutRefused is raised only for a batch refused as a whole: not a list, empty, longer than MAX_BATCH_ITEMS, or
+    declaring more inflated bytes in total than one group may have (a batch must not multiply the zip-bomb bound).
+    """
+    if not (isinstance(body, dict) and "batch" in body):
+        return [_parsed_or_refusal(body, limits)]
+    items = body["batch"]
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_BATCH_ITEMS:
+        raise RolloutRefused("schema", f"a rollout batch must list 1 to {MAX_BATCH_ITEMS} bodies")
+    declared = sum(item["n"] for item in items if isinstance(item, dict) and "z" in item and _is_size(item.get("n")))
+    if declared > limits.max_group_bytes:
+        raise RolloutRefused("oversized", f"a rollout batch declares {declared} inflated bytes, above the "
+                             f"{limits.max_group_bytes}-byte bound")
+    return [_parsed_or_refusal(item, limits) for item in items]
+
+
+def _parsed_or_refusal(body: object, limits: TransportLimits) -> RolloutGroup | Announcement | RolloutRefused:
+    try:
+        return parse_body(body, limits)
+    except RolloutRefused as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 - an input nobody foresaw drops its own item, never the batch or peer
+        return RolloutRefused("error", f"{type(exc).__name__}: {exc}", hostile=False)
 
 
 def parse_announcement(obj: object, limits: TransportLimits = DEFAULT_LIMITS) -> Announcement:

@@ -1,12 +1,12 @@
 """Rollout groups over the network: publish (inline or announced), serve announced blobs, receive and verify.
 
-The codec (swarm.rollout_codec) decides; this module only moves bytes. A worker publishes each group with
-`publish_group`: small groups ride the gossip body, larger ones are announced by the BLAKE3 of their compressed
-blob, which the worker keeps in a bounded `BlobCache` and serves on PROTOCOL. Receivers (validators, the trainer)
-call `receive_group` on every "rollout" envelope: an announced group is fetched from the envelope's sender (the
-only peer that can hold it), with bounded attempts and deadlines, verified, decoded, and then handled exactly like
-a gossiped one. `receive_groups` does that for a whole subscription, several envelopes at once, so a slow or silent
-announcer holds up only its own announcements, not every group behind it.
+The codec (swarm.rollout_codec) decides; this module only moves bytes. A worker publishes its groups of a version
+with `publish_groups`: small groups ride gossip bodies (several to a message), larger ones are announced by the
+BLAKE3 of their compressed blob, which the worker keeps in a bounded `BlobCache` and serves on PROTOCOL. Receivers
+(validators, the trainer) call `receive_envelope` on every "rollout" envelope: an announced group is fetched from
+the envelope's sender (the only peer that can hold it), with bounded attempts and deadlines, verified, decoded, and
+then handled exactly like a gossiped one. `receive_groups` does that for a whole subscription, several envelopes at
+once, so a slow or silent announcer holds up only its own announcements, not every group behind it.
 
 Request: the 32-byte blob id. Response: 4-byte big-endian length, then the blob (length 0: not held, e.g.
 expired). The response is read in bounded chunks (py-libp2p's own readers fail above ~6.5 MiB, REFERENCE §5).
@@ -35,9 +35,10 @@ from swarm.rollout_codec import (
     BlobCache,
     RolloutRefused,
     TransportLimits,
+    batch_bodies,
     open_blob,
     pack_group,
-    parse_body,
+    parse_items,
 )
 
 log = logging.getLogger(__name__)
@@ -111,13 +112,40 @@ async def publish_group(node: Any, group: Any, cache: BlobCache,
     Returns how it went out: "plain", "compressed" or "announced". RolloutRefused (not hostile) for a group over
     `limits.max_group_bytes`; GossipError as from any publish.
     """
+    body, how = await _packed(node, group, cache, limits)
+    await node.gossip.publish("rollout", body)
+    return how
+
+
+async def publish_groups(node: Any, groups: list, cache: BlobCache, limits: TransportLimits = DEFAULT_LIMITS,
+                         skipped: Callable[[Any, RolloutRefused], None] | None = None) -> list[str]:
+    """publish_group for a worker's groups of one version, combined into as few gossip messages as fit.
+
+    Returns how each published group went out, in order; a group refused by the codec (above the size bounds) is
+    left out and reported to `skipped(group, refusal)`. GossipError as from any publish.
+    """
+    bodies, hows = [], []
+    for group in groups:
+        try:
+            body, how = await _packed(node, group, cache, limits)
+        except RolloutRefused as exc:
+            if skipped is not None:
+                skipped(group, exc)
+            continue
+        bodies.append(body)
+        hows.append(how)
+    for body in batch_bodies(bodies, limits):
+        await node.gossip.publish("rollout", body)
+    return hows
+
+
+async def _packed(node: Any, group: Any, cache: BlobCache, limits: TransportLimits) -> tuple[dict, str]:
     out = await trio.to_thread.run_sync(pack_group, group, tuple(node.host.multiaddrs), limits)
     if out.announcement is not None:
         if not cache.put(out.announcement.blob_id, out.blob, trio.current_time()):
             raise RolloutRefused("oversized", f"a {len(out.blob)}-byte blob does not fit the worker's blob cache",
                                  hostile=False)
-    await node.gossip.publish("rollout", out.body)
-    return "announced" if out.announcement is not None else ("plain" if "group" in out.body else "compressed")
+    return out.body, "announced" if out.announcement is not None else ("plain" if "group" in out.body else "compressed")
 
 
 # ---- receiver side -----------------------------------------------------------------------------------------------
@@ -164,8 +192,8 @@ async def receive_groups(node: Any, envelopes: Any, deliver: Callable[[Any], Non
         entry[1] += 1
         try:
             async with entry[0], slots:
-                group = await receive_group(node, env, refused, limits, fetch, wanted)
-            if group is not None:
+                groups = await receive_envelope(node, env, refused, limits, fetch, wanted)
+            for group in groups:
                 deliver(group)
         finally:
             pending -= 1
@@ -183,19 +211,49 @@ async def receive_groups(node: Any, envelopes: Any, deliver: Callable[[Any], Non
             nursery.start_soon(one, env)
 
 
+async def receive_envelope(node: Any, env: Any, refused: Callable[[str], None] | None = None,
+                           limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH,
+                           wanted: Callable[[Announcement], bool] | None = None) -> list:
+    """The RolloutGroups a "rollout" envelope carries or announces (one, or a batch's), less those refused or not
+    wanted; each item of a batch is received, and refused, on its own exactly as receive_group does."""
+    sender = env.sender_peer_id
+    try:
+        items = parse_items(env.body, limits)
+    except RolloutRefused as exc:
+        _refuse(node, sender, exc, refused)
+        return []
+    groups = []
+    for item in items:
+        group = await _receive_item(node, sender, item, refused, limits, fetch, wanted)
+        if group is not None:
+            groups.append(group)
+    return groups
+
+
 async def receive_group(node: Any, env: Any, refused: Callable[[str], None] | None = None,
                         limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH,
                         wanted: Callable[[Announcement], bool] | None = None):
-    """The RolloutGroup a "rollout" envelope carries or announces, or None when it is refused or not wanted.
+    """The RolloutGroup a single-group "rollout" envelope carries or announces, or None when it is refused or not
+    wanted (a batch body is refused here: receive_envelope takes both).
 
     Refusals are logged, reported as `refused(reason)` and, when the sender lied, scored against it in gossip.
     The group's worker must be the envelope's sender (nobody may publish or announce another worker's group).
     `wanted(announcement)` False skips the fetch (a validator the group is not assigned to): the blob is a
     worker's upload, paid once per receiver, so only receivers that will use it ask for it.
     """
-    sender = env.sender_peer_id
+    if isinstance(env.body, dict) and "batch" in env.body:
+        item = RolloutRefused("schema", "a batch of rollouts where one group was expected", hostile=False)
+    else:
+        item = parse_items(env.body, limits)[0]
+    return await _receive_item(node, env.sender_peer_id, item, refused, limits, fetch, wanted)
+
+
+async def _receive_item(node: Any, sender: str, item, refused, limits: TransportLimits, fetch: FetchConfig,
+                        wanted) -> Any:
+    """One parsed item of an envelope (a group, an announcement or its refusal) as a checked group, or None."""
     try:
-        item = parse_body(env.body, limits)
+        if isinstance(item, RolloutRefused):
+            raise item
         if isinstance(item, Announcement):
             if item.worker != sender:
                 raise RolloutRefused("worker is not the sender", "announced for another worker", hostile=False)

@@ -1,6 +1,7 @@
-"""Rollout groups too large for gossip: the codec (inline, compressed, announced; every hostile blob refused), the
-blob cache's bounds, and real hosts on loopback where a > 800 KiB group is announced, fetched and verified, and a
-lying or silent announcer is refused and scored down. Every wait is bounded; no sleeps."""
+"""Rollout groups too large for gossip: the codec (inline, compressed, announced, batched; every hostile blob and
+batch refused), the blob cache's bounds, and real hosts on loopback where a > 800 KiB group is announced, fetched
+and verified, a worker's groups share one message, and a lying or silent announcer is refused and scored down.
+Every wait is bounded; no sleeps."""
 
 from __future__ import annotations
 
@@ -24,12 +25,22 @@ from swarm.rollout_codec import (
     RolloutRefused,
     TransportLimits,
     decode_blob,
+    batch_bodies,
     open_blob,
     pack_group,
     parse_announcement,
     parse_body,
+    parse_items,
 )
-from swarm.rollout_transport import PROTOCOL, FetchConfig, publish_group, receive_group, serve_rollout_blobs
+from swarm.rollout_transport import (
+    PROTOCOL,
+    FetchConfig,
+    publish_group,
+    publish_groups,
+    receive_envelope,
+    receive_group,
+    serve_rollout_blobs,
+)
 from verify.rollout import Completion, RolloutGroup
 
 RUN = "run-rt"
@@ -137,6 +148,35 @@ def test_blob_cache_forgets_by_age_and_by_bytes_oldest_first():
     assert (len(cache), cache.bytes) == (0, 0)
 
 
+def test_a_workers_groups_share_messages_up_to_the_inline_limit_and_each_comes_back_out():
+    groups = [make_group("w", 1, 4, seed=i) for i in range(12)]
+    bodies = [pack_group(g, limits=SMALL).body for g in groups]
+    sizes = [len(msgpack.packb(b, use_bin_type=True)) for b in bodies]
+    per_message = SMALL.inline_bytes // max(sizes)
+    batched = batch_bodies(bodies, SMALL)
+    assert 1 < len(batched) < len(bodies) and all(len(msgpack.packb(b)) <= SMALL.inline_bytes + 16 for b in batched)
+    assert len(batched[0]["batch"]) >= per_message
+    assert [g.rollout_id() for b in batched for g in parse_items(b, SMALL)] == [g.rollout_id() for g in groups]
+    assert batch_bodies(bodies[:1], SMALL) == bodies[:1]  # alone: the plain single-group body
+    assert batch_bodies([], SMALL) == []
+
+
+def test_a_hostile_batch_refuses_its_bad_items_alone_or_itself_as_a_whole():
+    good = pack_group(make_group("w", 1, 4), limits=SMALL).body
+    nested = {"batch": [good]}
+    items = parse_items({"batch": [good, {"group": {"junk": 1}}, nested, good]}, SMALL)
+    assert [type(i).__name__ for i in items] == ["RolloutGroup", "RolloutRefused", "RolloutRefused", "RolloutGroup"]
+    assert items[1].reason == items[2].reason == "schema"
+    for whole in ({"batch": []}, {"batch": "x"}, {"batch": [good] * 65}):
+        with pytest.raises(RolloutRefused, match="1 to 64 bodies"):
+            parse_items(whole, SMALL)
+    bomb_parts = [{"z": zlib.compress(b"\0" * 1000), "n": SMALL.max_group_bytes // 2 + 1} for _ in range(2)]
+    with pytest.raises(RolloutRefused, match="declares .* inflated bytes") as refused:
+        parse_items({"batch": bomb_parts}, SMALL)  # each within the one-group bound, together above it
+    assert refused.value.reason == "oversized"
+    assert isinstance(parse_items(["not a map"], SMALL)[0], RolloutRefused)  # a single body refused as an item
+
+
 # ---- real hosts on loopback --------------------------------------------------------------------------------------
 
 @dataclass
@@ -183,6 +223,40 @@ async def test_a_group_above_the_gossip_limit_is_announced_relayed_fetched_and_v
             got = await receive_group(receiver, env, refused=refusals.append, wanted=lambda ann: True)
             assert got == group and got.rollout_id() == group.rollout_id() and refusals == [] and len(served) == 1
             assert receiver.gossip.scores.score(worker.host.peer_id, trio.current_time()) == 0
+
+
+async def test_a_workers_groups_go_out_in_one_message_inline_and_announced_and_all_arrive():
+    with trio.fail_after(LIMIT):
+        async with peers(2) as (receiver, worker):
+            inbox = receiver.gossip.subscribe("rollout")
+            cache = serve_rollout_blobs(worker.host)
+            me = worker.host.peer_id
+            groups = [make_group(me, 1, 4, seed=1), make_group(me, 2, 256, seed=2), make_group(me, 1, 4, seed=3)]
+            huge = make_group(me, 16, 4096, seed=4)  # above SMALL's group bound: left out and reported
+            skipped = []
+            hows = await publish_groups(worker, [groups[0], huge, *groups[1:]], cache, SMALL,
+                                        skipped=lambda g, exc: skipped.append((g, exc.reason)))
+            assert hows == ["compressed", "announced", "compressed"] and skipped == [(huge, "oversized")]
+            env = await inbox.receive()
+            assert len(env.body["batch"]) == 3  # one message for the version's groups
+            refusals: list[str] = []
+            got = await receive_envelope(receiver, env, refusals.append, SMALL, wanted=lambda ann: True)
+            assert got == groups and refusals == []
+            assert await receive_group(receiver, env, refusals.append, SMALL) is None  # single-group API: refused
+            assert refusals == ["schema"]
+
+
+async def test_a_batch_with_another_workers_group_delivers_only_the_senders_own():
+    with trio.fail_after(LIMIT):
+        async with peers(2) as (receiver, worker):
+            inbox = receiver.gossip.subscribe("rollout")
+            own = make_group(worker.host.peer_id, 1, 4, seed=1)
+            stolen = make_group(receiver.host.peer_id, 1, 4, seed=2)
+            body = {"batch": [pack_group(g, limits=SMALL).body for g in (stolen, own)]}
+            await worker.gossip.publish("rollout", body)
+            refusals: list[str] = []
+            assert await receive_envelope(receiver, await inbox.receive(), refusals.append, SMALL) == [own]
+            assert refusals == ["worker is not the sender"]
 
 
 async def test_a_lying_or_silent_announcer_is_refused_and_scored_down():
@@ -241,21 +315,21 @@ class Envelope:
 
 
 async def _receive_all(monkeypatch, envelopes: list[Envelope], flow, stall: dict[str, float]):
-    """receive_groups over `envelopes` with receive_group replaced by one that takes stall[sender] seconds; returns
-    (delivered (time, body), the most envelopes of one sender in progress at once)."""
+    """receive_groups over `envelopes` with receive_envelope replaced by one that takes stall[sender] seconds;
+    returns (delivered (time, body), the most envelopes of one sender in progress at once)."""
     import swarm.rollout_transport as transport
 
     running: dict[str, int] = {}
     most = {}
 
-    async def fake_receive_group(node, env, refused, limits, fetch, wanted):
+    async def fake_receive_envelope(node, env, refused, limits, fetch, wanted):
         running[env.sender_peer_id] = running.get(env.sender_peer_id, 0) + 1
         most[env.sender_peer_id] = max(most.get(env.sender_peer_id, 0), running[env.sender_peer_id])
         await trio.sleep(stall.get(env.sender_peer_id, 0.0))
         running[env.sender_peer_id] -= 1
-        return None if env.body is None else env.body
+        return [] if env.body is None else [env.body]
 
-    monkeypatch.setattr(transport, "receive_group", fake_receive_group)
+    monkeypatch.setattr(transport, "receive_envelope", fake_receive_envelope)
     send, receive = trio.open_memory_channel(len(envelopes))
     for env in envelopes:
         send.send_nowait(env)
