@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     from swarm.errors import UserError
     from swarm.events import EventSink
-    from swarm.sim import SimSettings, heldout_accuracy, run_sim, summarize, write_report
+    from swarm.sim import SimSettings, run_sim, summarize, write_report
 
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
@@ -49,15 +49,13 @@ def run(args: argparse.Namespace) -> int:
     sink.configure_logging()
     extra = trio.run(run_sim, settings, sink)
     report = summarize(events, extra)
-    if report["final_policy"] and not extra["timed_out"]:
-        report["heldout_accuracy"] = heldout_accuracy(args.out / "trainer.toml",
-                                                      {"base": args.model, "final": report["final_policy"]})
     write_report(args.out, report, events)
     print(json.dumps(report) if args.json else _render(report, args.out))
     return 1 if extra["timed_out"] else 0
 
 
-_NARRATED = ("published", "train_step", "trainer_waiting", "role_failed", "dht_found", "generated", "rejected_rollout")
+_NARRATED = ("published", "train_step", "trainer_waiting", "role_failed", "dht_found", "generated", "rejected_rollout",
+             "evaluated")
 
 
 def _narrate(e: dict) -> None:
@@ -90,7 +88,8 @@ def _render(report: dict, out: Path) -> str:
 
 
 def _heldout_line(accuracy: dict | None) -> list[str]:
-    if not accuracy:
+    """The trainer's held-out evaluations (swarm.role_trainer._evaluate): before its first step and after its last."""
+    if not accuracy or "before" not in accuracy or "after" not in accuracy:
         return []
-    return [f"  held-out accuracy (greedy, 64 prompts never trained on): base {accuracy['base']:.3f} -> "
-            f"final {accuracy['final']:.3f}"]
+    return [f"  held-out accuracy (greedy, prompts never trained on): before {accuracy['before']:.3f} -> "
+            f"after {accuracy['after']:.3f}"]

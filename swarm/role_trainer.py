@@ -269,9 +269,13 @@ async def trainer_role(node) -> None:
     gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)
     rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
-    await publisher.wait_for_validators(peer.quorum, peer.replicas)
-    await _number_past_the_swarm(node, run, publisher)
-    await _publish_newest(run, publisher, gate)
+    evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
+    heldout = {}
+    async with trio.open_nursery() as prep:  # the base policy is scored while the validators are awaited
+        prep.start_soon(_evaluate, node, evaluator, run, heldout, "before")
+        await publisher.wait_for_validators(peer.quorum, peer.replicas)
+        await _number_past_the_swarm(node, run, publisher)
+        await _publish_newest(run, publisher, gate)
     progress = trio.Event()
 
     def on_rollout(group) -> None:
@@ -326,9 +330,13 @@ async def trainer_role(node) -> None:
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
             await _publish_newest(run, publisher, gate)
+            if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
+                await _evaluate(node, evaluator, run, heldout, "during")
         final = await trio.to_thread.run_sync(run.finish)
+        await _evaluate(node, evaluator, run, heldout, "after")
         node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
-                          gate=dict(gate.counts), banned=sorted(str(p) for p in gate.reputation.banned()))
+                          gate=dict(gate.counts), banned=sorted(str(p) for p in gate.reputation.banned()),
+                          heldout=heldout)
         nursery.cancel_scope.cancel()
     if peer.exit_when_trained:
         node.done.set()
@@ -427,6 +435,28 @@ def _open_training_run(loaded, cfg, curriculum):
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     return TrainingRun(loaded, cfg, curriculum, trusted_source=False)  # workers' logprobs are claims: recompute
+
+
+def _open_evaluator(run, cfg, curriculum):
+    """The local loop's held-out evaluation for the swarm trainer: the split `swarm train` and `swarm eval` set
+    aside (the run spec's training prompts never include it), greedy, `eval_n` prompts, written to eval.jsonl."""
+    from trainer.session import Evaluator, load_task_split
+
+    _, heldout = load_task_split(cfg)
+    return Evaluator(run.loaded, heldout, cfg, curriculum)
+
+
+async def _evaluate(node, evaluator, run, heldout: dict, when: str) -> None:
+    """Score the trainer's live policy on held-out prompts (before training, every `eval_every` steps, after).
+
+    Why in the swarm trainer too: a step's reward is measured on the few groups it trains on, so only held-out
+    accuracy tells a run's owner whether the swarm is teaching the policy anything. It runs in a worker thread, so
+    the peer keeps serving and gossiping; no training step runs meanwhile (it is awaited between steps)."""
+    record = await trio.to_thread.run_sync(evaluator, run.state.step)
+    heldout[when] = record["accuracy"]
+    node.events.emit("evaluated", when=when, step=record["step"], accuracy=record["accuracy"], n=record["n"],
+                     message=f"held-out accuracy {when} training (step {record['step']}): {record['accuracy']:.3f} "
+                             f"on {record['n']} prompts never trained on")
 
 
 async def _start_training_run(node, cfg, curriculum):

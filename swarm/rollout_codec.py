@@ -162,7 +162,8 @@ def batch_bodies(bodies: list[dict], limits: TransportLimits = DEFAULT_LIMITS) -
     return [items[0] if len(items) == 1 else {"batch": items} for items in out]
 
 
-def parse_items(body: object, limits: TransportLimits = DEFAULT_LIMITS) -> list[RolloutGroup | Announcement | RolloutRefused]:
+def parse_items(body: object,
+                limits: TransportLimits = DEFAULT_LIMITS) -> list[RolloutGroup | Announcement | RolloutRefused]:
     """Every item a gossip body carries (one, or a batch's), each a group, an announcement or its own refusal.
 
     RolloutRefused is raised only for a batch refused as a whole: not a list, empty, longer than MAX_BATCH_ITEMS, or

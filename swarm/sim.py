@@ -34,6 +34,7 @@ class SimSettings:
     task: str = "gcd"
     task_config: str = "{}"  # TOML inline table of the task's difficulty settings
     async_level: int = 1
+    eval_every: int = 0  # held-out evaluations between steps (one before the first and one after the last always)
     timeout_s: float = 900.0
     watch_s: float = 30.0  # the watchdog reports every peer's state after this long without a trainer step
 
@@ -58,7 +59,8 @@ def _trainer_toml(s: SimSettings) -> Path:
         "task_size = 400", f"steps = {s.steps}", "temperature = 1.0", "grad_clip = 1.0", "threads = 1",
         f"prompts_per_step = {max(1, (s.inference * s.prompts_per_worker) // 2)}", f"group_size = {s.group_size}",
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
-        'curriculum = "fastcurl"', "lr = 1e-3", "checkpoint_every = 1000", f"# {workers} workers",
+        'curriculum = "fastcurl"', "lr = 1e-3", "checkpoint_every = 1000", f"eval_every = {s.eval_every}",
+        f"# {workers} workers",
     ]) + "\n")
     return path
 
@@ -191,27 +193,8 @@ def summarize(events: list[dict], extra: dict) -> dict:
         "votes_rejecting": len(rejected), "rejection_reasons": reasons,
         "gate": trained["gate"] if trained else (steps[-1]["gate"] if steps else {}),
         "banned_workers": trained["banned"] if trained else [], "final_policy": trained["final"] if trained else None,
+        "heldout_accuracy": trained.get("heldout", {}) if trained else {},
     }
-
-
-def heldout_accuracy(trainer_toml: Path, models: dict[str, str], n: int = 64) -> dict[str, float]:
-    """Greedy accuracy of each named model (base, final policy) on `n` prompts the run set aside and never trained
-    on: the same split and generation limit (the curriculum's longest) as `swarm train`'s own evaluation.
-
-    Why: a step's reward is measured on the prompts it trains on, four groups at a time; whether the swarm taught
-    the policy anything shows on prompts it never saw.
-    """
-    from inference.models import load_model
-    from trainer.config import load_config
-    from trainer.evaluate import evaluate
-    from trainer.session import load_task_split
-
-    loaded_config = load_config(trainer_toml)
-    cfg = loaded_config.config
-    _, heldout = load_task_split(cfg)
-    limit = max(stage.max_new_tokens for stage in loaded_config.curriculum.stages)
-    return {name: round(evaluate(load_model(model), heldout, n=n, seed=cfg.seed, max_new_tokens=limit).accuracy, 3)
-            for name, model in models.items()}
 
 
 def write_report(out: Path, report: dict, events: list[dict]) -> None:

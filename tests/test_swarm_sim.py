@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from swarm.events import EventSink
-from swarm.sim import SimSettings, heldout_accuracy, run_sim, summarize
+from swarm.sim import SimSettings, run_sim, summarize
 
 
 @pytest.mark.timeout(280)
@@ -21,7 +21,8 @@ def test_small_swarm_trains_only_on_quorum_accepted_rollouts(tmp_path):
     # Three steps, not two: one honest worker's v0 groups fill steps 0 and 1 (2 prompts per step), so with two
     # steps the run could end before the validator judged any of the cheater's groups (seen once in CI); step 2
     # needs groups of v1 or newer, generated after the cheater's v0 groups had arrived.
-    settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=1, cheaters=1, steps=3, timeout_s=240.0)
+    settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=1, cheaters=1, steps=3, timeout_s=240.0,
+                           eval_every=2)
     events: list[dict] = []
     sink = EventSink(json_lines=True, stream=io.StringIO())
     sink.listeners.append(events.append)
@@ -39,7 +40,10 @@ def test_small_swarm_trains_only_on_quorum_accepted_rollouts(tmp_path):
     assert trained_workers and not (trained_workers & cheater_ids)
     # the seed-only peer mirrored at least the first version
     assert any(e["event"] == "complete" and e["peer"] == "seed0" for e in events)
-    # the final policy loads and is scored on the held-out split, as `swarm sim` reports it
-    accuracy = heldout_accuracy(tmp_path / "trainer.toml", {"base": "tiny", "final": report["final_policy"]}, n=8)
-    assert set(accuracy) == {"base", "final"} and all(0.0 <= a <= 1.0 for a in accuracy.values())
+    # the trainer scored its policy on the held-out split before its first step and after its last
+    evaluations = [e for e in events if e["event"] == "evaluated"]
+    assert [(e["when"], e["step"]) for e in evaluations] == [("before", 0), ("during", 2), ("after", 3)]
+    assert all(e["n"] == 64 and 0.0 <= e["accuracy"] <= 1.0 for e in evaluations)
+    assert report["heldout_accuracy"] == {e["when"]: e["accuracy"] for e in evaluations}
+    assert (tmp_path / "trainer" / "training" / "eval.jsonl").read_text().count("\n") == 3
 
