@@ -270,12 +270,8 @@ async def trainer_role(node) -> None:
     rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
     evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
-    heldout = {}
-    async with trio.open_nursery() as prep:  # the base policy is scored while the validators are awaited
-        prep.start_soon(_evaluate, node, evaluator, run, heldout, "before")
-        await publisher.wait_for_validators(peer.quorum, peer.replicas)
-        await _number_past_the_swarm(node, run, publisher)
-        await _publish_newest(run, publisher, gate)
+    heldout: dict[str, float] = {}
+    await _first_version(node, run, publisher, gate, evaluator, heldout)
     progress = trio.Event()
 
     def on_rollout(group) -> None:
@@ -435,6 +431,16 @@ def _open_training_run(loaded, cfg, curriculum):
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     return TrainingRun(loaded, cfg, curriculum, trusted_source=False)  # workers' logprobs are claims: recompute
+
+
+async def _first_version(node, run, publisher: SwarmPublisher, gate: RolloutGate, evaluator, heldout: dict) -> None:
+    """Publish the first version once a quorum of validators is heard, scoring the starting policy meanwhile (the
+    scoring only reads the weights, and no step runs before it ends)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_evaluate, node, evaluator, run, heldout, "before")
+        await publisher.wait_for_validators(node.config.quorum, node.config.replicas)
+        await _number_past_the_swarm(node, run, publisher)
+        await _publish_newest(run, publisher, gate)
 
 
 def _open_evaluator(run, cfg, curriculum):

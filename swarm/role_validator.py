@@ -125,8 +125,8 @@ def wants_announced(models: VersionModels, workers, my_key: bytes):
 async def validator_role(node) -> None:
     from inference.select import resolve_device
     from swarm.rollout_transport import receive_groups
-    from verify.reputation import Reputation
     from swarm.vote_messages import vote_bodies
+    from verify.reputation import Reputation
     from verify.votes import vote_from_verdict
 
     # Listen before loading the model: the trainer names this validator in a version as soon as its heartbeat is

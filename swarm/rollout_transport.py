@@ -176,7 +176,7 @@ async def receive_groups(node: Any, envelopes: Any, deliver: Callable[[Any], Non
                          refused: Callable[[str], None] | None = None, limits: TransportLimits = DEFAULT_LIMITS,
                          fetch: FetchConfig = DEFAULT_FETCH, wanted: Callable[[Announcement], bool] | None = None,
                          flow: ReceiveFlow = DEFAULT_FLOW) -> None:
-    """receive_group on every envelope of the async iterable `envelopes`, handing each group to `deliver(group)`.
+    """receive_envelope on every envelope of the async iterable `envelopes`, handing each group to `deliver(group)`.
 
     Envelopes are handled concurrently within `flow`'s bounds, so groups may be delivered out of arrival order.
     Returns when `envelopes` ends and every envelope taken from it is finished.
@@ -215,7 +215,13 @@ async def receive_envelope(node: Any, env: Any, refused: Callable[[str], None] |
                            limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH,
                            wanted: Callable[[Announcement], bool] | None = None) -> list:
     """The RolloutGroups a "rollout" envelope carries or announces (one, or a batch's), less those refused or not
-    wanted; each item of a batch is received, and refused, on its own exactly as receive_group does."""
+    wanted; each item of a batch is received, and refused, on its own.
+
+    Refusals are logged, reported as `refused(reason)` and, when the sender lied, scored against it in gossip.
+    A group's worker must be the envelope's sender (nobody may publish or announce another worker's group).
+    `wanted(announcement)` False skips the fetch (a validator the group is not assigned to): the blob is a
+    worker's upload, paid once per receiver, so only receivers that will use it ask for it.
+    """
     sender = env.sender_peer_id
     try:
         items = parse_items(env.body, limits)
@@ -228,24 +234,6 @@ async def receive_envelope(node: Any, env: Any, refused: Callable[[str], None] |
         if group is not None:
             groups.append(group)
     return groups
-
-
-async def receive_group(node: Any, env: Any, refused: Callable[[str], None] | None = None,
-                        limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH,
-                        wanted: Callable[[Announcement], bool] | None = None):
-    """The RolloutGroup a single-group "rollout" envelope carries or announces, or None when it is refused or not
-    wanted (a batch body is refused here: receive_envelope takes both).
-
-    Refusals are logged, reported as `refused(reason)` and, when the sender lied, scored against it in gossip.
-    The group's worker must be the envelope's sender (nobody may publish or announce another worker's group).
-    `wanted(announcement)` False skips the fetch (a validator the group is not assigned to): the blob is a
-    worker's upload, paid once per receiver, so only receivers that will use it ask for it.
-    """
-    if isinstance(env.body, dict) and "batch" in env.body:
-        item = RolloutRefused("schema", "a batch of rollouts where one group was expected", hostile=False)
-    else:
-        item = parse_items(env.body, limits)[0]
-    return await _receive_item(node, env.sender_peer_id, item, refused, limits, fetch, wanted)
 
 
 async def _receive_item(node: Any, sender: str, item, refused, limits: TransportLimits, fetch: FetchConfig,

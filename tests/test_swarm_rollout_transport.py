@@ -38,7 +38,6 @@ from swarm.rollout_transport import (
     publish_group,
     publish_groups,
     receive_envelope,
-    receive_group,
     serve_rollout_blobs,
 )
 from verify.rollout import Completion, RolloutGroup
@@ -181,7 +180,7 @@ def test_a_hostile_batch_refuses_its_bad_items_alone_or_itself_as_a_whole():
 
 @dataclass
 class Peer:
-    """What receive_group and publish_group use of a swarm node: its host and its gossip."""
+    """What receive_envelope and publish_group use of a swarm node: its host and its gossip."""
 
     host: Any
     gossip: Any
@@ -217,10 +216,10 @@ async def test_a_group_above_the_gossip_limit_is_announced_relayed_fetched_and_v
             served, lookup = [], cache.get
             cache.get = lambda blob_id, now: served.append(blob_id) or lookup(blob_id, now)
             seen = []  # a receiver that does not want the group (not assigned to it) never asks for the blob
-            assert await receive_group(receiver, env, wanted=lambda ann: seen.append(ann) or False) is None
+            assert await receive_envelope(receiver, env, wanted=lambda ann: seen.append(ann) or False) == []
             assert [a.rollout_id for a in seen] == [group.rollout_id()] and served == []
             refusals: list[str] = []
-            got = await receive_group(receiver, env, refused=refusals.append, wanted=lambda ann: True)
+            [got] = await receive_envelope(receiver, env, refused=refusals.append, wanted=lambda ann: True)
             assert got == group and got.rollout_id() == group.rollout_id() and refusals == [] and len(served) == 1
             assert receiver.gossip.scores.score(worker.host.peer_id, trio.current_time()) == 0
 
@@ -242,8 +241,6 @@ async def test_a_workers_groups_go_out_in_one_message_inline_and_announced_and_a
             refusals: list[str] = []
             got = await receive_envelope(receiver, env, refusals.append, SMALL, wanted=lambda ann: True)
             assert got == groups and refusals == []
-            assert await receive_group(receiver, env, refusals.append, SMALL) is None  # single-group API: refused
-            assert refusals == ["schema"]
 
 
 async def test_a_batch_with_another_workers_group_delivers_only_the_senders_own():
@@ -270,20 +267,20 @@ async def test_a_lying_or_silent_announcer_is_refused_and_scored_down():
             cache.put(honest.announcement.blob_id, forged, trio.current_time())
             await liar.gossip.publish("rollout", honest.body)
             refusals: list[str] = []
-            assert await receive_group(receiver, await inbox.receive(), refusals.append, SMALL, fetch) is None
+            assert await receive_envelope(receiver, await inbox.receive(), refusals.append, SMALL, fetch) == []
             assert refusals == ["hash_mismatch"] and receiver.gossip.stats.rejected["malformed"] == 1
             assert receiver.gossip.scores.score(liar.host.peer_id, trio.current_time()) < 0
 
             # An announcement whose blob its sender no longer holds (expired, evicted): refused at once.
             forgotten = pack_group(make_group(liar.host.peer_id, 2, 256, seed=5), limits=SMALL)
             await liar.gossip.publish("rollout", forgotten.body)
-            assert await receive_group(receiver, await inbox.receive(), refusals.append, SMALL, fetch) is None
+            assert await receive_envelope(receiver, await inbox.receive(), refusals.append, SMALL, fetch) == []
             assert refusals[-1] == "unserved"
 
             # An announcement its sender never serves (no handler at all): bounded tries, then refused.
             silent = pack_group(make_group(other.host.peer_id, 2, 256, seed=2), limits=SMALL)
             await other.gossip.publish("rollout", silent.body)
-            assert await receive_group(receiver, await inbox.receive(), refusals.append, SMALL, fetch) is None
+            assert await receive_envelope(receiver, await inbox.receive(), refusals.append, SMALL, fetch) == []
             assert refusals[-1] == "unserved"
             score = receiver.gossip.scores.score(other.host.peer_id, trio.current_time())
             assert score < 0
@@ -295,14 +292,14 @@ async def test_a_lying_or_silent_announcer_is_refused_and_scored_down():
             env = await inbox.receive()
             started = trio.current_time()
             quick = replace(fetch, base_timeout_s=1.0)
-            assert await receive_group(receiver, env, refusals.append, SMALL, quick) is None
+            assert await receive_envelope(receiver, env, refusals.append, SMALL, quick) == []
             assert refusals[-1] == "unserved" and 1.0 <= trio.current_time() - started < 10.0
             assert receiver.gossip.scores.score(other.host.peer_id, trio.current_time()) < score
 
             # Announcing (or gossiping) another worker's group is refused before anything is fetched.
             stolen = pack_group(make_group(liar.host.peer_id, 2, 256, seed=3), limits=SMALL)
             await other.gossip.publish("rollout", stolen.body)
-            assert await receive_group(receiver, await inbox.receive(), refusals.append, SMALL, fetch) is None
+            assert await receive_envelope(receiver, await inbox.receive(), refusals.append, SMALL, fetch) == []
             assert refusals[-1] == "worker is not the sender"
 
 
