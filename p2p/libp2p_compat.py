@@ -101,7 +101,7 @@ class BufferedInboundStream:
 
     Why: py-libp2p reads a gossip RPC one byte per varint byte and then its body, and every read of a Yamux stream
     takes the connection's stream lock and re-checks the receive window (sometimes sending a window update). In
-    `swarm sim`, whose hosts share one trio thread, those reads and window checks were about a quarter of that
+    `swarm sim`, whose hosts share one trio thread, those reads and window checks were about a fifth of that
     thread's time. Here one Yamux read takes everything buffered (up to `chunk` bytes) and the varint and body are
     served from it. Only reads are buffered; reset, close and the connection pass through unchanged.
     """
