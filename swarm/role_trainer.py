@@ -46,6 +46,7 @@ class RolloutGate:
         self.reputation = Reputation()
         self.seen: dict[bytes, int] = {}  # rollout id -> its version, for ids inside the async window
         self.present: set[bytes] = set()  # validators heard from at the last on_validators
+        self._pruned_below: int | None = None  # the window floor forget_old last pruned to
 
     def count(self, what: str, n: int = 1) -> None:
         """Add to one of the gate's counters (refusals, votes, outcomes): the trainer's report shows them all."""
@@ -101,9 +102,11 @@ class RolloutGate:
         quorum timeouts (they only answered late duplicate votes). Why: all three grew by every rollout for the
         whole run, which in a run of days is memory without bound."""
         floor = self.newest - self.async_level
-        self.seen = {rid: v for rid, v in self.seen.items() if v >= floor}
-        for version in [v for v in self.specs if v < floor]:
-            del self.specs[version]
+        if floor != self._pruned_below:  # ids and specs only age out when a new version moves the window
+            self.seen = {rid: v for rid, v in self.seen.items() if v >= floor}
+            for version in [v for v in self.specs if v < floor]:
+                del self.specs[version]
+            self._pruned_below = floor
         self.tracker.forget_settled(now - 2 * self.timeout_s)
 
     def on_validators(self, present: set[bytes], now: float) -> None:

@@ -105,24 +105,14 @@ def serve_rollout_blobs(host: Any, cache: BlobCache | None = None, max_concurren
     return cache
 
 
-async def publish_group(node: Any, group: Any, cache: BlobCache,
-                        limits: TransportLimits = DEFAULT_LIMITS) -> str:
-    """Gossip `group` inline or, when too large, keep its blob in `cache` and gossip the announcement.
-
-    Returns how it went out: "plain", "compressed" or "announced". RolloutRefused (not hostile) for a group over
-    `limits.max_group_bytes`; GossipError as from any publish.
-    """
-    body, how = await _packed(node, group, cache, limits)
-    await node.gossip.publish("rollout", body)
-    return how
-
-
 async def publish_groups(node: Any, groups: list, cache: BlobCache, limits: TransportLimits = DEFAULT_LIMITS,
                          skipped: Callable[[Any, RolloutRefused], None] | None = None) -> list[str]:
-    """publish_group for a worker's groups of one version, combined into as few gossip messages as fit.
+    """Gossip a worker's groups of one version in as few messages as fit: each inline (plain or compressed) or,
+    when too large, its blob kept in `cache` and its announcement gossiped.
 
-    Returns how each published group went out, in order; a group refused by the codec (above the size bounds) is
-    left out and reported to `skipped(group, refusal)`. GossipError as from any publish.
+    Returns how each published group went out, in order: "plain", "compressed" or "announced". A group refused by
+    the codec (above `limits.max_group_bytes`, or a blob the cache cannot hold) is left out and reported to
+    `skipped(group, refusal)`. GossipError as from any publish.
     """
     bodies, hows = [], []
     for group in groups:
@@ -140,6 +130,7 @@ async def publish_groups(node: Any, groups: list, cache: BlobCache, limits: Tran
 
 
 async def _packed(node: Any, group: Any, cache: BlobCache, limits: TransportLimits) -> tuple[dict, str]:
+    """(gossip body, how it goes out) for one group; RolloutRefused (not hostile) when it cannot be published."""
     out = await trio.to_thread.run_sync(pack_group, group, tuple(node.host.multiaddrs), limits)
     if out.announcement is not None:
         if not cache.put(out.announcement.blob_id, out.blob, trio.current_time()):

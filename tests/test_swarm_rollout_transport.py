@@ -35,7 +35,6 @@ from swarm.rollout_codec import (
 from swarm.rollout_transport import (
     PROTOCOL,
     FetchConfig,
-    publish_group,
     publish_groups,
     receive_envelope,
     serve_rollout_blobs,
@@ -180,7 +179,7 @@ def test_a_hostile_batch_refuses_its_bad_items_alone_or_itself_as_a_whole():
 
 @dataclass
 class Peer:
-    """What receive_envelope and publish_group use of a swarm node: its host and its gossip."""
+    """What receive_envelope and publish_groups use of a swarm node: its host and its gossip."""
 
     host: Any
     gossip: Any
@@ -210,7 +209,7 @@ async def test_a_group_above_the_gossip_limit_is_announced_relayed_fetched_and_v
             group = make_group(worker.host.peer_id, 16, 4096)  # ~1.4 MB encoded, ~1 MB compressed
             assert len(group.encode()) > 800 * 1024
             assert worker.host.peer_id not in {str(p) for p in receiver.host.libp2p.get_connected_peers()}
-            assert await publish_group(worker, group, cache) == "announced" and len(cache) == 1
+            assert await publish_groups(worker, [group], cache) == ["announced"] and len(cache) == 1
             env = await inbox.receive()  # relayed by the hub: the receiver has no link to the worker yet
             assert len(env.body["ann"]["id"]) == 32 and "group" not in env.body and "z" not in env.body
             served, lookup = [], cache.get
