@@ -59,7 +59,8 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One safetensors file cut into pieces; root = BLAKE3 over the concatenated piece hashes."""
+    """One file cut into pieces (a safetensors file, or a data file that travels with it); root = BLAKE3 over the
+    concatenated piece hashes."""
 
     name: str
     size: int
@@ -193,6 +194,17 @@ def piece_hashes(path: Path, piece_size: int) -> tuple[list[bytes], int]:
     return hashes, size
 
 
+def is_safe_file_name(name: str) -> bool:
+    """Whether a manifest may carry a file of this name: a bare name (no path), never model.json."""
+    return bool(_SAFE_NAME.match(name)) and name != MODEL_FILE
+
+
+def file_entry(path: Path, piece_size: int) -> FileEntry:
+    """A file's manifest entry: its piece hashes and root (BLAKE3 over the concatenated piece hashes)."""
+    hashes, size = piece_hashes(path, piece_size)
+    return FileEntry(path.name, size, piece_size, tuple(hashes), blake3.blake3(b"".join(hashes)).digest())
+
+
 def read_safetensors_index(path: Path) -> list[TensorEntry]:
     """Parse a safetensors header (8-byte LE length + JSON) without reading the tensor data."""
     with open(path, "rb") as fh:
@@ -225,8 +237,13 @@ def build_manifest(
     created_at: float,
     generation: GenerationSettings,
     piece_size: int = DEFAULT_PIECE_SIZE,
+    data_files: tuple[str, ...] = (),
 ) -> PolicyManifest:
-    """Build the manifest of a directory of *.safetensors files plus its model.json description."""
+    """Build the manifest of a directory of *.safetensors files plus its model.json description.
+
+    data_files: names of other files in the directory that travel with the weights (the run's task file): pieces
+    and a root like the weights', no tensors. Loaders read only *.safetensors, so they never see them.
+    """
     policy_dir = Path(policy_dir)
     if not MIN_PIECE_SIZE <= piece_size <= MAX_PIECE_SIZE:
         raise ManifestError(f"piece size {piece_size} is outside {MIN_PIECE_SIZE}..{MAX_PIECE_SIZE} bytes")
@@ -242,9 +259,12 @@ def build_manifest(
     files, tensors = [], []
     for path in paths:
         tensors.extend(read_safetensors_index(path))
-        hashes, size = piece_hashes(path, piece_size)
-        root = blake3.blake3(b"".join(hashes)).digest()
-        files.append(FileEntry(path.name, size, piece_size, tuple(hashes), root))
+        files.append(file_entry(path, piece_size))
+    for name in data_files:
+        path = policy_dir / name
+        if not is_safe_file_name(name) or path.suffix == ".safetensors" or not path.is_file():
+            raise ManifestError(f"data file {name!r} is not a plain file of {policy_dir} with a safe, non-weight name")
+        files.append(file_entry(path, piece_size))
     manifest = PolicyManifest(run, version, parent_version, float(created_at), model, generation,
                               tuple(tensors), tuple(files))
     return decode_manifest(manifest.encode())  # one validation path for built and received manifests
@@ -312,7 +332,7 @@ def _decode_generation(raw: Any) -> GenerationSettings:
 def _decode_file(raw: Any) -> FileEntry:
     _need(isinstance(raw, dict) and set(raw) == {"name", "size", "piece_size", "piece_hashes", "root"}, "file entry")
     name, size, psize, hashes = raw["name"], raw["size"], raw["piece_size"], raw["piece_hashes"]
-    _need(isinstance(name, str) and bool(_SAFE_NAME.match(name)) and name != MODEL_FILE, f"file name {name!r}")
+    _need(isinstance(name, str) and is_safe_file_name(name), f"file name {name!r}")
     _need(_is_int(size, 1) and _is_int(psize) and MIN_PIECE_SIZE <= psize <= MAX_PIECE_SIZE, "file sizes")
     _need(isinstance(hashes, list) and len(hashes) == -(-size // psize), "piece count")
     _need(all(isinstance(h, bytes) and len(h) == 32 for h in hashes), "piece hashes")

@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
     parser.add_argument("--steps", type=int, default=16, help="trainer steps (one policy version each; 4 per FastCuRL stage)")
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF directory")
-    parser.add_argument("--task", default="gcd", help="reasoning-gym task (default: gcd up to 50, which tiny learns)")
+    parser.add_argument("--task", default="gcd", help="reasoning-gym task (default: gcd up to 50, which tiny learns) or a .jsonl/.parquet "
+                        "task file (the trainer reads it; the other peers receive it with every policy)")
     parser.add_argument("--async-level", dest="async_level", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")

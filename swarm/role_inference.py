@@ -14,7 +14,7 @@ from dataclasses import replace
 import trio
 
 from swarm.policy_files import load_base_model, materialize, newest_complete
-from swarm.runspec import RunSpec, eligible_indices, spec_tasks
+from swarm.runspec import RunSpec, version_tasks
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,16 @@ async def inference_role(node) -> None:
             backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision,
                                                     node.config.gpu_memory)
         directory = await materialize(node, policy)
+        try:
+            tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
+        except Exception as exc:  # a version whose tasks cannot be read is skipped, not fatal
+            if not getattr(exc, "user_facing", False):
+                raise
+            node.events.emit("skipped", version=done, message=f"v{done}: {exc}")
+            continue
         # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
         node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
-        groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, spec, directory)
+        groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, tasks, directory)
         await _publish_groups(node, groups, blobs)
         node.events.emit("generated", version=done, groups=len(groups),
                          mean_reward=round(sum(c.reward for g in groups for c in g.completions)
@@ -63,16 +70,15 @@ def unanswerable(spec: RunSpec, worker: str, version: int) -> str:
             f"peer (no peer validates its own rollouts): its rollouts could not be accepted, so it skips the version")
 
 
-def _generate(node, backend, loaded, policy, spec: RunSpec, directory) -> list:
+def _generate(node, backend, loaded, policy, tasks, directory) -> list:
     """Blocking: swap weights, generate this worker's assigned groups with proofs, build their rollouts."""
     from inference.rollouts import build_rollout_group, make_request
     from tasks.assignment import assign_tasks
 
     manifest = policy.manifest
     backend.load_policy(str(directory), version=manifest.version, manifest_id=manifest.id)
-    train = spec_tasks(spec)
     run, worker, step = node.config.run, node.peer_id, manifest.version
-    entries = [train[i] for i in assign_tasks(run, worker, step, eligible_indices(spec), spec.prompts_per_worker)]
+    entries = [tasks.train[i] for i in assign_tasks(run, worker, step, tasks.eligible, tasks.prompts_per_worker)]
     gen = manifest.generation
     requests = [make_request(loaded.tokenizer, e, run=run, worker=worker, step=step, group_size=gen.group_size,
                              temperature=gen.temperature, max_new_tokens=gen.max_new_tokens) for e in entries]

@@ -12,12 +12,13 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import trio
 
 from swarm.runspec import RunSpec
+from swarm.task_file import place_task_file, snapshot_task_file
 from swarm.trust import parse_public_key
 
 log = logging.getLogger(__name__)
@@ -160,8 +161,9 @@ class RolloutGate:
 class SwarmPublisher:
     """Turns the training run's newest policy directory into a signed, seeded manifest with the run spec."""
 
-    def __init__(self, node, identity, cfg, piece_kb: int) -> None:
+    def __init__(self, node, identity, cfg, piece_kb: int, task_file=None) -> None:
         self.node, self.identity, self.cfg, self.piece_kb = node, identity, cfg, piece_kb
+        self.task_file = task_file  # swarm.task_file.RunTaskFile: the run's task file, listed in every manifest
         self.root = Path(node.config.data_dir) / "swarm-policies"
         self.published: set[int] = set()
         keys = node.config.validator_keys
@@ -219,10 +221,11 @@ class SwarmPublisher:
             await trio.sleep(0.2)
 
     def spec_for(self, segment: str) -> RunSpec:
-        cfg, peer = self.cfg, self.node.config
-        return RunSpec(cfg.task, cfg.task_size, json.dumps(cfg.task_config, sort_keys=True), cfg.seed,
-                       cfg.eval_fraction, segment, peer.prompts_per_worker, cfg.async_level, peer.replicas,
-                       peer.quorum, self.known_validators(), peer.precision)
+        cfg, peer, task_file = self.cfg, self.node.config, self.task_file
+        return RunSpec(task_file.name if task_file else cfg.task, cfg.task_size,
+                       json.dumps(cfg.task_config, sort_keys=True), cfg.seed, cfg.eval_fraction, segment,
+                       peer.prompts_per_worker, cfg.async_level, peer.replicas, peer.quorum, self.known_validators(),
+                       peer.precision, task_file.root if task_file else "")
 
     async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
         from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
@@ -233,13 +236,16 @@ class SwarmPublisher:
         target.mkdir(parents=True, exist_ok=True)
         if not (target / "model.safetensors").exists():
             os.link(source / "model.safetensors", target / "model.safetensors")
+        if self.task_file:
+            place_task_file(self.task_file, target)
         model = json.loads((source / "model.json").read_text())
         (target / "model.json").write_text(json.dumps({**model, "run_spec": spec.to_dict()}, sort_keys=True))
         settings = GenerationSettings(int(generation["group_size"]), float(generation["temperature"]),
                                       int(generation["max_new_tokens"]), int(generation["stage_index"]))
         manifest = await trio.to_thread.run_sync(lambda: build_manifest(
             target, run=self.node.config.run, version=version, parent_version=version - 1 if version else None,
-            created_at=time.time(), generation=settings, piece_size=self.piece_kb * 1024))
+            created_at=time.time(), generation=settings, piece_size=self.piece_kb * 1024,
+            data_files=(self.task_file.name,) if self.task_file else ()))
         signed = sign_manifest(manifest, self.identity.sign, self.identity.public_bytes).to_bytes()
         self.node.mirror.adopt(signed, local_dir=target)
         before_announce(spec)  # the gate must know the version before any worker can answer it
@@ -267,8 +273,12 @@ async def trainer_role(node) -> None:
 
     peer = node.config
     cfg, curriculum = load_role_config(peer)
+    task_file = await trio.to_thread.run_sync(snapshot_task_file, cfg.task,
+                                              Path(peer.data_dir) / "swarm-policies" / "task-file", peer.piece_kb * 1024)
+    if task_file:  # train on the very bytes every version carries to the peers
+        cfg = replace(cfg, task=str(task_file.path))
     run = await _start_training_run(node, cfg, curriculum)
-    publisher = SwarmPublisher(node, node.identity, cfg, peer.piece_kb)
+    publisher = SwarmPublisher(node, node.identity, cfg, peer.piece_kb, task_file)
     gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)
     rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens

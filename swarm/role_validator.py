@@ -15,7 +15,7 @@ from functools import partial
 import trio
 
 from swarm.policy_files import load_base_model, materialize
-from swarm.runspec import RunSpec, eligible_indices, spec_tasks
+from swarm.runspec import RunSpec, VersionTasks, version_tasks
 
 log = logging.getLogger(__name__)
 BATCH_WINDOW_S = 0.5
@@ -33,6 +33,7 @@ class VersionModels:
         self.models: dict[int, object] = {}
         self.specs: dict[int, RunSpec] = {}
         self.policies: dict[int, object] = {}
+        self.tasks: dict[int, VersionTasks] = {}
 
     async def sync(self, node) -> None:
         from inference.weights import load_weights_in_place
@@ -47,14 +48,22 @@ class VersionModels:
                 log.warning("version %d has no usable run spec: %s", version, exc)
                 continue
             directory = await materialize(node, policy)
+            try:
+                tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
+            except Exception as exc:  # a version whose tasks cannot be read cannot be validated
+                if not getattr(exc, "user_facing", False):
+                    raise
+                log.warning("version %d cannot be validated: %s", version, exc)
+                continue
             model = copy.deepcopy(self.loaded.model)
             await trio.to_thread.run_sync(load_weights_in_place, model, directory)
             if self.device is not None:
                 model = await trio.to_thread.run_sync(model.to, self.device)
             self.models[version], self.specs[version], self.policies[version] = model, spec, policy
+            self.tasks[version] = tasks
         newest = max(self.models, default=-1)
         for version in [v for v in self.models if newest in self.specs and v < newest - self.specs[newest].async_level]:
-            for table in (self.models, self.specs, self.policies):
+            for table in (self.models, self.specs, self.policies, self.tasks):
                 table.pop(version, None)
 
 
@@ -69,13 +78,13 @@ def _context(node, models: VersionModels, version: int, loaded):
     from verify.checks import RunContext
     from verify.provider import TaskSetProvider
 
-    spec, policy = models.specs[version], models.policies[version]
-    train = spec_tasks(spec)
+    spec, policy, tasks = models.specs[version], models.policies[version], models.tasks[version]
+    train = tasks.train
     return RunContext(
         run=node.config.run, current_version=max(models.models), async_window=spec.async_level,
         manifest_ids={v: p.manifest.id for v, p in models.policies.items()},
         max_new_tokens=policy.manifest.generation.max_new_tokens, dataset=train.name,
-        eligible=eligible_indices(spec), prompts_per_step=spec.prompts_per_worker, eos_ids=loaded.eos_token_ids,
+        eligible=tasks.eligible, prompts_per_step=tasks.prompts_per_worker, eos_ids=loaded.eos_token_ids,
         tasks=TaskSetProvider({train.name: train}, loaded.tokenizer))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from swarm.errors import UserError
 
@@ -18,7 +19,7 @@ PRECISIONS = ("float32", "bfloat16")  # verify.checks.PRECISIONS (named here too
 
 @dataclass(frozen=True)
 class RunSpec:
-    task: str  # task set name (reasoning-gym) or dataset file path every peer can read
+    task: str  # task set name (reasoning-gym), or the name of the task file that travels with the policy
     task_size: int  # prompts generated for a built-in task set
     task_config: str  # difficulty overrides of a built-in task set, as canonical JSON ("{}" for none)
     task_seed: int  # seed of the task set and of its train/held-out split
@@ -30,6 +31,7 @@ class RunSpec:
     quorum: int  # accepting votes that settle a rollout as accepted
     validators: tuple[str, ...]  # hex Ed25519 public keys of the validators for this version's rollouts
     precision: str = "float32"  # what workers generate in (float32, or bfloat16 on GPUs); sets the validators' tolerances
+    task_root: str = ""  # hex BLAKE3 root of the task file among the manifest's files ("" for a built-in task set)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -46,9 +48,12 @@ class RunSpec:
                        float(raw["eval_fraction"]),
                        str(raw["segment"]), int(raw["prompts_per_worker"]), int(raw["async_level"]),
                        int(raw["replicas"]), int(raw["quorum"]), tuple(str(v) for v in raw["validators"]),
-                       str(raw.get("precision", "float32")))  # manifests of older releases name no precision
+                       str(raw.get("precision", "float32")),  # manifests of older releases name no precision
+                       str(raw.get("task_root", "")))  # ... nor a task file that travels with the policy
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"the manifest's run_spec is malformed ({exc})") from None
+        if spec.task_root and not (_is_hex_root(spec.task_root) and _is_task_file_name(spec.task)):
+            raise UserError("the manifest's run_spec names a task file by a malformed name or root")
         if spec.segment not in ("short", "all", "long") or not 1 <= spec.quorum <= spec.replicas:
             raise UserError("the manifest's run_spec names an unknown segment or an impossible quorum")
         if spec.precision not in PRECISIONS:
@@ -91,13 +96,67 @@ def training_tasks(task: str, task_size: int, task_config: str, task_seed: int, 
     return train
 
 
-def eligible_indices(spec: RunSpec) -> list[int]:
+def eligible_indices(spec: RunSpec, directory: Path | str | None = None) -> list[int]:
     """The sorted prompt indices a version's workers are assigned from (the stage's segment of the train split)."""
     from tasks.segments import segment
 
-    train = spec_tasks(spec)
+    train = spec_tasks(spec, directory)
     return segment(train, spec.segment) or sorted(train.indices())
 
 
-def spec_tasks(spec: RunSpec):
-    return training_tasks(spec.task, spec.task_size, spec.task_config, spec.task_seed, spec.eval_fraction)
+def spec_tasks(spec: RunSpec, directory: Path | str | None = None):
+    """The run's training split as a version's spec names it. A task file travels with the policy (`task_root`
+    set): it is read from the version's directory, where `materialize` reassembled it from pieces verified against
+    the signed manifest, so every peer reads the trainer's exact bytes without being handed the file."""
+    if not spec.task_root:
+        return training_tasks(spec.task, spec.task_size, spec.task_config, spec.task_seed, spec.eval_fraction)
+    if directory is None:
+        raise UserError(f"the run's task file {spec.task} travels with the policy: give the version's directory")
+    key = (spec.task_root, spec.task_config, spec.task_seed, spec.eval_fraction)
+    if key not in _FILE_TASKS:  # every version carries the same file: parse it once, not once per version
+        if len(_FILE_TASKS) >= 4:
+            _FILE_TASKS.pop(next(iter(_FILE_TASKS)))
+        _FILE_TASKS[key] = training_tasks(str(Path(directory) / spec.task), spec.task_size, spec.task_config,
+                                          spec.task_seed, spec.eval_fraction)
+    return _FILE_TASKS[key]
+
+
+_FILE_TASKS: dict[tuple, object] = {}
+
+
+@dataclass(frozen=True)
+class VersionTasks:
+    """What a worker is assigned from and a validator checks against, for one policy version."""
+
+    train: object  # tasks.TaskSet: the training split
+    eligible: list[int]  # the stage segment's indices of it
+    prompts_per_worker: int
+
+
+def version_tasks(spec: RunSpec, manifest, directory: Path | str) -> VersionTasks:
+    """Blocking: a version's tasks, read from its directory when its task file travels with it; raises one
+    user-facing line when that file is not among the version's files or cannot be read."""
+    problem = task_file_problem(spec, manifest.files)
+    if problem:
+        raise UserError(problem)
+    return VersionTasks(spec_tasks(spec, directory), eligible_indices(spec, directory), spec.prompts_per_worker)
+
+
+def task_file_problem(spec: RunSpec, files) -> str:
+    """Why a version's task file cannot be used (its manifest lists no file of that name and root), or ""."""
+    if not spec.task_root:
+        return ""
+    if any(f.name == spec.task and f.root.hex() == spec.task_root for f in files):
+        return ""
+    return f"the run's task file {spec.task} (root {spec.task_root[:16]}...) is not among the version's files"
+
+
+def _is_hex_root(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def _is_task_file_name(name: str) -> bool:
+    """A bare file name a manifest may carry, ending in a task file suffix: never a path."""
+    from p2p.manifest import is_safe_file_name
+
+    return is_safe_file_name(name) and name.endswith((".jsonl", ".parquet"))

@@ -55,7 +55,8 @@ def _trainer_toml(s: SimSettings) -> Path:
     path = s.out / "trainer.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join([
-        "[trainer]", f'model = "{s.model}"', f'task = "{s.task}"', f"task_config = {s.task_config}",
+        "[trainer]", f'model = "{s.model}"', f"task = {json.dumps(_task_reference(s.task))}",
+        f"task_config = {s.task_config}",
         "task_size = 400", f"steps = {s.steps}", "temperature = 1.0", "grad_clip = 1.0", "threads = 1",
         f"prompts_per_step = {max(1, (s.inference * s.prompts_per_worker) // 2)}", f"group_size = {s.group_size}",
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
@@ -63,6 +64,14 @@ def _trainer_toml(s: SimSettings) -> Path:
         f"# {workers} workers",
     ]) + "\n")
     return path
+
+
+def _task_reference(task: str) -> str:
+    """A task file by its absolute path (the trainer reads it; the other peers get it with every policy), a
+    built-in task set by name."""
+    from tasks.loading import is_task_file
+
+    return str(Path(task).resolve()) if is_task_file(task) else task
 
 
 def _peer_config(s: SimSettings, peer: SimPeer, bootstrap: tuple[str, ...], trainer_toml: Path, cheat: str):

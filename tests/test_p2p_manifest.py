@@ -159,3 +159,23 @@ def test_piece_size_outside_limits_is_refused(tmp_path):
     make_policy(tmp_path)
     with pytest.raises(ManifestError, match="piece size"):
         build(tmp_path, piece_size=1000)
+
+
+def test_a_data_file_travels_as_pieces_beside_the_weights_and_names_no_tensor(tmp_path):
+    make_policy(tmp_path)
+    rows = b"".join(b'{"prompt": "%d + 1 =", "answer": "%d"}\n' % (i, i + 1) for i in range(20_000))
+    (tmp_path / "arith.jsonl").write_bytes(rows)
+    m = build(tmp_path, data_files=("arith.jsonl",))
+    data = next(f for f in m.files if f.name == "arith.jsonl")
+    assert data.size == len(rows) and len(data.piece_hashes) == -(-len(rows) // MIN_PIECE_SIZE) > 1
+    assert data.root == blake3.blake3(b"".join(data.piece_hashes)).digest()
+    assert all(t.file != "arith.jsonl" for t in m.tensors)
+    assert decode_manifest(m.encode()) == m  # receivers accept it like any other manifest
+    assert build(tmp_path).id != m.id  # and it is part of what the trainer signs
+
+
+@pytest.mark.parametrize("name", ["model.json", "model-00000.safetensors", "../arith.jsonl", "missing.jsonl"])
+def test_a_data_file_must_be_a_plain_non_weight_file_of_the_directory(tmp_path, name):
+    make_policy(tmp_path)
+    with pytest.raises(ManifestError):
+        build(tmp_path, data_files=(name,))

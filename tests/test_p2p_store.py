@@ -169,3 +169,14 @@ def test_reassemble_refuses_an_incomplete_policy(tmp_path, policy):
         with pytest.raises(StoreError, match="not complete"):
             st.reassemble(m, tmp_path / "out")
     assert not (tmp_path / "out" / m.files[0].name).exists()
+
+
+def test_a_data_file_is_reassembled_byte_identical_beside_the_weights(tmp_path, policy):
+    src, _, _ = policy
+    (src / "arith.jsonl").write_bytes(b'{"prompt": "1 + 1 =", "answer": "2"}\n' * 9000)
+    m = build(src, data_files=("arith.jsonl",))
+    with PieceStore(tmp_path / "data") as st:
+        st.add_manifest(m)
+        fill(st, m, src, range(m.num_pieces))
+        out = st.reassemble(m, tmp_path / "out")
+    assert (out / "arith.jsonl").read_bytes() == (src / "arith.jsonl").read_bytes()

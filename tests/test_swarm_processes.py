@@ -7,6 +7,7 @@ end: the trainer steps only on rollouts its validator accepted, publishes each v
 
 from __future__ import annotations
 
+import json
 import time
 
 from p2p.identity import Identity, write_key_file
@@ -39,9 +40,14 @@ def start_peer(tmp_path, name: str, *flags: str) -> EventProcess:
 
 
 def test_trainer_validator_and_inference_processes_train_on_accepted_rollouts(tmp_path):
+    """On a user dataset that only the trainer's machine holds: it travels with every policy version."""
     key = Identity.generate()
     write_key_file(tmp_path / "run.key", key)
-    (tmp_path / "trainer.toml").write_text(TRAINER_TOML)
+    dataset = tmp_path / "trainer-only" / "sums.jsonl"
+    dataset.parent.mkdir()
+    dataset.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}? Answer with the number only.",
+                                           "answer": str(a + b)}) + "\n" for a in range(8) for b in range(8)))
+    (tmp_path / "trainer.toml").write_text(TRAINER_TOML.replace('task = "gcd"', f'task = "{dataset}"'))
     peers: list[EventProcess] = []
     try:
         deadline = time.monotonic() + 240
@@ -54,6 +60,9 @@ def test_trainer_validator_and_inference_processes_train_on_accepted_rollouts(tm
         validator = start_peer(tmp_path, "validator", "--role", "validator", *joined)
         worker = start_peer(tmp_path, "worker", "--role", "inference", *joined)
         peers += [validator, worker]
+        trainer.wait_for("published", deadline, version=0)
+        rows = dataset.read_bytes()
+        dataset.unlink()  # from here on only the copies that travel with the policies exist
         trained = trainer.wait_for("trained", deadline)
         assert trainer.popen.wait(30) == 0  # --exit-when-trained: a clean exit once the final policy is saved
         worker_id = worker.wait_for("listening", deadline)["peer_id"]
@@ -68,6 +77,11 @@ def test_trainer_validator_and_inference_processes_train_on_accepted_rollouts(tm
     assert all(s["groups"] == 4 and s["workers"] == [worker_id] for s in steps)  # only quorum-accepted groups
     assert votes["accepted"] >= 4 and votes["rejected"] == 0
     assert all(e["groups"] == 4 for e in worker.events("generated"))
+    assert not worker.events("skipped") and not validator.events("skipped")
+    # the worker and the validator read the trainer's rows from their own verified copy of the policy
+    for peer in ("worker", "validator"):
+        copies = list((tmp_path / peer / "policies").glob("v*/sums.jsonl"))
+        assert copies and all(c.read_bytes() == rows for c in copies)
 
 
 def test_a_run_survives_a_validator_that_leaves_for_good(tmp_path):
