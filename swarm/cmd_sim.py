@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from swarm.errors import UserError
     from swarm.events import EventSink
+    from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
     from swarm.sim import SimSettings, run_sim, summarize, write_report
 
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
@@ -48,11 +49,23 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         sink.listeners.append(_narrate)
     sink.configure_logging()
-    extra = trio.run(run_sim, settings, sink)
-    report = summarize(events, extra)
-    write_report(args.out, report, events)
-    print(json.dumps(report) if args.json else _render(report, args.out))
-    return 1 if extra["timed_out"] else 0
+
+    def finish(extra: dict) -> int:
+        report = summarize(events, extra)
+        write_report(args.out, report, events)
+        print(json.dumps(report) if args.json else _render(report, args.out), flush=True)
+        return 1 if extra["timed_out"] else 0
+
+    stopped: dict = {}
+    guard = ExitGuard(HARD_EXIT_AFTER_S, before_exit=lambda: finish(stopped))
+
+    def stopping(extra: dict) -> None:  # the work is done: from here on only the peers' network closes
+        stopped.update(extra)
+        guard.arm(0)
+
+    extra = trio.run(run_sim, settings, sink, stopping)
+    guard.disarm()
+    return finish(extra)
 
 
 _NARRATED = ("published", "train_step", "trainer_waiting", "role_failed", "dht_found", "generated", "rejected_rollout",

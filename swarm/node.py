@@ -21,6 +21,7 @@ from p2p.errors import P2PError
 from swarm.config import PeerConfig
 from swarm.events import EventSink
 from swarm.mirror import PolicyMirror
+from swarm.shutdown import HARD_EXIT_AFTER_S, TEARDOWN_GRACE_S, ExitGuard, report_stuck_tasks
 
 log = logging.getLogger(__name__)
 RoleTask = Callable[["Node"], Awaitable[None]]
@@ -114,9 +115,32 @@ class Node:
 
 
 async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask],
-                          trust_key: bytes | None = None, publish_dir: Any = None) -> int:
-    """Build host, gossip, store and mirror, run until cancelled, `done` or a role finishes; returns exit status."""
+                          trust_key: bytes | None = None, on_stopping: Callable[[Node], None] = lambda node: None) -> int:
+    """Build host, gossip, store and mirror, run until cancelled, `done` or a role finishes; returns exit status.
+
+    Teardown is bounded (swarm.shutdown): `on_stopping` is called once the peer's work is over, and whatever of
+    closing the network still waits after TEARDOWN_GRACE_S is cancelled."""
     from p2p.bootstrap import resolve_bootstrap
+
+    bootstrap = resolve_bootstrap(config.bootstrap or None, None, config.bootstrap_file if config.bootstrap_file.exists() else None)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    built: list[Node] = []  # the node once it exists: its `failed` flag is the exit status
+    closed = trio.Event()
+    try:
+        with trio.CancelScope() as teardown:
+            await _serve(config, identity, events, roles, trust_key, bootstrap, built, (teardown, closed), on_stopping)
+    finally:
+        closed.set()
+    if teardown.cancelled_caught:
+        log.warning("closing the network took over %.0f s; stopped waiting for it", TEARDOWN_GRACE_S)
+    return 1 if not built or built[0].failed else 0
+
+
+async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask], trust_key, bootstrap,
+                 built: list, teardown: tuple[trio.CancelScope, trio.Event],
+                 on_stopping: Callable[[Node], None]) -> None:
+    """open_node_parts' body; `teardown` is the scope whose deadline bounds closing and the event set once
+    closed."""
     from p2p.channel import open_data_channel, serve_data_channels
     from p2p.dht import open_dht
     from p2p.gossip import open_gossip
@@ -126,8 +150,6 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
     from swarm.manifest_protocol import install_manifest_server
     from swarm.trust import TrainerTrust
 
-    bootstrap = resolve_bootstrap(config.bootstrap or None, None, config.bootstrap_file if config.bootstrap_file.exists() else None)
-    config.data_dir.mkdir(parents=True, exist_ok=True)
     with PieceStore(config.data_dir / "store", keep_versions=config.keep_versions) as store:
         trust = TrainerTrust(config.run, trust_key, config.data_dir)
         upload = config.upload_mbps * 1e6 / 8 if config.upload_mbps > 0 else math.inf
@@ -142,6 +164,7 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
             async with open_gossip(host, config.run, identity) as gossip, open_dht(host) as dht, \
                     trio.open_nursery() as nursery:
                 node = Node(config, host, gossip, mirror, events, nursery, dht=dht)
+                built.append(node)
                 await nursery.start(mirror.run_service)
                 await nursery.start(serve_data_channels, host, mirror.accept_link)
                 install_manifest_server(host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None)
@@ -158,8 +181,11 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
                 for role in roles:
                     nursery.start_soon(_run_role, node, role)
                 await node.done.wait()
+                on_stopping(node)
+                scope, closed = teardown
+                trio.lowlevel.spawn_system_task(report_stuck_tasks, TEARDOWN_GRACE_S / 2, closed, log)
+                scope.deadline = trio.current_time() + TEARDOWN_GRACE_S
                 nursery.cancel_scope.cancel()
-    return 1 if node.failed else 0
 
 
 async def _run_role(node: Node, role: RoleTask) -> None:
@@ -385,7 +411,11 @@ def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> in
     trust_key = parse_trainer_key(config.trainer_key)
     if "trainer" in config.roles:
         trust_key = identity.public_bytes  # the trainer's identity is the run's key
-    return trio.run(open_node_parts, config, identity, events, roles, trust_key)
+    guard = ExitGuard(HARD_EXIT_AFTER_S)
+    status = trio.run(open_node_parts, config, identity, events, roles, trust_key,
+                      lambda node: guard.arm(1 if node.failed else 0))
+    guard.disarm()
+    return status
 
 
 def wall_clock() -> float:

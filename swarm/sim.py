@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,7 +84,9 @@ def _peer_config(s: SimSettings, peer: SimPeer, bootstrap: tuple[str, ...], trai
         "status_every_s": 3.0, "cheat": cheat})
 
 
-async def run_sim(s: SimSettings, sink: EventSink) -> dict:
+async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict], None] = lambda extra: None) -> dict:
+    """Run every peer until the trainer is done (or `timeout_s`); returns {timed_out, wall_s}. `on_stopping` gets
+    that dict once the work is over and the peers start closing (swarm.shutdown bounds how long that may take)."""
     import torch
 
     from p2p.identity import load_or_create_identity
@@ -132,6 +135,7 @@ async def run_sim(s: SimSettings, sink: EventSink) -> dict:
             nursery.start_soon(_watch, peers, watch, watchdog, s.watch_s)
             await peers[0].node.done.wait()
             watchdog.cancel()
+            on_stopping({"timed_out": False, "wall_s": round(time.monotonic() - started, 1)})
             for peer in peers[1:]:
                 peer.node.done.set()
     return {"timed_out": scope.cancelled_caught, "wall_s": round(time.monotonic() - started, 1)}

@@ -1,0 +1,133 @@
+"""Bounded shutdown: a peer (or a whole simulation) that has finished its work ends, even if closing does not.
+
+Why: after its last step one `swarm sim` run sat for minutes with its trio loop idle and no worker thread alive,
+its report never written (twice in about thirty runs; the first was taken for a stuck generation thread). Which
+close never finished was not recorded, so it is not known yet; py-libp2p does some of its cleanup inside shielded
+cancel scopes, which no cancellation reaches. So teardown gets three things: `TEARDOWN_GRACE_S` after which every
+cancellable wait is cancelled (swarm.node), `report_stuck_tasks`, which logs where every task still waits halfway
+through that grace, and, for the command-line entry points only, `ExitGuard`, a timer thread that ends the
+process once the work is saved and the network has had `HARD_EXIT_AFTER_S` to close. Nothing is lost by it:
+checkpoints and policy files are written by rename, and the operating system drops the data directory's flock with
+the process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+TEARDOWN_GRACE_S = 20.0
+HARD_EXIT_AFTER_S = 45.0
+
+
+class ExitGuard:
+    """Once armed, ends the process after `seconds` with the armed status unless disarmed first (the normal exit).
+
+    before_exit: what the normal exit would still have done (the simulation's report)."""
+
+    def __init__(self, seconds: float, before_exit: Callable[[], None] = lambda: None,
+                 exit_process: Callable[[int], None] = os._exit) -> None:
+        self.seconds, self.before_exit, self.exit_process = seconds, before_exit, exit_process
+        self.status = 0
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()  # the normal exit and the guard never both finish the work
+        self._disarmed = False
+
+    def arm(self, status: int = 0) -> None:
+        if self._timer is None:
+            self.status = status
+            self._timer = threading.Timer(self.seconds, self.expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def disarm(self) -> None:
+        """The normal exit got there first (blocks while an expiring guard ends the process)."""
+        with self._lock:
+            self._disarmed = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def expire(self) -> None:
+        """Finish what the normal exit would have done, say why in one line, and end the process."""
+        with self._lock:
+            if not self._disarmed:
+                self._finish()
+
+    def _finish(self) -> None:
+        try:
+            self.before_exit()
+        finally:
+            print(f"the network did not finish closing within {self.seconds:.0f} s of the end of the work "
+                  f"(a py-libp2p close that waits for ever); exiting anyway, nothing is lost", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self.exit_process(self.status)
+
+
+async def report_stuck_tasks(after_s: float, closed, logger) -> None:
+    """Unless `closed` (a trio.Event) is set within `after_s`, log where every task still alive waits. Run as a
+    trio system task once teardown starts, so it outlives a peer whose teardown it watches. Why: the hang this
+    module bounds was seen without a trace of which close never finished."""
+    import trio
+
+    with trio.move_on_after(after_s):
+        await closed.wait()
+        return
+    lines = waiting_tasks()
+    logger.warning("still closing the network after %.0f s; %d tasks wait: %s", after_s, len(lines),
+                   "; ".join(lines[:40]))
+
+
+def waiting_tasks() -> list[str]:
+    """One line per task of this trio run that waits on something other than its own children: its name and
+    where it waits (a task parked at the end of a nursery block only waits for the tasks listed beside it)."""
+    import trio
+
+    out: list[str] = []
+    pending = [trio.lowlevel.current_root_task()]
+    while pending:
+        task = pending.pop()
+        pending.extend(c for n in task.child_nurseries for c in n.child_tasks)
+        if task is trio.lowlevel.current_task():
+            continue
+        where = _innermost_frame(task.coro)
+        if not where.endswith(" in _nested_child_finished"):
+            out.append(f"{task.name} at {where}")
+    return sorted(out, key=lambda line: ("site-packages" in line or "libp2p/" in line or "trio/" in line, line))
+
+
+def _innermost_frame(coro) -> str:
+    """Where a coroutine chain waits: its deepest frame outside trio and contextlib (the code that awaits), and
+    the trio call it waits in."""
+    frames = []
+    obj = coro
+    for _ in range(200):  # chains are short; bounded in case of a cycle
+        frame = getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None) or getattr(obj, "gi_frame", None)
+        if frame is not None:
+            frames.append(frame)
+        obj = getattr(obj, "cr_await", None) or getattr(obj, "ag_await", None) or getattr(obj, "gi_yieldfrom", None)
+        if obj is not None and not any(hasattr(obj, a) for a in ("cr_frame", "ag_frame", "gi_frame")) and frame:
+            # an async generator's asend/athrow awaitable (an @asynccontextmanager's exit) hides its generator:
+            # take it from the awaiting frame's context manager
+            obj = getattr(frame.f_locals.get("self"), "gen", None)
+        if obj is None:
+            break
+    if not frames:
+        return "?"
+    ours = [f for f in frames if not any(part in f.f_code.co_filename for part in _LIBRARY_FRAMES)] or frames
+    where = ours[-1]
+    text = f"{where.f_code.co_name} ({_short_path(where.f_code.co_filename)}:{where.f_lineno})"
+    return text if frames[-1] is where else f"{text} in {frames[-1].f_code.co_name}"
+
+
+_LIBRARY_FRAMES = ("/trio/", "/contextlib.py", "/outcome/")
+
+
+def _short_path(path: str) -> str:
+    """A path inside site-packages from there, one under the working directory relative to it."""
+    if "site-packages/" in path:
+        return path.rsplit("site-packages/", 1)[-1]
+    cwd = os.getcwd().rstrip("/") + "/"
+    return path[len(cwd):] if path.startswith(cwd) else path
