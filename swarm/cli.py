@@ -17,6 +17,7 @@ import sys
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("peer", "start"), "swarm.cmd_peer", "start a peer (roles: trainer, inference, validator, seed)"),
     (("publish",), "swarm.cmd_publish", "sign a checkpoint directory as the run's next policy version and seed it"),
+    (("status",), "swarm.cmd_status", "listen to a run for a while and show its peers, versions, rollouts and votes"),
     (("sim",), "swarm.cmd_sim", "run a local multi-peer simulation of the whole swarm in one command"),
     (("train",), "swarm.cmd_train", "run the single-machine RL loop (no network)"),
     (("eval",), "swarm.cmd_eval", "measure a policy's accuracy on held-out prompts"),

@@ -31,6 +31,9 @@ def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["eval", "--n", "-5"], "--n must be at least 1, got -5"),
     (["eval", "--temperature", "-1"], "--temperature must be within 0..10"),
     (["bench", "generate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (["status", "--run", "r", "--seconds", "0"], "--seconds must be above 0 and at most 600"),
+    (["status", "--run", "r", "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWBHH8EeSjESdYHEVTPRStjT5dF3xWQxZXTGXL7dfsge33",
+      "--seconds", "1"], "no bootstrap peer answered"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, fragment):
     result = run_swarm(*args, "--data-dir", str(tmp_path / "d")) if args[0] == "peer" else run_swarm(*args)
@@ -38,6 +41,8 @@ def test_bad_input_is_one_line(tmp_path, args, fragment):
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("swarm: error:")]
     assert len(lines) == 1 and fragment in lines[0]
+    if args[0] == "status":
+        assert result.stderr.strip() == lines[0]  # nothing else: the observer's host stays quiet
 
 
 def test_second_process_on_the_same_data_dir_is_refused(tmp_path):

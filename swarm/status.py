@@ -1,0 +1,137 @@
+"""What a run's swarm looks like from the outside: the status view behind `swarm status`, as a pure aggregator.
+
+Why: whoever starts a run, or lends GPUs to one, needs to see it: which peers are there and in which roles, which
+policy versions they hold, whether workers are sending rollouts and validators voting, and what they reject. Every
+peer already gossips all of that (heartbeats, rollouts, votes), so an observer only has to listen for a while.
+`SwarmView` takes those messages as plain data (the network is `swarm.cmd_status`'s business) and summarises them.
+Rollout rewards are the workers' claims, unverified; only votes (each signature checked, each from its own voter)
+say what validators accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PeerSeen:
+    roles: tuple[str, ...] = ()
+    holds: list[int] = field(default_factory=list)  # complete policy versions
+    fetching: list[int] = field(default_factory=list)
+    last_heard: float = 0.0
+    groups: int = 0  # rollout groups sent in the window
+    claimed_rewards: list[float] = field(default_factory=list)
+    votes_accept: int = 0
+    votes_reject: int = 0
+
+
+@dataclass
+class SwarmView:
+    """Feed it what the run gossips during a window; `report` summarises it."""
+
+    peers: dict[str, PeerSeen] = field(default_factory=dict)
+    versions: dict[int, bytes] = field(default_factory=dict)  # policy version -> manifest id, from heartbeats
+    rollout_versions: dict[int, int] = field(default_factory=dict)  # policy version -> groups generated with it
+    rejected_checks: dict[str, int] = field(default_factory=dict)  # failed check -> rejecting votes naming it
+    verdicts: dict[bytes, list[bool]] = field(default_factory=dict)  # rollout id -> votes seen
+    refused: int = 0  # messages that did not parse or whose signatures did not check out
+
+    def _peer(self, peer: str) -> PeerSeen:
+        return self.peers.setdefault(peer, PeerSeen())
+
+    def on_heartbeat(self, sender: str, body: object, now: float) -> None:
+        if not isinstance(body, dict):
+            self.refused += 1
+            return
+        seen = self._peer(sender)
+        roles = body.get("roles")
+        if isinstance(roles, list):
+            seen.roles = tuple(r for r in roles if isinstance(r, str))[:4]
+        holds, fetching = [], []
+        for entry in body.get("policies", [])[:16] if isinstance(body.get("policies"), list) else []:
+            if (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int) and entry[0] >= 0
+                    and isinstance(entry[1], bytes) and len(entry[1]) == 32):
+                (holds if entry[2] is True else fetching).append(entry[0])
+                self.versions.setdefault(entry[0], entry[1])
+        seen.holds, seen.fetching, seen.last_heard = sorted(holds), sorted(fetching), now
+
+    def on_rollouts(self, sender: str, items: list) -> None:
+        """Parsed items of one rollout message (groups, announcements, refusals: swarm.rollout_codec)."""
+        seen = self._peer(sender)
+        for item in items:
+            version, worker = getattr(item, "policy_version", None), getattr(item, "worker", None)
+            if not isinstance(version, int) or worker != sender:
+                self.refused += 1
+                continue
+            seen.groups += 1
+            self.rollout_versions[version] = self.rollout_versions.get(version, 0) + 1
+            completions = getattr(item, "completions", ())
+            seen.claimed_rewards += [float(c.reward) for c in completions]
+
+    def on_votes(self, sender: str, votes: list, voter_of) -> None:
+        """Votes of one message; `voter_of(vote)` is the voter's peer id when its signature checks out, else None."""
+        for vote in votes:
+            if voter_of(vote) != sender:
+                self.refused += 1
+                continue
+            seen = self._peer(sender)
+            if vote.accept:
+                seen.votes_accept += 1
+            else:
+                seen.votes_reject += 1
+                for name, passed, _reason in vote.checks:
+                    if not passed:
+                        self.rejected_checks[name] = self.rejected_checks.get(name, 0) + 1
+            self.verdicts.setdefault(vote.rollout_id, []).append(bool(vote.accept))
+
+    def report(self, now: float, window_s: float) -> dict:
+        peers = []
+        for peer, seen in sorted(self.peers.items(), key=lambda kv: (kv[1].roles, kv[0])):
+            row = {"peer": peer, "roles": list(seen.roles), "holds": seen.holds, "fetching": seen.fetching,
+                   "heard_s_ago": round(now - seen.last_heard, 1) if seen.last_heard else None}
+            if seen.groups:
+                row["groups"] = seen.groups
+                row["claimed_mean_reward"] = (round(sum(seen.claimed_rewards) / len(seen.claimed_rewards), 3)
+                                              if seen.claimed_rewards else None)
+            if seen.votes_accept or seen.votes_reject:
+                row["votes"] = {"accept": seen.votes_accept, "reject": seen.votes_reject}
+            peers.append(row)
+        newest = max(self.versions, default=None)
+        return {
+            "window_s": window_s, "peers": peers, "newest_version": newest,
+            "newest_manifest": self.versions[newest].hex() if newest is not None else None,
+            "groups_by_version": {str(v): n for v, n in sorted(self.rollout_versions.items())},
+            "rollouts_voted": len(self.verdicts),
+            "rollouts_with_a_rejecting_vote": sum(not all(v) for v in self.verdicts.values()),
+            "rejecting_votes_by_check": dict(sorted(self.rejected_checks.items())),
+            "refused_messages": self.refused,
+        }
+
+
+def render(report: dict) -> str:
+    """The report as a few lines for a terminal."""
+    lines = [f"{len(report['peers'])} peers heard in {report['window_s']:g} s; newest policy "
+             f"{'none' if report['newest_version'] is None else 'v' + str(report['newest_version'])}"]
+    manifest = report.get("manifest")
+    if manifest:
+        lines.append(f"  v{manifest['version']}: {manifest['mib']} MiB, stage {manifest['stage']} (group size "
+                     f"{manifest['group_size']}, {manifest['max_new_tokens']} new tokens, temperature "
+                     f"{manifest['temperature']:g}), task {manifest['task']}, {manifest['validators']} validators, "
+                     f"quorum {manifest['quorum']} of {manifest['replicas']}, {manifest['signature']}")
+    for row in report["peers"]:
+        held = ",".join(f"v{v}" for v in row["holds"]) or "nothing"
+        text = f"  {row['peer']}  {'+'.join(row['roles']) or '(no heartbeat)'}: holds {held}"
+        if row["fetching"]:
+            text += f", fetching {','.join(f'v{v}' for v in row['fetching'])}"
+        if "groups" in row:
+            text += f"; sent {row['groups']} groups (claimed mean reward {row['claimed_mean_reward']})"
+        if "votes" in row:
+            text += f"; voted {row['votes']['accept']} accept / {row['votes']['reject']} reject"
+        lines.append(text)
+    if report["rollouts_voted"]:
+        lines.append(f"  votes on {report['rollouts_voted']} rollouts, {report['rollouts_with_a_rejecting_vote']} "
+                     f"with a rejecting vote" + (f" (failed checks: {report['rejecting_votes_by_check']})"
+                                                 if report["rejecting_votes_by_check"] else ""))
+    if report["refused_messages"]:
+        lines.append(f"  {report['refused_messages']} messages refused (malformed, or signed by someone else)")
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""`swarm status`: the pure view of a run's gossip, and an observer listening to real peers on loopback."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import trio
+
+from p2p.identity import Identity, peer_id_from_public_bytes
+from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+from swarm.cmd_status import observe
+from swarm.status import SwarmView, render
+from swarm.vote_messages import vote_bodies
+from tests.test_swarm_nodes import Peer, make_checkpoint
+from verify.votes import sign_vote, verify_vote
+
+MANIFEST_ID = bytes(range(32))
+
+
+def check(name, ok, reason=""):
+    return SimpleNamespace(name=name, ok=ok, reason=reason)
+
+
+def group(worker, version, rewards):
+    return SimpleNamespace(worker=worker, policy_version=version,
+                           completions=[SimpleNamespace(reward=r) for r in rewards])
+
+
+def voter_of(vote):
+    return peer_id_from_public_bytes(vote.validator) if verify_vote(vote) else None
+
+
+def test_the_view_summarises_heartbeats_rollouts_and_votes_and_refuses_what_does_not_check_out():
+    validator, impostor = Identity.generate(), Identity.generate()
+    vid = validator.peer_id
+    view = SwarmView()
+    view.on_heartbeat("trainer", {"roles": ["trainer", "seed"], "policies": [[3, MANIFEST_ID, True],
+                                                                             [4, bytes(32), True]]}, now=10.0)
+    view.on_heartbeat("worker", {"roles": ["inference"], "policies": [[3, MANIFEST_ID, True], [4, bytes(32), False]]},
+                      now=12.0)
+    view.on_heartbeat("worker2", "not a dict", now=12.0)
+    view.on_heartbeat(vid, {"roles": ["validator"], "policies": [[-1, b"x", True], "junk"]}, now=13.0)
+    view.on_rollouts("worker", [group("worker", 3, [1.0, 0.0]), group("worker", 4, [0.5, 0.5])])
+    view.on_rollouts("worker", [group("someone-else", 4, [1.0])])  # a group of another worker: refused
+    rejected = sign_vote(validator.seed, b"r" * 32, False, [check("proof", True), check("reward", False, "fabricated")])
+    accepted = sign_vote(validator.seed, b"a" * 32, True, [check("proof", True)])
+    forged = sign_vote(impostor.seed, b"f" * 32, True, [check("proof", True)])  # impostor's vote sent by `vid`
+    view.on_votes(vid, [rejected, accepted, forged], voter_of)
+    report = view.report(now=15.0, window_s=5.0)
+    rows = {r["peer"]: r for r in report["peers"]}
+    assert rows["trainer"]["roles"] == ["trainer", "seed"] and rows["trainer"]["holds"] == [3, 4]
+    assert rows["worker"]["holds"] == [3] and rows["worker"]["fetching"] == [4]
+    assert rows["worker"]["groups"] == 2 and rows["worker"]["claimed_mean_reward"] == 0.5
+    assert rows[vid]["votes"] == {"accept": 1, "reject": 1} and rows[vid]["holds"] == []
+    assert report["newest_version"] == 4 and report["groups_by_version"] == {"3": 1, "4": 1}
+    assert report["rollouts_voted"] == 2 and report["rollouts_with_a_rejecting_vote"] == 1
+    assert report["rejecting_votes_by_check"] == {"reward": 1}
+    assert report["refused_messages"] == 3  # the bad heartbeat body, the other worker's group, the forged vote
+    text = render(report)
+    assert "worker2" not in rows and "3 peers heard in 5 s; newest policy v4" in text and "fetching v4" in text
+    assert "voted 1 accept / 1 reject" in text and "3 messages refused" in text
+
+
+async def test_an_observer_sees_the_peers_their_versions_and_votes_and_checks_the_manifest(tmp_path):
+    trainer = Identity.generate()
+    make_checkpoint(tmp_path / "ckpt", floats=30_000)
+    manifest = build_manifest(tmp_path / "ckpt", run="t", version=2, parent_version=1, created_at=0.0,
+                              generation=GenerationSettings(4, 0.6, 64, 0), piece_size=256 * 1024)
+    signed = sign_manifest(manifest, trainer.sign, trainer.public_bytes).to_bytes()
+    seed = Peer(tmp_path, "seed", trainer, identity=trainer)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(seed.run)
+            await seed.ready.wait()
+            seed.node.mirror.adopt(signed, local_dir=tmp_path / "ckpt")
+            validator = Peer(tmp_path, "validator", trainer, bootstrap=[seed.node.host.multiaddrs[0]],
+                             roles=("validator",))
+            nursery.start_soon(validator.run)
+            await validator.ready.wait()
+
+            async def vote_now_and_then():
+                votes = [sign_vote(validator.identity.seed, os.urandom(32), False, [check("reward", False)])]
+                while True:
+                    await validator.node.gossip.publish("vote", vote_bodies(votes)[0])
+                    await trio.sleep(0.5)
+
+            nursery.start_soon(vote_now_and_then)
+            report = await observe("t", (seed.node.host.multiaddrs[0],), 3.0, trainer.public_bytes)
+            seed.stop()
+            validator.stop()
+            nursery.cancel_scope.cancel()
+    rows = {r["peer"]: r for r in report["peers"]}
+    assert rows[seed.node.peer_id]["holds"] == [2] and rows[validator.node.peer_id]["roles"] == ["validator"]
+    assert rows[validator.node.peer_id]["votes"]["reject"] >= 1 and report["rejecting_votes_by_check"]["reward"] >= 1
+    assert report["newest_version"] == 2 and report["manifest"]["version"] == 2
+    assert report["manifest"]["signature"] == "signed by the run's trainer key"
+    assert report["manifest"]["group_size"] == 4 and report["manifest"]["task"] == "?"  # not a swarm trainer's
