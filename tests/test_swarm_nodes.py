@@ -30,6 +30,15 @@ def make_checkpoint(path: Path, floats: int = 300_000) -> bytes:
     return (path / "model.safetensors").read_bytes()
 
 
+def signed_checkpoint(tmp_path: Path, trainer: Identity, version: int = 1, floats: int = 300_000):
+    """A checkpoint in tmp_path/ckpt, its manifest as `version` of run "t" and the trainer's signed bytes."""
+    original = make_checkpoint(tmp_path / "ckpt", floats)
+    manifest = build_manifest(tmp_path / "ckpt", run="t", version=version,
+                              parent_version=version - 1 if version > 1 else None, created_at=0.0,
+                              generation=GenerationSettings(4, 0.6, 64, 0), piece_size=256 * 1024)
+    return original, manifest, sign_manifest(manifest, trainer.sign, trainer.public_bytes).to_bytes()
+
+
 class Peer:
     """One in-process peer; `node` is set once it runs, `stop()` ends it."""
 
@@ -66,10 +75,7 @@ class Peer:
 
 async def test_publish_fetch_seed_leaves_late_peer_completes(tmp_path):
     trainer = Identity.generate()
-    original = make_checkpoint(tmp_path / "ckpt")
-    manifest = build_manifest(tmp_path / "ckpt", run="t", version=1, parent_version=None, created_at=0.0,
-                              generation=GenerationSettings(4, 0.6, 64, 0), piece_size=256 * 1024)
-    signed = sign_manifest(manifest, trainer.sign, trainer.public_bytes).to_bytes()
+    original, manifest, signed = signed_checkpoint(tmp_path, trainer)
     seed = Peer(tmp_path, "seed", trainer, identity=trainer)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:

@@ -8,11 +8,10 @@ from types import SimpleNamespace
 import trio
 
 from p2p.identity import Identity, peer_id_from_public_bytes
-from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.cmd_status import observe
 from swarm.status import SwarmView, render
 from swarm.vote_messages import vote_bodies
-from tests.test_swarm_nodes import Peer, make_checkpoint
+from tests.test_swarm_nodes import Peer, signed_checkpoint
 from verify.votes import sign_vote, verify_vote
 
 MANIFEST_ID = bytes(range(32))
@@ -64,10 +63,7 @@ def test_the_view_summarises_heartbeats_rollouts_and_votes_and_refuses_what_does
 
 async def test_an_observer_sees_the_peers_their_versions_and_votes_and_checks_the_manifest(tmp_path):
     trainer = Identity.generate()
-    make_checkpoint(tmp_path / "ckpt", floats=30_000)
-    manifest = build_manifest(tmp_path / "ckpt", run="t", version=2, parent_version=1, created_at=0.0,
-                              generation=GenerationSettings(4, 0.6, 64, 0), piece_size=256 * 1024)
-    signed = sign_manifest(manifest, trainer.sign, trainer.public_bytes).to_bytes()
+    _, _, signed = signed_checkpoint(tmp_path, trainer, version=2, floats=30_000)
     seed = Peer(tmp_path, "seed", trainer, identity=trainer)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
