@@ -47,6 +47,7 @@ class Node:
     done: trio.Event = field(default_factory=trio.Event)
     failed: bool = False
     dht_put_misses: int = 0  # latest-manifest puts in a row that did not complete
+    progress: dict[str, Any] = field(default_factory=dict)  # what its roles did, carried by heartbeats (status view)
 
     @property
     def peer_id(self) -> str:
@@ -69,6 +70,18 @@ class Node:
         for peer in silent:
             self.peer_heard.pop(peer)
         return {peer: self.peer_roles.pop(peer, ()) for peer in silent}
+
+    def note_progress(self, record: dict) -> None:
+        """Keep the roles' latest milestones (an event listener) for heartbeats, so `swarm status` can show a
+        trainer's step and reward, a worker's groups and a validator's verdicts without asking anyone."""
+        kind = record.get("event")
+        if kind == "train_step":
+            self.progress.update(step=record.get("step"), reward=record.get("reward"), stage=record.get("stage"))
+        elif kind == "generated":
+            self.progress["groups_sent"] = self.progress.get("groups_sent", 0) + int(record.get("groups") or 0)
+            self.progress["answered"] = record.get("version")
+        elif kind == "validated":
+            self.progress.update({k: record.get(k) for k in ("checked", "accepted", "rejected")})
 
     def connected_peers(self) -> list[str]:
         return sorted(str(p) for p in self.host.libp2p.get_connected_peers())
@@ -165,6 +178,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                     trio.open_nursery() as nursery:
                 node = Node(config, host, gossip, mirror, events, nursery, dht=dht)
                 built.append(node)
+                events.listeners.append(node.note_progress)
                 await nursery.start(mirror.run_service)
                 await nursery.start(serve_data_channels, host, mirror.accept_link)
                 install_manifest_server(host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None)
@@ -227,7 +241,10 @@ def _heartbeat_body(node: Node) -> dict:
     for p in node.mirror.policies.values():
         done = p.service is not None and p.service.completed.is_set()
         policies.append([p.manifest.version, p.manifest.id, done])
-    return {"roles": list(node.config.roles), "addrs": node.host.multiaddrs, "policies": policies}
+    body = {"roles": list(node.config.roles), "addrs": node.host.multiaddrs, "policies": policies}
+    if node.progress:
+        body["progress"] = dict(node.progress)
+    return body
 
 
 async def _send_heartbeats(node: Node) -> None:

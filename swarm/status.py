@@ -23,6 +23,7 @@ class PeerSeen:
     claimed_rewards: list[float] = field(default_factory=list)
     votes_accept: int = 0
     votes_reject: int = 0
+    progress: dict = field(default_factory=dict)  # what the peer says its roles did (swarm.node.Node.note_progress)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class SwarmView:
                 (holds if entry[2] is True else fetching).append(entry[0])
                 self.versions.setdefault(entry[0], entry[1])
         seen.holds, seen.fetching, seen.last_heard = sorted(holds), sorted(fetching), now
+        seen.progress = _plain_fields(body.get("progress"))
 
     def on_rollouts(self, sender: str, items: list) -> None:
         """Parsed items of one rollout message (groups, announcements, refusals: swarm.rollout_codec)."""
@@ -89,6 +91,8 @@ class SwarmView:
         for peer, seen in sorted(self.peers.items(), key=lambda kv: (kv[1].roles, kv[0])):
             row = {"peer": peer, "roles": list(seen.roles), "holds": seen.holds, "fetching": seen.fetching,
                    "heard_s_ago": round(now - seen.last_heard, 1) if seen.last_heard else None}
+            if seen.progress:
+                row["progress"] = seen.progress
             if seen.groups:
                 row["groups"] = seen.groups
                 row["claimed_mean_reward"] = (round(sum(seen.claimed_rewards) / len(seen.claimed_rewards), 3)
@@ -108,6 +112,18 @@ class SwarmView:
         }
 
 
+def _plain_fields(raw: object) -> dict:
+    """At most 8 short fields of plain values from a hostile `progress` body; anything else is left out."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for key, value in list(raw.items())[:8]:
+        if isinstance(key, str) and len(key) <= 32 and (
+                value is None or isinstance(value, (int, float)) or (isinstance(value, str) and len(value) <= 40)):
+            out[key] = value
+    return out
+
+
 def render(report: dict) -> str:
     """The report as a few lines for a terminal."""
     lines = [f"{len(report['peers'])} peers heard in {report['window_s']:g} s; newest policy "
@@ -123,6 +139,8 @@ def render(report: dict) -> str:
         text = f"  {row['peer']}  {'+'.join(row['roles']) or '(no heartbeat)'}: holds {held}"
         if row["fetching"]:
             text += f", fetching {','.join(f'v{v}' for v in row['fetching'])}"
+        if row.get("progress"):
+            text += "; " + ", ".join(f"{k} {v}" for k, v in row["progress"].items())
         if "groups" in row:
             text += f"; sent {row['groups']} groups (claimed mean reward {row['claimed_mean_reward']})"
         if "votes" in row:

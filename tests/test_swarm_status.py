@@ -35,7 +35,9 @@ def test_the_view_summarises_heartbeats_rollouts_and_votes_and_refuses_what_does
     vid = validator.peer_id
     view = SwarmView()
     view.on_heartbeat("trainer", {"roles": ["trainer", "seed"], "policies": [[3, MANIFEST_ID, True],
-                                                                             [4, bytes(32), True]]}, now=10.0)
+                                                                             [4, bytes(32), True]],
+                                  "progress": {"step": 12, "reward": 0.25, "stage": "long@12", "nested": {"x": 1},
+                                               "k" * 40: 1, "note": "x" * 100}}, now=10.0)
     view.on_heartbeat("worker", {"roles": ["inference"], "policies": [[3, MANIFEST_ID, True], [4, bytes(32), False]]},
                       now=12.0)
     view.on_heartbeat("worker2", "not a dict", now=12.0)
@@ -49,6 +51,8 @@ def test_the_view_summarises_heartbeats_rollouts_and_votes_and_refuses_what_does
     report = view.report(now=15.0, window_s=5.0)
     rows = {r["peer"]: r for r in report["peers"]}
     assert rows["trainer"]["roles"] == ["trainer", "seed"] and rows["trainer"]["holds"] == [3, 4]
+    # what a peer says of its progress: plain short fields only
+    assert rows["trainer"]["progress"] == {"step": 12, "reward": 0.25, "stage": "long@12"}
     assert rows["worker"]["holds"] == [3] and rows["worker"]["fetching"] == [4]
     assert rows["worker"]["groups"] == 2 and rows["worker"]["claimed_mean_reward"] == 0.5
     assert rows[vid]["votes"] == {"accept": 1, "reject": 1} and rows[vid]["holds"] == []
@@ -58,7 +62,7 @@ def test_the_view_summarises_heartbeats_rollouts_and_votes_and_refuses_what_does
     assert report["refused_messages"] == 3  # the bad heartbeat body, the other worker's group, the forged vote
     text = render(report)
     assert "worker2" not in rows and "3 peers heard in 5 s; newest policy v4" in text and "fetching v4" in text
-    assert "voted 1 accept / 1 reject" in text and "3 messages refused" in text
+    assert "step 12, reward 0.25, stage long@12" in text and "voted 1 accept / 1 reject" in text and "3 messages refused" in text
 
 
 async def test_an_observer_sees_the_peers_their_versions_and_votes_and_checks_the_manifest(tmp_path):
@@ -92,3 +96,17 @@ async def test_an_observer_sees_the_peers_their_versions_and_votes_and_checks_th
     assert report["newest_version"] == 2 and report["manifest"]["version"] == 2
     assert report["manifest"]["signature"] == "signed by the run's trainer key"
     assert report["manifest"]["group_size"] == 4 and report["manifest"]["task"] == "?"  # not a swarm trainer's
+
+
+def test_a_peer_keeps_its_roles_latest_milestones_for_its_heartbeats():
+    from swarm.node import Node, _heartbeat_body
+
+    node = Node(config=SimpleNamespace(roles=("trainer",)), host=SimpleNamespace(multiaddrs=["/ip4/127.0.0.1/tcp/1"]),
+                gossip=None, mirror=SimpleNamespace(policies={}), events=None, nursery=None)
+    assert "progress" not in _heartbeat_body(node)
+    for event in ({"event": "train_step", "step": 3, "reward": 0.5, "stage": "short@4", "groups": 4},
+                  {"event": "generated", "version": 2, "groups": 4}, {"event": "generated", "version": 3, "groups": 4},
+                  {"event": "validated", "checked": 8, "accepted": 6, "rejected": 2}, {"event": "published"}):
+        node.note_progress(event)
+    assert _heartbeat_body(node)["progress"] == {"step": 3, "reward": 0.5, "stage": "short@4", "groups_sent": 8,
+                                                 "answered": 3, "checked": 8, "accepted": 6, "rejected": 2}
