@@ -118,6 +118,19 @@ async def _listen(channel, handle) -> None:
             handle(env)
 
 
+async def _connect_any(host, addrs: tuple[str, ...]) -> None:
+    """Dial the first of `addrs` that answers (a peer already connected answers at once); when none does, the
+    manifest request that follows says so."""
+    from p2p.errors import HostError
+
+    for addr in addrs:
+        try:
+            await host.connect(addr)
+            return
+        except HostError:
+            continue
+
+
 async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) -> dict | None:
     """The newest version's manifest from a peer that holds it, summarised; None when no holder answers."""
     from p2p.errors import P2PError
@@ -126,8 +139,9 @@ async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) 
     from swarm.runspec import RunSpec
 
     wanted = view.versions[version]
-    for peer in [p for p, seen in view.peers.items() if version in seen.holds][:4]:
+    for peer, seen in [(p, seen) for p, seen in view.peers.items() if version in seen.holds][:4]:
         try:
+            await _connect_any(host, seen.addrs)  # the observer joined through one peer only
             signed = await fetch_manifest(host, peer, wanted)
         except P2PError:
             continue

@@ -24,6 +24,7 @@ class PeerSeen:
     votes_accept: int = 0
     votes_reject: int = 0
     progress: dict = field(default_factory=dict)  # what the peer says its roles did (swarm.node.Node.note_progress)
+    addrs: tuple[str, ...] = ()  # where it listens, as its heartbeat says (each ending in its own /p2p/ id)
 
 
 @dataclass
@@ -56,6 +57,9 @@ class SwarmView:
                 self.versions.setdefault(entry[0], entry[1])
         seen.holds, seen.fetching, seen.last_heard = sorted(holds), sorted(fetching), now
         seen.progress = _plain_fields(body.get("progress"))
+        addrs = body.get("addrs")
+        if isinstance(addrs, list):
+            seen.addrs = tuple(a for a in addrs if isinstance(a, str) and a.endswith(f"/p2p/{sender}"))[:4]
 
     def on_rollouts(self, sender: str, items: list) -> None:
         """Parsed items of one rollout message (groups, announcements, refusals: swarm.rollout_codec)."""
@@ -112,8 +116,12 @@ class SwarmView:
         }
 
 
+_PROGRESS_ORDER = ("step", "reward", "stage", "answered", "groups_sent", "checked", "accepted", "rejected")
+
+
 def _plain_fields(raw: object) -> dict:
-    """At most 8 short fields of plain values from a hostile `progress` body; anything else is left out."""
+    """At most 8 short fields of plain values from a hostile `progress` body (anything else is left out), the
+    known ones first in a reading order."""
     if not isinstance(raw, dict):
         return {}
     out = {}
@@ -121,7 +129,8 @@ def _plain_fields(raw: object) -> dict:
         if isinstance(key, str) and len(key) <= 32 and (
                 value is None or isinstance(value, (int, float)) or (isinstance(value, str) and len(value) <= 40)):
             out[key] = value
-    return out
+    rank = {k: i for i, k in enumerate(_PROGRESS_ORDER)}
+    return dict(sorted(out.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
 
 def render(report: dict) -> str:
@@ -132,7 +141,8 @@ def render(report: dict) -> str:
     if manifest:
         lines.append(f"  v{manifest['version']}: {manifest['mib']} MiB, stage {manifest['stage']} (group size "
                      f"{manifest['group_size']}, {manifest['max_new_tokens']} new tokens, temperature "
-                     f"{manifest['temperature']:g}), task {manifest['task']}, {manifest['validators']} validators, "
+                     f"{manifest['temperature']:g}), task {manifest['task']}, {manifest['validators']} "
+                     f"validator{'' if manifest['validators'] == 1 else 's'}, "
                      f"quorum {manifest['quorum']} of {manifest['replicas']}, {manifest['signature']}")
     for row in report["peers"]:
         held = ",".join(f"v{v}" for v in row["holds"]) or "nothing"
