@@ -303,7 +303,12 @@ async def read_exactly(stream: Any, n: int, what: str = "stream") -> bytes:
     """
     buf = bytearray()
     while len(buf) < n:
-        chunk = await stream.read(min(n - len(buf), 1 << 20))
+        try:
+            chunk = await stream.read(min(n - len(buf), 1 << 20))
+        except Exception as exc:  # py-libp2p ends a closed or reset stream with its own exceptions (StreamEOF, ...)
+            if not peer_went_away(exc):
+                raise
+            raise StreamEndedEarly(f"the peer closed the {what} early ({type(exc).__name__})") from exc
         if not chunk:
             raise StreamEndedEarly(f"the peer closed the {what} early")
         buf += chunk

@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from p2p.errors import HostError
-from p2p.host import read_exactly
+from p2p.host import peer_went_away, read_exactly
 from p2p.manifest import MAX_MANIFEST_BYTES
 
 PROTOCOL = "/rl-swarm/manifest/1.0.0"
@@ -47,6 +47,10 @@ async def fetch_manifest(host: Any, peer_id: str, manifest_id: bytes, timeout: f
             return await read_exactly(stream, length, "manifest stream") if length else None
     except trio.TooSlowError:
         raise HostError(f"fetching manifest from {peer_id} timed out") from None
+    except Exception as exc:  # a write to a stream the peer reset raises py-libp2p's own errors
+        if not peer_went_away(exc):
+            raise
+        raise HostError(f"peer {peer_id} closed the manifest stream ({type(exc).__name__})") from exc
     finally:
         with trio.move_on_after(1.0):
             try:
