@@ -84,6 +84,8 @@ def _narrate(e: dict) -> None:
                 f"connected to {e['connected']} peers, last: {e['last']}{' (STOPPED)' if e['stopped'] else ''}")
     elif kind == "complete" and who.startswith("seed"):
         line = f"mirrored policy v{e['version']}"
+    elif kind == "listening" and who == "trainer" and e.get("addrs"):
+        line = f"listening on {e['addrs'][0]} (watch the run from another shell: swarm status --run sim --bootstrap {e['addrs'][0]})"
     if line:
         print(f"[{who}] {line}", flush=True)
 

@@ -110,3 +110,13 @@ def test_a_peer_keeps_its_roles_latest_milestones_for_its_heartbeats():
         node.note_progress(event)
     assert _heartbeat_body(node)["progress"] == {"step": 3, "reward": 0.5, "stage": "short@4", "groups_sent": 8,
                                                  "answered": 3, "checked": 8, "accepted": 6, "rejected": 2}
+
+
+def test_the_simulation_says_how_to_watch_it(capsys):
+    from swarm.cmd_sim import _narrate
+
+    _narrate({"event": "listening", "peer": "trainer", "addrs": ["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx"]})
+    _narrate({"event": "listening", "peer": "validator0", "addrs": ["/ip4/127.0.0.1/tcp/4002/p2p/12D3KooWy"]})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["[trainer] listening on /ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx (watch the run from another "
+                     "shell: swarm status --run sim --bootstrap /ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx)"]
