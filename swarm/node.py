@@ -98,7 +98,7 @@ class Node:
         record = LatestManifest.sign(self.config.run, manifest.id, manifest.version, self.identity)
         # In the background: a DHT put waits on the slowest of its peers (10-17 s per version measured in the
         # simulation, a third of each step); the trainer must not wait for it before training on.
-        self.nursery.start_soon(self._put_latest, record)
+        self.nursery.start_soon(_run_part, self, Node._put_latest, record)
 
     async def _put_latest(self, record: Any) -> None:
         miss = None
@@ -183,17 +183,11 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 await nursery.start(serve_data_channels, host, mirror.accept_link)
                 install_manifest_server(host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None)
                 events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.roles))
-                nursery.start_soon(_receive_manifests, node)
-                nursery.start_soon(_receive_heartbeats, node)
-                nursery.start_soon(_send_heartbeats, node)
-                nursery.start_soon(_forget_silent_peers, node)
-                nursery.start_soon(_keep_bootstrap_links, node, tuple(bootstrap))
-                nursery.start_soon(_reconcile_links, node, open_data_channel)
-                nursery.start_soon(_report_progress, node)
-                nursery.start_soon(_provide_held, node)
-                nursery.start_soon(_find_latest_on_dht, node)
-                for role in roles:
-                    nursery.start_soon(_run_role, node, role)
+                for part, *args in [(_receive_manifests,), (_receive_heartbeats,), (_send_heartbeats,),
+                                    (_forget_silent_peers,), (_keep_bootstrap_links, tuple(bootstrap)),
+                                    (_reconcile_links, open_data_channel), (_report_progress,), (_provide_held,),
+                                    (_find_latest_on_dht,), *((role,) for role in roles)]:
+                    nursery.start_soon(_run_part, node, part, *args)
                 await node.done.wait()
                 on_stopping(node)
                 scope, closed = teardown
@@ -202,12 +196,14 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 nursery.cancel_scope.cancel()
 
 
-async def _run_role(node: Node, role: RoleTask) -> None:
-    """Run one role; a role that fails stops the peer with one clear line instead of a wall of tracebacks."""
+async def _run_part(node: Node, part: Callable[..., Awaitable[None]], *args: Any) -> None:
+    """Run one role, or one of the peer's own tasks, as part(node, *args). One that fails stops the peer with one
+    clear line instead of a wall of tracebacks: an exception escaping a task of the node's nursery used to end the
+    peer (and every peer of a simulation) with a nested exception group."""
     try:
-        await role(node)
+        await part(node, *args)
     except Exception as exc:  # noqa: BLE001 - reported once, then the peer stops cleanly
-        name = getattr(role, "__name__", "role")
+        name = getattr(part, "__name__", "role")
         log.error("%s failed: %s: %s", name, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         node.events.emit("role_failed", role=name, message=f"{type(exc).__name__}: {exc}")
         node.failed = True
@@ -310,13 +306,13 @@ async def _receive_heartbeats(node: Node) -> None:
             addrs = [a for a in body.get("addrs", []) if isinstance(a, str) and a.endswith(f"/p2p/{sender}")][:4]
             if addrs:
                 connected.add(sender)
-                node.nursery.start_soon(_dial_any, node, addrs)
+                node.nursery.start_soon(_run_part, node, _dial_any, addrs)
         newest = node.mirror.latest()
         for entry in body.get("policies", [])[:16]:
             if (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int) and isinstance(entry[1], bytes)
                     and entry[1] not in node.mirror.policies
                     and (newest is None or entry[0] > newest.manifest.version - node.config.keep_versions)):
-                node.nursery.start_soon(_fetch_and_adopt, node, sender, entry[1], fetch_manifest)
+                node.nursery.start_soon(_run_part, node, _fetch_and_adopt, sender, entry[1], fetch_manifest)
 
 
 async def _provide_held(node: Node) -> None:

@@ -238,3 +238,17 @@ def test_a_peer_is_forgotten_once_its_heartbeats_stop_and_remembered_while_they_
     assert node.forget_silent(30.5) == {"validator-a": ("validator",)}
     assert node.peer_roles == {"worker-b": ("inference", "seed")}
     assert node.forget_silent(56.0) == {"worker-b": ("inference", "seed")} and node.peer_heard == {}
+
+
+async def test_a_failing_role_or_peer_task_stops_the_peer_with_one_line(tmp_path, caplog):
+    async def broken_role(node):
+        raise RuntimeError("the model file is unreadable")
+
+    peer = Peer(tmp_path, "a", Identity.generate())
+    with trio.fail_after(30):
+        sink = EventSink(json_lines=False, stream=open("/dev/null", "w"))
+        sink.listeners.append(peer.events.append)
+        status = await open_node_parts(peer.config, peer.identity, sink, [broken_role], peer.trainer.public_bytes)
+    assert status == 1  # an exit status, not an exception group
+    failed = [e for e in peer.events if e["event"] == "role_failed"]
+    assert [(e["role"], e["message"]) for e in failed] == [("broken_role", "RuntimeError: the model file is unreadable")]
