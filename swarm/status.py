@@ -138,7 +138,11 @@ def render(report: dict) -> str:
     lines = [f"{len(report['peers'])} peers heard in {report['window_s']:g} s; newest policy "
              f"{'none' if report['newest_version'] is None else 'v' + str(report['newest_version'])}"]
     manifest = report.get("manifest")
-    if manifest:
+    if report["newest_version"] is not None and not manifest:
+        lines.append(f"  no peer holding v{report['newest_version']} answered with its manifest")
+    elif manifest and "mib" not in manifest:
+        lines.append(f"  v{manifest['version']}: manifest {manifest['signature']}")
+    elif manifest:
         lines.append(f"  v{manifest['version']}: {manifest['mib']} MiB, stage {manifest['stage']} (group size "
                      f"{manifest['group_size']}, {manifest['max_new_tokens']} new tokens, temperature "
                      f"{manifest['temperature']:g}), task {manifest['task']}, {manifest['validators']} "

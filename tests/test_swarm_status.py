@@ -87,6 +87,7 @@ async def test_an_observer_sees_the_peers_their_versions_and_votes_and_checks_th
 
             nursery.start_soon(vote_now_and_then)
             report = await observe("t", (seed.node.host.multiaddrs[0],), 3.0, trainer.public_bytes)
+            other_key = await observe("t", (seed.node.host.multiaddrs[0],), 1.5, Identity.generate().public_bytes)
             seed.stop()
             validator.stop()
             nursery.cancel_scope.cancel()
@@ -96,6 +97,7 @@ async def test_an_observer_sees_the_peers_their_versions_and_votes_and_checks_th
     assert report["newest_version"] == 2 and report["manifest"]["version"] == 2
     assert report["manifest"]["signature"] == "signed by the run's trainer key"
     assert report["manifest"]["group_size"] == 4 and report["manifest"]["task"] == "?"  # not a swarm trainer's
+    assert other_key["manifest"]["signature"].startswith("REFUSED")  # checked against the key given, not its own
 
 
 def test_a_peer_keeps_its_roles_latest_milestones_for_its_heartbeats():
@@ -120,3 +122,12 @@ def test_the_simulation_says_how_to_watch_it(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["[trainer] listening on /ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx (watch the run from another "
                      "shell: swarm status --run sim --bootstrap /ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx)"]
+
+
+def test_the_view_says_when_the_newest_manifest_was_not_had_or_not_signed_by_the_run():
+    view = SwarmView()
+    view.on_heartbeat("liar", {"roles": ["seed"], "policies": [[10**9, bytes(32), True]]}, now=1.0)
+    report = view.report(now=2.0, window_s=1.0)
+    assert "no peer holding v1000000000 answered with its manifest" in render({**report, "manifest": None})
+    refused = {"version": 10**9, "signature": "REFUSED: the manifest is not signed by the run's trainer key"}
+    assert "v1000000000: manifest REFUSED: the manifest is not signed" in render({**report, "manifest": refused})
