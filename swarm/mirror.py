@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ class PolicyMirror:
         self._spare_dialing: set[str] = set()
         self._spare_failures: dict[str, float] = {}
         self._waiting: dict[str, int] = {}
+        self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
         self.policies: dict[bytes, MirroredPolicy] = {}
         self.changed = trio.Event()  # set (and replaced) whenever a version is adopted or completes
         self._nursery: trio.Nursery | None = None
@@ -165,11 +167,28 @@ class PolicyMirror:
         self.on_event("complete", {"version": policy.manifest.version, "id": policy.manifest.id.hex()})
         self._signal()
 
+    @contextmanager
+    def holding(self, policy: MirroredPolicy) -> Iterator[None]:
+        """Keep `policy` and its files out of garbage collection while a worker thread reads them.
+
+        Why: the trainer publishes a version every few seconds, and a validator reassembling one right after its
+        restart saw the store close and delete that version's files under the reading thread (its role failed)."""
+        mid = policy.manifest.id
+        self._held[mid] = self._held.get(mid, 0) + 1
+        try:
+            yield
+        finally:
+            self._held[mid] -= 1
+            if not self._held[mid]:
+                del self._held[mid]
+
     def _collect_garbage(self) -> None:
         newest = self.latest()
         if newest is None:
             return
         for mid, policy in list(self.policies.items()):
+            if mid in self._held:  # dropped by the next collection, once its reader is done
+                continue
             if policy.manifest.version <= newest.manifest.version - self.keep:
                 if policy.scope is not None:
                     policy.scope.cancel()
@@ -327,6 +346,10 @@ class PolicyMirror:
         finally:
             policy.dialing.discard(peer)
 
+
+    def is_mirrored(self, policy: MirroredPolicy) -> bool:
+        """Whether `policy` is still inside the window this peer mirrors."""
+        return self._live(policy)
 
     def _live(self, policy: MirroredPolicy) -> bool:
         """Whether `policy` is still mirrored (a newer version may have pushed it out of the window meanwhile).

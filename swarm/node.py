@@ -21,7 +21,7 @@ from p2p.errors import P2PError
 from swarm.config import PeerConfig
 from swarm.events import EventSink
 from swarm.mirror import PolicyMirror
-from swarm.shutdown import HARD_EXIT_AFTER_S, TEARDOWN_GRACE_S, ExitGuard, report_stuck_tasks
+from swarm.shutdown import HARD_EXIT_AFTER_S, TEARDOWN_GRACE_S, ExitGuard, report_stuck_tasks, short_path
 
 log = logging.getLogger(__name__)
 RoleTask = Callable[["Node"], Awaitable[None]]
@@ -204,10 +204,24 @@ async def _run_part(node: Node, part: Callable[..., Awaitable[None]], *args: Any
         await part(node, *args)
     except Exception as exc:  # noqa: BLE001 - reported once, then the peer stops cleanly
         name = getattr(part, "__name__", "role")
-        log.error("%s failed: %s: %s", name, type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
-        node.events.emit("role_failed", role=name, message=f"{type(exc).__name__}: {exc}")
+        message = describe_failure(exc)
+        log.error("%s failed: %s", name, message, exc_info=log.isEnabledFor(logging.DEBUG))
+        node.events.emit("role_failed", role=name, message=message)
         node.failed = True
         node.done.set()
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line naming what failed and where: the first leaf of an exception group (a role's own nursery wraps
+    what its tasks raise; "ExceptionGroup: Exceptions from Trio nursery" said nothing) and the frame that raised it."""
+    leaf = exc
+    while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+        leaf = leaf.exceptions[0]
+    tb = leaf.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" (at {short_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno})" if tb is not None else ""
+    return f"{type(leaf).__name__}: {leaf}{where}"
 
 
 async def _receive_manifests(node: Node) -> None:

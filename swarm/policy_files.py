@@ -8,11 +8,21 @@ from pathlib import Path
 import trio
 
 
+class PolicyLeftWindow(Exception):
+    """The version left the mirrored window before it could be reassembled: skip it, a newer one is there."""
+
+
 async def materialize(node, policy) -> Path:
-    """Reassemble `policy` (verified piece by piece) under data_dir/policies/v<N>; reuse it if already there."""
+    """Reassemble `policy` (verified piece by piece) under data_dir/policies/v<N>; reuse it if already there.
+
+    Its files are held out of garbage collection while a worker thread reads them; a version already dropped
+    raises PolicyLeftWindow (versions turn over every few seconds while a slow peer catches up)."""
     target = Path(node.config.data_dir) / "policies" / f"v{policy.manifest.version}-{policy.manifest.id.hex()[:12]}"
     if not (target / ".complete").exists():
-        await trio.to_thread.run_sync(node.mirror.store.reassemble, policy.manifest, target)
+        with node.mirror.holding(policy):
+            if not node.mirror.is_mirrored(policy):
+                raise PolicyLeftWindow(f"policy v{policy.manifest.version} left the window before it was reassembled")
+            await trio.to_thread.run_sync(node.mirror.store.reassemble, policy.manifest, target)
         (target / ".complete").write_text("ok\n")
     return target
 

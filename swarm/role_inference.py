@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import trio
 
-from swarm.policy_files import load_base_model, materialize, newest_complete
+from swarm.policy_files import PolicyLeftWindow, load_base_model, materialize, newest_complete
 from swarm.runspec import RunSpec, version_tasks
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,11 @@ async def inference_role(node) -> None:
         if backend is None:  # vLLM takes minutes to start
             backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision,
                                                     node.config.gpu_memory)
-        directory = await materialize(node, policy)
+        try:
+            directory = await materialize(node, policy)
+        except PolicyLeftWindow as exc:
+            node.events.emit("skipped", version=done, message=str(exc))
+            continue
         try:
             tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
         except Exception as exc:  # a version whose tasks cannot be read is skipped, not fatal

@@ -14,7 +14,7 @@ from functools import partial
 
 import trio
 
-from swarm.policy_files import load_base_model, materialize
+from swarm.policy_files import PolicyLeftWindow, load_base_model, materialize
 from swarm.runspec import RunSpec, VersionTasks, version_tasks
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,10 @@ class VersionModels:
             except Exception as exc:  # noqa: BLE001 - a version without a usable spec cannot be validated
                 log.warning("version %d has no usable run spec: %s", version, exc)
                 continue
-            directory = await materialize(node, policy)
+            try:
+                directory = await materialize(node, policy)
+            except PolicyLeftWindow:
+                continue  # a newer version is there to validate with
             try:
                 tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
             except Exception as exc:  # a version whose tasks cannot be read cannot be validated

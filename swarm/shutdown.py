@@ -118,14 +118,14 @@ def _innermost_frame(coro) -> str:
         return "?"
     ours = [f for f in frames if not any(part in f.f_code.co_filename for part in _LIBRARY_FRAMES)] or frames
     where = ours[-1]
-    text = f"{where.f_code.co_name} ({_short_path(where.f_code.co_filename)}:{where.f_lineno})"
+    text = f"{where.f_code.co_name} ({short_path(where.f_code.co_filename)}:{where.f_lineno})"
     return text if frames[-1] is where else f"{text} in {frames[-1].f_code.co_name}"
 
 
 _LIBRARY_FRAMES = ("/trio/", "/contextlib.py", "/outcome/")
 
 
-def _short_path(path: str) -> str:
+def short_path(path: str) -> str:
     """A path inside site-packages from there, one under the working directory relative to it."""
     if "site-packages/" in path:
         return path.rsplit("site-packages/", 1)[-1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import trio
 import trio.testing
 from safetensors.numpy import save_file
@@ -77,4 +78,31 @@ async def test_an_expired_spare_is_closed_cleanly_and_a_vanished_dialer_is_no_er
             with trio.fail_after(1):
                 assert await mirror.accept_link("peer", Truncated()) is None  # quietly, no exception
             assert mirror._waiting["peer"] == 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_version_being_reassembled_is_held_out_of_garbage_collection(tmp_path, autojump_clock):
+    """A slow peer reassembled a version in a worker thread while newer versions pushed it out of the window, and
+    the store closed and deleted its files under the reading thread. Held, it stays (files included) until read."""
+    from types import SimpleNamespace
+
+    from swarm.policy_files import PolicyLeftWindow, materialize
+
+    key = Identity.generate()
+    with PieceStore(tmp_path / "store", keep_versions=2) as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            oldest = mirror.adopt(signed_version(tmp_path, key, 0), local_dir=tmp_path / "v0")
+            with mirror.holding(oldest):
+                for version in (1, 2, 3):
+                    mirror.adopt(signed_version(tmp_path, key, version), local_dir=tmp_path / f"v{version}")
+                assert mirror.is_mirrored(oldest) and oldest.manifest.id in {m.id for m in store.manifests()}
+                out = store.reassemble(oldest.manifest, tmp_path / "read-v0")  # what the worker thread does
+            assert (out / "model.safetensors").read_bytes() == (tmp_path / "v0" / "model.safetensors").read_bytes()
+            mirror.adopt(signed_version(tmp_path, key, 4), local_dir=tmp_path / "v4")  # the next collection drops it
+            assert not mirror.is_mirrored(oldest)
+            node = SimpleNamespace(mirror=mirror, config=SimpleNamespace(data_dir=tmp_path / "peer"))
+            with pytest.raises(PolicyLeftWindow, match="left the window"):
+                await materialize(node, oldest)
             nursery.cancel_scope.cancel()
