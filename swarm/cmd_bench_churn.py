@@ -42,7 +42,8 @@ threads = 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=300.0, help="how long the run is churned")
     parser.add_argument("--kill-every", dest="kill_every", type=float, default=25.0,
-                        help="seconds between two kills (each kill restarts the peer at once)")
+                        help="seconds between two kills (each kill restarts the peer at once); 0: no kills, the "
+                             "baseline to compare steps per minute with")
     parser.add_argument("--validators", type=int, default=2)
     parser.add_argument("--inference", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
@@ -52,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 < args.kill_every <= args.seconds:
-        raise UserError(f"--kill-every must be above 0 and at most --seconds ({args.seconds:g}), got {args.kill_every:g}")
+    if args.seconds <= 0 or not 0 <= args.kill_every <= args.seconds:
+        raise UserError(f"--kill-every must be 0 (no kills) up to --seconds ({args.seconds:g}), and --seconds above "
+                        f"0; got {args.kill_every:g} and {args.seconds:g}")
     if args.validators < 1 or args.inference < 1 or args.seeds < 0:
         raise UserError("a churned run needs at least one validator and one inference peer")
     if args.work_dir is not None:
@@ -99,7 +101,7 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
         procs["trainer"].wait_for("train_step", time.monotonic() + 300)  # churn a run that works, from its first step
         draw, begin = random.Random(args.draw_seed), time.monotonic()
         steps_at_start = _steps(procs["trainer"])
-        while time.monotonic() - begin + args.kill_every <= args.seconds:
+        while args.kill_every and time.monotonic() - begin + args.kill_every <= args.seconds:
             time.sleep(args.kill_every)
             victim = draw.choice(sorted(roles))
             procs[victim].popen.send_signal(signal.SIGKILL)
