@@ -10,7 +10,6 @@ from pathlib import Path
 
 import blake3
 import numpy as np
-import pytest
 import trio
 from safetensors.numpy import load_file, save_file
 
