@@ -256,6 +256,13 @@ class SwarmPublisher:
         return spec
 
 
+def _with_task_file_snapshot(cfg, peer):
+    """(cfg, RunTaskFile or None): with a task file, the run's snapshot of it, and a config that trains on those
+    very bytes, which every version carries to the peers (swarm.task_file)."""
+    task_file = snapshot_task_file(cfg.task, Path(peer.data_dir) / "swarm-policies" / "task-file", peer.piece_kb * 1024)
+    return (replace(cfg, task=str(task_file.path)) if task_file else cfg), task_file
+
+
 def load_role_config(peer):
     """(TrainerConfig, curriculum) of the trainer role: its --trainer-config file with the peer's run, model and
     data directory filled in."""
@@ -273,10 +280,7 @@ async def trainer_role(node) -> None:
 
     peer = node.config
     cfg, curriculum = load_role_config(peer)
-    task_file = await trio.to_thread.run_sync(snapshot_task_file, cfg.task,
-                                              Path(peer.data_dir) / "swarm-policies" / "task-file", peer.piece_kb * 1024)
-    if task_file:  # train on the very bytes every version carries to the peers
-        cfg = replace(cfg, task=str(task_file.path))
+    cfg, task_file = await trio.to_thread.run_sync(_with_task_file_snapshot, cfg, peer)
     run = await _start_training_run(node, cfg, curriculum)
     publisher = SwarmPublisher(node, node.identity, cfg, peer.piece_kb, task_file)
     gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)
