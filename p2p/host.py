@@ -315,6 +315,19 @@ async def read_exactly(stream: Any, n: int, what: str = "stream") -> bytes:
     return bytes(buf)
 
 
+async def ensure_connected(host: P2PHost, peer_id: str, addrs: Sequence[str]) -> None:
+    """Connect to `peer_id` through the first of `addrs` (its announced multiaddrs) that answers, unless already
+    connected; when none answers, the request that follows says so."""
+    if peer_id in {str(p) for p in host.libp2p.get_connected_peers()}:
+        return
+    for addr in addrs:
+        try:
+            await host.connect(addr)
+            return
+        except HostError as exc:
+            log.debug("announced address %s unreachable: %s", addr, exc)
+
+
 async def _dial_bootstrap(host: P2PHost, addr: str) -> None:
     try:
         await host.connect(addr)

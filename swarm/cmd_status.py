@@ -118,22 +118,10 @@ async def _listen(channel, handle) -> None:
             handle(env)
 
 
-async def _connect_any(host, addrs: tuple[str, ...]) -> None:
-    """Dial the first of `addrs` that answers (a peer already connected answers at once); when none does, the
-    manifest request that follows says so."""
-    from p2p.errors import HostError
-
-    for addr in addrs:
-        try:
-            await host.connect(addr)
-            return
-        except HostError:
-            continue
-
-
 async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) -> dict | None:
     """The newest version's manifest from a peer that holds it, summarised; None when no holder answers."""
     from p2p.errors import P2PError
+    from p2p.host import ensure_connected
     from p2p.manifest import decode_signed, verify_manifest
     from swarm.manifest_protocol import fetch_manifest
     from swarm.runspec import RunSpec
@@ -141,7 +129,7 @@ async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) 
     wanted = view.versions[version]
     for peer, seen in [(p, seen) for p, seen in view.peers.items() if version in seen.holds][:4]:
         try:
-            await _connect_any(host, seen.addrs)  # the observer joined through one peer only
+            await ensure_connected(host, peer, seen.addrs)  # the observer joined through one peer only
             signed = await fetch_manifest(host, peer, wanted)
         except P2PError:
             continue

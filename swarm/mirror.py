@@ -335,7 +335,7 @@ class PolicyMirror:
                 stream = spare if spare is not None else await dial(peer)
                 await _send_preamble(stream, policy)
             # garbage-collected while we dialed, or its service stopped (the node is shutting down): no new links
-            if not self._live(policy) or not policy.service.add_link(peer, stream):
+            if not self.is_mirrored(policy) or not policy.service.add_link(peer, stream):
                 await trio.aclose_forcefully(stream)
                 return
             self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "out",
@@ -346,12 +346,7 @@ class PolicyMirror:
         finally:
             policy.dialing.discard(peer)
 
-
     def is_mirrored(self, policy: MirroredPolicy) -> bool:
-        """Whether `policy` is still inside the window this peer mirrors."""
-        return self._live(policy)
-
-    def _live(self, policy: MirroredPolicy) -> bool:
         """Whether `policy` is still mirrored (a newer version may have pushed it out of the window meanwhile).
 
         Why: handing a link to a dropped version's service raised "Nursery is closed to new arrivals" and ended

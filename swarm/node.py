@@ -141,7 +141,7 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
     closed = trio.Event()
     try:
         with trio.CancelScope() as teardown:
-            await _serve(config, identity, events, roles, trust_key, bootstrap, built, (teardown, closed), on_stopping)
+            await _serve(config, identity, events, roles, trust_key, bootstrap, built, teardown, closed, on_stopping)
     finally:
         closed.set()
     if teardown.cancelled_caught:
@@ -150,10 +150,9 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
 
 
 async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask], trust_key, bootstrap,
-                 built: list, teardown: tuple[trio.CancelScope, trio.Event],
+                 built: list, teardown: trio.CancelScope, closed: trio.Event,
                  on_stopping: Callable[[Node], None]) -> None:
-    """open_node_parts' body; `teardown` is the scope whose deadline bounds closing and the event set once
-    closed."""
+    """open_node_parts' body; `teardown` is the scope whose deadline bounds closing, `closed` is set once closed."""
     from p2p.channel import open_data_channel, serve_data_channels
     from p2p.dht import open_dht
     from p2p.gossip import open_gossip
@@ -190,9 +189,8 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                     nursery.start_soon(_run_part, node, part, *args)
                 await node.done.wait()
                 on_stopping(node)
-                scope, closed = teardown
                 trio.lowlevel.spawn_system_task(report_stuck_tasks, TEARDOWN_GRACE_S / 2, closed, log)
-                scope.deadline = trio.current_time() + TEARDOWN_GRACE_S
+                teardown.deadline = trio.current_time() + TEARDOWN_GRACE_S
                 nursery.cancel_scope.cancel()
 
 
@@ -320,7 +318,7 @@ async def _receive_heartbeats(node: Node) -> None:
             addrs = [a for a in body.get("addrs", []) if isinstance(a, str) and a.endswith(f"/p2p/{sender}")][:4]
             if addrs:
                 connected.add(sender)
-                node.nursery.start_soon(_run_part, node, _dial_any, addrs)
+                node.nursery.start_soon(_run_part, node, _dial_any, sender, addrs)
         newest = node.mirror.latest()
         for entry in body.get("policies", [])[:16]:
             if (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int) and isinstance(entry[1], bytes)
@@ -376,19 +374,17 @@ async def _adopt_latest_from_dht(node: Node) -> None:
         return
     node.events.emit("dht_found", version=record.version, providers=len(providers))
     for provider in providers[:4]:
-        await _dial_any(node, list(provider.multiaddrs)[:4])
+        await _dial_any(node, provider.peer_id, list(provider.multiaddrs)[:4])
         await _fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
         if record.manifest_id in node.mirror.policies:
             break
 
 
-async def _dial_any(node: Node, addrs: list[str]) -> None:
-    for addr in addrs:
-        try:
-            await node.host.connect(addr)
-            return
-        except P2PError as exc:
-            log.debug("could not reach announced address %s: %s", addr, exc)
+async def _dial_any(node: Node, peer: str, addrs: list[str]) -> None:
+    """p2p.host.ensure_connected as a task of the node (swarm.node._run_part passes the node first)."""
+    from p2p.host import ensure_connected
+
+    await ensure_connected(node.host, peer, addrs)
 
 
 async def _reconcile_links(node: Node, open_data_channel) -> None:

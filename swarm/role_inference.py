@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import trio
 
+from swarm.errors import UserError
 from swarm.policy_files import PolicyLeftWindow, load_base_model, materialize, newest_complete
 from swarm.runspec import RunSpec, version_tasks
 
@@ -49,9 +50,7 @@ async def inference_role(node) -> None:
             continue
         try:
             tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
-        except Exception as exc:  # a version whose tasks cannot be read is skipped, not fatal
-            if not getattr(exc, "user_facing", False):
-                raise
+        except UserError as exc:  # a version whose tasks cannot be read is skipped, not fatal
             node.events.emit("skipped", version=done, message=f"v{done}: {exc}")
             continue
         # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".

@@ -14,6 +14,7 @@ from functools import partial
 
 import trio
 
+from swarm.errors import UserError
 from swarm.policy_files import PolicyLeftWindow, load_base_model, materialize
 from swarm.runspec import RunSpec, VersionTasks, version_tasks
 
@@ -53,9 +54,7 @@ class VersionModels:
                 continue  # a newer version is there to validate with
             try:
                 tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
-            except Exception as exc:  # a version whose tasks cannot be read cannot be validated
-                if not getattr(exc, "user_facing", False):
-                    raise
+            except UserError as exc:  # a version whose tasks cannot be read cannot be validated
                 log.warning("version %d cannot be validated: %s", version, exc)
                 continue
             model = copy.deepcopy(self.loaded.model)

@@ -26,8 +26,8 @@ from typing import Any
 
 import trio
 
-from p2p.errors import HostError, P2PError
-from p2p.host import read_exactly, reset_quietly
+from p2p.errors import HostError
+from p2p.host import ensure_connected, read_exactly, reset_quietly
 from swarm.rollout_codec import (
     DEFAULT_LIMITS,
     ID_BYTES,
@@ -290,7 +290,7 @@ async def fetch_blob(host: Any, peer: str, ann: Announcement, timeout: float) ->
     """
     try:
         with trio.fail_after(timeout):
-            await _ensure_connected(host, peer, ann.addrs)
+            await ensure_connected(host, peer, ann.addrs)  # gossip may have reached us through a relay
             stream = await host.new_stream(peer, PROTOCOL)
             try:
                 blob = await _request(stream, peer, ann)
@@ -323,18 +323,6 @@ async def _request(stream: Any, peer: str, ann: Announcement) -> bytes | None:
     if length != ann.size:
         raise RolloutRefused("size_mismatch", f"{peer} offered {length} bytes for a {ann.size}-byte blob")
     return await read_exactly(stream, length, "rollout blob stream")
-
-
-async def _ensure_connected(host: Any, peer: str, addrs: tuple[str, ...]) -> None:
-    """Dial the announcer through its announced addresses when gossip reached us through a relay."""
-    if peer in {str(p) for p in host.libp2p.get_connected_peers()}:
-        return
-    for addr in addrs:
-        try:
-            await host.connect(addr)
-            return
-        except P2PError as exc:
-            log.debug("announced address %s unreachable: %s", addr, exc)
 
 
 def _score_down(node: Any, peer: str, reason: str) -> None:

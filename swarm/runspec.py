@@ -136,10 +136,15 @@ class VersionTasks:
 def version_tasks(spec: RunSpec, manifest, directory: Path | str) -> VersionTasks:
     """Blocking: a version's tasks, read from its directory when its task file travels with it; raises one
     user-facing line when that file is not among the version's files or cannot be read."""
+    from tasks.errors import TaskError
+
     problem = task_file_problem(spec, manifest.files)
     if problem:
         raise UserError(problem)
-    return VersionTasks(spec_tasks(spec, directory), eligible_indices(spec, directory), spec.prompts_per_worker)
+    try:
+        return VersionTasks(spec_tasks(spec, directory), eligible_indices(spec, directory), spec.prompts_per_worker)
+    except TaskError as exc:  # an unreadable file or a bad row: the same one line for every caller
+        raise UserError(str(exc)) from None
 
 
 def task_file_problem(spec: RunSpec, files) -> str:

@@ -121,3 +121,12 @@ def test_specs_of_older_releases_name_no_task_file():
     raw = RunSpec("gcd", 64, "{}", 0, 0.2, "all", 2, 1, 1, 1, ()).to_dict()
     del raw["task_root"]
     assert RunSpec.from_model({"run_spec": raw}).task_root == ""
+
+
+def test_an_unreadable_task_file_in_a_version_is_one_user_facing_line(tmp_path):
+    task_file = snapshot_task_file(str(write_rows(tmp_path / "arith.jsonl")), tmp_path / "run", MIN_PIECE_SIZE)
+    directory, manifest = published(tmp_path, task_file)
+    (directory / "arith.jsonl").unlink()
+    (directory / "arith.jsonl").write_text("not json\n")  # the roles skip the version on this, never crash
+    with pytest.raises(UserError, match="line 1 is not valid JSON"):
+        version_tasks(spec_for(task_file), manifest, directory)
