@@ -140,3 +140,38 @@ def test_shared_prompt_logits_and_gradients_equal_the_unshared_forward(tiny):
         scale = float(grad.abs().max())  # float32 sums in another order: about 1e-6 of the gradient's size
         torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
     tiny.model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_length_sorted_micro_batches_give_the_one_pass_step(tiny, fused):
+    """Micro-batches of similar lengths, each cut to its longest row, train exactly as one full-width pass."""
+    torch.manual_seed(0)
+    weights = {k: v.detach().clone() for k, v in tiny.model.state_dict().items()}
+    groups = [g for g in _groups(0, seed=5) if len(set(g.rewards)) > 1]
+    results = []
+    for micro_batch in (3, 1000):
+        trainer = _trainer(tiny, weights, fused)
+        trainer.cfg = dataclasses.replace(trainer.cfg, micro_batch=micro_batch)
+        rows = [(g, c) for g in range(len(groups)) for c in range(len(groups[g].completions))]
+        packed = trainer._pack(groups, rows)
+        batches = trainer._micro_batches(packed, list(range(len(rows))))
+        lengths = packed.lengths()
+        assert [len(b) for b in batches] == [len(c) for c in [rows[i:i + micro_batch] for i in range(0, len(rows), micro_batch)]]
+        flat = [lengths[i] for b in batches for i in b]
+        assert flat == sorted(flat, reverse=True)
+        assert all(packed.select(torch.tensor(b)).tokens.shape[1] == max(lengths[i] for i in b) for b in batches)
+        grads = {}
+        step = trainer.optimizer.step
+
+        def record_then_step(step=step, grads=grads):  # the gradients the optimiser is handed, after clipping
+            grads.update({n: p.grad.detach().clone() for n, p in tiny.model.named_parameters() if p.grad is not None})
+            step()
+
+        trainer.optimizer.step = record_then_step
+        results.append((trainer.train_step(0, groups), grads))
+    (split, split_grads), (whole, whole_grads) = results
+    assert split.loss == pytest.approx(whole.loss, rel=1e-5, abs=1e-7)
+    assert split.grad_norm == pytest.approx(whole.grad_norm, rel=1e-4)
+    assert split_grads.keys() == whole_grads.keys() and split_grads
+    for name, grad in split_grads.items():
+        torch.testing.assert_close(grad, whole_grads[name], rtol=1e-4, atol=1e-6)

@@ -99,7 +99,13 @@ class PackedRows:
     pad_id: int
 
     def select(self, rows: torch.Tensor) -> "PackedRows":
-        return PackedRows(self.prompts, self.row_prompt[rows], self.tokens[rows], self.mask[rows], self.pad_id)
+        """These rows, cut to the longest of them: padding past it would be computed in full and thrown away."""
+        mask = self.mask[rows]
+        width = max(1, int(mask.sum(dim=1).max())) if len(mask) else 1
+        return PackedRows(self.prompts, self.row_prompt[rows], self.tokens[rows, :width], mask[:, :width], self.pad_id)
+
+    def lengths(self) -> list[int]:
+        return [int(n) for n in self.mask.sum(dim=1)]
 
 
 def pack_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int) -> PackedRows:
@@ -264,11 +270,28 @@ class PolicyTrainer:
                          self.pad_id)
 
     def _fill_logprobs(self, model, packed: PackedRows, idx: list[int], temperature: float, out: torch.Tensor) -> None:
-        for chunk in _chunks(idx, self.cfg.micro_batch):
+        for chunk in self._micro_batches(packed, idx):
             sel = torch.tensor(chunk)
             part = packed.select(sel)
             logits = completion_logits(model, part)  # on the model's device; `out` stays on the CPU
-            out[sel] = token_logprobs(logits, part.tokens.to(logits.device), temperature).to(out.device)
+            width = part.tokens.shape[1]
+            out[sel, :width] = token_logprobs(logits, part.tokens.to(logits.device), temperature).to(out.device)
+
+    def _micro_batches(self, packed: PackedRows, idx: list[int]) -> list[list[int]]:
+        """`idx` in as many micro-batches as plain chunks of cfg.micro_batch (FSDP ranks count on that), each cut to
+        its own longest row (`PackedRows.select`), so short completions stop paying for the longest one in the step.
+
+        Order: a prompt's rows stay together, longest first, and prompts follow each other by their longest row.
+        Sorting rows by length alone would scatter every group over every micro-batch, and each micro-batch runs
+        each of its distinct prompts once: on SmolLM2 a 48-token prompt costs as much as a whole micro-batch of
+        short completions.
+        """
+        lengths, prompt = packed.lengths(), packed.row_prompt.tolist()
+        longest: dict[int, int] = {}
+        for i in idx:
+            longest[prompt[i]] = max(longest.get(prompt[i], 0), lengths[i])
+        order = sorted(idx, key=lambda i: (-longest[prompt[i]], prompt[i], -lengths[i]))
+        return _chunks(order, self.cfg.micro_batch)
 
     # --- the step -------------------------------------------------------------------------------------------
     def train_step(self, step: int, groups: Sequence[TrainGroup]) -> StepReport:
@@ -328,16 +351,17 @@ class PolicyTrainer:
         stats = []
         loss_cfg = self.cfg.loss_config()
         self.model.train()
-        for chunk in _chunks(list(range(len(rows))), self.cfg.micro_batch):
+        for chunk in self._micro_batches(packed, list(range(len(rows)))):
             sel = torch.tensor(chunk)
             part = packed.select(sel)
             logits = completion_logits(self.model, part)
             temperature = groups[rows[chunk[0]][0]].temperature
             tokens, mask = part.tokens.to(logits.device), part.mask.to(logits.device)
-            old_chunk = token_logprobs(logits.detach(), tokens, temperature) if old is None else old[sel]
+            width = tokens.shape[1]
+            old_chunk = token_logprobs(logits.detach(), tokens, temperature) if old is None else old[sel, :width]
             loss, s = grpo_loss(logits, tokens, mask, old_chunk.to(logits.device), adv[sel].to(logits.device),
                                 temperature=temperature, normaliser=normaliser,
-                                cfg=loss_cfg, ref_logprobs=None if ref is None else ref[sel].to(logits.device))
+                                cfg=loss_cfg, ref_logprobs=None if ref is None else ref[sel, :width].to(logits.device))
             loss.backward()
             stats.append(s)
         return stats

@@ -18,7 +18,7 @@ import torch
 from tasks.assignment import is_assigned
 from verify.rewards import compute_rewards_many
 from verify.rollout import RolloutGroup
-from verify.sampling import SamplingKey, gumbel_noise_at, perturbed_scores, stream_seeds
+from verify.sampling import SamplingKey, gumbel_noise_at, perturb_, stream_seeds
 from verify.toploc import ToplocConfig, verify_proofs
 
 
@@ -182,7 +182,7 @@ def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: 
     keys = [SamplingKey(group.run, group.worker, group.step, group.task_index, i) for i in range(len(lengths))]
     positions = np.concatenate([np.arange(n) for n in lengths])
     noise = gumbel_noise_at(np.repeat(stream_seeds(keys), lengths), positions, logits[0].shape[-1], logits[0].device)
-    scores = perturbed_scores(torch.cat([lg.float() for lg in logits]), noise, group.temperature)
+    scores = perturb_(torch.cat([lg.float() for lg in logits]), noise, group.temperature)  # cat: a fresh buffer
     tokens = torch.tensor([t for c in group.completions for t in c.tokens], device=scores.device)
     claimed = scores.gather(-1, tokens[:, None]).squeeze(-1)
     gaps = scores.max(dim=-1).values - claimed

@@ -34,3 +34,31 @@ def cache_keyword(module) -> str:
 @functools.lru_cache(maxsize=None)
 def _forward_takes_cache(module_type: type) -> bool:
     return "cache" in inspect.signature(module_type.forward).parameters
+
+
+def length_buckets(lengths: Sequence[int], pass_cost: int) -> list[list[int]]:
+    """Row indices split into passes that minimise padded tokens + `pass_cost` per pass (each pass is padded to
+    its longest row).
+
+    Why: a right-padded pass computes every padded position in full, and a group's completions differ in length
+    (one stops at EOS after 5 tokens, another runs to the limit), so one pass over a batch of them wastes a third or
+    more of its work. Sorted by length, the best split into contiguous runs is an exact dynamic programme (a run
+    is never improved by taking a row from outside its length range). `pass_cost` prices a forward call's own
+    overhead in padded tokens. Each bucket is sorted by row index; buckets come longest first.
+    """
+    order = sorted(range(len(lengths)), key=lambda r: lengths[r])
+    if not order:
+        return []
+    sizes = torch.tensor([lengths[r] for r in order], dtype=torch.float64)
+    best = torch.zeros(len(order) + 1, dtype=torch.float64)  # best[j]: cost of the j shortest rows
+    start = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        firsts = torch.arange(j, dtype=torch.float64)  # the run is order[i:j] for i = 0 .. j-1
+        costs = best[:j] + (j - firsts) * sizes[j - 1] + pass_cost
+        i = int(torch.argmin(costs))
+        best[j], start[j] = costs[i], i
+    buckets, j = [], len(order)
+    while j > 0:
+        buckets.append(sorted(order[start[j]:j]))
+        j = start[j]
+    return buckets

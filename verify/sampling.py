@@ -164,10 +164,16 @@ def completion_noise(key: SamplingKey, length: int, vocab_size: int) -> torch.Te
 
 def perturbed_scores(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / T + g in float32; argmax of this is the sampled token. Temperature 0 means greedy (noise ignored)."""
-    logits = logits.float()
+    return perturb_(logits.to(torch.float32, copy=True), noise, temperature)
+
+
+def perturb_(scores: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
+    """perturbed_scores computed in place in a float32 buffer of logits the caller owns: the same two roundings
+    (divide, then add), so the same bits, without two more [T, V] buffers (a validator's logits are hundreds of MB,
+    and fresh buffers of that size cost a page fault per 4 KiB)."""
     if temperature <= 0.0:
-        return logits
-    return logits / temperature + noise.to(logits.device)
+        return scores
+    return scores.div_(temperature).add_(noise.to(scores.device))
 
 
 def sample_tokens(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,6 +14,7 @@ first), so a large vocabulary does not blow up memory.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -24,7 +25,7 @@ from verify.checks import (
     CheckConfig, CheckResult, RunContext, check_assignment, check_lengths, check_logprobs, check_policy,
     check_proofs_many, check_rewards_many, check_sampling, check_termination, recomputed_logprobs,
 )
-from verify.model_inputs import cache_keyword, left_padded
+from verify.model_inputs import cache_keyword, left_padded, length_buckets
 from verify.rollout import RolloutGroup, RolloutSchemaError
 
 
@@ -161,12 +162,18 @@ def _group_width(item: _Pending) -> int:
     return len(item.group.prompt_tokens) + max(len(c.tokens) for c in item.group.completions) - 1
 
 
+PASS_COST_TOKENS = 32
+"""What one more completion pass costs in padded tokens (a forward call's own overhead): the price
+`length_buckets` weighs against the padding a split saves."""
+
+
 @torch.no_grad()
 def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> list[list[torch.Tensor]]:
-    """Prompts left-padded in one pass with a KV cache, then every completion's tokens [:-1] right-padded in a second
-    pass over the cache rows of its prompt. The outputs at position P-1 of the prompt pass, then the completion
-    pass, are each completion's last hidden states (stored in item.hidden) and, through one LM-head call on exactly
-    those positions, its logits [T, V] (returned per item, per completion)."""
+    """Prompts left-padded in one pass with a KV cache, then every completion's tokens [:-1] right-padded over the
+    cache rows of its prompt, in passes of similar lengths (`length_buckets`: one pass padded to the longest
+    completion spent a third of SmolLM2's validation on padding). The outputs at position P-1 of the prompt pass,
+    then the completion passes, are each completion's last hidden states (stored in item.hidden) and, through one
+    LM-head call on exactly those positions, its logits [T, V] (returned per item, per completion)."""
     from transformers.cache_utils import DynamicCache
 
     device = next(model.parameters()).device
@@ -177,23 +184,18 @@ def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> list[list[t
                 position_ids=((prompt_mask.cumsum(dim=1) - 1).clamp(min=0)).to(device),
                 **{keyword: cache}).last_hidden_state[:, -1]  # [G, H]: the output at each prompt's position P-1
     rows = [(g, item, j) for g, item in enumerate(batch) for j in range(len(item.group.completions))]
-    expand = torch.tensor([g for g, _, _ in rows])
     tails = [item.group.completions[j].tokens[:-1] for _, item, j in rows]
-    width = max(len(t) for t in tails)
-    states = last[expand.to(device)][:, None]  # [R, 1, H]
-    if width:
-        cache.batch_select_indices(expand.to(device))
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, tail in enumerate(tails):
-            ids[r, : len(tail)], mask[r, : len(tail)] = torch.tensor(tail, dtype=torch.long), 1
-        positions = prompt_mask[expand].sum(dim=1, keepdim=True) + torch.arange(width)
-        hidden = base(input_ids=ids.to(device), attention_mask=torch.cat([prompt_mask[expand], mask], dim=1).to(device),
-                      position_ids=positions.to(device), use_cache=True, **{keyword: cache}).last_hidden_state
-        states = torch.cat([states, hidden], dim=1)  # [R, 1 + W, H]
+    states: list[torch.Tensor] = [last[g][None] for g, _, _ in rows]  # per row [1 + len(tail), H]
+    buckets = [b for b in length_buckets([len(t) for t in tails], PASS_COST_TOKENS) if any(tails[r] for r in b)]
+    for k, bucket in enumerate(buckets):
+        own = cache if k == len(buckets) - 1 else copy.deepcopy(cache)  # the last pass may consume the original
+        prompts = torch.tensor([rows[r][0] for r in bucket])
+        own.batch_select_indices(prompts.to(device))
+        hidden = _completion_pass(base, keyword, own, prompt_mask[prompts], [tails[r] for r in bucket], device)
+        for row, out in zip(bucket, hidden):
+            states[row] = torch.cat([states[row], out[: len(tails[row])]])
     lengths = [len(t) + 1 for t in tails]
-    valid = torch.arange(states.shape[1])[None, :] < torch.tensor(lengths)[:, None]  # [R, 1 + W]
-    h = states[valid.to(device)]  # [sum T, H], row by row
+    h = torch.cat(states)  # [sum T, H], row by row
     # Both stay on the model's device: the checks and the proofs' top-k run there, and a GPU validator never
     # copies [T, V] logits to the host.
     logits = _apply_head(model.get_output_embeddings(), h).float().split(lengths)
@@ -203,6 +205,20 @@ def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> list[list[t
         item.hidden[j] = hiddens[r]
         out[g].append(logits[r])
     return out
+
+
+def _completion_pass(base: torch.nn.Module, keyword: str, cache, prompt_mask: torch.Tensor,
+                     tails: list[Sequence[int]], device: torch.device) -> torch.Tensor:
+    """Hidden states [R, W, H] of `tails` right-padded to their longest (W), each row over `cache`'s rows of its
+    prompt (`prompt_mask` [R, P] says which cached positions are real); `cache` is consumed."""
+    width = max(len(t) for t in tails)
+    ids = torch.zeros((len(tails), width), dtype=torch.long)
+    mask = torch.zeros((len(tails), width), dtype=torch.long)
+    for r, tail in enumerate(tails):
+        ids[r, : len(tail)], mask[r, : len(tail)] = torch.tensor(list(tail), dtype=torch.long), 1
+    positions = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(width)
+    return base(input_ids=ids.to(device), attention_mask=torch.cat([prompt_mask, mask], dim=1).to(device),
+                position_ids=positions.to(device), use_cache=True, **{keyword: cache}).last_hidden_state
 
 
 def _apply_head(head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
