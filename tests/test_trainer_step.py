@@ -157,8 +157,15 @@ def test_length_sorted_micro_batches_give_the_one_pass_step(tiny, fused):
         batches = trainer._micro_batches(packed, list(range(len(rows))))
         lengths = packed.lengths()
         assert [len(b) for b in batches] == [len(c) for c in [rows[i:i + micro_batch] for i in range(0, len(rows), micro_batch)]]
-        flat = [lengths[i] for b in batches for i in b]
-        assert flat == sorted(flat, reverse=True)
+        flat = [i for b in batches for i in b]
+        prompts = [int(packed.row_prompt[i]) for i in flat]
+        runs = [p for k, p in enumerate(prompts) if k == 0 or prompts[k - 1] != p]
+        assert len(runs) == len(set(runs))  # a prompt's rows stay together
+        longest = [max(lengths[i] for i in flat if int(packed.row_prompt[i]) == p) for p in runs]
+        assert longest == sorted(longest, reverse=True)
+        for p in runs:
+            own = [lengths[i] for i in flat if int(packed.row_prompt[i]) == p]
+            assert own == sorted(own, reverse=True)
         assert all(packed.select(torch.tensor(b)).tokens.shape[1] == max(lengths[i] for i in b) for b in batches)
         grads = {}
         step = trainer.optimizer.step
