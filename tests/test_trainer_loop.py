@@ -342,3 +342,23 @@ def test_a_run_restarted_before_its_first_checkpoint_starts_over_numbered_past_w
     assert again.publish_early(even_untrained=True) and again.state.version == 8
     run_sync(again, FixedSource(), 4)
     assert policy_dir(again.policies, 3).is_dir()  # the reference stays while the window moves on
+
+
+def test_a_swarm_trainer_whose_versions_outran_its_checkpoint_still_restarts(tmp_path, model_cache):
+    """A swarm trainer publishes early whenever its workers run dry, so more versions than the async window keeps
+    can follow a checkpoint; the version the checkpoint names stays on disk, and a restart resumes from it (it
+    used to fail: 'checkpoint ... names policy v2 but its files are gone')."""
+    first = make_run(tmp_path, model_cache, checkpoint_every=2)
+    run_sync(first, FixedSource(), 2)  # checkpoint at step 2 names v2
+    for _ in range(4):
+        assert first.publish_early(even_untrained=True)  # v3 .. v6, no step between
+    assert first.state.version == 6 and not policy_dir(first.policies, 3).is_dir()  # outside the window: pruned
+    assert policy_dir(first.policies, 2).is_dir()  # what the checkpoint names is kept
+    del first
+    resumed = make_run(tmp_path, model_cache, checkpoint_every=2)
+    assert resumed.state.step == 2 and resumed.state.version == 2
+    resumed.step(FixedSource().generate(2, resumed.latest_policy()))
+    assert resumed.state.version == 7
+    run_sync(resumed, FixedSource(), 4)  # the checkpoint at step 4 names v8: v2 goes at the next publish
+    assert resumed.state.version == 8 and policy_dir(resumed.policies, 2).is_dir()
+    assert resumed.publish_early(even_untrained=True) and not policy_dir(resumed.policies, 2).is_dir()

@@ -79,6 +79,7 @@ class TrainingRun:
         self.published: set[int] = set()
         self._published_at_step = 0  # the step count when the newest version was published
         self._highest_written = -1  # the newest version directory found on disk at start, or written since
+        self._checkpointed_version = -1  # the version the newest checkpoint names: kept on disk (_prune_policies)
         self._gathered: tuple | None = None  # (step, module, weights): see _publishable
         self.on_report = on_report or (lambda report: None)
         self._started = time.perf_counter() if started is None else started  # wall_s counts from here
@@ -103,6 +104,7 @@ class TrainingRun:
                 raise TrainerError(f"checkpoint {found} names policy v{self.state.version} but its files are gone")
             self._published_at_step = self.state.step
             self._highest_written = self._highest_on_disk()
+            self._checkpointed_version = self.state.version
         else:
             # No checkpoint: training starts from the base model, but numbered past any version an earlier process
             # wrote here before its first checkpoint (its versions went out to peers: a number names one set of
@@ -178,11 +180,15 @@ class TrainingRun:
         return desc
 
     def _prune_policies(self, newest: int) -> None:
-        """Keep the async window's versions (+1) on disk; they are the importance-sampling fallback."""
+        """Keep the async window's versions (+1) on disk; they are the importance-sampling fallback. Also kept: the
+        KL reference, and the version the newest checkpoint names, which a restart resumes from (a swarm trainer
+        publishes early whenever its workers run dry, so versions can outrun checkpoints by more than the window:
+        a trainer killed then could not restart, its checkpoint naming a version already deleted)."""
         import shutil
 
         for v in sorted(self.published):
-            if v < newest - self.cfg.async_level - 1 and not (v == self.first_version and self.cfg.kl_coef > 0):
+            kept = (v == self.first_version and self.cfg.kl_coef > 0) or v == self._checkpointed_version
+            if v < newest - self.cfg.async_level - 1 and not kept:
                 shutil.rmtree(policy_dir(self.policies, v), ignore_errors=True)
                 self.published.discard(v)
 
@@ -201,8 +207,10 @@ class TrainingRun:
 
     def checkpoint(self) -> Path | None:
         self.state.stage_index = self.curriculum.stage_at(self.state.step).index
-        return self.weights.save(self.out / "checkpoints", self.loaded.model, self.trainer.optimizer,
-                                 self.trainer.scheduler, self.state, write=self.rank == 0)
+        saved = self.weights.save(self.out / "checkpoints", self.loaded.model, self.trainer.optimizer,
+                                  self.trainer.scheduler, self.state, write=self.rank == 0)
+        self._checkpointed_version = self.state.version
+        return saved
 
     # --- one step --------------------------------------------------------------------------------------------
     def step(self, groups: list[RolloutGroup]) -> dict:
