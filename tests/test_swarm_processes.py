@@ -8,6 +8,7 @@ end: the trainer steps only on rollouts its validator accepted, publishes each v
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 from p2p.identity import Identity, write_key_file
@@ -32,11 +33,11 @@ threads = 1
 """
 
 
-def start_peer(tmp_path, name: str, *flags: str) -> EventProcess:
-    """`swarm peer start --json-events` as its own process; its stderr goes to tmp_path/NAME.log."""
-    argv = ["-m", "swarm", "peer", "start", "--json-events", "--run", "mp", "--listen", "/ip4/127.0.0.1/tcp/0",
+def start_peer(tmp_path, name: str, *flags: str, listen: str = "/ip4/127.0.0.1/tcp/0", log: str = "") -> EventProcess:
+    """`swarm peer start --json-events` as its own process; its stderr goes to tmp_path/NAME.log (or LOG.log)."""
+    argv = ["-m", "swarm", "peer", "start", "--json-events", "--run", "mp", "--listen", listen,
             "--data-dir", str(tmp_path / name), *flags]
-    return EventProcess(argv, tmp_path / f"{name}.log")
+    return EventProcess(argv, tmp_path / f"{log or name}.log")
 
 
 def test_trainer_validator_and_inference_processes_train_on_accepted_rollouts(tmp_path):
@@ -117,3 +118,49 @@ def test_a_run_survives_a_validator_that_leaves_for_good(tmp_path):
     assert trained["steps"] == 2 and trained["banned"] == []
     assert gone["roles"] == ["validator"]
     assert trained["gate"].get("rejected", 0) == 0  # nothing honest was blamed for the missing votes
+
+
+def test_a_trainer_killed_mid_run_restarts_on_its_address_and_finishes(tmp_path):
+    """SIGKILL after the first step (its checkpoint is written before the step is reported), then the same command
+    again: the trainer resumes from the checkpoint, sends its weights out under a version number past every one
+    it announced before, and the validator and worker that never stopped answer it until the run is trained."""
+    key = Identity.generate()
+    write_key_file(tmp_path / "run.key", key)
+    (tmp_path / "trainer.toml").write_text(TRAINER_TOML.replace("steps = 2", "steps = 3")
+                                           .replace("checkpoint_every = 1000", "checkpoint_every = 1"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        listen = f"/ip4/127.0.0.1/tcp/{probe.getsockname()[1]}"
+    trainer_flags = ["--role", "trainer", "--role", "seed", "--trainer-config", str(tmp_path / "trainer.toml"),
+                     "--key", str(tmp_path / "run.key"), "--replicas", "1", "--quorum", "1",
+                     "--prompts-per-worker", "4", "--exit-when-trained"]
+    peers: list[EventProcess] = []
+    try:
+        deadline = time.monotonic() + 300
+        first = start_peer(tmp_path, "trainer", *trainer_flags, listen=listen, log="trainer-1")
+        peers.append(first)
+        address = first.wait_for("listening", deadline)["addrs"][0]
+        joined = ["--bootstrap", address, "--trainer-key", key.public_bytes.hex(), "--model", "tiny"]
+        validator = start_peer(tmp_path, "validator", "--role", "validator", *joined)
+        worker = start_peer(tmp_path, "worker", "--role", "inference", *joined)
+        peers += [validator, worker]
+        first.wait_for("train_step", deadline)
+        first.popen.kill()
+        first.popen.wait(30)
+        again = start_peer(tmp_path, "trainer", *trainer_flags, listen=listen, log="trainer-2")
+        peers.append(again)
+        resumed = again.wait_for("resumed", deadline)
+        trained = again.wait_for("trained", deadline)
+        assert again.popen.wait(30) == 0
+        worker_id = worker.wait_for("listening", deadline)["peer_id"]
+    finally:
+        for peer in peers:
+            peer.stop()
+    assert again.wait_for("listening", deadline)["addrs"][0] == address
+    announced_before = max(e["version"] for e in first.events("published"))
+    assert resumed["step"] >= 1 and resumed["version"] > announced_before
+    assert min(e["version"] for e in again.events("published")) > announced_before
+    steps = again.events("train_step")
+    assert trained["steps"] == 3 and [e["step"] for e in steps] == list(range(resumed["step"], 3))  # 0-based step numbers
+    assert all(s["workers"] == [worker_id] for s in steps)  # only quorum-accepted groups of the one worker
+    assert not any(p.events("role_failed") for p in peers)
