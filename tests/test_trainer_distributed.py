@@ -62,10 +62,13 @@ def tied_model():
         return Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB_SIZE, **{**ARCH, "tie_word_embeddings": True}))
 
 
-def close_weights(a: dict, b: dict, atol: float = 1e-5) -> bool:
-    """Every tensor of `b` matches `a`, except attention key biases: softmax ignores a shift that is the same for
-    all keys of a query, so their gradient is zero in exact arithmetic and pure float noise here, which Adam turns
-    into lr-sized steps whose sign depends on the order of summation (one process vs two ranks)."""
+def close_weights(a: dict, b: dict, atol: float = 1e-4) -> bool:
+    """Every tensor of `b` matches `a` within a hundredth of one Adam step (lr 1e-2), except attention key biases:
+    softmax ignores a shift that is the same for all keys of a query, so their gradient is zero in exact arithmetic
+    and pure float noise here, which Adam turns into lr-sized steps whose sign depends on the order of summation
+    (one process vs two ranks). Elsewhere the same noise moves the odd element of a tiny gradient by up to ~2e-5 (the
+    ranks run their micro-batches, sorted by length, in another order than one process); a sharding or tying bug
+    moves whole tensors by lr-sized amounts."""
     return all(torch.allclose(a[k], b[k], atol=atol) for k in b if not k.endswith("k_proj.bias"))
 
 
