@@ -40,6 +40,14 @@ def start_peer(tmp_path, name: str, *flags: str, listen: str = "/ip4/127.0.0.1/t
     return EventProcess(argv, tmp_path / f"{log or name}.log")
 
 
+def start_validator_and_worker(tmp_path, trainer: EventProcess, key: Identity, deadline: float):
+    """A validator and an inference peer joined through the trainer's printed multiaddr, trusting the run key."""
+    address = trainer.wait_for("listening", deadline)["addrs"][0]
+    joined = ["--bootstrap", address, "--trainer-key", key.public_bytes.hex(), "--model", "tiny"]
+    return (start_peer(tmp_path, "validator", "--role", "validator", *joined),
+            start_peer(tmp_path, "worker", "--role", "inference", *joined))
+
+
 def test_trainer_validator_and_inference_processes_train_on_accepted_rollouts(tmp_path):
     """On a user dataset that only the trainer's machine holds: it travels with every policy version."""
     key = Identity.generate()
@@ -56,10 +64,7 @@ def test_trainer_validator_and_inference_processes_train_on_accepted_rollouts(tm
                              str(tmp_path / "trainer.toml"), "--key", str(tmp_path / "run.key"), "--replicas", "1",
                              "--quorum", "1", "--prompts-per-worker", "4", "--exit-when-trained")
         peers.append(trainer)
-        address = trainer.wait_for("listening", deadline)["addrs"][0]
-        joined = ["--bootstrap", address, "--trainer-key", key.public_bytes.hex(), "--model", "tiny"]
-        validator = start_peer(tmp_path, "validator", "--role", "validator", *joined)
-        worker = start_peer(tmp_path, "worker", "--role", "inference", *joined)
+        validator, worker = start_validator_and_worker(tmp_path, trainer, key, deadline)
         peers += [validator, worker]
         trainer.wait_for("published", deadline, version=0)
         rows = dataset.read_bytes()
@@ -139,10 +144,7 @@ def test_a_trainer_killed_mid_run_restarts_on_its_address_and_finishes(tmp_path)
         deadline = time.monotonic() + 300
         first = start_peer(tmp_path, "trainer", *trainer_flags, listen=listen, log="trainer-1")
         peers.append(first)
-        address = first.wait_for("listening", deadline)["addrs"][0]
-        joined = ["--bootstrap", address, "--trainer-key", key.public_bytes.hex(), "--model", "tiny"]
-        validator = start_peer(tmp_path, "validator", "--role", "validator", *joined)
-        worker = start_peer(tmp_path, "worker", "--role", "inference", *joined)
+        validator, worker = start_validator_and_worker(tmp_path, first, key, deadline)
         peers += [validator, worker]
         first.wait_for("train_step", deadline)
         first.popen.kill()
@@ -156,7 +158,7 @@ def test_a_trainer_killed_mid_run_restarts_on_its_address_and_finishes(tmp_path)
     finally:
         for peer in peers:
             peer.stop()
-    assert again.wait_for("listening", deadline)["addrs"][0] == address
+    assert again.wait_for("listening", deadline)["addrs"] == first.wait_for("listening", deadline)["addrs"]
     announced_before = max(e["version"] for e in first.events("published"))
     assert resumed["step"] >= 1 and resumed["version"] > announced_before
     assert min(e["version"] for e in again.events("published")) > announced_before
