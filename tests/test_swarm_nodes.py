@@ -72,15 +72,21 @@ class Peer:
             await self.node.mirror.changed.wait()
 
 
+async def start_seeding(nursery, tmp_path: Path, trainer: Identity, signed) -> Peer:
+    """The trainer's own peer, up and serving `signed` (the checkpoint signed_checkpoint wrote under tmp_path/ckpt)."""
+    seed = Peer(tmp_path, "seed", trainer, identity=trainer)
+    nursery.start_soon(seed.run)
+    await seed.ready.wait()
+    seed.node.mirror.adopt(signed, local_dir=tmp_path / "ckpt")
+    return seed
+
+
 async def test_publish_fetch_seed_leaves_late_peer_completes(tmp_path):
     trainer = Identity.generate()
     original, manifest, signed = signed_checkpoint(tmp_path, trainer)
-    seed = Peer(tmp_path, "seed", trainer, identity=trainer)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(seed.run)
-            await seed.ready.wait()
-            seed.node.mirror.adopt(signed, local_dir=tmp_path / "ckpt")
+            seed = await start_seeding(nursery, tmp_path, trainer, signed)
             first = Peer(tmp_path, "first", trainer, bootstrap=[seed.node.host.multiaddrs[0]])
             nursery.start_soon(first.run)
             await first.ready.wait()

@@ -11,7 +11,7 @@ from p2p.identity import Identity, peer_id_from_public_bytes
 from swarm.cmd_status import observe
 from swarm.status import SwarmView, render
 from swarm.vote_messages import vote_bodies
-from tests.test_swarm_nodes import Peer, signed_checkpoint
+from tests.test_swarm_nodes import Peer, signed_checkpoint, start_seeding
 from verify.votes import sign_vote, verify_vote
 
 MANIFEST_ID = bytes(range(32))
@@ -68,12 +68,9 @@ def test_the_view_summarises_heartbeats_rollouts_and_votes_and_refuses_what_does
 async def test_an_observer_sees_the_peers_their_versions_and_votes_and_checks_the_manifest(tmp_path):
     trainer = Identity.generate()
     _, _, signed = signed_checkpoint(tmp_path, trainer, version=2, floats=30_000)
-    seed = Peer(tmp_path, "seed", trainer, identity=trainer)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(seed.run)
-            await seed.ready.wait()
-            seed.node.mirror.adopt(signed, local_dir=tmp_path / "ckpt")
+            seed = await start_seeding(nursery, tmp_path, trainer, signed)
             validator = Peer(tmp_path, "validator", trainer, bootstrap=[seed.node.host.multiaddrs[0]],
                              roles=("validator",))
             nursery.start_soon(validator.run)
