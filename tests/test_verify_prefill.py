@@ -72,7 +72,7 @@ def test_bucketed_prefill_equals_each_sequence_alone(monkeypatch, pass_cost):
     batch = [pending(i, [rng.randrange(3, 500) for _ in range(rng.randint(2, 12))],
                      [[rng.randrange(3, 500) for _ in range(n)] for n in sizes])
              for i, sizes in enumerate([[1, 9, 30, 2], [17, 17], [5, 40, 1]])]
-    monkeypatch.setattr(verifier, "PASS_COST_TOKENS", pass_cost)
+    monkeypatch.setattr(verifier, "PASS_COST_TOKENS", {"cpu": pass_cost})
     logits = verifier._prefill_batch(model, batch)
     with torch.no_grad():
         for item, item_logits in zip(batch, logits):
