@@ -124,7 +124,6 @@ async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) 
     from p2p.host import ensure_connected
     from p2p.manifest import decode_signed, verify_manifest
     from swarm.manifest_protocol import fetch_manifest
-    from swarm.runspec import RunSpec
 
     wanted = view.versions[version]
     for peer, seen in [(p, seen) for p, seen in view.peers.items() if version in seen.holds][:4]:
@@ -140,20 +139,26 @@ async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) 
             manifest = verify_manifest(signed, trainer_key or signer)
         except P2PError as exc:
             return {"version": version, "signature": f"REFUSED: {exc}"}
-        if manifest.id != wanted:
-            continue
-        try:
-            spec = RunSpec.from_model(manifest.model)
-        except Exception:  # noqa: BLE001 - a manifest not published by a swarm trainer still has its settings
-            spec = None
-        gen = manifest.generation
-        return {
-            "version": manifest.version, "mib": round(manifest.total_size / 2**20, 2),
-            "stage": f"{spec.segment if spec else '?'}@{gen.max_new_tokens}", "group_size": gen.group_size,
-            "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature,
-            "task": spec.task if spec else "?", "validators": len(spec.validators) if spec else 0,
-            "quorum": spec.quorum if spec else 0, "replicas": spec.replicas if spec else 0,
-            "signature": ("signed by the run's trainer key" if trainer_key else
-                          f"signed by {signer.hex()[:16]}... (not checked against a run key: give --trainer-key)"),
-        }
+        if manifest.id == wanted:
+            return _manifest_summary(manifest, signer, trainer_key)
     return None
+
+
+def _manifest_summary(manifest, signer: bytes, trainer_key: bytes | None) -> dict:
+    """What `swarm status` shows of a verified manifest: size, stage, generation settings, task, validators."""
+    from swarm.runspec import RunSpec
+
+    try:
+        spec = RunSpec.from_model(manifest.model)
+    except Exception:  # noqa: BLE001 - a manifest not published by a swarm trainer still has its settings
+        spec = None
+    gen = manifest.generation
+    return {
+        "version": manifest.version, "mib": round(manifest.total_size / 2**20, 2),
+        "stage": f"{spec.segment if spec else '?'}@{gen.max_new_tokens}", "group_size": gen.group_size,
+        "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature,
+        "task": spec.task if spec else "?", "validators": len(spec.validators) if spec else 0,
+        "quorum": spec.quorum if spec else 0, "replicas": spec.replicas if spec else 0,
+        "signature": ("signed by the run's trainer key" if trainer_key else
+                      f"signed by {signer.hex()[:16]}... (not checked against a run key: give --trainer-key)"),
+    }

@@ -27,6 +27,28 @@ async def materialize(node, policy) -> Path:
     return target
 
 
+class VersionUnusable(Exception):
+    """A version a role must skip (the message says why in one line): it left the window before it could be
+    reassembled, or its tasks cannot be read."""
+
+
+async def open_version(node, spec, policy):
+    """(directory, VersionTasks) of a complete version: its files reassembled and its tasks read from them, as
+    inference peers and validators both need; raises VersionUnusable instead of failing the role."""
+    from swarm.errors import UserError
+    from swarm.runspec import version_tasks
+
+    try:
+        directory = await materialize(node, policy)
+    except PolicyLeftWindow as exc:
+        raise VersionUnusable(str(exc)) from None
+    try:
+        tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
+    except UserError as exc:
+        raise VersionUnusable(f"v{policy.manifest.version}: {exc}") from None
+    return directory, tasks
+
+
 async def newest_complete(node, newer_than: int):
     """Wait for a complete policy version newer than `newer_than` and return the newest such one."""
     while True:

@@ -13,9 +13,8 @@ from dataclasses import replace
 
 import trio
 
-from swarm.errors import UserError
-from swarm.policy_files import PolicyLeftWindow, load_base_model, materialize, newest_complete
-from swarm.runspec import RunSpec, version_tasks
+from swarm.policy_files import VersionUnusable, load_base_model, newest_complete, open_version
+from swarm.runspec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +43,9 @@ async def inference_role(node) -> None:
             backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision,
                                                     node.config.gpu_memory)
         try:
-            directory = await materialize(node, policy)
-        except PolicyLeftWindow as exc:
+            directory, tasks = await open_version(node, spec, policy)
+        except VersionUnusable as exc:  # skipped, not fatal
             node.events.emit("skipped", version=done, message=str(exc))
-            continue
-        try:
-            tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
-        except UserError as exc:  # a version whose tasks cannot be read is skipped, not fatal
-            node.events.emit("skipped", version=done, message=f"v{done}: {exc}")
             continue
         # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
         node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)

@@ -14,9 +14,8 @@ from functools import partial
 
 import trio
 
-from swarm.errors import UserError
-from swarm.policy_files import PolicyLeftWindow, load_base_model, materialize
-from swarm.runspec import RunSpec, VersionTasks, version_tasks
+from swarm.policy_files import VersionUnusable, load_base_model, open_version
+from swarm.runspec import RunSpec, VersionTasks
 
 log = logging.getLogger(__name__)
 BATCH_WINDOW_S = 0.5
@@ -49,12 +48,8 @@ class VersionModels:
                 log.warning("version %d has no usable run spec: %s", version, exc)
                 continue
             try:
-                directory = await materialize(node, policy)
-            except PolicyLeftWindow:
-                continue  # a newer version is there to validate with
-            try:
-                tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
-            except UserError as exc:  # a version whose tasks cannot be read cannot be validated
+                directory, tasks = await open_version(node, spec, policy)
+            except VersionUnusable as exc:  # it left the window (a newer one is there) or its tasks are unreadable
                 log.warning("version %d cannot be validated: %s", version, exc)
                 continue
             model = copy.deepcopy(self.loaded.model)

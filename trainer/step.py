@@ -105,6 +105,7 @@ class PackedRows:
         return PackedRows(self.prompts, self.row_prompt[rows], self.tokens[rows, :width], mask[:, :width], self.pad_id)
 
     def lengths(self) -> list[int]:
+        """Each row's completion length (its real tokens)."""
         return [int(n) for n in self.mask.sum(dim=1)]
 
 
