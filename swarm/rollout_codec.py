@@ -10,7 +10,7 @@ compressed blob still does not fit is announced by the BLAKE3 of that blob and f
 RolloutGroup).
 
 Gossip bodies on the "rollout" topic (the announcement rides the same topic as the groups, so every consumer of
-rollouts sees both in one subscription, in order):
+rollouts sees both in one subscription):
 - {"group": wire dict}                       the plain form (used when compression does not shrink the group);
 - {"z": zlib(group.encode()), "n": raw size} compressed inline;
 - {"ann": {"id", "size", "n", "worker", "rollout", "version", "addrs"}} announced: the blob is fetched by id;

@@ -151,22 +151,27 @@ async def test_slow_consumer_loses_newest_without_stalling_gossip():
             await wait_mesh([a, b], "have")
             for i in range(5):
                 await a.publish("have", {"i": i})
-            assert [(await fast.receive()).body["i"] for _ in range(2)] == [0, 1]
-            assert [(await fast.receive()).body["i"] for _ in range(3)] == [2, 3, 4]  # keeps flowing
-            assert [slow.receive_nowait().body["i"] for _ in range(2)] == [0, 1]
+            # py-libp2p validates each received message in a task of its own, so arrival order is not send order
+            first = [(await fast.receive()).body["i"] for _ in range(2)]
+            rest = [(await fast.receive()).body["i"] for _ in range(3)]  # keeps flowing past the slow consumer
+            assert sorted(first + rest) == [0, 1, 2, 3, 4]
+            assert [slow.receive_nowait().body["i"] for _ in range(2)] == first  # it kept the two that came first
+            with pytest.raises(trio.WouldBlock):
+                slow.receive_nowait()
             assert b.stats.dropped_slow_consumer >= 3
             assert len(b.pubsub.router.equivocation_detection) == 0  # nothing accumulates there
 
 
-async def test_a_burst_arrives_complete_and_in_order():
-    """py-libp2p drops RPCs beyond 32 queued per peer; publish's back-pressure must keep a burst intact."""
+async def test_a_burst_arrives_complete():
+    """py-libp2p drops RPCs beyond 32 queued per peer; publish's back-pressure must keep a burst intact. (Gossip
+    promises no order: py-libp2p validates each received message in a task of its own.)"""
     with trio.fail_after(LIMIT):
         async with peers(2) as (a, b):
             inbox = b.subscribe("have")
             await wait_mesh([a, b], "have")
             for i in range(60):
                 await a.publish("have", {"i": i})
-            assert [(await inbox.receive()).body["i"] for _ in range(60)] == list(range(60))
+            assert sorted([(await inbox.receive()).body["i"] for _ in range(60)]) == list(range(60))
 
 
 def test_pacer_spaces_own_publishes_within_the_router_limit():
