@@ -193,6 +193,10 @@ class SwarmPublisher:
         known = set(self.known_validators())
         return bool(known) and known != set(spec.validators)
 
+    def validators_departed(self, spec: RunSpec) -> int:
+        """How many of the validators `spec` names are no longer heard from (their heartbeats stopped)."""
+        return len(set(spec.validators) - set(self.known_validators()))
+
     async def wait_for_validators(self, quorum: int, replicas: int, grace_s: float = 30.0) -> None:
         """Before the first version: wait for `quorum` validators, then give the rest of `replicas` `grace_s` to
         announce themselves (every validator a version names shares its rollouts' prefills)."""
@@ -337,8 +341,7 @@ async def trainer_role(node) -> None:
                     progress = trio.Event()
                 if waiting.should_report(trio.current_time()):
                     node.events.emit("trainer_waiting", **waiting.status(gate, trio.current_time()))
-                if waiting.starved(gate, trio.current_time()):
-                    await _publish_when_starved(node, run, publisher, gate, waiting)
+                await _publish_when_stuck(node, run, publisher, gate, waiting)
             batch = gate.take(cfg.prompts_per_step)
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
@@ -507,30 +510,50 @@ async def _resumed(node, run) -> None:
         f"weights go out again as v{run.state.version}"))
 
 
-async def _publish_when_starved(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait) -> None:
-    """Nothing to train on and nothing on its way: publish a new version if that can change it, i.e. when steps were
-    trained since the newest version (its workers answered it already), when the validators it names are not the
-    ones around now (a version whose validators are gone, or that names none, can never be accepted), or, with
-    workers around, when nothing came for `retry_after_s` (its rollouts or votes were lost). The same weights sent
-    again cost the swarm a manifest: their files have the same roots, which every peer already holds."""
-    now = trio.current_time()
-    if (held := newest_in_swarm(node)) > gate.newest:
-        why = f"peers hold v{held}, published by an earlier process of this run, and answer that"
-        run.number_past(held)
-    elif run.trained_since_publish:
-        why = "the workers have answered it"
-    elif publisher.validators_changed(gate.specs[gate.newest]):
-        why = "it names other validators than those here"
-    elif waiting.starved_long(gate, now) and publisher.workers_known():
-        why = f"nothing came for it in {waiting.retry_after_s:g} s (its rollouts or votes were lost)"
-    else:
+async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait) -> None:
+    """Publish a new version now when the newest one cannot bring the next batch (see _why_publish_now). The same
+    weights sent again cost the swarm a manifest: their files have the same roots, which every peer already holds."""
+    why = _why_publish_now(node, run, publisher, gate, waiting, trio.current_time())
+    if why is None:
         return
     await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
     node.events.emit("publishing_early", version=run.state.version, message=(
-        f"no rollouts for {waiting.patience_s:g} s and none awaiting votes on v{gate.newest}: {why}, so the weights "
-        f"of step {run.state.step} go out as v{run.state.version}"))
+        f"v{gate.newest} cannot bring the next batch: {why}; so the weights of step {run.state.step} go out as "
+        f"v{run.state.version}"))
     await _publish_newest(run, publisher, gate)
     waiting.restart(trio.current_time())
+
+
+def _why_publish_now(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait,
+                     now: float) -> str | None:
+    """Why a new version should go out before the next step, or None.
+
+    At once, when validators the newest version names have left and no vote is awaited: its rollouts assigned to
+    them are refused on arrival, so waiting on it only wastes the workers' generation (a trainer holding part of a
+    batch used to wait `patience_s` and train on that part; it still does when synchronous, where the new version
+    would expire that part). Once starved (nothing to train on, nothing on its
+    way for `patience_s`): when steps were trained since the newest version (its workers answered it already),
+    when the validators it names are not the ones around now (a version naming none can never be accepted), or,
+    with workers around, when nothing came for `retry_after_s` (its rollouts or votes were lost)."""
+    newest = gate.specs[gate.newest]
+    quorum_here = len(publisher.known_validators()) >= node.config.quorum
+    keeps_ready = gate.async_level > 0 or not gate.accepted  # synchronous, a new version expires what is ready
+    if (left := publisher.validators_departed(newest)) and not gate.pending and quorum_here and keeps_ready \
+            and publisher.workers_known():
+        return f"{left} of the validators it names left, and the rollouts assigned to them can never be accepted"
+    if not waiting.starved(gate, now):
+        return None
+    quiet = f"no rollouts for {waiting.patience_s:g} s and none awaiting votes"
+    if (held := newest_in_swarm(node)) > gate.newest:
+        run.number_past(held)
+        return f"{quiet}; peers hold v{held}, published by an earlier process of this run, and answer that"
+    if run.trained_since_publish:
+        return f"{quiet}; the workers have answered it"
+    if publisher.validators_changed(newest):
+        return f"{quiet}; it names other validators than those here"
+    if waiting.starved_long(gate, now) and publisher.workers_known():
+        return f"nothing came for it in {waiting.retry_after_s:g} s (its rollouts or votes were lost)"
+    return None
 
 
 def newest_in_swarm(node) -> int:

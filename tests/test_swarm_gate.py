@@ -225,6 +225,46 @@ def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_aroun
     assert publisher.validators_changed(spec(validators[:1]))  # one joined since
 
 
+def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_awaited_or_ready_groups_would_expire(
+        tmp_path):
+    """Rollouts of a version whose validators left are refused on arrival, so the trainer publishes a version naming
+    those around as soon as no vote is awaited, not after `patience_s` of quiet; but not below a quorum, not
+    without workers, and not when synchronous with groups ready (the new version would expire them)."""
+    from types import SimpleNamespace
+
+    from p2p.identity import peer_id_from_public_bytes
+    from swarm.role_trainer import BatchWait, SwarmPublisher, _why_publish_now
+
+    validators = keys(3)
+    node = SimpleNamespace(peer_roles={"12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7": ("inference",)},
+                           config=SimpleNamespace(data_dir=tmp_path, validator_keys=(), quorum=2), mirror=None)
+    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    for k in validators[:2]:  # the third stopped sending heartbeats
+        node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
+    gate = gate_with(validators)
+    waiting = BatchWait(wanted=4, since=0.0)
+    run = SimpleNamespace(trained_since_publish=False)
+
+    def why(now=1.0):
+        return _why_publish_now(node, run, publisher, gate, waiting, now)
+
+    assert publisher.validators_departed(gate.specs[1]) == 1
+    assert "1 of the validators it names left" in why()  # 1 s in: no patience waited out
+    gate.on_rollout(group(), 0.5)
+    assert why() is None  # a vote is still awaited: it may complete the batch
+    gate.pending.clear()
+    gate.accepted.append(group())
+    assert "left" in why()  # ready groups stay in the async window of the next version
+    gate.async_level = 0
+    assert why() is None  # synchronous: the next version would expire them; train on them after patience_s
+    gate.async_level, gate.accepted = 1, []
+    gate.specs[1] = spec(validators[:2])
+    assert why() is None  # the newest version names exactly those around
+    gate.specs[1] = spec(validators)
+    del node.peer_roles[peer_id_from_public_bytes(public_key_of(validators[1]))]
+    assert why() is None  # one validator left: a new version would wait for a quorum anyway
+
+
 def test_a_version_naming_fewer_validators_than_the_quorum_refuses_rollouts_without_blaming_the_worker():
     """Found running the README's recipe (replicas 2, quorum 2) with one validator: each honest group was settled
     as rejected (its one assigned validator's accept could never make a quorum of 2) and the worker was banned."""

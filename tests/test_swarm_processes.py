@@ -91,13 +91,18 @@ def test_trainer_validator_and_inference_processes_train_on_accepted_rollouts(tm
 
 
 def test_a_run_survives_a_validator_that_leaves_for_good(tmp_path):
-    """Three validators (replicas 2, quorum 2), one killed after the first step: its peers forget it once its
-    heartbeats stop, the rollouts that waited on its vote time out at once (blaming no worker), and training ends.
-    Before, a departed validator stayed in every version's validator set and held each of its rollouts for the
-    whole quorum timeout."""
+    """Three validators (replicas 2, quorum 2), one killed once the first version names it and before any worker
+    joins: its peers forget it once its heartbeats stop, the rollouts that waited on its vote time out at once
+    (blaming no worker), a version naming only those still there goes out at once, and training ends. Before, a departed validator stayed in every version's validator set
+    and held each of its rollouts for the whole quorum timeout.
+
+    Why kill it before the worker starts: then it voted on nothing, and a step can pass without its departure
+    being noticed only if every one of that step's four groups was assigned to the other two ((1/3)^4 for each
+    step). Killed after the first step, it had often voted on the second step's groups already, and on a fast
+    machine the run ended before its silence was noticed."""
     key = Identity.generate()
     write_key_file(tmp_path / "run.key", key)
-    (tmp_path / "trainer.toml").write_text(TRAINER_TOML)
+    (tmp_path / "trainer.toml").write_text(TRAINER_TOML + "async_level = 1\n")  # a republish keeps ready groups
     (tmp_path / "peer.toml").write_text("[peer]\nstatus_every_s = 1.0\nheartbeat_every_s = 1.0\npeer_silence_s = 8.0\n")
     fast = ["--config", str(tmp_path / "peer.toml")]
     peers: list[EventProcess] = []
@@ -110,11 +115,11 @@ def test_a_run_survives_a_validator_that_leaves_for_good(tmp_path):
         address = trainer.wait_for("listening", deadline)["addrs"][0]
         joined = ["--bootstrap", address, "--trainer-key", key.public_bytes.hex(), "--model", "tiny", *fast]
         validators = [start_peer(tmp_path, f"validator{i}", "--role", "validator", *joined) for i in range(3)]
-        peers += validators + [start_peer(tmp_path, "worker", "--role", "inference", *joined)]
+        peers += validators
         assert trainer.wait_for("published", deadline, version=0)["validators"] == 3
-        trainer.wait_for("train_step", deadline)
         leaving = validators[2].wait_for("listening", deadline)["peer_id"]
         validators[2].popen.kill()
+        peers.append(start_peer(tmp_path, "worker", "--role", "inference", *joined))
         gone = trainer.wait_for("peer_gone", deadline, peer=leaving)
         trained = trainer.wait_for("trained", deadline)
     finally:
@@ -123,6 +128,8 @@ def test_a_run_survives_a_validator_that_leaves_for_good(tmp_path):
     assert trained["steps"] == 2 and trained["banned"] == []
     assert gone["roles"] == ["validator"]
     assert trained["gate"].get("rejected", 0) == 0  # nothing honest was blamed for the missing votes
+    after = [e["validators"] for e in trainer.events("published") if e["t"] > gone["t"]]
+    assert after and set(after) == {2}  # every version since names only the validators still there
 
 
 def test_a_trainer_killed_mid_run_restarts_on_its_address_and_finishes(tmp_path):
