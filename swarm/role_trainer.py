@@ -516,6 +516,8 @@ async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: Rollou
     why = _why_publish_now(node, run, publisher, gate, waiting, trio.current_time())
     if why is None:
         return
+    if (held := newest_in_swarm(node)) > gate.newest:
+        run.number_past(held)  # workers answer the newest version they hold: one below it would go unanswered
     await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
     node.events.emit("publishing_early", version=run.state.version, message=(
         f"v{gate.newest} cannot bring the next batch: {why}; so the weights of step {run.state.step} go out as "
@@ -531,10 +533,11 @@ def _why_publish_now(node, run, publisher: SwarmPublisher, gate: RolloutGate, wa
     At once, when validators the newest version names have left and no vote is awaited: its rollouts assigned to
     them are refused on arrival, so waiting on it only wastes the workers' generation (a trainer holding part of a
     batch used to wait `patience_s` and train on that part; it still does when synchronous, where the new version
-    would expire that part). Once starved (nothing to train on, nothing on its
-    way for `patience_s`): when steps were trained since the newest version (its workers answered it already),
-    when the validators it names are not the ones around now (a version naming none can never be accepted), or,
-    with workers around, when nothing came for `retry_after_s` (its rollouts or votes were lost)."""
+    would expire that part). Once starved (nothing to train on, nothing on its way for `patience_s`): when peers
+    hold a newer version than this process published, when steps were trained since the newest version (its
+    workers answered it already), when the validators it names are not the ones around now (a version naming none
+    can never be accepted), or, with workers around, when nothing came for `retry_after_s` (its rollouts or votes
+    were lost)."""
     newest = gate.specs[gate.newest]
     quorum_here = len(publisher.known_validators()) >= node.config.quorum
     keeps_ready = gate.async_level > 0 or not gate.accepted  # synchronous, a new version expires what is ready
@@ -545,7 +548,6 @@ def _why_publish_now(node, run, publisher: SwarmPublisher, gate: RolloutGate, wa
         return None
     quiet = f"no rollouts for {waiting.patience_s:g} s and none awaiting votes"
     if (held := newest_in_swarm(node)) > gate.newest:
-        run.number_past(held)
         return f"{quiet}; peers hold v{held}, published by an earlier process of this run, and answer that"
     if run.trained_since_publish:
         return f"{quiet}; the workers have answered it"
