@@ -4,7 +4,9 @@ A trainer (with a seed role), validators, inference peers and seed-only peers ru
 processes on loopback, on the tiny model. Every `--kill-every` seconds one peer other than the trainer, picked by a
 seeded draw, is killed with SIGKILL (no goodbye, as a machine that loses power) and restarted on its own data
 directory; with `--kill-trainer-every N` every Nth kill is the trainer's, which comes back on its own address and
-resumes from its last checkpoint (taken every 5 steps), so the steps since are lost and taken again. What a user
+resumes from its last checkpoint (taken every 5 steps), so the steps since are lost and taken again; with
+`--departures N` the first N kills are departures for good (the peer never comes back, as a lender who leaves), drawn
+so that a quorum of validators and one inference peer remain. What a user
 lending machines cares about is printed as one JSON object: how far the trainer got overall and between kills, how
 long a killed trainer took to step again, whether any role failed, and whether any process printed a traceback.
 Peers that come back must find the run again (bootstrap redial, heartbeats), resume their piece stores, and be
@@ -56,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kill-trainer-every", dest="kill_trainer_every", type=int, default=0,
                         help="make every Nth kill the trainer's (it resumes from its checkpoint, taken every "
                              f"{TRAINER_CHECKPOINT_EVERY} steps); 0: the trainer is never killed")
+    parser.add_argument("--departures", type=int, default=0,
+                        help="the first N kills are of peers that never come back (never the trainer; at least "
+                             "--quorum validators and one inference peer stay)")
+    parser.add_argument("--replicas", type=int, help="validators assigned to each rollout (default: min(2, "
+                                                     "--validators))")
+    parser.add_argument("--quorum", type=int, default=1, help="accepting votes a rollout needs (default 1)")
     parser.add_argument("--validators", type=int, default=2)
     parser.add_argument("--inference", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
@@ -72,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--kill-trainer-every must be 0 (never) or more; got {args.kill_trainer_every}")
     if args.validators < 1 or args.inference < 1 or args.seeds < 0:
         raise UserError("a churned run needs at least one validator and one inference peer")
+    args.replicas = min(2, args.validators) if args.replicas is None else args.replicas
+    if not 1 <= args.quorum <= args.replicas <= args.validators:
+        raise UserError(f"need 1 <= --quorum ({args.quorum}) <= --replicas ({args.replicas}) <= --validators "
+                        f"({args.validators})")
+    if args.departures < 0:
+        raise UserError(f"--departures must be 0 or more; got {args.departures}")
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=True)
         result = churn(args, args.work_dir)
@@ -90,7 +104,6 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
     write_key_file(work / "run.key", key)
     every = TRAINER_CHECKPOINT_EVERY if args.kill_trainer_every else 1000
     (work / "trainer.toml").write_text(TRAINER_TOML.format(checkpoint_every=every))
-    replicas = min(2, args.validators)
     started: dict[str, int] = {}
     procs: dict[str, EventProcess] = {}
     retired: list[EventProcess] = []
@@ -103,7 +116,8 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
 
     # The trainer keeps one address, as a machine that reboots does: every other peer bootstraps from it.
     trainer = ["--role", "trainer", "--role", "seed", "--trainer-config", str(work / "trainer.toml"), "--key",
-               str(work / "run.key"), "--replicas", str(replicas), "--quorum", "1", "--prompts-per-worker", "2"]
+               str(work / "run.key"), "--replicas", str(args.replicas), "--quorum", str(args.quorum),
+               "--prompts-per-worker", "2"]
     trainer_listen = f"/ip4/127.0.0.1/tcp/{_free_port()}"
     roles = {f"validator{i}": ["--role", "validator", "--model", "tiny"] for i in range(args.validators)}
     roles |= {f"worker{i}": ["--role", "inference", "--model", "tiny"] for i in range(args.inference)}
@@ -122,21 +136,25 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
         first_step = _last_step([procs["trainer"]])
         while args.kill_every and time.monotonic() - begin + args.kill_every <= args.seconds:
             time.sleep(args.kill_every)
-            victim = draw.choice(sorted(roles))
-            if args.kill_trainer_every and (len(kills) + 1) % args.kill_trainer_every == 0:
+            may_leave = _may_leave(roles, args.quorum) if len(kills) < args.departures else []
+            leaving = bool(may_leave)  # with none that may leave, this kill is a restart like the others
+            victim = draw.choice(sorted(may_leave or roles))
+            if args.kill_trainer_every and (len(kills) + 1) % args.kill_trainer_every == 0 and not leaving:
                 victim = "trainer"
             at_step = _last_step(trainers)
             procs[victim].popen.send_signal(signal.SIGKILL)
             procs[victim].popen.wait()
             killed_at = time.monotonic()
             retired.append(procs[victim])
-            if victim == "trainer":
+            if leaving:
+                del procs[victim], roles[victim]
+            elif victim == "trainer":
                 procs[victim] = start(victim, *trainer, listen=trainer_listen)
                 trainers.append(procs[victim])
             else:
                 procs[victim] = start(victim, *roles[victim], *joined)
             kills.append({"t_s": round(killed_at - begin, 1), "killed": victim, "trainer_step": at_step,
-                          "at": killed_at, "process": procs[victim]})
+                          "left": leaving, "at": killed_at, "process": procs.get(victim)})
         time.sleep(max(0.0, args.seconds - (time.monotonic() - begin)))
         elapsed = time.monotonic() - begin
     finally:
@@ -149,7 +167,9 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
     return {
         "seconds": round(elapsed, 1), "kills": len(kills), "kill_every_s": args.kill_every,
         "trainer_kills": sum(k["killed"] == "trainer" for k in kills),
+        "departures": sum(k["left"] for k in kills),
         "peers": {"validators": args.validators, "inference": args.inference, "seeds": args.seeds},
+        "replicas": args.replicas, "quorum": args.quorum,
         "trainer_steps": progress, "steps_per_min": round(60 * progress / elapsed, 1),
         "steps_taken_again": taken - progress,
         "trainer_recovery_s": [_recovery(k) for k in kills if k["killed"] == "trainer"],
@@ -158,6 +178,14 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
         "logs_with_traceback": sum("Traceback" in Path(p.log.name).read_text(errors="replace") for p in everyone),
         "kill_log": [{k: v for k, v in kill.items() if k not in ("at", "process")} for kill in kills],
     }
+
+
+def _may_leave(roles: dict[str, list[str]], quorum: int) -> list[str]:
+    """The peers one may take away for good: any whose role keeps a quorum of validators and one inference peer."""
+    validators = [name for name in roles if name.startswith("validator")]
+    workers = [name for name in roles if name.startswith("worker")]
+    seeds = [name for name in roles if name.startswith("seed")]
+    return (validators if len(validators) > quorum else []) + (workers if len(workers) > 1 else []) + seeds
 
 
 def _free_port() -> int:
@@ -181,7 +209,9 @@ def _recovery(kill: dict) -> float | None:
 def _summary(r: dict) -> str:
     trainer = (f"; the trainer was killed {r['trainer_kills']} times, took its first step again after "
                f"{r['trainer_recovery_s']} s and took {r['steps_taken_again']} steps again") if r["trainer_kills"] else ""
+    left = f" ({r['departures']} of them for good)" if r["departures"] else ""
     return (f"{r['trainer_steps']} trainer steps in {r['seconds']} s ({r['steps_per_min']}/min) with {r['kills']} "
-            f"kills, one every {r['kill_every_s']:g} s (fewest steps between two kills: {r['fewest_steps_between_kills']})"
+            f"kills{left}, one every {r['kill_every_s']:g} s (fewest steps between two kills: "
+            f"{r['fewest_steps_between_kills']})"
             f"{trainer}; "
             f"role failures {r['role_failures']}, logs with a traceback {r['logs_with_traceback']}")

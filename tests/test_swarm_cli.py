@@ -33,6 +33,8 @@ def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["bench", "generate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
     (["bench", "churn", "--kill-every", "-1"], "--kill-every must be 0 (no kills) up to --seconds"),
     (["bench", "churn", "--kill-trainer-every", "-2"], "--kill-trainer-every must be 0 (never) or more; got -2"),
+    (["bench", "churn", "--validators", "2", "--quorum", "3"], "need 1 <= --quorum (3) <= --replicas (2)"),
+    (["bench", "churn", "--departures", "-1"], "--departures must be 0 or more; got -1"),
     (["status", "--run", "r", "--seconds", "0"], "--seconds must be above 0 and at most 600"),
     (["status", "--run", "r", "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWBHH8EeSjESdYHEVTPRStjT5dF3xWQxZXTGXL7dfsge33",
       "--seconds", "1"], "no bootstrap peer answered"),
