@@ -47,6 +47,7 @@ class RolloutGate:
         self.reputation = Reputation()
         self.seen: dict[bytes, int] = {}  # rollout id -> its version, for ids inside the async window
         self.present: set[bytes] = set()  # validators heard from at the last on_validators
+        self.answers: dict[int, dict[str, set[bytes]]] = {}  # version -> worker -> ids of its groups received
         self._pruned_below: int | None = None  # the window floor forget_old last pruned to
 
     def count(self, what: str, n: int = 1) -> None:
@@ -57,6 +58,8 @@ class RolloutGate:
         """Open a quorum for a well-formed, in-window rollout; returns 'opened' or why it was refused."""
         rid = group.rollout_id()
         reason = self._refusal(group, rid)
+        if group.run == self.run and group.policy_version in self.specs:  # a banned worker's answer counts too
+            self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set()).add(rid)
         if reason:
             self.count(f"refused:{reason}")
             return reason
@@ -86,6 +89,14 @@ class RolloutGate:
             return "fewer validators than the quorum"  # not the worker's fault: no penalty
         return ""
 
+    def answered_in_full(self, version: int, workers: set[str]) -> bool:
+        """Whether each of `workers` sent all its groups for `version` (the spec's prompts per worker): then that
+        version brings nothing more, and waiting for it to go quiet only stalls the trainer."""
+        workers = {w for w in workers if not self.reputation.is_banned(w)}  # all banned: never answered in full
+        spec, answers = self.specs.get(version), self.answers.get(version, {})
+        return bool(workers) and spec is not None and all(
+            len(answers.get(worker, ())) >= spec.prompts_per_worker for worker in workers)
+
     def on_vote(self, vote, now: float) -> str:
         status, settlement = self.tracker.on_vote(vote, now)
         self.count(f"vote:{status}")
@@ -107,6 +118,7 @@ class RolloutGate:
             self.seen = {rid: v for rid, v in self.seen.items() if v >= floor}
             for version in [v for v in self.specs if v < floor]:
                 del self.specs[version]
+            self.answers = {v: by_worker for v, by_worker in self.answers.items() if v >= floor}
             self._pruned_below = floor
         self.tracker.forget_settled(now - 2 * self.timeout_s)
 
@@ -186,7 +198,11 @@ class SwarmPublisher:
 
     def workers_known(self) -> bool:
         """Whether any inference peer is heard from: a new version only helps if someone will answer it."""
-        return any("inference" in roles for roles in self.node.peer_roles.values())
+        return bool(self.known_workers())
+
+    def known_workers(self) -> set[str]:
+        """Peer ids of the inference peers this peer hears heartbeats from."""
+        return {peer for peer, roles in self.node.peer_roles.items() if "inference" in roles}
 
     def validators_changed(self, spec: RunSpec) -> bool:
         """Whether validators are known now and differ from those `spec` names (some joined late, some left)."""
@@ -335,7 +351,7 @@ async def trainer_role(node) -> None:
         nursery.start_soon(ticks)
         while run.state.step < cfg.steps:
             waiting = BatchWait(cfg.prompts_per_step, trio.current_time())
-            while not waiting.ready(gate, trio.current_time()):
+            while not waiting.ready(gate, trio.current_time(), _answered_in_full(gate, publisher)):
                 with trio.move_on_after(1.0):
                     await progress.wait()
                     progress = trio.Event()
@@ -380,11 +396,15 @@ class BatchWait:
     have: int = 0
     changed_at: float = 0.0
 
-    def ready(self, gate: RolloutGate, now: float) -> bool:
+    def ready(self, gate: RolloutGate, now: float, answered_in_full: bool = False) -> bool:
+        """Whether to train now: on a full batch, or on the groups it has once none are on their way: after
+        `patience_s` of quiet, or at once when synchronous and every worker answered the newest version in full
+        (`answered_in_full`; a new version would expire what it holds, and waiting brings nothing)."""
         have = gate.expire()
         if have != self.have:
             self.have, self.changed_at = have, now
-        return have >= self.wanted or (have > 0 and self._quiet(gate, now))
+        short_for_good = answered_in_full and not gate.pending and gate.async_level == 0
+        return have >= self.wanted or (have > 0 and (self._quiet(gate, now) or short_for_good))
 
     def starved(self, gate: RolloutGate, now: float) -> bool:
         """Nothing to train on and nothing on its way for `patience_s`: the workers have answered the current
@@ -530,10 +550,11 @@ def _why_publish_now(node, run, publisher: SwarmPublisher, gate: RolloutGate, wa
                      now: float) -> str | None:
     """Why a new version should go out before the next step, or None.
 
-    At once, when validators the newest version names have left and no vote is awaited: its rollouts assigned to
-    them are refused on arrival, so waiting on it only wastes the workers' generation (a trainer holding part of a
-    batch used to wait `patience_s` and train on that part; it still does when synchronous, where the new version
-    would expire that part). Once starved (nothing to train on, nothing on its way for `patience_s`): when peers
+    At once, when no vote is awaited and either validators the newest version names have left (its rollouts
+    assigned to them are refused on arrival, so waiting on it only wastes the workers' generation) or every
+    inference peer answered it in full (nothing more will come: fewer workers x prompts per worker than a batch).
+    A trainer holding part of a batch used to wait `patience_s` and train on that part; it still trains on that
+    part when synchronous, where the new version would expire it (see BatchWait.ready). Once starved (nothing to train on, nothing on its way for `patience_s`): when peers
     hold a newer version than this process published, when steps were trained since the newest version (its
     workers answered it already), when the validators it names are not the ones around now (a version naming none
     can never be accepted), or, with workers around, when nothing came for `retry_after_s` (its rollouts or votes
@@ -541,9 +562,12 @@ def _why_publish_now(node, run, publisher: SwarmPublisher, gate: RolloutGate, wa
     newest = gate.specs[gate.newest]
     quorum_here = len(publisher.known_validators()) >= node.config.quorum
     keeps_ready = gate.async_level > 0 or not gate.accepted  # synchronous, a new version expires what is ready
-    if (left := publisher.validators_departed(newest)) and not gate.pending and quorum_here and keeps_ready \
-            and publisher.workers_known():
+    at_once = not gate.pending and quorum_here and keeps_ready and publisher.workers_known()
+    if at_once and (left := publisher.validators_departed(newest)):
         return f"{left} of the validators it names left, and the rollouts assigned to them can never be accepted"
+    if at_once and _answered_in_full(gate, publisher):
+        return (f"every inference peer sent its {newest.prompts_per_worker} groups for it, and the batch still "
+                f"needs {waiting.wanted - waiting.have} of {waiting.wanted}")
     if not waiting.starved(gate, now):
         return None
     quiet = f"no rollouts for {waiting.patience_s:g} s and none awaiting votes"
@@ -556,6 +580,11 @@ def _why_publish_now(node, run, publisher: SwarmPublisher, gate: RolloutGate, wa
     if waiting.starved_long(gate, now) and publisher.workers_known():
         return f"nothing came for it in {waiting.retry_after_s:g} s (its rollouts or votes were lost)"
     return None
+
+
+def _answered_in_full(gate: RolloutGate, publisher: SwarmPublisher) -> bool:
+    """Whether every inference peer heard from (banned ones aside) sent all its groups for the newest version."""
+    return gate.answered_in_full(gate.newest, publisher.known_workers())
 
 
 def newest_in_swarm(node) -> int:

@@ -265,6 +265,53 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
     assert why() is None  # one validator left: a new version would wait for a quorum anyway
 
 
+def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_on_when_synchronous(tmp_path):
+    """One worker answering 2 prompts per version against a batch of 4: the version brings nothing more once both
+    groups came, so the trainer publishes again at once (async: the held group stays in the window), or trains on
+    what it holds at once when synchronous; it used to wait `patience_s` of quiet each time."""
+    from types import SimpleNamespace
+
+    from p2p.identity import peer_id_from_public_bytes
+    from swarm.role_trainer import BatchWait, SwarmPublisher, _why_publish_now
+
+    validators = keys(2)
+    worker = "12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"
+    node = SimpleNamespace(peer_roles={worker: ("inference",)}, mirror=None,
+                           config=SimpleNamespace(data_dir=tmp_path, validator_keys=(), quorum=2))
+    for k in validators:
+        node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
+    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    gate = gate_with(validators)  # specs name 2 prompts per worker
+    waiting = BatchWait(wanted=4, since=0.0)
+    run = SimpleNamespace(trained_since_publish=False)
+
+    def settle(g):
+        for k in assigned(validators, g):
+            gate.on_vote(vote(k, g), 1.0)
+
+    first = group(worker=worker, task=1)
+    gate.on_rollout(first, 0.5)
+    settle(first)
+    assert not gate.answered_in_full(1, publisher.known_workers())
+    assert not waiting.ready(gate, 1.0, False) and _why_publish_now(node, run, publisher, gate, waiting, 1.0) is None
+    gate.on_rollout(first, 1.5)  # a resent group is not a second answer
+    assert not gate.answered_in_full(1, publisher.known_workers())
+    second = group(worker=worker, task=2)
+    gate.on_rollout(second, 1.5)
+    assert gate.answered_in_full(1, publisher.known_workers())
+    assert _why_publish_now(node, run, publisher, gate, waiting, 2.0) is None  # its votes are still awaited
+    settle(second)
+    assert not waiting.ready(gate, 2.0, True)  # async: two of four, and a new version keeps them
+    assert "every inference peer sent its 2 groups" in _why_publish_now(node, run, publisher, gate, waiting, 2.0)
+    gate.async_level = 0
+    assert waiting.ready(gate, 2.0, True)  # synchronous: train on the two now instead of after patience_s
+    gate.async_level = 1
+    assert not gate.answered_in_full(1, publisher.known_workers() | {"another-worker"})  # it has not answered
+    for _ in range(4):
+        gate.reputation.record(worker, good=False)
+    assert not gate.answered_in_full(1, publisher.known_workers())  # only banned workers: never answered in full
+
+
 def test_a_version_naming_fewer_validators_than_the_quorum_refuses_rollouts_without_blaming_the_worker():
     """Found running the README's recipe (replicas 2, quorum 2) with one validator: each honest group was settled
     as rejected (its one assigned validator's accept could never make a quorum of 2) and the worker was banned."""
