@@ -351,13 +351,15 @@ async def trainer_role(node) -> None:
         nursery.start_soon(ticks)
         while run.state.step < cfg.steps:
             waiting = BatchWait(cfg.prompts_per_step, trio.current_time())
+            # every decision below reads what ready() just counted: no vote may land between the two (a stale
+            # count once made the trainer publish again instead of training on a batch it had just completed)
             while not waiting.ready(gate, trio.current_time(), _answered_in_full(gate, publisher)):
+                await _publish_when_stuck(node, run, publisher, gate, waiting)
+                if waiting.should_report(trio.current_time()):
+                    node.events.emit("trainer_waiting", **waiting.status(gate, trio.current_time()))
                 with trio.move_on_after(1.0):
                     await progress.wait()
                     progress = trio.Event()
-                if waiting.should_report(trio.current_time()):
-                    node.events.emit("trainer_waiting", **waiting.status(gate, trio.current_time()))
-                await _publish_when_stuck(node, run, publisher, gate, waiting)
             batch = gate.take(cfg.prompts_per_step)
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))

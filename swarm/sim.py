@@ -29,6 +29,7 @@ class SimSettings:
     cheaters: int = 0
     steps: int = 16
     prompts_per_worker: int = 4
+    prompts_per_step: int = 0  # 0: half of what the honest workers answer per version
     group_size: int = 16
     max_new_tokens: int = 8
     model: str = "tiny"
@@ -59,7 +60,8 @@ def _trainer_toml(s: SimSettings) -> Path:
         "[trainer]", f'model = "{s.model}"', f"task = {json.dumps(_task_reference(s.task))}",
         f"task_config = {s.task_config}",
         "task_size = 400", f"steps = {s.steps}", "temperature = 1.0", "grad_clip = 1.0", "threads = 1",
-        f"prompts_per_step = {max(1, (s.inference * s.prompts_per_worker) // 2)}", f"group_size = {s.group_size}",
+        f"prompts_per_step = {s.prompts_per_step or max(1, (s.inference * s.prompts_per_worker) // 2)}",
+        f"group_size = {s.group_size}",
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
         'curriculum = "fastcurl"', "lr = 1e-3", "checkpoint_every = 1000", f"eval_every = {s.eval_every}",
         f"# {workers} workers",

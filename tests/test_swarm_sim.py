@@ -47,3 +47,29 @@ def test_small_swarm_trains_only_on_quorum_accepted_rollouts(tmp_path):
     assert report["heldout_accuracy"] == {e["when"]: e["accuracy"] for e in evaluations}
     assert (tmp_path / "trainer" / "training" / "eval.jsonl").read_text().count("\n") == 3
 
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("async_level", [1, 0])
+def test_one_worker_whose_answers_do_not_fill_a_batch_keeps_the_trainer_stepping(tmp_path, async_level):
+    """One worker answers 2 prompts per version, a step wants 4: once it answered a version in full, the trainer
+    sends the same weights out again at once and fills the batch from the next version (async), or trains on the
+    two it holds at once (synchronous). It used to wait 30 s of quiet before every step; and the first version of
+    the at-once rule published again instead of training on a batch a vote had just completed, for ever."""
+    settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=0, prompts_per_worker=2,
+                           prompts_per_step=4, steps=3, async_level=async_level, group_size=4, timeout_s=150.0,
+                           watch_s=20.0)
+    events: list[dict] = []
+    sink = EventSink(json_lines=True, stream=io.StringIO())
+    sink.listeners.append(events.append)
+    report = summarize(events, trio.run(run_sim, settings, sink))
+    assert not report["timed_out"] and report["steps"] == 3
+    steps = [e for e in events if e["event"] == "train_step"]
+    early = [e for e in events if e["event"] == "publishing_early"]
+    if async_level:
+        assert all(e["groups"] == 4 for e in steps)  # full batches from two versions of the same weights
+        assert 3 <= len(early) <= 6 and all("every inference peer sent its 2 groups" in e["message"] for e in early)
+    else:
+        assert all(e["groups"] == 2 for e in steps) and not early  # trained at once on what it held
+    first, last = min(e["t"] for e in steps), max(e["t"] for e in steps)
+    assert last - first < 30  # no step waited out the 30 s of quiet
