@@ -41,6 +41,7 @@ temperature = 1.0
 lr = 1e-3
 eval_every = 0
 checkpoint_every = {checkpoint_every}
+async_level = {async_level}
 threads = 1
 """
 
@@ -64,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, help="validators assigned to each rollout (default: min(2, "
                                                      "--validators))")
     parser.add_argument("--quorum", type=int, default=1, help="accepting votes a rollout needs (default 1)")
+    parser.add_argument("--async-level", dest="async_level", type=int, default=0,
+                        help="the trainer's async window (default 0: synchronous)")
     parser.add_argument("--validators", type=int, default=2)
     parser.add_argument("--inference", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
@@ -84,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.quorum <= args.replicas <= args.validators:
         raise UserError(f"need 1 <= --quorum ({args.quorum}) <= --replicas ({args.replicas}) <= --validators "
                         f"({args.validators})")
+    if args.async_level < 0:
+        raise UserError(f"--async-level must be 0 or more; got {args.async_level}")
     if args.departures < 0:
         raise UserError(f"--departures must be 0 or more; got {args.departures}")
     if args.work_dir is not None:
@@ -103,7 +108,7 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
     key = Identity.generate()
     write_key_file(work / "run.key", key)
     every = TRAINER_CHECKPOINT_EVERY if args.kill_trainer_every else 1000
-    (work / "trainer.toml").write_text(TRAINER_TOML.format(checkpoint_every=every))
+    (work / "trainer.toml").write_text(TRAINER_TOML.format(checkpoint_every=every, async_level=args.async_level))
     started: dict[str, int] = {}
     procs: dict[str, EventProcess] = {}
     retired: list[EventProcess] = []
@@ -169,7 +174,7 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
         "trainer_kills": sum(k["killed"] == "trainer" for k in kills),
         "departures": sum(k["left"] for k in kills),
         "peers": {"validators": args.validators, "inference": args.inference, "seeds": args.seeds},
-        "replicas": args.replicas, "quorum": args.quorum,
+        "replicas": args.replicas, "quorum": args.quorum, "async_level": args.async_level,
         "trainer_steps": progress, "steps_per_min": round(60 * progress / elapsed, 1),
         "steps_taken_again": taken - progress,
         "trainer_recovery_s": [_recovery(k) for k in kills if k["killed"] == "trainer"],
