@@ -550,34 +550,45 @@ async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: Rollou
 
 def _why_publish_now(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait,
                      now: float) -> str | None:
-    """Why a new version should go out before the next step, or None.
+    """Why a new version should go out before the next step, or None: at once (_why_at_once), or once starved,
+    with nothing to train on and nothing on its way for `patience_s` (_why_starved)."""
+    why = _why_at_once(node, publisher, gate, waiting)
+    if why is None and waiting.starved(gate, now):
+        why = _why_starved(node, run, publisher, gate, waiting, now)
+    return why
 
-    At once, when no vote is awaited and either validators the newest version names have left (its rollouts
-    assigned to them are refused on arrival, so waiting on it only wastes the workers' generation) or every
-    inference peer answered it in full (nothing more will come: fewer workers x prompts per worker than a batch).
-    A trainer holding part of a batch used to wait `patience_s` and train on that part; it still trains on that
-    part when synchronous, where the new version would expire it (see BatchWait.ready). Once starved (nothing to train on, nothing on its way for `patience_s`): when peers
-    hold a newer version than this process published, when steps were trained since the newest version (its
-    workers answered it already), when the validators it names are not the ones around now (a version naming none
-    can never be accepted), or, with workers around, when nothing came for `retry_after_s` (its rollouts or votes
-    were lost)."""
+
+def _why_at_once(node, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait) -> str | None:
+    """No vote is awaited and either validators the newest version names have left (its rollouts assigned to them
+    are refused on arrival, so waiting on it only wastes the workers' generation) or every inference peer answered
+    it in full (nothing more will come: fewer workers x prompts per worker than a batch). A trainer holding part of
+    a batch used to wait `patience_s` and train on that part; it still trains on that part when synchronous, where
+    a new version would expire it (see BatchWait.ready)."""
     newest = gate.specs[gate.newest]
     quorum_here = len(publisher.known_validators()) >= node.config.quorum
     keeps_ready = gate.async_level > 0 or not gate.accepted  # synchronous, a new version expires what is ready
-    at_once = not gate.pending and quorum_here and keeps_ready and publisher.workers_known()
-    if at_once and (left := publisher.validators_departed(newest)):
+    if gate.pending or not (quorum_here and keeps_ready and publisher.workers_known()):
+        return None
+    if left := publisher.validators_departed(newest):
         return f"{left} of the validators it names left, and the rollouts assigned to them can never be accepted"
-    if at_once and _answered_in_full(gate, publisher):
+    if _answered_in_full(gate, publisher):
         return (f"every inference peer sent its {newest.prompts_per_worker} groups for it, and the batch still "
                 f"needs {waiting.wanted - waiting.have} of {waiting.wanted}")
-    if not waiting.starved(gate, now):
-        return None
+    return None
+
+
+def _why_starved(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait,
+                 now: float) -> str | None:
+    """Starved: when peers hold a newer version than this process published, when steps were trained since the
+    newest version (its workers answered it already), when the validators it names are not the ones around now (a
+    version naming none can never be accepted), or, with workers around, when nothing came for `retry_after_s`
+    (its rollouts or votes were lost)."""
     quiet = f"no rollouts for {waiting.patience_s:g} s and none awaiting votes"
     if (held := newest_in_swarm(node)) > gate.newest:
         return f"{quiet}; peers hold v{held}, published by an earlier process of this run, and answer that"
     if run.trained_since_publish:
         return f"{quiet}; the workers have answered it"
-    if publisher.validators_changed(newest):
+    if publisher.validators_changed(gate.specs[gate.newest]):
         return f"{quiet}; it names other validators than those here"
     if waiting.starved_long(gate, now) and publisher.workers_known():
         return f"nothing came for it in {waiting.retry_after_s:g} s (its rollouts or votes were lost)"
