@@ -137,7 +137,7 @@ def test_groups_that_aged_out_while_waiting_expire_instead_of_filling_a_batch():
 
 
 def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_reported_meanwhile():
-    from swarm.role_trainer import BatchWait
+    from swarm.batch_wait import BatchWait
 
     validators = keys(2)
     gate = gate_with(validators)
@@ -161,7 +161,7 @@ def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_repor
 
 
 def test_a_trainer_with_nothing_to_train_on_and_nothing_coming_is_starved_until_it_waits_afresh():
-    from swarm.role_trainer import BatchWait
+    from swarm.batch_wait import BatchWait
 
     validators = keys(2)
     gate = gate_with(validators)
@@ -233,7 +233,8 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_trainer import BatchWait, SwarmPublisher, _why_publish_now
+    from swarm.batch_wait import BatchWait, why_publish_now
+    from swarm.role_trainer import SwarmPublisher
 
     validators = keys(3)
     node = SimpleNamespace(peer_roles={"12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7": ("inference",)},
@@ -246,7 +247,7 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
     run = SimpleNamespace(trained_since_publish=False)
 
     def why(now=1.0):
-        return _why_publish_now(node, run, publisher, gate, waiting, now)
+        return why_publish_now(node, run, publisher, gate, waiting, now)
 
     assert publisher.validators_departed(gate.specs[1]) == 1
     assert "1 of the validators it names left" in why()  # 1 s in: no patience waited out
@@ -272,7 +273,8 @@ def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_trainer import BatchWait, SwarmPublisher, _why_publish_now
+    from swarm.batch_wait import BatchWait, why_publish_now
+    from swarm.role_trainer import SwarmPublisher
 
     validators = keys(2)
     worker = "12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"
@@ -293,16 +295,16 @@ def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_
     gate.on_rollout(first, 0.5)
     settle(first)
     assert not gate.answered_in_full(1, publisher.known_workers())
-    assert not waiting.ready(gate, 1.0, False) and _why_publish_now(node, run, publisher, gate, waiting, 1.0) is None
+    assert not waiting.ready(gate, 1.0, False) and why_publish_now(node, run, publisher, gate, waiting, 1.0) is None
     gate.on_rollout(first, 1.5)  # a resent group is not a second answer
     assert not gate.answered_in_full(1, publisher.known_workers())
     second = group(worker=worker, task=2)
     gate.on_rollout(second, 1.5)
     assert gate.answered_in_full(1, publisher.known_workers())
-    assert _why_publish_now(node, run, publisher, gate, waiting, 2.0) is None  # its votes are still awaited
+    assert why_publish_now(node, run, publisher, gate, waiting, 2.0) is None  # its votes are still awaited
     settle(second)
     assert not waiting.ready(gate, 2.0, True)  # async: two of four, and a new version keeps them
-    assert "every inference peer sent its 2 groups" in _why_publish_now(node, run, publisher, gate, waiting, 2.0)
+    assert "every inference peer sent its 2 groups" in why_publish_now(node, run, publisher, gate, waiting, 2.0)
     gate.async_level = 0
     assert waiting.ready(gate, 2.0, True)  # synchronous: train on the two now instead of after patience_s
     gate.async_level = 1
