@@ -141,11 +141,7 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
         first_step = _last_step([procs["trainer"]])
         while args.kill_every and time.monotonic() - begin + args.kill_every <= args.seconds:
             time.sleep(args.kill_every)
-            may_leave = _may_leave(roles, args.quorum) if len(kills) < args.departures else []
-            leaving = bool(may_leave)  # with none that may leave, this kill is a restart like the others
-            victim = draw.choice(sorted(may_leave or roles))
-            if args.kill_trainer_every and (len(kills) + 1) % args.kill_trainer_every == 0 and not leaving:
-                victim = "trainer"
+            victim, leaving = _pick_victim(draw, roles, len(kills), args)
             at_step = _last_step(trainers)
             procs[victim].popen.send_signal(signal.SIGKILL)
             procs[victim].popen.wait()
@@ -183,6 +179,17 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
         "logs_with_traceback": sum("Traceback" in Path(p.log.name).read_text(errors="replace") for p in everyone),
         "kill_log": [{k: v for k, v in kill.items() if k not in ("at", "process")} for kill in kills],
     }
+
+
+def _pick_victim(draw: random.Random, roles: dict[str, list[str]], done: int, args) -> tuple[str, bool]:
+    """(who the next kill hits, whether it leaves for good) after `done` kills: the first --departures take a peer
+    that may leave, every --kill-trainer-every-th restart hits the trainer, the rest a drawn peer."""
+    may_leave = _may_leave(roles, args.quorum) if done < args.departures else []
+    leaving = bool(may_leave)  # with none that may leave, this kill is a restart like the others
+    victim = draw.choice(sorted(may_leave or roles))
+    if args.kill_trainer_every and (done + 1) % args.kill_trainer_every == 0 and not leaving:
+        victim = "trainer"
+    return victim, leaving
 
 
 def _may_leave(roles: dict[str, list[str]], quorum: int) -> list[str]:

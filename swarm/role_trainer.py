@@ -352,8 +352,7 @@ async def trainer_role(node) -> None:
         nursery.start_soon(ticks)
         while run.state.step < cfg.steps:
             waiting = BatchWait(cfg.prompts_per_step, trio.current_time())
-            # every decision below reads what ready() just counted: no vote may land between the two (a stale
-            # count once made the trainer publish again instead of training on a batch it had just completed)
+            # decisions read what ready() just counted (a stale count once published instead of training)
             while not waiting.ready(gate, trio.current_time(), answered_in_full(gate, publisher)):
                 await _publish_when_stuck(node, run, publisher, gate, waiting)
                 if waiting.should_report(trio.current_time()):
