@@ -5,10 +5,10 @@ processes on loopback, on the tiny model. Every `--kill-every` seconds one peer 
 seeded draw, is killed with SIGKILL (no goodbye, as a machine that loses power) and restarted on its own data
 directory; with `--kill-trainer-every N` every Nth kill is the trainer's, which comes back on its own address and
 resumes from its last checkpoint (taken every 5 steps), so the steps since are lost and taken again; with
-`--departures N` the first N kills are departures for good (the peer never comes back, as a lender who leaves), drawn
-so that a quorum of validators and one inference peer remain. What a user
-lending machines cares about is printed as one JSON object: how far the trainer got overall and between kills, how
-long a killed trainer took to step again, whether any role failed, and whether any process printed a traceback.
+`--departures N` the first N kills are departures for good (the peer never comes back, as a lender who leaves),
+drawn so that a quorum of validators and one inference peer remain. What a user lending machines cares about is
+printed as one JSON object: how far the trainer got overall and between kills, how long a killed trainer took to
+step again, whether any role failed, and whether any process printed a traceback.
 Peers that come back must find the run again (bootstrap redial, heartbeats), resume their piece stores, and be
 re-assigned work.
 """
@@ -219,8 +219,9 @@ def _recovery(kill: dict) -> float | None:
 
 
 def _summary(r: dict) -> str:
-    trainer = (f"; the trainer was killed {r['trainer_kills']} times, took its first step again after "
-               f"{r['trainer_recovery_s']} s and took {r['steps_taken_again']} steps again") if r["trainer_kills"] else ""
+    trainer = "" if not r["trainer_kills"] else (
+        f"; the trainer was killed {r['trainer_kills']} times, took its first step again after "
+        f"{r['trainer_recovery_s']} s and took {r['steps_taken_again']} steps again")
     left = f" ({r['departures']} of them for good)" if r["departures"] else ""
     return (f"{r['trainer_steps']} trainer steps in {r['seconds']} s ({r['steps_per_min']}/min) with {r['kills']} "
             f"kills{left}, one every {r['kill_every_s']:g} s (fewest steps between two kills: "

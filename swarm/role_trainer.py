@@ -474,8 +474,9 @@ async def _resumed(node, run) -> None:
 
 
 async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait) -> None:
-    """Publish a new version now when the newest one cannot bring the next batch (see swarm.batch_wait.why_publish_now). The same
-    weights sent again cost the swarm a manifest: their files have the same roots, which every peer already holds."""
+    """Publish a new version now when the newest one cannot bring the next batch (swarm.batch_wait.why_publish_now).
+    The same weights sent again cost the swarm a manifest: their files have the same roots, which every peer already
+    holds."""
     why = why_publish_now(node, run, publisher, gate, waiting, trio.current_time())
     if why is None:
         return

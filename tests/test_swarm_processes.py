@@ -93,8 +93,9 @@ def test_trainer_validator_and_inference_processes_train_on_accepted_rollouts(tm
 def test_a_run_survives_a_validator_that_leaves_for_good(tmp_path):
     """Three validators (replicas 2, quorum 2), one killed once the first version names it and before any worker
     joins: its peers forget it once its heartbeats stop, the rollouts that waited on its vote time out at once
-    (blaming no worker), a version naming only those still there goes out at once, and training ends. Before, a departed validator stayed in every version's validator set
-    and held each of its rollouts for the whole quorum timeout.
+    (blaming no worker), a version naming only those still there goes out at once, and training ends. Before, a
+    departed validator stayed in every version's validator set and held each of its rollouts for the whole quorum
+    timeout.
 
     Why kill it before the worker starts: then it voted on nothing, and a step can pass without its departure
     being noticed only if every one of that step's four groups was assigned to the other two ((1/3)^4 for each
