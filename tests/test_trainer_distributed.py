@@ -281,3 +281,35 @@ def test_ddp_stays_on_gloo_even_beside_gpus(monkeypatch):
         init_data_parallel("nccl", "ddp")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_backend("fsdp") == "gloo"
+
+
+ENDED = """
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+from trainer.distributed import end_data_parallel, init_data_parallel
+collective = init_data_parallel("gloo")
+import transformers.modeling_utils  # what loading a model imports, once the group has started
+collective.all_sum(1.0)
+end_data_parallel()
+names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+open(os.path.join(sys.argv[1], f"threads{os.environ['RANK']}.json"), "w").write(json.dumps(names))
+"""
+
+
+def test_ending_the_group_ends_its_gloo_threads_even_after_model_imports(tmp_path):
+    """A rank that loaded a model after joining still ends its group for real: no gloo thread is left to be torn
+    down during interpreter shutdown, where that aborted ranks of finished runs now and then."""
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "OMP_NUM_THREADS": "1"}
+    root = str(Path(__file__).resolve().parent.parent)
+    ranks = [subprocess.Popen([sys.executable, "-c", ENDED, str(tmp_path), root], env={**env, "RANK": str(r)},
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for proc in ranks:
+            assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
+    finally:
+        for proc in ranks:
+            proc.kill()
+    for rank in range(2):
+        names = json.loads((tmp_path / f"threads{rank}.json").read_text())
+        assert names and not [name for name in names if "gloo" in name], names

@@ -85,8 +85,31 @@ def init_data_parallel(backend: str | None = None, mode: str = "ddp") -> TorchCo
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
+        import_before_group()
         dist.init_process_group(backend=backend)
     return TorchCollective()
+
+
+def import_before_group() -> None:
+    """Import torch._dynamo now, before the process group exists, so that `destroy_process_group` really ends it.
+
+    Why: torch._dynamo, imported after the group started (transformers' model loading and FSDP both import it),
+    keeps references to the default group (ten, in torch 2.13). `destroy_process_group` then only forgets the group:
+    its gloo threads live on into interpreter shutdown, where tearing them down aborted a rank now and then
+    ("terminate called without an active exception", SIGABRT) after a run that had finished well.
+    tests/test_trainer_distributed.py checks that no gloo thread outlives the group. Under FSDP the group still
+    outlives its destruction: DTensor's sharding caches (torch internals, no public way to clear them) hold its
+    device mesh; no FSDP run has aborted that way so far.
+    """
+    import torch._dynamo  # noqa: F401 - imported for its side effect on what it captures
+
+
+def end_data_parallel() -> None:
+    """Destroy the default process group (every rank, once its last collective is done)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def init_parallel(mode: str = "ddp", backend: str | None = None) -> TorchCollective:

@@ -57,7 +57,9 @@ def launch_ranks(nproc: int, argv: Sequence[str]) -> int:
     """Run the ranks to completion; their exit status (torchrun ends them all when one fails)."""
     if nproc > (os.cpu_count() or 1) * 4:
         raise TrainerError(f"--nproc {nproc} is far more processes than this machine has cores")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # a rank that aborts in C++ (SIGABRT, SIGSEGV) still prints where its Python threads were
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "PYTHONFAULTHANDLER": os.environ.get("PYTHONFAULTHANDLER", "1")}
     return subprocess.run(rank_command(nproc, argv), env=env).returncode
 
 

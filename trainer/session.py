@@ -110,9 +110,7 @@ def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Calla
                          session_started: float) -> dict:
     """One rank of `swarm train --nproc N` (trainer.launch): rank 0 generates (or owns the generator process)
     and evaluates."""
-    import torch.distributed as dist
-
-    from trainer.distributed import init_parallel
+    from trainer.distributed import end_data_parallel, init_parallel
     from trainer.generator_process import GeneratorProcess
     from trainer.launch import check_supported
 
@@ -129,7 +127,7 @@ def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Calla
             return _train(cfg, curriculum, echo if lead else (lambda line: None), session_started, spawn_generator,
                           collective=collective)
     finally:
-        dist.destroy_process_group()
+        end_data_parallel()
 
 
 def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], None], session_started: float,
