@@ -27,6 +27,9 @@ from p2p.errors import ChannelError
 
 log = logging.getLogger(__name__)
 _SMALL_RECORDS = 2 * COPY_LIMIT
+READ_AHEAD = 64 * 1024
+"""Bytes a read may take past the record it completes, when they are already there: a piece frame's small header
+record then comes in with the end of the previous piece's payload record, not in a read of its own."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,8 @@ class SecureChannelStream:
         self.aead = sealer.aead
         self._timeouts = timeouts
         self._out = record_buffer() + bytes(_SMALL_RECORDS)  # room for small records sealed ahead of a big one
-        self._in = record_buffer() + bytes(HEADER.size)  # room to read the next record's header along with a body
-        self._carry = 0  # bytes of the next record's header already at the start of self._in
+        self._in = record_buffer() + bytes(READ_AHEAD)  # a record, and what a read may take past it
+        self._carry = 0  # bytes received at the start of self._in: the next record's header, and maybe more
         self._plain: bytes | bytearray = b""
         self._plain_pos = 0
         self._pool = PlaintextPool()  # big records decrypt into reused buffers (PlaintextPool says who owns them)
@@ -179,12 +182,14 @@ class SecureChannelStream:
     async def _read_record(self) -> bytes:
         try:
             length, flags = await self._read_header()
-            body = memoryview(self._in)[HEADER.size : HEADER.size + length]
             with trio.move_on_after(self._timeouts.record_timeout) as scope:
                 await self._read_body(length)
             if scope.cancelled_caught:
                 raise trio.TooSlowError
-            return self._opener.open(flags, body, self._pool)
+            end = HEADER.size + length
+            plaintext = self._opener.open(flags, memoryview(self._in)[HEADER.size : end], self._pool)
+            self._keep_read_ahead(end)
+            return plaintext
         except ChannelError as exc:
             self._fail(str(exc))
             raise
@@ -194,27 +199,31 @@ class SecureChannelStream:
             raise self._fail(f"data channel from {self.peer_id} broke ({type(exc).__name__})") from exc
 
     async def _read_header(self) -> tuple[int, int]:
-        """The next record's (length, flags); its bytes often came with the previous body (no syscall then)."""
-        header = memoryview(self._in)[: HEADER.size]
+        """The next record's (length, flags); its bytes often came with an earlier read (no syscall then)."""
         if self._carry < HEADER.size:
             with trio.fail_after(self._timeouts.idle_timeout) if self._timeouts.idle_timeout else nullcontext():
-                self._carry = await self._recv_at_least(header, self._carry, HEADER.size)
+                area = memoryview(self._in)[: HEADER.size + READ_AHEAD]
+                self._carry = await self._recv_at_least(area, self._carry, HEADER.size)
             if self._carry == 0:
                 raise self._fail(f"data channel from {self.peer_id} ended without its final record (truncated)")
             if self._carry < HEADER.size:
                 raise self._fail(f"data channel from {self.peer_id} ended inside a record header (truncated)")
-        self._carry = 0
-        return self._opener.parse_header(header)
+        return self._opener.parse_header(memoryview(self._in)[: HEADER.size])
 
     async def _read_body(self, length: int) -> None:
-        """Read the body, plus at most the next record's header if it is already there (never waits for it)."""
+        """Complete the body at self._in[HEADER.size:], taking at most READ_AHEAD bytes past it that are already
+        there (never waiting for them)."""
         end = HEADER.size + length
-        area = memoryview(self._in)[HEADER.size : end + HEADER.size]
-        got = await self._recv_at_least(area, 0, length)
-        if got < length:
+        if self._carry < end:
+            self._carry = await self._recv_at_least(memoryview(self._in)[: end + READ_AHEAD], self._carry, end)
+        if self._carry < end:
             raise self._fail(f"data channel from {self.peer_id} ended inside a record (truncated)")
-        self._carry = got - length
-        self._in[: self._carry] = self._in[end : end + self._carry]  # <= 5 bytes; the body starts at 5 + >= 16
+
+    def _keep_read_ahead(self, end: int) -> None:
+        """Move what was read past the record just opened (at most READ_AHEAD + HEADER.size bytes) to the front."""
+        self._carry -= end
+        if self._carry:
+            self._in[: self._carry] = self._in[end : end + self._carry]  # the slice is a copy: overlap is safe
 
     async def _recv_at_least(self, view: memoryview, got: int, minimum: int) -> int:
         """Read into `view` from offset `got` until at least `minimum` bytes are there; fewer only at EOF.

@@ -250,20 +250,61 @@ async def test_peer_vanishing_mid_transfer_is_an_error_not_a_hang(cut):
         await reader.receive_some()
 
 
-async def test_a_header_read_along_with_the_previous_body_is_used_and_its_truncation_detected():
-    """The reader takes up to the next record's header with each body; records packed back to back, split anywhere,
-    must still come out exactly, and a stream cut inside a header that was read ahead is still a truncation."""
+async def test_bytes_read_ahead_are_used_and_a_truncation_inside_them_detected():
+    """A read may take up to READ_AHEAD bytes past the record it completes; records packed back to back (small ones
+    filling several read-aheads, big ones, empty ones) and split anywhere must still come out exactly, and a stream
+    cut inside a header that was read ahead is still a truncation."""
     raw, reader = await raw_pair()
     sealer = RecordSealer(KEY, DIALER)
-    chunks = [os.urandom(n) for n in (1, 70_000, 16, 3)]
+    chunks = [os.urandom(n) for n in (1, 70_000, 16, 3, *[100] * 800, MAX_RECORD, 7, MAX_RECORD - 1)]
     wire = b"".join(bytes(seal(sealer, c)) for c in chunks) + bytes(seal(sealer, b"lost"))[:3]
-    for start in range(0, len(wire), 9_999):  # splits land inside headers, bodies and tags
-        await raw.send_all(wire[start : start + 9_999])
-    await raw.aclose()
-    with trio.fail_after(5):
-        assert [await reader.receive_some() for _ in chunks] == chunks
-        with pytest.raises(ChannelError, match="inside a record header"):
-            await reader.receive_some()
+
+    async def send():
+        for start in range(0, len(wire), 9_999):  # splits land inside headers, bodies and tags
+            await raw.send_all(wire[start : start + 9_999])
+        await raw.aclose()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            assert [await reader.receive_some() for _ in chunks] == chunks
+            with pytest.raises(ChannelError, match="inside a record header"):
+                await reader.receive_some()
+
+
+class ScriptedSocket:
+    """A socket whose peer has sent all of `wire` already: each read takes what fits, and is counted."""
+
+    def __init__(self, wire: bytes) -> None:
+        self.wire, self.pos, self.reads = memoryview(wire), 0, 0
+
+    async def recv_into(self, view) -> int:
+        await trio.lowlevel.checkpoint()
+        self.reads += 1
+        size = min(len(view), len(self.wire) - self.pos)
+        view[:size] = self.wire[self.pos : self.pos + size]
+        self.pos += size
+        return size
+
+
+async def test_a_piece_frames_header_record_comes_with_the_previous_payload_not_in_a_read_of_its_own():
+    from types import SimpleNamespace
+
+    from p2p.wire import FrameDecoder, encode_frame, read_frame
+
+    sealer, pieces = RecordSealer(KEY, DIALER), [os.urandom(MAX_RECORD) for _ in range(8)]
+    wire = bytearray()
+    for index, piece in enumerate(pieces):
+        for group in split_records([memoryview(p).cast("B") for p in encode_frame({"t": "piece", "index": index}, piece)]):
+            wire += seal(sealer, b"".join(group))
+    sock = ScriptedSocket(bytes(wire))
+    reader = SecureChannelStream(SimpleNamespace(socket=sock), RecordSealer(KEY, LISTENER), RecordOpener(KEY, DIALER), "P")
+    decoder = FrameDecoder()
+    for index, piece in enumerate(pieces):
+        header, payload = await read_frame(reader, decoder)
+        assert header == {"t": "piece", "index": index} and payload == piece
+    assert reader._opener.index == 2 * len(pieces)  # a header record and a payload record per piece
+    assert sock.reads <= len(pieces) + 1  # the old reader took two reads per piece
 
 
 async def test_peer_stalling_inside_a_record_times_out(autojump_clock):
