@@ -1,10 +1,10 @@
 """The IO adapter of the fast data channel: sealed records over a plain trio TCP socket.
 
 Why `recv_into` reads into preallocated buffers: the trio scheduler around many small reads, and copies, are where
-stream throughput goes in Python (REFERENCE.md §5). A body read also takes the next record's header when it is
-already there (at most HEADER.size bytes past the body, and never waited for), so a record that carries a whole
-piece frame costs a few reads; we never wait for bytes the peer has not sent (which would stall request/response
-traffic). Sending mirrors it: `send_parts` seals a frame's header record and payload record back to back in the
+stream throughput goes in Python (REFERENCE.md §5). A read also takes up to READ_AHEAD bytes past the record it
+completes when they are already there (never waited for), so a piece frame's small header record arrives with the
+end of the previous payload instead of costing a read of its own; we never wait for bytes the peer has not sent
+(which would stall request/response traffic). Sending mirrors it: `send_parts` seals a frame's header record and payload record back to back in the
 output buffer and hands them to the socket in one send.
 
 Timeouts: a record whose header arrived must complete within `record_timeout` (a peer cannot pin our buffer by
