@@ -4,8 +4,8 @@ Why `recv_into` reads into preallocated buffers: the trio scheduler around many 
 stream throughput goes in Python (REFERENCE.md §5). A read also takes up to READ_AHEAD bytes past the record it
 completes when they are already there (never waited for), so a piece frame's small header record arrives with the
 end of the previous payload instead of costing a read of its own; we never wait for bytes the peer has not sent
-(which would stall request/response traffic). Sending mirrors it: `send_parts` seals a frame's header record and payload record back to back in the
-output buffer and hands them to the socket in one send.
+(which would stall request/response traffic). Sending mirrors it: `send_parts` seals a frame's header record and
+payload record back to back in the output buffer and hands them to the socket in one send.
 
 Timeouts: a record whose header arrived must complete within `record_timeout` (a peer cannot pin our buffer by
 stalling mid-record); between records a link may idle unless `idle_timeout` is set, while TCP keepalive still
@@ -220,7 +220,7 @@ class SecureChannelStream:
             raise self._fail(f"data channel from {self.peer_id} ended inside a record (truncated)")
 
     def _keep_read_ahead(self, end: int) -> None:
-        """Move what was read past the record just opened (at most READ_AHEAD + HEADER.size bytes) to the front."""
+        """Move what was read past the record just opened (at most READ_AHEAD bytes) to the front."""
         self._carry -= end
         if self._carry:
             self._in[: self._carry] = self._in[end : end + self._carry]  # the slice is a copy: overlap is safe
