@@ -295,7 +295,8 @@ async def test_a_piece_frames_header_record_comes_with_the_previous_payload_not_
     sealer, pieces = RecordSealer(KEY, DIALER), [os.urandom(MAX_RECORD) for _ in range(8)]
     wire = bytearray()
     for index, piece in enumerate(pieces):
-        for group in split_records([memoryview(p).cast("B") for p in encode_frame({"t": "piece", "index": index}, piece)]):
+        parts = [memoryview(part).cast("B") for part in encode_frame({"t": "piece", "index": index}, piece)]
+        for group in split_records(parts):
             wire += seal(sealer, b"".join(group))
     sock = ScriptedSocket(bytes(wire))
     reader = SecureChannelStream(SimpleNamespace(socket=sock), RecordSealer(KEY, LISTENER), RecordOpener(KEY, DIALER), "P")
