@@ -299,7 +299,8 @@ async def test_a_piece_frames_header_record_comes_with_the_previous_payload_not_
         for group in split_records(parts):
             wire += seal(sealer, b"".join(group))
     sock = ScriptedSocket(bytes(wire))
-    reader = SecureChannelStream(SimpleNamespace(socket=sock), RecordSealer(KEY, LISTENER), RecordOpener(KEY, DIALER), "P")
+    reader = SecureChannelStream(SimpleNamespace(socket=sock), RecordSealer(KEY, LISTENER), RecordOpener(KEY, DIALER),
+                                 "P")
     decoder = FrameDecoder()
     for index, piece in enumerate(pieces):
         header, payload = await read_frame(reader, decoder)
