@@ -362,3 +362,34 @@ def test_a_swarm_trainer_whose_versions_outran_its_checkpoint_still_restarts(tmp
     run_sync(resumed, FixedSource(), 4)  # the checkpoint at step 4 names v8: v2 goes at the next publish
     assert resumed.state.version == 8 and policy_dir(resumed.policies, 2).is_dir()
     assert resumed.publish_early(even_untrained=True) and not policy_dir(resumed.policies, 2).is_dir()
+
+
+class SecondRank:
+    """Rank 1 of two, whose partner (rank 0) contributes `partner` to every collective."""
+
+    rank, world_size = 1, 2
+
+    def __init__(self, partner: float) -> None:
+        self.partner = partner
+
+    def all_sum(self, value: float) -> float:
+        return value + self.partner
+
+    def all_max(self, value: float) -> float:
+        return max(value, self.partner)
+
+    def reduce_gradients(self, parameters) -> None:
+        return None
+
+
+def test_a_rank_that_looks_after_rank_0_published_the_first_version_still_numbers_it_as_rank_0_does(
+        tmp_path, model_cache):
+    """Data parallel: rank 0 publishes v0 while rank 1 may still be loading; rank 1 must not count that v0 as
+    written by an earlier process (it then numbered its versions one higher and refused rank 0's batches)."""
+    make_run(tmp_path, model_cache)  # rank 0's start: v0 is on disk now
+    values = dict(out=str(tmp_path), curriculum="none", steps=4, lr=1e-2, prompts_per_step=2, group_size=4)
+    loaded_cfg = load_config(overrides=values)
+    rank_1 = TrainingRun(load_model("tiny", cache_dir=model_cache), loaded_cfg.config, loaded_cfg.curriculum,
+                         collective=SecondRank(partner=-1.0))  # rank 0 found nothing on disk before it wrote
+    assert rank_1.first_version == rank_1.state.version == 0
+    assert not rank_1.step(FixedSource().generate(0, rank_1.latest_policy()))["refused"]

@@ -109,10 +109,22 @@ class TrainingRun:
             # No checkpoint: training starts from the base model, but numbered past any version an earlier process
             # wrote here before its first checkpoint (its versions went out to peers: a number names one set of
             # weights for ever, see _next_version).
-            self.state.extra["first_version"] = self._highest_on_disk() + 1
+            self.state.extra["first_version"] = self._rank_0s(self._highest_on_disk()) + 1
             self._publish(self.first_version)
         if self.cfg.kl_coef > 0:
+            self._rank_0s(0)  # its files are rank 0's to write: they are on disk once every rank got here
             self.trainer.reference = self._load_version(self.first_version)  # kept on disk (see _prune_policies)
+
+    def _rank_0s(self, value: int) -> int:
+        """Rank 0's `value` on every rank (a collective; `value` itself when training alone).
+
+        Why: what a rank finds on disk depends on when it looks, and rank 0 writes there. A rank that counted the
+        versions on disk after rank 0 had published the first one numbered its versions one higher, refused the
+        next batches as stale and trained none of its share (seen under load, as a flaky launch test).
+        """
+        if self.world_size == 1:
+            return value
+        return int(self.trainer.collective.all_max(float(value) if self.rank == 0 else float("-inf")))
 
     @property
     def first_version(self) -> int:
