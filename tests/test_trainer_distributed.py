@@ -133,6 +133,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start_ranks(code: str, *args: str, **env: str) -> list[subprocess.Popen]:
+    """Two rank processes running `code` with torch.distributed's environment (RANK 0 and 1, a free port)."""
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), **env}
+    return [subprocess.Popen([sys.executable, "-c", code, *args], env={**env, "RANK": str(rank)},
+                             stderr=subprocess.PIPE, text=True) for rank in range(2)]
+
+
+def _finish_ranks(ranks: list[subprocess.Popen], timeout: float) -> None:
+    for proc in ranks:
+        assert proc.wait(timeout=timeout) == 0, proc.stderr.read()[-3000:]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Launch the two ranks, train on the whole batch in this process meanwhile, wait for the ranks."""
@@ -145,9 +157,7 @@ def runs(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("SWARM_MODEL_CACHE", str(out / "cache"))
     initial = load_model("tiny")  # builds the cache the ranks share
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    ranks = [subprocess.Popen([sys.executable, "-c", LAUNCH, str(out), str(Path(__file__).parent)],
-                              env={**env, "RANK": str(r)}, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    ranks = _start_ranks(LAUNCH, str(out), str(Path(__file__).parent))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -160,8 +170,7 @@ def runs(tmp_path_factory):
         trainer.tied_figures = train(tied, 0, 1)
         trainer.tied_weights = plain_weights(tied.model)
         publish_policy(out / "single-policy", loaded.model, loaded.tokenizer, {}, {})
-        for proc in ranks:
-            assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
+        _finish_ranks(ranks, timeout=240)
     finally:
         torch.set_num_threads(threads)
         for proc in ranks:
@@ -299,14 +308,9 @@ open(os.path.join(sys.argv[1], f"threads{os.environ['RANK']}.json"), "w").write(
 def test_ending_the_group_ends_its_gloo_threads_even_after_model_imports(tmp_path):
     """A rank that loaded a model after joining still ends its group for real: no gloo thread is left to be torn
     down during interpreter shutdown, where that aborted ranks of finished runs now and then."""
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "OMP_NUM_THREADS": "1"}
-    root = str(Path(__file__).resolve().parent.parent)
-    ranks = [subprocess.Popen([sys.executable, "-c", ENDED, str(tmp_path), root], env={**env, "RANK": str(r)},
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    ranks = _start_ranks(ENDED, str(tmp_path), str(Path(__file__).resolve().parent.parent), OMP_NUM_THREADS="1")
     try:
-        for proc in ranks:
-            assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
+        _finish_ranks(ranks, timeout=120)
     finally:
         for proc in ranks:
             proc.kill()

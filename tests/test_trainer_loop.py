@@ -53,12 +53,13 @@ class FixedSource:
         return groups
 
 
-def make_run(tmp_path, model_cache, **overrides):
+def make_run(tmp_path, model_cache, collective=None, **overrides):
     values = dict(out=str(tmp_path), curriculum="none", steps=4, lr=1e-2, prompts_per_step=2, group_size=4,
                   steps_per_policy=1, checkpoint_every=2, micro_batch=3, temperature=1.0, warmup_steps=1)
     values.update(overrides)
     loaded_cfg = load_config(overrides=values)
-    return TrainingRun(load_model("tiny", cache_dir=model_cache), loaded_cfg.config, loaded_cfg.curriculum)
+    return TrainingRun(load_model("tiny", cache_dir=model_cache), loaded_cfg.config, loaded_cfg.curriculum,
+                       collective=collective)
 
 
 def test_restart_resumes_exactly(tmp_path, model_cache):
@@ -387,9 +388,6 @@ def test_a_rank_that_looks_after_rank_0_published_the_first_version_still_number
     """Data parallel: rank 0 publishes v0 while rank 1 may still be loading; rank 1 must not count that v0 as
     written by an earlier process (it then numbered its versions one higher and refused rank 0's batches)."""
     make_run(tmp_path, model_cache)  # rank 0's start: v0 is on disk now
-    values = dict(out=str(tmp_path), curriculum="none", steps=4, lr=1e-2, prompts_per_step=2, group_size=4)
-    loaded_cfg = load_config(overrides=values)
-    rank_1 = TrainingRun(load_model("tiny", cache_dir=model_cache), loaded_cfg.config, loaded_cfg.curriculum,
-                         collective=SecondRank(partner=-1.0))  # rank 0 found nothing on disk before it wrote
+    rank_1 = make_run(tmp_path, model_cache, collective=SecondRank(partner=-1.0))  # rank 0 saw nothing on disk
     assert rank_1.first_version == rank_1.state.version == 0
     assert not rank_1.step(FixedSource().generate(0, rank_1.latest_policy()))["refused"]
