@@ -5,9 +5,11 @@ Why our own record layer instead of the libp2p stream: py-libp2p's Noise+Yamux s
 record (`cryptography`) costs 0.25-0.6 ms here, yet it is still the largest cost of the channel: seal and open
 each cost about as much as the kernel's copy plus the BLAKE3 hash of the same MiB. Why three ciphers: measured on
 this project's 2-core machines (encrypt / decrypt of 1 MiB, ms): AES-256-OCB3 0.20-0.25 / 0.26-0.29, AES-256-GCM
-0.30-0.44 / 0.37-0.47, ChaCha20-Poly1305 0.56-0.59 / 0.62-0.65. OCB3 (RFC 7253) needs one AES pass and no GHASH;
-GCM is the widely deployed choice; without AES hardware ChaCha20 is the fast one. All three are AEADs with 12-byte nonces and 16-byte tags used identically below. The dialer lists the ciphers
-it supports, the listener picks (`choose_aead`) and names it in its offer, the dialer follows.
+0.30-0.44 / 0.37-0.47, ChaCha20-Poly1305 0.56-0.59 / 0.62-0.65; on session 14's AMD EPYC, OCB3 0.16 / 0.15 and
+GCM 0.11 / 0.10 (OpenSSL's vectorised GCM), so the listener measures which AES mode is faster (`preferred_aead`).
+OCB3 (RFC 7253) needs one AES pass and no GHASH; GCM is the widely deployed choice; without AES hardware ChaCha20
+is the fast one. All three are AEADs with 12-byte nonces and 16-byte tags used identically below. The dialer lists
+the ciphers it supports, the listener picks (`choose_aead`) and names it in its offer, the dialer follows.
 
 Record on the wire:   | u32 ciphertext length | u8 flags | ciphertext (plaintext + 16-byte tag) |
 Nonce (12 bytes):     | u8 direction | 3 zero bytes | u64 record index |
@@ -23,10 +25,12 @@ stream. No IO here: the sealer writes into a caller's buffer (one record may be 
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
+import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESOCB3, ChaCha20Poly1305
@@ -74,23 +78,58 @@ def _make_aead(key: bytes, name: str):
     return AEADS[name](bytes(key))
 
 
+@functools.cache
 def preferred_aead() -> str:
-    """AES-256-OCB3 (else -GCM) where the CPU has AES instructions, else ChaCha20-Poly1305.
+    """Where the CPU has AES instructions, whichever AES mode seals and opens a record fastest here; else
+    ChaCha20-Poly1305. Measured once per process (a few milliseconds).
 
-    The same reasoning as TLS stacks: ChaCha20 is the fast cipher without AES hardware, AES the fast one with it;
-    among the AES modes OCB3 is the faster here (module docstring). Linux x86 and ARM report the feature as an
-    "aes" flag in /proc/cpuinfo; anywhere else we keep ChaCha20.
+    The same reasoning as TLS stacks: ChaCha20 is the fast cipher without AES hardware, AES the fast one with it.
+    Which AES mode wins depends on the CPU and on the OpenSSL build: OCB3 needs one AES pass and no GHASH, and won
+    on the Intel machine this project started on (decrypt 0.27 vs 0.42 ms/MiB), while OpenSSL's vectorised
+    (VAES) GCM wins on an AMD EPYC of session 14 (0.10 vs 0.16 ms/MiB; 14 % more p2p throughput in `swarm bench
+    transfer`, see the README). A fixed choice is wrong on one of them, so we measure. Linux x86 and ARM report
+    the feature as an "aes" flag in /proc/cpuinfo; anywhere else we keep ChaCha20.
     """
+    if not _cpu_has_aes():
+        return CHACHA20_POLY1305
+    return fastest_aead([name for name in (AES_256_OCB3, AES_256_GCM) if name in AEADS])
+
+
+def _cpu_has_aes() -> bool:
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith(("flags", "Features")):
-                    if "aes" not in line.split(":", 1)[1].split():
-                        return CHACHA20_POLY1305
-                    return AES_256_OCB3 if AES_256_OCB3 in AEADS else AES_256_GCM
+                    return "aes" in line.split(":", 1)[1].split()
     except OSError:
         pass
-    return CHACHA20_POLY1305
+    return False
+
+
+def fastest_aead(names: Sequence[str], measure: Callable[[Sequence[str]], dict[str, float]] | None = None) -> str:
+    """The cipher among `names` with the shortest measured record time; the earlier name on a tie."""
+    if len(names) == 1:
+        return names[0]
+    seconds = (measure or record_seconds)(names)
+    return min(names, key=lambda name: seconds[name])
+
+
+def record_seconds(names: Sequence[str], size: int = MAX_RECORD, rounds: int = 5) -> dict[str, float]:
+    """Best wall time of sealing and opening one `size`-byte record, per cipher.
+
+    Rounds alternate between the ciphers, so a burst of load on a shared machine slows all of them alike, and the
+    best round counts: noise only ever adds time.
+    """
+    plaintext, sealed, opened = bytes(size), bytearray(size + TAG), bytearray(size)
+    nonce, best = bytes(12), dict.fromkeys(names, float("inf"))
+    aeads = {name: _make_aead(bytes(KEY_BYTES), name) for name in names}
+    for _ in range(rounds + 1):  # the first round warms caches and code paths up
+        for name, aead in aeads.items():
+            start = time.perf_counter()
+            aead.encrypt_into(nonce, plaintext, b"", sealed)
+            aead.decrypt_into(nonce, sealed, b"", opened)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def choose_aead(preferred: str, dialer_supports: object) -> str:

@@ -117,6 +117,19 @@ def test_split_records_slices_parts_into_fewest_full_records_without_copying():
     assert list(split_records([memoryview(b"")])) == []
 
 
+def test_the_aes_mode_a_listener_prefers_is_the_one_measured_fastest_on_this_cpu():
+    from p2p.channel_records import AES_256_GCM, AES_256_OCB3, fastest_aead, preferred_aead, record_seconds
+
+    modes = [AES_256_OCB3, AES_256_GCM]
+    assert fastest_aead(modes, lambda names: {AES_256_OCB3: 2e-4, AES_256_GCM: 1e-4}) == AES_256_GCM  # AMD EPYC
+    assert fastest_aead(modes, lambda names: {AES_256_OCB3: 3e-4, AES_256_GCM: 4e-4}) == AES_256_OCB3  # older Intel
+    assert fastest_aead(modes, lambda names: dict.fromkeys(names, 1e-4)) == AES_256_OCB3  # a tie keeps the first
+    assert fastest_aead([AES_256_GCM], lambda names: pytest.fail("nothing to compare")) == AES_256_GCM
+    seconds = record_seconds(sorted(AEADS), size=4096, rounds=1)
+    assert set(seconds) == set(AEADS) and all(0 < s < 1 for s in seconds.values())
+    assert preferred_aead() in AEADS and preferred_aead() == preferred_aead()  # measured once, then kept
+
+
 def test_oversized_or_malformed_headers_are_refused_before_reading_the_body():
     opener = RecordOpener(KEY, DIALER)
     for length, flags in [(MAX_RECORD + TAG + 1, 0), (TAG - 1, 0), (TAG, 0x80)]:
