@@ -6,6 +6,11 @@ serves until its stdin closes. Both paths hash everything they receive with BLAK
 the clock stops only when the sender has checked that digest, so a number is never reported for corrupt bytes.
 Runs alternate between paths so machine noise hits all alike; the medians are reported.
 
+Why the two processes are pinned to different CPUs (when the machine has two; --no-pin turns it off): the stream
+runs between two peers, each on its own machine. Left to itself, Linux often wakes the receiver on the sender's CPU
+(loopback delivers in the sender's system call), and two CPU-bound processes then share one core, which measures
+the scheduler's placement rather than the transport. Both paths run under the same pinning.
+
 Paths: `p2p` (piece frames of p2p/wire.py over the data channel) against `raw_tcp` (bare bytes on a trio socket)
 give the headline ratio; `p2p_unframed` (bare bytes over the data channel) and `raw_tcp_framed` (piece frames over a
 trio socket) split the gap between the channel and the framing; `p2p_stream` (--with-stream) is the libp2p fallback.
@@ -42,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--aead",
         choices=["auto", "chacha20-poly1305", "aes-256-gcm", "aes-256-ocb3"],
         default="auto",
-        help="data channel cipher (auto: AES-256-OCB3 with AES instructions, else ChaCha20-Poly1305)",
+        help="data channel cipher (auto: the faster AES mode measured here with AES instructions, else ChaCha20-Poly1305)",
+    )
+    parser.add_argument(
+        "--no-pin", action="store_true", help="let the OS place sender and receiver (default: one CPU each)"
     )
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
 
@@ -55,6 +63,7 @@ class BenchPlan:
     repeat: int
     with_stream: bool
     aead: str
+    pin: bool = True
 
     def __post_init__(self) -> None:
         from swarm.errors import UserError
@@ -72,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.receiver:
         trio.run(_receiver_main, aead)
         return 0
-    plan = BenchPlan(args.size_mb, args.repeat, args.with_stream, aead)
+    plan = BenchPlan(args.size_mb, args.repeat, args.with_stream, aead, pin=not args.no_pin)
     result = trio.run(_sender_main, plan)
     print(json.dumps(result, sort_keys=True))
     return 0 if result["verified"] else 1
@@ -232,12 +241,26 @@ async def _start_receiver(aead: str):
     return proc, json.loads(line)
 
 
+def pin_cpus(receiver_pid: int) -> list[int] | None:
+    """Put this process and the receiver on two different CPUs of those we may use; None if fewer than two."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None
+    sender_cpu, receiver_cpu = allowed[0], allowed[1]
+    os.sched_setaffinity(receiver_pid, {receiver_cpu})
+    os.sched_setaffinity(0, {sender_cpu})
+    return [sender_cpu, receiver_cpu]
+
+
 async def _sender_main(plan: BenchPlan) -> dict:
     from p2p.host import open_host
 
     data = os.urandom(plan.size_mb * MIB)
     paths = list(PATHS) if plan.with_stream else list(PATHS)[:4]
     proc, info = await _start_receiver(plan.aead)
+    pinned = pin_cpus(proc.pid) if plan.pin else None
     times: dict[str, list[float]] = {path: [] for path in paths}
     verified = True
     try:
@@ -254,11 +277,12 @@ async def _sender_main(plan: BenchPlan) -> dict:
             await proc.wait()
         if proc.returncode is None:
             proc.kill()
-    return _summary(plan, times, verified)
+    return _summary(plan, times, verified, pinned)
 
 
-def _summary(plan: BenchPlan, times: dict[str, list[float]], verified: bool) -> dict:
-    result: dict = {"size_mb": plan.size_mb, "repeat": plan.repeat, "aead": plan.aead, "verified": verified}
+def _summary(plan: BenchPlan, times: dict[str, list[float]], verified: bool, pinned: list[int] | None) -> dict:
+    result: dict = {"size_mb": plan.size_mb, "repeat": plan.repeat, "aead": plan.aead, "verified": verified,
+                    "pinned_cpus": pinned}
     for path, samples in times.items():
         result[f"mib_s_{path}"] = round(plan.size_mb / statistics.median(samples), 1)
     result["ratio"] = round(result["mib_s_p2p"] / result["mib_s_raw_tcp"], 3)
