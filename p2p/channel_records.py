@@ -86,8 +86,8 @@ def preferred_aead() -> str:
     The same reasoning as TLS stacks: ChaCha20 is the fast cipher without AES hardware, AES the fast one with it.
     Which AES mode wins depends on the CPU and on the OpenSSL build: OCB3 needs one AES pass and no GHASH, and won
     on the Intel machine this project started on (decrypt 0.27 vs 0.42 ms/MiB), while OpenSSL's vectorised
-    (VAES) GCM wins on an AMD EPYC of session 14 (0.10 vs 0.16 ms/MiB; 14 % more p2p throughput in `swarm bench
-    transfer`, see the README). A fixed choice is wrong on one of them, so we measure. Linux x86 and ARM report
+    (VAES) GCM wins on an AMD EPYC of session 14 (0.10 vs 0.16 ms/MiB; end to end 0.41 vs 0.49 ms per MiB in
+    pinned, interleaved transfer runs, see the README). A fixed choice is wrong on one of them, so we measure. Linux x86 and ARM report
     the feature as an "aes" flag in /proc/cpuinfo; anywhere else we keep ChaCha20.
     """
     if not _cpu_has_aes():
