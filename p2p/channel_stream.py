@@ -182,11 +182,12 @@ class SecureChannelStream:
     async def _read_record(self) -> bytes:
         try:
             length, flags = await self._read_header()
-            with trio.move_on_after(self._timeouts.record_timeout) as scope:
-                await self._read_body(length)
-            if scope.cancelled_caught:
-                raise trio.TooSlowError
             end = HEADER.size + length
+            if self._carry < end:  # else the whole record came with earlier reads: nothing to wait for
+                with trio.move_on_after(self._timeouts.record_timeout) as scope:
+                    await self._read_body(length)
+                if scope.cancelled_caught:
+                    raise trio.TooSlowError
             plaintext = self._opener.open(flags, memoryview(self._in)[HEADER.size : end], self._pool)
             self._keep_read_ahead(end)
             return plaintext
