@@ -6,6 +6,10 @@ serves until its stdin closes. Both paths hash everything they receive with BLAK
 the clock stops only when the sender has checked that digest, so a number is never reported for corrupt bytes.
 Runs alternate between paths so machine noise hits all alike; the medians are reported.
 
+Each run also reports the CPU time each side's thread spent per MiB (`cpu_ms_per_mib`; the receiver sends its own
+figure back with the digest). It says where the time goes: a side whose CPU time per MiB is close to the wall
+time per MiB limits the stream, and the paths' differences show what the channel and the framing add to each side.
+
 Why the two processes are pinned to different CPUs (when the machine has two; --no-pin turns it off): the stream
 runs between two peers, each on its own machine. Left to itself, Linux often wakes the receiver on the sender's CPU
 (loopback delivers in the sender's system call), and two CPU-bound processes then share one core, which measures
@@ -25,6 +29,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import blake3
@@ -34,6 +39,7 @@ MIB = 1024 * 1024
 PIECE = MIB
 RECEIVE_CHUNK = MIB  # p2p/wire.py RECEIVE_CHUNK: one whole data-channel record per read on every path
 _U64 = struct.Struct(">Q")
+_DIGEST_AND_CPU = struct.Struct(">32sd")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,9 +109,11 @@ async def _read_exact(stream, size: int) -> bytes:
 
 
 async def _receive_framed(stream) -> None:
-    """Read the bench frames through the piece-protocol framing, hash the payloads, answer with the digest."""
+    """Read the bench frames through the piece-protocol framing, hash the payloads, answer with the digest and the
+    CPU seconds this took."""
     from p2p.wire import FrameDecoder, read_frame, write_frame
 
+    cpu_start = time.thread_time()
     decoder = FrameDecoder()
     hasher = blake3.blake3()
     frame = await read_frame(stream, decoder)
@@ -116,18 +124,19 @@ async def _receive_framed(stream) -> None:
         if frame is None or frame[0].get("t") != "piece" or frame[0].get("index") != index:
             raise ValueError(f"bench stream lost piece {index}")
         hasher.update(frame[1])
-    await write_frame(stream, {"t": "bench-done", "blake3": hasher.digest()})
+    await write_frame(stream, {"t": "bench-done", "blake3": hasher.digest(), "cpu_s": time.thread_time() - cpu_start})
 
 
 async def _receive_unframed(stream) -> None:
-    """A u64 length, the bytes (bounded reads into one hasher), the digest back."""
+    """A u64 length, the bytes (bounded reads into one hasher), the digest and the CPU seconds back."""
+    cpu_start = time.thread_time()
     (remaining,) = _U64.unpack(await _read_exact(stream, _U64.size))
     hasher = blake3.blake3()
     if isinstance(stream, trio.SocketStream):
         await _receive_raw_socket(stream.socket, remaining, hasher)
     else:
         await _receive_stream(stream, remaining, hasher)
-    await stream.send_all(hasher.digest())
+    await stream.send_all(_DIGEST_AND_CPU.pack(hasher.digest(), time.thread_time() - cpu_start))
 
 
 async def _receive_stream(stream, remaining: int, hasher) -> None:
@@ -173,7 +182,7 @@ async def _receiver_main(aead: str) -> None:
 # ------------------------------------------------------------------------------------------------- sender
 
 
-async def _send_framed(stream, data: bytes) -> bytes:
+async def _send_framed(stream, data: bytes) -> tuple[bytes, float]:
     from p2p.wire import FrameDecoder, read_frame, write_frame
 
     view = memoryview(data)
@@ -185,15 +194,15 @@ async def _send_framed(stream, data: bytes) -> bytes:
     frame = await read_frame(stream, FrameDecoder())
     if frame is None or frame[0].get("t") != "bench-done":
         raise RuntimeError("receiver closed the bench stream without a digest")
-    return bytes(frame[0]["blake3"])
+    return bytes(frame[0]["blake3"]), float(frame[0]["cpu_s"])
 
 
-async def _send_unframed(stream, data: bytes) -> bytes:
+async def _send_unframed(stream, data: bytes) -> tuple[bytes, float]:
     await stream.send_all(b"U" + _U64.pack(len(data)))
     view = memoryview(data)
     for offset in range(0, len(data), PIECE):
         await stream.send_all(view[offset : offset + PIECE])
-    return await _read_exact(stream, 32)
+    return _DIGEST_AND_CPU.unpack(await _read_exact(stream, _DIGEST_AND_CPU.size))
 
 
 # (path name, transport, framed): "p2p" and "raw_tcp" are the headline pair; the others locate the costs.
@@ -215,17 +224,27 @@ async def _open_path(transport: str, host, peer_id: str, raw_port: int):
     return await open_data_channel(host, peer_id, config)
 
 
-async def _time_path(path: str, host, peer_id: str, raw_port: int, data: bytes) -> tuple[float, bool]:
-    """Seconds from the first byte sent until the receiver's digest is back, and whether it matched."""
+@dataclass(frozen=True)
+class PathRun:
+    """One run of one path: wall seconds from the first byte sent until the receiver's digest is back, the CPU
+    seconds of the sending and the receiving thread over that run, and whether the digest matched."""
+
+    seconds: float
+    sender_cpu_s: float
+    receiver_cpu_s: float
+    verified: bool
+
+
+async def _time_path(path: str, host, peer_id: str, raw_port: int, data: bytes) -> PathRun:
     transport, framed = PATHS[path]
     stream = await _open_path(transport, host, peer_id, raw_port)
     try:
-        start = trio.current_time()
-        digest = await (_send_framed if framed else _send_unframed)(stream, data)
-        elapsed = trio.current_time() - start
+        start, cpu_start = trio.current_time(), time.thread_time()
+        digest, receiver_cpu = await (_send_framed if framed else _send_unframed)(stream, data)
+        elapsed, sender_cpu = trio.current_time() - start, time.thread_time() - cpu_start
     finally:
         await stream.aclose()
-    return elapsed, digest == blake3.blake3(data).digest()
+    return PathRun(elapsed, sender_cpu, receiver_cpu, digest == blake3.blake3(data).digest())
 
 
 async def _start_receiver(aead: str):
@@ -264,29 +283,31 @@ async def _sender_main(plan: BenchPlan) -> dict:
     paths = list(PATHS) if plan.with_stream else list(PATHS)[:4]
     proc, info = await _start_receiver(plan.aead)
     pinned = pin_cpus(proc.pid) if plan.pin else None
-    times: dict[str, list[float]] = {path: [] for path in paths}
-    verified = True
+    runs: dict[str, list[PathRun]] = {path: [] for path in paths}
     try:
         async with open_host() as host:
             peer_id = await host.connect(info["multiaddr"])
             for _ in range(plan.repeat):
                 for path in paths:  # interleaved, so machine noise hits every path alike
-                    elapsed, ok = await _time_path(path, host, peer_id, info["raw_port"], data)
-                    times[path].append(elapsed)
-                    verified &= ok
+                    runs[path].append(await _time_path(path, host, peer_id, info["raw_port"], data))
     finally:
         await proc.stdin.aclose()
         with trio.move_on_after(10):
             await proc.wait()
         if proc.returncode is None:
             proc.kill()
-    return _summary(plan, times, verified, pinned)
+    return _summary(plan, runs, pinned)
 
 
-def _summary(plan: BenchPlan, times: dict[str, list[float]], verified: bool, pinned: list[int] | None) -> dict:
+def _summary(plan: BenchPlan, runs: dict[str, list[PathRun]], pinned: list[int] | None) -> dict:
+    verified = all(run.verified for samples in runs.values() for run in samples)
     result: dict = {"size_mb": plan.size_mb, "repeat": plan.repeat, "aead": plan.aead, "verified": verified,
-                    "pinned_cpus": pinned}
-    for path, samples in times.items():
-        result[f"mib_s_{path}"] = round(plan.size_mb / statistics.median(samples), 1)
+                    "pinned_cpus": pinned, "cpu_ms_per_mib": {}}
+    for path, samples in runs.items():
+        result[f"mib_s_{path}"] = round(plan.size_mb / statistics.median(run.seconds for run in samples), 1)
+        result["cpu_ms_per_mib"][path] = {
+            side: round(statistics.median(getattr(run, f"{side}_cpu_s") for run in samples) * 1e3 / plan.size_mb, 3)
+            for side in ("sender", "receiver")
+        }
     result["ratio"] = round(result["mib_s_p2p"] / result["mib_s_raw_tcp"], 3)
     return result

@@ -26,6 +26,9 @@ def test_both_paths_move_every_byte_and_the_ratio_compares_their_medians(pin):
     paths = ["p2p", "raw_tcp", "p2p_unframed", "raw_tcp_framed"]
     assert all(result[f"mib_s_{path}"] > 0 for path in paths)
     assert result["ratio"] == pytest.approx(result["mib_s_p2p"] / result["mib_s_raw_tcp"], abs=1e-3)
+    for path in paths:  # each side's own CPU time per MiB: the receiver reports its share with the digest
+        sides = result["cpu_ms_per_mib"][path]
+        assert set(sides) == {"sender", "receiver"} and all(0 < ms < 1000 for ms in sides.values())
     if not pin or len(os.sched_getaffinity(0)) < 2:
         assert result["pinned_cpus"] is None
     else:  # sender and receiver on two different CPUs this process may use, as two peers' machines would be
