@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from swarm.errors import UserError
     from swarm.events import EventSink
+    from swarm.gc_warmup import run_freezing_after_warmup
     from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
     from swarm.sim import SimSettings, run_sim, summarize, write_report
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         stopped.update(extra)
         guard.arm(0)
 
-    extra = trio.run(run_sim, settings, sink, stopping)
+    extra = trio.run(run_freezing_after_warmup, run_sim, settings, sink, stopping)
     guard.disarm()
     return finish(extra)
 

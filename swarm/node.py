@@ -418,6 +418,7 @@ async def _report_progress(node: Node) -> None:
 def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> int:
     """Entry point of `swarm peer start`: build the roles, run until interrupted."""
     from p2p.identity import load_or_create_identity
+    from swarm.gc_warmup import run_freezing_after_warmup
     from swarm.roles import build_roles
     from swarm.trust import parse_trainer_key
 
@@ -435,7 +436,7 @@ def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> in
     if "trainer" in config.roles:
         trust_key = identity.public_bytes  # the trainer's identity is the run's key
     guard = ExitGuard(HARD_EXIT_AFTER_S)
-    status = trio.run(open_node_parts, config, identity, events, roles, trust_key,
+    status = trio.run(run_freezing_after_warmup, open_node_parts, config, identity, events, roles, trust_key,
                       lambda node: guard.arm(1 if node.failed else 0))
     guard.disarm()
     return status
