@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
-from p2p.channel_records import (COPY_LIMIT, HEADER, TAG, PlaintextPool, RecordOpener, RecordSealer, record_buffer,
+from p2p.channel_records import (COPY_LIMIT, HEADER, MAX_RECORD, TAG, PlaintextPool, RecordOpener, RecordSealer,
                                  split_records)
 from p2p.errors import ChannelError
 
@@ -30,6 +30,14 @@ _SMALL_RECORDS = 2 * COPY_LIMIT
 READ_AHEAD = 64 * 1024
 """Bytes a read may take past the record it completes, when they are already there: a piece frame's small header
 record then comes in with the end of the previous piece's payload record, not in a read of its own."""
+FIRST_BUFFER = HEADER.size + COPY_LIMIT + TAG + READ_AHEAD
+"""Bytes each direction's buffer starts with: records of up to COPY_LIMIT bytes (requests, haves, frame headers)
+and a read-ahead. A buffer grows to full size (a MAX_RECORD record and a read-ahead, or small records sealed ahead
+of one) the first time a record needs it. Why not full size from the start: peers open a channel per link and
+spare for every version, most of which never carry a piece; at 2.3 MiB a channel, allocating and zeroing both
+buffers was 7 % of `swarm sim`'s event loop (py-spy), and a seed serving many peers held that much per channel."""
+_FULL_OUT = HEADER.size + MAX_RECORD + TAG + _SMALL_RECORDS
+_FULL_IN = HEADER.size + MAX_RECORD + TAG + READ_AHEAD
 
 
 @dataclass(frozen=True)
@@ -81,8 +89,8 @@ class SecureChannelStream:
         self.transport = "data-socket"
         self.aead = sealer.aead
         self._timeouts = timeouts
-        self._out = record_buffer() + bytes(_SMALL_RECORDS)  # room for small records sealed ahead of a big one
-        self._in = record_buffer() + bytes(READ_AHEAD)  # a record, and what a read may take past it
+        self._out = bytearray(FIRST_BUFFER)  # sealed records waiting for one send (grows, see FIRST_BUFFER)
+        self._in = bytearray(FIRST_BUFFER)  # a record, and what a read may take past it (grows likewise)
         self._carry = 0  # bytes received at the start of self._in: the next record's header, and maybe more
         self._plain: bytes | bytearray = b""
         self._plain_pos = 0
@@ -109,9 +117,12 @@ class SecureChannelStream:
         async with self._send_lock:
             filled = 0
             for group in split_records(views):
-                if filled + HEADER.size + sum(len(v) for v in group) + TAG > len(self._out):
+                need = HEADER.size + sum(len(v) for v in group) + TAG
+                if filled + need > len(self._out):
                     await self._flush(filled)
                     filled = 0
+                    if need > len(self._out):
+                        self._out = bytearray(_FULL_OUT)
                 filled += self._sealer.seal_parts_into(group, memoryview(self._out)[filled:])
             await self._flush(filled)
 
@@ -215,6 +226,10 @@ class SecureChannelStream:
         """Complete the body at self._in[HEADER.size:], taking at most READ_AHEAD bytes past it that are already
         there (never waiting for them)."""
         end = HEADER.size + length
+        if end + READ_AHEAD > len(self._in):  # the first big record: the buffer grows once, keeping what came ahead
+            grown = bytearray(_FULL_IN)
+            grown[: self._carry] = self._in[: self._carry]
+            self._in = grown
         if self._carry < end:
             self._carry = await self._recv_at_least(memoryview(self._in)[: end + READ_AHEAD], self._carry, end)
         if self._carry < end:

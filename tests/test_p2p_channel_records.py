@@ -188,6 +188,26 @@ async def test_a_piece_frame_is_a_header_record_and_a_payload_record_handed_over
     await right.aclose()
 
 
+async def test_a_channel_starts_with_small_buffers_and_grows_each_once_for_its_first_big_record():
+    from p2p.channel_stream import FIRST_BUFFER
+
+    left, right = await socket_pair_streams()
+    assert len(left._out) == len(right._in) == FIRST_BUFFER < 200 * 1024  # an idle channel holds little
+    records = [os.urandom(100), os.urandom(MAX_RECORD), os.urandom(7), os.urandom(MAX_RECORD)]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(left.send_parts, [records[0], records[1]])  # the small one rides ahead of the big
+            assert [await right.receive_some(), await right.receive_some()] == records[:2]
+        grown_out, grown_in = left._out, right._in
+        assert len(grown_out) > MAX_RECORD and len(grown_in) > MAX_RECORD
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(left.send_parts, [records[2], records[3]])
+            assert [await right.receive_some(), await right.receive_some()] == records[2:]
+    assert left._out is grown_out and right._in is grown_in  # grown once, then reused
+    await left.aclose()
+    await right.aclose()
+
+
 def test_pooled_plaintext_is_reused_only_once_nothing_holds_it():
     from p2p.channel_records import PlaintextPool
 
