@@ -8,6 +8,7 @@ KeyPair is derived from the same seed so the peer id and the envelope signer are
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +39,12 @@ class Identity:
 
     @property
     def _private(self) -> Ed25519PrivateKey:
-        return Ed25519PrivateKey.from_private_bytes(self.seed)
+        return _private_key(self.seed)
 
     @property
     def public_bytes(self) -> bytes:
         """The raw 32-byte public key (what manifests and envelopes name as sender / trainer key)."""
-        return self._private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return _public_bytes(self.seed)
 
     @property
     def key_pair(self):  # -> libp2p.crypto.keys.KeyPair (imported lazily: keygen must not load libp2p)
@@ -54,7 +55,7 @@ class Identity:
     @property
     def peer_id(self) -> str:
         """The libp2p peer id (base58 multihash of the public key), e.g. 12D3KooW..."""
-        return peer_id_from_public_bytes(self.public_bytes)
+        return _peer_id(self.seed)
 
     def sign(self, data: bytes) -> bytes:
         return self._private.sign(data)
@@ -70,6 +71,24 @@ class Identity:
 
     def __repr__(self) -> str:  # never leak the seed into logs
         return f"Identity(peer_id={self.peer_id})"
+
+
+# Derived once per seed: a host asks for its peer id on every stream it opens or admits, and deriving it (an Ed25519
+# scalar multiplication and a base58 encoding) was 4 % of opening data channels in `swarm sim`. Kept outside the
+# instance, so an Identity stays a plain, picklable value.
+@functools.lru_cache(maxsize=16)
+def _private_key(seed: bytes) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+@functools.lru_cache(maxsize=16)
+def _public_bytes(seed: bytes) -> bytes:
+    return _private_key(seed).public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+@functools.lru_cache(maxsize=16)
+def _peer_id(seed: bytes) -> str:
+    return peer_id_from_public_bytes(_public_bytes(seed))
 
 
 def peer_id_from_public_bytes(public_bytes: bytes) -> str:

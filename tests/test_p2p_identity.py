@@ -101,3 +101,18 @@ def test_bootstrap_precedence_flag_then_config_then_file(tmp_path):
     assert resolve_bootstrap(None, [conf], path) == (conf,)
     assert resolve_bootstrap(None, None, path) == (from_file,)
     assert resolve_bootstrap(None, None, tmp_path / "absent.txt") == ()
+
+
+def test_an_identity_derives_its_keys_once_and_stays_a_plain_picklable_value():
+    import pickle
+
+    from p2p import identity as module
+
+    ident = Identity.generate()
+    first = ident.peer_id
+    calls_before = module._public_bytes.cache_info().misses
+    assert [ident.peer_id, Identity(ident.seed).peer_id] == [first, first]
+    assert module._public_bytes.cache_info().misses == calls_before  # no scalar multiplication again
+    copy = pickle.loads(pickle.dumps(ident))
+    assert copy == ident and copy.peer_id == first
+    assert Identity.verify(ident.public_bytes, b"data", copy.sign(b"data"))
