@@ -5,7 +5,7 @@ imported torch, transformers and py-libp2p and built its model holds over half a
 living as long as the process (modules, functions, classes, the model's layers). Measured in `swarm sim`, whose
 peers share one process: a full collection every ~6 s, each stalling the one trio loop for ~240 ms, 5.7 % of the
 loop after start-up. `gc.freeze()` moves every object alive at that moment to a permanent generation that
-collections skip; later collections walk only what was made since (10-15 ms each in the same simulation).
+collections skip; later collections walk only what was made since (10-18 ms each in the same simulation).
 
 Why twice and never again: an object frozen while alive that later becomes part of a reference cycle with nothing
 else pointing at it is never reclaimed (plain reference counting still frees everything else). Freezing at a few
