@@ -328,18 +328,33 @@ async def _receive_heartbeats(node: Node) -> None:
 
 
 async def _provide_held(node: Node) -> None:
-    """Announce on the DHT every manifest id and file root we mirror (the DHT re-provides them periodically)."""
+    """Announce on the DHT every manifest id and file root we mirror, and stop re-announcing those of versions we
+    dropped: the DHT re-announces every key it was given at each re-provide, so without the second half a long run
+    announced every version it ever held, ever more of them, long after their files were deleted."""
     provided: set[bytes] = set()
     while True:
-        for policy in list(node.mirror.policies.values()):
-            for key in (policy.manifest.id, *(f.root for f in policy.manifest.files)):
-                if key not in provided:
-                    provided.add(key)
-                    try:
-                        await node.dht.provide(key)
-                    except P2PError as exc:
-                        log.debug("provide failed: %s", exc)
-        await node.mirror.changed.wait()
+        changed = node.mirror.changed  # taken first: a change while we announce wakes the next wait at once
+        held = held_keys(node.mirror.policies.values())
+        for key in provided - set(held):
+            node.dht.unprovide(key)
+            provided.discard(key)
+        for key in held:
+            if key not in provided:
+                provided.add(key)
+                try:
+                    await node.dht.provide(key)
+                except P2PError as exc:
+                    log.debug("provide failed: %s", exc)
+        await changed.wait()
+
+
+def held_keys(policies) -> list[bytes]:
+    """The DHT keys of the policies we mirror: each manifest id and file root, once (versions share the roots of
+    unchanged files, such as the run's task file), in the policies' order."""
+    keys: dict[bytes, None] = {}
+    for policy in policies:
+        keys.update(dict.fromkeys((policy.manifest.id, *(f.root for f in policy.manifest.files))))
+    return list(keys)
 
 
 async def _find_latest_on_dht(node: Node, every_s: float = 10.0, quiet_s: float = 20.0) -> None:
