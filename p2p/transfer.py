@@ -150,6 +150,9 @@ class SwarmService:
             raise _first_leaf(group) from None
         finally:
             self._stopped = True
+            for link in self._links.values():  # links served in a caller's task (serve_link) end with the service
+                if link.scope is not None:
+                    link.scope.cancel()
 
     def add_link(self, peer: str, stream: Stream, opened: _Opened | None = None) -> bool:
         """Start serving a new authenticated link (any time, also after completion); False once the service has
@@ -176,8 +179,16 @@ class SwarmService:
     # ------------------------------------------------------------------ one link
 
     async def serve_link(self, peer: str, stream: Stream) -> None:
-        """Run one link in the caller's task until it ends (the service must be running); never raises for a
-        misbehaving peer. `add_link` does the same in the service's own nursery."""
+        """Run one link in the caller's task until it ends or the service stops; never raises for a misbehaving
+        peer. `add_link` does the same in the service's own nursery.
+
+        Why the link ends with the service: a policy mirror stops a version's service when the version leaves its
+        window and deletes its pieces; an inbound link left running in the acceptor's task kept answering requests
+        for that version from deleted files.
+        """
+        if self._stopped:
+            await trio.aclose_forcefully(stream)
+            return
         await self._serve_link(peer, stream)
 
     async def _serve_link(self, peer: str, stream: Stream, opened: _Opened | None = None) -> None:

@@ -450,6 +450,38 @@ async def test_serve_link_runs_a_link_in_the_callers_task(tmp_path, autojump_clo
     c.close()
 
 
+async def test_a_link_served_in_the_callers_task_ends_when_its_service_stops(tmp_path, autojump_clock):
+    """An inbound link runs in the acceptor's task, not the service's nursery; when a mirror drops the version (its
+    service stops and its pieces are deleted) that link must end too, not keep answering from deleted files. A link
+    offered to the stopped service is closed at once."""
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        seed = await c.add("seed", seed_from=tmp_path / "src")
+        for name in ("p0", "p1"):
+            c.net.add_node(name)
+        mine, theirs = c.net.connect("seed", "p0")  # p0 never says hello: the link waits in its handshake
+        ended = trio.Event()
+
+        async def serve():
+            await seed.serve_link("p0", mine)
+            ended.set()
+
+        nursery.start_soon(serve)
+        await trio.sleep(1.0)
+        assert seed.peers == ["p0"]
+        c.scopes["seed"].cancel()
+        with trio.fail_after(1.0):  # well before the 10 s handshake timeout
+            await ended.wait()
+        assert seed.peers == []
+        late, _ = c.net.connect("seed", "p1")
+        with trio.fail_after(1.0):
+            await seed.serve_link("p1", late)  # refused at once: the service has stopped
+        assert seed.peers == []
+        nursery.cancel_scope.cancel()
+    c.close()
+
+
 async def test_a_link_that_arrives_after_the_service_stopped_is_refused_not_a_crash(tmp_path, autojump_clock):
     """A dial that completes while the node shuts down: add_link says no (the caller closes the stream) instead of
     raising into a closed nursery, and the router closes such a link itself."""
