@@ -6,8 +6,10 @@ newest `keep` versions and garbage-collects older ones, and routes data channels
 Link rules (why): data channels are per (peer, manifest). The dialer writes the 32-byte manifest id first, so the
 acceptor can route the link without guessing. For each pair of peers only the one with the smaller peer id dials,
 so two peers never open crossing duplicate links; it also keeps one spare channel open to each such peer, so a new
-version's link does not wait seconds for a dial (see `reconcile`). A peer that does not re-seed (the single-origin baseline) links
-only with the manifest's origin, the trainer's peer.
+version's link does not wait seconds for a dial (see `reconcile`). A peer with the larger id that holds a version
+first announces it over its own spare; the smaller peer then dials the link over that same channel by writing its
+preamble back. A peer that does not re-seed (the single-origin baseline) links only with the manifest's origin, the
+trainer's peer.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class MirroredPolicy:
     failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
     announced: set[str] = field(default_factory=set)  # smaller peers we handed the manifest to (they dial us)
     announced_complete: bool = False
+    adopted_at: float = 0.0  # trio time this peer adopted it
 
 
 class PolicyMirror:
@@ -56,7 +59,7 @@ class PolicyMirror:
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
                  transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
-                 spare_ttl: float = 240.0, adoption_wait: float = 30.0) -> None:
+                 spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0) -> None:
         self.store = store
         self.my_id = my_id
         self.trust = trust
@@ -72,9 +75,13 @@ class PolicyMirror:
         # inbound link for a manifest not adopted yet waits this long, and our own links wait as long for a hello
         self.adoption_wait = adoption_wait
         self.spare_ttl = spare_ttl  # a spare data channel older than this is closed and dialed anew
+        # a smaller peer that has not dialed a version's link this long after we adopted it is told of the version
+        # (gossip reached some peers 5-21 s late under load); sooner, most announcements crossed the peer's own link
+        self.announce_after = announce_after
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel with no manifest yet, opened at)
         self._spare_dialing: set[str] = set()
         self._spare_failures: dict[str, float] = {}
+        self._max_links = math.inf  # links per version, as the last reconcile was told
         self._waiting: dict[str, int] = {}
         self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
         self.policies: dict[bytes, MirroredPolicy] = {}
@@ -130,7 +137,8 @@ class PolicyMirror:
             return None
         from p2p.identity import peer_id_from_public_bytes
 
-        policy = MirroredPolicy(manifest, signed, peer_id_from_public_bytes(outer.public_key))
+        policy = MirroredPolicy(manifest, signed, peer_id_from_public_bytes(outer.public_key),
+                                adopted_at=trio.current_time())
         if local_dir is not None:
             self.store.add_local_policy(manifest, local_dir, signed)
         else:
@@ -211,7 +219,8 @@ class PolicyMirror:
         The preamble may come much later (a warm spare, see `reconcile`), so the wait is long but bounded, and each
         peer may keep only a few channels waiting. A manifest we do not know yet is adopted from the preamble (it
         is verified like any other): gossip delivered manifests 5 s late or never under load, and the links must
-        not wait for it. A preamble from a peer with the larger id only announces (that pair's link is ours to dial).
+        not wait for it. A preamble from a peer with the larger id announces a version whose link is ours to dial:
+        we dial it over that same channel (`_link_over_announcement`).
         """
         if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER:
             return
@@ -220,24 +229,56 @@ class PolicyMirror:
             preamble = await self._read_preamble(stream)
         finally:
             self._waiting[peer] -= 1
-        if preamble is None:
-            return
-        route, signed = preamble
+        if preamble is not None:
+            await self._route(peer, stream, *preamble)
+
+    async def _route(self, peer: str, stream: Any, route: bytes, signed: bytes) -> None:
+        """Serve the link a preamble names; from a peer with the larger id it is an announcement, answered below."""
         if route not in self.policies and signed:
             adopted = self.adopt(signed)
             if adopted is None or adopted.manifest.id != route:
                 return
         if peer > self.my_id:
-            return  # an announcement: we dial this peer's link ourselves
+            await self._link_over_announcement(peer, stream, route)
+            return
         policy = await self._adopted(route, self.adoption_wait)
         if policy is None or policy.service is None or not self._may_link(policy, peer):
             return  # unknown manifest, or one this peer does not share with `peer`: the dialer retries later
         self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "in"})
         await policy.service.serve_link(peer, stream)
 
-    async def _read_preamble(self, stream: Any) -> tuple[bytes, bytes] | None:
-        """(manifest id, signed manifest or b"") from a data channel, None if it ends, stalls or lies about sizes."""
-        head = await _read_exactly(stream, ROUTE_BYTES + 4, self.spare_ttl + self.transfer.handshake_timeout)
+    async def _link_over_announcement(self, peer: str, stream: Any, route: bytes) -> None:
+        """Dial the announced version's link over the announcing channel itself: write our preamble back on it.
+
+        Why: the link of this pair is ours to dial, and the channel is already open. Dialing anew took one of our
+        spares, then a fresh dial to replace it: 119 of the 308 data channels a 6-step `swarm sim` opened. If we
+        already have or are dialing that link, or want no more links, we just return (the caller closes it).
+        """
+        policy = self.policies.get(route)
+        if (policy is None or policy.service is None or not self.is_mirrored(policy) or not self._may_link(policy, peer)
+                or peer in policy.service.peers or peer in policy.dialing
+                or len(policy.service.peers) >= self._max_links):
+            return
+        policy.dialing.add(peer)
+        try:
+            with trio.fail_after(self.dial_timeout):
+                await _send_preamble(stream, policy)
+        except _DIAL_ERRORS as exc:
+            policy.failures[peer] = trio.current_time()
+            log.debug("answering an announcement of %s failed: %s", peer, exc)
+            return
+        finally:
+            policy.dialing.discard(peer)
+        # serve_link registers the link before it first waits, so reconcile never sees this pair unlinked and idle
+        self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "out", "via": "announcement"})
+        await policy.service.serve_link(peer, stream)
+
+    async def _read_preamble(self, stream: Any, wait: float | None = None) -> tuple[bytes, bytes] | None:
+        """(manifest id, signed manifest or b"") from a data channel, None if it ends, stalls or lies about sizes.
+
+        By default we wait as long as a dialer may keep a spare channel before using it."""
+        wait = self.spare_ttl + self.transfer.handshake_timeout if wait is None else wait
+        head = await _read_exactly(stream, ROUTE_BYTES + 4, wait)
         if head is None:
             return None
         size = int.from_bytes(head[ROUTE_BYTES:], "big")
@@ -261,6 +302,7 @@ class PolicyMirror:
         manifest id.
         """
         now = trio.current_time()
+        self._max_links = max_links
         for policy in list(self.policies.values()):
             service = policy.service
             if service is None or service._nursery is None:
@@ -271,11 +313,12 @@ class PolicyMirror:
                         or not self._may_link(policy, peer) or len(service.peers) >= max_links
                         or now - policy.failures.get(peer, -math.inf) < 2.0):
                     continue
-                if peer < self.my_id:  # its link is the peer's to dial: only tell it about the manifest, once
-                    spare = self._take_spare(peer, now) if peer not in policy.announced else None
+                if peer < self.my_id:  # its link is the peer's to dial: tell it about the manifest, once, if it is late
+                    late = peer not in policy.announced and now - policy.adopted_at >= self.announce_after
+                    spare = self._take_spare(peer, now) if late else None
                     if spare is not None:
                         policy.announced.add(peer)
-                        self._nursery.start_soon(self._announce, policy, spare)
+                        self._nursery.start_soon(self._announce, policy, peer, spare)
                     continue
                 policy.dialing.add(peer)
                 self._nursery.start_soon(self._dial_link, policy, peer, dial, self._take_spare(peer, now))
@@ -317,12 +360,15 @@ class PolicyMirror:
         finally:
             self._spare_dialing.discard(peer)
 
-    async def _announce(self, policy: MirroredPolicy, stream: Any) -> None:
-        """Hand a signed manifest to a peer over our spare channel to it; the peer then dials the link."""
+    async def _announce(self, policy: MirroredPolicy, peer: str, stream: Any) -> None:
+        """Hand a signed manifest to a peer over our spare channel to it; the peer dials the link, over this very
+        channel when it can (its preamble comes back on it, see `_link_over_announcement`), else it closes it."""
         try:
             with trio.fail_after(self.dial_timeout):
                 await _send_preamble(stream, policy)
-                await stream.receive_some(1)  # the peer closes the channel once it has read the manifest
+            answer = await self._read_preamble(stream, self.dial_timeout + self.transfer.handshake_timeout)
+            if answer is not None:
+                await self._route(peer, stream, *answer)
         except _DIAL_ERRORS as exc:
             log.debug("announcing a manifest failed: %s", exc)
         finally:

@@ -106,3 +106,52 @@ async def test_a_version_being_reassembled_is_held_out_of_garbage_collection(tmp
             with pytest.raises(PolicyLeftWindow, match="left the window"):
                 await materialize(node, oldest)
             nursery.cancel_scope.cancel()
+
+
+async def test_an_announced_version_is_fetched_over_the_announcing_channel_without_a_new_dial(tmp_path,
+                                                                                              autojump_clock):
+    """The larger peer holds a version first and, once the smaller peer has not dialed its link for a second,
+    announces it over its spare channel; the smaller peer, whose link that is to dial, writes its preamble back on
+    the same channel and fetches the version over it: no dial of its own, no spare of its own used (each cost a
+    data channel per announced version before)."""
+    key = Identity.generate()
+    source = signed_version(tmp_path, key, 0)
+    small_dials: list[str] = []
+
+    async def small_dial(peer):
+        small_dials.append(peer)
+        raise OSError("the smaller peer must not dial")
+
+    async def big_dial(peer):
+        await trio.sleep_forever()  # big's next spare: never needed here
+
+    with PieceStore(tmp_path / "big", keep_versions=2) as big_store, \
+            PieceStore(tmp_path / "small", keep_versions=2) as small_store:
+        trust = TrainerTrust("r", key.public_bytes, tmp_path)
+        big = PolicyMirror(big_store, "peer-b", trust, run="r", keep=2)
+        small = PolicyMirror(small_store, "peer-a", trust, run="r", keep=2)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(big.run_service)
+            await nursery.start(small.run_service)
+            policy = big.adopt(source, local_dir=tmp_path / "v0")
+            ours, theirs = trio.testing.memory_stream_pair()
+            big._spares["peer-a"] = (ours, trio.current_time())
+            nursery.start_soon(small.accept_link, "peer-b", theirs)  # the acceptor side of big's spare
+            await trio.sleep(0.5)
+            await big.reconcile(["peer-a"], big_dial, max_links=8)  # the smaller peer may still dial on its own
+            assert "peer-a" not in policy.announced
+            await trio.sleep(0.5)
+            await big.reconcile(["peer-a"], big_dial, max_links=8)  # it has not: big announces over its spare
+            assert "peer-a" in policy.announced
+            with trio.fail_after(30):
+                while policy.manifest.id not in small.policies:
+                    await trio.sleep(0.1)
+                fetched = small.policies[policy.manifest.id]
+                await fetched.service.completed.wait()
+            assert small_dials == [] and policy.service.peers == ["peer-a"] and fetched.service.peers == ["peer-b"]
+            await small.reconcile(["peer-b"], small_dial, max_links=8)  # the pair is linked: no link to dial
+            await trio.sleep(0.1)
+            assert small_dials == ["peer-b"] and fetched.failures == {}  # one dial: the spare it keeps, no link
+            nursery.cancel_scope.cancel()
+        out = small_store.reassemble(fetched.manifest, tmp_path / "out")
+        assert (out / "model.safetensors").read_bytes() == (tmp_path / "v0" / "model.safetensors").read_bytes()
