@@ -333,12 +333,13 @@ async def _dial_bootstrap(host: P2PHost, addr: str) -> None:
         await host.connect(addr)
     except HostError as exc:
         host.bootstrap_failures[addr] = str(exc)
-        log.warning("bootstrap peer unreachable: %s", exc)
+        log.info("bootstrap peer unreachable: %s", exc)  # reported by whoever opened the host, in one line
 
 
 @asynccontextmanager
 async def open_host(config: HostConfig | None = None, transports: Sequence[Any] | None = None) -> AsyncIterator[P2PHost]:
-    """Start a host, dial the bootstrap peers (failures logged, never fatal), yield it, close it on exit."""
+    """Start a host, dial the bootstrap peers (failures kept in `bootstrap_failures` for the caller to report, never
+    fatal), yield it, close it on exit."""
     config = config or HostConfig()
     identity = _resolve_identity(config)
     libp2p_host = build_libp2p_host(identity, config.listen, transports)

@@ -85,8 +85,10 @@ def describe(r: dict) -> str | None:
         return f"policy v{r['version']} announced: {r['bytes'] / 2**20:.1f} MiB in {r['pieces']} pieces"
     if kind == "complete":
         return f"policy v{r['version']} complete and verified; seeding it"
-    if kind in ("refused", "bootstrap_unreachable"):
-        return f"warning: {kind.replace('_', ' ')}: {r.get('reason', '')} {r.get('address', '')}".rstrip()
+    if kind == "refused":
+        return f"warning: refused: {r.get('reason', '')}"
+    if kind == "bootstrap_unreachable":  # the reason names the address
+        return f"warning: bootstrap peer unreachable: {r.get('reason') or r.get('address', '')}"
     if kind == "dropped":
         return f"policy v{r['version']} left the window; garbage-collected"
     role_line = _ROLE_LINES.get(kind)
