@@ -224,13 +224,32 @@ def read_safetensors_index(path: Path) -> list[TensorEntry]:
         except ValueError:
             raise ManifestError(f"{path.name} has a safetensors header that is not JSON") from None
     base = 8 + hlen
-    entries = []
-    for name, meta in sorted(header.items()):
-        if name == "__metadata__":
-            continue
-        start, end = meta["data_offsets"]
-        entries.append(TensorEntry(name, path.name, base + start, end - start, meta["dtype"], tuple(meta["shape"])))
-    return entries
+    try:
+        return [TensorEntry(name, path.name, base + meta["data_offsets"][0],
+                            meta["data_offsets"][1] - meta["data_offsets"][0], meta["dtype"], tuple(meta["shape"]))
+                for name, meta in sorted(header.items()) if name != "__metadata__"]
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        raise ManifestError(f"{path.name} has a safetensors header that does not describe its tensors") from None
+
+
+def describe_policy_dir(policy_dir: Path | str) -> tuple[dict, list[Path], list[TensorEntry]]:
+    """(model description, safetensors paths, tensor index) of a policy directory, read without hashing a byte of
+    the weights: what `swarm publish` checks before it starts a peer, and what a manifest is built from."""
+    policy_dir = Path(policy_dir)
+    model_path = policy_dir / MODEL_FILE
+    if not model_path.is_file():
+        raise ManifestError(f"{policy_dir} has no {MODEL_FILE} describing the model")
+    try:
+        model = json.loads(model_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{model_path} is not valid JSON ({exc})") from None
+    if not isinstance(model, dict):
+        raise ManifestError(f"{model_path} must hold a JSON object")
+    paths = sorted(policy_dir.glob("*.safetensors"))
+    if not paths:
+        raise ManifestError(f"{policy_dir} holds no .safetensors files")
+    tensors = [entry for path in paths for entry in read_safetensors_index(path)]
+    return model, paths, tensors
 
 
 def build_manifest(
@@ -252,19 +271,8 @@ def build_manifest(
     policy_dir = Path(policy_dir)
     if not MIN_PIECE_SIZE <= piece_size <= MAX_PIECE_SIZE:
         raise ManifestError(f"piece size {piece_size} is outside {MIN_PIECE_SIZE}..{MAX_PIECE_SIZE} bytes")
-    model_path = policy_dir / MODEL_FILE
-    if not model_path.is_file():
-        raise ManifestError(f"{policy_dir} has no {MODEL_FILE} describing the model")
-    model = json.loads(model_path.read_text())
-    if not isinstance(model, dict):
-        raise ManifestError(f"{model_path} must hold a JSON object")
-    paths = sorted(policy_dir.glob("*.safetensors"))
-    if not paths:
-        raise ManifestError(f"{policy_dir} holds no .safetensors files")
-    files, tensors = [], []
-    for path in paths:
-        tensors.extend(read_safetensors_index(path))
-        files.append(file_entry(path, piece_size))
+    model, paths, tensors = describe_policy_dir(policy_dir)
+    files = [file_entry(path, piece_size) for path in paths]
     for name in data_files:
         path = policy_dir / name
         if not is_safe_file_name(name) or path.suffix == ".safetensors" or not path.is_file():

@@ -49,8 +49,9 @@ def run(args: argparse.Namespace) -> int:
 
     import trio
 
+    from p2p.errors import ManifestError
     from p2p.identity import read_key_file
-    from p2p.manifest import build_manifest, sign_manifest
+    from p2p.manifest import MAX_PIECE_SIZE, MIN_PIECE_SIZE, build_manifest, describe_policy_dir, sign_manifest
     from swarm.config import load_config
     from swarm.errors import UserError
     from swarm.events import EventSink
@@ -58,6 +59,12 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.checkpoint_dir.is_dir():
         raise UserError(f"checkpoint directory {args.checkpoint_dir} does not exist")
+    if not MIN_PIECE_SIZE <= args.piece_kb * 1024 <= MAX_PIECE_SIZE:
+        raise UserError(f"--piece-kb must be between {MIN_PIECE_SIZE // 1024} and {MAX_PIECE_SIZE // 1024}")
+    try:  # a checkpoint that cannot be published is said before a peer starts, in one line
+        describe_policy_dir(args.checkpoint_dir)
+    except ManifestError as exc:
+        raise UserError(f"cannot publish {args.checkpoint_dir}: {exc}") from None
     key = read_key_file(args.key)
     config = load_config(None, {"roles": ("seed",), "run": args.run, "data_dir": args.data_dir,
                                 "listen": tuple(args.listen or ()), "bootstrap": tuple(args.bootstrap or ()),

@@ -203,8 +203,8 @@ async def _run_part(node: Node, part: Callable[..., Awaitable[None]], *args: Any
     except Exception as exc:  # noqa: BLE001 - reported once, then the peer stops cleanly
         name = getattr(part, "__name__", "role")
         message = describe_failure(exc)
-        log.error("%s failed: %s", name, message, exc_info=log.isEnabledFor(logging.DEBUG))
-        node.events.emit("role_failed", role=name, message=message)
+        log.debug("%s failed: %s", name, message, exc_info=True)
+        node.events.emit("role_failed", role=name, message=message)  # the one report: "<role> FAILED: <message>"
         node.failed = True
         node.done.set()
 

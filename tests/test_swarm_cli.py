@@ -49,6 +49,33 @@ def test_bad_input_is_one_line(tmp_path, args, fragment):
         assert result.stderr.strip() == lines[0]  # nothing else: the observer's host stays quiet
 
 
+@pytest.mark.parametrize("broken, fragment", [
+    ("no model.json", "has no model.json describing the model"),
+    ("model.json not JSON", "model.json is not valid JSON"),
+    ("no weights", "holds no .safetensors files"),
+    ("weights not safetensors", "model.safetensors is not a safetensors file"),
+    ("header not tensors", "model.safetensors has a safetensors header that does not describe its tensors"),
+])
+def test_a_checkpoint_that_cannot_be_published_is_one_line_before_any_peer_starts(tmp_path, broken, fragment):
+    """It used to start a peer, fail inside its publish role and print the error twice (a log line and an event),
+    an undecodable model.json as a bare JSONDecodeError."""
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    if broken != "no model.json":
+        (checkpoint / "model.json").write_text('{"arch": ' if broken == "model.json not JSON" else '{"arch": "x"}')
+    if broken != "no weights":
+        header = b"[1, 2]" if broken == "header not tensors" else b"{}"
+        weights = b"junk" if broken == "weights not safetensors" else len(header).to_bytes(8, "little") + header
+        (checkpoint / "model.safetensors").write_bytes(weights)
+    assert run_swarm("keygen", str(tmp_path / "key")).returncode == 0
+    result = run_swarm("publish", str(checkpoint), "--run", "r", "--key", str(tmp_path / "key"),
+                       "--data-dir", str(tmp_path / "d"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and line.startswith(f"swarm: error: cannot publish {checkpoint}: ") and fragment in line
+    assert result.stdout == "" and not (tmp_path / "d").exists()  # no peer was started
+
+
 def test_second_process_on_the_same_data_dir_is_refused(tmp_path):
     first = subprocess.Popen([*SWARM, "peer", "start", "--data-dir", str(tmp_path / "d"), "--json-events"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp_path)
