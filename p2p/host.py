@@ -93,6 +93,32 @@ def _parse_multiaddr(text: str):
         raise HostError(f"{text!r} is not a valid multiaddr ({exc})") from exc
 
 
+def check_listen_ports_free(listen: Sequence[str], timeout: float = 0.5) -> None:
+    """Refuse, in one sentence, a fixed TCP listen port on which something already accepts connections.
+
+    Why: py-libp2p listens with SO_REUSEPORT (for hole punching), so a second peer started on the same port binds
+    it silently and the kernel splits incoming connections between two peers of different ids; dials then fail on
+    the peer-id check. Why a connection and not a bind probe: py-libp2p's outgoing connections use the listen port
+    too, and a restarted peer must not be refused because its predecessor's connections still linger on it.
+    """
+    import socket
+
+    for text in listen:
+        addr = _parse_multiaddr(text)
+        protocols = {p.name for p in addr.protocols()}
+        if "tcp" not in protocols or not ({"ip4", "ip6"} & protocols) or int(addr.value_for_protocol("tcp")) == 0:
+            continue
+        port = int(addr.value_for_protocol("tcp"))
+        ip = addr.value_for_protocol("ip4") if "ip4" in protocols else addr.value_for_protocol("ip6")
+        ip = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(ip, ip)
+        try:
+            with socket.create_connection((ip, port), timeout=timeout):
+                pass
+        except OSError:
+            continue  # refused, unreachable or silent: nothing of ours listens there
+        raise HostError(f"cannot listen on {text}: port {port} is in use (another peer on this machine?)")
+
+
 def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Sequence[Any] | None = None):
     """A BasicHost with Noise-only security (own X25519 key), Yamux-only muxing and one connection per peer."""
     from libp2p import new_host
@@ -328,6 +354,19 @@ async def ensure_connected(host: P2PHost, peer_id: str, addrs: Sequence[str]) ->
             log.debug("announced address %s unreachable: %s", addr, exc)
 
 
+async def _close_listeners(libp2p_host: Any) -> None:
+    """Close the host's listening sockets. Why: py-libp2p 0.8.1 leaves them open when its host stops (its listener
+    lives in a system task), so a closed host's port kept accepting connections nobody served, and a peer
+    restarted in the same process found its port taken."""
+    with trio.move_on_after(5) as scope:
+        scope.shield = True
+        for listener in list(libp2p_host.get_network().listeners.values()):
+            try:
+                await listener.close()
+            except Exception as exc:  # noqa: BLE001 - closing is best effort; the process exit closes them anyway
+                log.debug("closing a listener failed: %s", exc)
+
+
 async def _dial_bootstrap(host: P2PHost, addr: str) -> None:
     try:
         await host.connect(addr)
@@ -342,19 +381,27 @@ async def open_host(config: HostConfig | None = None, transports: Sequence[Any] 
     fatal), yield it, close it on exit."""
     config = config or HostConfig()
     identity = _resolve_identity(config)
+    check_listen_ports_free(config.listen)
     libp2p_host = build_libp2p_host(identity, config.listen, transports)
     listen = [_parse_multiaddr(a) for a in config.listen]
+    bound = True
     async with AsyncExitStack() as stack:
         try:
             await stack.enter_async_context(libp2p_host.run(listen_addrs=listen))
         except Exception as exc:  # noqa: BLE001 - a busy port or bad interface: one sentence, not a traceback
             raise HostError(f"cannot listen on {', '.join(config.listen)}: {_one_line(exc)}") from exc
-        nursery = await stack.enter_async_context(trio.open_nursery())
-        host = P2PHost(libp2p_host, identity, config, nursery)
-        async with trio.open_nursery() as dials:
-            for addr in config.bootstrap:
-                dials.start_soon(_dial_bootstrap, host, addr)
-        try:
-            yield host
-        finally:
-            nursery.cancel_scope.cancel()
+        stack.push_async_callback(_close_listeners, libp2p_host)  # runs before the libp2p host's own exit
+        bound = bool(libp2p_host.get_addrs())  # py-libp2p logs a failed bind (an IP not of this machine), runs deaf
+        if bound:
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            host = P2PHost(libp2p_host, identity, config, nursery)
+            async with trio.open_nursery() as dials:
+                for addr in config.bootstrap:
+                    dials.start_soon(_dial_bootstrap, host, addr)
+            try:
+                yield host
+            finally:
+                nursery.cancel_scope.cancel()
+    if not bound:  # said once the deaf host is closed, so it is not wrapped in its nursery's exception group
+        raise HostError(f"cannot listen on {', '.join(config.listen)}: no address could be bound (is the IP one of "
+                        "this machine's?)")

@@ -61,6 +61,21 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def user_facing_error(exc: BaseException) -> BaseException | None:
+    """The error to print in one line: `exc` itself, or the first error of an exception group all of whose errors
+    are user-facing (a host that cannot listen fails inside a peer's nurseries); None for anything else (a bug)."""
+    leaves, pending = [], [exc]
+    while pending:
+        current = pending.pop(0)
+        if isinstance(current, BaseExceptionGroup):
+            pending[:0] = list(current.exceptions)
+        else:
+            leaves.append(current)
+    if leaves and all(getattr(leaf, "user_facing", False) for leaf in leaves):
+        return leaves[0]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
@@ -73,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(importlib.import_module(module).run(args) or 0)
     except Exception as exc:  # noqa: BLE001 - only user-facing errors are caught; bugs re-raise below
-        if not getattr(exc, "user_facing", False):
+        reported = user_facing_error(exc)
+        if reported is None:
             raise
-        print(f"swarm: error: {exc}", file=sys.stderr)
+        print(f"swarm: error: {reported}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("swarm: interrupted", file=sys.stderr)

@@ -26,8 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import shutil
-
     import trio
 
     from swarm.errors import UserError
@@ -38,8 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
-    if args.out.exists():
-        shutil.rmtree(args.out)  # a simulation always starts a fresh run
+    _clear_previous_run(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
                            async_level=args.async_level, timeout_s=args.timeout,
@@ -67,6 +64,26 @@ def run(args: argparse.Namespace) -> int:
     extra = trio.run(run_freezing_after_warmup, run_sim, settings, sink, stopping)
     guard.disarm()
     return finish(extra)
+
+
+SIM_MARKER = ".swarm-sim"
+"""Written into --out when a simulation starts: only a directory holding it (or an earlier run's report) is cleared."""
+
+
+def _clear_previous_run(out: Path) -> None:
+    """Delete an earlier simulation's directory, and nothing else: `--out ~/project` must not wipe a project."""
+    import shutil
+
+    from swarm.errors import UserError, usable_directory
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not ((out / SIM_MARKER).exists() or (out / "report.json").exists()):
+            raise UserError(f"--out {out} holds files that are not a simulation's; give an empty or new directory")
+        shutil.rmtree(out)
+    usable_directory(out, "--out directory")
+    (out / SIM_MARKER).write_text("a swarm sim run: `swarm sim` deletes this directory when it starts again\n")
 
 
 _NARRATED = ("published", "train_step", "trainer_waiting", "role_failed", "dht_found", "generated", "rejected_rollout",

@@ -75,10 +75,13 @@ def run(args) -> int:
     from trainer.launch import check_supported, launch_ranks, world_size
     from trainer.session import train
 
+    from swarm.errors import usable_directory
+
     overrides = {k: getattr(args, k, None) for k in _OVERRIDES}
     if overrides.get("out") is not None:
         overrides["out"] = str(overrides["out"])
     loaded = load_config(args.config, overrides)  # a bad config is one line here, not one per rank
+    usable_directory(Path(loaded.config.out), "output directory")
     if args.nproc < 1:
         raise TrainerError(f"--nproc must be at least 1, got {args.nproc}")
     if loaded.config.parallel == "fsdp" and max(args.nproc, world_size()) == 1:

@@ -5,11 +5,25 @@ never import `swarm`): an exception class with `user_facing = True` carries one 
 The CLI prints it on one line and exits with status 2; any other exception is a bug and keeps its traceback.
 """
 
+from pathlib import Path
+
 
 class UserError(Exception):
     """A problem with the user's input or environment, reported as one sentence."""
 
     user_facing = True
+
+
+def usable_directory(path: Path, what: str) -> Path:
+    """Create directory `path` (and its parents) if needed; one sentence naming `what` it is for when it is a file
+    or cannot be created (a bare FileExistsError traceback before)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{what} {path} exists and is not a directory") from None
+    except OSError as exc:
+        raise UserError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
+    return path
 
 
 def require_temperature(value: float) -> None:

@@ -19,6 +19,7 @@ import trio
 
 from p2p.errors import P2PError
 from swarm.config import PeerConfig
+from swarm.errors import usable_directory
 from swarm.events import EventSink
 from swarm.mirror import PolicyMirror
 from swarm.shutdown import HARD_EXIT_AFTER_S, TEARDOWN_GRACE_S, ExitGuard, report_stuck_tasks, short_path
@@ -136,7 +137,7 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
     from p2p.bootstrap import resolve_bootstrap
 
     bootstrap = resolve_bootstrap(config.bootstrap or None, None, config.bootstrap_file if config.bootstrap_file.exists() else None)
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    usable_directory(config.data_dir, "data directory")
     built: list[Node] = []  # the node once it exists: its `failed` flag is the exit status
     closed = trio.Event()
     try:
@@ -439,7 +440,7 @@ def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> in
 
     events = EventSink(json_lines=json_events)
     events.configure_logging()
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    usable_directory(config.data_dir, "data directory")
     if key_file is not None:
         from p2p.identity import read_key_file
 

@@ -173,3 +173,34 @@ async def test_announce_addresses_replace_the_listen_addresses_given_out():
         assert bound.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/" not in bound
     with pytest.raises(HostError, match="must not name a peer id"):
         HostConfig(announce=(f"/ip4/203.0.113.7/tcp/4001/p2p/{PEER}",))
+
+
+async def test_a_port_another_peer_listens_on_is_refused_not_silently_shared():
+    """py-libp2p listens with SO_REUSEPORT: a second host on the same port bound it too, and the kernel split the
+    incoming connections between two peers of different ids."""
+    async with open_host() as first:
+        port = first.multiaddrs[0].split("/tcp/")[1].split("/")[0]
+        with pytest.raises(HostError, match=f"port {port} is in use"):
+            async with open_host(HostConfig(listen=(f"/ip4/127.0.0.1/tcp/{port}",))):
+                pass
+
+
+async def test_an_ip_that_is_not_this_machines_is_one_host_error():
+    """py-libp2p logged the failed bind and ran a host with no address; the data channel server then failed deep
+    inside the peer's nurseries."""
+    with pytest.raises(HostError, match="no address could be bound"):
+        async with open_host(HostConfig(listen=("/ip4/192.0.2.1/tcp/4001",))):
+            pass
+
+
+async def test_a_closed_host_stops_listening_and_its_port_can_be_listened_on_again():
+    """py-libp2p left the listening socket open after its host stopped: the port kept accepting connections nobody
+    served, and a peer restarted in the same process (a test, a simulation) found its port in use."""
+    import socket
+
+    async with open_host() as first:
+        port = first.multiaddrs[0].split("/tcp/")[1].split("/")[0]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+    async with open_host(HostConfig(listen=(f"/ip4/127.0.0.1/tcp/{port}",))) as again:
+        assert f"/tcp/{port}/" in again.multiaddrs[0]

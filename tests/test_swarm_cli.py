@@ -131,3 +131,50 @@ def test_heartbeats_too_rare_to_judge_liveness_are_one_line(tmp_path, line, frag
     result = run_swarm("peer", "start", "--config", str(config), "--data-dir", str(tmp_path / "d"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"swarm: error: {fragment}" in result.stderr
+
+
+def test_a_data_or_output_directory_that_is_a_file_is_one_line(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for args, fragment in [(["peer", "start", "--data-dir", str(afile)], f"data directory {afile} exists and is not"),
+                           (["sim", "--out", str(afile)], f"--out {afile} exists and is not a directory"),
+                           (["train", "--out", str(afile), "--steps", "1"], f"output directory {afile} exists")]:
+        result = run_swarm(*args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, args
+        assert result.stderr.strip().startswith("swarm: error:") and fragment in result.stderr, result.stderr
+    assert afile.read_text() == "keep me"
+
+
+def test_sim_clears_only_a_directory_an_earlier_simulation_wrote(tmp_path):
+    """`swarm sim` starts fresh by deleting --out: pointed at a directory of other files it must refuse, not wipe."""
+    from swarm.cmd_sim import SIM_MARKER, _clear_previous_run
+    from swarm.errors import UserError
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("precious")
+    result = run_swarm("sim", "--out", str(project))
+    assert result.returncode == 2 and "holds files that are not a simulation's" in result.stderr
+    assert (project / "notes.txt").read_text() == "precious"
+    earlier = tmp_path / "sim"
+    _clear_previous_run(earlier)  # a new directory: created and marked
+    (earlier / "trainer").mkdir()
+    _clear_previous_run(earlier)  # an earlier simulation's: cleared and marked again
+    assert sorted(p.name for p in earlier.iterdir()) == [SIM_MARKER]
+    (earlier / SIM_MARKER).unlink()
+    (earlier / "report.json").write_text("{}")  # a run from before the marker existed: its report identifies it
+    _clear_previous_run(earlier)
+    assert sorted(p.name for p in earlier.iterdir()) == [SIM_MARKER]
+    with pytest.raises(UserError, match="not a simulation's"):
+        _clear_previous_run(project)
+
+
+def test_an_exception_group_of_user_facing_errors_is_one_line_and_a_bug_in_one_is_not_hidden():
+    from swarm.cli import user_facing_error
+    from swarm.errors import UserError
+
+    first, second = UserError("cannot listen on X"), UserError("other")
+    assert user_facing_error(first) is first
+    assert user_facing_error(ExceptionGroup("peer", [ExceptionGroup("host", [first]), second])) is first
+    assert user_facing_error(ExceptionGroup("peer", [first, KeyError("bug")])) is None
+    assert user_facing_error(ValueError("bug")) is None

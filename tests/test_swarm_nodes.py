@@ -50,6 +50,7 @@ class Peer:
         self.trainer = trainer
         self.node = None
         self.ready = trio.Event()
+        self.finished = trio.Event()
         self.events: list[dict] = []
 
     async def run(self, extra_roles=()):
@@ -59,7 +60,10 @@ class Peer:
 
         sink = EventSink(json_lines=False, stream=open("/dev/null", "w"))
         sink.listeners.append(self.events.append)
-        await open_node_parts(self.config, self.identity, sink, [capture, *extra_roles], self.trainer.public_bytes)
+        try:
+            await open_node_parts(self.config, self.identity, sink, [capture, *extra_roles], self.trainer.public_bytes)
+        finally:
+            self.finished.set()
 
     def stop(self):
         self.node.done.set()
@@ -134,6 +138,7 @@ async def test_a_peer_whose_bootstrap_peer_comes_up_later_or_again_connects_to_i
                 boot.stop()
                 while trainer.peer_id in joiner.node.connected_peers():
                     await trio.sleep(0.05)
+                await boot.finished.wait()  # as a restarted process starts once the old one has exited (its port free)
             joiner.stop()
 
 
