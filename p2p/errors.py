@@ -38,6 +38,10 @@ class PieceVerifyError(P2PError):
     """A piece's bytes do not hash to the BLAKE3 named in the signed manifest."""
 
 
+class CorruptPieceError(StoreError):
+    """A piece held on disk no longer hashes right (the file changed after it was stored): it is not served."""
+
+
 class IdentityError(P2PError):
     """A key file is missing, unreadable, corrupt or would be overwritten."""
 

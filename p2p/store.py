@@ -26,7 +26,8 @@ from pathlib import Path
 
 import blake3
 
-from p2p.errors import DiskFullError, ManifestError, PieceVerifyError, StoreError, StoreLockedError
+from p2p.errors import (CorruptPieceError, DiskFullError, ManifestError, PieceVerifyError, StoreError,
+                       StoreLockedError)
 from p2p.manifest import MODEL_FILE, FileEntry, PolicyManifest, decode_manifest, decode_signed
 
 LOCK_NAME = "store.lock"
@@ -62,6 +63,10 @@ class _FileState:
         self.missing = have.count(0)
         self.complete = complete
         self.fd = os.open(path, os.O_RDWR if not complete else os.O_RDONLY)
+        # pieces whose bytes on disk this process has hashed (on write, on a rescan or on their first read): a
+        # complete file is trusted by its name and size at start, and checked piece by piece as it is served
+        self.checked = bytearray(have) if not complete else bytearray(len(have))
+        self.corrupt: set[int] = set()
 
     def close(self) -> None:
         os.close(self.fd)
@@ -185,6 +190,7 @@ class PieceStore:
         for i, expected in enumerate(entry.piece_hashes):
             data = os.pread(state.fd, entry.piece_length(i), i * entry.piece_size)
             state.have[i] = blake3.blake3(data).digest() == expected
+        state.checked[:] = state.have
         state.missing = state.have.count(0)
         if state.missing == 0:
             self._finish(state)
@@ -206,12 +212,40 @@ class PieceStore:
         return bool(self._files[ref.file.root].have[ref.local_index])
 
     def read_piece(self, manifest: PolicyManifest, index: int) -> bytes:
-        """The bytes of one held piece, read with a single pread (never the whole file)."""
+        """The bytes of one held piece, read with a single pread (never the whole file).
+
+        A piece not yet hashed in this process is hashed now (once): a file changed on disk after it was stored
+        (bit rot, an overwritten checkpoint) must not be served, or every receiver drops this honest peer as a
+        liar while the bad bytes go on being offered. Such a piece raises CorruptPieceError from then on, and a
+        file of the store's own becomes a partial file again, so a restart re-fetches what it lost.
+        """
         ref = manifest.pieces[index]
         state = self._files[ref.file.root]
-        if not state.have[ref.local_index]:
+        i = ref.local_index
+        if not state.have[i]:
+            if i in state.corrupt:
+                raise CorruptPieceError(f"piece {index} of policy v{manifest.version} changed on disk ({state.path})")
             raise StoreError(f"piece {index} of manifest {manifest.id.hex()[:12]} is not held")
-        return os.pread(state.fd, ref.length, ref.offset)
+        data = os.pread(state.fd, ref.length, ref.offset)
+        if not state.checked[i]:
+            if len(data) != ref.length or blake3.blake3(data).digest() != ref.hash:
+                self._lose_piece(state, i)
+                raise CorruptPieceError(f"piece {index} of policy v{manifest.version} changed on disk since it was "
+                                        f"stored ({state.path}); it is no longer served")
+            state.checked[i] = 1
+        return data
+
+    def _lose_piece(self, state: _FileState, i: int) -> None:
+        """Forget a held piece whose bytes went bad; a complete file of ours is renamed back to a partial one."""
+        state.have[i] = 0
+        state.missing += 1
+        state.corrupt.add(i)
+        if state.complete and state.path.suffix == ".data" and state.path.parent == self.dir / "files":
+            part = state.path.with_suffix(".part")
+            os.replace(state.path, part)
+            state.close()
+            state.path, state.complete = part, False
+            state.fd = os.open(part, os.O_RDWR)
 
     def write_piece(self, manifest: PolicyManifest, index: int, data: bytes, verify: bool = True) -> bool:
         """Store one piece; returns True when it completed its file. Refuses bytes that do not hash right."""
@@ -228,6 +262,8 @@ class PieceStore:
         if written != len(data):
             raise StoreError(f"short write of piece {index}")
         state.have[ref.local_index] = 1
+        state.checked[ref.local_index] = 1
+        state.corrupt.discard(ref.local_index)
         state.missing -= 1
         if state.missing == 0:
             self._finish(state)

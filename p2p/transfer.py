@@ -14,6 +14,7 @@ sender task that drains the link's outbox. Rules kept here:
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import blake3
 import trio
 
 from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
-from p2p.errors import ChannelError, FrameError, StoreError
+from p2p.errors import ChannelError, CorruptPieceError, FrameError, StoreError
 from p2p.manifest import PolicyManifest
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.store import PieceStore
@@ -32,6 +33,7 @@ from p2p.wire import (
     pack_bits, parse_message, read_frame, send_buffers, unpack_bits, write_frame,
 )
 
+log = logging.getLogger(__name__)
 MAX_OUTBOX = 4096  # messages queued to one peer; more means it stopped reading (or floods us with requests)
 # what a dying or hostile link may raise (ChannelError: p2p/channel*.py and p2p/libp2p_compat.py streams)
 _LINK_ERRORS = (FrameError, ChannelError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
@@ -124,6 +126,7 @@ class SwarmService:
         self.completed = trio.Event()
         self.stats: dict[str, PeerStats] = {}
         self.drops: dict[str, str] = {}
+        self.corrupt_pieces: set[int] = set()  # pieces whose stored copy went bad on disk (refused since)
         self._links: dict[str, _Link] = {}
         self._bucket = TokenBucket(config.upload_bps)
         self._nursery: trio.Nursery | None = None
@@ -271,7 +274,16 @@ class SwarmService:
                     await _send_message(link.stream, item)
 
     async def _send_piece(self, link: _Link, index: int) -> None:
-        data = self.store.read_piece(self.manifest, index)
+        try:
+            data = self.store.read_piece(self.manifest, index)
+        except CorruptPieceError as exc:  # our copy went bad on disk: the peer fetches the piece elsewhere
+            if index not in self.corrupt_pieces:
+                self.corrupt_pieces.add(index)
+                log.warning("%s", exc)
+            self._dispatch(self.engine.upload_done(link.peer, index, trio.current_time()))
+            with trio.fail_after(self.config.send_timeout):
+                await _send_message(link.stream, Reject(index, "corrupt on disk"))
+            return
         await acquire_all([self._bucket, link.bucket], len(data))
         with trio.fail_after(self.config.send_timeout):
             await write_frame(link.stream, {"t": "piece", "index": index}, data)

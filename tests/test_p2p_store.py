@@ -180,3 +180,31 @@ def test_a_data_file_is_reassembled_byte_identical_beside_the_weights(tmp_path, 
         fill(st, m, src, range(m.num_pieces))
         out = st.reassemble(m, tmp_path / "out")
     assert (out / "arith.jsonl").read_bytes() == (src / "arith.jsonl").read_bytes()
+
+
+def test_a_complete_file_that_changed_on_disk_is_caught_on_first_read_and_refetched_after_a_restart(tmp_path, policy):
+    """A complete file is trusted by name and size at start (hashing a big policy on every start costs seconds);
+    each piece is hashed the first time it is read instead, and one that went bad is never served again."""
+    from p2p.errors import CorruptPieceError
+
+    src, m, _ = policy
+    with PieceStore(tmp_path / "data") as st:
+        st.add_manifest(m)
+        fill(st, m, src, range(m.num_pieces))
+    entry = m.files[0]
+    data_file = tmp_path / "data" / "files" / f"{entry.root.hex()}.data"
+    rotten = bytearray(data_file.read_bytes())
+    rotten[5] ^= 0x80  # inside piece 0 of the first file
+    data_file.write_bytes(bytes(rotten))
+    with PieceStore(tmp_path / "data") as st:
+        assert st.is_complete(m) and all(st.bitfield(m))  # trusted by name and size
+        assert st.read_piece(m, 1) == (src / entry.name).read_bytes()[m.pieces[1].offset :][: m.pieces[1].length]
+        for _ in range(2):  # caught on the first read, and refused (not re-read) after
+            with pytest.raises(CorruptPieceError, match="changed on disk"):
+                st.read_piece(m, 0)
+        assert not st.has_piece(m, 0) and not st.is_complete(m)
+        assert not data_file.exists() and data_file.with_suffix(".part").exists()
+    with PieceStore(tmp_path / "data") as st:  # a restart rescans the partial file: only piece 0 is fetched again
+        assert [i for i, b in enumerate(st.bitfield(m)) if not b] == [0]
+        fill(st, m, src, [0])
+        assert st.is_complete(m) and st.read_piece(m, 0) == (src / entry.name).read_bytes()[: m.pieces[0].length]

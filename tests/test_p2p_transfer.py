@@ -140,15 +140,13 @@ async def test_seed_leaves_after_first_copy_and_a_late_peer_completes(tmp_path, 
 
 async def test_a_peer_serving_corrupt_pieces_is_dropped_and_the_others_complete(tmp_path, autojump_clock):
     manifest = make_policy(tmp_path / "src", 2 * MB)
-    bad_src = tmp_path / "bad"
-    shutil.copytree(tmp_path / "src", bad_src)
-    for f in manifest.files:  # same sizes, flipped bytes: its store serves them without re-hashing
-        data = bytearray((bad_src / f.name).read_bytes())
-        data[len(data) // 2 :] = bytes(b ^ 0xFF for b in data[len(data) // 2 :])
-        (bad_src / f.name).write_bytes(bytes(data))
     async with trio.open_nursery() as nursery:
         c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
-        await c.add("bad", seed_from=bad_src, upload_bps=8 * MB)
+        liar = await c.add("bad", seed_from=tmp_path / "src", upload_bps=8 * MB)
+        honest_read = c.stores["bad"].read_piece
+        # a hostile peer: whatever its store holds, it sends pieces of the right size with flipped bytes
+        c.stores["bad"].read_piece = lambda m, i: bytes(b ^ 0xFF for b in honest_read(m, i))
+        assert liar.store is c.stores["bad"]
         await c.add("seed", seed_from=tmp_path / "src", upload_bps=1 * MB)
         peers = ["p0", "p1", "p2"]
         for p in peers:
@@ -161,6 +159,38 @@ async def test_a_peer_serving_corrupt_pieces_is_dropped_and_the_others_complete(
     for p in peers:
         c.assert_identical(p)
         assert "corrupt" in c.services[p].drops.get("bad", "")
+    c.close()
+
+
+async def test_an_honest_peer_whose_file_went_bad_on_disk_refuses_those_pieces_and_is_not_dropped(tmp_path,
+                                                                                                    autojump_clock):
+    """A seed trusts a complete file by its size at start; if its bytes changed on disk it used to serve them, and
+    every receiver dropped it as a liar while the bad bytes went on being offered. Now each piece is hashed on its
+    first read: the bad ones are refused (the receivers fetch them elsewhere) and the seed stays linked."""
+    manifest = make_policy(tmp_path / "src", 2 * MB)
+    rotten = tmp_path / "rotten"
+    shutil.copytree(tmp_path / "src", rotten)
+    first = manifest.files[0]
+    data = bytearray((rotten / first.name).read_bytes())
+    data[first.piece_size + 7] ^= 0x01  # one bit of the file's second piece
+    (rotten / first.name).write_bytes(bytes(data))
+    bad_index = next(p.index for p in manifest.pieces if p.file is first and p.local_index == 1)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        rotten_seed = await c.add("rotten", seed_from=rotten, upload_bps=8 * MB)
+        await c.add("seed", seed_from=tmp_path / "src", upload_bps=1 * MB)
+        peers = ["p0", "p1"]
+        for p in peers:
+            await c.add(p, upload_bps=1 * MB)
+        c.link_all(["rotten", "seed"] + peers)
+        with trio.fail_after(120):
+            for p in peers:
+                await c.services[p].completed.wait()
+        assert rotten_seed.corrupt_pieces == {bad_index}
+        assert all("rotten" in c.services[p].peers and "rotten" not in c.services[p].drops for p in peers)
+        nursery.cancel_scope.cancel()
+    for p in peers:
+        c.assert_identical(p)
     c.close()
 
 
