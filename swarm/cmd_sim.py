@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
+    _check_task(args.task)
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         report = summarize(events, extra)
         write_report(args.out, report, events)
         print(json.dumps(report) if args.json else _render(report, args.out), flush=True)
-        return 1 if extra["timed_out"] else 0
+        return 1 if extra["timed_out"] or any(e["event"] == "role_failed" for e in events) else 0
 
     stopped: dict = {}
     guard = ExitGuard(HARD_EXIT_AFTER_S, before_exit=lambda: finish(stopped))
@@ -64,6 +65,20 @@ def run(args: argparse.Namespace) -> int:
     extra = trio.run(run_freezing_after_warmup, run_sim, settings, sink, stopping)
     guard.disarm()
     return finish(extra)
+
+
+def _check_task(task: str) -> None:
+    """A task file that does not load, or a name no reasoning-gym dataset has, is one line before any peer starts:
+    it used to start the whole swarm, fail inside the trainer's role and end in a report of zero steps."""
+    from tasks.builtin import builtin_names
+    from tasks.loading import is_task_file, load_tasks
+
+    if is_task_file(task):
+        load_tasks(task)  # TaskError names the file and the line
+    elif task not in builtin_names():
+        from tasks.errors import TaskError
+
+        raise TaskError(f"unknown task {task!r}: not a reasoning-gym dataset and not a .jsonl/.parquet file")
 
 
 SIM_MARKER = ".swarm-sim"

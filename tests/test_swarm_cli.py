@@ -28,6 +28,8 @@ def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["peer", "start", "--validator-key", "ab" * 32], "--validator-key lists 1 distinct key(s) but the quorum needs 2 validators"),
     (["peer", "start", "--role", "inference", "--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
     (["peer", "start", "--role", "trainer", "--trainer-config", "/nonexistent.toml"], "/nonexistent.toml does not exist"),
+    (["sim", "--task", "nosuchtask"], "unknown task 'nosuchtask': not a reasoning-gym dataset"),
+    (["sim", "--task", "/nonexistent/tasks.jsonl"], "task file /nonexistent/tasks.jsonl does not exist"),
     (["eval", "--n", "-5"], "--n must be at least 1, got -5"),
     (["eval", "--temperature", "-1"], "--temperature must be within 0..10"),
     (["bench", "generate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
