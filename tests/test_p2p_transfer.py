@@ -67,6 +67,15 @@ class Cluster:
         self.services[a].add_link(b, sa)
         self.services[b].add_link(a, sb)
 
+    async def fetch_all(self, sources, peers, timeout=120):
+        """Add `peers` (1 MiB/s upload each), link them with each other and `sources`, wait until all complete."""
+        for p in peers:
+            await self.add(p, upload_bps=1 * MB)
+        self.link_all([*sources, *peers])
+        with trio.fail_after(timeout):
+            for p in peers:
+                await self.services[p].completed.wait()
+
     def link_all(self, names):
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
@@ -149,12 +158,7 @@ async def test_a_peer_serving_corrupt_pieces_is_dropped_and_the_others_complete(
         assert liar.store is c.stores["bad"]
         await c.add("seed", seed_from=tmp_path / "src", upload_bps=1 * MB)
         peers = ["p0", "p1", "p2"]
-        for p in peers:
-            await c.add(p, upload_bps=1 * MB)
-        c.link_all(["bad", "seed"] + peers)
-        with trio.fail_after(120):
-            for p in peers:
-                await c.services[p].completed.wait()
+        await c.fetch_all(["bad", "seed"], peers)
         nursery.cancel_scope.cancel()
     for p in peers:
         c.assert_identical(p)
@@ -180,12 +184,7 @@ async def test_an_honest_peer_whose_file_went_bad_on_disk_refuses_those_pieces_a
         rotten_seed = await c.add("rotten", seed_from=rotten, upload_bps=8 * MB)
         await c.add("seed", seed_from=tmp_path / "src", upload_bps=1 * MB)
         peers = ["p0", "p1"]
-        for p in peers:
-            await c.add(p, upload_bps=1 * MB)
-        c.link_all(["rotten", "seed"] + peers)
-        with trio.fail_after(120):
-            for p in peers:
-                await c.services[p].completed.wait()
+        await c.fetch_all(["rotten", "seed"], peers)
         assert rotten_seed.corrupt_pieces == {bad_index}
         assert all("rotten" in c.services[p].peers and "rotten" not in c.services[p].drops for p in peers)
         nursery.cancel_scope.cancel()
