@@ -161,12 +161,29 @@ def load_config(path: Path | None, overrides: dict) -> PeerConfig:
         if key not in known:
             raise UserError(f"unknown config key {key!r} in {path}; known keys: {', '.join(sorted(known))}")
     values.update({k: v for k, v in overrides.items() if v is not None and v != ()})
-    for key in list(values):
-        if key in _TUPLE_FIELDS:
-            values[key] = tuple(values[key]) if not isinstance(values[key], str) else (values[key],)
-        elif key in _PATH_FIELDS:
-            values[key] = Path(values[key])
-    try:
-        return replace(PeerConfig(), **values).validate()
-    except TypeError as exc:
-        raise UserError(f"bad config value: {exc}") from None
+    return replace(PeerConfig(), **{key: _typed(key, value) for key, value in values.items()}).validate()
+
+
+_KINDS = {bool: ("true or false", (bool,)), int: ("a whole number", (int,)), float: ("a number", (int, float)),
+          str: ("a string", (str,))}
+
+
+def _typed(key: str, value: object) -> object:
+    """`value` as field `key` holds it, or one sentence naming the key and what it takes (a TOML string where a
+    number belongs failed later as "'<' not supported between instances of 'str' and 'int'")."""
+    if key in _TUPLE_FIELDS:
+        items = (value,) if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
+            raise UserError(f"config key {key} takes a string or a list of strings, got {value!r}")
+        return tuple(items)
+    if key in _PATH_FIELDS:
+        if not isinstance(value, (str, Path)):
+            raise UserError(f"config key {key} takes a path, got {value!r}")
+        return Path(value)
+    what, kinds = _KINDS[type(getattr(_DEFAULTS, key))]
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise UserError(f"config key {key} takes {what}, got {value!r}")
+    return float(value) if float in kinds else value
+
+
+_DEFAULTS = PeerConfig()

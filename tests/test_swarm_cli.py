@@ -180,3 +180,24 @@ def test_an_exception_group_of_user_facing_errors_is_one_line_and_a_bug_in_one_i
     assert user_facing_error(ExceptionGroup("peer", [ExceptionGroup("host", [first]), second])) is first
     assert user_facing_error(ExceptionGroup("peer", [first, KeyError("bug")])) is None
     assert user_facing_error(ValueError("bug")) is None
+
+
+@pytest.mark.parametrize("toml, message", [
+    ('upload_mbps = "fast"', "config key upload_mbps takes a number, got 'fast'"),
+    ('reseed = "no"', "config key reseed takes true or false, got 'no'"),
+    ("max_peers = 2.5", "config key max_peers takes a whole number, got 2.5"),
+    ("max_peers = true", "config key max_peers takes a whole number, got True"),
+    ("bootstrap = [1, 2]", "config key bootstrap takes a string or a list of strings, got [1, 2]"),
+    ("data_dir = 3", "config key data_dir takes a path, got 3"),
+])
+def test_a_config_value_of_the_wrong_type_names_its_key(tmp_path, toml, message):
+    """A TOML string where a number belongs failed as "'<' not supported between instances of 'str' and 'int'"."""
+    from swarm.config import load_config
+    from swarm.errors import UserError
+
+    path = tmp_path / "peer.toml"
+    path.write_text(f"[peer]\n{toml}\n")
+    with pytest.raises(UserError) as caught:
+        load_config(path, {})
+    assert str(caught.value) == message
+    assert load_config(None, {"upload_mbps": 8, "listen": "/ip4/127.0.0.1/tcp/0"}).upload_mbps == 8.0  # ints do
