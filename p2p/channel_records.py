@@ -87,8 +87,8 @@ def preferred_aead() -> str:
     Which AES mode wins depends on the CPU and on the OpenSSL build: OCB3 needs one AES pass and no GHASH, and won
     on the Intel machine this project started on (decrypt 0.27 vs 0.42 ms/MiB), while OpenSSL's vectorised
     (VAES) GCM wins on an AMD EPYC of session 14 (0.10 vs 0.16 ms/MiB; end to end 0.41 vs 0.49 ms per MiB in
-    pinned, interleaved transfer runs, see the README). A fixed choice is wrong on one of them, so we measure. Linux x86 and ARM report
-    the feature as an "aes" flag in /proc/cpuinfo; anywhere else we keep ChaCha20.
+    pinned, interleaved transfer runs, see the README). A fixed choice is wrong on one of them, so we measure.
+    Linux x86 and ARM report the feature as an "aes" flag in /proc/cpuinfo; anywhere else we keep ChaCha20.
     """
     if not _cpu_has_aes():
         return CHACHA20_POLY1305
@@ -147,9 +147,13 @@ def choose_aead(preferred: str, dialer_supports: object) -> str:
     raise ChannelError(f"no data channel cipher in common (peer supports {dialer_supports[:8]!r})")
 
 
+RECORD_BYTES = HEADER.size + MAX_RECORD + TAG
+"""Bytes of the largest sealed record on the wire."""
+
+
 def record_buffer() -> bytearray:
-    """A buffer large enough for one sealed record of the maximum size (allocate once per stream)."""
-    return bytearray(HEADER.size + MAX_RECORD + TAG)
+    """A buffer large enough for one sealed record of the maximum size."""
+    return bytearray(RECORD_BYTES)
 
 
 def split_records(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
-from p2p.channel_records import (COPY_LIMIT, HEADER, MAX_RECORD, TAG, PlaintextPool, RecordOpener, RecordSealer,
+from p2p.channel_records import (COPY_LIMIT, HEADER, RECORD_BYTES, TAG, PlaintextPool, RecordOpener, RecordSealer,
                                  split_records)
 from p2p.errors import ChannelError
 
@@ -36,8 +36,8 @@ and a read-ahead. A buffer grows to full size (a MAX_RECORD record and a read-ah
 of one) the first time a record needs it. Why not full size from the start: peers open a channel per link and
 spare for every version, most of which never carry a piece; at 2.3 MiB a channel, allocating and zeroing both
 buffers was 7 % of `swarm sim`'s event loop (py-spy), and a seed serving many peers held that much per channel."""
-_FULL_OUT = HEADER.size + MAX_RECORD + TAG + _SMALL_RECORDS
-_FULL_IN = HEADER.size + MAX_RECORD + TAG + READ_AHEAD
+_FULL_OUT = RECORD_BYTES + _SMALL_RECORDS
+_FULL_IN = RECORD_BYTES + READ_AHEAD
 
 
 @dataclass(frozen=True)

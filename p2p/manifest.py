@@ -12,7 +12,6 @@ sizes, types, names and hash consistency before a PolicyManifest exists.
 from __future__ import annotations
 
 import functools
-
 import json
 import re
 from dataclasses import dataclass, field
