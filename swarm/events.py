@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 
+log = logging.getLogger(__name__)
 
 PROGRESS_HEARTBEAT_S = 60.0
 """An idle policy's progress line (nothing moving, nothing changed) is repeated at most this often in text mode."""
@@ -50,7 +51,7 @@ class EventSink:
         if self.json_lines:
             print(json.dumps(record, default=_jsonable), file=self.stream, flush=True)
         elif kind != "progress" or self._progress_worth_printing(record):
-            text = describe(record)
+            text = _describe_safely(record)
             if text:
                 print(text, file=self.stream, flush=True)
 
@@ -63,6 +64,17 @@ class EventSink:
             return False
         self._last_progress[r["version"]] = (r["pieces"], r["peers"], r["t"])
         return True
+
+
+def _describe_safely(r: dict) -> str | None:
+    """The event's line; a record missing a field its line names is printed raw instead of ending the role that
+    emitted it (`swarm publish` once died this way right after publishing, since only JSON output was tested)."""
+    try:
+        return describe(r)
+    except (KeyError, TypeError, ValueError) as exc:
+        log.debug("no line for event %s: %r", r.get("event"), exc)
+        fields = {k: v for k, v in r.items() if k not in ("event", "t")}
+        return f"{r.get('event')}: {json.dumps(fields, default=_jsonable)}"
 
 
 def _jsonable(value):
@@ -98,6 +110,13 @@ def describe(r: dict) -> str | None:
     return f"{kind}: {msg}" if msg else None
 
 
+def _run_details(r: dict) -> str:
+    """A trainer's version names its validators and curriculum stage; `swarm publish` of a checkpoint has neither."""
+    details = [f"{r['validators']} validators" if "validators" in r else "",
+               f"stage {r['stage']}" if "stage" in r else ""]
+    return "".join(f", {d}" for d in details if d)
+
+
 def _train_step_line(r: dict) -> str:
     if r.get("reward") is None:
         return f"step {r['step']}: no group inside the async window ({r['refused']} refused, stage {r['stage']})"
@@ -108,8 +127,7 @@ def _train_step_line(r: dict) -> str:
 
 
 _ROLE_LINES = {
-    "published": lambda r: (f"published policy v{r['version']} ({r['bytes'] / 2**20:.2f} MiB, {r['validators']} "
-                            f"validators, stage {r['stage']})"),
+    "published": lambda r: f"published policy v{r['version']} ({r['bytes'] / 2**20:.2f} MiB{_run_details(r)})",
     "train_step": _train_step_line,
     "trainer_waiting": lambda r: (f"waiting {r['waited_s']} s for a batch: {r['ready']}/{r['wanted']} accepted groups "
                                   f"ready, {r['awaiting_votes']} awaiting votes, newest version v{r['newest_version']}"),

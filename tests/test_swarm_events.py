@@ -39,6 +39,7 @@ def test_role_milestones_are_sentences_in_text_mode():
     out = io.StringIO()
     sink = EventSink(stream=out)
     sink.emit("published", version=3, bytes=2**20, validators=2, stage="short@4")
+    sink.emit("published", version=4, bytes=2**20, id="ab")  # `swarm publish`: a checkpoint, no run spec
     sink.emit("train_step", step=2, reward=0.25, groups=4, refused=0, stage="short@4", trained_groups=3,
               lags={1: 4}, mean_tokens=4.0, hit_length=60, completions=64, sample="42")
     sink.emit("train_step", step=3, reward=None, groups=0, refused=5, stage="short@4")
@@ -47,9 +48,16 @@ def test_role_milestones_are_sentences_in_text_mode():
     sink.emit("gate", waiting=1, ready=2, counts={})  # bookkeeping for programs only
     assert out.getvalue().splitlines() == [
         "published policy v3 (1.00 MiB, 2 validators, stage short@4)",
+        "published policy v4 (1.00 MiB)",
         "step 2: reward 0.250 on 4 quorum-accepted groups (3 with a learning signal, lags {1: 4}, 4.0 "
         "tokens/completion, 60/64 cut at the limit; stage short@4) best: '42'",
         "step 3: no group inside the async window (5 refused, stage short@4)",
         "generated 4 groups with v3 (claimed mean reward 0.5)",
         "validated 8 rollouts so far: 7 accepted, 1 rejected",
     ]
+
+
+def test_an_event_missing_a_field_its_line_names_is_printed_raw_and_the_emitter_goes_on():
+    out = io.StringIO()
+    EventSink(stream=out).emit("generated", version=3)
+    assert out.getvalue() == 'generated: {"version": 3}\n'

@@ -171,30 +171,38 @@ def _read_event(proc, kind: str, deadline: float) -> dict:
 
 
 def test_two_swarm_processes_second_joins_through_first_multiaddr(tmp_path):
-    """`swarm publish` prints its multiaddr; `swarm peer start --role seed --bootstrap` joins through it."""
+    """`swarm publish` prints its multiaddr; `swarm peer start --role seed --bootstrap` joins through it.
+
+    The publisher runs in text mode, as a person runs it: the join uses the address as printed, and its lines are
+    checked (it once died right after publishing on a text line naming fields it did not have)."""
     original = make_checkpoint(tmp_path / "ckpt", floats=200_000)
     key = Identity.generate()
     write_key_file(tmp_path / "trainer.key", key)
     swarm = [sys.executable, "-m", "swarm"]
     pub = subprocess.Popen([*swarm, "publish", str(tmp_path / "ckpt"), "--run", "p", "--key",
-                            str(tmp_path / "trainer.key"), "--data-dir", str(tmp_path / "pub"), "--piece-kb", "256",
-                            "--json-events"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            str(tmp_path / "trainer.key"), "--data-dir", str(tmp_path / "pub"), "--piece-kb", "256"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peer = None
     try:
         deadline = time.monotonic() + 60
-        addr = _read_event(pub, "listening", deadline)["addrs"][0]
+        printed = [pub.stdout.readline() for _ in range(2)]
+        assert printed[0].startswith("peer ") and "listening on" in printed[0], printed
+        addr = printed[1].strip()
         peer = subprocess.Popen([*swarm, "peer", "start", "--role", "seed", "--run", "p", "--bootstrap", addr,
                                  "--data-dir", str(tmp_path / "peer"), "--exit-when-complete", "--json-events",
                                  "--trainer-key", key.public_bytes.hex()],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         finished = _read_event(peer, "finished", deadline)
         assert peer.wait(30) == 0
+        assert pub.poll() is None, "the publisher ended while a peer was fetching from it"
     finally:
         for p in (pub, peer):
             if p is not None and p.poll() is None:
                 p.terminate()
                 p.wait(10)
     assert finished["version"] == 1
+    out, err = pub.communicate(timeout=10)
+    assert "published policy v1 (" in out and "FAILED" not in out + err and "Traceback" not in err, out + err
     from p2p.store import PieceStore
 
     with PieceStore(tmp_path / "peer" / "store") as store:
