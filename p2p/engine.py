@@ -82,10 +82,14 @@ class StorePiece:
 
 @dataclass(frozen=True)
 class DropPeer:
-    """Close the link to `peer`; the engine has already forgotten it."""
+    """Close the link to `peer`; the engine has already forgotten it.
+
+    `hostile`: it broke the protocol (a corrupt or unsolicited piece, a flood), so it is not linked again; a merely
+    slow or silent peer (False) may be tried again later."""
 
     peer: str
     reason: str
+    hostile: bool = True
 
 
 @dataclass(frozen=True)
@@ -194,8 +198,8 @@ class SwarmEngine:
         self._uploads_active -= state.uploading
         return self._fill_all(now) + self._schedule_uploads() + self._reveal_all()
 
-    def _drop(self, peer: str, reason: str, now: float) -> list[Action]:
-        return [DropPeer(peer, reason)] + self._forget(peer, now)
+    def _drop(self, peer: str, reason: str, now: float, hostile: bool = True) -> list[Action]:
+        return [DropPeer(peer, reason, hostile)] + self._forget(peer, now)
 
     def _unpend(self, index: int, peer: str) -> None:
         asked = self.pending.get(index)
@@ -315,7 +319,7 @@ class SwarmEngine:
         for peer in list(self.peers):
             state = self.peers[peer]
             if state.requested and now - state.last_piece_at > self.config.stall_timeout:
-                out += self._drop(peer, "sent nothing for too long while owing pieces", now)
+                out += self._drop(peer, "sent nothing for too long while owing pieces", now, hostile=False)
                 continue
             for index, asked_at in list(state.requested.items()):
                 if now - asked_at > self.config.request_timeout:

@@ -110,22 +110,29 @@ class _Link:
     outbox_recv: trio.MemoryReceiveChannel
     bucket: TokenBucket
     scope: trio.CancelScope | None = None
+    greeted: bool = False  # the handshake completed: the peer took part in the protocol
 
 
 class SwarmService:
     """Runs the piece protocol for one manifest over every link handed to `add_link`."""
 
     def __init__(self, manifest: PolicyManifest, store: PieceStore, *, config: TransferConfig = TransferConfig(),
-                 on_progress: Callable[[Progress], None] | None = None, rng: random.Random | None = None) -> None:
+                 on_progress: Callable[[Progress], None] | None = None,
+                 on_drop: Callable[[str, str, bool], None] | None = None,
+                 rng: random.Random | None = None) -> None:
         store.add_manifest(manifest)
         self.manifest = manifest
         self.store = store
         self.config = config
         self.on_progress = on_progress
+        # (peer, why, hostile) once per dropped peer: the user hears of a hostile or vanished peer, the caller may ban
+        self.on_drop = on_drop
         self.engine = SwarmEngine(manifest.num_pieces, store.bitfield(manifest), config=config.engine, rng=rng)
         self.completed = trio.Event()
         self.stats: dict[str, PeerStats] = {}
         self.drops: dict[str, str] = {}
+        self.banned: set[str] = set()  # peers that broke the protocol: a new link from or to them is closed at once
+        self._reported: set[str] = set()  # linked peers whose drop was already reported (once per link)
         self.corrupt_pieces: set[int] = set()  # pieces whose stored copy went bad on disk (refused since)
         self._links: dict[str, _Link] = {}
         self._bucket = TokenBucket(config.upload_bps)
@@ -195,7 +202,7 @@ class SwarmService:
         await self._serve_link(peer, stream)
 
     async def _serve_link(self, peer: str, stream: Stream, opened: _Opened | None = None) -> None:
-        if peer in self._links:  # one link per peer: the engine's have-maps are per peer
+        if peer in self._links or peer in self.banned:  # one link per peer (have-maps are per peer), none if banned
             await trio.aclose_forcefully(stream)
             return
         send, recv = trio.open_memory_channel(math.inf)
@@ -212,9 +219,12 @@ class SwarmService:
                     nursery.cancel_scope.cancel()
         except* _LINK_ERRORS as group:  # the link's own nursery wraps its errors in a group
             exc = _first_leaf(group)
-            self.drops.setdefault(peer, f"{type(exc).__name__}: {exc}")
+            hostile = isinstance(exc, (FrameError, ChannelError))
+            # a link the peer closed before its hello was refused (a duplicate, or a version it just dropped), routine
+            self._note_drop(peer, _link_failure(exc), hostile, quiet=not (hostile or link.greeted))
         finally:
             del self._links[peer]
+            self._reported.discard(peer)
             self._dispatch(self.engine.peer_gone(peer, trio.current_time()))
             await trio.aclose_forcefully(stream)
 
@@ -230,6 +240,7 @@ class SwarmService:
         if not isinstance(msg, Hello) or msg.manifest_id != self.manifest.id:
             raise FrameError("the peer's first frame is not a hello for this manifest")
         flags = unpack_bits(msg.bitfield, self.manifest.num_pieces)
+        link.greeted = True
         self._dispatch(self.engine.peer_connected(link.peer, flags, trio.current_time()))
 
     async def _receiver(self, link: _Link, decoder: FrameDecoder) -> None:
@@ -304,7 +315,7 @@ class SwarmService:
                     continue
                 if link.outbox_send.statistics().current_buffer_used >= MAX_OUTBOX:
                     self._dispatch(self.engine.peer_gone(act.peer, trio.current_time()))
-                    self._dispatch([DropPeer(act.peer, "does not read what we send")])
+                    self._dispatch([DropPeer(act.peer, "does not read what we send", hostile=False)])
                     continue
                 link.outbox_send.send_nowait(act.message if isinstance(act, Send) else act)
             elif isinstance(act, StorePiece):
@@ -312,7 +323,7 @@ class SwarmService:
                 self.store.write_piece(self.manifest, act.index, piece.data, verify=False)  # hashed in _on_piece
                 self._report()
             elif isinstance(act, DropPeer):
-                self.drops[act.peer] = act.reason
+                self._note_drop(act.peer, act.reason, act.hostile)
                 link = self._links.get(act.peer)
                 if link is not None and link.scope is not None:
                     link.scope.cancel()
@@ -320,9 +331,35 @@ class SwarmService:
                 self.completed.set()
                 self._report()
 
+    def _note_drop(self, peer: str, why: str, hostile: bool, quiet: bool = False) -> None:
+        """Record why `peer` was dropped, once per link (the link's own end follows every drop), and tell `on_drop`
+        unless `quiet`; a hostile peer is banned from this service, or it would be linked again and cost a piece
+        each time."""
+        if peer in self._reported:
+            return
+        self._reported.add(peer)
+        self.drops[peer] = why
+        if hostile:
+            self.banned.add(peer)
+        if self.on_drop is not None and not quiet:
+            self.on_drop(peer, why, hostile)
+
     def _report(self) -> None:
         if self.on_progress is not None:
             self.on_progress(self.progress())
+
+
+def _link_failure(exc: BaseException) -> str:
+    """Why a link ended, in words for a person: a peer that vanished, stalled or broke the protocol."""
+    if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
+        return f"its link broke (the peer left or its connection dropped{': ' + str(exc) if str(exc) else ''})"
+    if isinstance(exc, trio.TooSlowError):
+        return "it stopped answering within the protocol's timeouts"
+    if isinstance(exc, FrameError):
+        return f"it broke the piece protocol: {exc}"
+    if isinstance(exc, ChannelError):
+        return f"its data channel failed: {exc}"
+    return str(exc) or type(exc).__name__
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -138,5 +138,7 @@ _ROLE_LINES = {
                             f"{r.get('rejected', 0)} rejected"),
     "rejected_rollout": lambda r: f"voted to reject a rollout: {r['reason']}",
     "role_failed": lambda r: f"{r['role']} FAILED: {r['message']}",
+    "peer_dropped": lambda r: (f"dropped peer {r['dropped']} from policy v{r['version']}: {r['reason']}"
+                               + ("; it is not linked again" if r.get("banned") else "")),
     "dht_found": lambda r: f"found policy v{r['version']} through the DHT (gossip missed it)",
 }

@@ -33,6 +33,7 @@ from swarm.trust import TrainerTrust
 log = logging.getLogger(__name__)
 ROUTE_BYTES = 32
 MAX_WAITING_PER_PEER = 4  # inbound data channels of one peer still waiting for their manifest id
+MAX_BANNED = 4096  # peers remembered as hostile (a liar can make new identities; this only bounds the memory)
 _DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
 Dialer = Callable[[str], Awaitable[Any]]
 
@@ -84,6 +85,7 @@ class PolicyMirror:
         self._max_links = math.inf  # links per version, as the last reconcile was told
         self._waiting: dict[str, int] = {}
         self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
+        self.banned: dict[str, str] = {}  # peer -> the protocol breach (a corrupt piece...) it is never linked for
         self.policies: dict[bytes, MirroredPolicy] = {}
         self.changed = trio.Event()  # set (and replaced) whenever a version is adopted or completes
         self._nursery: trio.Nursery | None = None
@@ -158,7 +160,8 @@ class PolicyMirror:
             # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice
             # while another has never gone out (REFERENCE.md section 4).
             config = replace(config, engine=replace(config.engine, super_seed=True))
-        policy.service = SwarmService(policy.manifest, self.store, config=config)
+        policy.service = SwarmService(policy.manifest, self.store, config=config,
+                                      on_drop=lambda peer, why, hostile: self._dropped(policy, peer, why, hostile))
         policy.scope = trio.CancelScope()
 
         async def serve() -> None:
@@ -168,6 +171,20 @@ class PolicyMirror:
                     nursery.start_soon(self._watch_completion, policy)
 
         self._nursery.start_soon(serve)
+
+    def _dropped(self, policy: MirroredPolicy, peer: str, why: str, hostile: bool) -> None:
+        """A version's service dropped `peer`: say so, and ban a hostile peer from every version.
+
+        Why across versions: a peer that served a corrupt piece once would otherwise be linked again at once, for
+        this version and each next one, costing a piece download each time; a peer that merely left or stalled
+        may be linked again when it is back."""
+        if hostile and peer not in self.banned and len(self.banned) < MAX_BANNED:
+            self.banned[peer] = why
+            spare = self._spares.pop(peer, None)
+            if spare is not None:
+                self._nursery.start_soon(trio.aclose_forcefully, spare[0])
+        self.on_event("peer_dropped", {"version": policy.manifest.version, "dropped": peer, "reason": why,
+                                       "banned": hostile})
 
     async def _watch_completion(self, policy: MirroredPolicy) -> None:
         await policy.service.completed.wait()
@@ -222,7 +239,7 @@ class PolicyMirror:
         not wait for it. A preamble from a peer with the larger id announces a version whose link is ours to dial:
         we dial it over that same channel (`_link_over_announcement`).
         """
-        if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER:
+        if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER or peer in self.banned:
             return
         self._waiting[peer] = self._waiting.get(peer, 0) + 1
         try:
@@ -303,6 +320,7 @@ class PolicyMirror:
         """
         now = trio.current_time()
         self._max_links = max_links
+        peers = [peer for peer in peers if peer not in self.banned]
         for policy in list(self.policies.values()):
             service = policy.service
             if service is None or service._nursery is None:

@@ -45,6 +45,7 @@ def test_role_milestones_are_sentences_in_text_mode():
     sink.emit("train_step", step=3, reward=None, groups=0, refused=5, stage="short@4")
     sink.emit("generated", version=3, groups=4, mean_reward=0.5)
     sink.emit("validated", checked=8, accepted=7, rejected=1)
+    sink.emit("peer_dropped", version=3, dropped="12D3KooWx", reason="sent a corrupt piece 7", banned=True)
     sink.emit("gate", waiting=1, ready=2, counts={})  # bookkeeping for programs only
     assert out.getvalue().splitlines() == [
         "published policy v3 (1.00 MiB, 2 validators, stage short@4)",
@@ -54,6 +55,7 @@ def test_role_milestones_are_sentences_in_text_mode():
         "step 3: no group inside the async window (5 refused, stage short@4)",
         "generated 4 groups with v3 (claimed mean reward 0.5)",
         "validated 8 rollouts so far: 7 accepted, 1 rejected",
+        "dropped peer 12D3KooWx from policy v3: sent a corrupt piece 7; it is not linked again",
     ]
 
 

@@ -113,6 +113,45 @@ async def test_publish_fetch_seed_leaves_late_peer_completes(tmp_path):
     assert load_file(str(out / "model.safetensors"))["b"].tolist() == list(range(1000))
 
 
+async def test_a_peer_serving_corrupt_pieces_is_dropped_banned_and_reported_and_the_policy_completes(tmp_path):
+    """Real hosts: the only holder at first lies about every piece. The fetcher reports it in one event, never
+    links it again (it used to be linked again at once and cost a piece each time), and completes from the
+    honest seed that comes later."""
+    trainer = Identity.generate()
+    original, manifest, signed = signed_checkpoint(tmp_path, trainer)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            liar = Peer(tmp_path, "liar", trainer)
+            nursery.start_soon(liar.run)
+            await liar.ready.wait()
+            store = liar.node.mirror.store
+            honest_read = store.read_piece
+            store.read_piece = lambda m, i: bytes(b ^ 0x5A for b in honest_read(m, i))
+            liar.node.mirror.adopt(signed, local_dir=tmp_path / "ckpt")
+            fetcher = Peer(tmp_path, "fetcher", trainer, bootstrap=[liar.node.host.multiaddrs[0]])
+            nursery.start_soon(fetcher.run)
+            await fetcher.ready.wait()
+            liar_id = liar.node.peer_id
+            while not any(e["event"] == "peer_dropped" for e in fetcher.events):
+                await trio.sleep(0.05)
+            banned_at = len(fetcher.events)
+            seed = await start_seeding(nursery, tmp_path, trainer, signed)
+            nursery.start_soon(_connect, fetcher, seed)
+            policy = await fetcher.wait_complete(manifest.id)
+            out = fetcher.node.mirror.store.reassemble(policy.manifest, tmp_path / "out")
+            for peer in (liar, fetcher, seed):
+                peer.stop()
+    (dropped,) = [e for e in fetcher.events if e["event"] == "peer_dropped"]
+    assert dropped["dropped"] == liar_id and dropped["banned"] and dropped["reason"].startswith("sent a corrupt piece")
+    assert liar_id in fetcher.node.mirror.banned
+    assert not any(e["event"] == "link" and e["peer"] == liar_id for e in fetcher.events[banned_at:])
+    assert (out / "model.safetensors").read_bytes() == original
+
+
+async def _connect(peer: Peer, other: Peer) -> None:
+    await peer.node.host.connect(other.node.host.multiaddrs[0])
+
+
 async def test_a_peer_whose_bootstrap_peer_comes_up_later_or_again_connects_to_it(tmp_path):
     """The bootstrap peer is often the trainer, which restarts on its address; nothing used to dial it back."""
     import socket
