@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESOCB3, ChaCha20Poly1305
 
-from p2p.errors import ChannelError
+from p2p.errors import ChannelError, ChannelTamperedError
 
 KEY_BYTES = 32
 COPY_LIMIT = 64 * 1024
@@ -245,10 +245,10 @@ class RecordOpener(_RecordDirection):
     def parse_header(self, header: bytes | bytearray | memoryview) -> tuple[int, int]:
         """(ciphertext length, flags) of the next record; refuses sizes a sealer never produces."""
         if self.finished:
-            raise ChannelError("data received after the peer's final record")
+            raise ChannelTamperedError("data received after the peer's final record")
         length, flags = HEADER.unpack(header)
         if length < TAG or length > MAX_RECORD + TAG or flags & ~FINAL:
-            raise ChannelError(f"malformed data channel record header (length {length}, flags {flags:#x})")
+            raise ChannelTamperedError(f"malformed data channel record header (length {length}, flags {flags:#x})")
         return length, flags
 
     def open(self, flags: int, ciphertext: memoryview, pool: PlaintextPool | None = None) -> bytes | bytearray:
@@ -264,7 +264,7 @@ class RecordOpener(_RecordDirection):
             else:
                 plaintext = self._aead.decrypt(nonce, ciphertext, aad)
         except InvalidTag as exc:
-            raise ChannelError(f"data channel record {self.index} failed authentication (tampered or out of order)") from exc
+            raise ChannelTamperedError(f"data channel record {self.index} failed authentication (tampered or out of order)") from exc
         self.index += 1
         self.finished = bool(flags & FINAL)
         return plaintext

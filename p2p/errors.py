@@ -18,6 +18,10 @@ class FrameError(P2PError):
     """A piece-protocol frame was malformed, oversized or truncated: the peer that sent it is dropped."""
 
 
+class FrameTruncatedError(FrameError):
+    """The stream ended inside a frame: the peer vanished mid-piece (no breach of the protocol by itself)."""
+
+
 class ManifestError(P2PError):
     """A policy manifest is malformed, oversized, tampered with or not signed by the run's trainer key."""
 
@@ -60,6 +64,11 @@ class StreamEndedEarly(HostError):
 
 class ChannelError(P2PError):
     """A data channel failed: handshake refused, record tampered, truncated or the peer vanished mid-transfer."""
+
+
+class ChannelTamperedError(ChannelError):
+    """A data channel record failed authentication or broke the record format: forged or tampered bytes, never
+    what a peer that merely vanished leaves behind."""
 
 
 class EnvelopeError(P2PError):

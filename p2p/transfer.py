@@ -24,7 +24,7 @@ import blake3
 import trio
 
 from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
-from p2p.errors import ChannelError, CorruptPieceError, FrameError, StoreError
+from p2p.errors import ChannelError, ChannelTamperedError, CorruptPieceError, FrameError, FrameTruncatedError, StoreError
 from p2p.manifest import PolicyManifest
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.store import PieceStore
@@ -219,7 +219,7 @@ class SwarmService:
                     nursery.cancel_scope.cancel()
         except* _LINK_ERRORS as group:  # the link's own nursery wraps its errors in a group
             exc = _first_leaf(group)
-            hostile = isinstance(exc, (FrameError, ChannelError))
+            hostile = _is_breach(exc)
             # a link the peer closed before its hello was refused (a duplicate, or a version it just dropped), routine
             self._note_drop(peer, _link_failure(exc), hostile, quiet=not (hostile or link.greeted))
         finally:
@@ -349,16 +349,28 @@ class SwarmService:
             self.on_progress(self.progress())
 
 
+def _is_breach(exc: BaseException) -> bool:
+    """Whether a link's error shows the peer broke the protocol (malformed frames, forged records), as opposed to
+    leaving mid-piece or stalling: a killed peer leaves a truncated frame or record, and may come back."""
+    if isinstance(exc, FrameError):
+        return not isinstance(exc, FrameTruncatedError)
+    return isinstance(exc, ChannelTamperedError)
+
+
 def _link_failure(exc: BaseException) -> str:
     """Why a link ended, in words for a person: a peer that vanished, stalled or broke the protocol."""
     if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
         return f"its link broke (the peer left or its connection dropped{': ' + str(exc) if str(exc) else ''})"
     if isinstance(exc, trio.TooSlowError):
         return "it stopped answering within the protocol's timeouts"
+    if isinstance(exc, FrameTruncatedError):
+        return f"it left mid-piece: {exc}"
     if isinstance(exc, FrameError):
         return f"it broke the piece protocol: {exc}"
+    if isinstance(exc, ChannelTamperedError):
+        return f"its data channel carried forged or tampered bytes: {exc}"
     if isinstance(exc, ChannelError):
-        return f"its data channel failed: {exc}"
+        return f"its data channel failed (the peer left or its connection dropped): {exc}"
     return str(exc) or type(exc).__name__
 
 

@@ -36,7 +36,7 @@ from typing import Protocol, Union
 
 import msgpack
 
-from p2p.errors import FrameError
+from p2p.errors import FrameError, FrameTruncatedError
 
 MAX_HEADER = 64 * 1024
 MAX_PAYLOAD = 16 * 1024 * 1024
@@ -169,7 +169,7 @@ class FrameDecoder:
     def eof(self) -> None:
         """Call at end of stream: a partial frame left over means the peer truncated it."""
         if self._header is not None or self._size:
-            raise FrameError(f"stream ended inside a frame ({self._size} bytes left over)")
+            raise FrameTruncatedError(f"stream ended inside a frame ({self._size} bytes left over)")
 
 
 def _decode_header(raw: bytes) -> dict:

@@ -17,7 +17,7 @@ from p2p.manifest import MIN_PIECE_SIZE, GenerationSettings, build_manifest
 from p2p.memnet import MemoryNetwork
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
-from p2p.wire import FrameDecoder, Hello, message_frame, pack_bits, read_frame
+from p2p.wire import FrameDecoder, Hello, encode_frame, message_frame, pack_bits, read_frame
 
 GEN = GenerationSettings(group_size=4, temperature=0.6, max_new_tokens=64, stage=0)
 MB = 1 << 20
@@ -213,10 +213,10 @@ async def _hostile(stream, manifest, tail: bytes):
 @pytest.mark.parametrize("kind", ["truncated", "oversized", "garbage"])
 async def test_peer_that_vanishes_mid_piece_or_breaks_framing_is_dropped(tmp_path, autojump_clock, kind):
     manifest = make_policy(tmp_path / "src", 1 * MB)
-    header = b"\x00\x00\x00\x0c" + b"\x82\xa1t\xa5piece\xa5index\x00"[:12]
+    head = encode_frame({"t": "piece", "index": 0})[0][:-4]  # a piece frame's prefix up to its payload length
     tails = {
-        "truncated": header + (MIN_PIECE_SIZE).to_bytes(4, "big") + b"\x01" * 1000,
-        "oversized": header + (64 * MB).to_bytes(4, "big"),
+        "truncated": head + (MIN_PIECE_SIZE).to_bytes(4, "big") + b"\x01" * 1000,  # then the peer is gone
+        "oversized": head + (64 * MB).to_bytes(4, "big"),
         "garbage": b"\xff" * 64,
     }
     async with trio.open_nursery() as nursery:
@@ -236,7 +236,9 @@ async def test_peer_that_vanishes_mid_piece_or_breaks_framing_is_dropped(tmp_pat
         with trio.fail_after(30):
             await node.completed.wait()
         nursery.cancel_scope.cancel()
-    assert node.drops["evil"].startswith(("it broke the piece protocol: ", "its link broke"))
+    left = node.drops["evil"].startswith(("it left mid-piece: ", "its link broke"))
+    assert left if kind == "truncated" else node.drops["evil"].startswith("it broke the piece protocol: ")
+    assert ("evil" in node.banned) == (not left)  # a peer that left may come back; a protocol breach may not
     c.assert_identical("p0")
     c.close()
 
@@ -305,12 +307,12 @@ class _TamperedChannel:
         await self.inner.send_all(data)
 
     async def receive_some(self, max_bytes=None):
-        from p2p.errors import ChannelError
+        from p2p.errors import ChannelTamperedError
 
         data = await self.inner.receive_some(max_bytes)
         self.left -= len(data)
         if self.left < 0:
-            raise ChannelError("record tampered")
+            raise ChannelTamperedError("record tampered")
         return data
 
     async def aclose(self):
@@ -333,7 +335,8 @@ async def test_a_channel_error_drops_only_that_link(tmp_path, autojump_clock):
             c.link("s2", "p0")
             await node.completed.wait()
         nursery.cancel_scope.cancel()
-    assert node.drops["seed"] == "its data channel failed: record tampered"
+    assert node.drops["seed"] == "its data channel carried forged or tampered bytes: record tampered"
+    assert node.banned == {"seed"}
     c.assert_identical("p0")
     c.close()
 
