@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -60,8 +61,11 @@ class PolicyMirror:
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
                  transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
-                 spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0) -> None:
+                 spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0,
+                 copies_dir: Path | None = None) -> None:
         self.store = store
+        # where versions are reassembled into loadable files (swarm.policy_files); each copy goes with its version
+        self.copies_dir = copies_dir
         self.my_id = my_id
         self.trust = trust
         self.run = run
@@ -86,6 +90,7 @@ class PolicyMirror:
         self._waiting: dict[str, int] = {}
         self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
         self.banned: dict[str, str] = {}  # peer -> the protocol breach (a corrupt piece...) it is never linked for
+        self._gone: set[str] = set()  # peers whose departure was reported and that have not linked since
         self.policies: dict[bytes, MirroredPolicy] = {}
         self.changed = trio.Event()  # set (and replaced) whenever a version is adopted or completes
         self._nursery: trio.Nursery | None = None
@@ -97,6 +102,7 @@ class PolicyMirror:
             self._nursery = nursery
             for signed in self._stored_signed():
                 self.adopt(signed)
+            self._prune_copies()  # copies an earlier process left of versions no longer held
             task_status.started(self)
             await trio.sleep_forever()
 
@@ -183,8 +189,16 @@ class PolicyMirror:
             spare = self._spares.pop(peer, None)
             if spare is not None:
                 self._nursery.start_soon(trio.aclose_forcefully, spare[0])
+        elif not hostile:
+            if peer in self._gone:  # a peer that left ends the links of every version at once: say it once
+                return
+            self._gone.add(peer)
         self.on_event("peer_dropped", {"version": policy.manifest.version, "dropped": peer, "reason": why,
                                        "banned": hostile})
+
+    def _linked(self, policy: MirroredPolicy, peer: str, **info: Any) -> None:
+        self._gone.discard(peer)  # back: its next departure is news again
+        self.on_event("link", {"peer": peer, "version": policy.manifest.version, **info})
 
     async def _watch_completion(self, policy: MirroredPolicy) -> None:
         await policy.service.completed.wait()
@@ -220,6 +234,29 @@ class PolicyMirror:
                 del self.policies[mid]
                 self.on_event("dropped", {"version": policy.manifest.version})
         self.store.gc(self.keep, pinned=set(self.policies))
+        self._prune_copies()
+
+    def copy_dir(self, policy: MirroredPolicy) -> Path:
+        """Where `policy` is reassembled into files a model loads (they go when the version leaves the window)."""
+        if self.copies_dir is None:
+            raise RuntimeError("this mirror was built without a copies_dir")
+        return self.copies_dir / f"v{policy.manifest.version}-{policy.manifest.id.hex()[:12]}"
+
+    def _prune_copies(self) -> None:
+        """Delete reassembled copies of versions no longer mirrored (held ones stay mirrored until released).
+
+        Why: each version an inference peer or validator used stayed on disk as a full copy of the model, so a
+        long run filled the disk one policy at a time while the piece store kept only the window."""
+        if self.copies_dir is None or not self.copies_dir.is_dir():
+            return
+        wanted = {self.copy_dir(p).name for p in self.policies.values()}
+        for entry in self.copies_dir.iterdir():
+            if entry.name in wanted:
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def _signal(self) -> None:
         self.changed.set()
@@ -261,7 +298,7 @@ class PolicyMirror:
         policy = await self._adopted(route, self.adoption_wait)
         if policy is None or policy.service is None or not self._may_link(policy, peer):
             return  # unknown manifest, or one this peer does not share with `peer`: the dialer retries later
-        self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "in"})
+        self._linked(policy, peer, dir="in")
         await policy.service.serve_link(peer, stream)
 
     async def _link_over_announcement(self, peer: str, stream: Any, route: bytes) -> None:
@@ -287,7 +324,7 @@ class PolicyMirror:
         finally:
             policy.dialing.discard(peer)
         # serve_link registers the link before it first waits, so reconcile never sees this pair unlinked and idle
-        self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "out", "via": "announcement"})
+        self._linked(policy, peer, dir="out", via="announcement")
         await policy.service.serve_link(peer, stream)
 
     async def _read_preamble(self, stream: Any, wait: float | None = None) -> tuple[bytes, bytes] | None:
@@ -402,8 +439,8 @@ class PolicyMirror:
             if not self.is_mirrored(policy) or not policy.service.add_link(peer, stream):
                 await trio.aclose_forcefully(stream)
                 return
-            self.on_event("link", {"peer": peer, "version": policy.manifest.version, "dir": "out",
-                                   "dial_s": round(trio.current_time() - started, 3), "spare": spare is not None})
+            self._linked(policy, peer, dir="out", dial_s=round(trio.current_time() - started, 3),
+                         spare=spare is not None)
         except _DIAL_ERRORS as exc:
             policy.failures[peer] = trio.current_time()
             log.debug("data channel to %s failed: %s", peer, exc)

@@ -173,7 +173,8 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
             for addr, why in host.bootstrap_failures.items():
                 events.emit("bootstrap_unreachable", address=addr, reason=why)
             mirror = PolicyMirror(store, host.peer_id, trust, run=config.run, transfer=transfer,
-                                  reseed=config.reseed, keep=config.keep_versions, on_event=events.emit)
+                                  reseed=config.reseed, keep=config.keep_versions, on_event=events.emit,
+                                  copies_dir=config.data_dir / "policies")
             async with open_gossip(host, config.run, identity) as gossip, open_dht(host) as dht, \
                     trio.open_nursery() as nursery:
                 node = Node(config, host, gossip, mirror, events, nursery, dht=dht)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -13,11 +15,12 @@ class PolicyLeftWindow(Exception):
 
 
 async def materialize(node, policy) -> Path:
-    """Reassemble `policy` (verified piece by piece) under data_dir/policies/v<N>; reuse it if already there.
+    """Reassemble `policy` (verified piece by piece) under data_dir/policies/v<N>-<id>; reuse it if already there.
 
     Its files are held out of garbage collection while a worker thread reads them; a version already dropped
-    raises PolicyLeftWindow (versions turn over every few seconds while a slow peer catches up)."""
-    target = Path(node.config.data_dir) / "policies" / f"v{policy.manifest.version}-{policy.manifest.id.hex()[:12]}"
+    raises PolicyLeftWindow (versions turn over every few seconds while a slow peer catches up). The copy is
+    deleted when the version leaves the mirror's window, so hold the version (`open_version`) while loading it."""
+    target = node.mirror.copy_dir(policy)
     if not (target / ".complete").exists():
         with node.mirror.holding(policy):
             if not node.mirror.is_mirrored(policy):
@@ -32,21 +35,25 @@ class VersionUnusable(Exception):
     reassembled, or its tasks cannot be read."""
 
 
-async def open_version(node, spec, policy):
+@asynccontextmanager
+async def open_version(node, spec, policy) -> AsyncIterator[tuple[Path, object]]:
     """(directory, VersionTasks) of a complete version: its files reassembled and its tasks read from them, as
-    inference peers and validators both need; raises VersionUnusable instead of failing the role."""
+    inference peers and validators both need; raises VersionUnusable instead of failing the role.
+
+    The version is held inside the block, so its files stay on disk while the caller loads them."""
     from swarm.errors import UserError
     from swarm.runspec import version_tasks
 
-    try:
-        directory = await materialize(node, policy)
-    except PolicyLeftWindow as exc:
-        raise VersionUnusable(str(exc)) from None
-    try:
-        tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
-    except UserError as exc:
-        raise VersionUnusable(f"v{policy.manifest.version}: {exc}") from None
-    return directory, tasks
+    with node.mirror.holding(policy):
+        try:
+            directory = await materialize(node, policy)
+        except PolicyLeftWindow as exc:
+            raise VersionUnusable(str(exc)) from None
+        try:
+            tasks = await trio.to_thread.run_sync(version_tasks, spec, policy.manifest, directory)
+        except UserError as exc:
+            raise VersionUnusable(f"v{policy.manifest.version}: {exc}") from None
+        yield directory, tasks
 
 
 async def newest_complete(node, newer_than: int):

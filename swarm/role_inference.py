@@ -43,13 +43,13 @@ async def inference_role(node) -> None:
             backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision,
                                                     node.config.gpu_memory)
         try:
-            directory, tasks = await open_version(node, spec, policy)
+            async with open_version(node, spec, policy) as (directory, tasks):
+                # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
+                node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
+                groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, tasks, directory)
         except VersionUnusable as exc:  # skipped, not fatal
             node.events.emit("skipped", version=done, message=str(exc))
             continue
-        # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
-        node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
-        groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, tasks, directory)
         await _publish_groups(node, groups, blobs)
         node.events.emit("generated", version=done, groups=len(groups),
                          mean_reward=round(sum(c.reward for g in groups for c in g.completions)

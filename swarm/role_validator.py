@@ -47,13 +47,13 @@ class VersionModels:
             except Exception as exc:  # noqa: BLE001 - a version without a usable spec cannot be validated
                 log.warning("version %d has no usable run spec: %s", version, exc)
                 continue
+            model = copy.deepcopy(self.loaded.model)
             try:
-                directory, tasks = await open_version(node, spec, policy)
+                async with open_version(node, spec, policy) as (directory, tasks):
+                    await trio.to_thread.run_sync(load_weights_in_place, model, directory)
             except VersionUnusable as exc:  # it left the window (a newer one is there) or its tasks are unreadable
                 log.warning("version %d cannot be validated: %s", version, exc)
                 continue
-            model = copy.deepcopy(self.loaded.model)
-            await trio.to_thread.run_sync(load_weights_in_place, model, directory)
             if self.device is not None:
                 model = await trio.to_thread.run_sync(model.to, self.device)
             self.models[version], self.specs[version], self.policies[version] = model, spec, policy

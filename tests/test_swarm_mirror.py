@@ -30,7 +30,8 @@ def signed_version(tmp, key: Identity, version: int) -> bytes:
 async def test_a_link_dialed_for_a_dropped_version_is_closed_not_handed_to_its_service(tmp_path, autojump_clock):
     key = Identity.generate()
     with PieceStore(tmp_path / "store", keep_versions=2) as store:
-        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2)
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2,
+                              copies_dir=tmp_path / "peer" / "policies")
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
             oldest = mirror.adopt(signed_version(tmp_path, key, 0))
@@ -90,7 +91,8 @@ async def test_a_version_being_reassembled_is_held_out_of_garbage_collection(tmp
 
     key = Identity.generate()
     with PieceStore(tmp_path / "store", keep_versions=2) as store:
-        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2)
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2,
+                              copies_dir=tmp_path / "peer" / "policies")
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
             oldest = mirror.adopt(signed_version(tmp_path, key, 0), local_dir=tmp_path / "v0")
@@ -105,6 +107,40 @@ async def test_a_version_being_reassembled_is_held_out_of_garbage_collection(tmp
             node = SimpleNamespace(mirror=mirror, config=SimpleNamespace(data_dir=tmp_path / "peer"))
             with pytest.raises(PolicyLeftWindow, match="left the window"):
                 await materialize(node, oldest)
+            nursery.cancel_scope.cancel()
+
+
+async def test_reassembled_copies_go_with_their_versions_but_not_while_held(tmp_path, autojump_clock):
+    """Every version an inference peer or validator used stayed on disk as a full copy of the model, so a long run
+    filled the disk; the copies now follow the window, a copy being loaded stays, and leftovers of an earlier
+    process go at start."""
+    from types import SimpleNamespace
+
+    from swarm.policy_files import open_version
+
+    key = Identity.generate()
+    copies = tmp_path / "peer" / "policies"
+    (copies / "v9-0123456789ab").mkdir(parents=True)  # left by an earlier process, of a version no longer held
+    (copies / "v9-0123456789ab" / "model.safetensors").write_bytes(b"old")
+    spec = SimpleNamespace()
+    with PieceStore(tmp_path / "store", keep_versions=2) as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2,
+                              copies_dir=copies)
+        node = SimpleNamespace(mirror=mirror)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            assert list(copies.iterdir()) == []
+            versions = [mirror.adopt(signed_version(tmp_path, key, v), local_dir=tmp_path / f"v{v}") for v in (0, 1)]
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr("swarm.runspec.version_tasks", lambda spec, manifest, directory: "tasks")
+                async with open_version(node, spec, versions[0]) as (directory, tasks):
+                    assert (directory / "model.safetensors").is_file() and tasks == "tasks"
+                    mirror.adopt(signed_version(tmp_path, key, 2), local_dir=tmp_path / "v2")
+                    assert (directory / "model.safetensors").is_file()  # v0 is out of the window but being loaded
+                async with open_version(node, spec, versions[1]) as (second, _):
+                    pass
+            mirror.adopt(signed_version(tmp_path, key, 3), local_dir=tmp_path / "v3")
+            assert not directory.exists() and not second.exists()  # v0 and v1 left the window
             nursery.cancel_scope.cancel()
 
 
@@ -155,3 +191,24 @@ async def test_an_announced_version_is_fetched_over_the_announcing_channel_witho
             nursery.cancel_scope.cancel()
         out = small_store.reassemble(fetched.manifest, tmp_path / "out")
         assert (out / "model.safetensors").read_bytes() == (tmp_path / "v0" / "model.safetensors").read_bytes()
+
+
+def test_a_peer_that_left_is_reported_once_for_all_its_versions_and_a_liar_is_banned(tmp_path):
+    """A peer that leaves ends its links of every version at once: one line, not one per version; it is news again
+    once it has linked since. A breach of the protocol bans the peer from every version."""
+    from types import SimpleNamespace
+
+    key = Identity.generate()
+    events = []
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r",
+                              on_event=lambda kind, info: events.append((kind, info)))
+        v1, v2 = (SimpleNamespace(manifest=SimpleNamespace(version=v)) for v in (1, 2))
+        for policy in (v1, v2):
+            mirror._dropped(policy, "gone", "its link broke", hostile=False)
+        mirror._linked(v2, "gone", dir="in")
+        mirror._dropped(v2, "gone", "its link broke", hostile=False)
+        mirror._dropped(v1, "liar", "sent a corrupt piece 3", hostile=True)
+    drops = [(info["dropped"], info["version"], info["banned"]) for kind, info in events if kind == "peer_dropped"]
+    assert drops == [("gone", 1, False), ("gone", 2, False), ("liar", 1, True)]
+    assert mirror.banned == {"liar": "sent a corrupt piece 3"}
