@@ -119,7 +119,7 @@ class SwarmService:
     def __init__(self, manifest: PolicyManifest, store: PieceStore, *, config: TransferConfig = TransferConfig(),
                  on_progress: Callable[[Progress], None] | None = None,
                  on_drop: Callable[[str, str, bool], None] | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, upload_bucket: TokenBucket | None = None) -> None:
         store.add_manifest(manifest)
         self.manifest = manifest
         self.store = store
@@ -135,7 +135,9 @@ class SwarmService:
         self._reported: set[str] = set()  # linked peers whose drop was already reported (once per link)
         self.corrupt_pieces: set[int] = set()  # pieces whose stored copy went bad on disk (refused since)
         self._links: dict[str, _Link] = {}
-        self._bucket = TokenBucket(config.upload_bps)
+        # the node's upload cap: a bucket shared by the services of every version it serves (config.upload_bps
+        # applies to this service alone only when none is given)
+        self._bucket = upload_bucket if upload_bucket is not None else TokenBucket(config.upload_bps)
         self._nursery: trio.Nursery | None = None
         self._stopped = False  # run() has returned: its nursery takes no new links
         self._max_payload = max(f.piece_size for f in manifest.files)

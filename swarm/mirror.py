@@ -27,6 +27,7 @@ import trio
 
 from p2p.errors import P2PError
 from p2p.manifest import MAX_MANIFEST_BYTES, PolicyManifest, decode_signed, verify_manifest
+from p2p.ratelimit import TokenBucket
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
 from swarm.trust import TrainerTrust
@@ -70,6 +71,9 @@ class PolicyMirror:
         self.trust = trust
         self.run = run
         self.transfer = transfer
+        # one upload cap for the node: each version's service had its own bucket, so a peer serving three versions
+        # uploaded up to three times what --upload-mbps allowed
+        self.upload_bucket = TokenBucket(transfer.upload_bps)
         self.reseed = reseed
         self.keep = keep
         self.on_event = on_event
@@ -166,7 +170,7 @@ class PolicyMirror:
             # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice
             # while another has never gone out (REFERENCE.md section 4).
             config = replace(config, engine=replace(config.engine, super_seed=True))
-        policy.service = SwarmService(policy.manifest, self.store, config=config,
+        policy.service = SwarmService(policy.manifest, self.store, config=config, upload_bucket=self.upload_bucket,
                                       on_drop=lambda peer, why, hostile: self._dropped(policy, peer, why, hostile))
         policy.scope = trio.CancelScope()
 

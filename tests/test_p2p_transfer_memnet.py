@@ -155,3 +155,43 @@ async def test_transfer_upload_caps_hold_on_an_uncapped_network(tmp_path, autoju
     assert expected - 0.2 <= elapsed <= expected * 1.1  # the cap, not the (infinite) network, sets the pace
     seed_store.close()
     peer_store.close()
+
+
+async def test_services_of_several_versions_share_one_upload_cap(tmp_path, autojump_clock):
+    """A node serving two versions at once uploads at its cap in total (each service had its own bucket, so a
+    seed with three versions in its window uploaded up to three times its --upload-mbps)."""
+    import random
+
+    from p2p.ratelimit import TokenBucket
+    from p2p.store import PieceStore
+    from p2p.transfer import SwarmService
+    from tests.test_p2p_transfer import make_policy
+
+    cap = MB // 2
+    manifests = [make_policy(tmp_path / f"src{v}", 1 * MB, seed=v) for v in (1, 2)]
+    net = MemoryNetwork()
+    seed_store = PieceStore(tmp_path / "seed")
+    shared = TokenBucket(cap)
+    seeds, fetchers, stores = [], [], [seed_store]
+    for v, manifest in enumerate(manifests, start=1):
+        seed_store.add_local_policy(manifest, tmp_path / f"src{v}")
+        seeds.append(SwarmService(manifest, seed_store, upload_bucket=shared))
+        stores.append(PieceStore(tmp_path / f"p{v}"))
+        fetchers.append(SwarmService(manifest, stores[-1], rng=random.Random(v)))
+    net.add_node("seed")
+    async with trio.open_nursery() as nursery:
+        for v, (seed, fetcher) in enumerate(zip(seeds, fetchers), start=1):
+            net.add_node(f"p{v}")
+            await nursery.start(seed.run)
+            await nursery.start(fetcher.run)
+            a, b = net.connect("seed", f"p{v}")
+            seed.add_link(f"p{v}", a)
+            fetcher.add_link("seed", b)
+        for fetcher in fetchers:
+            await fetcher.completed.wait()
+        elapsed = trio.current_time()
+        nursery.cancel_scope.cancel()
+    expected = sum(m.total_size for m in manifests) / cap
+    assert expected - 0.2 <= elapsed <= expected * 1.1
+    for store in stores:
+        store.close()
