@@ -140,7 +140,7 @@ async def test_reassembled_copies_go_with_their_versions_but_not_while_held(tmp_
                 async with open_version(node, spec, versions[1]) as (second, _):
                     pass
             services = [p.service for p in mirror.policies.values()]
-            assert len(services) == 2 and all(s._bucket is mirror.upload_bucket for s in services)  # one node cap
+            assert len(services) == 3 and all(s._bucket is mirror.upload_bucket for s in services)  # one node cap
             mirror.adopt(signed_version(tmp_path, key, 3), local_dir=tmp_path / "v3")
             assert not directory.exists() and not second.exists()  # v0 and v1 left the window
             nursery.cancel_scope.cancel()
