@@ -128,6 +128,22 @@ def test_rarest_first_spreads_first_requests_where_naive_piles_up():
     assert len(first_requests(RarestFirstPicker)) > len(first_requests(NaivePicker))
 
 
+@pytest.mark.parametrize("held, expected", [
+    (4, [9, 6, 11, 8]),  # past random_first: fewest holders first (6 and 9 have one), rank breaks ties
+    (2, [11, 10, 9, 8]),  # still in the random phase: rank alone, however rare a piece is
+])
+def test_the_picker_asks_for_the_rarest_pieces_once_it_holds_its_random_first_ones(held, expected):
+    import numpy as np
+
+    from p2p.engine import PeerState
+
+    engine = SwarmEngine(12, bytes([1] * held + [0] * (12 - held)), rng=random.Random(3))
+    engine.availability[:] = [0, 0, 3, 3, 3, 3, 1, 3, 2, 1, 3, 2]
+    engine.rank[:] = np.arange(12)[::-1]  # by rank alone the highest indices come first
+    peer = PeerState(bits=np.ones(12, dtype=bool), timed_out=np.zeros(12, dtype=bool))
+    assert RarestFirstPicker(random_first=4).pick(engine, peer, 4) == expected
+
+
 def test_corrupt_peer_is_dropped_and_everyone_still_completes():
     sim = Sim(20, ["seed", "bad"], ["p0", "p1", "p2"], corrupt={"bad"})
     sim.connect_all()
