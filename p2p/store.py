@@ -22,6 +22,8 @@ import errno
 import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import blake3
@@ -38,6 +40,15 @@ def _enospc(exc: OSError, what: str) -> StoreError:
     if exc.errno == errno.ENOSPC:
         return DiskFullError(f"the disk is full while {what}; free space and restart (nothing corrupt was kept)")
     return StoreError(f"I/O error while {what}: {exc.strerror}")
+
+
+@contextmanager
+def _disk(what: str) -> Iterator[None]:
+    """Turn an OSError of the disk into one user-facing StoreError (DiskFullError when it is full)."""
+    try:
+        yield
+    except OSError as exc:
+        raise _enospc(exc, what) from None
 
 
 def _atomic_write(path: Path, data: bytes, what: str) -> None:
@@ -62,7 +73,8 @@ class _FileState:
         self.have = have
         self.missing = have.count(0)
         self.complete = complete
-        self.fd = os.open(path, os.O_RDWR if not complete else os.O_RDONLY)
+        with _disk(f"opening {path.name}"):
+            self.fd = os.open(path, os.O_RDWR if not complete else os.O_RDONLY)
         # pieces whose bytes on disk this process has hashed (on write, on a rescan or on their first read): a
         # complete file is trusted by its name and size at start, and checked piece by piece as it is served
         self.checked = bytearray(have) if not complete else bytearray(len(have))
@@ -188,7 +200,8 @@ class PieceStore:
         """Trust exactly the pieces whose bytes on disk hash right (resume after a crash or restart)."""
         entry = state.entry
         for i, expected in enumerate(entry.piece_hashes):
-            data = os.pread(state.fd, entry.piece_length(i), i * entry.piece_size)
+            with _disk(f"reading {state.path.name}"):
+                data = os.pread(state.fd, entry.piece_length(i), i * entry.piece_size)
             state.have[i] = blake3.blake3(data).digest() == expected
         state.checked[:] = state.have
         state.missing = state.have.count(0)
@@ -226,7 +239,8 @@ class PieceStore:
             if i in state.corrupt:
                 raise CorruptPieceError(f"piece {index} of policy v{manifest.version} changed on disk ({state.path})")
             raise StoreError(f"piece {index} of manifest {manifest.id.hex()[:12]} is not held")
-        data = os.pread(state.fd, ref.length, ref.offset)
+        with _disk(f"reading piece {index} from {state.path.name}"):
+            data = os.pread(state.fd, ref.length, ref.offset)
         if not state.checked[i]:
             if len(data) != ref.length or blake3.blake3(data).digest() != ref.hash:
                 self._lose_piece(state, i)
@@ -242,10 +256,11 @@ class PieceStore:
         state.corrupt.add(i)
         if state.complete and state.path.suffix == ".data" and state.path.parent == self.dir / "files":
             part = state.path.with_suffix(".part")
-            os.replace(state.path, part)
-            state.close()
-            state.path, state.complete = part, False
-            state.fd = os.open(part, os.O_RDWR)
+            with _disk(f"turning {state.path.name} back into a partial file"):
+                os.replace(state.path, part)
+                state.close()
+                state.path, state.complete = part, False
+                state.fd = os.open(part, os.O_RDWR)
 
     def write_piece(self, manifest: PolicyManifest, index: int, data: bytes, verify: bool = True) -> bool:
         """Store one piece; returns True when it completed its file. Refuses bytes that do not hash right."""
@@ -271,12 +286,16 @@ class PieceStore:
         return False
 
     def _finish(self, state: _FileState) -> None:
+        """Flush a file whose last piece landed and rename it complete. A flush that fails (a full disk shows up
+        here when the file system allocates late) leaves the partial file, whose pieces a restart re-hashes."""
         done = state.path.with_suffix(".data")
-        os.fsync(state.fd)
-        os.replace(state.path, done)
+        with _disk(f"flushing {state.path.name}"):
+            os.fsync(state.fd)
+            os.replace(state.path, done)
         state.close()
         state.path, state.complete = done, True
-        state.fd = os.open(done, os.O_RDONLY)
+        with _disk(f"opening {done.name}"):
+            state.fd = os.open(done, os.O_RDONLY)
 
     # ------------------------------------------------------------------ output and GC
 

@@ -152,6 +152,31 @@ def test_full_disk_is_one_clear_error_and_leaves_nothing_corrupt(tmp_path, polic
         assert st2.is_complete(m)
 
 
+def test_a_full_disk_found_when_the_last_piece_is_flushed_keeps_the_file_partial(tmp_path, policy, monkeypatch):
+    """File systems that allocate late report a full disk at fsync, not at the write: that was a bare OSError
+    (a traceback), and the file must not be renamed complete when its bytes may not be on disk."""
+    src, m, _ = policy
+    st = PieceStore(tmp_path / "data")
+    st.add_manifest(m)
+    entry = m.files[0]
+    first_file = [i for i, ref in enumerate(m.pieces) if ref.file.root == entry.root]
+
+    def no_space(_fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    fill(st, m, src, first_file[:-1])
+    monkeypatch.setattr(store_mod.os, "fsync", no_space)
+    with pytest.raises(DiskFullError, match="disk is full while flushing"):
+        fill(st, m, src, first_file[-1:])
+    monkeypatch.undo()
+    files = tmp_path / "data" / "files"
+    assert (files / f"{entry.root.hex()}.part").exists() and not (files / f"{entry.root.hex()}.data").exists()
+    st.close()
+    with PieceStore(tmp_path / "data") as st2:  # the restart re-hashes the partial file and completes it
+        assert [st2.has_piece(m, i) for i in first_file] == [True] * len(first_file)
+        assert (files / f"{entry.root.hex()}.data").exists()
+
+
 def test_signed_manifest_bytes_survive_a_restart(tmp_path, policy):
     src, m, _ = policy
     sign, pub = keypair()
