@@ -243,3 +243,27 @@ async def test_forged_latest_manifest_is_refused_on_put_and_on_get():
             assert b.kad.value_store.get(key_bytes).value == good.encode()  # b refused the PUT
             got = await b.get_latest_manifest("run-d", TRAINER.public_bytes)  # b asks mallory too
             assert got == good
+
+
+async def test_the_maintenance_loop_refreshes_at_start_and_reprovides_on_its_intervals(autojump_clock):
+    """Provider records expire unless re-announced: the loop itself (not only a manual call) must keep both
+    schedules, each on its own interval."""
+    from types import SimpleNamespace
+
+    from p2p.dht import DHT, DHTConfig
+
+    host = SimpleNamespace(libp2p=SimpleNamespace(get_id=lambda: "me"))
+    dht = DHT(host, kad=None, config=DHTConfig(reprovide_interval_s=100.0, refresh_interval_s=30.0))
+    calls = []
+
+    async def refresh():
+        calls.append(("refresh", trio.current_time()))
+
+    async def reprovide():
+        calls.append(("reprovide", trio.current_time()))
+
+    dht.refresh, dht.reprovide = refresh, reprovide
+    with trio.move_on_after(215):
+        await dht._maintain()
+    assert [t for kind, t in calls if kind == "refresh"] == [0, 30, 60, 90, 120, 150, 180, 210]
+    assert [t for kind, t in calls if kind == "reprovide"] == [100, 200]

@@ -148,6 +148,36 @@ async def test_a_peer_serving_corrupt_pieces_is_dropped_banned_and_reported_and_
     assert (out / "model.safetensors").read_bytes() == original
 
 
+async def test_a_peer_that_missed_every_announcement_finds_the_newest_policy_through_the_dht(tmp_path):
+    """The joiner's only contact is a peer of another run (no gossip of this run reaches it). The trainer's peer
+    announced its version before the joiner came, sends no heartbeats and dials no data channel, so the DHT's
+    signed latest-manifest record and its provider records are the joiner's only way to the policy."""
+    trainer = Identity.generate()
+    _, manifest, signed = signed_checkpoint(tmp_path, trainer)
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            relay = Peer(tmp_path, "relay", trainer, run="another-run")
+            nursery.start_soon(relay.run)
+            await relay.ready.wait()
+            relay_addr = relay.node.host.multiaddrs[0]
+            seed = Peer(tmp_path, "seed", trainer, identity=trainer, bootstrap=[relay_addr], max_peers=0,
+                        heartbeat_every_s=1000.0, peer_silence_s=3000.0)
+            nursery.start_soon(seed.run)
+            await seed.ready.wait()
+            seed.node.mirror.adopt(signed, local_dir=tmp_path / "ckpt")
+            await seed.node.announce_policy(signed, manifest)
+            await trio.sleep(4)  # past the gossip window (3 heartbeats of 1 s): pubsub's IHAVE no longer offers it
+            joiner = Peer(tmp_path, "joiner", trainer, bootstrap=[relay_addr])
+            nursery.start_soon(joiner.run)
+            await joiner.ready.wait()
+            while manifest.id not in joiner.node.mirror.policies:
+                await joiner.node.mirror.changed.wait()
+            for peer in (relay, seed, joiner):
+                peer.stop()
+    found = [e for e in joiner.events if e["event"] == "dht_found"]
+    assert found and found[0]["version"] == manifest.version and found[0]["providers"] >= 1
+
+
 async def _connect(peer: Peer, other: Peer) -> None:
     await peer.node.host.connect(other.node.host.multiaddrs[0])
 
