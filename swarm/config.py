@@ -160,8 +160,21 @@ def load_config(path: Path | None, overrides: dict) -> PeerConfig:
     for key in values:
         if key not in known:
             raise UserError(f"unknown config key {key!r} in {path}; known keys: {', '.join(sorted(known))}")
+    if "bootstrap" in values:  # named by its file here: once merged, the peer cannot tell it from --bootstrap
+        values["bootstrap"] = _config_bootstrap(values["bootstrap"], path)
     values.update({k: v for k, v in overrides.items() if v is not None and v != ()})
     return replace(PeerConfig(), **{key: _typed(key, value) for key, value in values.items()}).validate()
+
+
+def _config_bootstrap(value: object, path: Path | None) -> tuple[str, ...]:
+    """A config file's bootstrap entry, each multiaddr checked and a bad one named by the file and its position."""
+    from p2p.bootstrap import parse_bootstrap_lines
+    from p2p.errors import BootstrapError
+
+    try:
+        return parse_bootstrap_lines(_typed("bootstrap", value), f"config file {path}, bootstrap")
+    except BootstrapError as exc:
+        raise UserError(str(exc)) from None
 
 
 _KINDS = {bool: ("true or false", (bool,)), int: ("a whole number", (int,)), float: ("a number", (int, float)),

@@ -201,3 +201,20 @@ def test_a_config_value_of_the_wrong_type_names_its_key(tmp_path, toml, message)
         load_config(path, {})
     assert str(caught.value) == message
     assert load_config(None, {"upload_mbps": 8, "listen": "/ip4/127.0.0.1/tcp/0"}).upload_mbps == 8.0  # ints do
+
+
+def test_a_config_files_bootstrap_entry_is_checked_named_by_its_file_and_overridden_by_the_flag(tmp_path):
+    """Merged into the peer's settings, a bad entry was reported as `--bootstrap line 2`, a flag never given."""
+    from swarm.config import load_config
+    from swarm.errors import UserError
+
+    good = "/ip4/10.0.0.1/tcp/1/p2p/12D3KooWKgvMnRQjUKcxwkLiauTUqk8fXhs8WTs4UwnPcvr97u47"
+    flag = good.replace("10.0.0.1", "10.0.0.2")
+    path = tmp_path / "peer.toml"
+    path.write_text(f'[peer]\nbootstrap = ["{good}", "/ip4/10.0.0.1/tcp/1"]\n')
+    with pytest.raises(UserError) as caught:
+        load_config(path, {})
+    assert str(caught.value).startswith(f"config file {path}, bootstrap line 2: '/ip4/10.0.0.1/tcp/1' lacks")
+    path.write_text(f'[peer]\nbootstrap = "{good}"\n')
+    assert load_config(path, {}).bootstrap == (good,)
+    assert load_config(path, {"bootstrap": (flag,)}).bootstrap == (flag,)  # the flag wins over the file
