@@ -6,7 +6,8 @@ What is measured, in one run so the ratios are fair on a noisy machine:
 - t_min_s: the Kumar-Ross bound max(F/U0, N*F/(U0 + N*u)) for those caps;
 - seed_upload_ratio: bytes the seed uploaded (its own counter, reported after the last peer completed) / file size;
 - all_verified: after the peers exit, every peer's store is reassembled and compared (BLAKE3) with the original;
-- peer_max_rss_mb: the largest peak RSS of a peer process (seed-only peers never load whole files).
+- peer_max_rss_mb: the largest peak RSS of a peer process (seed-only peers never load whole files), with
+  peer_upload_mb (what each peer served to the others) and seed_rss_mb (the publishing seed's peak RSS).
 Process start-up is not counted: the publisher announces once every pair of processes holds a warm data channel
 (`warm_links` says how many pairs were warm when the clock started; see `_warm_up`). The publisher is this module's
 `publisher_main`, `swarm publish` with an announce trigger.
@@ -209,12 +210,16 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
         t_done = max(d["t"] for d in done)
         # the seed's own counter, from its first progress report after the last peer completed
         seed_report = pub.wait_for("progress", deadline, after=t_done, version=published["version"])
+        # what each peer served by then: the memory figure must cover serving, not only fetching
+        uploads = [p.wait_for("progress", deadline, after=t_done, version=published["version"])["up_bytes"]
+                   for p in peers]
         rss = max(p.peak_rss_mb() for p in peers)
+        seed_rss = pub.peak_rss_mb()
     finally:
         for p in peers + [pub]:
             p.stop()
     return {"t": t_done - published["t"], "seed_upload_bytes": seed_report["up_bytes"], "max_rss_mb": rss,
-            "warm": warm, "manifest_id": published["id"], "verified": _verify(work, tag, args.peers, published["id"])}
+            "seed_rss_mb": seed_rss, "peer_upload_bytes": uploads, "warm": warm, "manifest_id": published["id"], "verified": _verify(work, tag, args.peers, published["id"])}
 
 
 def _verify(work: Path, tag: str, peers: int, manifest_hex: str) -> bool:
@@ -263,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
         "seed_upload_ratio": round(swarm["seed_upload_bytes"] / file_bytes, 3),
         "all_verified": swarm["verified"] and (single is None or single["verified"]),
         "peer_max_rss_mb": swarm["max_rss_mb"],
+        "peer_upload_mb": [round(b / 2**20, 1) for b in swarm["peer_upload_bytes"]],
+        "seed_rss_mb": swarm["seed_rss_mb"],
         "warm_links": "{}/{}".format(*swarm["warm"]),
     }
     print(json.dumps(result))
