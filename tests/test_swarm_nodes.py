@@ -240,7 +240,8 @@ def _read_event(proc, kind: str, deadline: float) -> dict:
 
 
 def test_two_swarm_processes_second_joins_through_first_multiaddr(tmp_path):
-    """`swarm publish` prints its multiaddr; `swarm peer start --role seed --bootstrap` joins through it.
+    """`swarm publish` prints its multiaddr; `swarm peer start --role seed --bootstrap` joins through it, fetches
+    the policy without ever importing torch, and exits once complete.
 
     The publisher runs in text mode, as a person runs it: the join uses the address as printed, and its lines are
     checked (it once died right after publishing on a text line naming fields it did not have)."""
@@ -257,7 +258,11 @@ def test_two_swarm_processes_second_joins_through_first_multiaddr(tmp_path):
         printed = [pub.stdout.readline() for _ in range(2)]
         assert printed[0].startswith("peer ") and "listening on" in printed[0], printed
         addr = printed[1].strip()
-        peer = subprocess.Popen([*swarm, "peer", "start", "--role", "seed", "--run", "p", "--bootstrap", addr,
+        # the seed-only peer runs as `swarm` does, and says at exit whether anything imported torch (it must not)
+        seed_only = [sys.executable, "-c", "import atexit, sys; from swarm.cli import main; atexit.register(lambda: "
+                     "open(sys.argv[1], 'w').write(str('torch' in sys.modules))); sys.exit(main(sys.argv[2:]))",
+                     str(tmp_path / "torch-imported")]
+        peer = subprocess.Popen([*seed_only, "peer", "start", "--role", "seed", "--run", "p", "--bootstrap", addr,
                                  "--data-dir", str(tmp_path / "peer"), "--exit-when-complete", "--json-events",
                                  "--trainer-key", key.public_bytes.hex()],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -270,6 +275,7 @@ def test_two_swarm_processes_second_joins_through_first_multiaddr(tmp_path):
                 p.terminate()
                 p.wait(10)
     assert finished["version"] == 1
+    assert (tmp_path / "torch-imported").read_text() == "False"  # seed-only mode stays small
     out, err = pub.communicate(timeout=10)
     assert "published policy v1 (" in out and "FAILED" not in out + err and "Traceback" not in err, out + err
     from p2p.store import PieceStore
