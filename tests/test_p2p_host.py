@@ -204,3 +204,51 @@ async def test_a_closed_host_stops_listening_and_its_port_can_be_listened_on_aga
         socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
     async with open_host(HostConfig(listen=(f"/ip4/127.0.0.1/tcp/{port}",))) as again:
         assert f"/tcp/{port}/" in again.multiaddrs[0]
+
+
+async def test_one_connection_per_peer_even_when_it_listens_on_several_addresses():
+    """A peer known by several addresses, dialed again, and dialed back from the other side: still one connection
+    each way (each extra one costs a Noise handshake and splits the peer's streams). Two dials that cross in flight
+    can leave two for a while; py-libp2p trims the extra one past its grace period (README: Known limits)."""
+    from libp2p.peer.id import ID
+    from libp2p.peer.peerinfo import PeerInfo
+    from multiaddr import Multiaddr
+
+    import socket
+
+    with socket.socket() as probe:  # a second, fixed port (two port-0 listen addresses are one to py-libp2p)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    two_ports = HostConfig(listen=("/ip4/127.0.0.1/tcp/0", f"/ip4/127.0.0.1/tcp/{port}"))
+    async with open_host(two_ports) as a, open_host() as b:
+        assert len(a.multiaddrs) == 2
+        with trio.fail_after(20):
+            addrs = [Multiaddr(addr.rsplit("/p2p/", 1)[0]) for addr in a.multiaddrs]
+            await b.libp2p.connect(PeerInfo(ID.from_base58(a.peer_id), addrs))
+            await a.connect(b.multiaddrs[0])
+            await b.redial(a.multiaddrs[1])
+        assert len(a.libp2p.get_network().get_connections(ID.from_base58(b.peer_id))) == 1
+        assert len(b.libp2p.get_network().get_connections(ID.from_base58(a.peer_id))) == 1
+
+
+async def test_a_dial_to_a_socket_that_never_answers_times_out_in_one_sentence():
+    """A TCP port that accepts and then says nothing (a hung peer, a black-holing middlebox) must not hold a dial
+    for ever: the Noise handshake waits on it, and the dial timeout ends it."""
+    listener = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener[0].socket.getsockname()[1]
+    accepted = []
+
+    async def accept_and_hang():
+        while True:
+            accepted.append(await listener[0].accept())
+
+    async with trio.open_nursery() as nursery, open_host(HostConfig(dial_timeout=1.0, stream_timeout=1.0)) as a:
+        nursery.start_soon(accept_and_hang)
+        started = trio.current_time()
+        with pytest.raises(HostError, match="timed out after 1 s"):
+            await a.connect(f"/ip4/127.0.0.1/tcp/{port}/p2p/{PEER}")
+        assert trio.current_time() - started < 5 and accepted
+        nursery.cancel_scope.cancel()
+    for stream in accepted:
+        await stream.aclose()
+    await listener[0].aclose()
