@@ -65,6 +65,11 @@ class HostConfig:
     def __post_init__(self) -> None:
         if not self.listen:
             raise HostError("a host needs at least one listen multiaddr")
+        for addr in self.listen:
+            protocols = [p.name for p in _parse_multiaddr(addr).protocols()]
+            if protocols[:1] not in (["ip4"], ["ip6"]) or protocols[1:] != ["tcp"]:
+                raise HostError(f"listen address {addr!r} must be /ip4/IP/tcp/PORT or /ip6/IP/tcp/PORT "
+                                f"(peers speak TCP only)")
         for addr in self.announce:
             _parse_multiaddr(addr)
             if "/p2p/" in addr:

@@ -252,3 +252,11 @@ async def test_a_dial_to_a_socket_that_never_answers_times_out_in_one_sentence()
     for stream in accepted:
         await stream.aclose()
     await listener[0].aclose()
+
+
+@pytest.mark.parametrize("listen", ["/ip4/127.0.0.1/udp/5", "/dns4/localhost/tcp/5", "/ip4/127.0.0.1",
+                                    f"/ip4/127.0.0.1/tcp/0/p2p/{PEER}"])
+def test_a_listen_address_that_is_not_ip_and_tcp_is_one_host_error(listen):
+    """A UDP address was reported as "no address could be bound (is the IP one of this machine's?)"."""
+    with pytest.raises(HostError, match=r"must be /ip4/IP/tcp/PORT or /ip6/IP/tcp/PORT"):
+        HostConfig(listen=(listen,))
