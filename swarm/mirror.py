@@ -269,6 +269,10 @@ class PolicyMirror:
     # ---------------------------------------------------------------- links
 
     def _may_link(self, policy: MirroredPolicy, peer: str) -> bool:
+        """Whether this pair may share `policy`: never with a banned peer (checked again once a dial or a preamble
+        wait is over, since the ban may have come meanwhile); without re-seeding, only with the origin."""
+        if peer in self.banned:
+            return False
         return self.reseed or peer == policy.origin or self.my_id == policy.origin
 
     async def accept_link(self, peer: str, stream: Any) -> None:
@@ -439,8 +443,10 @@ class PolicyMirror:
             with trio.fail_after(self.dial_timeout):
                 stream = spare if spare is not None else await dial(peer)
                 await _send_preamble(stream, policy)
-            # garbage-collected while we dialed, or its service stopped (the node is shutting down): no new links
-            if not self.is_mirrored(policy) or not policy.service.add_link(peer, stream):
+            # garbage-collected while we dialed, the peer banned meanwhile, or its service stopped (the node is
+            # shutting down): no new links
+            if (not self.is_mirrored(policy) or not self._may_link(policy, peer)
+                    or not policy.service.add_link(peer, stream)):
                 await trio.aclose_forcefully(stream)
                 return
             self._linked(policy, peer, dir="out", dial_s=round(trio.current_time() - started, 3),
