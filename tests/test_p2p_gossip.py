@@ -91,10 +91,14 @@ async def test_forged_and_wrong_run_envelopes_are_dropped_and_not_forwarded():
             await send_raw(seal("vote", "other-run", {"verdict": "accept"}, mallory.identity, now, 2))
             await send_raw(seal("heartbeat", RUN, {}, mallory.identity, now, 3))  # wrong topic for its kind
             await send_raw(b"\xc1 not msgpack")
+            # a vote padded past its kind's limit, yet under the 1 MiB that pubsub itself would drop unseen
+            padded = msgpack.unpackb(seal("vote", RUN, {"verdict": "accept"}, mallory.identity, now, 5), raw=False)
+            padded["body"]["pad"] = b"x" * 600_000
+            await send_raw(msgpack.packb(padded, use_bin_type=True))
             await send_raw(seal("vote", RUN, {"verdict": "valid"}, mallory.identity, now, 4))
             assert (await inbox_c.receive()).body == {"verdict": "valid"}  # the first thing c ever sees
             assert (await inbox_b.receive()).body == {"verdict": "valid"}
-            assert dict(b.stats.rejected) == {"bad_signature": 1, "wrong_run": 1, "malformed": 2}
+            assert dict(b.stats.rejected) == {"bad_signature": 1, "wrong_run": 1, "malformed": 2, "oversized": 1}
             assert sum(c.stats.rejected.values()) == 0  # b never forwarded the bad ones
             assert b.scores.score(mallory.host.peer_id, trio.current_time()) < 0
             assert b.scores.score(c.host.peer_id, trio.current_time()) == 0
