@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", action="append", metavar="MULTIADDR")
     parser.add_argument("--bootstrap", action="append", metavar="MULTIADDR")
     parser.add_argument("--piece-kb", dest="piece_kb", type=int, default=1024)
-    parser.add_argument("--upload-mbps", dest="upload_mbps", type=float, default=0.0)
+    parser.add_argument("--upload-mbps", dest="upload_mbps", type=float, default=0.0,
+                        help="upload cap in Mbit/s over every version served (0 = none)")
     parser.add_argument("--announce-after-peers", dest="announce_after", type=int, default=0,
                         help="wait until this many peers are connected before announcing (benchmarks)")
     parser.add_argument("--json-events", dest="json_events", action="store_true")

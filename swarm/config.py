@@ -45,7 +45,7 @@ class PeerConfig:
     keep_versions: int = 3
     """Policy versions kept in the store (the async window plus one); older ones are garbage-collected."""
     upload_mbps: float = 0.0
-    """Upload cap of this peer in megabits per second (0: unlimited)."""
+    """Upload cap of this peer in megabits per second, shared by every version it serves (0: unlimited)."""
     piece_kb: int = 1024
     """Piece size for policies this peer publishes, in KiB."""
     max_peers: int = 32
