@@ -92,7 +92,8 @@ def describe(r: dict) -> str | None:
     if kind == "progress":
         pct = 100.0 * r["pieces"] / max(1, r["total"])
         return (f"policy v{r['version']}: {r['pieces']}/{r['total']} pieces ({pct:.0f}%), "
-                f"up {r['up_mib_s']:.1f} MiB/s, down {r['down_mib_s']:.1f} MiB/s, {r['peers']} peers")
+                f"up {r['up_mib_s']:.1f} MiB/s, down {r['down_mib_s']:.1f} MiB/s, "
+                f"{r['peers']} peer{'' if r['peers'] == 1 else 's'}")
     if kind == "adopted":
         return f"policy v{r['version']} announced: {r['bytes'] / 2**20:.1f} MiB in {r['pieces']} pieces"
     if kind == "complete":

@@ -25,6 +25,8 @@ def test_idle_progress_is_not_repeated_every_status_period_but_changes_and_trans
     assert len(lines) == 4, lines
     assert lines[0] == "policy v1: 4/4 pieces (100%), up 0.0 MiB/s, down 0.0 MiB/s, 3 peers"
     assert "up 1.5 MiB/s" in lines[1] and "4 peers" in lines[2]
+    progress(sink, 200.0, 4, peers=1)
+    assert out.getvalue().splitlines()[-1].endswith(", 1 peer")
 
 
 def test_json_lines_keep_every_progress_event():
