@@ -12,12 +12,15 @@ import argparse
 import json
 from pathlib import Path
 
+import trio
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint_dir", type=Path, help="directory with *.safetensors and model.json")
     parser.add_argument("--run", required=True, help="run name")
     parser.add_argument("--key", required=True, type=Path, help="the run's trainer key file (swarm keygen)")
-    parser.add_argument("--version", type=int, help="policy version (default: newest in the data dir + 1)")
+    parser.add_argument("--version", type=int,
+                        help="policy version (default: one past the newest this data dir holds or the swarm knows)")
     parser.add_argument("--data-dir", dest="data_dir", type=Path, default=Path("./swarm-publisher"))
     parser.add_argument("--listen", action="append", metavar="MULTIADDR")
     parser.add_argument("--bootstrap", action="append", metavar="MULTIADDR")
@@ -45,10 +48,37 @@ def _generation(checkpoint: Path):
     return GenerationSettings(**raw)
 
 
+SWARM_VERSION_WAIT_S = 15.0
+"""How long `swarm publish` asks the swarm for the run's newest version before numbering its own."""
+
+
+async def next_version(node, run: str, trainer_key: bytes, wait_s: float = SWARM_VERSION_WAIT_S) -> int:
+    """One past the newest version of `run` that this data directory holds or the swarm knows (the DHT's signed
+    latest-manifest record, or a manifest gossip or heartbeats brought meanwhile).
+
+    Why ask the swarm: a publisher started on a fresh data directory numbered its checkpoint v1, and every peer of
+    a run already at v5 dropped it as older than its window, silently."""
+    from p2p.errors import P2PError
+
+    known = [m.version for m in node.mirror.store.manifests() if m.run == run]
+    if node.connected_peers():
+        with trio.move_on_after(wait_s):
+            try:
+                record = await node.dht.get_latest_manifest(run, trainer_key)
+            except P2PError as exc:
+                record = None
+                node.events.emit("warning", message=f"could not ask the DHT for the run's newest version: {exc}")
+            if record is not None:
+                known.append(record.version)
+    newest = node.mirror.latest()
+    if newest is not None and newest.manifest.run == run:
+        known.append(newest.manifest.version)
+    return max(known, default=0) + 1
+
+
 def run(args: argparse.Namespace) -> int:
     import time
 
-    import trio
 
     from p2p.errors import ManifestError
     from p2p.identity import read_key_file
@@ -76,10 +106,9 @@ def run(args: argparse.Namespace) -> int:
     generation = _generation(args.checkpoint_dir)
 
     async def publish(node) -> None:
-        known = [m.version for m in node.mirror.store.manifests() if m.run == args.run]
-        version = args.version if args.version is not None else max(known, default=0) + 1
+        version = args.version if args.version is not None else await next_version(node, args.run, key.public_bytes)
         manifest = build_manifest(args.checkpoint_dir, run=args.run, version=version,
-                                  parent_version=max(known) if known else None, created_at=time.time(),
+                                  parent_version=version - 1 if version > 0 else None, created_at=time.time(),
                                   generation=generation, piece_size=args.piece_kb * 1024)
         signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
         while len(node.connected_peers()) < args.announce_after:

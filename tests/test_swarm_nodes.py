@@ -178,6 +178,35 @@ async def test_a_peer_that_missed_every_announcement_finds_the_newest_policy_thr
     assert found and found[0]["version"] == manifest.version and found[0]["providers"] >= 1
 
 
+async def test_swarm_publish_from_a_fresh_data_dir_numbers_its_checkpoint_past_the_runs_newest_version(tmp_path):
+    """A publisher on a fresh data directory used to number its checkpoint v1; every peer of a run already at v3
+    dropped it as older than its window. It now asks the swarm (the DHT's signed record) first."""
+    from swarm.cmd_publish import next_version
+
+    trainer = Identity.generate()
+    _, manifest, signed = signed_checkpoint(tmp_path, trainer, version=3)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            seed = Peer(tmp_path, "seed", trainer, identity=trainer, heartbeat_every_s=1000.0, peer_silence_s=3000.0,
+                        max_peers=0)  # no heartbeats, no data channels: nothing but the DHT carries v3
+            nursery.start_soon(seed.run)
+            await seed.ready.wait()
+            seed.node.mirror.adopt(signed, local_dir=tmp_path / "ckpt")
+            await seed.node.announce_policy(signed, manifest)
+            await trio.sleep(4)  # past the gossip window
+            publisher = Peer(tmp_path, "publisher", trainer, bootstrap=[seed.node.host.multiaddrs[0]])
+            nursery.start_soon(publisher.run)
+            await publisher.ready.wait()
+            assert publisher.node.mirror.latest() is None
+            assert await next_version(publisher.node, "t", trainer.public_bytes) == 4
+            lonely = Peer(tmp_path, "lonely", trainer)  # no peers: what its own data directory holds, plus one
+            nursery.start_soon(lonely.run)
+            await lonely.ready.wait()
+            assert await next_version(lonely.node, "t", trainer.public_bytes) == 1
+            for peer in (seed, publisher, lonely):
+                peer.stop()
+
+
 async def _connect(peer: Peer, other: Peer) -> None:
     await peer.node.host.connect(other.node.host.multiaddrs[0])
 
