@@ -264,7 +264,8 @@ class RecordOpener(_RecordDirection):
             else:
                 plaintext = self._aead.decrypt(nonce, ciphertext, aad)
         except InvalidTag as exc:
-            raise ChannelTamperedError(f"data channel record {self.index} failed authentication (tampered or out of order)") from exc
+            raise ChannelTamperedError(f"data channel record {self.index} failed authentication "
+                                       "(tampered or out of order)") from exc
         self.index += 1
         self.finished = bool(flags & FINAL)
         return plaintext

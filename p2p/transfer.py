@@ -24,7 +24,8 @@ import blake3
 import trio
 
 from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
-from p2p.errors import ChannelError, ChannelTamperedError, CorruptPieceError, FrameError, FrameTruncatedError, StoreError
+from p2p.errors import (ChannelError, ChannelTamperedError, CorruptPieceError, FrameError, FrameTruncatedError,
+                        StoreError)
 from p2p.manifest import PolicyManifest
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.store import PieceStore

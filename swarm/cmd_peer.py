@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address other peers should dial instead (repeatable; e.g. a public NAT address)")
     parser.add_argument("--data-dir", dest="data_dir", type=Path, help="identity, piece store and lock (default ./swarm-data)")
     parser.add_argument("--keep-versions", dest="keep_versions", type=int, help="policy versions kept on disk")
-    parser.add_argument("--upload-mbps", dest="upload_mbps", type=float, help="upload cap in Mbit/s over every version served (0 = none)")
+    parser.add_argument("--upload-mbps", dest="upload_mbps", type=float,
+                        help="upload cap in Mbit/s over every version served (0 = none)")
     parser.add_argument("--no-reseed", dest="reseed", action="store_const", const=False,
                         help="download only, never upload (single-origin baseline)")
     parser.add_argument("--exit-when-complete", dest="exit_when_complete", action="store_const", const=True,
