@@ -132,15 +132,17 @@ class PolicyMirror:
         """Verify a signed manifest and start mirroring it; None when refused (logged) or outside the window."""
         try:
             outer = decode_signed(signed)
+            # verified against its own signer and checked for our run BEFORE a first-use key is trusted: forged
+            # bytes or another run's manifest used to pin their signer on disk, and every real one was refused
+            manifest = verify_manifest(signed, outer.public_key)
+            if manifest.run != self.run:
+                log.warning("refused a manifest of run %r (this peer follows %r)", manifest.run, self.run)
+                return None
             if not self.trust.accept(outer.public_key):
                 raise P2PError("policy manifest is not signed by this run's trainer key")
-            manifest = verify_manifest(signed, outer.public_key)
         except P2PError as exc:
             log.warning("refused a policy manifest: %s", exc)
             self.on_event("refused", {"reason": str(exc)})
-            return None
-        if manifest.run != self.run:
-            log.warning("refused a manifest of run %r (this peer follows %r)", manifest.run, self.run)
             return None
         if manifest.id in self.policies:
             return self.policies[manifest.id]

@@ -214,3 +214,28 @@ def test_a_peer_that_left_is_reported_once_for_all_its_versions_and_a_liar_is_ba
     drops = [(info["dropped"], info["version"], info["banned"]) for kind, info in events if kind == "peer_dropped"]
     assert drops == [("gone", 1, False), ("gone", 2, False), ("liar", 1, True)]
     assert mirror.banned == {"liar": "sent a corrupt piece 3"}
+
+
+async def test_a_first_use_key_is_trusted_only_from_a_verified_manifest_of_this_run(tmp_path, autojump_clock):
+    """Without --trainer-key the first signer is pinned. Forged bytes and another run's manifest used to pin their
+    signer on disk before any check, and every real manifest was refused from then on."""
+    import msgpack
+
+    trainer, mallory = Identity.generate(), Identity.generate()
+    forged = msgpack.packb({"m": b"garbage", "k": mallory.public_bytes, "s": bytes(64)}, use_bin_type=True)
+    (tmp_path / "other").mkdir()
+    save_file({"w": np.zeros(8, dtype=np.float32)}, str(tmp_path / "other" / "model.safetensors"))
+    (tmp_path / "other" / "model.json").write_text("{}")
+    other_run = build_manifest(tmp_path / "other", run="another", version=1, parent_version=None, created_at=0.0,
+                               generation=GenerationSettings(2, 1.0, 8, 0), piece_size=262144)
+    other_signed = sign_manifest(other_run, mallory.sign, mallory.public_bytes).to_bytes()
+    trust = TrainerTrust("r", None, tmp_path / "data")
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "me", trust, run="r")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            assert mirror.adopt(forged) is None and mirror.adopt(other_signed) is None
+            assert trust.key is None and not list((tmp_path / "data").glob("trainer-key-*"))
+            assert mirror.adopt(signed_version(tmp_path, trainer, 0)) is not None
+            assert trust.key == trainer.public_bytes
+            nursery.cancel_scope.cancel()
