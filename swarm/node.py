@@ -49,6 +49,7 @@ class Node:
     failed: bool = False
     dht_put_misses: int = 0  # latest-manifest puts in a row that did not complete
     progress: dict[str, Any] = field(default_factory=dict)  # what its roles did, carried by heartbeats (status view)
+    fetching: set[bytes] = field(default_factory=set)  # manifest ids being fetched now (fetch_manifest_soon)
 
     @property
     def peer_id(self) -> str:
@@ -230,10 +231,36 @@ async def _receive_manifests(node: Node) -> None:
     async for env in node.gossip.subscribe("manifest"):
         body = env.body if isinstance(env.body, dict) else {}
         signed = body.get("signed")
-        if isinstance(signed, bytes):
-            node.mirror.adopt(signed)
-        elif isinstance(body.get("id"), bytes) and body["id"] not in node.mirror.policies:
-            await _fetch_and_adopt(node, env.sender_peer_id, body["id"], fetch_manifest)
+        try:
+            if isinstance(signed, bytes):
+                node.mirror.adopt(signed)
+            elif isinstance(body.get("id"), bytes) and body["id"] not in node.mirror.policies:
+                # in the background: fetched in line, ten announcements of ids nobody serves held up the next real
+                # manifest for 150 s
+                fetch_manifest_soon(node, env.sender_peer_id, body["id"], fetch_manifest)
+        except Exception as exc:  # noqa: BLE001 - an announcement nobody foresaw is dropped; it must not end the peer
+            log.warning("ignored a manifest announcement from %s: %s", env.sender_peer_id, exc)
+
+
+MAX_MANIFEST_FETCHES = 8
+"""Manifest fetches in flight at once; more ids are skipped (heartbeats name each held version again)."""
+
+
+def fetch_manifest_soon(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
+    """Fetch and adopt a manifest a peer named, in the background: one fetch per id at a time and at most
+    MAX_MANIFEST_FETCHES in all (one heartbeat could list an id 16 times, and a flood of announcements started a
+    fetch for each)."""
+    if manifest_id in node.fetching or len(node.fetching) >= MAX_MANIFEST_FETCHES:
+        return
+    node.fetching.add(manifest_id)
+
+    async def fetch_once(node: Node) -> None:
+        try:
+            await _fetch_and_adopt(node, peer, manifest_id, fetch)
+        finally:
+            node.fetching.discard(manifest_id)
+
+    node.nursery.start_soon(_run_part, node, fetch_once)
 
 
 async def _fetch_and_adopt(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
@@ -308,25 +335,39 @@ async def _receive_heartbeats(node: Node) -> None:
 
     connected: set[str] = set()
     async for env in node.gossip.subscribe("heartbeat"):
-        body = env.body if isinstance(env.body, dict) else {}
-        sender = env.sender_peer_id
-        roles = body.get("roles")
-        if isinstance(roles, list):
-            node.heard_from(sender, tuple(r for r in roles if isinstance(r, str))[:4], trio.current_time())
-        # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
-        # collide under one-connection-per-peer and the streams opened on the losing connection hang.
-        if (sender < node.peer_id and sender not in node.connected_peers() and sender not in connected
-                and len(connected) < node.config.max_peers):
-            addrs = [a for a in body.get("addrs", []) if isinstance(a, str) and a.endswith(f"/p2p/{sender}")][:4]
-            if addrs:
-                connected.add(sender)
-                node.nursery.start_soon(_run_part, node, _dial_any, sender, addrs)
-        newest = node.mirror.latest()
-        for entry in body.get("policies", [])[:16]:
-            if (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int) and isinstance(entry[1], bytes)
-                    and entry[1] not in node.mirror.policies
-                    and (newest is None or entry[0] > newest.manifest.version - node.config.keep_versions)):
-                node.nursery.start_soon(_run_part, node, _fetch_and_adopt, sender, entry[1], fetch_manifest)
+        try:
+            _on_heartbeat(node, env, connected, fetch_manifest)
+        except Exception as exc:  # noqa: BLE001 - a body nobody foresaw is dropped; it must not end the peer
+            log.warning("ignored a heartbeat from %s: %s", env.sender_peer_id, exc)
+
+
+def _on_heartbeat(node: Node, env: Any, connected: set[str], fetch_manifest) -> None:
+    body = env.body if isinstance(env.body, dict) else {}
+    sender = env.sender_peer_id
+    roles = body.get("roles")
+    if isinstance(roles, list):
+        node.heard_from(sender, tuple(r for r in roles if isinstance(r, str))[:4], trio.current_time())
+    # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
+    # collide under one-connection-per-peer and the streams opened on the losing connection hang.
+    if (sender < node.peer_id and sender not in node.connected_peers() and sender not in connected
+            and len(connected) < node.config.max_peers):
+        addrs = [a for a in _list(body, "addrs") if isinstance(a, str) and a.endswith(f"/p2p/{sender}")][:4]
+        if addrs:
+            connected.add(sender)
+            node.nursery.start_soon(_run_part, node, _dial_any, sender, addrs)
+    newest = node.mirror.latest()
+    for entry in _list(body, "policies")[:16]:
+        if (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[1], bytes)
+                and entry[1] not in node.mirror.policies
+                and (newest is None or entry[0] > newest.manifest.version - node.config.keep_versions)):
+            fetch_manifest_soon(node, sender, entry[1], fetch_manifest)
+
+
+def _list(body: dict, key: str) -> list:
+    """A heartbeat field that must be a list; anything else from the wire counts as empty (a heartbeat with
+    `"policies": 7` raised a TypeError that ended the whole peer)."""
+    value = body.get(key)
+    return value if isinstance(value, list) else []
 
 
 async def _provide_held(node: Node) -> None:

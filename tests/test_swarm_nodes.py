@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import blake3
+import pytest
 import numpy as np
 import trio
 from safetensors.numpy import load_file, save_file
@@ -204,6 +205,46 @@ async def test_swarm_publish_from_a_fresh_data_dir_numbers_its_checkpoint_past_t
             await lonely.ready.wait()
             assert await next_version(lonely.node, "t", trainer.public_bytes) == 1
             for peer in (seed, publisher, lonely):
+                peer.stop()
+
+
+async def test_hostile_heartbeats_neither_stop_a_peer_nor_start_a_fetch_per_entry(tmp_path):
+    """A heartbeat with `"policies": 7` raised a TypeError that ended the whole peer; one listing an id 16 times
+    started 16 fetches of it. Each is now one skipped body or one fetch, and the peer goes on hearing others."""
+    from swarm import node as node_module
+
+    trainer = Identity.generate()
+    fetches: list[bytes] = []
+
+    async def counting_fetch(node, peer, manifest_id, fetch):
+        fetches.append(manifest_id)
+        await trio.sleep(5)  # still in flight while the flood goes on
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            target = Peer(tmp_path, "target", trainer)
+            nursery.start_soon(target.run)
+            await target.ready.wait()
+            mallory = Peer(tmp_path, "mallory", trainer, bootstrap=[target.node.host.multiaddrs[0]])
+            nursery.start_soon(mallory.run)
+            await mallory.ready.wait()
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(node_module, "_fetch_and_adopt", counting_fetch)
+                inbox = target.node.gossip.subscribe("heartbeat")
+                await trio.sleep(1)  # the mesh forms (heartbeats every 0.5 s here)
+                fake = [1, b"\x01" * 32, False]
+                for body in ({"policies": 7, "addrs": 5, "roles": "seed"}, {"policies": {"a": 1}, "addrs": None},
+                             {"policies": [fake] * 16 + [[True, b"\x02" * 32, 0]]}, {"roles": ["seed"]}):
+                    await mallory.node.gossip.publish("heartbeat", body)
+                while True:  # the last, honest body is heard: the peer kept reading
+                    env = await inbox.receive()
+                    if env.sender_peer_id == mallory.node.peer_id and env.body == {"roles": ["seed"]}:
+                        break
+                await trio.sleep(0.5)
+                assert not target.node.done.is_set() and not target.node.failed
+                assert fetches.count(b"\x01" * 32) == 1 and b"\x02" * 32 not in fetches  # bool is no version
+                assert len(target.node.fetching) <= node_module.MAX_MANIFEST_FETCHES
+            for peer in (target, mallory):
                 peer.stop()
 
 
