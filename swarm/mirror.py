@@ -291,13 +291,18 @@ class PolicyMirror:
         self._waiting[peer] = self._waiting.get(peer, 0) + 1
         try:
             preamble = await self._read_preamble(stream)
+            if preamble is not None and not preamble[1] and peer < self.my_id:
+                # the wait for a manifest gossip has not brought yet counts as waiting too: released after the
+                # preamble alone, one peer kept 200 channels open at once, each naming an id nobody knows
+                await self._adopted(preamble[0], self.adoption_wait)
         finally:
             self._waiting[peer] -= 1
         if preamble is not None:
-            await self._route(peer, stream, *preamble)
+            await self._route(peer, stream, *preamble, wait=0.0)
 
-    async def _route(self, peer: str, stream: Any, route: bytes, signed: bytes) -> None:
-        """Serve the link a preamble names; from a peer with the larger id it is an announcement, answered below."""
+    async def _route(self, peer: str, stream: Any, route: bytes, signed: bytes, wait: float | None = None) -> None:
+        """Serve the link a preamble names; from a peer with the larger id it is an announcement, answered below.
+        A manifest not adopted yet is waited for `wait` seconds (default: the adoption wait)."""
         if route not in self.policies and signed:
             adopted = self.adopt(signed)
             if adopted is None or adopted.manifest.id != route:
@@ -305,7 +310,7 @@ class PolicyMirror:
         if peer > self.my_id:
             await self._link_over_announcement(peer, stream, route)
             return
-        policy = await self._adopted(route, self.adoption_wait)
+        policy = await self._adopted(route, self.adoption_wait if wait is None else wait)
         if policy is None or policy.service is None or not self._may_link(policy, peer):
             return  # unknown manifest, or one this peer does not share with `peer`: the dialer retries later
         self._linked(policy, peer, dir="in")

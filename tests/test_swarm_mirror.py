@@ -239,3 +239,26 @@ async def test_a_first_use_key_is_trusted_only_from_a_verified_manifest_of_this_
             assert mirror.adopt(signed_version(tmp_path, trainer, 0)) is not None
             assert trust.key == trainer.public_bytes
             nursery.cancel_scope.cancel()
+
+
+async def test_channels_naming_an_unknown_manifest_count_against_the_peers_waiting_limit(tmp_path, autojump_clock):
+    """The waiting limit was released once the preamble was read, before the wait for its manifest: one peer kept
+    200 channels open at once, each naming an id nobody knows, for the whole adoption wait."""
+    from swarm.mirror import MAX_WAITING_PER_PEER
+
+    key = Identity.generate()
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", adoption_wait=30.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            ends = []
+            for i in range(10):
+                ours, theirs = trio.testing.memory_stream_pair()
+                await theirs.send_all(bytes([i]) * 32 + (0).to_bytes(4, "big"))  # an unknown id, no manifest
+                nursery.start_soon(mirror.accept_link, "a-smaller-peer", ours)
+                ends.append(theirs)
+            await trio.sleep(1.0)
+            assert mirror._waiting["a-smaller-peer"] == MAX_WAITING_PER_PEER  # the others were turned away
+            await trio.sleep(30.0)  # the adoption wait ends: nothing adopted, every channel given up
+            assert mirror._waiting["a-smaller-peer"] == 0
+            nursery.cancel_scope.cancel()
