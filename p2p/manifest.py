@@ -308,8 +308,9 @@ def decode_signed(signed_bytes: bytes) -> SignedManifest:
     """Parse the outer signed envelope (size and field checks only; no signature check)."""
     if len(signed_bytes) > MAX_MANIFEST_BYTES + 1024:
         raise ManifestError(f"policy manifest of {len(signed_bytes)} bytes is larger than allowed")
-    try:
-        outer = msgpack.unpackb(signed_bytes, raw=False)
+    try:  # one map of three short keys: nothing else is decoded (a hostile body cannot inflate into Python objects)
+        outer = msgpack.unpackb(signed_bytes, raw=False, max_map_len=3, max_array_len=0, max_str_len=1,
+                                max_ext_len=0, max_bin_len=MAX_MANIFEST_BYTES)
     except Exception:
         raise ManifestError("policy manifest is not valid msgpack") from None
     if not isinstance(outer, dict) or set(outer) != {"m", "k", "s"}:
@@ -362,11 +363,30 @@ def _decode_tensor(raw: Any, sizes: dict[str, int]) -> TensorEntry:
     return TensorEntry(raw["name"], raw["file"], raw["offset"], raw["nbytes"], raw["dtype"], tuple(raw["shape"]))
 
 
+class _ContainerBudget:
+    """A msgpack hook that stops decoding past one map or array per 8 bytes of input.
+
+    Why: an empty array is one byte on the wire and a Python list of about 56 bytes, so 8 MiB of them took 578 MiB
+    and 3 s to decode; a real manifest (piece hashes as bytes, a few containers per tensor) stays far below."""
+
+    def __init__(self, data: bytes) -> None:
+        self.left = 64 + len(data) // 8
+
+    def __call__(self, obj: Any) -> Any:
+        self.left -= 1
+        if self.left < 0:
+            raise ManifestError("policy manifest is malformed: more maps and arrays than its size allows")
+        return obj
+
+
 def decode_manifest(data: bytes) -> PolicyManifest:
     """Decode canonical manifest bytes, checking every field; non-canonical encodings are refused."""
     _need(len(data) <= MAX_MANIFEST_BYTES, "too large")
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, list_hook=(budget := _ContainerBudget(data)),
+                              object_hook=budget)
+    except ManifestError:
+        raise
     except Exception:
         raise ManifestError("policy manifest is malformed: not msgpack") from None
     keys = {"format", "run", "version", "parent_version", "created_at", "model", "generation", "tensors", "files"}

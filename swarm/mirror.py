@@ -132,6 +132,8 @@ class PolicyMirror:
         """Verify a signed manifest and start mirroring it; None when refused (logged) or outside the window."""
         try:
             outer = decode_signed(signed)
+            if self.trust.key is not None and outer.public_key != self.trust.key:  # refused before any decoding
+                raise P2PError("policy manifest is not signed by this run's trainer key")
             # verified against its own signer and checked for our run BEFORE a first-use key is trusted: forged
             # bytes or another run's manifest used to pin their signer on disk, and every real one was refused
             manifest = verify_manifest(signed, outer.public_key)

@@ -58,3 +58,22 @@ def test_difficulty_filter_over_the_backend_is_cached(tmp_path, tiny):
     # A random model solves nothing, so the INTELLECT-2 band [0.1, 0.8] keeps nothing; no regeneration happens.
     kept = filter_by_solve_rate(tasks, estimate, model_id=tiny.model_id, samples=2, cache_path=cache)
     assert len(kept) == 0 and backend.prompts == 6
+
+
+def test_a_rollout_of_empty_arrays_is_refused_before_it_inflates():
+    """An empty array is one byte on the wire and a Python list in memory: an 8 KiB compressed body of them
+    inflated into 586 MiB of lists before the schema was checked."""
+    import tracemalloc
+
+    from verify.rollout import RolloutSchemaError
+
+    count = 4 << 20
+    bomb = b"\xdd" + count.to_bytes(4, "big") + b"\x90" * count
+    tracemalloc.start()
+    try:
+        with pytest.raises(RolloutSchemaError, match="maps and arrays"):
+            RolloutGroup.decode(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20

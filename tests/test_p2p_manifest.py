@@ -179,3 +179,29 @@ def test_a_data_file_must_be_a_plain_non_weight_file_of_the_directory(tmp_path, 
     make_policy(tmp_path)
     with pytest.raises(ManifestError):
         build(tmp_path, data_files=(name,))
+
+
+def _empty_arrays(count: int) -> bytes:
+    """One msgpack array of `count` empty arrays: one byte each on the wire, a Python list each once decoded."""
+    return b"\xdd" + count.to_bytes(4, "big") + b"\x90" * count
+
+
+@pytest.mark.parametrize("decode", ["signed", "manifest"])
+def test_a_body_of_empty_arrays_is_refused_without_inflating_into_python_objects(decode):
+    """8 MiB of them took 578 MiB and 3 s to decode before any field was checked (a data-channel preamble or a
+    manifest fetch can carry 32 MiB)."""
+    import tracemalloc
+
+    from p2p.manifest import decode_manifest, decode_signed
+
+    bomb = _empty_arrays(4 << 20)
+    if decode == "signed":
+        bomb = b"\x83\xa1m" + bomb + b"\xa1k" + b"\xc4\x20" + bytes(32) + b"\xa1s" + b"\xc4\x40" + bytes(64)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestError):
+            (decode_signed if decode == "signed" else decode_manifest)(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20

@@ -262,3 +262,21 @@ async def test_channels_naming_an_unknown_manifest_count_against_the_peers_waiti
             await trio.sleep(30.0)  # the adoption wait ends: nothing adopted, every channel given up
             assert mirror._waiting["a-smaller-peer"] == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_with_a_pinned_key_another_signers_manifest_is_refused_before_it_is_decoded(tmp_path, autojump_clock,
+                                                                                          monkeypatch):
+    """Decoding a manifest costs time and memory in proportion to its (up to 32 MiB) body: with the key known, a
+    stranger's manifest is refused on its signer alone."""
+    trainer, mallory = Identity.generate(), Identity.generate()
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", trainer.public_bytes, tmp_path), run="r")
+
+        def must_not_decode(*_args):
+            raise AssertionError("a stranger's manifest was decoded")
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            monkeypatch.setattr("swarm.mirror.verify_manifest", must_not_decode)
+            assert mirror.adopt(signed_version(tmp_path, mallory, 0)) is None
+            nursery.cancel_scope.cancel()

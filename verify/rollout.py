@@ -20,6 +20,10 @@ MAX_TOKENS = 1 << 17
 MAX_COMPLETIONS = 256
 MAX_PROOF_BYTES = 4 << 20
 MAX_TEXT = 256
+MAX_CONTAINERS = 3 + 3 * MAX_COMPLETIONS
+"""Maps and arrays in the largest valid group (the group, its prompt and completion lists, per completion a map and
+two lists); decoding stops past it. An empty array is one byte on the wire and a Python list in memory: a 8 KiB
+compressed body inflated into 586 MiB of lists before the schema was checked."""
 
 
 class RolloutSchemaError(ValueError):
@@ -78,8 +82,20 @@ class RolloutGroup:
 
     @classmethod
     def decode(cls, data: bytes) -> "RolloutGroup":
+        containers = 0
+
+        def count(obj):
+            nonlocal containers
+            containers += 1
+            if containers > MAX_CONTAINERS:
+                raise RolloutSchemaError(f"rollout holds more than the {MAX_CONTAINERS} maps and arrays of a group")
+            return obj
+
         try:
-            obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_PROOF_BYTES * MAX_COMPLETIONS)
+            obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=MAX_PROOF_BYTES * MAX_COMPLETIONS,
+                                  list_hook=count, object_hook=count)
+        except RolloutSchemaError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any decoder failure is a schema failure
             raise RolloutSchemaError(f"rollout is not valid msgpack ({type(exc).__name__})") from None
         return cls.from_wire(obj)
