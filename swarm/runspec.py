@@ -44,14 +44,14 @@ class RunSpec:
         if not isinstance(raw, dict):
             raise UserError("the policy manifest carries no run_spec; it was not published by a swarm trainer")
         try:
-            spec = cls(str(raw["task"]), int(raw["task_size"]), str(raw["task_config"]), int(raw["task_seed"]),
-                       float(raw["eval_fraction"]),
-                       str(raw["segment"]), int(raw["prompts_per_worker"]), int(raw["async_level"]),
-                       int(raw["replicas"]), int(raw["quorum"]), tuple(str(v) for v in raw["validators"]),
-                       str(raw.get("precision", "float32")),  # manifests of older releases name no precision
-                       str(raw.get("task_root", "")))  # ... nor a task file that travels with the policy
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"the manifest's run_spec is malformed ({exc})") from None
+            spec = cls(_text(raw, "task"), _whole(raw, "task_size", 1, 1 << 31), _text(raw, "task_config", 1 << 16),
+                       _whole(raw, "task_seed", 0, 1 << 63), _fraction(raw, "eval_fraction"), _text(raw, "segment"),
+                       _whole(raw, "prompts_per_worker", 1, 1 << 16), _whole(raw, "async_level", 0, 1 << 10),
+                       _whole(raw, "replicas", 1, 1 << 10), _whole(raw, "quorum", 1, 1 << 10), _validators(raw),
+                       _text(raw, "precision", default="float32"),  # manifests of older releases name no precision
+                       _text(raw, "task_root", default=""))  # ... nor a task file that travels with the policy
+        except KeyError as exc:
+            raise UserError(f"the manifest's run_spec is malformed (no {exc})") from None
         if spec.task_root and not (_is_hex_root(spec.task_root) and _is_task_file_name(spec.task)):
             raise UserError("the manifest's run_spec names a task file by a malformed name or root")
         if spec.segment not in ("short", "all", "long") or not 1 <= spec.quorum <= spec.replicas:
@@ -154,6 +154,38 @@ def task_file_problem(spec: RunSpec, files) -> str:
     if any(f.name == spec.task and f.root.hex() == spec.task_root for f in files):
         return ""
     return f"the run's task file {spec.task} (root {spec.task_root[:16]}...) is not among the version's files"
+
+
+def _whole(raw: dict, key: str, lo: int, hi: int) -> int:
+    """A run_spec integer: a true int in [lo, hi] (no bool, no string: int("7") and int(True) used to pass)."""
+    value = raw[key]
+    if type(value) is not int or not lo <= value <= hi:
+        raise UserError(f"the manifest's run_spec has {key} {value!r}, not a whole number in {lo}..{hi}")
+    return value
+
+
+def _fraction(raw: dict, key: str) -> float:
+    value = raw[key]
+    if type(value) not in (int, float) or not 0.0 <= value < 1.0:  # NaN fails the comparison too
+        raise UserError(f"the manifest's run_spec has {key} {value!r}, not a fraction in [0, 1)")
+    return float(value)
+
+
+def _text(raw: dict, key: str, limit: int = 256, default: str | None = None) -> str:
+    value = raw[key] if default is None else raw.get(key, default)
+    if not isinstance(value, str) or len(value) > limit:
+        raise UserError(f"the manifest's run_spec has {key} {str(value)[:40]!r}, not a string of at most {limit}")
+    return value
+
+
+def _validators(raw: dict) -> tuple[str, ...]:
+    """64-hex-digit Ed25519 public keys: a string here was split into its characters, and a non-hex key ended the
+    validator role that parsed it."""
+    value = raw["validators"]
+    if not isinstance(value, list) or len(value) > 1024 or not all(isinstance(v, str) and _is_hex_root(v)
+                                                                   for v in value):
+        raise UserError("the manifest's run_spec names its validators other than as a list of 64-hex-digit keys")
+    return tuple(value)
 
 
 def _is_hex_root(text: str) -> bool:

@@ -130,3 +130,19 @@ def test_an_unreadable_task_file_in_a_version_is_one_user_facing_line(tmp_path):
     (directory / "arith.jsonl").write_text("not json\n")  # the roles skip the version on this, never crash
     with pytest.raises(UserError, match="line 1 is not valid JSON"):
         version_tasks(spec_for(task_file), manifest, directory)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"validators": "ab" * 32}, "64-hex-digit keys"),  # a string was split into its characters
+    ({"validators": ["not hex"]}, "64-hex-digit keys"),  # a non-hex key ended the validator role that read it
+    ({"prompts_per_worker": -1}, "prompts_per_worker -1"),
+    ({"replicas": True}, "replicas True"),
+    ({"task_size": "64"}, "task_size '64'"),
+    ({"eval_fraction": float("nan")}, "eval_fraction nan"),
+    ({"async_level": 1 << 40}, "async_level"),
+])
+def test_a_run_spec_with_values_of_the_wrong_type_or_range_is_one_line(tmp_path, change, fragment):
+    raw = {**RunSpec("gcd", 64, "{}", 0, 0.2, "all", 2, 1, 1, 1, ("ab" * 32,)).to_dict(), **change}
+    with pytest.raises(UserError, match="the manifest's run_spec") as caught:
+        RunSpec.from_model({"run_spec": raw})
+    assert fragment in str(caught.value)

@@ -28,7 +28,7 @@ def test_profiles_widen_only_the_float_sensitive_tolerances():
 
 
 def test_the_manifest_names_the_precision_and_older_manifests_mean_float32():
-    spec = RunSpec("basic_arithmetic", 64, "{}", 0, 0.2, "all", 2, 2, 2, 2, ("ab",), "bfloat16")
+    spec = RunSpec("basic_arithmetic", 64, "{}", 0, 0.2, "all", 2, 2, 2, 2, ("ab" * 32,), "bfloat16")
     assert RunSpec.from_model({"run_spec": spec.to_dict()}) == spec
     assert check_config(spec) == CheckConfig.for_precision("bfloat16", min_eos_prob=0.0)
     older = {k: v for k, v in spec.to_dict().items() if k != "precision"}
