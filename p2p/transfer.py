@@ -14,6 +14,7 @@ sender task that drains the link's outbox. Rules kept here:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
@@ -37,6 +38,7 @@ from p2p.wire import (
 log = logging.getLogger(__name__)
 MAX_OUTBOX = 4096  # messages queued to one peer; more means it stopped reading (or floods us with requests)
 # what a dying or hostile link may raise (ChannelError: p2p/channel*.py and p2p/libp2p_compat.py streams)
+FRAMES_PER_CHECKPOINT = 32
 _LINK_ERRORS = (FrameError, ChannelError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
 
 
@@ -249,7 +251,9 @@ class SwarmService:
     async def _receiver(self, link: _Link, decoder: FrameDecoder) -> None:
         """Decode frames until the peer closes; a protocol error propagates and drops the link."""
         n = self.manifest.num_pieces
-        while True:
+        for count in itertools.count(1):
+            if count % FRAMES_PER_CHECKPOINT == 0:  # frames already buffered are read without yielding: a burst of
+                await trio.lowlevel.checkpoint()  # small ones (a hostile peer's) must not hold the whole node
             frame = await read_frame(link.stream, decoder, self.config.receive_chunk)
             if frame is None:
                 return

@@ -542,3 +542,35 @@ async def test_a_link_that_arrives_after_the_service_stopped_is_refused_not_a_cr
         await mine.send_all(part)
     assert not await router.accept("a", theirs)
     assert await mine.receive_some(100) == b""  # closed
+
+
+async def test_a_burst_of_small_frames_does_not_hold_the_node_until_it_is_read(tmp_path, autojump_clock):
+    """Frames already buffered were decoded without yielding: a peer sending thousands of small frames at once held
+    every other task of the node (other links, timers, gossip) until all were handled."""
+    from p2p.transfer import FRAMES_PER_CHECKPOINT
+    from p2p.wire import Have
+
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        node = await c.add("p0")
+        seen, first, handled_when_another_task_ran = [], trio.Event(), []
+
+        async def another_task():
+            await first.wait()  # runnable from the burst's first frame on: it runs at the receiver's next yield
+            handled_when_another_task_ran.append(len(seen))
+
+        honest_have = node.engine.peer_have
+        node.engine.peer_have = lambda *args: (seen.append(1), first.set(), honest_have(*args))[2]
+        nursery.start_soon(another_task)
+        c.net.add_node("chatty")
+        mine, theirs = c.net.connect("p0", "chatty")
+        node.add_link("chatty", mine)
+        burst = b"".join(message_frame(Hello(manifest.id, pack_bits([0] * manifest.num_pieces))))
+        burst += b"".join(part for _ in range(2000) for part in message_frame(Have(0)))
+        await theirs.send_all(burst)
+        while len(seen) < 2000:
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert handled_when_another_task_ran and handled_when_another_task_ran[0] <= FRAMES_PER_CHECKPOINT
+    c.close()
