@@ -572,5 +572,6 @@ async def test_a_burst_of_small_frames_does_not_hold_the_node_until_it_is_read(t
         while len(seen) < 2000:
             await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
-    assert handled_when_another_task_ran and handled_when_another_task_ran[0] <= FRAMES_PER_CHECKPOINT
+    # by the second yield at the latest (trio may run the receiver first in the batch after its first yield)
+    assert handled_when_another_task_ran and handled_when_another_task_ran[0] < 2 * FRAMES_PER_CHECKPOINT
     c.close()
