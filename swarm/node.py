@@ -333,27 +333,35 @@ async def _receive_heartbeats(node: Node) -> None:
     """Learn peers (dial their announced addresses) and manifests we have not seen yet."""
     from swarm.manifest_protocol import fetch_manifest
 
-    connected: set[str] = set()
+    dialed: dict[str, float] = {}  # peers a heartbeat made us dial -> when
     async for env in node.gossip.subscribe("heartbeat"):
         try:
-            _on_heartbeat(node, env, connected, fetch_manifest)
+            _on_heartbeat(node, env, dialed, fetch_manifest)
         except Exception as exc:  # noqa: BLE001 - a body nobody foresaw is dropped; it must not end the peer
             log.warning("ignored a heartbeat from %s: %s", env.sender_peer_id, exc)
 
 
-def _on_heartbeat(node: Node, env: Any, connected: set[str], fetch_manifest) -> None:
+HEARTBEAT_REDIAL_S = 30.0
+"""A peer a heartbeat made us dial counts against max_peers this long, then only while it stays connected."""
+
+
+def _on_heartbeat(node: Node, env: Any, dialed: dict[str, float], fetch_manifest) -> None:
     body = env.body if isinstance(env.body, dict) else {}
     sender = env.sender_peer_id
+    now = trio.current_time()
     roles = body.get("roles")
     if isinstance(roles, list):
-        node.heard_from(sender, tuple(r for r in roles if isinstance(r, str))[:4], trio.current_time())
+        node.heard_from(sender, tuple(r for r in roles if isinstance(r, str))[:4], now)
+    connected = node.connected_peers()
+    for peer in [p for p, at in dialed.items() if now - at > HEARTBEAT_REDIAL_S and p not in connected]:
+        del dialed[peer]  # gone or never reached: its place is free (throwaway ids once filled them for good)
     # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
     # collide under one-connection-per-peer and the streams opened on the losing connection hang.
-    if (sender < node.peer_id and sender not in node.connected_peers() and sender not in connected
-            and len(connected) < node.config.max_peers):
+    if (sender < node.peer_id and sender not in connected and sender not in dialed
+            and len(dialed) < node.config.max_peers):
         addrs = [a for a in _list(body, "addrs") if isinstance(a, str) and a.endswith(f"/p2p/{sender}")][:4]
         if addrs:
-            connected.add(sender)
+            dialed[sender] = now
             node.nursery.start_soon(_run_part, node, _dial_any, sender, addrs)
     newest = node.mirror.latest()
     for entry in _list(body, "policies")[:16]:

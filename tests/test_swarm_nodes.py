@@ -420,3 +420,29 @@ async def test_a_failing_role_or_peer_task_stops_the_peer_with_one_line(tmp_path
     failed = [e for e in peer.events if e["event"] == "role_failed"]
     assert [e["role"] for e in failed] == ["broken_role"]
     assert failed[0]["message"].startswith("RuntimeError: the model file is unreadable (at tests/test_swarm_nodes.py:")
+
+
+async def test_throwaway_ids_fill_the_heartbeat_dial_limit_only_for_a_while(autojump_clock):
+    """Peers a heartbeat made us dial counted against max_peers for ever, connected or not: a few dozen throwaway
+    identities heartbeating once kept every later peer from being dialed."""
+    from types import SimpleNamespace
+
+    from swarm.node import HEARTBEAT_REDIAL_S, _on_heartbeat
+
+    started = []
+    node = SimpleNamespace(
+        peer_id="z" * 52, config=SimpleNamespace(max_peers=4, keep_versions=3), connected_peers=lambda: [],
+        heard_from=lambda *args: None, mirror=SimpleNamespace(latest=lambda: None, policies={}),
+        nursery=SimpleNamespace(start_soon=lambda fn, node, part, peer, addrs: started.append(peer)))
+
+    def heartbeat(sender):
+        return SimpleNamespace(sender_peer_id=sender, body={"addrs": [f"/ip4/10.0.0.1/tcp/1/p2p/{sender}"]})
+
+    dialed: dict[str, float] = {}
+    for i in range(4):
+        _on_heartbeat(node, heartbeat(f"throwaway{i}"), dialed, None)
+    _on_heartbeat(node, heartbeat("honest"), dialed, None)
+    assert started == [f"throwaway{i}" for i in range(4)]  # the limit holds while those dials are fresh
+    await trio.sleep(HEARTBEAT_REDIAL_S + 1)
+    _on_heartbeat(node, heartbeat("honest"), dialed, None)
+    assert started[-1] == "honest" and set(dialed) == {"honest"}
