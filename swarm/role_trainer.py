@@ -99,11 +99,20 @@ class RolloutGate:
             len(answers.get(worker, ())) >= spec.prompts_per_worker for worker in workers)
 
     def on_vote(self, vote, now: float) -> str:
+        if vote.validator not in self._validators():
+            # any key could sign votes for rollouts not seen yet, and their flood evicted the honest early votes
+            # from the tracker's bounded buffer, so accepted rollouts timed out
+            self.count("vote:not a validator of the run")
+            return "not a validator"
         status, settlement = self.tracker.on_vote(vote, now)
         self.count(f"vote:{status}")
         if settlement is not None:
             self._settle(settlement)
         return status
+
+    def _validators(self) -> set[bytes]:
+        """The keys any version inside the window names as its validators."""
+        return {key for spec in self.specs.values() for key in spec.validator_keys()}
 
     def tick(self, now: float) -> None:
         for s in self.tracker.tick(now):

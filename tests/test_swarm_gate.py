@@ -429,3 +429,20 @@ def test_the_gate_forgets_what_the_async_window_left_behind_so_a_long_run_stays_
     assert len(gate.tracker._settled) <= 4 * 3  # settled within the last two timeouts (20 s) only
     replay = group(version=3)
     assert gate.on_rollout(replay, 300.0) == "too stale"  # what it forgot is refused all the same
+
+
+def test_a_flood_of_early_votes_from_keys_no_version_names_cannot_evict_the_honest_ones():
+    """Votes may come before their rollout and wait in a bounded buffer; any key could sign them, so a flood of
+    votes for made-up rollouts evicted the honest early votes and an accepted rollout timed out instead."""
+    validators = keys(2)
+    gate = gate_with(validators)
+    gate.tracker.config = type(gate.tracker.config)(replicas=2, quorum=2, timeout_s=10.0, max_early_votes=100)
+    g = group()
+    for k in validators:  # both votes arrive before the rollout
+        assert gate.on_vote(vote(k, g), 0.5) == "early"
+    mallory = keys(1)[0]
+    for _ in range(300):
+        assert gate.on_vote(vote(mallory, group()), 0.6) == "not a validator"
+    assert gate.on_rollout(g, now=1.0) == "opened"
+    assert gate.take(8) == [g]  # the early votes settled it at once
+    assert gate.counts["vote:not a validator of the run"] == 300
