@@ -19,6 +19,7 @@ Handshake on PROTOCOL (each message: u16 length + msgpack map):
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import struct
@@ -68,6 +69,13 @@ class ChannelConfig:
     """Outstanding (unclaimed) offers one peer may hold; more handshakes from it are refused."""
     max_pending_sockets: int = 64
     """Data sockets still presenting their token; further connections are dropped at once (flood guard)."""
+    max_pending_per_ip: int = 8
+    """The same, per remote IP: one stranger's silent sockets once filled every place, and all peers fell back
+    to the slow stream path. Loopback is exempt unless `limit_loopback` (a simulation or benchmark runs every
+    peer on 127.0.0.1, where only local processes can connect)."""
+    limit_loopback: bool = False
+    token_timeout: float = 3.0
+    """A dialer writes its token as soon as it connects; a socket silent this long is dropped."""
     aead: str | None = None
     """Cipher this listener prefers (a name in channel_records.AEADS); None picks by CPU (preferred_aead). It is
     offered when the dialer supports it, else AES-256-GCM or ChaCha20-Poly1305 (choose_aead)."""
@@ -77,7 +85,8 @@ class ChannelConfig:
         for name in ("handshake_timeout", "connect_timeout", "token_ttl"):
             if not getattr(self, name) > 0:
                 raise ChannelError(f"data channel {name} must be positive, got {getattr(self, name)}")
-        if self.max_offers_per_peer < 1 or self.max_pending_sockets < 1 or self.socket_buffer < 0:
+        if (self.max_offers_per_peer < 1 or self.max_pending_sockets < 1 or self.max_pending_per_ip < 1
+                or self.token_timeout <= 0 or self.socket_buffer < 0):
             raise ChannelError("data channel limits must be positive (socket_buffer may be 0)")
         if self.aead is not None and self.aead not in AEADS:
             raise ChannelError(f"unknown data channel cipher {self.aead!r}; choose one of {', '.join(sorted(AEADS))}")
@@ -177,6 +186,7 @@ class DataChannelServer:
         self.rejected = 0
         self.aead = config.aead or preferred_aead()
         self._pending_sockets = 0
+        self._pending_by_ip: dict[str, int] = {}
 
     @property
     def pending_sockets(self) -> int:
@@ -233,22 +243,39 @@ class DataChannelServer:
 
     async def _admit_guarded(self, sock: trio.SocketStream) -> None:
         """Nothing a stranger sends to the data port may escape into the host's nursery."""
-        if self._pending_sockets >= self.config.max_pending_sockets:
+        ip = _remote_ip(sock)
+        if not self.config.limit_loopback and _is_loopback(ip):
+            ip = ""  # no per-IP limit: counted under "" only for the bookkeeping, never refused for its IP
+        if (self._pending_sockets >= self.config.max_pending_sockets
+                or (ip and self._pending_by_ip.get(ip, 0) >= self.config.max_pending_per_ip)):
             self.rejected += 1
             await trio.aclose_forcefully(sock)
             return
         try:
-            await self._admit(sock)
+            await self._admit(sock, ip)
         except Exception as exc:  # noqa: BLE001 - log and drop; the listener keeps serving
-            log.warning("data socket dropped: %s", exc or type(exc).__name__)
+            log.warning("data socket dropped: %s", str(exc) or type(exc).__name__)
             await trio.aclose_forcefully(sock)
 
-    async def _admit(self, sock: trio.SocketStream) -> None:
+    def _release_ip(self, ip: str) -> None:
+        """One pending socket of `ip` presented its token or failed."""
+        left = self._pending_by_ip.get(ip, 0) - 1
+        if left > 0:
+            self._pending_by_ip[ip] = left
+        else:
+            self._pending_by_ip.pop(ip, None)
+
+    async def _admit(self, sock: trio.SocketStream, ip: str) -> None:
         """Admit a data socket only with a live one-time token; anything else is dropped at once."""
         self._pending_sockets += 1
+        self._pending_by_ip[ip] = self._pending_by_ip.get(ip, 0) + 1
         try:
             with trio.fail_after(self.config.handshake_timeout):
-                offer = await self._claim_token(sock)
+                try:
+                    with trio.fail_after(self.config.token_timeout):
+                        offer = await self._claim_token(sock)
+                finally:  # a socket past its token holds no place of its IP's (a peer keeps many channels)
+                    self._release_ip(ip)
                 if offer is None:
                     self.rejected += 1
                     log.info("dropped a data socket with an unknown or expired token")
@@ -258,7 +285,7 @@ class DataChannelServer:
                 channel = _make_stream(sock, keys, LISTENER, self.config)
                 await channel.send_accept()
         except (trio.TooSlowError, ChannelError, trio.BrokenResourceError, OSError) as exc:
-            log.warning("data socket handshake failed: %s", exc or type(exc).__name__)
+            log.warning("data socket handshake failed: %s", str(exc) or type(exc).__name__)
             await trio.aclose_forcefully(sock)
             return
         finally:
@@ -282,10 +309,24 @@ class DataChannelServer:
         try:
             await self.callback(peer_id, channel)
         except Exception as exc:  # noqa: BLE001 - a handler bug or a hostile peer must not kill the host
-            log.warning("data channel handler for %s failed: %s", peer_id, exc or type(exc).__name__)
+            log.warning("data channel handler for %s failed: %s", peer_id, str(exc) or type(exc).__name__)
             log.debug("data channel handler traceback", exc_info=True)
         finally:
             await channel.aclose()
+
+
+def _remote_ip(sock: trio.SocketStream) -> str:
+    try:
+        return str(sock.socket.getpeername()[0])
+    except (OSError, AttributeError, IndexError):  # already reset, or not an IP socket: one shared place
+        return "?"
+
+
+def _is_loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _listen_ip(multiaddrs: list[str]) -> str:
@@ -371,7 +412,7 @@ async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -
         with trio.fail_after(config.connect_timeout):
             sock = await trio.open_tcp_stream(ip, port)
     except (trio.TooSlowError, OSError) as exc:
-        raise _SocketUnreachable(f"{ip}:{port}: {exc or type(exc).__name__}") from exc
+        raise _SocketUnreachable(f"{ip}:{port}: {str(exc) or type(exc).__name__}") from exc
     channel = _make_stream(sock, _ChannelKeys(secret, aead, host.peer_id, peer_id), DIALER, config)
     try:
         with trio.fail_after(config.handshake_timeout):
@@ -379,7 +420,7 @@ async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -
             await channel.receive_accept()
     except (trio.TooSlowError, ChannelError, trio.BrokenResourceError, OSError) as exc:
         await channel.abort()
-        raise _SocketUnreachable(f"{ip}:{port} did not accept the token ({exc or type(exc).__name__})") from exc
+        raise _SocketUnreachable(f"{ip}:{port} did not accept the token ({str(exc) or type(exc).__name__})") from exc
     return channel
 
 

@@ -232,3 +232,24 @@ async def test_a_peer_resetting_before_the_offer_is_quiet_and_leaves_no_offer(pa
     assert not server._offers
     assert any("reset a data channel handshake before our offer" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_silent_sockets_of_one_stranger_fill_only_that_ips_places_and_only_briefly():
+    """64 silent TCP connections from anyone once took every place for the whole handshake timeout, so every
+    real channel fell back to the slow stream path. Now one IP holds a few places, each for the token timeout."""
+    async with open_host() as server_host, open_host() as client_host:
+        config = ChannelConfig(max_pending_per_ip=2, token_timeout=0.5, limit_loopback=True)
+        server = DataChannelServer(server_host, hash_and_reply, config)
+        await server_host.nursery.start(server.run)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            silent = [await trio.open_tcp_stream("127.0.0.1", server.port) for _ in range(2)]
+            await until(lambda: server.pending_sockets == 2)
+            third = await trio.open_tcp_stream("127.0.0.1", server.port)
+            assert await third.receive_some(10) == b""  # this IP's places are taken: dropped at once
+            for stream in silent:  # and the silent ones are dropped once the token timeout passes
+                assert await stream.receive_some(10) == b""
+            await until(lambda: server.pending_sockets == 0)
+            client = await open_data_channel(client_host, server_host.peer_id)
+            assert isinstance(client, SecureChannelStream)  # a real dialer still gets the fast socket
+            await send_and_check(client, os.urandom(1 << 16), server_host.peer_id, client_host.peer_id)
