@@ -220,15 +220,20 @@ async def receive_envelope(node: Any, env: Any, refused: Callable[[str], None] |
         _refuse(node, sender, exc, refused)
         return []
     groups = []
+    unserved = [False]  # a fetch of this envelope went unserved: the sender's other blobs are not waited for
     for item in items:
-        group = await _receive_item(node, sender, item, refused, limits, fetch, wanted)
+        if unserved[0] and isinstance(item, Announcement):
+            _refuse(node, sender, RolloutRefused("unserved", "an earlier blob of the same batch went unserved",
+                                                 hostile=False), refused, score=False)
+            continue
+        group = await _receive_item(node, sender, item, refused, limits, fetch, wanted, unserved)
         if group is not None:
             groups.append(group)
     return groups
 
 
 async def _receive_item(node: Any, sender: str, item, refused, limits: TransportLimits, fetch: FetchConfig,
-                        wanted) -> Any:
+                        wanted, unserved: list[bool] | None = None) -> Any:
     """One parsed item of an envelope (a group, an announcement or its refusal) as a checked group, or None."""
     try:
         if isinstance(item, RolloutRefused):
@@ -243,16 +248,19 @@ async def _receive_item(node: Any, sender: str, item, refused, limits: Transport
             raise RolloutRefused("worker is not the sender", "a group of another worker", hostile=False)
         return item
     except RolloutRefused as exc:
+        if exc.reason == "unserved" and unserved is not None:
+            unserved[0] = True  # why: 64 unserved announcements in one batch held its receive slot for 40 minutes
         return _refuse(node, sender, exc, refused)
     except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen input must drop one rollout, never the peer
         log.warning("rollout from %s dropped: %s: %s", sender, type(exc).__name__, exc)
         return _refuse(node, sender, RolloutRefused("error", str(exc), hostile=False), refused)
 
 
-def _refuse(node: Any, sender: str, exc: RolloutRefused, refused: Callable[[str], None] | None) -> None:
+def _refuse(node: Any, sender: str, exc: RolloutRefused, refused: Callable[[str], None] | None,
+            score: bool = True) -> None:
     """Log, score (a lie costs like a forged envelope, an unserved announcement less) and report one refusal."""
     log.info("refused a rollout from %s: %s (%s)", sender, exc, exc.reason)
-    if exc.hostile or exc.reason == "unserved":
+    if score and (exc.hostile or exc.reason == "unserved"):
         _score_down(node, sender, LIE_REASON if exc.hostile else UNSERVED_REASON)
     if refused is not None:
         refused(exc.reason)

@@ -295,6 +295,19 @@ async def test_a_lying_or_silent_announcer_is_refused_and_scored_down():
             assert refusals[-1] == "unserved" and 1.0 <= trio.current_time() - started < 10.0
             assert receiver.gossip.scores.score(other.host.peer_id, trio.current_time()) < score
 
+            # A batch of such announcements costs one deadline, not one per item (64 of them held a receive slot
+            # for 40 minutes), and only the first one scores the sender down.
+            from swarm.rollout_codec import batch_bodies
+
+            bodies = [pack_group(make_group(other.host.peer_id, 2, 256, seed=10 + i), limits=SMALL).body
+                      for i in range(6)]
+            (batch,) = batch_bodies(bodies, SMALL)
+            await other.gossip.publish("rollout", batch)
+            env = await inbox.receive()
+            started, before = trio.current_time(), len(refusals)
+            assert await receive_envelope(receiver, env, refusals.append, SMALL, quick) == []
+            assert refusals[before:] == ["unserved"] * 6 and trio.current_time() - started < 10.0
+
             # Announcing (or gossiping) another worker's group is refused before anything is fetched.
             stolen = pack_group(make_group(liar.host.peer_id, 2, 256, seed=3), limits=SMALL)
             await other.gossip.publish("rollout", stolen.body)
