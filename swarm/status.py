@@ -32,7 +32,13 @@ class SwarmView:
     """Feed it what the run gossips during a window; `report` summarises it."""
 
     peers: dict[str, PeerSeen] = field(default_factory=dict)
-    versions: dict[int, bytes] = field(default_factory=dict)  # policy version -> manifest id, from heartbeats
+    claims: dict[int, dict[bytes, set[str]]] = field(default_factory=dict)  # version -> manifest id -> claimants
+
+    @property
+    def versions(self) -> dict[int, bytes]:
+        """Policy version -> the manifest id most peers' heartbeats gave for it (the first to arrive used to win,
+        so one liar could name a bogus id for the real newest version)."""
+        return {v: max(ids, key=lambda i: (len(ids[i]), i)) for v, ids in self.claims.items()}
     rollout_versions: dict[int, int] = field(default_factory=dict)  # policy version -> groups generated with it
     rejected_checks: dict[str, int] = field(default_factory=dict)  # failed check -> rejecting votes naming it
     verdicts: dict[bytes, list[bool]] = field(default_factory=dict)  # rollout id -> votes seen
@@ -48,13 +54,15 @@ class SwarmView:
         seen = self._peer(sender)
         roles = body.get("roles")
         if isinstance(roles, list):
-            seen.roles = tuple(r for r in roles if isinstance(r, str))[:4]
+            seen.roles = tuple(r for r in roles if _printable(r, 32))[:4]
         holds, fetching = [], []
         for entry in body.get("policies", [])[:16] if isinstance(body.get("policies"), list) else []:
             if (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int) and entry[0] >= 0
                     and isinstance(entry[1], bytes) and len(entry[1]) == 32):
                 (holds if entry[2] is True else fetching).append(entry[0])
-                self.versions.setdefault(entry[0], entry[1])
+                claims = self.claims.setdefault(entry[0], {})
+                if entry[1] in claims or len(claims) < 8:
+                    claims.setdefault(entry[1], set()).add(sender)
         seen.holds, seen.fetching, seen.last_heard = sorted(holds), sorted(fetching), now
         seen.progress = _plain_fields(body.get("progress"))
         addrs = body.get("addrs")
@@ -119,6 +127,11 @@ class SwarmView:
 _PROGRESS_ORDER = ("step", "reward", "stage", "answered", "groups_sent", "checked", "accepted", "rejected")
 
 
+def _printable(value: object, limit: int) -> bool:
+    """A short string without control characters: a peer's newlines and terminal escapes drew fake status lines."""
+    return isinstance(value, str) and len(value) <= limit and value.isprintable()
+
+
 def _plain_fields(raw: object) -> dict:
     """At most 8 short fields of plain values from a hostile `progress` body (anything else is left out), the
     known ones first in a reading order."""
@@ -126,8 +139,7 @@ def _plain_fields(raw: object) -> dict:
         return {}
     out = {}
     for key, value in list(raw.items())[:8]:
-        if isinstance(key, str) and len(key) <= 32 and (
-                value is None or isinstance(value, (int, float)) or (isinstance(value, str) and len(value) <= 40)):
+        if _printable(key, 32) and (value is None or isinstance(value, (int, float)) or _printable(value, 40)):
             out[key] = value
     rank = {k: i for i, k in enumerate(_PROGRESS_ORDER)}
     return dict(sorted(out.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))

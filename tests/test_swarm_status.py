@@ -128,3 +128,17 @@ def test_the_view_says_when_the_newest_manifest_was_not_had_or_not_signed_by_the
     assert "no peer holding v1000000000 answered with its manifest" in render({**report, "manifest": None})
     refused = {"version": 10**9, "signature": "REFUSED: the manifest is not signed by the run's trainer key"}
     assert "v1000000000: manifest REFUSED: the manifest is not signed" in render({**report, "manifest": refused})
+
+
+def test_a_liars_manifest_id_or_terminal_escapes_do_not_win_the_view():
+    """The first heartbeat to name a version's manifest id used to win it, and a peer's newlines and escapes in
+    its roles or progress drew fake lines in the status table."""
+    real, bogus = b"\x01" * 32, b"\x02" * 32
+    view = SwarmView()
+    view.on_heartbeat("liar", {"roles": ["seed\n[trainer] step 999", "\x1b[2Jx"], "policies": [[5, bogus, True]],
+                               "progress": {"step": "1\r\nfake"}}, now=1.0)
+    for peer in ("a", "b"):
+        view.on_heartbeat(peer, {"roles": ["seed"], "policies": [[5, real, True]]}, now=1.0)
+    assert view.versions == {5: real}
+    assert view.peers["liar"].roles == () and view.peers["liar"].progress == {}
+    assert "fake" not in render(view.report(now=2.0, window_s=1.0))
