@@ -21,10 +21,18 @@ class Picker(Protocol):
 
 
 def _candidates(engine: SwarmEngine, peer: PeerState) -> np.ndarray:
-    """A piece whose request to this peer timed out is asked of it again only when nobody else holds it: a
-    super-seed is the only holder of the pieces it reveals, and never re-asking it would stall us forever."""
-    avoid = peer.timed_out & (engine.availability > 1)
-    return np.flatnonzero(peer.bits & ~engine.have & ~engine.pending_mask & ~avoid)
+    """A piece whose request to this peer timed out is asked of it again only when no other holder is left that
+    has not timed out on it too: a super-seed is the only holder of the pieces it reveals, and when every holder's
+    request had timed out (a loaded machine) each was avoided for the other's sake and the piece never came."""
+    idx = np.flatnonzero(peer.bits & ~engine.have & ~engine.pending_mask)
+    timed = idx[peer.timed_out[idx]]
+    if timed.size:
+        fresh_elsewhere = np.zeros(timed.size, dtype=bool)
+        for other in engine.peers.values():
+            if other is not peer:
+                fresh_elsewhere |= other.bits[timed] & ~other.timed_out[timed]
+        idx = np.setdiff1d(idx, timed[fresh_elsewhere], assume_unique=True)
+    return idx
 
 
 class NaivePicker:

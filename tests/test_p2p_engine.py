@@ -274,3 +274,19 @@ def test_super_seed_serves_every_copy_when_peers_cannot_share():
     sim.run()
     assert sim.completed == {f"p{i}" for i in range(4)}
     assert sim.nodes["seed"].sent_count.sum() == 4 * 40  # one copy per peer, none wasted
+
+
+def test_a_piece_whose_requests_timed_out_at_every_holder_is_asked_again():
+    """Each holder of a piece whose request timed out was avoided while another holder existed, so when the
+    requests to both holders had timed out (a loaded machine) the piece was never asked for again: a peer of a
+    two-peer broadcast sat at 8 of 9 pieces for minutes."""
+    cfg = EngineConfig(request_timeout=5.0, stall_timeout=1000.0, endgame=False)
+    eng = SwarmEngine(2, b"\x01\x00", config=cfg, rng=random.Random(0))
+    first = eng.peer_connected("a", b"\x01\x01", 0.0)
+    second = eng.peer_connected("b", b"\x01\x01", 0.0)
+    asked = [a.peer for a in first + second if isinstance(a, Send) and isinstance(a.message, Request)]
+    assert asked == ["a"]  # one request for the one missing piece
+    later = eng.tick(6.0)  # a's request timed out: b, which has not timed out on it, is asked
+    assert [a.peer for a in later if isinstance(a, Send) and isinstance(a.message, Request)] == ["b"]
+    again = eng.tick(12.0)  # b's timed out too: someone must be asked again, or the piece never comes
+    assert [a.message for a in again if isinstance(a, Send) and isinstance(a.message, Request)] == [Request(1)]
