@@ -254,7 +254,7 @@ class DataChannelServer:
         try:
             await self._admit(sock, ip)
         except Exception as exc:  # noqa: BLE001 - log and drop; the listener keeps serving
-            log.warning("data socket dropped: %s", str(exc) or type(exc).__name__)
+            log.warning("data socket dropped: %s", _why(exc))
             await trio.aclose_forcefully(sock)
 
     def _release_ip(self, ip: str) -> None:
@@ -285,7 +285,7 @@ class DataChannelServer:
                 channel = _make_stream(sock, keys, LISTENER, self.config)
                 await channel.send_accept()
         except (trio.TooSlowError, ChannelError, trio.BrokenResourceError, OSError) as exc:
-            log.warning("data socket handshake failed: %s", str(exc) or type(exc).__name__)
+            log.warning("data socket handshake failed: %s", _why(exc))
             await trio.aclose_forcefully(sock)
             return
         finally:
@@ -309,10 +309,15 @@ class DataChannelServer:
         try:
             await self.callback(peer_id, channel)
         except Exception as exc:  # noqa: BLE001 - a handler bug or a hostile peer must not kill the host
-            log.warning("data channel handler for %s failed: %s", peer_id, str(exc) or type(exc).__name__)
+            log.warning("data channel handler for %s failed: %s", peer_id, _why(exc))
             log.debug("data channel handler traceback", exc_info=True)
         finally:
             await channel.aclose()
+
+
+def _why(exc: BaseException) -> str:
+    """An error's message, or its type when it has none (a timeout's message is empty)."""
+    return str(exc) or type(exc).__name__
 
 
 def _remote_ip(sock: trio.SocketStream) -> str:
@@ -412,7 +417,7 @@ async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -
         with trio.fail_after(config.connect_timeout):
             sock = await trio.open_tcp_stream(ip, port)
     except (trio.TooSlowError, OSError) as exc:
-        raise _SocketUnreachable(f"{ip}:{port}: {str(exc) or type(exc).__name__}") from exc
+        raise _SocketUnreachable(f"{ip}:{port}: {_why(exc)}") from exc
     channel = _make_stream(sock, _ChannelKeys(secret, aead, host.peer_id, peer_id), DIALER, config)
     try:
         with trio.fail_after(config.handshake_timeout):
@@ -420,7 +425,7 @@ async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -
             await channel.receive_accept()
     except (trio.TooSlowError, ChannelError, trio.BrokenResourceError, OSError) as exc:
         await channel.abort()
-        raise _SocketUnreachable(f"{ip}:{port} did not accept the token ({str(exc) or type(exc).__name__})") from exc
+        raise _SocketUnreachable(f"{ip}:{port} did not accept the token ({_why(exc)})") from exc
     return channel
 
 

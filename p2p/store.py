@@ -186,11 +186,8 @@ class PieceStore:
             return _FileState(entry, done, bytearray(b"\x01" * n), complete=True)
         part = self.dir / "files" / f"{entry.root.hex()}.part"
         fresh = not part.exists()
-        try:
-            with open(part, "ab") as fh:
-                fh.truncate(entry.size)  # sparse: no blocks are used until pieces land
-        except OSError as exc:
-            raise _enospc(exc, f"creating {part.name}") from None
+        with _disk(f"creating {part.name}"), open(part, "ab") as fh:
+            fh.truncate(entry.size)  # sparse: no blocks are used until pieces land
         state = _FileState(entry, part, bytearray(n), complete=False)
         if not fresh:  # a brand-new sparse file holds nothing worth hashing
             self._rescan(state)
@@ -270,10 +267,8 @@ class PieceStore:
             return False
         if len(data) != ref.length or (verify and blake3.blake3(data).digest() != ref.hash):
             raise PieceVerifyError(f"piece {index} does not match the hash in the signed manifest")
-        try:
+        with _disk(f"writing piece {index}"):
             written = os.pwrite(state.fd, data, ref.offset)
-        except OSError as exc:
-            raise _enospc(exc, f"writing piece {index}") from None
         if written != len(data):
             raise StoreError(f"short write of piece {index}")
         state.have[ref.local_index] = 1

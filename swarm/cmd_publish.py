@@ -79,7 +79,6 @@ async def next_version(node, run: str, trainer_key: bytes, wait_s: float = SWARM
 def run(args: argparse.Namespace) -> int:
     import time
 
-
     from p2p.errors import ManifestError
     from p2p.identity import read_key_file
     from p2p.manifest import MAX_PIECE_SIZE, MIN_PIECE_SIZE, build_manifest, describe_policy_dir, sign_manifest
