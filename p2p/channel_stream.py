@@ -1,11 +1,11 @@
 """The IO adapter of the fast data channel: sealed records over a plain trio TCP socket.
 
 Why `recv_into` reads into preallocated buffers: the trio scheduler around many small reads, and copies, are where
-stream throughput goes in Python (REFERENCE.md §5). A read also takes up to READ_AHEAD bytes past the record it
-completes when they are already there (never waited for), so a piece frame's small header record arrives with the
-end of the previous payload instead of costing a read of its own; we never wait for bytes the peer has not sent
-(which would stall request/response traffic). Sending mirrors it: `send_parts` seals a frame's header record and
-payload record back to back in the output buffer and hands them to the socket in one send.
+stream throughput goes in Python (docs/reference.md#py-libp2p-pitfalls). A read also takes up to READ_AHEAD bytes past
+the record it completes when they are already there (never waited for), so a piece frame's small header record arrives
+with the end of the previous payload instead of costing a read of its own; we never wait for bytes the peer has not sent
+(which would stall request/response traffic). Sending mirrors it: `send_parts` seals a frame's header record and payload
+record back to back in the output buffer and hands them to the socket in one send.
 
 Timeouts: a record whose header arrived must complete within `record_timeout` (a peer cannot pin our buffer by
 stalling mid-record); between records a link may idle unless `idle_timeout` is set, while TCP keepalive still

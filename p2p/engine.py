@@ -4,7 +4,7 @@ Every method takes an event (with `now` passed in, never read) and returns a lis
 (p2p/transfer.py) to carry out in order. The same engine runs over libp2p streams, over memnet, and in the pure
 simulations of the tests.
 
-Policy, following the torrent practice for a cooperative flash crowd (REFERENCE.md section 4):
+Policy, following the torrent practice for a cooperative flash crowd (docs/reference.md#torrent-mechanics):
 - Picking: a few random pieces, then rarest-first (p2p/picker.py), with `pipeline_depth` requests in flight per
   peer so a link never idles for a round trip.
 - Endgame: once every missing piece is already requested, the same pieces are also asked of other holders; the

@@ -5,7 +5,7 @@ py-libp2p's pubsub runs `open_envelope` on it, so a malformed, forged, stale, re
 message is rejected before delivery and is never forwarded; the peer that handed it to us is scored down
 (p2p.scores) and, past the threshold, blacklisted in pubsub until its ban ends.
 
-py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
+py-libp2p 0.8.1 pitfalls handled here (docs/reference.md#py-libp2p-pitfalls):
 - the 120 s default heartbeat (and the "adaptive" mode that stretches it to 30-60 s) makes meshes form and heal in
   minutes: heartbeat ~1 s, adaptive mode off;
 - messages of 1 MiB and more vanish silently: `publish` refuses envelopes above GOSSIP_MAX_BYTES (900 KiB) with a

@@ -1,6 +1,6 @@
 """The secure host factory: one py-libp2p host per peer, Noise only, Yamux only, guarded handlers.
 
-Why a wrapper around py-libp2p's BasicHost (REFERENCE.md §5, each pitfall seen here):
+Why a wrapper around py-libp2p's BasicHost (docs/reference.md#py-libp2p-pitfalls, each seen here):
 - its security defaults accept a plaintext dialer, so we pass Noise as the ONLY security option, with a dedicated
   X25519 Noise static key;
 - Mplex is 4x slower than Yamux, so Yamux is the only muxer;
@@ -156,8 +156,8 @@ class _HandlerTable(dict):
     """py-libp2p's multiselect table of stream handlers, safe against removal during a negotiation.
 
     Multiselect checks `protocol in handlers`, awaits its reply to the peer, then looks the handler up again: a
-    handler removed in between (a DHT or data channel closing while a peer opens a stream to it) raised KeyError
-    in the connection's task and killed the host. The late lookup now finds a handler that resets the stream.
+    handler removed in between (a DHT or data channel closing while a peer opens a stream to it) raises KeyError
+    in the connection's task and kills the host. Here the late lookup finds a handler that resets the stream.
     """
 
     def __missing__(self, protocol: Any) -> StreamHandler:
@@ -330,7 +330,8 @@ def peer_went_away(exc: BaseException) -> bool:
 async def read_exactly(stream: Any, n: int, what: str = "stream") -> bytes:
     """Exactly `n` bytes from a libp2p stream, read in chunks of at most 1 MiB; HostError if the peer closes early.
 
-    Why bounded chunks: one unbounded Yamux read of a large message collapses throughput (REFERENCE.md §5).
+    Why bounded chunks: one unbounded Yamux read of a large message collapses throughput
+    (docs/reference.md#py-libp2p-pitfalls).
     """
     buf = bytearray()
     while len(buf) < n:

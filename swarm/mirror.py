@@ -135,7 +135,7 @@ class PolicyMirror:
             if self.trust.key is not None and outer.public_key != self.trust.key:  # refused before any decoding
                 raise P2PError("policy manifest is not signed by this run's trainer key")
             # verified against its own signer and checked for our run BEFORE a first-use key is trusted: forged
-            # bytes or another run's manifest used to pin their signer on disk, and every real one was refused
+            # bytes or another run's manifest pinned on disk would have every real one refused
             manifest = verify_manifest(signed, outer.public_key)
             if manifest.run != self.run:
                 log.warning("refused a manifest of run %r (this peer follows %r)", manifest.run, self.run)
@@ -172,7 +172,7 @@ class PolicyMirror:
         config = replace(self.transfer, handshake_timeout=max(self.transfer.handshake_timeout, self.adoption_wait + 5))
         if policy.origin == self.my_id:
             # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice
-            # while another has never gone out (REFERENCE.md section 4).
+            # while another has never gone out (docs/reference.md#torrent-mechanics).
             config = replace(config, engine=replace(config.engine, super_seed=True))
         policy.service = SwarmService(policy.manifest, self.store, config=config, upload_bucket=self.upload_bucket,
                                       on_drop=lambda peer, why, hostile: self._dropped(policy, peer, why, hostile))

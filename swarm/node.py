@@ -199,7 +199,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
 
 async def _run_part(node: Node, part: Callable[..., Awaitable[None]], *args: Any) -> None:
     """Run one role, or one of the peer's own tasks, as part(node, *args). One that fails stops the peer with one
-    clear line instead of a wall of tracebacks: an exception escaping a task of the node's nursery used to end the
+    clear line instead of a wall of tracebacks: an exception escaping a task of the node's nursery would end the
     peer (and every peer of a simulation) with a nested exception group."""
     try:
         await part(node, *args)

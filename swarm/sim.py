@@ -52,7 +52,7 @@ class SimPeer:
 def _trainer_toml(s: SimSettings) -> Path:
     """The trainer's config. lr 1e-3: on this task set (seed 0) the last four steps' reward averaged 0.27 over
     eight sampling-noise draws (worst 0.14) against 0.14 (worst 0.00) at 3e-3, which locked the policy onto one
-    token in some runs (README, The whole swarm)."""
+    token in some runs (docs/benchmarks.md#the-whole-swarm)."""
     workers = s.inference + s.cheaters
     path = s.out / "trainer.toml"
     path.parent.mkdir(parents=True, exist_ok=True)

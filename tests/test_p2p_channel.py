@@ -235,8 +235,8 @@ async def test_a_peer_resetting_before_the_offer_is_quiet_and_leaves_no_offer(pa
 
 
 async def test_silent_sockets_of_one_stranger_fill_only_that_ips_places_and_only_briefly():
-    """64 silent TCP connections from anyone once took every place for the whole handshake timeout, so every
-    real channel fell back to the slow stream path. Now one IP holds a few places, each for the token timeout."""
+    """64 silent TCP connections from one stranger must not take every place for the whole handshake timeout (every
+    real channel would fall back to the slow stream path): one IP holds a few places, each for the token timeout."""
     async with open_host() as server_host, open_host() as client_host:
         config = ChannelConfig(max_pending_per_ip=2, token_timeout=0.5, limit_loopback=True)
         server = DataChannelServer(server_host, hash_and_reply, config)

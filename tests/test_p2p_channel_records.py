@@ -339,7 +339,7 @@ async def test_a_piece_frames_header_record_comes_with_the_previous_payload_not_
         header, payload = await read_frame(reader, decoder)
         assert header == {"t": "piece", "index": index} and payload == piece
     assert reader._opener.index == 2 * len(pieces)  # a header record and a payload record per piece
-    assert sock.reads <= len(pieces) + 1  # the old reader took two reads per piece
+    assert sock.reads <= len(pieces) + 1  # not two reads per piece: the header record comes with the payload
 
 
 async def test_peer_stalling_inside_a_record_times_out(autojump_clock):
