@@ -86,6 +86,11 @@ def test_the_readme_is_read_in_five_minutes():
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; at most {README_MAX_LINES}, the rest in docs/"
 
 
+def test_the_readme_shows_exactly_the_test_command_ci_runs():
+    ci_command = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert ci_command in (ROOT / "README.md").read_text(encoding="utf-8"), f"README.md lacks {ci_command!r}"
+
+
 @pytest.mark.parametrize("name", REQUIRED_DOCS)
 def test_each_document_of_docs_exists_and_says_something(name):
     path = DOCS / name
