@@ -8,6 +8,7 @@ exist. Pure file reads: no network, no imports of the packages, well under a sec
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -18,7 +19,7 @@ DOCS = ROOT / "docs"
 README_MAX_LINES = 250
 REQUIRED_DOCS = ("architecture.md", "security.md", "benchmarks.md", "operations.md", "limits.md")
 CODE_SUFFIXES = {".py", ".toml", ".txt", ".sh", ".cfg", ".ini"}
-SKIPPED_DIRS = {".git", ".venv", "__pycache__", "runs", "node_modules", "build", "dist"}
+SKIPPED_DIRS = {".git", ".venv", "__pycache__", "runs", "swarm-data", "node_modules", "build", "dist"}
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 DOC_CITATION = re.compile(r"\bdocs/([A-Za-z0-9_-]+\.md)(?:#([a-z0-9-]+))?")
 OUTSIDE_NOTES = re.compile(r"\b(?:DESIGN|REFERENCE)(?:\.md\b|\s*§)")
@@ -32,13 +33,11 @@ def _markdown_files() -> list[Path]:
 def _code_files() -> list[Path]:
     """Every code, config and script file of the tree (this test excepted: it names what it forbids)."""
     found = [ROOT / ".ci" / "run", ROOT / "install.sh"]
-    for path in ROOT.rglob("*"):
-        relative = path.relative_to(ROOT)
-        if any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in relative.parts):
-            continue
-        if path.is_file() and path.suffix in CODE_SUFFIXES and path != Path(__file__).resolve():
-            found.append(path)
-    return [p for p in found if p.is_file()]
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [d for d in subfolders if d not in SKIPPED_DIRS and not d.endswith(".egg-info")
+                         and (not d.startswith(".") or d == ".ci")]  # never walk into .venv or caches
+        found.extend(Path(folder) / f for f in files if Path(f).suffix in CODE_SUFFIXES)
+    return [p for p in found if p.is_file() and p != Path(__file__).resolve()]
 
 
 def _slug(heading: str) -> str:
