@@ -157,6 +157,20 @@ def edit_tree(tree: Any, rng: random.Random) -> Any:
     return tree
 
 
+def place_value(tree: Any, value: Any, rng: random.Random) -> Any:
+    """`tree` with one of its map values or list items (or the whole tree) replaced by `value`: how a
+    structure-aware generator's value is put where a decoder will meet it."""
+    containers = [node for node in _containers(tree) if node]
+    if not containers or rng.random() < 0.05:
+        return value
+    node = rng.choice(containers)
+    if isinstance(node, dict):
+        node[rng.choice(list(node))] = value
+    else:
+        node[rng.randrange(len(node))] = value
+    return tree
+
+
 def _encode(tree: Any) -> bytes | None:
     try:
         return msgpack.packb(tree, use_bin_type=True)
@@ -172,15 +186,20 @@ def _first_value(data: bytes) -> tuple[Any, int]:
     return value, unpacker.tell()
 
 
-def mutate_tree(data: bytes, rng: random.Random, prefix: int = 0) -> bytes | None:
-    """`data` with the msgpack value after its `prefix`-byte big-endian length edited once or a few times and
-    encoded again, the length set to match and whatever followed kept; None when there is no such value."""
+def mutate_tree(data: bytes, rng: random.Random, prefix: int = 0,
+                edit: Callable[[Any, random.Random], Any] | None = None) -> bytes | None:
+    """`data` with the msgpack value after its `prefix`-byte big-endian length edited (by `edit`, default once or
+    a few times by `edit_tree`) and encoded again, the length set to match and whatever followed kept; None when
+    there is no such value."""
     try:
         tree, used = _first_value(data[prefix:])
     except Exception:  # noqa: BLE001 - not msgpack there (a sealed encoding): byte edits only
         return None
-    for _ in range(rng.choice((1, 1, 1, 2, 3))):
-        tree = edit_tree(tree, rng)
+    if edit is not None:
+        tree = edit(tree, rng)
+    else:
+        for _ in range(rng.choice((1, 1, 1, 2, 3))):
+            tree = edit_tree(tree, rng)
     encoded = _encode(tree)
     if encoded is None or (prefix and len(encoded) >= 1 << (8 * prefix)):
         return None

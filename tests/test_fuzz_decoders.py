@@ -14,11 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm.fuzz_mutations import mutate, splice
+from swarm.fuzz_mutations import mutate, mutate_tree, place_value, splice
 from swarm.fuzz_targets import BY_NAME, TARGETS, FuzzTarget, failure_of
 
-FUZZ = settings(max_examples=250, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+GENERATED = settings(FUZZ, max_examples=60)
+"""Fewer examples where hypothesis builds each value: generating nested trees costs more than decoding them."""
 
 NETWORK_DECODERS = {
     "envelope", "vote_batch", "rollout_body", "rollout_group", "rollout_blob", "run_spec", "manifest",
@@ -55,6 +57,27 @@ def _hostile(target: FuzzTarget, rng: random.Random, raw: bytes | None) -> bytes
 def test_a_decoder_returns_a_value_or_raises_only_its_own_error(target, rng, raw):
     data = _hostile(target, rng, raw)
     assert failure_of(target, data) is None
+
+
+MSGPACK_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=24)
+    | st.binary(max_size=40),
+    lambda children: st.lists(children, max_size=6)
+    | st.dictionaries(st.text(max_size=12) | st.integers(-5, 5) | st.binary(max_size=4), children, max_size=6),
+    max_leaves=24,
+)
+"""Any value msgpack can carry, nested: what a hostile peer can put in any field."""
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
+@GENERATED
+@given(rng=st.randoms(use_true_random=False), value=MSGPACK_VALUES)
+def test_any_msgpack_value_in_any_field_is_a_value_or_the_decoders_own_error(target, rng, value):
+    """Structure-aware: a generated value replaces one field of a valid sample, at any depth."""
+    sample = rng.choice(target.samples())
+    data = mutate_tree(sample, rng, target.frame_prefix, edit=lambda tree, r: place_value(tree, value, r))
+    if data is not None:  # None: the edited tree cannot be encoded (a float map key, a frame past its length)
+        assert failure_of(target, data) is None
 
 
 def _breaks_on_wrong_tensor_file(data: bytes) -> object:
