@@ -60,7 +60,7 @@ def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None, 
                     protocol, _one_line(exc))
             log.debug("handler traceback", exc_info=True)
             if not went_away and on_fault is not None:
-                on_fault(stream, protocol)
+                _penalise(on_fault, stream, protocol)
             await reset_quietly(stream)
         if limit.cancelled_caught:
             log.log(logging.DEBUG if idle_streams else logging.WARNING, "handler for %s exceeded %g s; stream reset",
@@ -68,6 +68,15 @@ def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None, 
             await reset_quietly(stream)
 
     return guarded
+
+
+def _penalise(on_fault: Callable[[Any, str], None], stream: Any, protocol: str) -> None:
+    """Run the penalty hook; its own failure (a listener's bug, a host shutting down) is logged, never raised into
+    py-libp2p's nursery."""
+    try:
+        on_fault(stream, protocol)
+    except Exception as exc:  # noqa: BLE001 - same rule as the handler itself
+        log.warning("penalising the peer of a failed %s stream failed (%s)", protocol, _one_line(exc))
 
 
 async def reset_quietly(stream: Any) -> None:

@@ -143,3 +143,24 @@ async def test_an_unforeseen_error_while_fetching_a_manifest_is_a_host_error(mon
             await client.connect(server.multiaddrs[0])
             with pytest.raises(HostError, match="broke the manifest exchange"):
                 await fetch_manifest(client, server.peer_id, KNOWN, timeout=5.0)
+
+
+async def test_a_failing_fault_listener_does_not_end_the_host():
+    fragile = Injected()
+
+    async def explode(data):
+        raise ValueError("injected")
+
+    def broken_listener(peer, protocol):
+        raise RuntimeError("listener bug")
+
+    fragile.work = explode
+    async with open_host() as server, open_host() as client:
+        server.set_guarded_handler(FRAGILE, fragile)
+        server.set_guarded_handler(ECHO, echo)
+        server.fault_listeners.append(broken_listener)
+        with trio.fail_after(20):
+            await client.connect(server.multiaddrs[0])
+            with pytest.raises(StreamError):
+                await ask(client, server.peer_id, FRAGILE)
+            assert await ask(client, server.peer_id, ECHO) == b"ping"
