@@ -3,7 +3,8 @@ ManifestError.
 
 Rules: sizes are checked before a byte is decoded; msgpack builds at most one container per 8 input bytes; every
 field, down to each tensor entry and each value of the model description, is checked for its type and range before
-a PolicyManifest exists; and nothing but ManifestError leaves this module. Why so strict: with trust on first use a
+a PolicyManifest exists, whose model description is then read-only (FrozenMap); and nothing but ManifestError
+leaves this module. Why so strict: with trust on first use a
 peer adopts the key of the first manifest it sees, so a stranger's self-signed manifest reaches this decoder on
 every path (gossip announcement, the manifest protocol, a data channel preamble, `swarm status`), and an error of
 any other type ended whichever role or command caught only ManifestError.
@@ -29,6 +30,7 @@ from p2p.manifest_types import (
     PolicyManifest,
     SignedManifest,
     TensorEntry,
+    freeze,
     is_safe_file_name,
 )
 
@@ -90,8 +92,8 @@ def decode_manifest(data: bytes) -> PolicyManifest:
     _need(isinstance(raw["tensors"], list), "tensor index")
     tensors = tuple(_decode_tensor(t, sizes) for t in raw["tensors"])
     _need(len({t.name for t in tensors}) == len(tensors), "duplicate tensor names")
-    manifest = PolicyManifest(raw["run"], raw["version"], raw["parent_version"], raw["created_at"], raw["model"],
-                              _decode_generation(raw["generation"]), tensors, files)
+    manifest = PolicyManifest(raw["run"], raw["version"], raw["parent_version"], raw["created_at"],
+                              freeze(raw["model"]), _decode_generation(raw["generation"]), tensors, files)
     _need(manifest.encode() == data, "not in canonical form")
     return manifest
 

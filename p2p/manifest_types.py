@@ -28,6 +28,28 @@ def is_safe_file_name(name: str) -> bool:
     return bool(_SAFE_NAME.match(name)) and name != MODEL_FILE
 
 
+class FrozenMap(dict):
+    """A dict that refuses changes: a decoded manifest's model description, so that no reader can change what
+    the manifest id was computed over. Still a dict for every reader (isinstance, json, msgpack, ==)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a manifest's model description is read-only")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore
+
+    def __reduce__(self):  # copies and pickles are built from the items, never item by item
+        return (FrozenMap, (dict(self),))
+
+
+def freeze(value: Any) -> Any:
+    """`value` with every map inside it made a FrozenMap (lists and scalars are kept)."""
+    if isinstance(value, dict):
+        return FrozenMap({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [freeze(v) for v in value]
+    return value
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """Generation settings in force for this policy version (they travel with the weights)."""
@@ -85,7 +107,7 @@ class PolicyManifest:
     version: int
     parent_version: int | None
     created_at: float
-    model: dict
+    model: dict  # a FrozenMap once decoded (p2p.manifest_decode)
     generation: GenerationSettings
     tensors: tuple[TensorEntry, ...]
     files: tuple[FileEntry, ...]

@@ -101,3 +101,25 @@ def test_something_other_than_bytes_is_a_manifest_error(data):
         decode_manifest(data)
     with pytest.raises(ManifestError):
         open_signed_manifest(data)
+
+
+def test_a_decoded_manifest_is_read_only_down_to_its_model_description(tmp_path):
+    import copy
+    import dataclasses
+
+    make_policy(tmp_path)
+    manifest = build(tmp_path)
+    model_id = manifest.id
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        manifest.version = 9
+    with pytest.raises(TypeError, match="read-only"):
+        manifest.model["architecture"] = "Evil"
+    with pytest.raises(TypeError, match="read-only"):
+        manifest.model.update(extra=1)
+    assert isinstance(manifest.model, dict) and copy.deepcopy(manifest.model) == manifest.model
+    assert decode_manifest(manifest.encode()).id == model_id == manifest.id
+    from swarm.fuzz_targets import sample_manifest
+
+    nested = decode_manifest(sample_manifest().encode()).model
+    with pytest.raises(TypeError, match="read-only"):
+        nested["run_spec"]["quorum"] = 0
