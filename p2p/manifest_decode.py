@@ -7,7 +7,7 @@ a PolicyManifest exists, whose model description is then read-only (FrozenMap); 
 leaves this module. Why so strict: with trust on first use a
 peer adopts the key of the first manifest it sees, so a stranger's self-signed manifest reaches this decoder on
 every path (gossip announcement, the manifest protocol, a data channel preamble, `swarm status`), and an error of
-any other type ended whichever role or command caught only ManifestError.
+any other type would end whichever role or command catches only ManifestError.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ async def test_an_injected_fault_in_the_manifest_server_costs_one_host_error_and
 
 async def test_an_unforeseen_error_while_fetching_a_manifest_is_a_host_error(monkeypatch):
     """Callers of fetch_manifest (heartbeats, announcements, the DHT lookup, `swarm status`) catch HostError only:
-    anything else escaping it ended the node or the command."""
+    anything else escaping it would end the node or the command."""
 
     real_read = manifest_protocol.read_exactly
 
