@@ -28,6 +28,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "generate"), "swarm.cmd_bench_generate", "benchmark generation throughput and proof overhead"),
     (("bench", "noise"), "swarm.cmd_bench_noise", "benchmark the seeded Gumbel noise draw per element"),
     (("bench", "churn"), "swarm.cmd_bench_churn", "keep killing and restarting peers of a training run; count its steps"),
+    (("bench", "fuzz"), "swarm.cmd_bench_fuzz", "fuzz every decoder of network input for N seconds; report failures"),
     (("bench", "device"), "swarm.cmd_bench_device", "check every GPU path against its CPU twin (prepared GPU check)"),
 ]
 
