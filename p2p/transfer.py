@@ -227,6 +227,13 @@ class SwarmService:
             hostile = _is_breach(exc)
             # a link the peer closed before its hello was refused (a duplicate, or a version it just dropped), routine
             self._note_drop(peer, _link_failure(exc), hostile, quiet=not (hostile or link.greeted))
+        except* StoreError:
+            raise  # our disk failed, not the peer: the service ends with that one error (see run)
+        except* Exception as group:  # anything else a link raised costs that link, never the service or the node
+            exc = _first_leaf(group)
+            log.warning("link with %s failed unexpectedly: %s: %s", peer, type(exc).__name__, exc)
+            log.debug("link failure traceback", exc_info=exc)
+            self._note_drop(peer, f"its link failed unexpectedly ({type(exc).__name__})", hostile=False)
         finally:
             del self._links[peer]
             self._reported.discard(peer)
@@ -298,7 +305,7 @@ class SwarmService:
             if index not in self.corrupt_pieces:
                 self.corrupt_pieces.add(index)
                 log.warning("%s", exc)
-            self._dispatch(self.engine.upload_done(link.peer, index, trio.current_time()))
+            self._dispatch(self.engine.upload_done(link.peer, index, trio.current_time(), delivered=False))
             with trio.fail_after(self.config.send_timeout):
                 await _send_message(link.stream, Reject(index, "corrupt on disk"))
             return

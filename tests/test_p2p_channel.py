@@ -238,7 +238,7 @@ async def test_silent_sockets_of_one_stranger_fill_only_that_ips_places_and_only
     """64 silent TCP connections from anyone once took every place for the whole handshake timeout, so every
     real channel fell back to the slow stream path. Now one IP holds a few places, each for the token timeout."""
     async with open_host() as server_host, open_host() as client_host:
-        config = ChannelConfig(max_pending_per_ip=2, token_timeout=0.5, limit_loopback=True)
+        config = ChannelConfig(max_pending_per_ip=2, token_timeout=0.5)
         server = DataChannelServer(server_host, hash_and_reply, config)
         await server_host.nursery.start(server.run)
         await client_host.connect(server_host.multiaddrs[0])
