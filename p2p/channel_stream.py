@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
+from p2p.budget import NODE_BUDGET, MemoryBudget
 from p2p.channel_records import (COPY_LIMIT, HEADER, RECORD_BYTES, TAG, PlaintextPool, RecordOpener, RecordSealer,
                                  split_records)
 from p2p.errors import ChannelError
@@ -80,6 +81,7 @@ class SecureChannelStream:
         opener: RecordOpener,
         peer_id: str,
         timeouts: StreamTimeouts = StreamTimeouts(),
+        budget: MemoryBudget = NODE_BUDGET,
     ) -> None:
         self._stream = stream
         self._sock = stream.socket
@@ -96,6 +98,9 @@ class SecureChannelStream:
         self._plain_pos = 0
         self._pool = PlaintextPool()  # big records decrypt into reused buffers (PlaintextPool says who owns them)
         self._send_lock = trio.Lock()
+        # a record whose header declared more bytes than have come holds them on the node's budget until its tag
+        # is checked: a stranger's channels stalling mid-record together hold at most that budget
+        self._record_lease = budget.lease("a data channel record")
         self._receiving = False
         self._broken: ChannelError | None = None
         self._closed = False
@@ -195,8 +200,12 @@ class SecureChannelStream:
             length, flags = await self._read_header()
             end = HEADER.size + length
             if self._carry < end:  # else the whole record came with earlier reads: nothing to wait for
-                with trio.move_on_after(self._timeouts.record_timeout) as scope:
-                    await self._read_body(length)
+                self._record_lease.resize(end - self._carry)
+                try:
+                    with trio.move_on_after(self._timeouts.record_timeout) as scope:
+                        await self._read_body(length)
+                finally:
+                    self._record_lease.close()
                 if scope.cancelled_caught:
                     raise trio.TooSlowError
             plaintext = self._opener.open(flags, memoryview(self._in)[HEADER.size : end], self._pool)
