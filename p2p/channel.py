@@ -210,6 +210,7 @@ class DataChannelServer:
         if self._open_channels + len(self._offers) >= self.config.max_channels:
             self.refused_channels += 1
             log.debug("refused a data channel of %s: %d channels open", peer_id, self._open_channels)
+            await _close_quietly(stream)  # the dialer reads an end at once, not a silence until its timeout
             return
         if request.mode == "stream":
             tune_yamux()
@@ -234,8 +235,7 @@ class DataChannelServer:
             await stream.close()
 
     def _expire_offers(self) -> None:
-        now = trio.current_time()
-        for token in [t for t, o in self._offers.items() if o.expires < now]:
+        for token in [t for t, o in self._offers.items() if o.expires < trio.current_time()]:
             del self._offers[token]
 
     async def _admit_guarded(self, sock: trio.SocketStream) -> None:
