@@ -30,6 +30,10 @@ HEAD_BYTES = ROUTE_BYTES + 4
 MAX_SIGNED_BYTES = MAX_MANIFEST_BYTES + 1024
 """The largest signed manifest a preamble may carry (p2p.manifest's limit plus its signature and framing)."""
 _CHUNK = 1 << 20
+PREAMBLE_BUDGET = MemoryBudget(32 << 20)
+"""Manifests of preambles for versions this peer does not hold yet, over every channel: their own budget, so
+strangers filling it cost honest links (whose manifests we hold, or whose pieces use p2p.budget.NODE_BUDGET)
+nothing. 32 MiB: the largest valid manifest, or a dozen of a 62 GB policy's 2.1 MB."""
 _ENDED = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
@@ -91,22 +95,27 @@ async def read_body(stream: Any, head: PreambleHead, timeout: float, budget: Mem
 
 async def _read_into(stream: Any, size: int, timeout: float, lease: BudgetLease | None,
                      keep: bool = True) -> bytes | None:
-    """`size` bytes (or, without `keep`, that many read and dropped), charging `lease` before keeping each chunk."""
-    buf = bytearray()
+    """`size` bytes (or, without `keep`, that many read and dropped), charging `lease` before keeping each chunk.
+
+    Chunks are kept as they came and joined once at the end (one buffer grown in place is copied as it grows)."""
+    chunks: list[bytes | bytearray] = []
     got = 0
-    with trio.move_on_after(timeout):
-        while got < size:
-            try:
-                chunk = await stream.receive_some(min(size - got, _CHUNK))
-            except _ENDED as exc:
-                log.debug("data channel ended inside its preamble: %s", exc)
-                return None
-            if not chunk:
-                return None
-            got += len(chunk)
-            if keep:
-                if lease is not None:
-                    lease.resize(got)
-                buf += chunk
-        return bytes(buf) if keep else b""
-    return None
+    try:
+        with trio.move_on_after(timeout):
+            while got < size:
+                try:
+                    chunk = await stream.receive_some(min(size - got, _CHUNK))
+                except _ENDED as exc:
+                    log.debug("data channel ended inside its preamble: %s", exc)
+                    return None
+                if not chunk:
+                    return None
+                got += len(chunk)
+                if keep:
+                    if lease is not None:
+                        lease.resize(got)
+                    chunks.append(chunk)
+            return b"".join(chunks)
+        return None
+    finally:  # an error's traceback keeps this frame alive until a full garbage collection: not its chunks
+        chunks.clear()

@@ -25,14 +25,14 @@ from typing import Any
 
 import trio
 
-from p2p.budget import NODE_BUDGET, BudgetExhausted, MemoryBudget
+from p2p.budget import BudgetExhausted, MemoryBudget
 from p2p.channel_messages import HandshakeBreach
 from p2p.errors import P2PError
 from p2p.manifest import PolicyManifest, decode_signed, verify_manifest
 from p2p.ratelimit import TokenBucket
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
-from swarm.link_preamble import Preamble, read_body, read_head, send_preamble
+from swarm.link_preamble import PREAMBLE_BUDGET, Preamble, read_body, read_head, send_preamble
 from swarm.mirror_dial import _DIAL_ERRORS, OutboundLinks
 from swarm.trust import TrainerTrust
 
@@ -67,7 +67,7 @@ class PolicyMirror(OutboundLinks):
                  transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
                  spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0,
-                 copies_dir: Path | None = None, budget: MemoryBudget = NODE_BUDGET) -> None:
+                 copies_dir: Path | None = None, budget: MemoryBudget = PREAMBLE_BUDGET) -> None:
         self.store = store
         # where versions are reassembled into loadable files (swarm.policy_files); each copy goes with its version
         self.copies_dir = copies_dir
@@ -98,7 +98,7 @@ class PolicyMirror(OutboundLinks):
         self._waiting: dict[str, int] = {}
         # inbound channels waiting for a preamble's head, oldest first: the scope that ends the wait of each
         self._idle_waits: dict[int, trio.CancelScope] = {}
-        self._budget = budget  # bytes of unverified preamble manifests held node-wide
+        self._budget = budget  # bytes of preamble manifests not yet verified, held node-wide
         self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
         self.banned: dict[str, str] = {}  # peer -> the protocol breach (a corrupt piece...) it is never linked for
         self._gone: set[str] = set()  # peers whose departure was reported and that have not linked since
@@ -182,7 +182,6 @@ class PolicyMirror(OutboundLinks):
             # while another has never gone out (REFERENCE.md section 4).
             config = replace(config, engine=replace(config.engine, super_seed=True))
         policy.service = SwarmService(policy.manifest, self.store, config=config, upload_bucket=self.upload_bucket,
-                                      budget=self._budget,
                                       on_drop=lambda peer, why, hostile: self._dropped(policy, peer, why, hostile))
         policy.scope = trio.CancelScope()
 

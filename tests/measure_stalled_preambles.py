@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=20.0)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds the target runs before its baseline")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("MEASURE_TMP")) as tmp:
         target = EventProcess(["-m", "swarm", "peer", "start", "--json-events", "--run", "attack", "--role", "seed",
                                "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(Path(tmp) / "target")],
                               Path(tmp) / "target.log")
@@ -113,6 +113,8 @@ def main() -> None:
         finally:
             target.popen.terminate()
             target.popen.wait(30)
+            if os.environ.get("MEASURE_LOG"):
+                Path(os.environ["MEASURE_LOG"]).write_text((Path(tmp) / "target.log").read_text())
     print(json.dumps({"identities": args.identities, "channels_each": args.channels,
                       "declared_mib": args.declared_mib, "baseline_rss_mib": round(baseline, 1), **result,
                       "peak_above_baseline_mib": round(result["peak_rss_mib"] - baseline, 1),

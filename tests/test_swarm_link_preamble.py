@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from p2p.budget import BudgetExhausted, MemoryBudget
+from p2p.budget import FREE_BYTES, BudgetExhausted, MemoryBudget
 from p2p.identity import Identity
 from p2p.store import PieceStore
 from swarm import mirror as mirror_module
@@ -33,8 +33,8 @@ def test_a_head_declaring_more_than_any_manifest_is_a_breach_before_a_byte_of_it
 
 async def test_the_body_is_held_on_the_budget_and_refused_past_it(autojump_clock):
     ours, theirs = trio.testing.memory_stream_pair()
-    budget = MemoryBudget(1000)
-    await theirs.send_all(head(5000) + bytes(5000))
+    budget = MemoryBudget(100_000)  # each lease's first FREE_BYTES are free: 200 KB charges about 135 KB
+    await theirs.send_all(head(200_000) + bytes(200_000))
     parsed = await read_head(ours, 1.0)
     with pytest.raises(BudgetExhausted):
         await read_body(ours, parsed, 1.0, budget, known=lambda route: False)
@@ -44,7 +44,7 @@ async def test_the_body_is_held_on_the_budget_and_refused_past_it(autojump_clock
 async def test_a_known_manifest_is_read_and_dropped_not_buffered(autojump_clock):
     ours, theirs = trio.testing.memory_stream_pair()
     budget = MemoryBudget(1)
-    await theirs.send_all(head(5000) + bytes(5000))
+    await theirs.send_all(head(200_000) + bytes(200_000))
     parsed = await read_head(ours, 1.0)
     assert await read_body(ours, parsed, 1.0, budget, known=lambda route: True) == Preamble(ROUTE, b"")
     assert budget.peak == 0
@@ -53,10 +53,11 @@ async def test_a_known_manifest_is_read_and_dropped_not_buffered(autojump_clock)
 async def test_a_stalled_body_ends_at_its_timeout_and_gives_its_bytes_back(autojump_clock):
     ours, theirs = trio.testing.memory_stream_pair()
     budget = MemoryBudget(1 << 20)
-    await theirs.send_all(head(5000) + bytes(4000))  # short of the end, then silence
+    await theirs.send_all(head(300_000) + bytes(200_000))  # short of the end, then silence
     parsed = await read_head(ours, 1.0)
     assert await read_body(ours, parsed, 10.0, budget, known=lambda route: False) is None
-    assert trio.current_time() == pytest.approx(10.0) and budget.held == 0 and budget.peak == 4000
+    assert trio.current_time() == pytest.approx(10.0) and budget.held == 0
+    assert budget.peak == 200_000 - FREE_BYTES
 
 
 def _mirror(tmp_path, store):
