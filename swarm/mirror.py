@@ -312,6 +312,7 @@ class PolicyMirror(OutboundLinks):
                 # preamble alone, one peer kept 200 channels open at once, each naming an id nobody knows
                 await self._adopted(preamble.route, self.adoption_wait)
         except HandshakeBreach as exc:
+            log.warning("banned peer %s: %s", peer, exc)
             self._ban(peer, f"broke the data channel preamble: {exc}")
             return
         except BudgetExhausted as exc:
