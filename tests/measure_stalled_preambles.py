@@ -3,7 +3,8 @@
 The attack: IDENTITIES fresh libp2p identities, each opening CHANNELS data channels to the target and sending a
 preamble that declares DECLARED_MIB of manifest, then all of it but the last 64 KiB, then stalling. Prints one JSON
 line: the target's resident memory (VmRSS) before the attack and at its peak during it, the CPU seconds it spent
-over the hold, and whether it was still running. Run it from the repository root:
+over the hold, and whether it was still running. The target is the `swarm` package found from the current
+directory, so running it from another checkout's root measures that checkout:
 
     PYTHONPATH=$PWD python tests/measure_stalled_preambles.py [--identities 6] [--channels 4] [--hold 20]
 
@@ -99,7 +100,7 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=20.0)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds the target runs before its baseline")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=os.environ.get("MEASURE_TMP")) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         target = EventProcess(["-m", "swarm", "peer", "start", "--json-events", "--run", "attack", "--role", "seed",
                                "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(Path(tmp) / "target")],
                               Path(tmp) / "target.log")
@@ -113,8 +114,6 @@ def main() -> None:
         finally:
             target.popen.terminate()
             target.popen.wait(30)
-            if os.environ.get("MEASURE_LOG"):
-                Path(os.environ["MEASURE_LOG"]).write_text((Path(tmp) / "target.log").read_text())
     print(json.dumps({"identities": args.identities, "channels_each": args.channels,
                       "declared_mib": args.declared_mib, "baseline_rss_mib": round(baseline, 1), **result,
                       "peak_above_baseline_mib": round(result["peak_rss_mib"] - baseline, 1),
