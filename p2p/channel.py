@@ -74,8 +74,8 @@ class ChannelConfig:
     """True lifts the per-IP cap for loopback addresses: only for a simulation or benchmark that runs every peer
     on 127.0.0.1 (`swarm sim`), never for a peer other local users can reach."""
     max_channels: int = 256
-    """Data channels open at once on this node, over all peers, counting unclaimed offers: identities are free,
-    so a per-peer limit alone bounds nothing. Past it, new handshakes are refused (the dialer retries later)."""
+    """Data channels open at once on this node, over all peers (identities are free: a per-peer limit bounds
+    nothing); past it handshakes are refused. As many unclaimed offers are kept, past that the oldest goes."""
     token_timeout: float = 3.0
     """A dialer writes its token as soon as it connects; a socket silent this long is dropped."""
     aead: str | None = None
@@ -104,9 +104,8 @@ def channel_key(secret: bytes, dialer: str, listener: str) -> bytes:
 
 
 class HandshakeAbandoned(ChannelError):
-    """The peer closed the handshake stream before sending a byte, or reset it before our answer went out: it gave
-    up (its download finished, it is shutting down, its dial was cancelled). Nothing hostile was sent: the
-    listener logs it at debug level, where a malformed or truncated handshake is a warning."""
+    """The peer closed the handshake before sending a byte, or reset it before our answer: it gave up (done, shutting
+    down, dial cancelled). Nothing hostile: logged at debug level, where a malformed handshake is a warning."""
 
 
 async def _write_msg(stream: Any, raw: bytes) -> None:
@@ -170,9 +169,8 @@ class DataChannelServer:
         self._offers: dict[bytes, _Offer] = {}
         self.rejected = 0
         self.aead = config.aead or preferred_aead()
-        self._pending_sockets = 0
+        self._pending_sockets, self._open_channels = 0, 0
         self._pending_by_ip: dict[str, int] = {}
-        self._open_channels = 0
         self.refused_channels = 0  # handshakes refused because max_channels were open
 
     @property
@@ -207,7 +205,7 @@ class DataChannelServer:
                 log.debug("peer %s closed a data channel handshake before sending it", peer_id)
                 return
         self._expire_offers()
-        if self._open_channels + len(self._offers) >= self.config.max_channels:
+        if self._open_channels >= self.config.max_channels:
             self.refused_channels += 1
             log.debug("refused a data channel of %s: %d channels open", peer_id, self._open_channels)
             await _close_quietly(stream)  # the dialer reads an end at once, not a silence until its timeout
@@ -223,6 +221,8 @@ class DataChannelServer:
         token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
         if sum(o.peer_id == peer_id for o in self._offers.values()) >= self.config.max_offers_per_peer:
             raise ChannelError(f"peer {peer_id} holds too many unclaimed data channel offers")
+        if len(self._offers) >= self.config.max_channels:  # strangers' unclaimed offers must not lock others out
+            del self._offers[next(iter(self._offers))]
         self._offers[token] = _Offer(peer_id, secret, aead, trio.current_time() + self.config.token_ttl)
         offer = encode_offer(ChannelOffer(self.port, token, secret, aead))
         with trio.fail_after(self.config.handshake_timeout):
@@ -329,7 +329,7 @@ def _remote_ip(sock: trio.SocketStream) -> str:
 def _is_loopback(ip: str) -> bool:
     try:
         return ipaddress.ip_address(ip.split("%")[0]).is_loopback
-    except ValueError:
+    except ValueError:  # "?" (a socket already reset): counted as a stranger
         return False
 
 

@@ -297,3 +297,21 @@ async def test_loopback_strangers_meet_the_per_ip_cap_unless_exempted():
                 assert server.rejected == int(dropped)
                 await silent.aclose()
                 await second.aclose()
+
+
+async def test_strangers_unclaimed_offers_never_lock_out_a_new_dialer():
+    """Offers cost no socket, so they do not count towards the channel cap; past it the oldest unclaimed goes."""
+    from p2p.channel import _request_offer
+
+    async with open_host() as server_host, open_host() as client_host:
+        config = ChannelConfig(max_channels=2, max_offers_per_peer=8)
+        server = DataChannelServer(server_host, hash_and_reply, config)
+        await server_host.nursery.start(server.run)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            for _ in range(4):  # never claimed
+                await _request_offer(client_host, server_host.peer_id, config)
+            assert len(server._offers) == 2
+            client = await open_data_channel(client_host, server_host.peer_id, config)
+            assert isinstance(client, SecureChannelStream)
+            await send_and_check(client, os.urandom(1000), server_host.peer_id, client_host.peer_id)
