@@ -39,6 +39,10 @@ spare for every version, most of which never carry a piece; at 2.3 MiB a channel
 buffers was 7 % of `swarm sim`'s event loop (py-spy), and a seed serving many peers held that much per channel."""
 _FULL_OUT = RECORD_BYTES + _SMALL_RECORDS
 _FULL_IN = RECORD_BYTES + READ_AHEAD
+SHRINK_AFTER = 2.0
+"""Seconds a channel whose buffers grew to full size may idle before they shrink back to FIRST_BUFFER: idle links
+(and strangers' channels that sent one big record) then hold 0.25 MiB each instead of 2.3 MiB, while a transfer
+in progress, whose records come back to back, never pays for it."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,8 @@ class SecureChannelStream:
         """The next record's (length, flags); its bytes often came with an earlier read (no syscall then)."""
         if self._carry < HEADER.size:
             with trio.fail_after(self._timeouts.idle_timeout) if self._timeouts.idle_timeout else nullcontext():
+                if not self._carry and len(self._in) > FIRST_BUFFER:
+                    await self._shrink_when_idle()
                 area = memoryview(self._in)[: HEADER.size + READ_AHEAD]
                 self._carry = await self._recv_at_least(area, self._carry, HEADER.size)
             if self._carry == 0:
@@ -230,6 +236,15 @@ class SecureChannelStream:
             if self._carry < HEADER.size:
                 raise self._fail(f"data channel from {self.peer_id} ended inside a record header (truncated)")
         return self._opener.parse_header(memoryview(self._in)[: HEADER.size])
+
+    async def _shrink_when_idle(self) -> None:
+        """Wait up to SHRINK_AFTER for the next record (nothing is read here); if none comes, shrink the buffers."""
+        with trio.move_on_after(SHRINK_AFTER):
+            await trio.lowlevel.wait_readable(self._sock)
+            return
+        self._in, self._pool = bytearray(FIRST_BUFFER), PlaintextPool()
+        if not self._send_lock.locked():  # a send in progress keeps its buffer; it grows again on demand anyway
+            self._out = bytearray(FIRST_BUFFER)
 
     async def _read_body(self, length: int) -> None:
         """Complete the body at self._in[HEADER.size:], taking at most READ_AHEAD bytes past it that are already
