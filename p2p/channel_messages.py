@@ -3,8 +3,8 @@
 Rules of this module: bytes in, typed values out, no IO. A message is at most MAX_MESSAGE bytes; its size is checked
 before msgpack sees a byte, and msgpack itself is bounded (string, binary, array and map lengths), so no input can
 make a decoder allocate more than a few KiB or raise anything but `HandshakeBreach`. Handlers use the values, never
-the raw maps: a field of the wrong type (a list where a cipher name belongs) is refused here, where it once raised
-a TypeError deep in the dialer that ended the whole node.
+the raw maps: a field of the wrong type (a list where a cipher name belongs) is refused here, since deeper in the
+dialer it would raise a TypeError that nothing expects, and that would end the whole node.
 
     request (dialer -> listener)   {"v": 1, "mode": "socket" | "stream", "aeads": [names]}  ("aeads" optional)
     offer   (listener -> dialer)   {"v": 1, "port": int, "token": 32 B, "secret": 32 B, "aead": name}

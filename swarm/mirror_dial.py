@@ -31,8 +31,8 @@ class OutboundLinks:
 
     async def _contained(self, peer: str, task: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run one of the mirror's tasks with `peer`: whatever it raises costs that peer (a handshake breach bans
-        it, anything else backs its dials off), never the mirror's nursery, whose end would stop the node. A peer
-        whose offer had a field of the wrong type once stopped every node it connected to, a second later."""
+        it, anything else backs its dials off), never the mirror's nursery, whose end would stop the node (a peer
+        answering an offer with a field of the wrong type could otherwise stop every node it connects to)."""
         try:
             await task(*args)
         except HandshakeBreach as exc:

@@ -379,7 +379,7 @@ async def test_data_sockets_get_tcp_keepalive_so_a_vanished_machine_is_detected(
 
 
 async def test_grown_buffers_shrink_back_once_the_channel_idles_and_grow_again_on_demand(autojump_clock):
-    """An idle link, or a stranger's channel that sent one big record, once kept 2.3 MiB of buffers for good."""
+    """An idle link, or a stranger's channel that sent one big record, must not keep 2.3 MiB of buffers for good."""
     from p2p.channel_stream import FIRST_BUFFER, SHRINK_AFTER
 
     left, right = await socket_pair_streams()

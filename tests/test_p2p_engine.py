@@ -215,7 +215,8 @@ def test_requests_for_missing_pieces_are_rejected_and_count_towards_the_flood_li
 
 
 def test_duplicate_requests_count_towards_the_flood_limit_before_they_are_folded():
-    """Folded first, a duplicate never grew the queue, so re-requesting one piece never reached the limit."""
+    """Folded before counting, a duplicate never grows the queue, and re-requesting one piece never reaches the
+    limit."""
     eng = SwarmEngine(3, b"\x01\x01\x01", config=EngineConfig(upload_slots=1, max_queued_requests=3))
     eng.peer_connected("x", b"\x00\x00\x00", 0.0)
     assert eng.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]  # served at once: no longer open

@@ -102,8 +102,8 @@ async def stall_preambles(host, target_id, declared: int, sent: int, channels: i
 
 async def test_stalled_preambles_of_fresh_identities_hold_at_most_the_budget_and_honest_peers_are_served(tmp_path):
     """Six fresh identities with four channels each, declaring 32 MiB preambles and stalling short of the end,
-    once took a seed from 111 to 958 MiB. Here each sends 3 MiB of its 32: 72 MiB in all against a budget of
-    8 MiB, which is all they hold, and an honest peer's link to the version is served meanwhile."""
+    take a peer without a node-wide budget from 111 to 958 MiB. Here each sends 3 MiB of its 32: 72 MiB against a
+    budget of 8 MiB, which is all they hold, and an honest peer's link to the version is served meanwhile."""
     key = Identity.generate()
     budget = MemoryBudget(8 * MB)
     signed = signed_version(tmp_path, key, 0)

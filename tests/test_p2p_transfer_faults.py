@@ -69,7 +69,8 @@ def _mirror(tmp_path, store, key):
 
 
 async def test_a_dial_raising_anything_costs_that_peer_and_a_handshake_breach_bans_it(tmp_path, autojump_clock):
-    """A wrong-typed field in a peer's offer once raised a TypeError that ended the mirror's nursery, and the node."""
+    """A wrong-typed field in a peer's offer raises deep in the dialer: it must cost that peer, not the mirror's
+    nursery and with it the node."""
     key = Identity.generate()
     with PieceStore(tmp_path / "store") as store:
         mirror = _mirror(tmp_path, store, key)
