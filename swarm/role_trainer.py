@@ -23,6 +23,7 @@ from swarm.task_file import place_task_file, snapshot_task_file
 from swarm.trust import parse_public_key
 
 log = logging.getLogger(__name__)
+SLOT_TAKEN = "another group for an answered slot"
 
 
 @dataclass
@@ -43,12 +44,13 @@ class RolloutGate:
     def __post_init__(self) -> None:
         from verify.quorum import QuorumConfig, QuorumTracker
         from verify.reputation import Reputation
+        from verify.slots import SlotLedger
 
         self.tracker = QuorumTracker(QuorumConfig(self.replicas, self.quorum, self.timeout_s))
         self.reputation = Reputation()
-        self.seen: dict[bytes, int] = {}  # rollout id -> its version, for ids inside the async window
+        self.slots = SlotLedger()  # the slots opened, for versions inside the async window: one rollout each
         self.present: set[bytes] = set()  # validators heard from at the last on_validators
-        self.answers: dict[int, dict[str, set[bytes]]] = {}  # version -> worker -> ids of its groups received
+        self.answers: dict[int, dict[str, set[bytes]]] = {}  # version -> worker -> slots of its groups received
         self._pruned_below: int | None = None  # the window floor forget_old last pruned to
 
     def count(self, what: str, n: int = 1) -> None:
@@ -56,15 +58,21 @@ class RolloutGate:
         self.counts[what] = self.counts.get(what, 0) + n
 
     def on_rollout(self, group, now: float) -> str:
-        """Open a quorum for a well-formed, in-window rollout; returns 'opened' or why it was refused."""
+        """Open a quorum for a well-formed, in-window rollout; returns 'opened' or why it was refused.
+
+        One slot, one rollout: a second group for a slot already opened is refused whatever its bytes, and unless
+        it is the very same bytes again (a gossip echo) it counts against its worker, as a rejected rollout does.
+        """
         rid = group.rollout_id()
         reason = self._refusal(group, rid)
         if group.run == self.run and group.policy_version in self.specs:  # a banned worker's answer counts too
-            self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set()).add(rid)
+            self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set()).add(group.slot().key())
         if reason:
             self.count(f"refused:{reason}")
+            if reason == SLOT_TAKEN:
+                self.reputation.record(group.worker, False)
             return reason
-        self.seen[rid] = group.policy_version
+        self.slots.record(group, rid)
         self.pending[rid] = group
         validators = self.specs[group.policy_version].validators_for(group.worker)
         _, settlements = self.tracker.open(rid, validators, now)
@@ -74,12 +82,17 @@ class RolloutGate:
         return "opened"
 
     def _refusal(self, group, rid: bytes) -> str:
+        from verify.slots import ECHO, RESUBMITTED
+
         if group.run != self.run:
             return "wrong run"
-        if rid in self.seen:
+        seen = self.slots.classify(group, rid)
+        if seen == ECHO:
             return "duplicate"
         if self.reputation.is_banned(group.worker):
             return "worker banned"
+        if seen == RESUBMITTED:
+            return SLOT_TAKEN
         if group.policy_version < self.newest - self.async_level:
             return "too stale"
         if group.policy_version not in self.specs:
@@ -124,8 +137,8 @@ class RolloutGate:
         quorum timeouts (they only answered late duplicate votes). Why: all three grew by every rollout for the
         whole run, which in a run of days is memory without bound."""
         floor = self.newest - self.async_level
-        if floor != self._pruned_below:  # ids and specs only age out when a new version moves the window
-            self.seen = {rid: v for rid, v in self.seen.items() if v >= floor}
+        if floor != self._pruned_below:  # slots and specs only age out when a new version moves the window
+            self.slots.forget_below(floor)
             for version in [v for v in self.specs if v < floor]:
                 del self.specs[version]
             self.answers = {v: by_worker for v, by_worker in self.answers.items() if v >= floor}
