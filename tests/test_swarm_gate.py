@@ -7,7 +7,7 @@ import os
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from swarm.role_trainer import RolloutGate
+from swarm.rollout_gate import RolloutGate
 from swarm.runspec import RunSpec
 from verify.checks import CheckResult
 from verify.rollout import Completion, RolloutGroup
