@@ -157,17 +157,23 @@ def check_contract(group: RolloutGroup, ctx: RunContext) -> list[CheckResult]:
     completion longer). Why each its own name: a validator's vote says which setting a worker broke, and a group
     sampled at another temperature, greedy decoding sent n times, or fewer or more completions than the run asks
     for are each refused here, before any prefill, whatever the group claims about itself."""
-    long = next((i for i, c in enumerate(group.completions) if len(c.tokens) > ctx.max_new_tokens), None)
-    return [
-        _result("temperature", [] if group.temperature == ctx.temperature else [
-            f"temperature {group.temperature} is not the run's {ctx.temperature}"]),
-        _result("group_size", [] if len(group.completions) == ctx.group_size else [
-            f"{len(group.completions)} completions, the run's group size is {ctx.group_size}"]),
-        _result("max_new_tokens", [f"max_new_tokens {group.max_new_tokens} is not the run's {ctx.max_new_tokens}"]
-                if group.max_new_tokens != ctx.max_new_tokens else [] if long is None else [
-                    f"completion {long} has {len(group.completions[long].tokens)} tokens, over the run's "
-                    f"{ctx.max_new_tokens}"]),
-    ]
+    temperature, size = [], []
+    if group.temperature != ctx.temperature:
+        temperature.append(f"temperature {group.temperature} is not the run's {ctx.temperature}")
+    if len(group.completions) != ctx.group_size:
+        size.append(f"{len(group.completions)} completions, the run's group size is {ctx.group_size}")
+    return [_result("temperature", temperature), _result("group_size", size),
+            _result("max_new_tokens", _limit_problems(group, ctx.max_new_tokens))]
+
+
+def _limit_problems(group: RolloutGroup, limit: int) -> list[str]:
+    problems = []
+    if group.max_new_tokens != limit:
+        problems.append(f"max_new_tokens {group.max_new_tokens} is not the run's {limit}")
+    for i, c in enumerate(group.completions):
+        if len(c.tokens) > limit:
+            problems.append(f"completion {i} has {len(c.tokens)} tokens, over the run's {limit}")
+    return problems
 
 
 def check_stop_tokens(group: RolloutGroup, ctx: RunContext) -> CheckResult:
