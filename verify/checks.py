@@ -182,8 +182,8 @@ def check_stop_tokens(group: RolloutGroup, ctx: RunContext) -> CheckResult:
     problems = []
     eos = set(ctx.eos_ids)
     for i, c in enumerate(group.completions):
-        early = next((j for j, t in enumerate(c.tokens[:-1]) if t in eos), None)
-        if early is not None:
+        if not eos.isdisjoint(c.tokens[:-1]):  # a C-level pass; the loop only runs to name the position
+            early = next(j for j, t in enumerate(c.tokens) if t in eos)
             problems.append(f"completion {i} continues after the stop token at position {early}")
         elif (c.finish_reason == "eos") != (c.tokens[-1] in eos):
             problems.append(f"completion {i} claims {c.finish_reason!r} but ends with token {c.tokens[-1]}")
