@@ -41,7 +41,8 @@ class TrainerState:
     """Hex slot key (verify.rollout.Slot) -> version of every slot trained on: a slot is trained once, across
     restarts too, since this travels with the checkpoint. Bounded by the async window: a group of a version older
     than `version - async_level` is refused as too stale before its slot is looked at, so TrainingRun.step drops
-    the slots of those versions and this holds at most (async_level + 1) x prompts per version entries."""
+    the slots of those versions: this holds only the slots of the async_level + 1 newest versions, whatever the
+    length of the run."""
     stage_index: int = 0  # curriculum stage at `step`, checked against the schedule on resume
     extra: dict = field(default_factory=dict)  # free-form JSON-able counters (e.g. tokens seen)
 
