@@ -119,10 +119,10 @@ class RolloutGate:
             self._settle(s)
 
     def forget_old(self, now: float) -> None:
-        """Forget what no longer decides anything: ids and specs of versions behind the async window (their
-        rollouts are refused as too stale before a duplicate check could matter) and settlements older than two
-        quorum timeouts (they only answered late duplicate votes). Why: all three grew by every rollout for the
-        whole run, which in a run of days is memory without bound."""
+        """Forget what no longer decides anything: slots, answers and specs of versions behind the async window
+        (their rollouts are refused as too stale before a slot check could matter) and settlements older than two
+        quorum timeouts (they only answer late duplicate votes). Why: each grows by every rollout, which over a
+        run of days is memory without bound."""
         floor = self.newest - self.async_level
         if floor != self._pruned_below:  # slots and specs only age out when a new version moves the window
             self.slots.forget_below(floor)

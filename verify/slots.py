@@ -3,7 +3,7 @@
 Why: a rollout's identity is its slot (verify.rollout.Slot: run, version, worker, assigned task; its completion
 indices follow from the run's group size), not its bytes. A worker that sends a second group for a slot it already
 answered, with one logprob jittered inside the tolerance, with its completions reordered or with a subset of them,
-is replaying one piece of work to multiply its weight in the gradient; keyed by bytes, every copy looked new. The
+is replaying one piece of work to multiply its weight in the gradient; keyed by bytes, every copy would look new. The
 ledger keeps, per slot, the rollout id (the bytes) first seen for it, so the same bytes again (a gossip echo, an
 announced group fetched twice) are told apart from other bytes for the slot (a resubmission, which costs its
 worker).
