@@ -56,8 +56,8 @@ class Slot:
     tolerance, with its completions reordered or with a subset of them has other bytes but is the same work; keyed
     by bytes, each copy would pass as new work and be trained on again. Completion i of the group fills slot
     (..., i); the run's group size fixes how many there are, so a group fills all of its prompt's completion slots
-    at once and the group-level slot names them all. `step` is part of the assigned task: the local trainer answers one version
-    at several steps (a swarm worker's step is its version).
+    at once and the group-level slot names them all. `step` is part of the assigned task: the local trainer answers
+    one version at several steps (a swarm worker's step is its version).
     """
 
     run: str
