@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from swarm.role_trainer import RolloutGate, SwarmPublisher
+    from swarm.role_trainer import SwarmPublisher
+    from swarm.rollout_gate import RolloutGate
 
 
 @dataclass
