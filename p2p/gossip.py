@@ -28,13 +28,13 @@ py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import trio
 
@@ -49,12 +49,20 @@ from p2p.envelope import (
     seal,
 )
 from p2p.errors import EnvelopeError, GossipError
+from p2p.gossip_admission import AdmissionConfig, GossipAdmission
+from p2p.gossip_parts import GossipStats, PublishPacer, Rejection, _BoundedMap, _NeverStored
 from p2p.host import reset_quietly
 from p2p.identity import Identity
 from p2p.libp2p_compat import BufferedInboundStream, lean_pubsub_classes
 from p2p.scores import PeerScores, ScoreConfig, Verdict
 
+__all__ = ["BodyDecoder", "Gossip", "GossipConfig", "GossipStats", "PublishPacer", "Rejection", "open_gossip",
+           "topic_for"]
+
 log = logging.getLogger(__name__)
+BodyDecoder = Callable[[Envelope], Any]
+"""A kind's typed decoder: the verified envelope in, a frozen typed message out (Envelope.message), or
+EnvelopeError naming what is wrong. It runs in the validator, so what it refuses is never delivered or forwarded."""
 
 OUTBOUND_QUEUE_HIGH_WATER = 16  # py-libp2p's per-peer outbound queue holds 32 RPCs (rpc_queue.OutBoundQueueSize)
 BACKPRESSURE_POLL_S = 0.005
@@ -88,6 +96,8 @@ class GossipConfig:
     """Most (sender, seq) pairs remembered inside the freshness window."""
     backpressure_max_s: float = 5.0
     """Longest a publish waits for a slow peer's outbound queue to drain before letting py-libp2p drop for it."""
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    """Per-sender rate limits and decode budgets, applied before a received message is decoded."""
 
     def __post_init__(self) -> None:
         if self.heartbeat_s <= 0 or self.degree < 2 or self.queue_size < 1 or self.replay_capacity < 1:
@@ -96,77 +106,29 @@ class GossipConfig:
             raise GossipError("publish_rate must be positive and below router_rate_limit (libp2p drops the excess)")
 
 
-@dataclass
-class GossipStats:
-    """Counters for reports and the status view."""
+class Refused(Exception):
+    """Internal: a received message the validator drops; `reason` is the code its sender is scored by."""
 
-    published: int = 0
-    delivered: int = 0
-    dropped_slow_consumer: int = 0
-    backpressure_waits: int = 0
-    rejected: collections.Counter = field(default_factory=collections.Counter)
-    bans: int = 0
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
-@dataclass(frozen=True)
-class Rejection:
-    """One refused envelope, for logs and the status view."""
+class Ignored(Exception):
+    """Raised by a handler for a message it cannot use (an announced manifest that does not verify, ...): the
+    message is dropped and its sender scored by `reason`, as a message refused by the validator would be."""
 
-    peer: str
-    """The peer that handed it to us (the one scored down)."""
-    reason: str
-    """EnvelopeError reason code."""
-    banned: bool
-    """True if this rejection got the peer banned (or it already was)."""
-
-
-class PublishPacer:
-    """Sans-IO pacing of our own sends: at most `rate` per topic in any `window_s`-second window (sliding, so a
-    receiver's fixed-window limiter of the same size never sees more)."""
-
-    def __init__(self, rate: float, window_s: float = 1.0) -> None:
-        self.rate = rate
-        self.window_s = window_s
-        self._sent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
-
-    def delay(self, topic: str, now: float) -> float:
-        """Seconds to wait before the next send on `topic` stays within the rate (0 if it may go now)."""
-        sent = self._sent[topic]
-        while sent and sent[0] <= now - self.window_s:
-            sent.popleft()
-        if len(sent) < max(1, int(self.rate)):
-            return 0.0
-        return sent[0] + self.window_s - now
-
-    def record(self, topic: str, now: float) -> None:
-        self._sent[topic].append(now)
-
-
-class _NeverStored(dict):
-    """Stands in for GossipSub.equivocation_detection: remembers nothing, so it can never grow."""
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        return None
-
-
-class _BoundedMap(collections.OrderedDict):
-    """Insertion-ordered map that forgets its oldest entries past `capacity`."""
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity = capacity
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        while len(self) > self.capacity:
-            self.popitem(last=False)
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Gossip:
     """A running gossip session for one run. Build it with `open_gossip`."""
 
     def __init__(self, host: Any, run: str, identity: Identity, kinds: tuple[str, ...],
-                 config: GossipConfig, clock: Callable[[], float]) -> None:
+                 config: GossipConfig, clock: Callable[[], float],
+                 decoders: Mapping[str, BodyDecoder] | None = None) -> None:
         self.host = host
         self.run = run
         self.identity = identity
@@ -175,6 +137,9 @@ class Gossip:
         self.clock = clock
         self.stats = GossipStats()
         self.scores = PeerScores(config.scores)
+        self.admission = GossipAdmission(config.admission)
+        self.decoders = dict(decoders or {})
+        self._nursery: trio.Nursery | None = None  # where bans disconnect peers (set while the session runs)
         self.pubsub: Any = None
         self._replay = make_replay_filter(config.policy, config.replay_capacity)
         self._pacer = PublishPacer(config.publish_rate)
@@ -270,43 +235,121 @@ class Gossip:
         return data
 
     def _validator(self, kind: str) -> Callable[[Any, Any], bool]:
+        """py-libp2p runs this before it delivers or forwards a message: False drops it for good. It never raises
+        (an exception here would escape py-libp2p's message task)."""
         def validate(forwarder: Any, msg: Any) -> bool:
             try:
-                env = open_envelope(msg.data, self.run, self.clock(), self.config.policy, self._replay)
-                if env.kind != kind:
-                    raise EnvelopeError("malformed", f"a {env.kind} envelope on the {kind} topic")
-            except EnvelopeError as exc:
-                self._reject(forwarder, exc.reason)
+                env = self._check(kind, forwarder, msg)
+            except Refused as refusal:
+                self._reject_message(forwarder, msg, refusal.reason)
                 return False
-            self._verified[bytes(msg.from_id) + bytes(msg.seqno)] = env
+            except Exception as exc:  # noqa: BLE001 - a check nobody foresaw failing drops this message only
+                log.warning("dropped a %s message from %s: %s: %s", kind, forwarder, type(exc).__name__, exc)
+                self._reject_message(forwarder, msg, "bad_body")
+                return False
+            if env is not None:
+                self._verified[bytes(msg.from_id) + bytes(msg.seqno)] = env
             return True
 
         return validate
+
+    def _check(self, kind: str, forwarder: Any, msg: Any) -> Envelope | None:
+        """The verified envelope with its typed message, in the order of their cost: the sender's allowance
+        before a byte is decoded, the envelope, then the kind's typed body. Refused (a reason code) otherwise."""
+        from libp2p.peer.id import ID
+
+        origin = ID(bytes(msg.from_id))
+        if origin == self.host.libp2p.get_id():
+            return None  # our own publish: sealed by us, delivered to nobody here
+        data = msg.data
+        verdict = self.admission.admit(kind, str(origin), str(forwarder), len(data), trio.current_time())
+        if verdict is not None:
+            raise Refused(verdict)
+        try:
+            env = open_envelope(data, self.run, self.clock(), self.config.policy, self._replay, kind=kind)
+            if env.sender_peer_id != str(origin):
+                raise EnvelopeError("wrong_sender", "the envelope is signed by another peer than its publisher")
+            decoder = self.decoders.get(kind)
+            return env if decoder is None else dataclasses.replace(env, message=decoder(env))
+        except EnvelopeError as exc:
+            raise Refused(exc.reason) from None
 
     def penalize(self, peer: Any, reason: str) -> None:
         """Score `peer` (a libp2p ID) down for content that proved false after the envelope checks passed.
 
         Why public: some lies only show later, outside gossip (a rollout blob fetched by hash that does not match
-        its announced id); they must cost the liar exactly what a forged envelope costs, bans included.
+        its announced id, an announced manifest that does not verify); they must cost the liar exactly what a
+        forged envelope costs, bans included.
         """
-        self._reject(peer, reason)
-
-    def _reject(self, forwarder: Any, reason: str) -> None:
         self.stats.rejected[reason] += 1
-        peer = str(forwarder)
+        self._score(peer, reason)
+
+    def _reject_message(self, forwarder: Any, msg: Any, reason: str) -> None:
+        """Count one refused message and score its origin (the signer of the pubsub message) and, unless the
+        refusal is about rates or budgets that an honest relay cannot know, the peer that handed it to us."""
+        from libp2p.peer.id import ID
+
+        self.stats.rejected[reason] += 1
+        if reason == "node_busy":
+            return  # the node's own budget: honest traffic may be caught in it, nobody is to blame
+        origin = ID(bytes(msg.from_id))
+        self._score(origin, reason)
+        if forwarder != origin and reason not in ("rate_limited", "flooding", "too_old", "replayed"):
+            self._score(forwarder, reason)
+
+    def _score(self, peer_id: Any, reason: str) -> None:
+        peer = str(peer_id)
         if peer == self.host.peer_id:
             return
-        log.debug("rejected envelope from %s: %s", peer, reason)
+        log.debug("rejected a message from %s: %s", peer, reason)
         banned = self.scores.penalize(peer, reason, trio.current_time()) is Verdict.BAN
         if banned and peer not in self._banned_ids:
-            log.warning("peer %s banned from gossip after repeated invalid envelopes", peer)
-            self.stats.bans += 1
-            self._banned_ids[peer] = forwarder
-            self.pubsub.add_to_blacklist(forwarder)
+            self._ban(peer, peer_id)
         try:
             self._rejections_in.send_nowait(Rejection(peer, reason, banned))
         except trio.WouldBlock:
             pass
+
+    def _ban(self, peer: str, peer_id: Any) -> None:
+        """Blacklist in pubsub (nothing it sends or originates is read or forwarded again), refuse its pubsub
+        streams, and hang up on it, until the ban ends."""
+        log.warning("peer %s banned from gossip after repeated invalid messages", peer)
+        self.stats.bans += 1
+        self._banned_ids[peer] = peer_id
+        self.pubsub.add_to_blacklist(peer_id)
+        if self._nursery is not None and not self._closing:
+            self._nursery.start_soon(self._hang_up, peer_id)
+
+    async def _hang_up(self, peer_id: Any) -> None:
+        try:
+            with trio.move_on_after(5.0):
+                await self.host.libp2p.disconnect(peer_id)
+        except Exception:  # noqa: BLE001 - a peer that already left needs no hanging up
+            log.debug("disconnecting banned peer %s failed", peer_id, exc_info=True)
+
+    async def serve(self, kind: str, handle: Callable[[Envelope], Any]) -> None:
+        """Call `handle(env)` on every `kind` envelope, each in a scope of its own: an exception raised for one
+        message (an input nobody foresaw, or `Ignored` from a handler that could not use it) drops that message,
+        costs its sender and logs one line; the loop, the role and the node go on."""
+        async with self.subscribe(kind) as inbox:
+            async for env in inbox:
+                try:
+                    outcome = handle(env)
+                    if hasattr(outcome, "__await__"):
+                        await outcome
+                except Exception as exc:  # noqa: BLE001 - one peer's message never ends the node
+                    self.contain(env, exc)
+
+    def contain(self, env: Envelope, exc: BaseException) -> None:
+        """Drop what `env` caused: penalise its sender and log one line (no traceback is kept)."""
+        from libp2p.peer.id import ID
+
+        reason = exc.reason if isinstance(exc, Ignored) else "handler_error"
+        sender = env.sender_peer_id
+        log.warning("dropped a %s message from %s: %s", env.kind, sender,
+                    str(exc) if isinstance(exc, Ignored) else f"{type(exc).__name__}: {exc}")
+        exc.__traceback__ = None
+        self.penalize(ID.from_base58(sender), reason)
 
     async def _drain(self, kind: str, subscription: Any) -> None:
         """Move verified messages from py-libp2p's 32-slot queue to our channels, without ever blocking on them."""
@@ -351,6 +394,9 @@ class Gossip:
     async def _inbound_stream(self, stream: Any) -> None:
         """A peer opened pubsub to us: it speaks pubsub now, so our own stream to it is due at the next tick."""
         peer_id = stream.muxed_conn.peer_id
+        if self.pubsub.is_peer_blacklisted(peer_id):  # a banned peer that dialed back is not read at all
+            await reset_quietly(stream)
+            return
         if peer_id not in self.pubsub.peers:
             self._stream_retry_at.pop(peer_id, None)
         try:
@@ -400,12 +446,15 @@ def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:
 async def open_gossip(
     host: Any, run: str, identity: Identity | None = None, *, kinds: tuple[str, ...] = KINDS,
     config: GossipConfig | None = None, clock: Callable[[], float] = time.time,
+    decoders: Mapping[str, BodyDecoder] | None = None,
 ) -> AsyncIterator[Gossip]:
     """Join the run's gossip on a started host (p2p.host.P2PHost) and yield a `Gossip`; leave it on exit.
 
     `identity` signs our envelopes (default: the host's key). `clock` gives wall-clock seconds for envelope
     timestamps and freshness checks (peers compare them, so it must be real time in production; tests inject
-    trio's clock). All topics in `kinds` are subscribed at once and drained continuously.
+    trio's clock). All topics in `kinds` are subscribed at once and drained continuously. `decoders` gives a
+    typed decoder per kind (swarm.gossip_bodies): what one refuses is dropped before delivery and forwarding and
+    costs its sender; a kind without one delivers any well-formed body.
     """
     from libp2p.tools.anyio_service import background_trio_service
 
@@ -413,7 +462,7 @@ async def open_gossip(
     if unknown or not kinds:
         raise GossipError(f"unknown gossip kinds {sorted(unknown)}; expected some of {', '.join(KINDS)}")
     config = config or GossipConfig()
-    gossip = Gossip(host, run, identity or host.identity, tuple(kinds), config, clock)
+    gossip = Gossip(host, run, identity or host.identity, tuple(kinds), config, clock, decoders)
     gossip.pubsub, router = _build_pubsub(host, config)
     for protocol in router.get_protocols():  # an exception in pubsub's reader must not kill the host
         host.set_guarded_handler(protocol, gossip._inbound_stream, timeout=None)
@@ -425,6 +474,7 @@ async def open_gossip(
                 gossip.pubsub.set_topic_validator(topic, gossip._validator(kind), is_async_validator=False)
                 nursery.start_soon(gossip._drain, kind, await gossip.pubsub.subscribe(topic))
             nursery.start_soon(gossip._maintain, nursery)
+            gossip._nursery = nursery
             try:
                 yield gossip
             finally:

@@ -11,13 +11,18 @@ import trio
 
 from p2p.envelope import seal
 from p2p.errors import GossipError
+from p2p.envelope import KINDS
 from p2p.gossip import Gossip, GossipConfig, PublishPacer, open_gossip, topic_for
+from p2p.gossip_admission import AdmissionConfig, KindRate
 from p2p.host import HostConfig, open_host
 from p2p.identity import Identity
 from p2p.scores import ScoreConfig
 
 RUN = "run-g"
 LIMIT = 20  # seconds: a generous bound per test on a loaded 2-core box; a healthy run takes ~2-3 s
+UNLIMITED = GossipConfig(admission=AdmissionConfig(
+    heartbeat_interval_s=0.001, rates={kind: KindRate(1000.0, 1000) for kind in KINDS}))
+"""For tests of pubsub's own mechanics (bursts, restarts): no receive-side rate limit gets in their way."""
 
 
 @asynccontextmanager
@@ -107,13 +112,13 @@ async def test_forged_and_wrong_run_envelopes_are_dropped_and_not_forwarded():
 async def test_replayed_envelope_is_refused():
     with trio.fail_after(LIMIT):
         async with peers(2) as (mallory, b):
-            inbox = b.subscribe("heartbeat")
-            await wait_mesh([mallory, b], "heartbeat")
-            send_raw = make_hostile(mallory, "heartbeat")
-            data = seal("heartbeat", RUN, {"n": 1}, mallory.identity, mallory.clock(), 9)
+            inbox = b.subscribe("vote")
+            await wait_mesh([mallory, b], "vote")
+            send_raw = make_hostile(mallory, "vote")
+            data = seal("vote", RUN, {"n": 1}, mallory.identity, mallory.clock(), 9)
             await send_raw(data)
             await send_raw(data)  # same envelope in a new pubsub message: pubsub's own dedup does not see it
-            await send_raw(seal("heartbeat", RUN, {"n": 2}, mallory.identity, mallory.clock(), 10))
+            await send_raw(seal("vote", RUN, {"n": 2}, mallory.identity, mallory.clock(), 10))
             assert [(await inbox.receive()).body["n"] for _ in range(2)] == [1, 2]
             assert dict(b.stats.rejected) == {"replayed": 1}
 
@@ -170,7 +175,7 @@ async def test_a_burst_arrives_complete():
     """py-libp2p drops RPCs beyond 32 queued per peer; publish's back-pressure must keep a burst intact. (Gossip
     promises no order: py-libp2p validates each received message in a task of its own.)"""
     with trio.fail_after(LIMIT):
-        async with peers(2) as (a, b):
+        async with peers(2, UNLIMITED) as (a, b):
             inbox = b.subscribe("have")
             await wait_mesh([a, b], "have")
             for i in range(60):
@@ -265,6 +270,9 @@ async def test_a_pubsub_stream_arriving_while_the_session_closes_is_reset_quietl
     class ClosingPubsub:
         peers: dict = {}
 
+        def is_peer_blacklisted(self, peer_id):
+            return False
+
         async def stream_handler(self, stream):
             raise RuntimeError("Nursery is closed to new arrivals")
 
@@ -309,7 +317,7 @@ async def test_a_peer_restarted_under_the_same_key_is_heard_at_once():
     key = Identity(bytes([9]) * 32)
     with trio.fail_after(LIMIT):
         async with open_host(HostConfig(identity=Identity(bytes([8]) * 32))) as listener_host, \
-                open_gossip(listener_host, RUN) as listener:
+                open_gossip(listener_host, RUN, config=UNLIMITED) as listener:
             inbox = listener.subscribe("heartbeat")
             for life, burst in (("first", 40), ("restarted", 0)):
                 async with open_host(HostConfig(identity=key)) as host, open_gossip(host, RUN) as peer:
