@@ -186,6 +186,10 @@ async def receive_groups(node: Any, envelopes: Any, deliver: Callable[[Any], Non
                 groups = await receive_envelope(node, env, refused, limits, fetch, wanted)
             for group in groups:
                 deliver(group)
+        except Exception as exc:  # noqa: BLE001 - one envelope's fault drops it and costs its sender, never the role
+            log.warning("rollout message from %s dropped: %s: %s", sender, type(exc).__name__, exc)
+            exc.__traceback__ = None
+            _score_down(node, sender, "handler_error")
         finally:
             pending -= 1
             entry[1] -= 1

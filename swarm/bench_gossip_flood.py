@@ -1,0 +1,193 @@
+"""Benchmark: what a hostile gossip peer costs a target process (CPU share and RSS above its baseline).
+
+`python -m swarm.bench_gossip_flood --seconds 20 --json` starts a target peer in a process of its own (host and
+gossip with the run's typed decoders, as a node has them), joins it with a witness peer and with an attacker that
+floods heartbeats and sends inflating envelopes (900 KiB of empty maps, correctly signed, under the rollout kind),
+one fresh identity after another as each is banned. It prints one JSON object: the target's CPU share over the
+attack, its largest RSS above the baseline taken before the attack, what the witness received from the attackers
+(anything forwarded), and the target's own counters (refusals by reason, bans).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import msgpack
+
+RUN = "bench-flood"
+BODY_SLACK = 512
+
+
+def inflating_envelope(run: str, identity, ts: float, seq: int, size: int = 900 * 1024) -> bytes:
+    """A correctly signed `rollout` envelope of about `size` bytes whose body is a list of empty maps: one byte
+    of msgpack each, 64 bytes of Python each once decoded. Built without p2p.envelope.seal, which would refuse
+    to canonicalise it."""
+    from p2p.envelope import VERSION, _signed_bytes
+
+    fields = {"v": VERSION, "kind": "rollout", "run": run, "sender": identity.public_bytes, "ts": float(ts),
+              "seq": seq, "body": {"x": [{}] * (size - BODY_SLACK)}}
+    return msgpack.packb({**fields, "sig": identity.sign(_signed_bytes(fields))}, use_bin_type=True)
+
+
+def heartbeat_envelope(run: str, identity, ts: float, seq: int) -> bytes:
+    """A well-formed heartbeat: only its rate is hostile."""
+    from p2p.envelope import seal
+
+    return seal("heartbeat", run, {"roles": ["seed"]}, identity, ts, seq)
+
+
+def _gossip_config(flooder: bool):
+    from p2p.gossip import GossipConfig
+
+    return GossipConfig(router_rate_limit=5000.0, publish_rate=4000.0) if flooder else GossipConfig()
+
+
+async def _serve_target(listen_port: int) -> None:
+    """The target: print its address, serve until stdin closes, print its counters."""
+    import trio
+
+    from p2p.gossip import open_gossip
+    from p2p.host import HostConfig, open_host
+    from p2p.identity import Identity
+    from swarm.gossip_bodies import DECODERS
+
+    config = HostConfig(identity=Identity.generate(), listen=(f"/ip4/127.0.0.1/tcp/{listen_port}",))
+    async with open_host(config) as host, open_gossip(host, RUN, kinds=tuple(DECODERS), decoders=DECODERS) as gossip:
+        async with trio.open_nursery() as nursery:
+            for kind in DECODERS:
+                nursery.start_soon(_discard, gossip.subscribe(kind))
+            print(json.dumps({"addr": host.multiaddrs[0]}), flush=True)
+            await trio.to_thread.run_sync(sys.stdin.read)  # until the benchmark closes our stdin
+            nursery.cancel_scope.cancel()
+        print(json.dumps({"rejected": dict(gossip.stats.rejected), "bans": gossip.stats.bans,
+                          "delivered": gossip.stats.delivered}), flush=True)
+
+
+async def _discard(channel) -> None:
+    async for _ in channel:
+        pass
+
+
+async def _attack(target_addr: str, target_pid: int, seconds: float, rate: float) -> dict:
+    import psutil
+    import trio
+
+    from p2p.gossip import open_gossip, topic_for
+    from p2p.host import HostConfig, open_host
+    from p2p.identity import Identity
+    from swarm.gossip_bodies import DECODERS
+
+    proc = psutil.Process(target_pid)
+    out = {"identities": 0, "heartbeats_sent": 0, "inflating_sent": 0, "forwarded_to_witness": 0}
+    attackers: set[str] = set()
+    async with open_host(HostConfig(identity=Identity.generate())) as witness_host, \
+            open_gossip(witness_host, RUN, kinds=tuple(DECODERS), decoders=DECODERS) as witness:
+        await witness_host.connect(target_addr)
+
+        async def watch(kind: str) -> None:
+            async for env in witness.subscribe(kind):
+                if env.sender_peer_id in attackers:
+                    out["forwarded_to_witness"] += 1
+
+        async with trio.open_nursery() as nursery:
+            for kind in DECODERS:
+                nursery.start_soon(watch, kind)
+            await trio.sleep(2.0)  # the target settles (mesh, first heartbeats) before its baseline is taken
+            baseline, cpu0, t0 = proc.memory_info().rss, proc.cpu_times(), time.monotonic()
+            peak = baseline
+            deadline = trio.current_time() + seconds
+            while trio.current_time() < deadline:
+                identity = Identity.generate()
+                attackers.add(identity.peer_id)
+                out["identities"] += 1
+                with trio.move_on_at(deadline):
+                    await _one_attacker(identity, target_addr, rate, out, open_host, open_gossip, topic_for)
+                peak = max(peak, proc.memory_info().rss)
+            cpu1, t1 = proc.cpu_times(), time.monotonic()
+            peak = max(peak, proc.memory_info().rss)
+            nursery.cancel_scope.cancel()
+    used = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    out.update(seconds=round(t1 - t0, 2), target_cpu_share=round(used / (t1 - t0), 4),
+               target_baseline_rss_mib=round(baseline / 2**20, 1),
+               target_rss_above_baseline_mib=round((peak - baseline) / 2**20, 1))
+    return out
+
+
+async def _one_attacker(identity, target_addr, rate, out, open_host, open_gossip, topic_for) -> None:
+    """One fresh identity: connect, then inflating envelopes and a heartbeat flood until the target hangs up."""
+    import trio
+
+    from p2p.host import HostConfig
+
+    async with open_host(HostConfig(identity=identity)) as host, \
+            open_gossip(host, RUN, config=_gossip_config(True)) as gossip:
+        await host.connect(target_addr)
+        with trio.move_on_after(10):
+            await gossip.wait_for_topic_peer(_peer_of(target_addr), "heartbeat")
+        publish = {}
+        for kind in ("heartbeat", "rollout"):
+            gossip.pubsub.remove_topic_validator(topic_for(RUN, kind))
+            publish[kind] = (lambda topic: lambda data: gossip.pubsub.publish(topic, data))(topic_for(RUN, kind))
+        seq, sent = int(time.time() * 1e6), 0
+        while _peer_of(target_addr) in {str(p) for p in host.libp2p.get_connected_peers()}:
+            seq += 1
+            if sent % max(1, int(rate)) == 0:  # one inflating envelope per second of flood
+                await publish["rollout"](inflating_envelope(RUN, identity, time.time(), seq))
+                out["inflating_sent"] += 1
+            else:
+                await publish["heartbeat"](heartbeat_envelope(RUN, identity, time.time(), seq))
+                out["heartbeats_sent"] += 1
+            sent += 1
+            await trio.sleep(1 / rate)
+
+
+def _peer_of(addr: str) -> str:
+    return addr.rsplit("/p2p/", 1)[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long the attack lasts")
+    parser.add_argument("--rate", type=float, default=1000.0, help="messages per second each attacker sends")
+    parser.add_argument("--port", type=int, default=0, help="the target's TCP port (0: any free one)")
+    parser.add_argument("--serve-target", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
+    args = parser.parse_args(argv)
+    import trio
+
+    if args.serve_target:
+        trio.run(_serve_target, args.port)
+        return 0
+    target = subprocess.Popen([sys.executable, "-m", "swarm.bench_gossip_flood", "--serve-target",
+                               "--port", str(args.port or _free_port())],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        addr = json.loads(target.stdout.readline())["addr"]
+        result = trio.run(_attack, addr, target.pid, args.seconds, args.rate)
+        target.stdin.close()
+        result["target"] = json.loads(target.stdout.readline())
+    finally:
+        if target.poll() is None:
+            target.stdin.close() if not target.stdin.closed else None
+            try:
+                target.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                target.kill()
+    print(json.dumps(result))
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
