@@ -1,9 +1,11 @@
 """GossipSub per run: signed envelopes on one topic per kind, verified before they are delivered or forwarded.
 
 Topics are f"/rlswarm/{run}/{kind}". Every message is a sealed envelope (p2p.envelope); a validator hooked into
-py-libp2p's pubsub runs `open_envelope` on it, so a malformed, forged, stale, replayed, oversized or wrong-run
-message is rejected before delivery and is never forwarded; the peer that handed it to us is scored down
-(p2p.scores) and, past the threshold, blacklisted in pubsub until its ban ends.
+py-libp2p's pubsub (p2p.gossip_receive) checks the sender's allowance (p2p.gossip_admission: per-peer rates and
+decode budgets, and one for the whole node), then runs `open_envelope` and the kind's typed decoder on it, so a
+flooding, malformed, forged, stale, replayed, oversized, wrong-run or mistyped message is rejected before delivery
+and is never forwarded (py-libp2p forwards only after every validator said yes); its sender is scored down
+(p2p.scores) and, past the threshold, banned: blacklisted in pubsub and hung up on until its ban ends.
 
 py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
 - the 120 s default heartbeat (and the "adaptive" mode that stretches it to 30-60 s) makes meshes form and heal in
@@ -28,7 +30,6 @@ py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -50,20 +51,17 @@ from p2p.envelope import (
 )
 from p2p.errors import EnvelopeError, GossipError
 from p2p.gossip_admission import AdmissionConfig, GossipAdmission
-from p2p.gossip_parts import GossipStats, PublishPacer, Rejection, _BoundedMap, _NeverStored
+from p2p.gossip_parts import GossipStats, PublishPacer, Rejection, _BoundedMap, _NeverStored  # noqa: F401 - re-exported
+from p2p.gossip_receive import BodyDecoder, GossipReceiver, Ignored
 from p2p.host import reset_quietly
 from p2p.identity import Identity
 from p2p.libp2p_compat import BufferedInboundStream, lean_pubsub_classes
-from p2p.scores import PeerScores, ScoreConfig, Verdict
+from p2p.scores import PeerScores, ScoreConfig
 
-__all__ = ["BodyDecoder", "Gossip", "GossipConfig", "GossipStats", "PublishPacer", "Rejection", "open_gossip",
-           "topic_for"]
+__all__ = ["BodyDecoder", "Gossip", "GossipConfig", "GossipStats", "Ignored", "PublishPacer", "Rejection",
+           "open_gossip", "topic_for"]
 
 log = logging.getLogger(__name__)
-BodyDecoder = Callable[[Envelope], Any]
-"""A kind's typed decoder: the verified envelope in, a frozen typed message out (Envelope.message), or
-EnvelopeError naming what is wrong. It runs in the validator, so what it refuses is never delivered or forwarded."""
-
 OUTBOUND_QUEUE_HIGH_WATER = 16  # py-libp2p's per-peer outbound queue holds 32 RPCs (rpc_queue.OutBoundQueueSize)
 BACKPRESSURE_POLL_S = 0.005
 STREAM_RETRY_S = 10.0
@@ -106,24 +104,7 @@ class GossipConfig:
             raise GossipError("publish_rate must be positive and below router_rate_limit (libp2p drops the excess)")
 
 
-class Refused(Exception):
-    """Internal: a received message the validator drops; `reason` is the code its sender is scored by."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class Ignored(Exception):
-    """Raised by a handler for a message it cannot use (an announced manifest that does not verify, ...): the
-    message is dropped and its sender scored by `reason`, as a message refused by the validator would be."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class Gossip:
+class Gossip(GossipReceiver):
     """A running gossip session for one run. Build it with `open_gossip`."""
 
     def __init__(self, host: Any, run: str, identity: Identity, kinds: tuple[str, ...],
@@ -233,123 +214,6 @@ class Gossip:
             raise GossipError(f"a {kind} message of {len(data)} bytes exceeds gossip's {GOSSIP_MAX_BYTES}-byte "
                               "limit; announce it by hash instead")
         return data
-
-    def _validator(self, kind: str) -> Callable[[Any, Any], bool]:
-        """py-libp2p runs this before it delivers or forwards a message: False drops it for good. It never raises
-        (an exception here would escape py-libp2p's message task)."""
-        def validate(forwarder: Any, msg: Any) -> bool:
-            try:
-                env = self._check(kind, forwarder, msg)
-            except Refused as refusal:
-                self._reject_message(forwarder, msg, refusal.reason)
-                return False
-            except Exception as exc:  # noqa: BLE001 - a check nobody foresaw failing drops this message only
-                log.warning("dropped a %s message from %s: %s: %s", kind, forwarder, type(exc).__name__, exc)
-                self._reject_message(forwarder, msg, "bad_body")
-                return False
-            if env is not None:
-                self._verified[bytes(msg.from_id) + bytes(msg.seqno)] = env
-            return True
-
-        return validate
-
-    def _check(self, kind: str, forwarder: Any, msg: Any) -> Envelope | None:
-        """The verified envelope with its typed message, in the order of their cost: the sender's allowance
-        before a byte is decoded, the envelope, then the kind's typed body. Refused (a reason code) otherwise."""
-        from libp2p.peer.id import ID
-
-        origin = ID(bytes(msg.from_id))
-        if origin == self.host.libp2p.get_id():
-            return None  # our own publish: sealed by us, delivered to nobody here
-        data = msg.data
-        verdict = self.admission.admit(kind, str(origin), str(forwarder), len(data), trio.current_time())
-        if verdict is not None:
-            raise Refused(verdict)
-        try:
-            env = open_envelope(data, self.run, self.clock(), self.config.policy, self._replay, kind=kind)
-            if env.sender_peer_id != str(origin):
-                raise EnvelopeError("wrong_sender", "the envelope is signed by another peer than its publisher")
-            decoder = self.decoders.get(kind)
-            return env if decoder is None else dataclasses.replace(env, message=decoder(env))
-        except EnvelopeError as exc:
-            raise Refused(exc.reason) from None
-
-    def penalize(self, peer: Any, reason: str) -> None:
-        """Score `peer` (a libp2p ID) down for content that proved false after the envelope checks passed.
-
-        Why public: some lies only show later, outside gossip (a rollout blob fetched by hash that does not match
-        its announced id, an announced manifest that does not verify); they must cost the liar exactly what a
-        forged envelope costs, bans included.
-        """
-        self.stats.rejected[reason] += 1
-        self._score(peer, reason)
-
-    def _reject_message(self, forwarder: Any, msg: Any, reason: str) -> None:
-        """Count one refused message and score its origin (the signer of the pubsub message) and, unless the
-        refusal is about rates or budgets that an honest relay cannot know, the peer that handed it to us."""
-        from libp2p.peer.id import ID
-
-        self.stats.rejected[reason] += 1
-        if reason == "node_busy":
-            return  # the node's own budget: honest traffic may be caught in it, nobody is to blame
-        origin = ID(bytes(msg.from_id))
-        self._score(origin, reason)
-        if forwarder != origin and reason not in ("rate_limited", "flooding", "too_old", "replayed"):
-            self._score(forwarder, reason)
-
-    def _score(self, peer_id: Any, reason: str) -> None:
-        peer = str(peer_id)
-        if peer == self.host.peer_id:
-            return
-        log.debug("rejected a message from %s: %s", peer, reason)
-        banned = self.scores.penalize(peer, reason, trio.current_time()) is Verdict.BAN
-        if banned and peer not in self._banned_ids:
-            self._ban(peer, peer_id)
-        try:
-            self._rejections_in.send_nowait(Rejection(peer, reason, banned))
-        except trio.WouldBlock:
-            pass
-
-    def _ban(self, peer: str, peer_id: Any) -> None:
-        """Blacklist in pubsub (nothing it sends or originates is read or forwarded again), refuse its pubsub
-        streams, and hang up on it, until the ban ends."""
-        log.warning("peer %s banned from gossip after repeated invalid messages", peer)
-        self.stats.bans += 1
-        self._banned_ids[peer] = peer_id
-        self.pubsub.add_to_blacklist(peer_id)
-        if self._nursery is not None and not self._closing:
-            self._nursery.start_soon(self._hang_up, peer_id)
-
-    async def _hang_up(self, peer_id: Any) -> None:
-        try:
-            with trio.move_on_after(5.0):
-                await self.host.libp2p.disconnect(peer_id)
-        except Exception:  # noqa: BLE001 - a peer that already left needs no hanging up
-            log.debug("disconnecting banned peer %s failed", peer_id, exc_info=True)
-
-    async def serve(self, kind: str, handle: Callable[[Envelope], Any]) -> None:
-        """Call `handle(env)` on every `kind` envelope, each in a scope of its own: an exception raised for one
-        message (an input nobody foresaw, or `Ignored` from a handler that could not use it) drops that message,
-        costs its sender and logs one line; the loop, the role and the node go on."""
-        async with self.subscribe(kind) as inbox:
-            async for env in inbox:
-                try:
-                    outcome = handle(env)
-                    if hasattr(outcome, "__await__"):
-                        await outcome
-                except Exception as exc:  # noqa: BLE001 - one peer's message never ends the node
-                    self.contain(env, exc)
-
-    def contain(self, env: Envelope, exc: BaseException) -> None:
-        """Drop what `env` caused: penalise its sender and log one line (no traceback is kept)."""
-        from libp2p.peer.id import ID
-
-        reason = exc.reason if isinstance(exc, Ignored) else "handler_error"
-        sender = env.sender_peer_id
-        log.warning("dropped a %s message from %s: %s", env.kind, sender,
-                    str(exc) if isinstance(exc, Ignored) else f"{type(exc).__name__}: {exc}")
-        exc.__traceback__ = None
-        self.penalize(ID.from_base58(sender), reason)
 
     async def _drain(self, kind: str, subscription: Any) -> None:
         """Move verified messages from py-libp2p's 32-slot queue to our channels, without ever blocking on them."""
