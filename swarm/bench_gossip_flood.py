@@ -3,7 +3,7 @@
 `python -m swarm.bench_gossip_flood --seconds 20 --json` starts a target peer in a process of its own (host and
 gossip with the run's typed decoders, as a node has them), joins it with a witness peer and with an attacker that
 floods heartbeats and sends inflating envelopes (900 KiB of empty maps, correctly signed, under the rollout kind),
-one fresh identity after another as each is banned. It prints one JSON object: the target's CPU share over the
+`--identities` fresh identities one after another, each as soon as the last was banned. It prints one JSON object: the target's CPU share over the
 attack, its largest RSS above the baseline taken before the attack, what the witness received from the attackers
 (anything forwarded), and the target's own counters (refusals by reason, bans).
 """
@@ -72,7 +72,7 @@ async def _discard(channel) -> None:
         pass
 
 
-async def _attack(target_addr: str, target_pid: int, seconds: float, rate: float) -> dict:
+async def _attack(target_addr: str, target_pid: int, seconds: float, rate: float, identities: int) -> dict:
     import psutil
     import trio
 
@@ -100,13 +100,16 @@ async def _attack(target_addr: str, target_pid: int, seconds: float, rate: float
             baseline, cpu0, t0 = proc.memory_info().rss, proc.cpu_times(), time.monotonic()
             peak = baseline
             deadline = trio.current_time() + seconds
-            while trio.current_time() < deadline:
+            while trio.current_time() < deadline and out["identities"] < identities:
                 identity = Identity.generate()
                 attackers.add(identity.peer_id)
                 out["identities"] += 1
                 with trio.move_on_at(deadline):
                     await _one_attacker(identity, target_addr, rate, out, open_host, open_gossip, topic_for)
                 peak = max(peak, proc.memory_info().rss)
+            while trio.current_time() < deadline:  # the rest of the window: what the attack left behind
+                peak = max(peak, proc.memory_info().rss)
+                await trio.sleep(0.2)
             cpu1, t1 = proc.cpu_times(), time.monotonic()
             peak = max(peak, proc.memory_info().rss)
             nursery.cancel_scope.cancel()
@@ -123,11 +126,16 @@ async def _one_attacker(identity, target_addr, rate, out, open_host, open_gossip
 
     from p2p.host import HostConfig
 
+    record = {"sent": 0, "meshed": False, "hung_up_after_s": None}
+    out.setdefault("attackers", []).append(record)
     async with open_host(HostConfig(identity=identity)) as host, \
             open_gossip(host, RUN, config=_gossip_config(True)) as gossip:
         await host.connect(target_addr)
         with trio.move_on_after(10):
-            await gossip.wait_for_topic_peer(_peer_of(target_addr), "heartbeat")
+            for kind in ("heartbeat", "rollout"):
+                await gossip.wait_for_mesh(_peer_of(target_addr), kind)
+            record["meshed"] = True
+        started = trio.current_time()
         publish = {}
         for kind in ("heartbeat", "rollout"):
             gossip.pubsub.remove_topic_validator(topic_for(RUN, kind))
@@ -135,14 +143,17 @@ async def _one_attacker(identity, target_addr, rate, out, open_host, open_gossip
         seq, sent = int(time.time() * 1e6), 0
         while _peer_of(target_addr) in {str(p) for p in host.libp2p.get_connected_peers()}:
             seq += 1
-            if sent % max(1, int(rate)) == 0:  # one inflating envelope per second of flood
+            if sent % max(1, int(rate)) == 0:  # one inflating envelope per second of flood, in an RPC of its own
                 await publish["rollout"](inflating_envelope(RUN, identity, time.time(), seq))
                 out["inflating_sent"] += 1
+                await trio.sleep(0.05)  # py-libp2p resets a stream whose RPC (messages batched) passes 1 MiB
             else:
                 await publish["heartbeat"](heartbeat_envelope(RUN, identity, time.time(), seq))
                 out["heartbeats_sent"] += 1
+                await trio.sleep(1 / rate)
             sent += 1
-            await trio.sleep(1 / rate)
+            record["sent"] = sent
+        record["hung_up_after_s"] = round(trio.current_time() - started, 2)
 
 
 def _peer_of(addr: str) -> str:
@@ -153,21 +164,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="how long the attack lasts")
     parser.add_argument("--rate", type=float, default=1000.0, help="messages per second each attacker sends")
+    parser.add_argument("--identities", type=int, default=1,
+                        help="fresh attacker identities, one after another as each is banned (default 1)")
     parser.add_argument("--port", type=int, default=0, help="the target's TCP port (0: any free one)")
     parser.add_argument("--serve-target", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--profile", default=None, help="write the target's cProfile statistics to this file")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
     args = parser.parse_args(argv)
     import trio
 
     if args.serve_target:
-        trio.run(_serve_target, args.port)
+        if args.profile:
+            import cProfile
+
+            cProfile.runctx("trio.run(_serve_target, args.port)", globals(), locals(), args.profile)
+        else:
+            trio.run(_serve_target, args.port)
         return 0
     target = subprocess.Popen([sys.executable, "-m", "swarm.bench_gossip_flood", "--serve-target",
-                               "--port", str(args.port or _free_port())],
+                               "--port", str(args.port or _free_port()),
+                               *(["--profile", args.profile] if args.profile else [])],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         addr = json.loads(target.stdout.readline())["addr"]
-        result = trio.run(_attack, addr, target.pid, args.seconds, args.rate)
+        result = trio.run(_attack, addr, target.pid, args.seconds, args.rate, args.identities)
         target.stdin.close()
         result["target"] = json.loads(target.stdout.readline())
     finally:
