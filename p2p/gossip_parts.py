@@ -74,3 +74,17 @@ class _BoundedMap(collections.OrderedDict):
         super().__setitem__(key, value)
         while len(self) > self.capacity:
             self.popitem(last=False)
+
+
+class _NoValidationCache:
+    """Stands in for py-libp2p's ValidationCache: remembers no verdict, so every copy of a message meets our
+    validator (see p2p.gossip: a cached refusal skipped it and cost a full text dump of the message)."""
+
+    def get(self, msg_id: bytes) -> None:
+        return None
+
+    def put(self, msg_id: bytes, result: Any) -> None:
+        return None
+
+    def clear_expired(self) -> None:
+        return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from p2p.errors import EnvelopeError
 
@@ -193,6 +193,28 @@ def decode_rollouts(env: Any) -> RolloutMessage:
     if any(getattr(item, "worker", None) != sender for item in items):
         raise _refuse("a rollout item names another worker than its sender")
     return RolloutMessage(tuple(items))
+
+
+def run_decoders(trainer_key: Callable[[], bytes | None]) -> Mapping[str, Any]:
+    """DECODERS for a node that knows (or will learn) its run's trainer key: an inline manifest signed by any other
+    key is refused before it is forwarded. `trainer_key()` is read per message (a first-use key is pinned later)."""
+    def decode_announcement(env: Any) -> ManifestAnnouncement:
+        ann = decode_manifest_announcement(env)
+        key = trainer_key()
+        if ann.signed is not None and key is not None and _signer(ann.signed) != key:
+            raise _refuse("the announced manifest is not signed by the run's trainer key")
+        return ann
+
+    return MappingProxyType({**DECODERS, "manifest": decode_announcement})
+
+
+def _signer(signed: bytes) -> bytes | None:
+    from p2p.manifest import decode_signed
+
+    try:
+        return decode_signed(signed).public_key
+    except Exception:  # noqa: BLE001 - whatever a hostile wrapper makes the decoder raise, it names no signer
+        return None
 
 
 DECODERS: Mapping[str, Any] = MappingProxyType({

@@ -162,7 +162,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
     from p2p.host import HostConfig, open_host
     from p2p.store import PieceStore
     from p2p.transfer import TransferConfig
-    from swarm.gossip_bodies import DECODERS
+    from swarm.gossip_bodies import DECODERS, run_decoders
     from swarm.manifest_protocol import install_manifest_server
     from swarm.node_gossip import receive_heartbeats, receive_manifests, send_heartbeats
     from swarm.trust import TrainerTrust
@@ -180,7 +180,8 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                                   reseed=config.reseed, keep=config.keep_versions, on_event=events.emit,
                                   copies_dir=config.data_dir / "policies")
             admission = AdmissionConfig(heartbeat_interval_s=config.heartbeat_every_s / 2)
-            async with open_gossip(host, config.run, identity, kinds=tuple(DECODERS), decoders=DECODERS,
+            async with open_gossip(host, config.run, identity, kinds=tuple(DECODERS),
+                                   decoders=run_decoders(lambda: trust.key),
                                    config=GossipConfig(admission=admission)) as gossip, open_dht(host) as dht, \
                     trio.open_nursery() as nursery:
                 node = Node(config, host, gossip, mirror, events, nursery, dht=dht)

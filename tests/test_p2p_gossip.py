@@ -333,3 +333,54 @@ async def test_a_peer_restarted_under_the_same_key_is_heard_at_once():
                     await host.libp2p.disconnect(ID.from_base58(listener_host.peer_id))  # as a process exit does
                     while listener.pubsub.peers:
                         await trio.sleep(0.05)
+
+
+async def test_every_copy_of_a_refused_message_meets_the_validator_and_costs_its_sender():
+    """py-libp2p caches a refused message's verdict by its id: copies sent again were refused from the cache,
+    so they cost their sender nothing (and cost us a text dump of the whole message each)."""
+    config = GossipConfig(scores=ScoreConfig(ban_threshold=-50, ban_s=600))
+    with trio.fail_after(LIMIT):
+        async with peers(2, config) as (mallory, b):
+            await wait_mesh([mallory, b], "vote")
+            send_raw = make_hostile(mallory, "vote")
+            router, sent = mallory.pubsub.router, []
+            forward = router.publish
+
+            async def recording(forwarder, msg):
+                sent.append(msg)
+                await forward(forwarder, msg)
+
+            router.publish = recording
+            await send_raw(b"garbage")
+            for _ in range(2):  # the very same pubsub message (same origin and seqno) again
+                await forward(mallory.pubsub.my_id, sent[0])
+            while b.stats.bans == 0:
+                await trio.sleep(0.05)
+            assert b.stats.rejected["malformed"] == 3 and b.banned_peers() == [mallory.host.peer_id]
+
+
+async def test_a_decoder_that_fails_unexpectedly_drops_the_message_unforwarded_and_gossip_goes_on():
+    """A typed decoder raising something nobody foresaw must not escape py-libp2p's message task (it would end
+    the pubsub service): the message is dropped, not forwarded, and costs its sender."""
+    def decode(env):
+        if env.body.get("boom"):
+            raise RuntimeError("injected fault in a decoder")
+        return env.body
+
+    with trio.fail_after(LIMIT):
+        async with AsyncExitStack() as stack:
+            gossips = []
+            for i in range(3):
+                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([60 + i]) * 32))))
+                gossips.append(await stack.enter_async_context(open_gossip(host, RUN, decoders={"vote": decode})))
+            a, b, c = gossips
+            for left, right in ((a, b), (b, c)):
+                await left.host.connect(right.host.multiaddrs[0])
+            inbox_c = c.subscribe("vote")
+            await wait_mesh([a, b, c], "vote")
+            await a.publish("vote", {"boom": True})
+            await a.publish("vote", {"boom": False})
+            got = await inbox_c.receive()
+            assert got.message == {"boom": False}, got
+            assert b.stats.rejected == {"bad_body": 1}, b.stats.rejected
+            assert sum(c.stats.rejected.values()) == 0  # never forwarded to c
