@@ -54,7 +54,7 @@ from p2p.envelope import (
     seal,
 )
 from p2p.errors import EnvelopeError, GossipError
-from p2p.gossip_admission import AdmissionConfig, GossipAdmission
+from p2p.gossip_admission import AdmissionConfig, GossipAdmission, OwnPace
 from p2p.gossip_parts import (  # noqa: F401 - GossipStats, PublishPacer are re-exported
     GossipStats, PublishPacer, Rejection, _BoundedMap, _NeverStored, _NoValidationCache)
 from p2p.gossip_receive import BodyDecoder, GossipReceiver, Ignored
@@ -129,6 +129,7 @@ class Gossip(GossipReceiver):
         self.pubsub: Any = None
         self._replay = make_replay_filter(config.policy, config.replay_capacity)
         self._pacer = PublishPacer(config.publish_rate)
+        self._own_pace = OwnPace(config.admission)
         self._seq = 0
         self._verified: _BoundedMap = _BoundedMap(4 * config.queue_size * max(1, len(kinds)))
         self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
@@ -145,13 +146,16 @@ class Gossip(GossipReceiver):
 
         Raises GossipError when the envelope would exceed GOSSIP_MAX_BYTES or its kind's limit (announce it by
         hash instead) or the kind is unknown. Waits, rather than let py-libp2p drop it, when we publish faster than
-        `publish_rate` on this topic or a peer's outbound queue is half full (at most `backpressure_max_s`).
+        `publish_rate` on this topic or a peer's outbound queue is half full (at most `backpressure_max_s`), and
+        rather than let receivers refuse it, when we publish faster than their admission allows (`OwnPace`).
         """
         data = self._seal(kind, body)
         topic = topic_for(self.run, kind)
-        while (wait := self._pacer.delay(topic, trio.current_time())) > 0:
+        while (wait := max(self._pacer.delay(topic, trio.current_time()),
+                           self._own_pace.delay(kind, len(data), trio.current_time()))) > 0:
             await trio.sleep(wait)
         self._pacer.record(topic, trio.current_time())
+        self._own_pace.record(kind, len(data), trio.current_time())
         await self._wait_for_outbound_room(topic)
         await self.pubsub.publish(topic, data)
         self.stats.published += 1

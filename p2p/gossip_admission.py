@@ -9,9 +9,13 @@ CPU; a message refused here costs a dictionary lookup.
 Three budgets, each a token bucket that refuses rather than waits (p2p.ratelimit.Allowance):
 - messages per origin and kind: a peer's heartbeats at most one per `heartbeat_interval_s` in the long run, other
   kinds at their own pace (`KindRate`); the excess is refused as "rate_limited" and costs the origin;
-- bytes decoded per origin and per forwarder (every message also costs `message_cost_bytes`, for its signatures
-  and bookkeeping): one peer, whatever it sends and through whoever relays it, gets at most this share; the
-  excess is refused as "flooding";
+- bytes decoded per origin (every message also costs `message_cost_bytes`, for its signatures and bookkeeping):
+  one peer, whatever it sends and through whoever relays it, gets at most this much; the excess is refused as
+  "flooding" and costs the origin;
+- bytes decoded per forwarder (the connection a message came in on, which relays many origins): at most
+  `forwarder_share` of the node's budget, so one connection cannot take all of it; the excess is refused as
+  "relay_busy", which costs nobody when the forwarder relays others' messages (and counts as "flooding" when
+  they are its own);
 - bytes decoded by the whole node: any number of fresh identities together cannot push the node past it; the
   excess is refused as "node_busy", which costs nobody (honest traffic may be caught in it).
 """
@@ -26,7 +30,7 @@ from typing import Mapping
 from p2p.envelope import KINDS
 from p2p.ratelimit import Allowance
 
-REFUSALS = ("rate_limited", "flooding", "node_busy")
+REFUSALS = ("rate_limited", "flooding", "relay_busy", "node_busy")
 
 
 @dataclass(frozen=True)
@@ -57,9 +61,11 @@ class AdmissionConfig:
     rates: Mapping[str, KindRate] = field(default_factory=lambda: DEFAULT_RATES)
     """Messages per origin per kind; the heartbeat entry is replaced by `heartbeat_interval_s`."""
     sender_bytes_per_s: float = 2 * 1024 * 1024
-    """Bytes one origin, or one forwarder, may have decoded per second in the long run."""
+    """Bytes one origin may have decoded per second in the long run."""
     sender_burst_bytes: float = 4 * 1024 * 1024
-    """Bytes one origin or forwarder may have decoded at once (four of the largest messages)."""
+    """Bytes one origin may have decoded at once (four of the largest messages)."""
+    forwarder_share: float = 0.5
+    """Share of the node's budget (rate and burst) one forwarder's messages may take, whoever originated them."""
     node_bytes_per_s: float = 8 * 1024 * 1024
     """Bytes the whole node decodes per second at most, whoever sends them."""
     node_burst_bytes: float = 16 * 1024 * 1024
@@ -74,7 +80,7 @@ class AdmissionConfig:
         if set(self.rates) != set(KINDS):
             raise ValueError(f"rates must name each of {KINDS}")
         if min(self.heartbeat_interval_s, self.sender_bytes_per_s, self.sender_burst_bytes, self.node_bytes_per_s,
-               self.node_burst_bytes, self.max_tracked) <= 0 or self.message_cost_bytes < 0:
+               self.node_burst_bytes, self.max_tracked, self.forwarder_share) <= 0 or self.message_cost_bytes < 0:
             raise ValueError("admission limits must be positive")
 
     def rate_of(self, kind: str) -> KindRate:
@@ -108,8 +114,10 @@ class GossipAdmission:
     def __init__(self, config: AdmissionConfig = AdmissionConfig()) -> None:
         self.config = config
         self._rates = _Buckets(config.max_tracked, lambda key: _allowance(config.rate_of(key[1])))
-        self._bytes = _Buckets(2 * config.max_tracked,
-                               lambda key: Allowance(config.sender_bytes_per_s, config.sender_burst_bytes))
+        share = config.forwarder_share
+        self._bytes = _Buckets(2 * config.max_tracked, lambda key: (
+            Allowance(config.sender_bytes_per_s, config.sender_burst_bytes) if key[0] == "origin" else
+            Allowance(config.node_bytes_per_s * share, config.node_burst_bytes * share)))
         self._node = Allowance(config.node_bytes_per_s, config.node_burst_bytes)
 
     def admit(self, kind: str, origin: str, forwarder: str, size: int, now: float) -> str | None:
@@ -120,8 +128,10 @@ class GossipAdmission:
         if rate.available(now) < 1:
             return "rate_limited"
         senders = [self._bytes.get(("origin", origin)), self._bytes.get(("forwarder", forwarder))]
-        if any(bucket.available(now) < cost for bucket in senders):
+        if senders[0].available(now) < cost:
             return "flooding"
+        if senders[1].available(now) < cost:
+            return "flooding" if forwarder == origin else "relay_busy"
         if not self._node.take(cost, now):
             return "node_busy"
         rate.take(1, now)
@@ -132,3 +142,25 @@ class GossipAdmission:
 
 def _allowance(rate: KindRate) -> Allowance:
     return Allowance(rate.per_s, rate.burst)
+
+
+class OwnPace:
+    """The publishing side of the same limits: how long our own next message of a kind must wait so that
+    receivers with the same AdmissionConfig admit it (within `margin` of each rate: their clocks see our
+    messages with jitter). Why: a burst an honest peer sends must slow down, never be dropped and scored."""
+
+    def __init__(self, config: AdmissionConfig = AdmissionConfig(), margin: float = 0.8) -> None:
+        self.config = config
+        self._kinds = {kind: Allowance(config.rate_of(kind).per_s * margin, max(1.0, config.rate_of(kind).burst - 1))
+                       for kind in KINDS}
+        self._bytes = Allowance(config.sender_bytes_per_s * margin, config.sender_burst_bytes * margin)
+
+    def delay(self, kind: str, size: int, now: float) -> float:
+        """Seconds to wait before a `kind` message of `size` bytes may go (0: now)."""
+        cost = size + self.config.message_cost_bytes
+        return max(self._kinds[kind].wait(1, now), self._bytes.wait(cost, now))
+
+    def record(self, kind: str, size: int, now: float) -> None:
+        """Spend what the message just sent costs (after `delay` said 0)."""
+        self._kinds[kind].take(1, now)
+        self._bytes.take(min(self._bytes.burst, size + self.config.message_cost_bytes), now)

@@ -115,8 +115,8 @@ class GossipReceiver:
         from libp2p.peer.id import ID
 
         self.stats.rejected[reason] += 1
-        if reason == "node_busy":
-            return  # the node's own budget: honest traffic may be caught in it, nobody is to blame
+        if reason in ("node_busy", "relay_busy"):
+            return  # shared budgets (the node's, a relay's): honest traffic may be caught in them, nobody is to blame
         origin = ID(bytes(msg.from_id))
         self._score(origin, reason)
         if forwarder != origin and reason not in ("rate_limited", "flooding", "too_old", "replayed"):

@@ -77,6 +77,10 @@ class Allowance:
         self._stamp = now
         return self._tokens
 
+    def wait(self, amount: float, now: float) -> float:
+        """Seconds until `amount` (at most `burst`) is held; 0 when it is held at `now`."""
+        return max(0.0, (min(amount, self.burst) - self.available(now)) / self.rate)
+
     def take(self, amount: float, now: float) -> bool:
         """Spend `amount` if held at `now`; False (and nothing spent) otherwise."""
         if self.available(now) < amount:

@@ -47,6 +47,14 @@ def test_one_sender_gets_its_byte_budget_whoever_relays_it_and_refusals_cost_not
     assert gate.admit("vote", "honest", "relay0", 1000, 1.0) is None  # another origin through the same relay
 
 
+def test_a_relay_may_carry_many_origins_up_to_its_share_of_the_node_budget_and_nobody_pays_for_its_excess():
+    config = AdmissionConfig(node_bytes_per_s=4_000_000, node_burst_bytes=8_000_000, message_cost_bytes=0)
+    gate = GossipAdmission(config)
+    verdicts = [gate.admit("rollout", f"worker{i}", "relay", 900_000, 0.0) for i in range(6)]
+    assert verdicts == [None] * 4 + ["relay_busy"] * 2  # half of the node's 8 MB burst
+    assert gate.admit("rollout", "worker9", "other-relay", 900_000, 0.0) is None
+
+
 def test_any_number_of_fresh_identities_together_stay_within_the_node_budget():
     config = AdmissionConfig(node_bytes_per_s=4_000_000, node_burst_bytes=8_000_000, message_cost_bytes=4096)
     gate = GossipAdmission(config)
@@ -194,3 +202,19 @@ def test_a_node_refuses_an_inline_manifest_signed_by_another_key_than_the_runs_b
     assert decode(env({"id": manifest.id, "version": 1})).signed is None  # by id: fetched and verified later
     unknown_key = run_decoders(lambda: None)["manifest"]  # no key yet: the mirror verifies and pins it
     assert unknown_key(env({"id": manifest.id, "version": 1, "signed": forged})).signed == forged
+
+
+def test_own_pace_keeps_an_honest_burst_within_what_receivers_admit():
+    """Whatever a peer publishes through its own pacing, a receiver with the same limits admits all of it."""
+    from p2p.gossip_admission import OwnPace
+
+    config = AdmissionConfig()
+    pace, gate = OwnPace(config), GossipAdmission(config)
+    now, sent = 0.0, 0
+    for i in range(200):  # a worker's burst: 100 large rollout messages and 100 heartbeats, as fast as allowed
+        kind, size = ("rollout", 800_000) if i % 2 else ("heartbeat", 2_000)
+        now += pace.delay(kind, size, now)
+        pace.record(kind, size, now)
+        assert gate.admit(kind, "honest", "honest", size, now) is None
+        sent += 1
+    assert sent == 200

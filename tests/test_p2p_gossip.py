@@ -227,7 +227,7 @@ async def test_streams_open_promptly_while_every_host_publishes_heartbeats():
                 left.set_guarded_handler(ECHO, _echo)
                 for right in hosts[i + 1:]:
                     await left.connect(right.multiaddrs[0])
-            gossips = [await stack.enter_async_context(open_gossip(h, RUN)) for h in hosts]
+            gossips = [await stack.enter_async_context(open_gossip(h, RUN, config=UNLIMITED)) for h in hosts]
             inbox = gossips[0].subscribe("heartbeat")
             for other in gossips[1:]:
                 await gossips[0].wait_for_mesh(other.host.peer_id, "heartbeat")
@@ -320,7 +320,8 @@ async def test_a_peer_restarted_under_the_same_key_is_heard_at_once():
                 open_gossip(listener_host, RUN, config=UNLIMITED) as listener:
             inbox = listener.subscribe("heartbeat")
             for life, burst in (("first", 40), ("restarted", 0)):
-                async with open_host(HostConfig(identity=key)) as host, open_gossip(host, RUN) as peer:
+                async with open_host(HostConfig(identity=key)) as host, \
+                        open_gossip(host, RUN, config=UNLIMITED) as peer:
                     await peer.host.connect(listener_host.multiaddrs[0])
                     await peer.wait_for_topic_peer(listener_host.peer_id, "heartbeat")  # (a mesh can wait out
                     # a prune backoff after the restart; a peer's own messages go to every subscriber anyway)

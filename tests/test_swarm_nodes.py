@@ -208,6 +208,13 @@ async def test_swarm_publish_from_a_fresh_data_dir_numbers_its_checkpoint_past_t
                 peer.stop()
 
 
+async def publish_unpaced(gossip, kind: str, body: dict) -> None:
+    """Publish as a peer that ignores its own pacing (p2p.gossip_admission.OwnPace) would."""
+    from p2p.gossip import topic_for
+
+    await gossip.pubsub.publish(topic_for(gossip.run, kind), gossip._seal(kind, body))
+
+
 async def test_hostile_heartbeats_neither_stop_a_peer_nor_start_a_fetch_per_entry(tmp_path):
     """A heartbeat with `"policies": 7` raised a TypeError that ended the whole peer; one listing an id 16 times
     started 16 fetches of it. Mistyped bodies are refused by gossip's validator (scored, not delivered), a
@@ -237,13 +244,13 @@ async def test_hostile_heartbeats_neither_stop_a_peer_nor_start_a_fetch_per_entr
                 await target.node.gossip.wait_for_topic_peer(mallory.node.peer_id, "heartbeat")
                 await mallory.node.gossip.wait_for_topic_peer(target.node.peer_id, "heartbeat")
                 for body in ({"policies": 7, "addrs": 5, "roles": "seed"}, {"policies": {"a": 1}, "addrs": None}):
-                    await mallory.node.gossip.publish("heartbeat", body)
+                    await publish_unpaced(mallory.node.gossip, "heartbeat", body)
                     refusal = await rejections.receive()
                     assert (refusal.peer, refusal.reason) == (mallory.node.peer_id, "bad_body")
                     await trio.sleep(0.1)  # within mallory's heartbeat allowance (two per 0.1 s here)
                 fake = [1, b"\x01" * 32, False]
                 for body in ({"policies": [fake] * 16}, {"roles": ["seed"]}):
-                    await mallory.node.gossip.publish("heartbeat", body)
+                    await publish_unpaced(mallory.node.gossip, "heartbeat", body)
                     await trio.sleep(0.1)
                 while True:  # the last, honest body is heard: the peer kept reading
                     env = await inbox.receive()
