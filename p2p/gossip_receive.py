@@ -29,6 +29,10 @@ BodyDecoder = Callable[[Envelope], Any]
 EnvelopeError naming what is wrong. It runs in the validator, so what it refuses is never delivered or forwarded."""
 
 
+TIMING_REASONS = ("rate_limited", "flooding", "too_old", "replayed")
+"""Refusals a relay can bring about for an honest origin by holding its messages back (see _reject_message)."""
+
+
 def _refuse(msg: Any) -> bool:
     """False for py-libp2p, with the refused message's payload emptied first. Why: py-libp2p 0.8.1 writes the
     whole refused message into its ValidationError's text (protobuf text format, byte by byte: about 70 ms for a
@@ -110,16 +114,23 @@ class GossipReceiver:
         self._score(peer, reason)
 
     def _reject_message(self, forwarder: Any, msg: Any, reason: str) -> None:
-        """Count one refused message and score its origin (the signer of the pubsub message) and, unless the
-        refusal is about rates or budgets that an honest relay cannot know, the peer that handed it to us."""
+        """Count one refused message and score who is to blame for it.
+
+        The origin signed the message's data (py-libp2p's strict signing), so it answers for the content; the
+        forwarder answers too, since an honest relay refuses the same content and never forwards it. Timing is
+        another matter: a relay can hold back an honest origin's messages and release them at once, late or in a
+        burst, so rates, budgets, staleness and replays cost the origin only when it handed the message over
+        itself, and never cost a relay."""
         from libp2p.peer.id import ID
 
         self.stats.rejected[reason] += 1
         if reason in ("node_busy", "relay_busy"):
             return  # shared budgets (the node's, a relay's): honest traffic may be caught in them, nobody is to blame
         origin = ID(bytes(msg.from_id))
-        self._score(origin, reason)
-        if forwarder != origin and reason not in ("rate_limited", "flooding", "too_old", "replayed"):
+        relayed = forwarder != origin
+        if not (relayed and reason in TIMING_REASONS):
+            self._score(origin, reason)
+        if relayed and reason not in TIMING_REASONS:
             self._score(forwarder, reason)
 
     def _score(self, peer_id: Any, reason: str) -> None:
