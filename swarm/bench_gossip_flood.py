@@ -1,6 +1,6 @@
 """Benchmark: what a hostile gossip peer costs a target process (CPU share and RSS above its baseline).
 
-`python -m swarm.bench_gossip_flood --seconds 20 --json` starts a target peer in a process of its own (host and
+`swarm bench gossip-flood --seconds 20 --json` starts a target peer in a process of its own (host and
 gossip with the run's typed decoders, as a node has them), joins it with a witness peer and with an attacker that
 floods heartbeats and sends inflating envelopes (900 KiB of empty maps, correctly signed, under the rollout kind),
 `--identities` fresh identities one after another, each as soon as the last was banned. It prints one JSON object: the target's CPU share over the
@@ -160,30 +160,27 @@ def _peer_of(addr: str) -> str:
     return addr.rsplit("/p2p/", 1)[1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="how long the attack lasts")
     parser.add_argument("--rate", type=float, default=1000.0, help="messages per second each attacker sends")
     parser.add_argument("--identities", type=int, default=1,
                         help="fresh attacker identities, one after another as each is banned (default 1)")
     parser.add_argument("--port", type=int, default=0, help="the target's TCP port (0: any free one)")
-    parser.add_argument("--serve-target", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--profile", default=None, help="write the target's cProfile statistics to this file")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (the default output)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`swarm bench gossip-flood`: the target in a process of its own, the attack and the witness here."""
     import trio
 
-    if args.serve_target:
-        if args.profile:
-            import cProfile
+    from swarm.errors import UserError
 
-            cProfile.runctx("trio.run(_serve_target, args.port)", globals(), locals(), args.profile)
-        else:
-            trio.run(_serve_target, args.port)
-        return 0
-    target = subprocess.Popen([sys.executable, "-m", "swarm.bench_gossip_flood", "--serve-target",
-                               "--port", str(args.port or _free_port()),
-                               *(["--profile", args.profile] if args.profile else [])],
+    if args.seconds <= 0 or args.rate <= 0 or args.identities < 1:
+        raise UserError("--seconds and --rate must be positive and --identities at least 1")
+    port = str(args.port or _free_port())
+    target = subprocess.Popen([sys.executable, "-m", "swarm.bench_gossip_flood", "--serve-target", port,
+                               *([args.profile] if args.profile else [])],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         addr = json.loads(target.stdout.readline())["addr"]
@@ -191,14 +188,27 @@ def main(argv: list[str] | None = None) -> int:
         target.stdin.close()
         result["target"] = json.loads(target.stdout.readline())
     finally:
-        if target.poll() is None:
-            target.stdin.close() if not target.stdin.closed else None
-            try:
-                target.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                target.kill()
+        if not target.stdin.closed:
+            target.stdin.close()
+        try:
+            target.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            target.kill()
     print(json.dumps(result))
     return 0
+
+
+def _serve_target_main(argv: list[str]) -> None:
+    """`python -m swarm.bench_gossip_flood --serve-target PORT [PROFILE]`: the target process."""
+    import trio
+
+    port, profile = int(argv[0]), argv[1] if len(argv) > 1 else None
+    if profile is None:
+        trio.run(_serve_target, port)
+        return
+    import cProfile
+
+    cProfile.runctx("trio.run(_serve_target, port)", globals(), {"trio": trio, "port": port}, profile)
 
 
 def _free_port() -> int:
@@ -209,5 +219,5 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve-target"]:
+    _serve_target_main(sys.argv[2:])

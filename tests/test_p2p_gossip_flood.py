@@ -2,7 +2,7 @@
 
 Line topology mallory - target - witness: whatever the target forwards, the witness receives. The target runs the
 run's typed decoders (swarm.gossip_bodies) as a node does. Counts only; the CPU and memory figures come from
-`python -m swarm.bench_gossip_flood` (a benchmark, not a timed test)."""
+`swarm bench gossip-flood` (a benchmark, not a timed test)."""
 
 from __future__ import annotations
 
