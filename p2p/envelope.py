@@ -141,7 +141,7 @@ def seal(
     policy: EnvelopePolicy = DEFAULT_POLICY,
 ) -> bytes:
     """Sign and encode one envelope; refuses (EnvelopeError) what a receiver would refuse: unknown kind, bad body,
-    or a result above the kind's size limit (then announce the payload by hash instead)."""
+    or a result above the kind's size or container limit (then split it, or announce the payload by hash)."""
     if kind not in KINDS:
         raise EnvelopeError("unknown_kind", f"unknown envelope kind {kind!r}; expected one of {', '.join(KINDS)}")
     if not isinstance(run, str) or type(seq) is not int or not 0 <= seq <= MAX_SEQ:
@@ -157,7 +157,19 @@ def seal(
     limit = policy.max_bytes[kind]
     if len(data) > limit:
         raise EnvelopeError("oversized", f"a {kind} envelope of {len(data)} bytes exceeds its {limit}-byte limit")
+    if count_containers(fields["body"]) + 1 > policy.max_containers[kind]:  # +1: the envelope's own map
+        raise EnvelopeError("oversized", f"a {kind} envelope holds more than its {policy.max_containers[kind]} "
+                            "maps and arrays (split it)")
     return data
+
+
+def count_containers(value: Any) -> int:
+    """Maps and arrays in a plain value, itself included: what a receiver counts against max_containers."""
+    if isinstance(value, dict):
+        return 1 + sum(count_containers(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return 1 + sum(count_containers(v) for v in value)
+    return 0
 
 
 def open_envelope(

@@ -26,6 +26,7 @@ from typing import Any
 
 import trio
 
+from p2p.envelope import DEFAULT_POLICY, count_containers
 from p2p.errors import HostError
 from p2p.host import ensure_connected, read_exactly, reset_quietly
 from swarm.rollout_codec import (
@@ -124,9 +125,21 @@ async def publish_groups(node: Any, groups: list, cache: BlobCache, limits: Tran
             continue
         bodies.append(body)
         hows.append(how)
-    for body in batch_bodies(bodies, limits):
-        await node.gossip.publish("rollout", body)
+    for batch in batch_bodies(bodies, limits):
+        for body in within_containers(batch):
+            await node.gossip.publish("rollout", body)
     return hows
+
+
+def within_containers(body: dict, limit: int = DEFAULT_POLICY.max_containers["rollout"] - 1) -> list[dict]:
+    """`body`, or its batch split in halves until each part holds at most `limit` maps and arrays, the bound a
+    receiver decodes a rollout envelope within (p2p.envelope): many small groups fit the byte limit of one
+    message long before they fit its container budget."""
+    items = body.get("batch")
+    if count_containers(body) <= limit or not isinstance(items, list) or len(items) < 2:
+        return [body]
+    half = len(items) // 2
+    return within_containers({"batch": items[:half]}, limit) + within_containers({"batch": items[half:]}, limit)
 
 
 async def _packed(node: Any, group: Any, cache: BlobCache, limits: TransportLimits) -> tuple[dict, str]:

@@ -218,3 +218,16 @@ def test_own_pace_keeps_an_honest_burst_within_what_receivers_admit():
         assert gate.admit(kind, "honest", "honest", size, now) is None
         sent += 1
     assert sent == 200
+
+
+def test_a_publisher_splits_or_refuses_what_receivers_would_refuse_for_its_maps_and_arrays():
+    from p2p.envelope import count_containers
+    from swarm.rollout_transport import within_containers
+
+    with pytest.raises(EnvelopeError) as refused:
+        seal("heartbeat", "run1", {"x": [[]] * 200}, ALICE, NOW, 1)  # 202 containers: a heartbeat holds 128
+    assert refused.value.reason == "oversized"
+    tiny = {"group": {"completions": [{"tokens": [1], "logprobs": [-0.1]}] * 40}}  # 122 containers each
+    parts = within_containers({"batch": [tiny] * 64}, limit=1000)
+    assert len(parts) > 1 and all(count_containers(p) <= 1000 for p in parts)
+    assert sum(len(p["batch"]) for p in parts) == 64
