@@ -13,6 +13,7 @@ decoder; a node subscribes to these kinds only, so a message on any other topic 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -142,7 +143,7 @@ def sendable_progress(progress: Mapping[str, Any]) -> dict:
     long stage name or an odd value is left out rather than getting every heartbeat of the peer refused."""
     out = {}
     for key, value in progress.items():
-        if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        if isinstance(value, float) and not math.isfinite(value):
             continue
         if printable(key, MAX_PROGRESS_KEY) and (
                 value is None or type(value) in (bool, int, float) or printable(value, MAX_PROGRESS_TEXT)):

@@ -231,3 +231,11 @@ def test_a_publisher_splits_or_refuses_what_receivers_would_refuse_for_its_maps_
     parts = within_containers({"batch": [tiny] * 64}, limit=1000)
     assert len(parts) > 1 and all(count_containers(p) <= 1000 for p in parts)
     assert sum(len(p["batch"]) for p in parts) == 64
+
+
+def test_a_nodes_own_progress_is_sent_only_as_receivers_accept_it():
+    from swarm.gossip_bodies import decode_heartbeat, sendable_progress
+
+    progress = {"step": 3, "reward": float("nan"), "stage": "x" * 50, "nested": {"a": 1}, "accepted": 2}
+    assert sendable_progress(progress) == {"step": 3, "accepted": 2}
+    assert dict(decode_heartbeat(env({"progress": sendable_progress(progress)})).progress) == {"step": 3, "accepted": 2}

@@ -175,3 +175,33 @@ def test_a_liars_manifest_id_or_terminal_escapes_do_not_win_the_view():
         with pytest.raises(EnvelopeError):
             beat(escapes)
     assert "fake" not in render(view.report(now=2.0, window_s=1.0))
+
+
+async def test_no_peer_input_ends_the_observer_and_its_report_stays_strict_json(tmp_path, monkeypatch):
+    """Fault injection at the observer's boundaries: every heartbeat makes the view raise, and the newest
+    manifest's check raises (a manifest with a field of the wrong type once ended `swarm status`). The observer
+    still returns its report, and the report is strict JSON."""
+    from swarm import cmd_status
+
+    def broken_view(self, sender, beat, now):
+        raise RuntimeError("injected fault in the heartbeat view")
+
+    async def broken_manifest(host, view, version, trainer_key):
+        raise TypeError("injected: a tensor entry's shape is a string")
+
+    trainer = Identity.generate()
+    _, _, signed = signed_checkpoint(tmp_path, trainer, version=2, floats=30_000)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            seed = await start_seeding(nursery, tmp_path, trainer, signed)
+            monkeypatch.setattr(SwarmView, "on_heartbeat", broken_view)
+            faulty = await observe("t", (seed.node.host.multiaddrs[0],), 2.0, trainer.public_bytes)
+            monkeypatch.undo()
+            monkeypatch.setattr(cmd_status, "_newest_manifest", broken_manifest)
+            refused = await observe("t", (seed.node.host.multiaddrs[0],), 2.0, trainer.public_bytes)
+            seed.stop()
+            nursery.cancel_scope.cancel()
+    assert faulty["peers"] == [] and faulty["refused_messages"] >= 1  # each heartbeat dropped, none ended it
+    assert refused["manifest"]["signature"].startswith("REFUSED: TypeError")
+    for each in (faulty, refused):
+        json.loads(to_json(each), parse_constant=lambda name: pytest.fail(name))
