@@ -64,8 +64,8 @@ DEFAULT_MAX_CONTAINERS: Mapping[str, int] = MappingProxyType({
     "heartbeat": 128,  # roles, addrs, up to 16 policy entries, progress
 })
 """Most maps and arrays one envelope of a kind may hold, counted while msgpack decodes it. Why: one byte of
-msgpack is an empty map, and an empty map is 64 bytes of Python; 900 KiB of them cost 127 MiB and seconds of CPU
-before any check could look at them. Decoding stops at the first container past the budget; counting costs about
+msgpack is an empty map, and an empty map is 64 bytes of Python; decoded in full, 900 KiB of them take 127 MiB
+and seconds of CPU before any check can look at them. Decoding stops at the first container past the budget; counting costs about
 1.3 us per container, so the largest budget bounds a refused message to about 10 ms of CPU."""
 
 

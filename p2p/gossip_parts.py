@@ -78,7 +78,7 @@ class _BoundedMap(collections.OrderedDict):
 
 class _NoValidationCache:
     """Stands in for py-libp2p's ValidationCache: remembers no verdict, so every copy of a message meets our
-    validator (see p2p.gossip: a cached refusal skipped it and cost a full text dump of the message)."""
+    validator (see p2p.gossip: a cached refusal skips it and costs a full text dump of the message)."""
 
     def get(self, msg_id: bytes) -> None:
         return None

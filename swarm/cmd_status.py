@@ -122,7 +122,7 @@ def _handlers(view) -> dict:
 
 async def _checked_manifest(host, view, version: int, trainer_key: bytes | None) -> dict | None:
     """_newest_manifest, with whatever a holder's reply makes it raise turned into a refusal of that version:
-    a manifest with a field of the wrong type once ended `swarm status`."""
+    a manifest with a field of the wrong type must not end `swarm status`."""
     try:
         return await _newest_manifest(host, view, version, trainer_key)
     except Exception as exc:  # noqa: BLE001 - one peer's manifest never ends the view

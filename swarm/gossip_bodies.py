@@ -88,7 +88,7 @@ class RolloutMessage:
 
 
 def printable(value: object, limit: int) -> bool:
-    """A short string without control characters (a peer's newlines and terminal escapes drew fake lines)."""
+    """A short string without control characters (a peer's newlines and terminal escapes would draw fake lines)."""
     return isinstance(value, str) and len(value) <= limit and value.isprintable()
 
 
@@ -184,7 +184,7 @@ def decode_votes(env: Any) -> VoteBatch:
 
 def decode_rollouts(env: Any) -> RolloutMessage:
     """swarm.rollout_codec's items of the body; any refused item, or one of another worker, refuses the message.
-    The refusal keeps no traceback (its frames held the inflated buffers of compressed groups)."""
+    The refusal keeps no traceback (its frames hold the inflated buffers of compressed groups)."""
     from swarm.rollout_transport import items_or_refusal
 
     items, refusal = items_or_refusal(env.body)

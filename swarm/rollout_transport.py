@@ -257,7 +257,7 @@ def items_or_refusal(body: object, limits: TransportLimits = DEFAULT_LIMITS) -> 
     """(the items of a rollout body, None), or ([], why) when the body or any item of it is refused.
 
     Why not the exceptions themselves: a refusal raised while inflating a compressed group carries a traceback
-    whose frames hold the inflated buffer (130 MiB for one 64-item batch stayed alive that way); only its text is
+    whose frames hold the inflated buffer (130 MiB for one 64-item batch would stay alive that way); only its text is
     kept, and every reference to the parsed items goes with the refusal."""
     try:
         items = [_without_traceback(item) for item in parse_items(body, limits)]

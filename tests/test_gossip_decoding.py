@@ -78,7 +78,7 @@ def test_admission_remembers_a_bounded_number_of_senders():
 # ---- the envelope: budgets while decoding, finite numbers ---------------------------------------------------------
 
 def test_an_envelope_of_empty_maps_stops_at_its_container_budget_without_inflating():
-    """900 KiB of empty maps decoded in full cost 127 MiB and seconds of CPU per message before any check."""
+    """Decoded in full, 900 KiB of empty maps take 127 MiB and seconds of CPU per message before any check."""
     data = inflating_envelope("run1", ALICE, NOW, 1)
     assert len(data) <= 900 * 1024
     tracemalloc.start()
@@ -142,8 +142,8 @@ def test_votes_must_all_parse_and_be_signed_by_their_sender():
 
 
 def test_a_rollout_refusal_keeps_no_inflated_buffer_alive():
-    """Refused compressed groups kept their inflated buffers alive through their tracebacks (130 MiB for one
-    64-item batch): the decoder keeps only the refusal's text."""
+    """A refused compressed group's traceback holds its inflated buffer (130 MiB for one 64-item batch): the
+    decoder keeps only the refusal's text."""
     raw = b"\x00" * (1 << 20)  # inflates fine, then fails the group schema
     body = {"batch": [{"z": zlib.compress(raw), "n": len(raw)} for _ in range(16)]}
     gc.collect()

@@ -337,8 +337,8 @@ async def test_a_peer_restarted_under_the_same_key_is_heard_at_once():
 
 
 async def test_every_copy_of_a_refused_message_meets_the_validator_and_costs_its_sender():
-    """py-libp2p caches a refused message's verdict by its id: copies sent again were refused from the cache,
-    so they cost their sender nothing (and cost us a text dump of the whole message each)."""
+    """py-libp2p caches a refused message's verdict by its id: with that cache, copies sent again are refused
+    without our validator, so they cost their sender nothing (and cost us a text dump of the whole message each)."""
     config = GossipConfig(scores=ScoreConfig(ban_threshold=-50, ban_s=600))
     with trio.fail_after(LIMIT):
         async with peers(2, config) as (mallory, b):

@@ -18,8 +18,8 @@ async def publish_unpaced(gossip, kind: str, body: dict) -> None:
 
 
 async def test_hostile_heartbeats_neither_stop_a_peer_nor_start_a_fetch_per_entry(tmp_path):
-    """A heartbeat with `"policies": 7` raised a TypeError that ended the whole peer; one listing an id 16 times
-    started 16 fetches of it. Mistyped bodies are refused by gossip's validator (scored, not delivered), a
+    """A heartbeat with `"policies": 7` must not end the peer, nor one listing an id 16 times start 16 fetches
+    of it. Mistyped bodies are refused by gossip's validator (scored, not delivered), a
     well-formed one listing an id 16 times starts one fetch, and the peer goes on hearing others."""
     from swarm import node_gossip
 

@@ -87,7 +87,7 @@ def test_a_heartbeat_a_handler_would_have_to_skip_is_refused_whole(body):
 
 
 def test_the_json_report_is_strict_json_whatever_peers_claim():
-    """A mean of huge claimed rewards overflows to infinity; `--json` printed it as Infinity (not JSON)."""
+    """A mean of huge claimed rewards overflows to infinity, which json.dumps prints as Infinity (not JSON)."""
     view = SwarmView()
     view.on_rollouts("w", [group("w", 1, [1e308, 1e308])])
     report = view.report(now=1.0, window_s=1.0)
@@ -179,7 +179,7 @@ def test_a_liars_manifest_id_or_terminal_escapes_do_not_win_the_view():
 
 async def test_no_peer_input_ends_the_observer_and_its_report_stays_strict_json(tmp_path, monkeypatch):
     """Fault injection at the observer's boundaries: every heartbeat makes the view raise, and the newest
-    manifest's check raises (a manifest with a field of the wrong type once ended `swarm status`). The observer
+    manifest's check raises (as for a manifest with a field of the wrong type). The observer
     still returns its report, and the report is strict JSON."""
     from swarm import cmd_status
 
