@@ -43,7 +43,7 @@ REASONS = (
 KEY_BYTES = 32
 SIG_BYTES = 64
 MAX_SEQ = 2**63 - 1
-GOSSIP_MAX_BYTES = 900 * 1024  # py-libp2p silently drops pubsub messages of 1 MiB and more (REFERENCE §5)
+GOSSIP_MAX_BYTES = 900 * 1024  # pubsub drops messages of 1 MiB and more (docs/reference.md#py-libp2p-pitfalls)
 
 DEFAULT_MAX_BYTES: Mapping[str, int] = MappingProxyType({
     "manifest": GOSSIP_MAX_BYTES,  # tensor index + per-piece hashes of a large policy

@@ -7,7 +7,7 @@ flooding, malformed, forged, stale, replayed, oversized, wrong-run or mistyped m
 and is never forwarded (py-libp2p forwards only after every validator said yes); its sender is scored down
 (p2p.scores) and, past the threshold, banned: blacklisted in pubsub and hung up on until its ban ends.
 
-py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
+py-libp2p 0.8.1 pitfalls handled here (docs/reference.md#py-libp2p-pitfalls):
 - the 120 s default heartbeat (and the "adaptive" mode that stretches it to 30-60 s) makes meshes form and heal in
   minutes: heartbeat ~1 s, adaptive mode off;
 - messages of 1 MiB and more vanish silently: `publish` refuses envelopes above GOSSIP_MAX_BYTES (900 KiB) with a

@@ -30,6 +30,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "gossip-flood"), "swarm.cmd_bench_gossip_flood",
      "measure what a hostile gossip peer (floods, inflating envelopes) costs a target process"),
     (("bench", "churn"), "swarm.cmd_bench_churn", "keep killing and restarting peers of a training run; count its steps"),
+    (("bench", "fuzz"), "swarm.cmd_bench_fuzz", "fuzz every decoder of network input for N seconds; report failures"),
     (("bench", "device"), "swarm.cmd_bench_device", "check every GPU path against its CPU twin (prepared GPU check)"),
 ]
 

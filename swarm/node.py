@@ -155,7 +155,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                  built: list, teardown: trio.CancelScope, closed: trio.Event,
                  on_stopping: Callable[[Node], None]) -> None:
     """open_node_parts' body; `teardown` is the scope whose deadline bounds closing, `closed` is set once closed."""
-    from p2p.channel import open_data_channel, serve_data_channels
+    from p2p.channel import ChannelConfig, open_data_channel, serve_data_channels
     from p2p.dht import open_dht
     from p2p.gossip import GossipConfig, open_gossip
     from p2p.gossip_admission import AdmissionConfig
@@ -188,7 +188,8 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 built.append(node)
                 events.listeners.append(node.note_progress)
                 await nursery.start(mirror.run_service)
-                await nursery.start(serve_data_channels, host, mirror.accept_link)
+                await nursery.start(serve_data_channels, host, mirror.accept_link,
+                                    ChannelConfig(exempt_loopback=config.data_exempt_loopback))
                 install_manifest_server(host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None)
                 events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.roles))
                 for part, *args in [(receive_manifests,), (receive_heartbeats,), (send_heartbeats,),
@@ -205,7 +206,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
 
 async def _run_part(node: Node, part: Callable[..., Awaitable[None]], *args: Any) -> None:
     """Run one role, or one of the peer's own tasks, as part(node, *args). One that fails stops the peer with one
-    clear line instead of a wall of tracebacks: an exception escaping a task of the node's nursery used to end the
+    clear line instead of a wall of tracebacks: an exception escaping a task of the node's nursery would end the
     peer (and every peer of a simulation) with a nested exception group."""
     try:
         await part(node, *args)

@@ -9,7 +9,8 @@ then handled exactly like a gossiped one. `receive_groups` does that for a whole
 once, so a slow or silent announcer holds up only its own announcements, not every group behind it.
 
 Request: the 32-byte blob id. Response: 4-byte big-endian length, then the blob (length 0: not held, e.g.
-expired). The response is read in bounded chunks (py-libp2p's own readers fail above ~6.5 MiB, REFERENCE §5).
+expired). The response is read in bounded chunks (py-libp2p's own readers fail above ~6.5 MiB,
+docs/reference.md#py-libp2p-pitfalls).
 
 Hostile input never crashes a receiver: a blob that does not hash to its id, does not match its announced size,
 inflates past its declared size or fails the schema is dropped and its sender scored down in gossip (three lies

@@ -40,8 +40,8 @@ class SwarmView:
 
     @property
     def versions(self) -> dict[int, bytes]:
-        """Policy version -> the manifest id most peers' heartbeats gave for it (the first to arrive used to win,
-        so one liar could name a bogus id for the real newest version)."""
+        """Policy version -> the manifest id most peers' heartbeats gave for it (not the first to arrive, with
+        which one liar could name a bogus id for the real newest version)."""
         return {v: max(ids, key=lambda i: (len(ids[i]), i)) for v, ids in self.claims.items()}
     rollout_versions: dict[int, int] = field(default_factory=dict)  # policy version -> groups generated with it
     rejected_checks: dict[str, int] = field(default_factory=dict)  # failed check -> rejecting votes naming it

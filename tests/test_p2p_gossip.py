@@ -210,13 +210,13 @@ async def _echo(stream) -> None:
     await stream.close()
 
 
-OPEN_LIMIT_S = 4.0  # the bug this guards made every open wait 8-10 s
+OPEN_LIMIT_S = 4.0  # with py-libp2p's full per-message CPU, every open waits 8-10 s
 
 
 async def test_streams_open_promptly_while_every_host_publishes_heartbeats():
     """Five fully meshed hosts in one process, each publishing a heartbeat a second: py-libp2p's per-message CPU
-    (IDONTWANT for every message, a signed record verified twice per RPC) used to outrun the process, the sockets
-    backed up and a new stream's SYN waited behind the backlog for 8-10 s. Each open must now take under 4 s (under
+    (IDONTWANT for every message, a signed record verified twice per RPC) can outrun the process, so the sockets
+    back up and a new stream's SYN waits behind the backlog for 8-10 s. Each open must take under 4 s (under
     0.5 s on a quiet 2-core box; the margin lets the test hold on a box shared with other jobs)."""
     count, opens = 5, 12
     with trio.fail_after(60):
@@ -308,10 +308,10 @@ async def publish_until_heard(peer: Gossip, inbox, life: str, limit: int) -> int
 
 
 async def test_a_peer_restarted_under_the_same_key_is_heard_at_once():
-    """py-libp2p numbers messages from the clock in seconds, one per message: a peer that restarted after sending
-    more messages than seconds passed reused its old message ids and went unheard (seen-cache duplicates) until its
-    count passed the old one. Life one sends 40 messages in well under a second; the restarted peer must be heard
-    within its first 10, where the old numbering repeated about 39 ids the listener had seen."""
+    """py-libp2p numbers messages from the clock in seconds, one per message: a peer that restarts after sending
+    more messages than seconds passed would reuse its earlier message ids and go unheard (seen-cache duplicates)
+    until its count passed the earlier one. Life one sends 40 messages in well under a second; the restarted peer
+    must be heard within its first 10, where numbering by seconds would repeat about 39 ids the listener has seen."""
     from libp2p.peer.id import ID
 
     key = Identity(bytes([9]) * 32)

@@ -269,7 +269,7 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
 def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_on_when_synchronous(tmp_path):
     """One worker answering 2 prompts per version against a batch of 4: the version brings nothing more once both
     groups came, so the trainer publishes again at once (async: the held group stays in the window), or trains on
-    what it holds at once when synchronous; it used to wait `patience_s` of quiet each time."""
+    what it holds at once when synchronous, without waiting `patience_s` of quiet each time."""
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
@@ -315,8 +315,8 @@ def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_
 
 
 def test_a_version_naming_fewer_validators_than_the_quorum_refuses_rollouts_without_blaming_the_worker():
-    """Found running the README's recipe (replicas 2, quorum 2) with one validator: each honest group was settled
-    as rejected (its one assigned validator's accept could never make a quorum of 2) and the worker was banned."""
+    """The default recipe (replicas 2, quorum 2) with one validator: each honest group would be settled as rejected
+    (its one assigned validator's accept can never make a quorum of 2) and the worker banned; neither happens."""
     validators = keys(1)
     gate = gate_with(validators)
     for task in range(8):

@@ -115,7 +115,7 @@ async def test_publish_fetch_seed_leaves_late_peer_completes(tmp_path):
 
 async def test_a_peer_serving_corrupt_pieces_is_dropped_banned_and_reported_and_the_policy_completes(tmp_path):
     """Real hosts: the only holder at first lies about every piece. The fetcher reports it in one event, never
-    links it again (it used to be linked again at once and cost a piece each time), and completes from the
+    links it again (each new link would cost a piece), and completes from the
     honest seed that comes later."""
     trainer = Identity.generate()
     original, manifest, signed = signed_checkpoint(tmp_path, trainer)
@@ -179,8 +179,8 @@ async def test_a_peer_that_missed_every_announcement_finds_the_newest_policy_thr
 
 
 async def test_swarm_publish_from_a_fresh_data_dir_numbers_its_checkpoint_past_the_runs_newest_version(tmp_path):
-    """A publisher on a fresh data directory used to number its checkpoint v1; every peer of a run already at v3
-    dropped it as older than its window. It now asks the swarm (the DHT's signed record) first."""
+    """A publisher on a fresh data directory asks the swarm (the DHT's signed record) for the newest version first:
+    numbered v1, its checkpoint would be dropped by every peer of a run already at v3 as older than its window."""
     from swarm.cmd_publish import next_version
 
     trainer = Identity.generate()
@@ -212,7 +212,7 @@ async def _connect(peer: Peer, other: Peer) -> None:
 
 
 async def test_a_peer_whose_bootstrap_peer_comes_up_later_or_again_connects_to_it(tmp_path):
-    """The bootstrap peer is often the trainer, which restarts on its address; nothing used to dial it back."""
+    """The bootstrap peer is often the trainer, which restarts on its address: the peer keeps dialing it back."""
     import socket
 
     trainer = Identity.generate()

@@ -163,8 +163,8 @@ def test_the_view_says_when_the_newest_manifest_was_not_had_or_not_signed_by_the
 
 
 def test_a_liars_manifest_id_or_terminal_escapes_do_not_win_the_view():
-    """The first heartbeat to name a version's manifest id used to win it, and a peer's newlines and escapes in
-    its roles or progress drew fake lines in the status table."""
+    """The first heartbeat to name a version's manifest id does not win it, and a peer's newlines and escapes in
+    its roles or progress draw no fake lines in the status table."""
     real, bogus = b"\x01" * 32, b"\x02" * 32
     view = SwarmView()
     view.on_heartbeat("liar", beat({"roles": ["seed"], "policies": [[5, bogus, True]]}), now=1.0)

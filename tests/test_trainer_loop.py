@@ -347,8 +347,8 @@ def test_a_run_restarted_before_its_first_checkpoint_starts_over_numbered_past_w
 
 def test_a_swarm_trainer_whose_versions_outran_its_checkpoint_still_restarts(tmp_path, model_cache):
     """A swarm trainer publishes early whenever its workers run dry, so more versions than the async window keeps
-    can follow a checkpoint; the version the checkpoint names stays on disk, and a restart resumes from it (it
-    used to fail: 'checkpoint ... names policy v2 but its files are gone')."""
+    can follow a checkpoint; the version the checkpoint names stays on disk, and a restart resumes from it (never
+    'checkpoint ... names policy v2 but its files are gone')."""
     first = make_run(tmp_path, model_cache, checkpoint_every=2)
     run_sync(first, FixedSource(), 2)  # checkpoint at step 2 names v2
     for _ in range(4):
@@ -386,7 +386,7 @@ class SecondRank:
 def test_a_rank_that_looks_after_rank_0_published_the_first_version_still_numbers_it_as_rank_0_does(
         tmp_path, model_cache):
     """Data parallel: rank 0 publishes v0 while rank 1 may still be loading; rank 1 must not count that v0 as
-    written by an earlier process (it then numbered its versions one higher and refused rank 0's batches)."""
+    written by an earlier process (it would number its versions one higher and refuse rank 0's batches)."""
     make_run(tmp_path, model_cache)  # rank 0's start: v0 is on disk now
     rank_1 = make_run(tmp_path, model_cache, collective=SecondRank(partner=-1.0))  # rank 0 saw nothing on disk
     assert rank_1.first_version == rank_1.state.version == 0

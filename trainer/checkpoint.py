@@ -138,7 +138,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> TrainerState:
 
 
 def _consumed(raw: list, version: int) -> dict[str, int]:
-    """Consumed ids as written: [id, version] pairs, or bare ids (checkpoints of older releases, kept as if from
+    """Consumed ids as written: [id, version] pairs, or bare ids (checkpoints that name no versions, kept as if from
     `version` until the async window passes them)."""
     consumed: dict[str, int] = {}
     for item in raw:

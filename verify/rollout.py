@@ -22,8 +22,8 @@ MAX_PROOF_BYTES = 4 << 20
 MAX_TEXT = 256
 MAX_CONTAINERS = 3 + 3 * MAX_COMPLETIONS
 """Maps and arrays in the largest valid group (the group, its prompt and completion lists, per completion a map and
-two lists); decoding stops past it. An empty array is one byte on the wire and a Python list in memory: a 8 KiB
-compressed body inflated into 586 MiB of lists before the schema was checked."""
+two lists); decoding stops past it. An empty array is one byte on the wire and a Python list in memory: an 8 KiB
+compressed body of them would inflate into 586 MiB of lists if decoded before the schema is checked."""
 
 
 class RolloutSchemaError(ValueError):
