@@ -239,3 +239,45 @@ def test_a_nodes_own_progress_is_sent_only_as_receivers_accept_it():
     progress = {"step": 3, "reward": float("nan"), "stage": "x" * 50, "nested": {"a": 1}, "accepted": 2}
     assert sendable_progress(progress) == {"step": 3, "accepted": 2}
     assert dict(decode_heartbeat(env({"progress": sendable_progress(progress)})).progress) == {"step": 3, "accepted": 2}
+
+
+# ---- fuzzing: every typed decoder returns its value or refuses with EnvelopeError, nothing else -----------------
+
+from hypothesis import given, settings  # noqa: E402 - the fuzz section's own imports
+from hypothesis import strategies as st  # noqa: E402
+
+from swarm.gossip_bodies import DECODERS, decode_heartbeat  # noqa: E402
+
+_leaf = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False)
+         | st.text(max_size=12) | st.binary(max_size=40))
+_plain = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=4)
+                      | st.dictionaries(st.text(max_size=8) | st.integers(0, 3), kids, max_size=4), max_leaves=24)
+
+
+def _valid_bodies() -> dict:
+    check = SimpleNamespace(name="proof", ok=True, reason="")
+    vote = sign_vote(ALICE.seed, b"v" * 32, True, [check]).to_wire()
+    ann = {"id": bytes(32), "size": 10, "n": 20, "worker": ALICE.peer_id, "rollout": bytes(32), "version": 1,
+           "addrs": []}
+    return {"heartbeat": {"roles": ["seed"], "addrs": [f"/ip4/1.2.3.4/tcp/1/p2p/{ALICE.peer_id}"],
+                          "policies": [[1, bytes(32), True]], "progress": {"step": 1}},
+            "manifest": {"id": bytes(32), "version": 1, "signed": b"m"},
+            "vote": {"votes": [vote]}, "rollout": {"batch": [{"ann": ann}]}}
+
+
+VALID = _valid_bodies()
+
+
+@given(st.sampled_from(sorted(DECODERS)), st.lists(st.tuples(st.text(max_size=8), _plain), max_size=3), _plain)
+@settings(max_examples=300, deadline=None)
+def test_fuzz_typed_decoders_refuse_only_with_the_projects_error(kind, overrides, whole):
+    """Valid bodies with fields overwritten by arbitrary values, and arbitrary values as whole bodies."""
+    mutated = {**VALID[kind], **dict(overrides)}
+    for body in (mutated, whole):
+        try:
+            value = DECODERS[kind](env(body))
+        except EnvelopeError as exc:
+            assert exc.reason == "bad_body"
+        else:
+            assert value is not None
+    assert decode_heartbeat(env(VALID["heartbeat"])).roles == ("seed",)
