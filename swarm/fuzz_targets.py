@@ -8,13 +8,16 @@ the project's own errors ends the role or the node that received the input.
 
 Decoders that take a gossip body receive it the way a handler does: the fuzzed bytes are a msgpack body, sealed
 into a real envelope and opened again (p2p.envelope), so bodies the envelope refuses count as refused and the
-rest arrive in the form handlers see. Samples are built in memory, deterministically, without disk or network.
+rest arrive in the form handlers see. Gossip bodies are fuzzed twice: through the typed decoder gossip's validator
+runs before delivery or forwarding (swarm.gossip_bodies), and through the readers of the roles that receive them
+(swarm.vote_messages, swarm.rollout_codec). What arrives on streams (piece frames, the data channel's handshake,
+records and the link preamble) has its decoders in swarm.fuzz_stream_targets. Samples are built in memory,
+deterministically, without disk or network.
 """
 
 from __future__ import annotations
 
 import functools
-import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,15 +58,20 @@ def _cached(build: Callable[[], list[bytes]]) -> Callable[[], list[bytes]]:
 # ---------------------------------------------------------------------------------------------- gossip bodies
 
 
-def _body_of(data: bytes, kind: str) -> Any:
-    """The body a `kind` handler receives for the fuzzed msgpack `data`, or EnvelopeError as the envelope would."""
+def _envelope_of(data: bytes, kind: str) -> Any:
+    """The opened envelope a `kind` handler receives for the fuzzed msgpack body `data`, or EnvelopeError as the
+    envelope would raise it."""
     from p2p.envelope import open_envelope, seal
 
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception:  # noqa: BLE001 - bytes that are not one msgpack value: the envelope never carries them
         raise EnvelopeError("malformed", "fuzzed body is not msgpack") from None
-    return open_envelope(seal(kind, RUN, body, SENDER, NOW, 1), RUN, NOW).body
+    return open_envelope(seal(kind, RUN, body, SENDER, NOW, 1), RUN, NOW)
+
+
+def _body_of(data: bytes, kind: str) -> Any:
+    return _envelope_of(data, kind).body
 
 
 def _pack(value: Any) -> bytes:
@@ -99,7 +107,7 @@ def vote_wire() -> dict:
             self.name, self.ok, self.reason = name, ok, reason
 
     checks = [Check("proof", True, ""), Check("reward", False, "claimed 1.0, recomputed 0.0")]
-    return sign_vote(bytes(range(1, 33)), b"\x07" * 32, False, checks).to_wire()
+    return sign_vote(SENDER.seed, b"\x07" * 32, False, checks).to_wire()
 
 
 def decode_votes(data: bytes) -> Any:
@@ -114,6 +122,59 @@ def decode_votes(data: bytes) -> Any:
 def vote_samples() -> list[bytes]:
     one = vote_wire()
     return [_pack({"votes": [one, one]}), _pack({"vote": one})]
+
+
+# ---------------------------------------------------------------------------------------------- typed gossip bodies
+
+
+def decode_gossip_heartbeat(data: bytes) -> Any:
+    from swarm.gossip_bodies import decode_heartbeat
+
+    return decode_heartbeat(_envelope_of(data, "heartbeat"))
+
+
+def decode_heartbeat_status(data: bytes) -> str:
+    """What `swarm status` makes of one heartbeat: its view's report as `--json` prints it (strict JSON: NaN or
+    Infinity would break every reader) and as the terminal shows it."""
+    from swarm.gossip_bodies import decode_heartbeat
+    from swarm.status import SwarmView, render, to_json
+
+    view = SwarmView()
+    view.on_heartbeat(SENDER.peer_id, decode_heartbeat(_envelope_of(data, "heartbeat")), NOW)
+    report = view.report(NOW, 10.0)
+    render(report)
+    return to_json(report)
+
+
+@_cached
+def heartbeat_samples() -> list[bytes]:
+    return [_pack(heartbeat_body()), _pack({"roles": ["worker"]})]
+
+
+def decode_gossip_manifest(data: bytes) -> Any:
+    """A manifest announcement as a node that knows its run's trainer key (the fuzzing key) decodes it."""
+    from swarm.gossip_bodies import run_decoders
+
+    return run_decoders(lambda: SENDER.public_bytes)["manifest"](_envelope_of(data, "manifest"))
+
+
+@_cached
+def announcement_samples() -> list[bytes]:
+    signed = signed_manifest_samples()[0]
+    return [_pack({"id": blake3.blake3(manifest_samples()[0]).digest(), "version": 3, "signed": signed}),
+            _pack({"id": b"\x04" * 32, "version": 0})]
+
+
+def decode_gossip_votes(data: bytes) -> Any:
+    from swarm.gossip_bodies import decode_votes as decode_vote_batch
+
+    return decode_vote_batch(_envelope_of(data, "vote"))
+
+
+def decode_gossip_rollouts(data: bytes) -> Any:
+    from swarm.gossip_bodies import decode_rollouts
+
+    return decode_rollouts(_envelope_of(data, "rollout"))
 
 
 # ---------------------------------------------------------------------------------------------- rollouts
@@ -251,7 +312,7 @@ def run_spec_samples() -> list[bytes]:
     return [_pack(manifest_model())]
 
 
-# ---------------------------------------------------------------------------------------------- DHT, frames, channel
+# ---------------------------------------------------------------------------------------------- DHT records
 
 
 def decode_dht_record(data: bytes) -> Any:
@@ -267,108 +328,22 @@ def dht_record_samples() -> list[bytes]:
     return [LatestManifest.sign(RUN, b"\x05" * 32, v, SENDER).encode() for v in (0, 7, 2**40)]
 
 
-FRAME_PIECES = 20
-
-
-def decode_piece_frames(data: bytes) -> list:
-    """Every frame of a piece-protocol byte stream, parsed against a 20-piece manifest, then the end of stream."""
-    from p2p.wire import decode_frames
-
-    return decode_frames(data, FRAME_PIECES)
-
-
-@_cached
-def frame_samples() -> list[bytes]:
-    from p2p.wire import Bitfield, Cancel, Have, Hello, Piece, Reject, Request, message_frame, pack_bits
-
-    bits = pack_bits([i % 3 == 0 for i in range(FRAME_PIECES)])
-    messages = [Hello(b"\x03" * 32, bits), Bitfield(bits), Have(4), Request(19), Cancel(0), Reject(3, "busy"),
-                Piece(2, b"\xab" * 300)]
-    streams = [b"".join(bytes(part) for part in message_frame(m)) for m in messages]
-    return streams + [b"".join(streams)]
-
-
-class _ReplayStream:
-    """The read side of a libp2p stream over fixed bytes, for driving a handshake reader without trio."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    async def read(self, n: int) -> bytes:
-        chunk, self.data = self.data[:n], self.data[n:]
-        return chunk
-
-
-def _run_without_io(coroutine: Any) -> Any:
-    """Run a coroutine that never waits on anything (its stream answers at once) to its end."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    coroutine.close()
-    raise RuntimeError("the handshake reader waited on something other than its stream")
-
-
-def decode_channel_request(data: bytes) -> Any:
-    """A dialer's request as the listener reads it: one handshake message, then the cipher it may be offered."""
-    from p2p.channel import _read_msg
-    from p2p.channel_records import AES_256_GCM, choose_aead
-
-    request = _run_without_io(_read_msg(_ReplayStream(data), opening=True))
-    return choose_aead(AES_256_GCM, request.get("aeads"))
-
-
-def _handshake(msg: dict) -> bytes:
-    raw = _pack(msg)
-    return struct.pack(">H", len(raw)) + raw
-
-
-@_cached
-def channel_request_samples() -> list[bytes]:
-    from p2p.channel_records import AEADS
-
-    return [_handshake({"v": 1, "mode": "socket", "aeads": sorted(AEADS)}), _handshake({"v": 1, "mode": "socket"})]
-
-
-CHANNEL_KEY = bytes(range(100, 132))
-
-
-def decode_channel_records(data: bytes) -> list:
-    """Records of one data-channel direction: each header checked, each body authenticated and opened, in order."""
-    from p2p.channel_records import HEADER, LISTENER, RecordOpener
-
-    opener, out, view = RecordOpener(CHANNEL_KEY, LISTENER), [], memoryview(data)
-    while len(view) >= HEADER.size:
-        length, flags = opener.parse_header(view[: HEADER.size])
-        body = view[HEADER.size : HEADER.size + length]
-        if len(body) < length:
-            raise ChannelError("data channel ended inside a record")
-        out.append(bytes(opener.open(flags, body)))
-        view = view[HEADER.size + length :]
-    return out
-
-
-@_cached
-def channel_record_samples() -> list[bytes]:
-    from p2p.channel_records import LISTENER, RecordSealer, record_buffer
-
-    sealer, buf, records = RecordSealer(CHANNEL_KEY, LISTENER), record_buffer(), []
-    for chunk, final in ((b"hello", False), (b"\x00" * 3000, False), (b"", True)):
-        size = sealer.seal_into(chunk, buf, final)
-        records.append(bytes(buf[:size]))
-    return [b"".join(records)]
-
-
 # ---------------------------------------------------------------------------------------------- the registry
 
 
 def _targets() -> tuple[FuzzTarget, ...]:
+    from swarm import fuzz_stream_targets as stream
     from swarm.errors import UserError
     from swarm.rollout_codec import RolloutRefused
     from verify.rollout import RolloutSchemaError
 
     return (
         FuzzTarget("envelope", decode_envelope, envelope_samples, (EnvelopeError,)),
+        FuzzTarget("heartbeat", decode_gossip_heartbeat, heartbeat_samples, (EnvelopeError,)),
+        FuzzTarget("heartbeat_status", decode_heartbeat_status, heartbeat_samples, (EnvelopeError,)),
+        FuzzTarget("manifest_announcement", decode_gossip_manifest, announcement_samples, (EnvelopeError,)),
+        FuzzTarget("vote_gossip", decode_gossip_votes, vote_samples, (EnvelopeError,)),
+        FuzzTarget("rollout_gossip", decode_gossip_rollouts, rollout_body_samples, (EnvelopeError,)),
         FuzzTarget("vote_batch", decode_votes, vote_samples, (EnvelopeError,)),
         FuzzTarget("rollout_body", decode_rollout_body, rollout_body_samples, (EnvelopeError, RolloutRefused)),
         FuzzTarget("rollout_group", decode_rollout_group, rollout_group_samples, (RolloutSchemaError,)),
@@ -378,10 +353,14 @@ def _targets() -> tuple[FuzzTarget, ...]:
         FuzzTarget("signed_manifest", decode_signed_manifest, signed_manifest_samples, (ManifestError,)),
         FuzzTarget("self_signed_manifest", decode_self_signed_manifest, manifest_samples, (ManifestError,)),
         FuzzTarget("dht_record", decode_dht_record, dht_record_samples, (DHTError,)),
-        FuzzTarget("piece_frames", decode_piece_frames, frame_samples, (FrameError,), frame_prefix=4),
-        FuzzTarget("channel_request", decode_channel_request, channel_request_samples, (ChannelError,),
+        FuzzTarget("piece_frames", stream.decode_piece_frames, stream.frame_samples, (FrameError,), frame_prefix=4),
+        FuzzTarget("channel_request", stream.decode_channel_request, stream.channel_request_samples,
+                   (ChannelError,), frame_prefix=2),
+        FuzzTarget("channel_offer", stream.decode_channel_offer, stream.channel_offer_samples, (ChannelError,),
                    frame_prefix=2),
-        FuzzTarget("channel_records", decode_channel_records, channel_record_samples, (ChannelError,)),
+        FuzzTarget("preamble_head", stream.decode_preamble_head, stream.preamble_head_samples, (ChannelError,)),
+        FuzzTarget("channel_records", stream.decode_channel_records, stream.channel_record_samples,
+                   (ChannelError,)),
     )
 
 
