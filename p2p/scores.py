@@ -30,6 +30,7 @@ DEFAULT_PENALTIES: Mapping[str, float] = MappingProxyType({
     "ignored": 10.0,  # a message a handler could not use (an announced manifest that does not verify)
     "rate_limited": 5.0,  # more messages of a kind than its rate allows (twelve past it: banned)
     "flooding": 5.0,  # more bytes than a sender's decode budget
+    "handler_fault": 25.0,  # a stream of the peer made a handler of the host fail (p2p.host): three ban it, as there
 })
 
 

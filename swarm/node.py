@@ -164,7 +164,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
     from p2p.transfer import TransferConfig
     from swarm.gossip_bodies import DECODERS, run_decoders
     from swarm.manifest_protocol import install_manifest_server
-    from swarm.node_gossip import receive_heartbeats, receive_manifests, send_heartbeats
+    from swarm.node_gossip import receive_heartbeats, receive_manifests, send_heartbeats, share_host_faults
     from swarm.trust import TrainerTrust
 
     with PieceStore(config.data_dir / "store", keep_versions=config.keep_versions) as store:
@@ -186,6 +186,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                     trio.open_nursery() as nursery:
                 node = Node(config, host, gossip, mirror, events, nursery, dht=dht)
                 built.append(node)
+                share_host_faults(host, gossip)
                 events.listeners.append(node.note_progress)
                 await nursery.start(mirror.run_service)
                 await nursery.start(serve_data_channels, host, mirror.accept_link,

@@ -85,6 +85,20 @@ async def fetch_and_adopt(node: Any, peer: str, manifest_id: bytes, fetch) -> No
         node.mirror.adopt(signed)
 
 
+def share_host_faults(host: Any, gossip: Any) -> None:
+    """A peer whose streams make this host's handlers fail pays for it in gossip too (p2p.host's fault listeners):
+    one accountability, so a peer the host is about to ban for faulting streams is not also relayed and forwarded
+    at a clean gossip score. Three faults, which ban it from the host, ban it from gossip as well."""
+    from libp2p.peer.id import ID
+
+    from p2p.host import HANDLER_FAULT
+
+    def on_fault(peer: str, protocol: str) -> None:
+        gossip.penalize(ID.from_base58(peer), HANDLER_FAULT)
+
+    host.fault_listeners.append(on_fault)
+
+
 def heartbeat_body(node: Any) -> dict:
     """What this peer says about itself, within what receivers accept (swarm.gossip_bodies.decode_heartbeat)."""
     policies = []

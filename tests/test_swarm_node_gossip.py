@@ -135,3 +135,35 @@ async def test_throwaway_ids_fill_the_heartbeat_dial_limit_only_for_a_while(auto
     await trio.sleep(HEARTBEAT_REDIAL_S + 1)
     _on_heartbeat(node, heartbeat("honest"), dialed, None)
     assert started[-1] == "honest" and set(dialed) == {"honest"}
+
+
+async def test_a_peer_whose_streams_fault_the_host_pays_in_gossip_too_and_three_faults_ban_it_there(tmp_path):
+    """One accountability (swarm.node_gossip.share_host_faults): each stream that makes a node's handler fail
+    costs its peer gossip score, and the three faults that ban it from the host ban it from gossip as well."""
+    from libp2p.network.stream.exceptions import StreamError
+
+    from p2p.errors import HostError
+    from p2p.host import open_host
+
+    async def explode(stream):
+        raise RuntimeError("injected stream fault")
+
+    target = Peer(tmp_path, "target", Identity.generate())
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery, open_host() as mallory:
+            nursery.start_soon(target.run)
+            await target.ready.wait()
+            target.node.host.set_guarded_handler("/test/fragile/1", explode)
+            await mallory.connect(target.node.host.multiaddrs[0])
+            gossip = target.node.gossip
+            for fault in range(3):
+                with pytest.raises((HostError, StreamError)):  # the handler raised: the target reset the stream
+                    stream = await mallory.new_stream(target.node.peer_id, "/test/fragile/1")
+                    await stream.write(b"x")
+                    await stream.read(1)
+                refusal = await gossip.rejections.receive()
+                assert (refusal.peer, refusal.reason) == (mallory.peer_id, "handler_fault")
+                assert refusal.banned == (fault == 2)
+            assert mallory.peer_id in gossip.banned_peers()
+            assert not target.node.done.is_set() and not target.node.failed
+            target.stop()
