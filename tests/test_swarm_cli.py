@@ -47,6 +47,7 @@ def test_bad_input_is_one_line(tmp_path, args, fragment):
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("swarm: error:")]
     assert len(lines) == 1 and fragment in lines[0]
+    assert not (tmp_path / "d").exists()  # a refused peer writes no data directory and no identity key
     if args[0] == "status":
         assert result.stderr.strip() == lines[0]  # nothing else: the observer's host stays quiet
 
@@ -145,6 +146,24 @@ def test_a_data_or_output_directory_that_is_a_file_is_one_line(tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stderr, args
         assert result.stderr.strip().startswith("swarm: error:") and fragment in result.stderr, result.stderr
     assert afile.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--task", "nosuchtask"], "unknown task 'nosuchtask'"),
+    (["--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
+])
+def test_a_refused_train_creates_no_output_directory(tmp_path, flags, fragment):
+    """The refusal comes once --out exists (the task and the model load inside the session); what the command
+    created is taken back, and a directory that was there before keeps its files."""
+    fresh = tmp_path / "runs" / "one"
+    result = run_swarm("train", "--out", str(fresh), "--steps", "1", *flags)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and fragment in result.stderr
+    assert not (tmp_path / "runs").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert run_swarm("train", "--out", str(kept), "--steps", "1", *flags).returncode == 2
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]
 
 
 def test_sim_clears_only_a_directory_an_earlier_simulation_wrote(tmp_path):
