@@ -80,11 +80,15 @@ def user_facing_error(exc: BaseException) -> BaseException | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from swarm.shutdown import Interrupts, is_interrupt
+    from swarm.shutdown import Interrupts
 
-    interrupts = Interrupts()
-    interrupts.install()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    with Interrupts().installed() as interrupts:
+        return _run_command(list(sys.argv[1:] if argv is None else argv), interrupts)
+
+
+def _run_command(argv: list[str], interrupts) -> int:
+    from swarm.shutdown import is_interrupt
+
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     module = getattr(args, "_module", None)

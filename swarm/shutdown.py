@@ -13,6 +13,7 @@ the process. `Interrupts` gives every command the same end on Ctrl-C and SIGTERM
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -56,6 +57,12 @@ class ExitGuard:
             if self._timer is not None:
                 self._timer.cancel()
 
+    def quiet(self) -> None:
+        """Keep the bound but end silently: the normal exit has said its line and only the interpreter's own
+        teardown is left (blocks while an expiring guard ends the process)."""
+        with self._lock:
+            self.message = ""
+
     def expire(self) -> None:
         """Finish what the normal exit would have done, say why in one line, and end the process."""
         with self._lock:
@@ -66,7 +73,8 @@ class ExitGuard:
         try:
             self.before_exit()
         finally:
-            print(self.message, file=sys.stderr)
+            if self.message:
+                print(self.message, file=sys.stderr)
             sys.stdout.flush()
             sys.stderr.flush()
             self.exit_process(self.status)
@@ -88,10 +96,19 @@ class Interrupts:
         self.received: int | None = None  # SIGTERM once one arrived (a SIGINT is seen as its KeyboardInterrupt)
         self.guard: ExitGuard | None = None
 
-    def install(self) -> None:
-        """Take SIGTERM unless the parent process chose what it does (ignored, or a handler of its own)."""
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, self.on_terminate)
+    @contextlib.contextmanager
+    def installed(self):
+        """Take SIGTERM for the block, unless the process chose what it does (ignored, or a handler of its own) or
+        this is not the main thread (a test calling the CLI in-process); what was there is put back after."""
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+            yield self
+            return
+        signal.signal(signal.SIGTERM, self.on_terminate)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def on_terminate(self, signum: int, frame) -> None:
         if self.received is None:
@@ -111,9 +128,10 @@ class Interrupts:
         return "swarm: terminated" if self.received == signal.SIGTERM else "swarm: interrupted"
 
     def finish(self) -> int:
-        """Say in one line that the command was interrupted (unless the guard already ended the process)."""
+        """Say in one line that the command was interrupted (unless the guard already ended the process); the
+        guard still bounds the interpreter's teardown (torch's alone has taken 14-20 s on a busy machine)."""
         if self.guard is not None:
-            self.guard.disarm()
+            self.guard.quiet()
         print(self.line(), file=sys.stderr)
         return self.status()
 
