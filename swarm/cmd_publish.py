@@ -72,6 +72,18 @@ def _hf_description(checkpoint: Path) -> dict | None:
         raise UserError(f"cannot publish {checkpoint}: {exc}") from None
 
 
+def check_weights(checkpoint: Path) -> None:
+    """What describe_policy_dir checks of the weights (at least one file, each header a safetensors index)."""
+    from p2p.errors import ManifestError
+    from p2p.manifest import read_safetensors_index
+
+    paths = sorted(checkpoint.glob("*.safetensors"))
+    if not paths:
+        raise ManifestError(f"{checkpoint} holds no .safetensors files")
+    for path in paths:
+        read_safetensors_index(path)
+
+
 def stage_hf_directory(checkpoint: Path, description: dict, staging: Path) -> Path:
     """`staging` made a policy directory of `checkpoint`'s weights: a hard link to each *.safetensors file (a
     symbolic link across file systems) and the model.json written from `description`, by rename. Why a directory
@@ -140,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
     try:  # a checkpoint that cannot be published is said before a peer starts, in one line
         if hf_description is None:
             describe_policy_dir(args.checkpoint_dir)
-        elif not any(args.checkpoint_dir.glob("*.safetensors")):
-            raise ManifestError(f"{args.checkpoint_dir} holds no .safetensors files")
+        else:
+            check_weights(args.checkpoint_dir)
     except ManifestError as exc:
         raise UserError(f"cannot publish {args.checkpoint_dir}: {exc}") from None
     key = read_key_file(args.key)

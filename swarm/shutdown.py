@@ -104,11 +104,19 @@ class Interrupts:
                 signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
             yield self
             return
+        sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if sigint_ignored:  # a shell's background job: Ctrl-C stays out, blocked rather than ignored, so that
+            # trio.run still installs its own SIGINT handler, the only safe way to interrupt it on SIGTERM
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, self.on_terminate)
         try:
             yield self
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if sigint_ignored:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def on_terminate(self, signum: int, frame) -> None:
         if self.received is None:
@@ -117,7 +125,7 @@ class Interrupts:
                                    message=f"{self.line()} (still closing after {self.grace_s:.0f} s; exiting anyway)")
             self.guard.arm(self.status())
         interrupt = signal.getsignal(signal.SIGINT)
-        if not callable(interrupt):  # SIGINT ignored (a background job of a shell): interrupt all the same
+        if not callable(interrupt):  # a handler of SIGINT set outside the CLI is gone: interrupt all the same
             raise KeyboardInterrupt
         interrupt(signal.SIGINT, frame)
 

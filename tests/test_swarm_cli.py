@@ -79,6 +79,26 @@ def test_a_checkpoint_that_cannot_be_published_is_one_line_before_any_peer_start
     assert result.stdout == "" and not (tmp_path / "d").exists()  # no peer was started
 
 
+@pytest.mark.parametrize("config, weights, fragment", [
+    ('{"eos_token_id": 1}', b"junk", "model.safetensors is not a safetensors file"),
+    ('{"eos_token_id": ', None, "config.json is not a readable JSON file"),
+    ("{}", None, "names no end-of-sequence token"),
+])
+def test_a_hugging_face_directory_that_cannot_be_published_is_one_line(tmp_path, config, weights, fragment):
+    checkpoint = tmp_path / "hf"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(config)
+    if weights is not None:
+        (checkpoint / "model.safetensors").write_bytes(weights)
+    assert run_swarm("keygen", str(tmp_path / "key")).returncode == 0
+    result = run_swarm("publish", str(checkpoint), "--run", "r", "--key", str(tmp_path / "key"),
+                       "--data-dir", str(tmp_path / "d"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith(f"swarm: error: cannot publish {checkpoint}: ") and fragment in result.stderr
+    assert not (tmp_path / "d").exists() and sorted(p.name for p in checkpoint.iterdir()) == \
+        sorted(["config.json"] + (["model.safetensors"] if weights else []))
+
+
 def test_second_process_on_the_same_data_dir_is_refused(tmp_path):
     first = subprocess.Popen([*SWARM, "peer", "start", "--data-dir", str(tmp_path / "d"), "--json-events"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp_path)

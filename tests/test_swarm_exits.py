@@ -34,11 +34,13 @@ EXPECTED = {signal.SIGINT: (130, "swarm: interrupted"), signal.SIGTERM: (143, "s
 class Command:
     """A `swarm` child process: its JSON event lines collected by a thread, its stderr kept apart in a file."""
 
-    def __init__(self, tmp_path: Path, *args: str, env: dict | None = None) -> None:
+    def __init__(self, tmp_path: Path, *args: str, sigint=signal.SIG_DFL) -> None:
+        """sigint: what SIGINT does in the child at its start (SIG_IGN: a background job of a shell script), set
+        explicitly so that the tests mean the same when pytest itself runs as such a job."""
         self.stderr_path = tmp_path / "stderr.txt"
         with open(self.stderr_path, "w") as stderr:
             self.popen = subprocess.Popen([*SWARM, *args], stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                          cwd=tmp_path, env=env)
+                                          cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -79,11 +81,15 @@ def assert_one_line_exit(signum: int, status: int, stderr: str) -> None:
     assert stderr.splitlines() == [line] and status == code, (status, stderr)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_peer_ends_on_a_signal_in_one_line_and_its_identity_and_store_still_load(tmp_path, signum):
+@pytest.mark.parametrize("signum, sigint", [(signal.SIGINT, signal.SIG_DFL), (signal.SIGTERM, signal.SIG_DFL),
+                                             (signal.SIGTERM, signal.SIG_IGN)])
+def test_a_peer_ends_on_a_signal_in_one_line_and_its_identity_and_store_still_load(tmp_path, signum, sigint):
+    """Also as a background job of a shell script (SIGINT ignored), where SIGTERM is its only way out."""
     data = tmp_path / "peer"
-    peer = Command(tmp_path, "peer", "start", "--json-events", "--data-dir", str(data), *LOOPBACK)
+    peer = Command(tmp_path, "peer", "start", "--json-events", "--data-dir", str(data), *LOOPBACK, sigint=sigint)
     listening = peer.wait_for("listening")
+    if sigint == signal.SIG_IGN:
+        peer.popen.send_signal(signal.SIGINT)  # stays ignored: the exit below is SIGTERM's
     assert_one_line_exit(signum, *peer.interrupt(signum))
     assert load_or_create_identity(data).peer_id == listening["peer_id"]  # the same key, not a new one
     with PieceStore(data / "store"):  # opens (its lock was released with the process)
@@ -188,6 +194,25 @@ def test_sigterm_becomes_a_keyboard_interrupt_and_a_guard_bounds_the_unwind(monk
                                                     BaseExceptionGroup("role", [KeyboardInterrupt()])]))
     assert not is_interrupt(ExceptionGroup("peer", [OSError()]))
     assert Interrupts().status() == 130 and Interrupts().line() == "swarm: interrupted"
+
+
+def test_a_background_job_keeps_ctrl_c_out_and_lets_trio_take_sigint_for_sigterm():
+    """With SIGINT ignored trio.run installs no handler of its own, and a KeyboardInterrupt raised straight from the
+    SIGTERM handler can land inside trio's run loop (a TrioInternalError traceback). So for the command's time
+    SIGINT is blocked instead (still kept out) and its handler is Python's, which trio replaces with its own."""
+    from swarm.shutdown import Interrupts
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with Interrupts().installed():
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_eval_takes_the_task_from_its_config(tmp_path, tiny):
