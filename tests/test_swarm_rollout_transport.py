@@ -98,6 +98,32 @@ def test_a_blob_that_is_not_what_was_announced_is_refused():
         assert caught.value.reason == reason and caught.value.hostile
 
 
+def test_an_announcement_names_its_groups_slot_and_a_lying_one_is_refused_once_fetched():
+    """The announced slot decides which validators fetch the group (verify.votes.assign_validators), so a worker
+    could name a slot that draws colluding validators and serve a group of another slot: that is a hostile lie."""
+    group = make_group("w", 2, 256)
+    out = pack_group(group, limits=SMALL)
+    ann = parse_body(out.body, SMALL)
+    assert ann.slot() == group.slot() and open_blob(out.blob, ann, SMALL) == group
+    lies = {"run": "other-run", "step": 4, "dataset": "sorting", "task_index": 8, "policy_version": 4, "worker": "x"}
+    for field, value in lies.items():
+        with pytest.raises(RolloutRefused) as caught:
+            open_blob(out.blob, replace(ann, **{field: value}), SMALL)
+        assert caught.value.reason == "slot_mismatch" and caught.value.hostile, field
+
+
+def test_an_announcement_without_its_slot_or_with_anything_else_is_refused_before_fetching():
+    wire = pack_group(make_group("w", 2, 256), limits=SMALL).announcement.to_wire()
+    assert parse_announcement(wire, SMALL).task_index == 7
+    broken = [{k: v for k, v in wire.items() if k != field} for field in ("run", "step", "dataset", "task")]
+    broken += [{**wire, "junk": 1}, {**wire, "step": "3"}, {**wire, "task": -1}, {**wire, "task": True},
+               {**wire, "dataset": ""}, {**wire, "run": "r" * 257}, {**wire, "run": b"run"}]
+    for body in broken:
+        with pytest.raises(RolloutRefused) as caught:
+            parse_announcement(body, SMALL)
+        assert caught.value.reason == "schema", body
+
+
 def test_a_zip_bomb_stops_at_its_declared_size_and_oversize_is_refused_before_any_work():
     bomb = zlib.compress(b"\0" * (16 << 20), 9)  # 16 KiB that inflate to 16 MiB
     assert len(bomb) < 20 * 1024
