@@ -7,8 +7,9 @@ longer than the bound or a mistyped entry refuses the whole message, because wha
 exactly what must not be forwarded to the rest of the run, and it costs the sender (p2p.scores "bad_body").
 
 Kinds: heartbeat (Heartbeat), manifest (ManifestAnnouncement), vote (VoteBatch: every vote parsed, signed by the
-sender), rollout (RolloutMessage: swarm.rollout_codec's items, every one usable, each naming its own slot). DECODERS maps each to its
-decoder; a node subscribes to these kinds only, so a message on any other topic of the run is never forwarded.
+sender), rollout (RolloutMessage: swarm.rollout_codec's items, every one usable, each naming its own slot).
+DECODERS maps each to its decoder; a node subscribes to these kinds only, so a message on any other topic of the
+run is never forwarded.
 """
 
 from __future__ import annotations

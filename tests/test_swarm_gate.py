@@ -29,14 +29,6 @@ def group(version=1, step=None, worker="w1", task=3, reward=1.0) -> RolloutGroup
                         task, (1, 2), 0.6, 16, (completion, completion))
 
 
-def announced(g: RolloutGroup):
-    """The announcement a worker makes for `g` when it is too large for gossip (swarm.rollout_codec)."""
-    from swarm.rollout_codec import Announcement
-
-    return Announcement(b"b" * 32, 10, 20, g.worker, g.rollout_id(), g.policy_version, (), g.run, g.step, g.dataset,
-                        g.task_index)
-
-
 def gate_with(validators, newest=1) -> RolloutGate:
     gate = RolloutGate("run", replicas=2, quorum=2, timeout_s=10.0, async_level=1)
     for v in range(newest + 1):
@@ -187,29 +179,6 @@ def test_a_trainer_with_nothing_to_train_on_and_nothing_coming_is_starved_until_
     assert not wait.starved_long(gate, 171.0) and wait.starved_long(gate, 141.0 + wait.retry_after_s)
     accept(gate, validators, group(task=1))
     assert not wait.ready(gate, 172.0) and not wait.starved(gate, 300.0) and wait.ready(gate, 300.0)
-
-
-def test_a_validator_fetches_only_announced_groups_assigned_to_it_and_not_from_workers_it_banned():
-    from types import SimpleNamespace
-
-    from swarm.role_validator import VersionModels, assigned_to_me, wants_announced
-    from verify.reputation import Reputation
-
-    keys = [bytes([k]) * 32 for k in range(1, 6)]
-    spec = SimpleNamespace(validators_for=lambda worker: keys, replicas=2)
-    models = VersionModels(loaded=None)
-    models.specs[3] = spec
-    workers = Reputation()
-    wanted = wants_announced(models, workers, keys[0])
-    anns = [announced(group(version=3, worker="w", task=i)) for i in range(40)]
-    mine = [a for a in anns if assigned_to_me(a.slot().key(), a.worker, spec, keys[0])]
-    assert 0 < len(mine) < len(anns)  # rendezvous hashing spreads 40 groups over 5 validators, 2 each
-    assert [a for a in anns if wanted(a)] == mine
-    unknown_version = SimpleNamespace(worker="w", policy_version=4, rollout_id=bytes(32))
-    assert wanted(unknown_version)  # its validator set is not known yet: fetch, decide after download
-    for _ in range(4):
-        workers.record("w", good=False)
-    assert workers.is_banned("w") and not any(wanted(a) for a in anns + [unknown_version])
 
 
 def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_around(tmp_path):
@@ -493,32 +462,3 @@ def test_slots_differ_by_worker_task_version_and_step_only():
                   dataclasses.replace(g, run="other"), dataclasses.replace(g, dataset="chain_sum")):
         assert other.slot().key() != g.slot().key()
 
-
-def test_the_validators_of_a_rollout_follow_its_slot_never_its_bytes():
-    """A worker that jitters its group's bytes until colluding validators are drawn draws the same ones every time:
-    the gate's quorum, a validator's filter for inline groups and for announced ones all key on the slot."""
-    from swarm.role_validator import assigned_to_me
-    from verify.quorum import QuorumConfig, QuorumTracker
-
-    validators = keys(6)
-    version, pubs = spec(validators), [public_key_of(k) for k in validators]
-    tracker = QuorumTracker(QuorumConfig(replicas=2, quorum=2))
-    ground = [group(reward=i / 200) for i in range(200)]  # one slot, 200 byte variants (manifest id, rewards)
-    assert len({g.rollout_id() for g in ground}) == 200
-    drawn = {tracker.open(g.rollout_id(), g.slot().key(), version.validators_for(g.worker), 0.0)[0] for g in ground}
-    assert len(drawn) == 1
-    for key in pubs:
-        mine = {assigned_to_me(g.slot().key(), g.worker, version, key) for g in ground}
-        assert mine == {key in next(iter(drawn))}  # all or none of the variants, inline or announced alike
-        assert {assigned_to_me(announced(g).slot().key(), g.worker, version, key) for g in ground} == mine
-    spread = {assign_validators(group(task=t).slot().key(), pubs, 2) for t in range(40)}
-    assert len(spread) > 5  # other slots do draw other validators: the assignment is not constant
-
-
-def test_a_second_group_of_a_slot_gets_the_quorum_of_the_first_slot_at_the_gate():
-    validators = keys(5)
-    gate = gate_with(validators)
-    first, second = group(), group()
-    assert first.slot() == second.slot() and first.rollout_id() != second.rollout_id()
-    assert gate.on_rollout(first, 0.0) == "opened"
-    assert set(gate.tracker.assigned(first.rollout_id())) == {public_key_of(k) for k in assigned(validators, second)}
