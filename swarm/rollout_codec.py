@@ -23,7 +23,7 @@ rollouts sees both in one subscription):
 
 Every bound is checked before the work it protects: the declared sizes before fetching, the blob's length and
 BLAKE3 before inflating it, the inflated size while inflating (a zip bomb stops at its declared size), and the
-schema, the rollout id and the worker after decoding.
+schema, the rollout id and the slot (worker included) after decoding.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class Announcement:
     worker: str
     """Peer id of the worker; must equal the envelope's sender (the only peer asked for the blob)."""
     rollout_id: bytes
-    """The group's rollout id (BLAKE3 of its canonical encoding), checked after decoding; lets a receiver decide
-    whether it wants the group before fetching it."""
+    """The group's rollout id (BLAKE3 of its canonical encoding), checked after decoding; lets a receiver tell a
+    group it already holds (an echo) from another before fetching it. It never decides who checks the group."""
     policy_version: int
     """The policy version that generated the group, checked after decoding (for staleness checks before fetching)."""
     addrs: tuple[str, ...]
