@@ -95,8 +95,8 @@ class Announcement:
     worker: str
     """Peer id of the worker; must equal the envelope's sender (the only peer asked for the blob)."""
     rollout_id: bytes
-    """The group's rollout id (BLAKE3 of its canonical encoding), checked after decoding; lets a receiver tell a
-    group it already holds (an echo) from another before fetching it. It never decides who checks the group."""
+    """The group's rollout id (BLAKE3 of its canonical encoding), checked after decoding, so an announcement names
+    exactly one group's bytes. It never decides who checks the group: the slot below does."""
     policy_version: int
     """The policy version that generated the group, checked after decoding (for staleness checks before fetching)."""
     addrs: tuple[str, ...]
