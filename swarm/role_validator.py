@@ -64,11 +64,11 @@ class VersionModels:
                 table.pop(version, None)
 
 
-def assigned_to_me(group_id: bytes, worker: str, spec: RunSpec, my_key: bytes) -> bool:
-    """Whether rendezvous hashing assigns the group to this validator (never its own: RunSpec.validators_for)."""
+def assigned_to_me(slot_key: bytes, worker: str, spec: RunSpec, my_key: bytes) -> bool:
+    """Whether rendezvous hashing of the group's slot assigns it to this validator (never its own worker's)."""
     from verify.votes import assign_validators
 
-    return my_key in assign_validators(group_id, spec.validators_for(worker), spec.replicas)
+    return my_key in assign_validators(slot_key, spec.validators_for(worker), spec.replicas)
 
 
 def _context(node, models: VersionModels, version: int, loaded):
@@ -124,7 +124,7 @@ def wants_announced(models: VersionModels, workers, my_key: bytes):
         if workers.is_banned(ann.worker):
             return False
         spec = models.specs.get(ann.policy_version)
-        return spec is None or assigned_to_me(ann.rollout_id, ann.worker, spec, my_key)
+        return spec is None or assigned_to_me(ann.slot().key(), ann.worker, spec, my_key)
 
     return wanted
 
@@ -182,7 +182,7 @@ async def validator_role(node) -> None:
             waiting = [g for g in waiting if g.policy_version not in models.models
                        and g.policy_version > max(models.models, default=-1)][:MAX_WAITING]
             mine = [g for g in ready
-                    if assigned_to_me(g.rollout_id(), g.worker, models.specs[g.policy_version], my_key)]
+                    if assigned_to_me(g.slot().key(), g.worker, models.specs[g.policy_version], my_key)]
             if not mine:
                 continue
             slots.forget_below(max(models.models) - models.specs[max(models.models)].async_level)
