@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 GAP_EDGES = (1e-6, 1e-5, 1e-4, 1e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.5)
 """Upper edges of the gap bins; one more bin holds larger (or non-finite) gaps."""
+_EDGES = np.array(GAP_EDGES, dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,9 @@ def count_near_ties(gaps: torch.Tensor) -> NearTies:
     mask = ~(gaps <= 0)  # NaN counts as a flip, in the last bin
     if not bool(mask.any()):  # the common case costs one reduction
         return NearTies(int(gaps.numel()), 0, NO_NEAR_TIES.gap_bins)
-    flipped = gaps[mask].float().cpu()
-    finite = torch.nan_to_num(flipped, nan=float("inf"))
-    edges = torch.tensor(GAP_EDGES, dtype=torch.float32)
-    bins = torch.bucketize(finite, edges, right=False)
-    counts = torch.bincount(bins, minlength=len(GAP_EDGES) + 1).tolist()
-    return NearTies(int(gaps.numel()), int(flipped.numel()), tuple(int(c) for c in counts))
+    flipped = np.nan_to_num(gaps[mask].float().cpu().numpy(), nan=np.inf)
+    counts = np.bincount(np.searchsorted(_EDGES, flipped, side="left"), minlength=len(GAP_EDGES) + 1)
+    return NearTies(int(gaps.numel()), int(flipped.size), tuple(int(c) for c in counts))
 
 
 def near_ties_of(verdict) -> NearTies | None:
