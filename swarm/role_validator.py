@@ -184,15 +184,15 @@ async def validator_role(node) -> None:
     models = VersionModels(loaded, device)
     node.events.emit("validator_device", device=str(device), message=f"prefills run on {device}")
     my_key = node.identity.public_bytes
-    reputation = Reputation()  # this validator's own verdicts; a worker it bans is no longer checked
-    workers = NearTieHistories(reputation)  # and each worker's near-tie flips over every group checked here
+    workers = Reputation()  # this validator's own verdicts; a worker it bans is no longer checked
     send, receive = trio.open_memory_channel(MAX_WAITING)
+    histories = NearTieHistories(workers)  # and each worker's near-tie flips over every group checked here
     stats = {"checked": 0, "accepted": 0, "rejected": 0, "skipped_banned": 0}
 
     def collect(group) -> None:
         """Queue a received group (inline, compressed, or announced and fetched) unless its worker is banned; a
         refused one never gets here: the trainer refuses it too, nobody waits for a vote on it."""
-        if workers.is_banned(group.worker):
+        if histories.is_banned(group.worker):
             stats["skipped_banned"] += 1
             return
         try:
@@ -202,7 +202,7 @@ async def validator_role(node) -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(partial(receive_groups, node, rollouts, collect,
-                                   wanted=wants_announced(models, workers, my_key)))
+                                   wanted=wants_announced(models, histories, my_key)))
         waiting: list = []
         while True:
             # Wake at least every second: rollouts may have arrived before their version finished downloading
@@ -223,12 +223,12 @@ async def validator_role(node) -> None:
             if not mine:
                 continue
             verdicts = await trio.to_thread.run_sync(_verify_batch, node, models, loaded, mine)
-            group_of = {g.rollout_id(): g for g in mine}  # verdicts come back ordered by version
-            verdicts = workers.judge(verdicts, group_of, models, node)
+            worker_of = {g.rollout_id(): g.worker for g in mine}  # verdicts come back ordered by version
+            verdicts = histories.judge(verdicts, {g.rollout_id(): g for g in mine}, models, node)
             for body in vote_bodies(vote_from_verdict(node.identity.seed, v) for v in verdicts):
                 await node.gossip.publish("vote", body)  # the batch's votes in as few messages as fit
             for verdict in verdicts:
-                reputation.record(group_of[verdict.rollout_id].worker, verdict.accepted)
+                workers.record(worker_of[verdict.rollout_id], verdict.accepted)
                 stats["checked"] += 1
                 stats["accepted" if verdict.accepted else "rejected"] += 1
                 if not verdict.accepted:
