@@ -141,11 +141,27 @@ def _one_group_classes(h: Harness, cfg: HistoryBenchConfig, accepted: list) -> l
     duplicates = [edits[i % 3](g) for i, g in enumerate(accepted)]
     return [_one_group_row(h, "other_temperature_labelled", hotter),
             _one_group_row(h, "other_group_size", resized),
-            _one_group_row(h, "near_duplicate_resubmitted", duplicates)]
+            _one_group_row(h, "near_duplicate_resubmitted", duplicates, _after_originals(h, accepted, duplicates))]
 
 
-def _one_group_row(h: Harness, name: str, groups: list) -> dict:
-    verdicts, val_s = h.validate(groups)
+def _after_originals(h: Harness, originals: list, resubmitted: list) -> tuple[list, float]:
+    """Verdicts on resubmissions by a validator that checked the originals first: through its one-rollout-per-slot
+    ledger (verify.slots) where the tree has one; without it a rollout's identity is its bytes, so each variant is
+    a new rollout and only the checks can refuse it."""
+    try:
+        from verify.slots import SlotLedger, first_answers
+    except ImportError:
+        return h.validate(resubmitted)
+    ledger = SlotLedger()
+    first_answers(ledger, originals)
+    fresh, refused = first_answers(ledger, resubmitted)
+    checked, val_s = h.validate(fresh) if fresh else ([], 0.0)
+    by_id = {v.rollout_id: v for v in [*checked, *refused]}
+    return [by_id[g.rollout_id()] for g in resubmitted], val_s
+
+
+def _one_group_row(h: Harness, name: str, groups: list, judged: tuple[list, float] | None = None) -> dict:
+    verdicts, val_s = judged or h.validate(groups)
     rejected = sum(not v.accepted for v in verdicts)
     _progress(f"{name}: {rejected}/{len(groups)} rejected")
     return {"class": name, "attempts": len(groups), "groups": len(groups), "rejected": rejected, "banned": 0,
