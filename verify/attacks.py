@@ -4,9 +4,10 @@ Why each attack exists (what a cheating worker gains): a cheaper or different mo
 a smaller model whose tokens are then proven by prefill with the right model), edited completions (replaced
 tokens, truncation), a different sampling temperature, a fabricated reward, a cherry-picked prompt, and a replay
 of old rollouts; and the attacks that live in the per-group allowances: steering every near-tie within the
-sampling check's budget, and near-duplicate resubmissions of an accepted group (a jittered logprob, a subset, a
-new order) that would count one rollout twice. The strongest forms are used: where an attacker can recompute the proofs and logprobs of its
-edited tokens with the right model by one prefill, it does, so only the check that owns the attack can catch it.
+sampling check's budget, and near-duplicate resubmissions of an accepted group (a jittered logprob, a subset,
+a new order) that would count one rollout twice. The strongest forms are used: where an attacker can recompute
+the proofs and logprobs of its edited tokens with the right model by one prefill, it does, so only the check
+that owns the attack can catch it.
 """
 
 from __future__ import annotations

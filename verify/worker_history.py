@@ -20,22 +20,22 @@ Rates and alpha. alpha = 1e-6 (`false_ban`) bounds the false-ban probability ove
 bounds it per worker-hour too, for any number of groups per hour (a worker producing 3,600 groups an hour, one a
 second, is covered as well as one producing ten); no reset is needed. p0 per precision comes from `swarm bench
 verify --history` (honest production-backend workers, the verifier's batched prefill, tiny model, 2,000 groups of
-4 x 64 tokens, temperature 0.8): float32 workers flipped 0 of ~411,000 tokens (both TOPLOC profiles: the sampling
-check does not depend on the proof profile), bfloat16 workers 0.73 % of tokens. p0 is set well above each: float32
-1e-4 (a 95 % upper bound on the measured rate is 7e-6, and float32 kernels on other hardware are noisier than one
-CPU), bfloat16 2 %. An honest worker stays safe as long as its true rate stays below the smallest alternative's
+4 x 64 tokens, temperature 0.8): float32 workers flipped 0 of 453,188 tokens (no group rejected under either
+TOPLOC profile; the sampling check does not depend on the proof profile), bfloat16 workers BF16_RATE of tokens.
+p0 is set well above each: float32 1e-4 (a 95 % upper bound on the measured rate is 6.6e-6, and float32 kernels
+on other hardware are noisier than one CPU's), bfloat16 2 %. An honest worker stays safe as long as its true rate stays below the smallest alternative's
 break-even rate (about 2.2 p0 for m = 4), which is where the margin goes.
 
-Where this state lives, and why spreading groups over validators does not help a cheater. Each validator keeps it
-(this module is pure state; swarm/role_validator.py feeds it every verdict it reaches and refuses a banned worker's
-groups with the reason `near_ties`). The validators of a group are chosen by rendezvous hashing of the rollout id
-over the run's validator set (verify/votes.py), so a worker cannot choose which validators see which group, and
-with r replicas out of V validators each validator sees an r / V share of a worker's groups in expectation: the
-ban takes V / r times as many of the worker's groups as on one validator, never forever. Every vote also carries
-the group's flips and tokens (the `near_ties` check row, `evidence_row`), so a peer that reads votes (the trainer's
-gate, or every validator) can sum a worker's evidence across validators with `parse_evidence_row` and the same
-test; per group it should take the median over the group's assigned validators, so one lying validator can
-neither frame an honest worker nor hide a cheater's flips.
+Where this state lives, and why spreading groups over validators does not help a cheater. Each validator keeps
+one (this module is pure state; swarm/role_validator.py feeds it every verdict it reaches, rejects a banned
+worker's group with the reason `near_ties` and fetches none of its later groups). That alone is not enough: with
+r replicas out of V validators each sees about r / V of a worker's groups, and the validators of a group follow
+from its rollout id by rendezvous hashing (verify/votes.py), which a worker can steer by grinding the group's
+bytes (a jittered logprob) as long as the id is the bytes. So every vote carries the group's evidence (the
+`near_ties` check row, `evidence_row`: flips and tokens), and `VoteEvidence`, held by any peer that reads votes
+(the trainer's gate, or every validator), sums a worker's evidence across all validators with the same test: per
+group it takes the median of the group's assigned validators' rows, so a worker gains nothing by spreading its
+groups, and with three replicas one lying validator can neither frame an honest worker nor hide a cheater's flips.
 
 Memory is bounded: a record is a few integers per worker, and at most `max_workers` records are kept (the least
 recently seen worker is forgotten first); banned workers are kept in a set of the same bound.
