@@ -64,7 +64,7 @@ def test_a_worker_steering_its_near_tie_allowance_is_banned_within_20_groups():
         bans = [groups_until_ban(history, f"w{i}", row) for i, row in enumerate(pattern)]
         assert all(b is not None and b <= 20 for b in bans), bans
         assert all(history.is_banned(f"w{i}") for i in range(100))
-    assert "exceed the honest rate" in history.ban_reason("w0")
+    assert "beyond the honest rate" in history.ban_reason("w0")
 
 
 def test_a_bfloat16_worker_steering_its_wider_allowance_is_banned_within_20_groups():
@@ -113,7 +113,7 @@ def test_a_banned_workers_group_is_rejected_with_the_named_reason():
         if judgement.newly_banned:
             break
     assert judgement.newly_banned and not verdict.accepted
-    assert verdict.reason.startswith("near_ties: ") and "exceed the honest rate" in verdict.reason
+    assert verdict.reason.startswith("near_ties: ") and "beyond the honest rate" in verdict.reason
     unprefilled = Verdict(b"s" * 32, False, (CheckResult("policy", False, "old"),))
     later, nothing = judge_verdict(history, "w", unprefilled)
     assert nothing is None and later.checks[-1].name == "near_ties" and not later.checks[-1].ok
@@ -161,25 +161,38 @@ def test_the_sampling_check_records_each_groups_near_ties(model, ctx):
                                                  NO_NEAR_TIES.gap_bins)
 
 
-def test_near_tie_steering_passes_each_group_but_its_worker_is_banned(model, ctx):
-    """The real generator with one thing changed: wherever the runner-up is within the near-tie tolerance it is
-    taken, within the per-group allowance. Every group passes the checks; the worker's history bans it."""
-    history = WorkerHistory(HistoryConfig.for_precision("float32"))
+def steered(model, ctx, step: int):
     config = CheckConfig()
-    banned_at = None
+    return honest_group(model, ctx, worker="cheat", step=step, version=VERSION, group_size=4, temperature=0.8,
+                        choose=attacks.NearTieSteerer(config.near_tie_tol, config.max_near_tie_fraction))
+
+
+def int8_reproved(model, ctx, step: int):
+    cheap = int8_reproved.cheap = getattr(int8_reproved, "cheap", None) or attacks.int8_model(model)
+    group = honest_group(cheap, ctx, worker="cheat", step=step, version=VERSION, group_size=4, temperature=0.8)
+    return attacks.reprove(model, group)
+
+
+@pytest.mark.parametrize("attack", [steered, int8_reproved])
+def test_a_worker_cheating_within_each_groups_near_tie_allowance_is_banned(model, ctx, attack):
+    """The real generator with one thing changed: wherever the runner-up is within the near-tie tolerance it is
+    taken (within the per-group allowance), or the tokens come from an int8 copy with proofs and logprobs rebuilt
+    from the right model. Steered groups all pass the checks, int8 ones some of the time; the history bans both."""
+    history = WorkerHistory(HistoryConfig.for_precision("float32"))
+    banned_at, passed = None, 0
     for step in range(20):
-        group = honest_group(model, ctx, worker="steerer", step=step, version=VERSION, group_size=4, temperature=0.8,
-                             choose=attacks.NearTieSteerer(config.near_tie_tol, config.max_near_tie_fraction))
-        verdict = verify_groups({VERSION: model}, [group], ctx, config)[0]
-        assert verdict.accepted, verdict.reason
-        verdict, judgement = judge_verdict(history, "steerer", verdict)
+        verdict = verify_groups({VERSION: model}, [attack(model, ctx, step)], ctx, CheckConfig())[0]
+        passed += verdict.accepted
+        verdict, judgement = judge_verdict(history, "cheat", verdict)
         if judgement.newly_banned:
             banned_at = step + 1
-            assert verdict.reason.startswith("near_ties: ")
+            assert not verdict.accepted and [c.name for c in verdict.checks if not c.ok][-1] == "near_ties"
             break
     assert banned_at is not None and banned_at <= 20
-    groups, total = history.totals("steerer")
-    assert total.flips >= 3 and total.gap_bins[0] == 0  # steered flips are not kernel noise: none below 1e-6
+    if attack is steered:
+        assert passed == banned_at  # every group passed the checks on its own, the banning one too
+    _, total = history.totals("cheat")
+    assert total.flips >= 3 and total.gap_bins[0] == 0  # not kernel noise: no flip within 1e-6
 
 
 def test_votes_sum_a_workers_evidence_across_validators_it_spread_its_groups_over():

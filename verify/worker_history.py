@@ -138,8 +138,8 @@ class WorkerHistory:
         evidence = log_evidence(self.config, tokens, flips)
         was_banned = worker in self._banned
         if not was_banned and evidence >= self._threshold:
-            self._ban(worker, f"{flips} near-tie flips in {tokens} tokens over {record.groups} groups exceed the "
-                              f"honest rate {self.config.honest_flip_rate:g} (evidence {evidence:.1f} >= "
+            self._ban(worker, f"{flips} of {tokens} tokens over {record.groups} groups are not the seeded sample, "
+                              f"beyond the honest rate {self.config.honest_flip_rate:g} (evidence {evidence:.1f} >= "
                               f"{self._threshold:.1f})")
         banned = worker in self._banned
         return Judgement(banned, banned and not was_banned, evidence, record.groups, tokens, flips,
