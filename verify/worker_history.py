@@ -17,14 +17,16 @@ looks happen. A worker is banned the first time ln M >= ln(1 / alpha). The mixtu
 rate: a cheater flipping at rate q is banned at about ln(K / alpha) / KL(q || p_k) tokens for its best p_k.
 
 Rates and alpha. alpha = 1e-6 (`false_ban`) bounds the false-ban probability over a worker's whole life, so it
-bounds it per worker-hour too, for any number of groups per hour (a worker producing 3,600 groups an hour, one a
-second, is covered as well as one producing ten); no reset is needed. p0 per precision comes from `swarm bench
-verify --history` (honest production-backend workers, the verifier's batched prefill, tiny model, 2,000 groups of
-4 x 64 tokens, temperature 0.8): float32 workers flipped 0 of 453,188 tokens (no group rejected under either
-TOPLOC profile; the sampling check does not depend on the proof profile), bfloat16 workers BF16_RATE of tokens.
-p0 is set well above each: float32 1e-4 (a 95 % upper bound on the measured rate is 6.6e-6, and float32 kernels
-on other hardware are noisier than one CPU's), bfloat16 2 %. An honest worker stays safe as long as its true rate stays below the smallest alternative's
-break-even rate (about 2.2 p0 for m = 4), which is where the margin goes.
+bounds it per worker-hour too, whatever the number of groups per hour (one a second, 3,600 an hour, is covered as
+well as ten an hour); no reset is needed. p0 per precision comes from `swarm bench verify --history only` (honest
+production-backend workers, the verifier's batched prefill, tiny model, 2,000 groups of 4 x 64 tokens at
+temperature 0.8): float32 workers flipped 0 of 453,188 tokens (no group rejected under either TOPLOC profile; the
+sampling check does not depend on the proof profile), bfloat16 workers 3,346 of 452,699 (0.74 %). p0 sits well
+above each: float32 1e-4 (the measured rate's 95 % upper bound is 6.6e-6, and float32 kernels on other hardware
+are noisier than one CPU's), bfloat16 2 % (SmolLM2's bf16 workers flip 1.6 %, see CheckConfig.for_precision).
+Two caveats make the margin necessary: honest flips cluster in groups with many near-ties (not quite independent),
+and an honest rate above p0 is still safe only up to the smallest alternative's break-even rate (about 2.2 p0 for
+m = 4), beyond which the evidence drifts up.
 
 Where this state lives, and why spreading groups over validators does not help a cheater. Each validator keeps
 one (this module is pure state; swarm/role_validator.py feeds it every verdict it reaches, rejects a banned
