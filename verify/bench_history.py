@@ -196,7 +196,7 @@ def _worker_row(h: Harness, cfg: HistoryBenchConfig, history_config: HistoryConf
     """Attacking workers send groups round by round until banned or `max_groups` are sent."""
     history = WorkerHistory(history_config)
     workers = [f"{name}-{a}" for a in range(cfg.attempts)]
-    sent, rejected, banned_at = Counter(), Counter(), {}
+    sent, rejected, banned_at, total = Counter(), Counter(), {}, NO_NEAR_TIES
     for start in range(0, cfg.max_groups, cfg.round_groups):
         live = [w for w in workers if w not in banned_at]
         if not live:
@@ -208,7 +208,9 @@ def _worker_row(h: Harness, cfg: HistoryBenchConfig, history_config: HistoryConf
                 continue
             sent[worker] += 1
             rejected[worker] += not verdict.accepted
-            if history.observe(worker, near_ties_of(verdict) or NO_NEAR_TIES).newly_banned:
+            record = near_ties_of(verdict) or NO_NEAR_TIES
+            total = total + record
+            if history.observe(worker, record).newly_banned:
                 banned_at[worker] = sent[worker]
     caught = [w for w in workers if w in banned_at or rejected[w] == sent[w]]
     _progress(f"{name}: {len(caught)}/{len(workers)} workers caught, {len(banned_at)} banned")
@@ -216,6 +218,7 @@ def _worker_row(h: Harness, cfg: HistoryBenchConfig, history_config: HistoryConf
             "banned": len(banned_at), "caught": len(caught), "caught_rate": len(caught) / max(1, len(workers)),
             "banned_after_groups": dict(sorted(Counter(banned_at.values()).items())),
             "accepted_before_caught": sum(sent[w] - rejected[w] for w in workers),
+            "flip_rate_per_token": total.flips / max(1, total.tokens), "gap_bins": _gap_bins(total),
             "first_reason": history.ban_reason(next(iter(banned_at), ""))}
 
 
