@@ -1,7 +1,7 @@
 """Bootstrap peer lists: parse and validate multiaddrs from a flag, a config entry or bootstrap_peers.txt.
 
 Why validate up front: a typo in a bootstrap line otherwise surfaces minutes later as a dial failure deep in
-libp2p. Each bad line is named (source and line number) in one sentence. Precedence, as DESIGN.md says: the
+libp2p. Each bad line is named (source and line number) in one sentence. Precedence (docs/operations.md): the
 command-line flag, else the config entry, else the file.
 """
 

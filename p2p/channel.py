@@ -8,13 +8,10 @@ ids, so a channel is bound to the two peers libp2p authenticated. When the data 
 NAT), the same libp2p protocol carries the bytes itself (`Libp2pByteStream`), slower but always there; that
 fallback is logged once per peer.
 
-Handshake on PROTOCOL (each message: u16 length + msgpack map):
-    dialer -> listener   {"v": 1, "mode": "socket",     listener -> dialer  {"v": 1, "port": int, "token": 32 B,
-                          "aeads": [names]}                                   "secret": 32 B, "aead": name}
-    ("aeads": the ciphers the dialer supports; a dialer without the field supports AES-256-GCM and ChaCha20.)
-    dialer connects to the listener's IP (the one its libp2p connection reached) and port, sends the token;
-    the listener answers with one empty record ("accepted") or drops the socket at once.
-    dialer -> listener   {"v": 1, "mode": "stream"}      the libp2p stream itself becomes the data channel.
+Handshake on PROTOCOL (u16 length + one message of p2p/channel_messages.py each way): the dialer's request (socket
+or stream), the listener's offer (port, token, secret, cipher). The dialer connects to the listener's IP (the one
+its libp2p connection reached) and port and sends the token; the listener answers with one empty record
+("accepted") or drops the socket at once. In stream mode the libp2p stream itself becomes the data channel.
 """
 
 from __future__ import annotations
@@ -28,9 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import blake3
-import msgpack
 import trio
 
+from p2p.channel_messages import (
+    MAX_MESSAGE, TOKEN_BYTES, ChannelOffer, ChannelRequest, HandshakeBreach, decode_offer, decode_request,
+    encode_offer, encode_request,
+)
 from p2p.channel_records import (
     AEADS, DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer, choose_aead, preferred_aead,
 )
@@ -41,9 +41,7 @@ from p2p.libp2p_compat import Libp2pByteStream, tune_yamux
 log = logging.getLogger(__name__)
 
 PROTOCOL = "/rl-swarm/data/1.0.0"
-TOKEN_BYTES = 32
 _MSG_LEN = struct.Struct(">H")
-_MAX_MSG = 1024
 _KEY_CONTEXT = "rl-swarm 2026 data channel v1 record key"
 ChannelCallback = Callable[[str, Any], Awaitable[None]]
 _fallback_logged: set[str] = set()
@@ -70,10 +68,14 @@ class ChannelConfig:
     max_pending_sockets: int = 64
     """Data sockets still presenting their token; further connections are dropped at once (flood guard)."""
     max_pending_per_ip: int = 8
-    """The same, per remote IP: one stranger's silent sockets once filled every place, and all peers fell back
-    to the slow stream path. Loopback is exempt unless `limit_loopback` (a simulation or benchmark runs every
-    peer on 127.0.0.1, where only local processes can connect)."""
-    limit_loopback: bool = False
+    """The same, per remote IP (127.0.0.0/8 and ::1 included unless `exempt_loopback`): one stranger's silent
+    sockets would otherwise fill every place, and every honest peer would fall back to the slow stream path."""
+    exempt_loopback: bool = False
+    """True lifts the per-IP cap for loopback addresses: only for a simulation or benchmark that runs every peer
+    on 127.0.0.1 (`swarm sim`), never for a peer other local users can reach."""
+    max_channels: int = 256
+    """Data channels open at once on this node, over all peers (identities are free: a per-peer limit bounds
+    nothing); past it handshakes are refused. As many unclaimed offers are kept, past that the oldest goes."""
     token_timeout: float = 3.0
     """A dialer writes its token as soon as it connects; a socket silent this long is dropped."""
     aead: str | None = None
@@ -86,7 +88,7 @@ class ChannelConfig:
             if not getattr(self, name) > 0:
                 raise ChannelError(f"data channel {name} must be positive, got {getattr(self, name)}")
         if (self.max_offers_per_peer < 1 or self.max_pending_sockets < 1 or self.max_pending_per_ip < 1
-                or self.token_timeout <= 0 or self.socket_buffer < 0):
+                or self.max_channels < 1 or self.token_timeout <= 0 or self.socket_buffer < 0):
             raise ChannelError("data channel limits must be positive (socket_buffer may be 0)")
         if self.aead is not None and self.aead not in AEADS:
             raise ChannelError(f"unknown data channel cipher {self.aead!r}; choose one of {', '.join(sorted(AEADS))}")
@@ -102,14 +104,12 @@ def channel_key(secret: bytes, dialer: str, listener: str) -> bytes:
 
 
 class HandshakeAbandoned(ChannelError):
-    """The peer closed the handshake stream before sending a byte, or reset it before our answer went out: it gave
-    up (its download finished, it is shutting down, its dial was cancelled). Nothing hostile was sent: the
-    listener logs it at debug level, where a malformed or truncated handshake is a warning."""
+    """The peer closed the handshake before sending a byte, or reset it before our answer: it gave up (done, shutting
+    down, dial cancelled). Nothing hostile: logged at debug level, where a malformed handshake is a warning."""
 
 
-async def _write_msg(stream: Any, msg: dict) -> None:
-    """Send one handshake message; a stream the peer reset or closed is HandshakeAbandoned (a ChannelError)."""
-    raw = msgpack.packb(msg, use_bin_type=True)
+async def _write_msg(stream: Any, raw: bytes) -> None:
+    """Send one encoded handshake message; a stream the peer reset or closed is HandshakeAbandoned."""
     try:
         await stream.write(_MSG_LEN.pack(len(raw)) + raw)
     except (trio.Cancelled, trio.TooSlowError):
@@ -134,33 +134,17 @@ async def _read_exact_libp2p(stream: Any, n: int, *, opening: bool = False) -> b
     return bytes(buf)
 
 
-async def _read_msg(stream: Any, *, opening: bool = False) -> dict:
-    """One bounded handshake message; anything malformed is a ChannelError (hostile until verified)."""
+async def _read_msg(stream: Any, *, opening: bool = False) -> bytes:
+    """One handshake message's bytes, its length checked before they are read (the decoders check the rest)."""
     try:
         (size,) = _MSG_LEN.unpack(await _read_exact_libp2p(stream, _MSG_LEN.size, opening=opening))
-        if size > _MAX_MSG:
-            raise ChannelError(f"handshake message of {size} bytes exceeds {_MAX_MSG}")
-        msg = msgpack.unpackb(await _read_exact_libp2p(stream, size), raw=False)
+        if size > MAX_MESSAGE:
+            raise HandshakeBreach(f"handshake message of {size} bytes exceeds {MAX_MESSAGE}")
+        return await _read_exact_libp2p(stream, size)
     except ChannelError:
         raise
     except Exception as exc:  # noqa: BLE001 - EOF, reset or garbage: all mean a failed handshake
         raise ChannelError(f"bad data channel handshake ({type(exc).__name__})") from exc
-    if not isinstance(msg, dict) or msg.get("v") != 1:
-        raise ChannelError("data channel handshake message is not a version-1 map")
-    return msg
-
-
-def _parse_offer(msg: dict) -> tuple[int, bytes, bytes, str]:
-    port, token, secret, aead = msg.get("port"), msg.get("token"), msg.get("secret"), msg.get("aead")
-    if not (isinstance(port, int) and 0 < port < 65536):
-        raise ChannelError("data channel offer has no valid port")
-    if not (isinstance(token, bytes) and len(token) == TOKEN_BYTES):
-        raise ChannelError("data channel offer has no valid token")
-    if not (isinstance(secret, bytes) and len(secret) == KEY_BYTES):
-        raise ChannelError("data channel offer has no valid secret")
-    if aead not in AEADS:
-        raise ChannelError(f"data channel offer names an unknown cipher {aead!r}")
-    return port, token, secret, aead
 
 
 # ------------------------------------------------------------------------------------------- listener side
@@ -185,8 +169,9 @@ class DataChannelServer:
         self._offers: dict[bytes, _Offer] = {}
         self.rejected = 0
         self.aead = config.aead or preferred_aead()
-        self._pending_sockets = 0
+        self._pending_sockets, self._open_channels = 0, 0
         self._pending_by_ip: dict[str, int] = {}
+        self.refused_channels = 0  # handshakes refused because max_channels were open
 
     @property
     def pending_sockets(self) -> int:
@@ -206,27 +191,40 @@ class DataChannelServer:
             finally:
                 self.host.remove_handler(PROTOCOL)
 
+    @property
+    def open_channels(self) -> int:
+        """Data channels being served now (either transport)."""
+        return self._open_channels
+
     async def _handle_handshake(self, stream: Any) -> None:
         peer_id = self.host.remote_peer_id(stream)
         with trio.fail_after(self.config.handshake_timeout):
             try:
-                request = await _read_msg(stream, opening=True)
+                request = decode_request(await _read_msg(stream, opening=True))
             except HandshakeAbandoned:
                 log.debug("peer %s closed a data channel handshake before sending it", peer_id)
                 return
-        if request.get("mode") == "stream":
+        self._expire_offers()
+        if self._open_channels >= self.config.max_channels:
+            self.refused_channels += 1
+            log.debug("refused a data channel of %s: %d channels open", peer_id, self._open_channels)
+            await _close_quietly(stream)  # the dialer reads an end at once, not a silence until its timeout
+            return
+        if request.mode == "stream":
             tune_yamux()
             await self._serve(peer_id, Libp2pByteStream(stream, peer_id))
             return
-        if request.get("mode") != "socket":
-            raise ChannelError(f"unknown data channel mode {request.get('mode')!r}")
-        aead = choose_aead(self.aead, request.get("aeads"))
+        await self._make_offer(stream, peer_id, request)
+
+    async def _make_offer(self, stream: Any, peer_id: str, request: ChannelRequest) -> None:
+        aead = choose_aead(self.aead, None if request.aeads is None else list(request.aeads))
         token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
-        self._expire_offers()
         if sum(o.peer_id == peer_id for o in self._offers.values()) >= self.config.max_offers_per_peer:
             raise ChannelError(f"peer {peer_id} holds too many unclaimed data channel offers")
+        if len(self._offers) >= self.config.max_channels:  # strangers' unclaimed offers must not lock others out
+            del self._offers[next(iter(self._offers))]
         self._offers[token] = _Offer(peer_id, secret, aead, trio.current_time() + self.config.token_ttl)
-        offer = {"v": 1, "port": self.port, "token": token, "secret": secret, "aead": aead}
+        offer = encode_offer(ChannelOffer(self.port, token, secret, aead))
         with trio.fail_after(self.config.handshake_timeout):
             try:
                 await _write_msg(stream, offer)
@@ -237,14 +235,13 @@ class DataChannelServer:
             await stream.close()
 
     def _expire_offers(self) -> None:
-        now = trio.current_time()
-        for token in [t for t, o in self._offers.items() if o.expires < now]:
+        for token in [t for t, o in self._offers.items() if o.expires < trio.current_time()]:
             del self._offers[token]
 
     async def _admit_guarded(self, sock: trio.SocketStream) -> None:
         """Nothing a stranger sends to the data port may escape into the host's nursery."""
         ip = _remote_ip(sock)
-        if not self.config.limit_loopback and _is_loopback(ip):
+        if self.config.exempt_loopback and _is_loopback(ip):
             ip = ""  # no per-IP limit: counted under "" only for the bookkeeping, never refused for its IP
         if (self._pending_sockets >= self.config.max_pending_sockets
                 or (ip and self._pending_by_ip.get(ip, 0) >= self.config.max_pending_per_ip)):
@@ -306,12 +303,14 @@ class DataChannelServer:
 
     async def _serve(self, peer_id: str, channel: Any) -> None:
         """Run the user's callback; its failure ends this channel only, never the host."""
+        self._open_channels += 1
         try:
             await self.callback(peer_id, channel)
         except Exception as exc:  # noqa: BLE001 - a handler bug or a hostile peer must not kill the host
             log.warning("data channel handler for %s failed: %s", peer_id, _why(exc))
             log.debug("data channel handler traceback", exc_info=True)
         finally:
+            self._open_channels -= 1
             await channel.aclose()
 
 
@@ -330,7 +329,7 @@ def _remote_ip(sock: trio.SocketStream) -> str:
 def _is_loopback(ip: str) -> bool:
     try:
         return ipaddress.ip_address(ip.split("%")[0]).is_loopback
-    except ValueError:
+    except ValueError:  # "?" (a socket already reset): counted as a stranger
         return False
 
 
@@ -399,16 +398,18 @@ async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tupl
     stream = await host.new_stream(peer_id, PROTOCOL)
     try:
         with trio.fail_after(config.handshake_timeout):
-            await _write_msg(stream, {"v": 1, "mode": "socket", "aeads": sorted(AEADS)})
-            port, token, secret, aead = _parse_offer(await _read_msg(stream))
+            await _write_msg(stream, encode_request(ChannelRequest("socket", tuple(sorted(AEADS)))))
+            offer = decode_offer(await _read_msg(stream))
     except trio.TooSlowError as exc:
         raise ChannelError(f"data channel handshake with {peer_id} timed out") from exc
     finally:
         await _close_quietly(stream)
+    if offer.aead not in AEADS:  # we listed what we support: another cipher is a breach, not a fallback
+        raise HandshakeBreach(f"data channel offer of {peer_id} names a cipher we did not list")
     remote = stream.get_remote_address()
     if not remote:
         raise _SocketUnreachable("the libp2p connection has no IP address to reach")
-    return remote[0], port, token, secret, aead
+    return remote[0], offer.port, offer.token, offer.secret, offer.aead
 
 
 async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream:
@@ -434,7 +435,7 @@ async def _open_stream_channel(host: Any, peer_id: str, config: ChannelConfig) -
     stream = await host.new_stream(peer_id, PROTOCOL)
     try:
         with trio.fail_after(config.handshake_timeout):
-            await _write_msg(stream, {"v": 1, "mode": "stream"})
+            await _write_msg(stream, encode_request(ChannelRequest("stream", None)))
     except Exception as exc:  # noqa: BLE001 - a timeout or a reset: one sentence for the caller
         await _close_quietly(stream)
         raise ChannelError(f"data stream to {peer_id} failed to open ({type(exc).__name__})") from exc

@@ -1,15 +1,15 @@
 """Sans-IO record layer of the fast data channel: AEAD records with ordered, final-flagged nonces.
 
 Why our own record layer instead of the libp2p stream: py-libp2p's Noise+Yamux stream moves about 0.25x of raw TCP
-(REFERENCE.md §5: Yamux framing and Noise messages of at most 64 KiB, all in Python). One AEAD call per 1 MiB
-record (`cryptography`) costs 0.25-0.6 ms here, yet it is still the largest cost of the channel: seal and open
-each cost about as much as the kernel's copy plus the BLAKE3 hash of the same MiB. Why three ciphers: measured on
-this project's 2-core machines (encrypt / decrypt of 1 MiB, ms): AES-256-OCB3 0.20-0.25 / 0.26-0.29, AES-256-GCM
-0.30-0.44 / 0.37-0.47, ChaCha20-Poly1305 0.56-0.59 / 0.62-0.65; on session 14's AMD EPYC, OCB3 0.16 / 0.15 and
-GCM 0.11 / 0.10 (OpenSSL's vectorised GCM), so the listener measures which AES mode is faster (`preferred_aead`).
-OCB3 (RFC 7253) needs one AES pass and no GHASH; GCM is the widely deployed choice; without AES hardware ChaCha20
-is the fast one. All three are AEADs with 12-byte nonces and 16-byte tags used identically below. The dialer lists
-the ciphers it supports, the listener picks (`choose_aead`) and names it in its offer, the dialer follows.
+(docs/reference.md#py-libp2p-pitfalls: Yamux framing and Noise messages of at most 64 KiB, all in Python). One AEAD call
+per 1 MiB record (`cryptography`) costs 0.25-0.6 ms here, yet it is still the largest cost of the channel: seal and open
+each cost about as much as the kernel's copy plus the BLAKE3 hash of the same MiB. Why three ciphers: measured on this
+project's 2-core machines (encrypt / decrypt of 1 MiB, ms): AES-256-OCB3 0.20-0.25 / 0.26-0.29, AES-256-GCM 0.30-0.44 /
+0.37-0.47, ChaCha20-Poly1305 0.56-0.59 / 0.62-0.65; on a 2-core AMD EPYC, OCB3 0.16 / 0.15 and GCM 0.11 / 0.10
+(OpenSSL's vectorised GCM), so the listener measures which AES mode is faster (`preferred_aead`). OCB3 (RFC 7253) needs
+one AES pass and no GHASH; GCM is the widely deployed choice; without AES hardware ChaCha20 is the fast one. All three
+are AEADs with 12-byte nonces and 16-byte tags used identically below. The dialer lists the ciphers it supports, the
+listener picks (`choose_aead`) and names it in its offer, the dialer follows.
 
 Record on the wire:   | u32 ciphertext length | u8 flags | ciphertext (plaintext + 16-byte tag) |
 Nonce (12 bytes):     | u8 direction | 3 zero bytes | u64 record index |
@@ -52,7 +52,7 @@ CHACHA20_POLY1305 = "chacha20-poly1305"
 AES_256_GCM = "aes-256-gcm"
 AES_256_OCB3 = "aes-256-ocb3"
 LEGACY_AEADS = (AES_256_GCM, CHACHA20_POLY1305)
-"""What a dialer that lists no ciphers (an older peer) supports."""
+"""What a dialer that lists no ciphers supports."""
 
 
 def _available(cls) -> bool:
@@ -84,10 +84,10 @@ def preferred_aead() -> str:
     ChaCha20-Poly1305. Measured once per process (a few milliseconds).
 
     The same reasoning as TLS stacks: ChaCha20 is the fast cipher without AES hardware, AES the fast one with it.
-    Which AES mode wins depends on the CPU and on the OpenSSL build: OCB3 needs one AES pass and no GHASH, and won
-    on the Intel machine this project started on (decrypt 0.27 vs 0.42 ms/MiB), while OpenSSL's vectorised
-    (VAES) GCM wins on an AMD EPYC of session 14 (0.10 vs 0.16 ms/MiB; end to end 0.41 vs 0.49 ms per MiB in
-    pinned, interleaved transfer runs, see the README). A fixed choice is wrong on one of them, so we measure.
+    Which AES mode wins depends on the CPU and on the OpenSSL build: OCB3 needs one AES pass and no GHASH, and wins
+    on a 2-core Intel machine (decrypt 0.27 vs 0.42 ms/MiB), while OpenSSL's vectorised (VAES) GCM wins on a
+    2-core AMD EPYC (0.10 vs 0.16 ms/MiB; end to end 0.41 vs 0.49 ms per MiB in pinned, interleaved transfer
+    runs; docs/benchmarks.md#one-stream). A fixed choice is wrong on one of them, so we measure.
     Linux x86 and ARM report the feature as an "aes" flag in /proc/cpuinfo; anywhere else we keep ChaCha20.
     """
     if not _cpu_has_aes():

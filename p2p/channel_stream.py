@@ -1,11 +1,11 @@
 """The IO adapter of the fast data channel: sealed records over a plain trio TCP socket.
 
 Why `recv_into` reads into preallocated buffers: the trio scheduler around many small reads, and copies, are where
-stream throughput goes in Python (REFERENCE.md §5). A read also takes up to READ_AHEAD bytes past the record it
-completes when they are already there (never waited for), so a piece frame's small header record arrives with the
-end of the previous payload instead of costing a read of its own; we never wait for bytes the peer has not sent
-(which would stall request/response traffic). Sending mirrors it: `send_parts` seals a frame's header record and
-payload record back to back in the output buffer and hands them to the socket in one send.
+stream throughput goes in Python (docs/reference.md#py-libp2p-pitfalls). A read also takes up to READ_AHEAD bytes past
+the record it completes when they are already there (never waited for), so a piece frame's small header record arrives
+with the end of the previous payload instead of costing a read of its own; we never wait for bytes the peer has not sent
+(which would stall request/response traffic). Sending mirrors it: `send_parts` seals a frame's header record and payload
+record back to back in the output buffer and hands them to the socket in one send.
 
 Timeouts: a record whose header arrived must complete within `record_timeout` (a peer cannot pin our buffer by
 stalling mid-record); between records a link may idle unless `idle_timeout` is set, while TCP keepalive still
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
+from p2p.budget import NODE_BUDGET, MemoryBudget
 from p2p.channel_records import (COPY_LIMIT, HEADER, RECORD_BYTES, TAG, PlaintextPool, RecordOpener, RecordSealer,
                                  split_records)
 from p2p.errors import ChannelError
@@ -38,6 +39,10 @@ spare for every version, most of which never carry a piece; at 2.3 MiB a channel
 buffers was 7 % of `swarm sim`'s event loop (py-spy), and a seed serving many peers held that much per channel."""
 _FULL_OUT = RECORD_BYTES + _SMALL_RECORDS
 _FULL_IN = RECORD_BYTES + READ_AHEAD
+SHRINK_AFTER = 2.0
+"""Seconds a channel whose buffers grew to full size may idle before they shrink back to FIRST_BUFFER: idle links
+(and strangers' channels that sent one big record) then hold 0.25 MiB each instead of 2.3 MiB, while a transfer
+in progress, whose records come back to back, never pays for it."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class SecureChannelStream:
         opener: RecordOpener,
         peer_id: str,
         timeouts: StreamTimeouts = StreamTimeouts(),
+        budget: MemoryBudget = NODE_BUDGET,
     ) -> None:
         self._stream = stream
         self._sock = stream.socket
@@ -96,6 +102,9 @@ class SecureChannelStream:
         self._plain_pos = 0
         self._pool = PlaintextPool()  # big records decrypt into reused buffers (PlaintextPool says who owns them)
         self._send_lock = trio.Lock()
+        # a record whose header declared more bytes than have come holds them on the node's budget until its tag
+        # is checked: a stranger's channels stalling mid-record together hold at most that budget
+        self._record_lease = budget.lease("a data channel record")
         self._receiving = False
         self._broken: ChannelError | None = None
         self._closed = False
@@ -195,8 +204,12 @@ class SecureChannelStream:
             length, flags = await self._read_header()
             end = HEADER.size + length
             if self._carry < end:  # else the whole record came with earlier reads: nothing to wait for
-                with trio.move_on_after(self._timeouts.record_timeout) as scope:
-                    await self._read_body(length)
+                self._record_lease.resize(end - self._carry)
+                try:
+                    with trio.move_on_after(self._timeouts.record_timeout) as scope:
+                        await self._read_body(length)
+                finally:
+                    self._record_lease.close()
                 if scope.cancelled_caught:
                     raise trio.TooSlowError
             plaintext = self._opener.open(flags, memoryview(self._in)[HEADER.size : end], self._pool)
@@ -214,6 +227,8 @@ class SecureChannelStream:
         """The next record's (length, flags); its bytes often came with an earlier read (no syscall then)."""
         if self._carry < HEADER.size:
             with trio.fail_after(self._timeouts.idle_timeout) if self._timeouts.idle_timeout else nullcontext():
+                if not self._carry and len(self._in) > FIRST_BUFFER:
+                    await self._shrink_when_idle()
                 area = memoryview(self._in)[: HEADER.size + READ_AHEAD]
                 self._carry = await self._recv_at_least(area, self._carry, HEADER.size)
             if self._carry == 0:
@@ -221,6 +236,15 @@ class SecureChannelStream:
             if self._carry < HEADER.size:
                 raise self._fail(f"data channel from {self.peer_id} ended inside a record header (truncated)")
         return self._opener.parse_header(memoryview(self._in)[: HEADER.size])
+
+    async def _shrink_when_idle(self) -> None:
+        """Wait up to SHRINK_AFTER for the next record (nothing is read here); if none comes, shrink the buffers."""
+        with trio.move_on_after(SHRINK_AFTER):
+            await trio.lowlevel.wait_readable(self._sock)
+            return
+        self._in, self._pool = bytearray(FIRST_BUFFER), PlaintextPool()
+        if not self._send_lock.locked():  # a send in progress keeps its buffer; it grows again on demand anyway
+            self._out = bytearray(FIRST_BUFFER)
 
     async def _read_body(self, length: int) -> None:
         """Complete the body at self._in[HEADER.size:], taking at most READ_AHEAD bytes past it that are already
@@ -270,11 +294,19 @@ class SecureChannelStream:
                 except (ChannelError, trio.ClosedResourceError):
                     log.debug("final record not delivered to %s", self.peer_id)
         await trio.aclose_forcefully(self._stream)
+        self._release_buffers()
 
     async def abort(self) -> None:
         """Close the socket without a final record: the peer sees a truncation (used on errors)."""
         self._closed = True
         await trio.aclose_forcefully(self._stream)
+        self._release_buffers()
+
+    def _release_buffers(self) -> None:
+        """Let go of the record buffers at once: a failed channel's error refers back to the stream through its
+        traceback, so the stream itself lives until a full garbage collection, and it held 2-5 MiB until then."""
+        self._in, self._out, self._carry = bytearray(), bytearray(), 0
+        self._plain, self._plain_pos, self._pool = b"", 0, PlaintextPool()
 
     def _check_usable(self) -> None:
         if self._closed:

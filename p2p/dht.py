@@ -1,7 +1,7 @@
 """Kademlia over py-libp2p's kad_dht: provider records for file roots and manifest ids, and a signed record that
 names a run's latest manifest.
 
-Why not simply run py-libp2p's KadDHT service (REFERENCE §5 and its source, 0.8.1):
+Why not simply run py-libp2p's KadDHT service (docs/reference.md#py-libp2p-pitfalls and its source, 0.8.1):
 - its maintenance loop refreshes the routing table with one network lookup per non-empty bucket (each dialing up to
   ten peers a round, twenty rounds) and re-provides only every 22 h: we run our own loop instead, with ONE bounded
   lookup per refresh and a configurable re-provide interval (the DHT forgets otherwise, and new peers never learn);

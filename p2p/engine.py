@@ -4,18 +4,21 @@ Every method takes an event (with `now` passed in, never read) and returns a lis
 (p2p/transfer.py) to carry out in order. The same engine runs over libp2p streams, over memnet, and in the pure
 simulations of the tests.
 
-Policy, following the torrent practice for a cooperative flash crowd (REFERENCE.md section 4):
+Policy, following the torrent practice for a cooperative flash crowd (docs/reference.md#torrent-mechanics):
 - Picking: a few random pieces, then rarest-first (p2p/picker.py), with `pipeline_depth` requests in flight per
   peer so a link never idles for a round trip.
 - Endgame: once every missing piece is already requested, the same pieces are also asked of other holders; the
   first copy to arrive wins and the others are cancelled.
 - Re-announce: a piece is announced (`have`) the moment it is verified and stored, so neighbours fetch from us at once.
 - Uploads: a fixed number of slots shared round-robin across peers, always unchoked (no tit-for-tat: every peer
-  of a run is cooperative, and refusing uploads only slows the swarm).
+  of a run is cooperative, and refusing uploads only slows the swarm), but earned (p2p/upload_ledger.py): a peer
+  asking again for a piece it received on its link, or taking more than a few copies of the version without
+  serving any back, is dropped.
 - Super-seeding (an origin seed whose upload is the bottleneck): the seed advertises nothing and reveals pieces
   one by one, always a piece sent the fewest times so far, so it does not send any piece twice while another has
   never been sent; the peers spread each piece among themselves.
-- Hostile peers: a corrupt or unsolicited piece drops its sender; a request outstanding longer than
+- Hostile peers: a corrupt or unsolicited piece drops its sender, and so does a flood of requests (counted before
+  duplicates are folded); a request outstanding longer than
   `request_timeout` is cancelled and re-issued elsewhere; a peer that owes pieces and sends nothing for
   `stall_timeout` is dropped.
 """
@@ -25,14 +28,18 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Union
 
 import numpy as np
 
+from p2p.engine_actions import Action, Completed, DropPeer, Send, SendPiece, StorePiece
 from p2p.picker import Picker, RarestFirstPicker
+from p2p.upload_ledger import UploadLedger
 from p2p.wire import Cancel, Have, Reject, Request
 
-# ---------------------------------------------------------------------------------------------- config and actions
+__all__ = ["Action", "Completed", "DropPeer", "EngineConfig", "PeerState", "Send", "SendPiece", "StorePiece",
+           "SwarmEngine", "as_flags"]
+
+# ---------------------------------------------------------------------------------------------- config
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,7 @@ class EngineConfig:
 
     pipeline_depth: int = 8  # requests in flight per peer
     upload_slots: int = 4  # pieces being uploaded at once, over all peers
-    max_queued_requests: int = 256  # per peer; a peer queueing more is dropped as abusive
+    max_queued_requests: int = 256  # requests of one peer not yet served, duplicates included; past it: a flood
     random_first: int = 4  # pieces picked at random before rarest-first
     endgame: bool = True  # duplicate the last requests across holders
     endgame_copies: int = 2  # at most this many peers asked for one piece in endgame
@@ -49,55 +56,16 @@ class EngineConfig:
     stall_timeout: float = 120.0  # seconds a peer may owe pieces without sending any before it is dropped
     super_seed: bool = False  # act as a super-seed while we hold everything
     super_seed_reveal: int = 4  # pieces revealed and not yet sent, per peer, in super-seed mode
+    upload_factor: float = 3.0  # pieces one peer may take from us, in copies of the version (upload_ledger.py)
+    earn_per_piece: float = 1.0  # more pieces a peer may take for each verified piece it served us
 
     def __post_init__(self) -> None:
         if min(self.pipeline_depth, self.upload_slots, self.max_queued_requests, self.super_seed_reveal) < 1:
             raise ValueError("engine depths, slots and queue sizes must be at least 1")
         if self.request_timeout <= 0 or self.stall_timeout <= 0:
             raise ValueError("engine timeouts must be positive")
-
-
-@dataclass(frozen=True)
-class Send:
-    """Send a control message (have, request, cancel, reject) to `peer`."""
-
-    peer: str
-    message: Union[Have, Request, Cancel, Reject]
-
-
-@dataclass(frozen=True)
-class SendPiece:
-    """Read piece `index` from the store and send it to `peer`; report back with `upload_done`."""
-
-    peer: str
-    index: int
-
-
-@dataclass(frozen=True)
-class StorePiece:
-    """The piece just received (and verified by the adapter) is wanted: write it to the store."""
-
-    index: int
-
-
-@dataclass(frozen=True)
-class DropPeer:
-    """Close the link to `peer`; the engine has already forgotten it.
-
-    `hostile`: it broke the protocol (a corrupt or unsolicited piece, a flood), so it is not linked again; a merely
-    slow or silent peer (False) may be tried again later."""
-
-    peer: str
-    reason: str
-    hostile: bool = True
-
-
-@dataclass(frozen=True)
-class Completed:
-    """Every piece is held: the policy can be reassembled (seeding goes on)."""
-
-
-Action = Union[Send, SendPiece, StorePiece, DropPeer, Completed]
+        if self.upload_factor < 1 or self.earn_per_piece < 0:
+            raise ValueError("upload_factor must be at least 1 (one copy) and earn_per_piece not negative")
 
 
 @dataclass
@@ -110,7 +78,10 @@ class PeerState:
     requested: dict[int, float] = field(default_factory=dict)  # our requests to it -> when sent
     cancelled: set[int] = field(default_factory=set)  # requests we cancelled (a piece may still arrive)
     queue: deque[int] = field(default_factory=deque)  # its requests to us
-    uploading: int = 0  # our SendPiece actions in progress to it
+    open_requests: int = 0  # its requests not yet served or cancelled, duplicates and refused ones included
+    sending: set[int] = field(default_factory=set)  # our SendPiece actions in progress to it
+    delivered: set[int] = field(default_factory=set)  # pieces sent to it on this link: asking again is a breach
+    forgiven: set[int] = field(default_factory=set)  # delivered pieces it cancelled once (one re-request allowed)
     revealed: set[int] = field(default_factory=set)  # super-seed: pieces announced to it and not yet sent
     last_piece_at: float = 0.0  # last piece received, or when it last started owing us pieces
 
@@ -152,6 +123,7 @@ class SwarmEngine:
         self.peers: dict[str, PeerState] = {}
         self.sent_count = np.zeros(num_pieces, dtype=np.int64)  # uploads started per piece (super-seed, stats)
         self.super_seeding = config.super_seed and not self.missing
+        self.ledger = UploadLedger(num_pieces, config.upload_factor, config.earn_per_piece)
         self._uploads_active = 0
         self._rr = 0
 
@@ -195,7 +167,7 @@ class SwarmEngine:
         self.availability -= state.bits
         for i in state.requested:
             self._unpend(i, peer)
-        self._uploads_active -= state.uploading
+        self._uploads_active -= len(state.sending)
         return self._fill_all(now) + self._schedule_uploads() + self._reveal_all()
 
     def _drop(self, peer: str, reason: str, now: float, hostile: bool = True) -> list[Action]:
@@ -249,6 +221,7 @@ class SwarmEngine:
         if not ok:
             return self._drop(peer, f"sent a corrupt piece {index}", now)
         state.last_piece_at = now
+        self.ledger.note_received(peer)
         if self.have[index]:
             return self._fill(peer, now)
         return self._accept(index, now)
@@ -333,14 +306,21 @@ class SwarmEngine:
     # ------------------------------------------------------------------ uploading
 
     def peer_request(self, peer: str, index: int, now: float) -> list[Action]:
+        """Queue a request, counted before a duplicate is folded (or the flood limit would never see one)."""
         state = self.peers.get(peer)
         if state is None:
             return []
+        state.open_requests += 1
+        if state.open_requests > self.config.max_queued_requests:  # an honest peer stays within its pipeline
+            return self._drop(peer, "flooded us with requests", now)
+        if index in state.delivered:
+            return self._drop(peer, f"asked again for piece {index}, which it already received on this link", now)
         if not self.have[index]:
             return [Send(peer, Reject(index, "missing"))]
-        if len(state.queue) >= self.config.max_queued_requests:  # an honest peer stays within its pipeline
-            return self._drop(peer, "flooded us with requests", now)
-        if index not in state.queue:
+        if self.ledger.exhausted(peer):
+            return self._drop(peer, f"took {self.ledger.sent(peer)} pieces of a {self.num_pieces}-piece version "
+                                    "without serving enough back", now)
+        if index not in state.queue and index not in state.sending:
             state.queue.append(index)
         return self._schedule_uploads()
 
@@ -352,6 +332,10 @@ class SwarmEngine:
             return []
         if index in state.queue:
             state.queue.remove(index)
+            state.open_requests -= 1
+        elif index in state.delivered and index not in state.forgiven:  # our copy crossed its cancel: ask once more
+            state.delivered.discard(index)
+            state.forgiven.add(index)
         if index not in state.revealed:
             return []
         state.revealed.discard(index)
@@ -360,13 +344,16 @@ class SwarmEngine:
             out += self._reveal(name)
         return out
 
-    def upload_done(self, peer: str, index: int, now: float) -> list[Action]:
-        """The adapter finished (or gave up) sending a SendPiece: free its slot."""
+    def upload_done(self, peer: str, index: int, now: float, delivered: bool = True) -> list[Action]:
+        """The adapter finished sending a SendPiece (`delivered`) or gave up on it: free its slot."""
         state = self.peers.get(peer)
-        if state is None:
+        if state is None or index not in state.sending:
             return []
-        state.uploading -= 1
+        state.sending.discard(index)
         self._uploads_active -= 1
+        if delivered:
+            state.delivered.add(index)
+            self.ledger.note_sent(peer)
         return self._schedule_uploads() + self._reveal_all()
 
     def _schedule_uploads(self) -> list[Action]:
@@ -381,7 +368,8 @@ class SwarmEngine:
             name = waiting[self._rr]
             state = self.peers[name]
             index = state.queue.popleft()
-            state.uploading += 1
+            state.open_requests -= 1
+            state.sending.add(index)
             self._uploads_active += 1
             self.sent_count[index] += 1
             state.revealed.discard(index)  # a revealed piece counts as promised only until it is sent

@@ -8,7 +8,9 @@ Wire form: a msgpack map {v, kind, run, sender, ts, seq, body, sig}.
 - sender: the raw 32-byte Ed25519 public key (the libp2p identity key, so the peer id is derived from it).
 - ts: the sender's wall-clock seconds; receivers accept it within [now - max_age_s, now + max_future_s].
 - seq: a per-sender counter; (sender, seq) is the replay key.
-- body: an opaque map or bytes (the lead defines bodies); only its structure and size are checked here.
+- body: a map or bytes; here only its structure, size and container count are checked, and its numbers must be
+  finite (NaN and infinities are refused: no consumer can use them and JSON cannot print them). Each kind's
+  typed decoder (gossip's `decoders`) checks its meaning.
 - sig: Ed25519 over DOMAIN + the canonical msgpack of the other seven fields.
 
 Why a canonical re-encoding rather than signing the received bytes: the receiver rebuilds the signed bytes from
@@ -41,7 +43,7 @@ REASONS = (
 KEY_BYTES = 32
 SIG_BYTES = 64
 MAX_SEQ = 2**63 - 1
-GOSSIP_MAX_BYTES = 900 * 1024  # py-libp2p silently drops pubsub messages of 1 MiB and more (REFERENCE §5)
+GOSSIP_MAX_BYTES = 900 * 1024  # pubsub drops messages of 1 MiB and more (docs/reference.md#py-libp2p-pitfalls)
 
 DEFAULT_MAX_BYTES: Mapping[str, int] = MappingProxyType({
     "manifest": GOSSIP_MAX_BYTES,  # tensor index + per-piece hashes of a large policy
@@ -51,6 +53,20 @@ DEFAULT_MAX_BYTES: Mapping[str, int] = MappingProxyType({
     "vote": 64 * 1024,  # a validator batch's votes with their per-check results (swarm.vote_messages: 48 KiB)
     "heartbeat": 8 * 1024,  # role, versions held, load
 })
+
+DEFAULT_MAX_CONTAINERS: Mapping[str, int] = MappingProxyType({
+    "manifest": 16,  # {id, version, signed}: the signed manifest itself is one bin
+    "have": 16,
+    "rollout": 8 * 1024,  # a batch of groups: a map and two lists per completion (verify.rollout.MAX_CONTAINERS),
+    # so about 2,700 completions in one message, each of about 340 bytes or more to fill it
+    "rollout_ann": 16,
+    "vote": 16 * 1024,  # 256 votes, each a map, a list of checks and one list per check
+    "heartbeat": 128,  # roles, addrs, up to 16 policy entries, progress
+})
+"""Most maps and arrays one envelope of a kind may hold, counted while msgpack decodes it. Why: one byte of
+msgpack is an empty map, and an empty map is 64 bytes of Python; decoded in full, 900 KiB of them take 127 MiB
+and seconds of CPU before any check can look at them. Decoding stops at the first container past the budget; counting costs about
+1.3 us per container, so the largest budget bounds a refused message to about 10 ms of CPU."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +81,14 @@ class EnvelopePolicy:
     """Largest accepted clock skew into the future, in seconds."""
     max_depth: int = 16
     """Deepest nesting of lists and maps in a body (a hostile body must not exhaust the stack)."""
+    max_containers: Mapping[str, int] = field(default_factory=lambda: DEFAULT_MAX_CONTAINERS)
+    """Most maps and arrays per envelope, by kind, enforced while decoding (see DEFAULT_MAX_CONTAINERS)."""
 
     def __post_init__(self) -> None:
         if set(self.max_bytes) != set(KINDS) or min(self.max_bytes.values()) <= 0:
             raise ValueError(f"max_bytes must give a positive limit for each of {KINDS}")
+        if set(self.max_containers) != set(KINDS) or min(self.max_containers.values()) < 2:
+            raise ValueError(f"max_containers must allow at least 2 containers for each of {KINDS}")
         if self.max_age_s <= 0 or self.max_future_s < 0 or self.max_depth < 1:
             raise ValueError("max_age_s must be positive, max_future_s non-negative and max_depth at least 1")
 
@@ -100,6 +120,8 @@ class Envelope:
     """Opaque map or bytes, structurally checked (plain msgpack types, bounded depth)."""
     sig: bytes
     """Ed25519 signature over DOMAIN + canonical msgpack of the fields above."""
+    message: Any = field(default=None, compare=False)
+    """The body as its kind's typed decoder read it (p2p.gossip's `decoders`); None where no decoder ran."""
 
     @property
     def sender_peer_id(self) -> str:
@@ -119,7 +141,7 @@ def seal(
     policy: EnvelopePolicy = DEFAULT_POLICY,
 ) -> bytes:
     """Sign and encode one envelope; refuses (EnvelopeError) what a receiver would refuse: unknown kind, bad body,
-    or a result above the kind's size limit (then announce the payload by hash instead)."""
+    or a result above the kind's size or container limit (then split it, or announce the payload by hash)."""
     if kind not in KINDS:
         raise EnvelopeError("unknown_kind", f"unknown envelope kind {kind!r}; expected one of {', '.join(KINDS)}")
     if not isinstance(run, str) or type(seq) is not int or not 0 <= seq <= MAX_SEQ:
@@ -135,23 +157,43 @@ def seal(
     limit = policy.max_bytes[kind]
     if len(data) > limit:
         raise EnvelopeError("oversized", f"a {kind} envelope of {len(data)} bytes exceeds its {limit}-byte limit")
+    if count_containers(fields["body"]) + 1 > policy.max_containers[kind]:  # +1: the envelope's own map
+        raise EnvelopeError("oversized", f"a {kind} envelope holds more than its {policy.max_containers[kind]} "
+                            "maps and arrays (split it)")
     return data
+
+
+def count_containers(value: Any) -> int:
+    """Maps and arrays in a plain value, itself included: what a receiver counts against max_containers."""
+    if isinstance(value, dict):
+        return 1 + sum(count_containers(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return 1 + sum(count_containers(v) for v in value)
+    return 0
 
 
 def open_envelope(
     data: bytes, run: str, now: float, policy: EnvelopePolicy = DEFAULT_POLICY,
-    replay: ReplayFilter | None = None,
+    replay: ReplayFilter | None = None, kind: str | None = None,
 ) -> Envelope:
     """Decode and verify one envelope from the network; any defect raises EnvelopeError (never anything else).
 
-    The replay filter, when given, is consulted last, after the signature: a forger must not be able to burn an
-    honest sender's sequence numbers.
+    `kind`, when given (gossip knows it from the topic), sets the size and container limits before a byte is
+    decoded, and an envelope of another kind is refused; without it the largest limits apply until the kind is
+    read. The replay filter, when given, is consulted last, after the signature: a forger must not be able to burn
+    an honest sender's sequence numbers.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EnvelopeError("malformed", "an envelope must be bytes")
-    if len(data) > policy.largest:
-        raise EnvelopeError("oversized", f"an envelope of {len(data)} bytes exceeds the {policy.largest}-byte limit")
-    fields = _decode_fields(bytes(data), policy)
+    if kind is not None and kind not in KINDS:
+        raise EnvelopeError("unknown_kind", f"unknown envelope kind {kind!r}")
+    limit = policy.max_bytes[kind] if kind is not None else policy.largest
+    if len(data) > limit:
+        raise EnvelopeError("oversized", f"an envelope of {len(data)} bytes exceeds the {limit}-byte limit")
+    containers = policy.max_containers[kind] if kind is not None else max(policy.max_containers.values())
+    fields = _decode_fields(bytes(data), policy, limit, containers)
+    if kind is not None and fields["kind"] != kind:
+        raise EnvelopeError("malformed", f"a {fields['kind']} envelope on the {kind} topic")
     if len(data) > policy.max_bytes[fields["kind"]]:
         raise EnvelopeError("oversized", f"a {fields['kind']} envelope of {len(data)} bytes exceeds its limit")
     if fields["run"] != run:
@@ -165,12 +207,13 @@ def open_envelope(
     return Envelope(sig=sig, **fields)
 
 
-def _decode_fields(data: bytes, policy: EnvelopePolicy) -> dict[str, Any]:
-    """msgpack -> a dict of exactly FIELDS with the right types, body canonicalised; EnvelopeError otherwise."""
-    try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
-    except Exception as exc:  # noqa: BLE001 - msgpack raises many types on hostile input; all mean "malformed"
-        raise EnvelopeError("malformed", f"envelope is not valid msgpack ({type(exc).__name__})") from None
+def _decode_fields(data: bytes, policy: EnvelopePolicy, max_bytes: int, max_containers: int) -> dict[str, Any]:
+    """msgpack -> a dict of exactly FIELDS with the right types, body canonicalised; EnvelopeError otherwise.
+
+    Bounded while decoding, never after: no string, blob, map or array may declare more than `max_bytes` entries
+    or bytes, and decoding stops at the first map or array past `max_containers` (counted by msgpack's hooks,
+    which run as each container completes)."""
+    obj = _bounded_unpack(data, max_bytes, max_containers)
     if not isinstance(obj, dict) or set(obj) != set(FIELDS):
         raise EnvelopeError("malformed", f"envelope must be a map with exactly the fields {', '.join(FIELDS)}")
     if type(obj["v"]) is not int or obj["v"] != VERSION:
@@ -181,6 +224,31 @@ def _decode_fields(data: bytes, policy: EnvelopePolicy) -> dict[str, Any]:
     obj["ts"] = float(obj["ts"])
     obj["body"] = _canonical(obj["body"], policy.max_depth)
     return obj
+
+
+class _TooManyContainers(Exception):
+    """Raised from inside msgpack's hooks to stop decoding at the container budget."""
+
+
+def _bounded_unpack(data: bytes, max_bytes: int, max_containers: int) -> Any:
+    count = 0
+
+    def counted(container: Any) -> Any:
+        nonlocal count
+        count += 1
+        if count > max_containers:
+            raise _TooManyContainers
+        return container
+
+    try:
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=False, use_list=True, object_hook=counted, list_hook=counted,
+            max_str_len=max_bytes, max_bin_len=max_bytes, max_array_len=max_bytes, max_map_len=max_bytes,
+            max_ext_len=0)
+    except _TooManyContainers:
+        raise EnvelopeError("oversized", f"envelope holds more than {max_containers} maps and arrays") from None
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types on hostile input; all mean "malformed"
+        raise EnvelopeError("malformed", f"envelope is not valid msgpack ({type(exc).__name__})") from None
 
 
 def _check_types(obj: dict[str, Any]) -> None:
@@ -214,6 +282,8 @@ def _canonical(value: Any, depth: int) -> Any:
     anything msgpack would not round-trip to the same value, and nesting deeper than `depth`."""
     if type(value) is int and not _INT_MIN <= value <= _INT_MAX:
         raise EnvelopeError("malformed", "envelope body holds an integer msgpack cannot encode")
+    if type(value) is float and not math.isfinite(value):
+        raise EnvelopeError("malformed", "envelope body holds a NaN or infinite number")
     if isinstance(value, _SCALARS):
         return value
     if depth <= 0:

@@ -1,11 +1,13 @@
 """GossipSub per run: signed envelopes on one topic per kind, verified before they are delivered or forwarded.
 
 Topics are f"/rlswarm/{run}/{kind}". Every message is a sealed envelope (p2p.envelope); a validator hooked into
-py-libp2p's pubsub runs `open_envelope` on it, so a malformed, forged, stale, replayed, oversized or wrong-run
-message is rejected before delivery and is never forwarded; the peer that handed it to us is scored down
-(p2p.scores) and, past the threshold, blacklisted in pubsub until its ban ends.
+py-libp2p's pubsub (p2p.gossip_receive) checks the sender's allowance (p2p.gossip_admission: per-peer rates and
+decode budgets, and one for the whole node), then runs `open_envelope` and the kind's typed decoder on it, so a
+flooding, malformed, forged, stale, replayed, oversized, wrong-run or mistyped message is rejected before delivery
+and is never forwarded (py-libp2p forwards only after every validator said yes); its sender is scored down
+(p2p.scores) and, past the threshold, banned: blacklisted in pubsub and hung up on until its ban ends.
 
-py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
+py-libp2p 0.8.1 pitfalls handled here (docs/reference.md#py-libp2p-pitfalls):
 - the 120 s default heartbeat (and the "adaptive" mode that stretches it to 30-60 s) makes meshes form and heal in
   minutes: heartbeat ~1 s, adaptive mode off;
 - messages of 1 MiB and more vanish silently: `publish` refuses envelopes above GOSSIP_MAX_BYTES (900 KiB) with a
@@ -18,6 +20,10 @@ py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
   of the topic has a half-full queue (bounded), so bursts slow down instead of vanishing;
 - `equivocation_detection` keeps every message it ever saw (the full bytes) until a heartbeat trims it: it is
   replaced by a map that stores nothing. Replays are caught by our own bounded (sender, seq) filter instead.
+- a refused message's verdict is cached by its id, and every copy sent again is refused from that cache without
+  our validator (so without scoring its sender) but with the whole message formatted into the error's text
+  (protobuf text format: about 70 ms for 900 KiB): the cache is replaced by one that remembers nothing (accepted
+  messages are dropped as seen before validation anyway), and our validator empties what it refuses;
 - connections made before gossip started fire no notifee: a maintenance tick opens pubsub streams to them;
 - pubsub's stream handler is installed unguarded: we re-install it behind the host's guard;
 - small messages cost about 140 ms of CPU per publish among 6 fully meshed hosts (IDONTWANT for every message,
@@ -28,13 +34,12 @@ py-libp2p 0.8.1 pitfalls handled here (REFERENCE §5):
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import trio
 
@@ -49,13 +54,19 @@ from p2p.envelope import (
     seal,
 )
 from p2p.errors import EnvelopeError, GossipError
+from p2p.gossip_admission import AdmissionConfig, GossipAdmission, OwnPace
+from p2p.gossip_parts import (  # noqa: F401 - GossipStats, PublishPacer are re-exported
+    GossipStats, PublishPacer, Rejection, _BoundedMap, _NeverStored, _NoValidationCache)
+from p2p.gossip_receive import BodyDecoder, GossipReceiver, Ignored
 from p2p.host import reset_quietly
 from p2p.identity import Identity
 from p2p.libp2p_compat import BufferedInboundStream, lean_pubsub_classes
-from p2p.scores import PeerScores, ScoreConfig, Verdict
+from p2p.scores import PeerScores, ScoreConfig
+
+__all__ = ["BodyDecoder", "Gossip", "GossipConfig", "GossipStats", "Ignored", "PublishPacer", "Rejection",
+           "open_gossip", "topic_for"]
 
 log = logging.getLogger(__name__)
-
 OUTBOUND_QUEUE_HIGH_WATER = 16  # py-libp2p's per-peer outbound queue holds 32 RPCs (rpc_queue.OutBoundQueueSize)
 BACKPRESSURE_POLL_S = 0.005
 STREAM_RETRY_S = 10.0
@@ -88,6 +99,8 @@ class GossipConfig:
     """Most (sender, seq) pairs remembered inside the freshness window."""
     backpressure_max_s: float = 5.0
     """Longest a publish waits for a slow peer's outbound queue to drain before letting py-libp2p drop for it."""
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    """Per-sender rate limits and decode budgets, applied before a received message is decoded."""
 
     def __post_init__(self) -> None:
         if self.heartbeat_s <= 0 or self.degree < 2 or self.queue_size < 1 or self.replay_capacity < 1:
@@ -96,77 +109,12 @@ class GossipConfig:
             raise GossipError("publish_rate must be positive and below router_rate_limit (libp2p drops the excess)")
 
 
-@dataclass
-class GossipStats:
-    """Counters for reports and the status view."""
-
-    published: int = 0
-    delivered: int = 0
-    dropped_slow_consumer: int = 0
-    backpressure_waits: int = 0
-    rejected: collections.Counter = field(default_factory=collections.Counter)
-    bans: int = 0
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """One refused envelope, for logs and the status view."""
-
-    peer: str
-    """The peer that handed it to us (the one scored down)."""
-    reason: str
-    """EnvelopeError reason code."""
-    banned: bool
-    """True if this rejection got the peer banned (or it already was)."""
-
-
-class PublishPacer:
-    """Sans-IO pacing of our own sends: at most `rate` per topic in any `window_s`-second window (sliding, so a
-    receiver's fixed-window limiter of the same size never sees more)."""
-
-    def __init__(self, rate: float, window_s: float = 1.0) -> None:
-        self.rate = rate
-        self.window_s = window_s
-        self._sent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
-
-    def delay(self, topic: str, now: float) -> float:
-        """Seconds to wait before the next send on `topic` stays within the rate (0 if it may go now)."""
-        sent = self._sent[topic]
-        while sent and sent[0] <= now - self.window_s:
-            sent.popleft()
-        if len(sent) < max(1, int(self.rate)):
-            return 0.0
-        return sent[0] + self.window_s - now
-
-    def record(self, topic: str, now: float) -> None:
-        self._sent[topic].append(now)
-
-
-class _NeverStored(dict):
-    """Stands in for GossipSub.equivocation_detection: remembers nothing, so it can never grow."""
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        return None
-
-
-class _BoundedMap(collections.OrderedDict):
-    """Insertion-ordered map that forgets its oldest entries past `capacity`."""
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity = capacity
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        while len(self) > self.capacity:
-            self.popitem(last=False)
-
-
-class Gossip:
+class Gossip(GossipReceiver):
     """A running gossip session for one run. Build it with `open_gossip`."""
 
     def __init__(self, host: Any, run: str, identity: Identity, kinds: tuple[str, ...],
-                 config: GossipConfig, clock: Callable[[], float]) -> None:
+                 config: GossipConfig, clock: Callable[[], float],
+                 decoders: Mapping[str, BodyDecoder] | None = None) -> None:
         self.host = host
         self.run = run
         self.identity = identity
@@ -175,9 +123,13 @@ class Gossip:
         self.clock = clock
         self.stats = GossipStats()
         self.scores = PeerScores(config.scores)
+        self.admission = GossipAdmission(config.admission)
+        self.decoders = dict(decoders or {})
+        self._nursery: trio.Nursery | None = None  # where bans disconnect peers (set while the session runs)
         self.pubsub: Any = None
         self._replay = make_replay_filter(config.policy, config.replay_capacity)
         self._pacer = PublishPacer(config.publish_rate)
+        self._own_pace = OwnPace(config.admission)
         self._seq = 0
         self._verified: _BoundedMap = _BoundedMap(4 * config.queue_size * max(1, len(kinds)))
         self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
@@ -194,13 +146,16 @@ class Gossip:
 
         Raises GossipError when the envelope would exceed GOSSIP_MAX_BYTES or its kind's limit (announce it by
         hash instead) or the kind is unknown. Waits, rather than let py-libp2p drop it, when we publish faster than
-        `publish_rate` on this topic or a peer's outbound queue is half full (at most `backpressure_max_s`).
+        `publish_rate` on this topic or a peer's outbound queue is half full (at most `backpressure_max_s`), and
+        rather than let receivers refuse it, when we publish faster than their admission allows (`OwnPace`).
         """
         data = self._seal(kind, body)
         topic = topic_for(self.run, kind)
-        while (wait := self._pacer.delay(topic, trio.current_time())) > 0:
+        while (wait := max(self._pacer.delay(topic, trio.current_time()),
+                           self._own_pace.delay(kind, len(data), trio.current_time()))) > 0:
             await trio.sleep(wait)
         self._pacer.record(topic, trio.current_time())
+        self._own_pace.record(kind, len(data), trio.current_time())
         await self._wait_for_outbound_room(topic)
         await self.pubsub.publish(topic, data)
         self.stats.published += 1
@@ -269,45 +224,6 @@ class Gossip:
                               "limit; announce it by hash instead")
         return data
 
-    def _validator(self, kind: str) -> Callable[[Any, Any], bool]:
-        def validate(forwarder: Any, msg: Any) -> bool:
-            try:
-                env = open_envelope(msg.data, self.run, self.clock(), self.config.policy, self._replay)
-                if env.kind != kind:
-                    raise EnvelopeError("malformed", f"a {env.kind} envelope on the {kind} topic")
-            except EnvelopeError as exc:
-                self._reject(forwarder, exc.reason)
-                return False
-            self._verified[bytes(msg.from_id) + bytes(msg.seqno)] = env
-            return True
-
-        return validate
-
-    def penalize(self, peer: Any, reason: str) -> None:
-        """Score `peer` (a libp2p ID) down for content that proved false after the envelope checks passed.
-
-        Why public: some lies only show later, outside gossip (a rollout blob fetched by hash that does not match
-        its announced id); they must cost the liar exactly what a forged envelope costs, bans included.
-        """
-        self._reject(peer, reason)
-
-    def _reject(self, forwarder: Any, reason: str) -> None:
-        self.stats.rejected[reason] += 1
-        peer = str(forwarder)
-        if peer == self.host.peer_id:
-            return
-        log.debug("rejected envelope from %s: %s", peer, reason)
-        banned = self.scores.penalize(peer, reason, trio.current_time()) is Verdict.BAN
-        if banned and peer not in self._banned_ids:
-            log.warning("peer %s banned from gossip after repeated invalid envelopes", peer)
-            self.stats.bans += 1
-            self._banned_ids[peer] = forwarder
-            self.pubsub.add_to_blacklist(forwarder)
-        try:
-            self._rejections_in.send_nowait(Rejection(peer, reason, banned))
-        except trio.WouldBlock:
-            pass
-
     async def _drain(self, kind: str, subscription: Any) -> None:
         """Move verified messages from py-libp2p's 32-slot queue to our channels, without ever blocking on them."""
         me = self.host.peer_id
@@ -351,6 +267,9 @@ class Gossip:
     async def _inbound_stream(self, stream: Any) -> None:
         """A peer opened pubsub to us: it speaks pubsub now, so our own stream to it is due at the next tick."""
         peer_id = stream.muxed_conn.peer_id
+        if self.pubsub.is_peer_blacklisted(peer_id):  # a banned peer that dialed back is not read at all
+            await reset_quietly(stream)
+            return
         if peer_id not in self.pubsub.peers:
             self._stream_retry_at.pop(peer_id, None)
         try:
@@ -393,6 +312,7 @@ def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:
     # seen_ttl covers our freshness window, so honest re-deliveries are dropped as duplicates by pubsub itself and
     # only a deliberately re-published envelope ever reaches our replay filter (and costs its forwarder).
     pubsub = Pubsub(host.libp2p, router, seen_ttl=int(window) + 1, strict_signing=True)
+    pubsub.validation_cache = _NoValidationCache()
     return pubsub, router
 
 
@@ -400,12 +320,15 @@ def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:
 async def open_gossip(
     host: Any, run: str, identity: Identity | None = None, *, kinds: tuple[str, ...] = KINDS,
     config: GossipConfig | None = None, clock: Callable[[], float] = time.time,
+    decoders: Mapping[str, BodyDecoder] | None = None,
 ) -> AsyncIterator[Gossip]:
     """Join the run's gossip on a started host (p2p.host.P2PHost) and yield a `Gossip`; leave it on exit.
 
     `identity` signs our envelopes (default: the host's key). `clock` gives wall-clock seconds for envelope
     timestamps and freshness checks (peers compare them, so it must be real time in production; tests inject
-    trio's clock). All topics in `kinds` are subscribed at once and drained continuously.
+    trio's clock). All topics in `kinds` are subscribed at once and drained continuously. `decoders` gives a
+    typed decoder per kind (swarm.gossip_bodies): what one refuses is dropped before delivery and forwarding and
+    costs its sender; a kind without one delivers any well-formed body.
     """
     from libp2p.tools.anyio_service import background_trio_service
 
@@ -413,7 +336,7 @@ async def open_gossip(
     if unknown or not kinds:
         raise GossipError(f"unknown gossip kinds {sorted(unknown)}; expected some of {', '.join(KINDS)}")
     config = config or GossipConfig()
-    gossip = Gossip(host, run, identity or host.identity, tuple(kinds), config, clock)
+    gossip = Gossip(host, run, identity or host.identity, tuple(kinds), config, clock, decoders)
     gossip.pubsub, router = _build_pubsub(host, config)
     for protocol in router.get_protocols():  # an exception in pubsub's reader must not kill the host
         host.set_guarded_handler(protocol, gossip._inbound_stream, timeout=None)
@@ -425,6 +348,7 @@ async def open_gossip(
                 gossip.pubsub.set_topic_validator(topic, gossip._validator(kind), is_async_validator=False)
                 nursery.start_soon(gossip._drain, kind, await gossip.pubsub.subscribe(topic))
             nursery.start_soon(gossip._maintain, nursery)
+            gossip._nursery = nursery
             try:
                 yield gossip
             finally:

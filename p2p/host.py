@@ -1,12 +1,14 @@
 """The secure host factory: one py-libp2p host per peer, Noise only, Yamux only, guarded handlers.
 
-Why a wrapper around py-libp2p's BasicHost (REFERENCE.md §5, each pitfall seen here):
+Why a wrapper around py-libp2p's BasicHost (docs/reference.md#py-libp2p-pitfalls, each seen here):
 - its security defaults accept a plaintext dialer, so we pass Noise as the ONLY security option, with a dedicated
   X25519 Noise static key;
 - Mplex is 4x slower than Yamux, so Yamux is the only muxer;
 - every dial costs 250 ms unless `max_connections_per_peer=1`;
 - an exception escaping a stream handler kills the host and the trio run around it, so every handler we install
-  is wrapped: exceptions and hangs are logged and the stream reset;
+  is wrapped: exceptions and hangs are logged and the stream reset, and an unexpected exception costs the peer
+  that opened the stream score (`P2PHost.faults`); a peer past the ban threshold is disconnected and its streams
+  refused until the ban ends, so a peer cannot keep tripping a handler bug;
 - an unreachable bootstrap peer must be one log line, not a traceback, and must not stop the host.
 Other packages (gossip, DHT) reach the raw libp2p host through `P2PHost.libp2p`.
 """
@@ -14,8 +16,7 @@ Other packages (gossip, DHT) reach the raw libp2p host through `P2PHost.libp2p`.
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,22 @@ from typing import Any
 
 import trio
 
-from p2p.errors import HostError, StreamEndedEarly
+from p2p.errors import HostError
 from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import tune_yamux
+from p2p.scores import PeerScores, ScoreConfig, Verdict
+from p2p.stream_guard import (
+    StreamHandler,
+    _one_line,
+    _stream_peer,
+    guard_handler,
+    peer_went_away,
+    read_exactly,
+    reset_quietly,
+)
+
+__all__ = ["CONFIG_DEFAULT", "HANDLER_FAULT", "HostConfig", "P2PHost", "ensure_connected", "guard_handler",
+           "open_host", "peer_went_away", "read_exactly", "reset_quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +51,10 @@ class _ConfigDefault:
 
 
 CONFIG_DEFAULT = _ConfigDefault()
-StreamHandler = Callable[[Any], Awaitable[None]]
+HANDLER_FAULT = "handler_fault"
+FAULT_SCORES = ScoreConfig(penalties={HANDLER_FAULT: 25.0})
+"""Three unexpected handler errors from one peer within a minute or two ban it (score -75 against the -60
+threshold; scores decay with a 120 s half-life), for the default ban time (600 s)."""
 
 
 @dataclass(frozen=True)
@@ -156,8 +173,8 @@ class _HandlerTable(dict):
     """py-libp2p's multiselect table of stream handlers, safe against removal during a negotiation.
 
     Multiselect checks `protocol in handlers`, awaits its reply to the peer, then looks the handler up again: a
-    handler removed in between (a DHT or data channel closing while a peer opens a stream to it) raised KeyError
-    in the connection's task and killed the host. The late lookup now finds a handler that resets the stream.
+    handler removed in between (a DHT or data channel closing while a peer opens a stream to it) raises KeyError
+    in the connection's task and kills the host. Here the late lookup finds a handler that resets the stream.
     """
 
     def __missing__(self, protocol: Any) -> StreamHandler:
@@ -173,6 +190,10 @@ class P2PHost:
     config: HostConfig
     nursery: trio.Nursery
     bootstrap_failures: dict[str, str] = field(default_factory=dict)
+    faults: PeerScores = field(default_factory=lambda: PeerScores(FAULT_SCORES))
+    """Scores of the peers whose streams made a guarded handler fail unexpectedly; a banned peer is refused."""
+    fault_listeners: list[Callable[[str, str], None]] = field(default_factory=list)
+    """Called with (peer id, protocol) on each such fault, e.g. to fold it into the node's own peer scores."""
     _interface_ips: dict[str, list[str]] | None = None  # looked up once, on first use of `multiaddrs`
 
     @property
@@ -264,7 +285,37 @@ class P2PHost:
         handler still running at `timeout` is an idle stream being closed, logged at debug level, not a hang.
         """
         limit = self.config.handler_timeout if isinstance(timeout, _ConfigDefault) else timeout
-        self.libp2p.set_stream_handler(protocol, guard_handler(protocol, handler, limit, idle_streams=idle_streams))
+        guarded = guard_handler(protocol, handler, limit, idle_streams=idle_streams, admit=self.admits,
+                                on_fault=self.handler_fault)
+        self.libp2p.set_stream_handler(protocol, guarded)
+
+    def admits(self, stream: Any) -> bool:
+        """Whether a stream's peer may be served: not while banned for repeated handler faults."""
+        peer = _stream_peer(stream)
+        return peer is None or not self.faults.is_banned(peer, trio.current_time())
+
+    def handler_fault(self, stream: Any, protocol: str) -> None:
+        """Penalise the peer whose stream made a handler fail unexpectedly; past the threshold, disconnect it."""
+        peer = _stream_peer(stream)
+        if peer is None or peer == self.peer_id:
+            return
+        now = trio.current_time()
+        newly = not self.faults.is_banned(peer, now)
+        verdict = self.faults.penalize(peer, HANDLER_FAULT, now)
+        for listener in self.fault_listeners:
+            listener(peer, protocol)
+        if verdict is Verdict.BAN and newly:
+            log.warning("peer %s banned for %g s after repeated handler faults", peer, self.faults.config.ban_s)
+            self.nursery.start_soon(self._disconnect, peer)
+
+    async def _disconnect(self, peer: str) -> None:
+        from libp2p.peer.id import ID
+
+        with trio.move_on_after(self.config.stream_timeout):
+            try:
+                await self.libp2p.disconnect(ID.from_base58(peer))
+            except Exception as exc:  # noqa: BLE001 - the peer may be gone already; its streams are refused anyway
+                log.debug("disconnecting banned peer %s failed: %s", peer, _one_line(exc))
 
     def remove_handler(self, protocol: str) -> None:
         """Stop serving `protocol` (peers are told it is not supported; see `_HandlerTable` for the race)."""
@@ -273,77 +324,6 @@ class P2PHost:
     def remote_peer_id(self, stream: Any) -> str:
         """The authenticated (Noise) peer id at the other end of a libp2p stream."""
         return str(stream.muxed_conn.peer_id)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None, *,
-                  idle_streams: bool = False) -> StreamHandler:
-    """Wrap a stream handler: a raise or a run past `timeout` resets the stream and is logged in one line (at
-    debug level for a protocol with `idle_streams`, see P2PHost.set_guarded_handler)."""
-
-    async def guarded(stream: Any) -> None:
-        # Our limit is a cancel scope, so that it is told apart from a TooSlowError of the handler's own deadline.
-        limit = trio.CancelScope(deadline=trio.current_time() + timeout if timeout is not None else math.inf)
-        try:
-            with limit:
-                await handler(stream)
-        except trio.TooSlowError:
-            log.warning("handler for %s exceeded its own deadline; stream reset", protocol)
-            await reset_quietly(stream)
-        except Exception as exc:  # noqa: BLE001 - the whole point: nothing escapes into libp2p's nursery
-            level = logging.DEBUG if peer_went_away(exc) else logging.WARNING
-            log.log(level, "handler for %s failed (%s); stream reset", protocol, _one_line(exc))
-            log.debug("handler traceback", exc_info=True)
-            await reset_quietly(stream)
-        if limit.cancelled_caught:
-            log.log(logging.DEBUG if idle_streams else logging.WARNING, "handler for %s exceeded %g s; stream reset",
-                    protocol, timeout)
-            await reset_quietly(stream)
-
-    return guarded
-
-
-async def reset_quietly(stream: Any) -> None:
-    """Reset a libp2p stream, ignoring errors (the stream may already be gone) and bounded in time."""
-    with trio.move_on_after(1.0) as scope:
-        scope.shield = True
-        try:
-            await stream.reset()
-        except Exception:  # noqa: BLE001 - best effort on an already broken stream
-            log.debug("stream reset failed", exc_info=True)
-
-
-def peer_went_away(exc: BaseException) -> bool:
-    """Whether `exc` only says that the other end closed, reset or dropped the stream: routine on a network (a
-    requester that gave up, a peer that left), so no warning, unlike a failure of the handler itself."""
-    from libp2p.network.stream.exceptions import StreamError
-    from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
-
-    return isinstance(exc, (StreamError, MuxedStreamError, MuxedConnError, StreamEndedEarly, EOFError,
-                            ConnectionError, trio.BrokenResourceError, trio.ClosedResourceError))
-
-
-async def read_exactly(stream: Any, n: int, what: str = "stream") -> bytes:
-    """Exactly `n` bytes from a libp2p stream, read in chunks of at most 1 MiB; HostError if the peer closes early.
-
-    Why bounded chunks: one unbounded Yamux read of a large message collapses throughput (REFERENCE.md §5).
-    """
-    buf = bytearray()
-    while len(buf) < n:
-        try:
-            chunk = await stream.read(min(n - len(buf), 1 << 20))
-        except Exception as exc:  # py-libp2p ends a closed or reset stream with its own exceptions (StreamEOF, ...)
-            if not peer_went_away(exc):
-                raise
-            raise StreamEndedEarly(f"the peer closed the {what} early ({type(exc).__name__})") from exc
-        if not chunk:
-            raise StreamEndedEarly(f"the peer closed the {what} early")
-        buf += chunk
-    return bytes(buf)
 
 
 async def ensure_connected(host: P2PHost, peer_id: str, addrs: Sequence[str]) -> None:

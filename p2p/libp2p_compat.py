@@ -1,5 +1,6 @@
-"""Adapters from py-libp2p streams to the trio-style byte-stream contract, plus the Yamux tuning REFERENCE §5 measured
-and the pubsub subclasses that keep gossip's CPU cost from starving every other stream (`lean_pubsub_classes`).
+"""Adapters from py-libp2p streams to the trio-style byte-stream contract, plus the measured Yamux tuning
+(docs/reference.md#py-libp2p-pitfalls) and the pubsub subclasses that keep gossip's CPU cost from starving every other
+stream (`lean_pubsub_classes`).
 
 The contract (p2p/wire.py's `Stream`): `send_all(data)`, `receive_some(max_bytes) -> bytes` (b"" at EOF),
 `aclose()`. A libp2p stream is the fallback transport of the data channel when a peer's data socket cannot be
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 READ_CHUNK = 1024 * 1024
 """Upper bound of one read: an unbounded Yamux `read()` concatenates buffers and collapses to a few MiB/s."""
 WRITE_CHUNK = 8 * 1024 * 1024
-"""8 MiB writes amortise Yamux's per-write locking (REFERENCE §5)."""
+"""8 MiB writes amortise Yamux's per-write locking (docs/reference.md#py-libp2p-pitfalls)."""
 NOISE_SIZED_YAMUX_FRAME = 65_519
 """A Yamux frame (12-byte header included) that fits one Noise message (65,535 bytes minus the 16-byte tag)."""
 IDONTWANT_MIN_BYTES = 1024
@@ -134,9 +135,9 @@ def next_seqno(previous: int, now: float) -> int:
     """The next pubsub sequence number: past the previous one and never below the wall clock in microseconds.
 
     Why: py-libp2p starts its counter at the clock in whole seconds and adds one per message, so a peer that sent
-    more messages than seconds passed and restarted under the same key reused its old (from, seqno) message ids,
+    more messages than seconds passed and restarted under the same key would reuse its earlier (from, seqno) ids,
     which every receiver's seen-cache drops as duplicates: an inference peer restarted after 34 s and 60 messages
-    went unheard for over a minute, its rollouts lost. In microseconds a restart always starts past the old ones.
+    would go unheard for over a minute, its rollouts lost. In microseconds a restart always starts past them.
     """
     return max(previous + 1, int(now * 1e6))
 

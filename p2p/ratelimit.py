@@ -52,3 +52,38 @@ async def acquire_all(buckets: list[TokenBucket], amount: int) -> None:
         await trio.sleep(delay)
     else:
         await trio.lowlevel.checkpoint()
+
+
+class Allowance:
+    """A token bucket that refuses instead of waiting: `take` spends `amount` only when the bucket holds it.
+
+    Why a second kind: received gossip cannot be told to wait (py-libp2p has already read it), so what exceeds a
+    sender's allowance is dropped; the bucket never goes into debt, so one huge message cannot buy silence later.
+    Pure: `now` is passed in.
+    """
+
+    def __init__(self, rate: float, burst: float) -> None:
+        if rate <= 0 or burst <= 0:
+            raise ValueError("an allowance needs a positive rate and burst")
+        self.rate = rate
+        self.burst = burst
+        self._tokens = burst
+        self._stamp: float | None = None
+
+    def available(self, now: float) -> float:
+        """Tokens held at `now` (refilled since the last call, capped at `burst`)."""
+        if self._stamp is not None:
+            self._tokens = min(self.burst, self._tokens + max(0.0, now - self._stamp) * self.rate)
+        self._stamp = now
+        return self._tokens
+
+    def wait(self, amount: float, now: float) -> float:
+        """Seconds until `amount` (at most `burst`) is held; 0 when it is held at `now`."""
+        return max(0.0, (min(amount, self.burst) - self.available(now)) / self.rate)
+
+    def take(self, amount: float, now: float) -> bool:
+        """Spend `amount` if held at `now`; False (and nothing spent) otherwise."""
+        if self.available(now) < amount:
+            return False
+        self._tokens -= amount
+        return True

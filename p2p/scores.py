@@ -24,6 +24,12 @@ DEFAULT_PENALTIES: Mapping[str, float] = MappingProxyType({
     "too_old": 1.0,
     "from_future": 2.0,
     "replayed": 1.0,
+    "wrong_sender": 20.0,  # an envelope signed by another peer than the one that published it
+    "bad_body": 20.0,  # a body its kind's typed decoder refuses: a correct peer never sends one
+    "handler_error": 10.0,  # a message that made a handler fail: dropped, and its sender pays
+    "ignored": 10.0,  # a message a handler could not use (an announced manifest that does not verify)
+    "rate_limited": 5.0,  # more messages of a kind than its rate allows (twelve past it: banned)
+    "flooding": 5.0,  # more bytes than a sender's decode budget
 })
 
 

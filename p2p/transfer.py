@@ -24,9 +24,10 @@ from typing import Callable
 import blake3
 import trio
 
+from p2p.budget import NODE_BUDGET, BudgetLease, MemoryBudget
 from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
-from p2p.errors import (ChannelError, ChannelTamperedError, CorruptPieceError, FrameError, FrameTruncatedError,
-                        StoreError)
+from p2p.errors import ChannelError, CorruptPieceError, FrameError, StoreError
+from p2p.link_errors import first_leaf, is_breach, link_failure
 from p2p.manifest import PolicyManifest
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.store import PieceStore
@@ -112,6 +113,7 @@ class _Link:
     outbox_send: trio.MemorySendChannel
     outbox_recv: trio.MemoryReceiveChannel
     bucket: TokenBucket
+    lease: BudgetLease
     scope: trio.CancelScope | None = None
     greeted: bool = False  # the handshake completed: the peer took part in the protocol
 
@@ -122,7 +124,8 @@ class SwarmService:
     def __init__(self, manifest: PolicyManifest, store: PieceStore, *, config: TransferConfig = TransferConfig(),
                  on_progress: Callable[[Progress], None] | None = None,
                  on_drop: Callable[[str, str, bool], None] | None = None,
-                 rng: random.Random | None = None, upload_bucket: TokenBucket | None = None) -> None:
+                 rng: random.Random | None = None, upload_bucket: TokenBucket | None = None,
+                 budget: MemoryBudget = NODE_BUDGET) -> None:
         store.add_manifest(manifest)
         self.manifest = manifest
         self.store = store
@@ -144,6 +147,7 @@ class SwarmService:
         self._nursery: trio.Nursery | None = None
         self._stopped = False  # run() has returned: its nursery takes no new links
         self._max_payload = max(f.piece_size for f in manifest.files)
+        self._budget = budget  # frames not yet whole (so not yet verified) hold their bytes on it
 
     # ------------------------------------------------------------------ service
 
@@ -162,7 +166,7 @@ class SwarmService:
                     await trio.sleep(self.config.tick_interval)
                     self._dispatch(self.engine.tick(trio.current_time()))
         except* StoreError as group:
-            raise _first_leaf(group) from None
+            raise first_leaf(group) from None
         finally:
             self._stopped = True
             for link in self._links.values():  # links served in a caller's task (serve_link) end with the service
@@ -211,7 +215,8 @@ class SwarmService:
             await trio.aclose_forcefully(stream)
             return
         send, recv = trio.open_memory_channel(math.inf)
-        link = _Link(peer, stream, send, recv, TokenBucket(self.config.peer_upload_bps))
+        link = _Link(peer, stream, send, recv, TokenBucket(self.config.peer_upload_bps),
+                     self._budget.lease("a piece frame"))
         self._links[peer] = link
         self.stats.setdefault(peer, PeerStats())
         try:
@@ -223,14 +228,22 @@ class SwarmService:
                     await self._receiver(link, decoder)
                     nursery.cancel_scope.cancel()
         except* _LINK_ERRORS as group:  # the link's own nursery wraps its errors in a group
-            exc = _first_leaf(group)
-            hostile = _is_breach(exc)
+            exc = first_leaf(group)
+            hostile = is_breach(exc)
             # a link the peer closed before its hello was refused (a duplicate, or a version it just dropped), routine
-            self._note_drop(peer, _link_failure(exc), hostile, quiet=not (hostile or link.greeted))
+            self._note_drop(peer, link_failure(exc), hostile, quiet=not (hostile or link.greeted))
+        except* StoreError:
+            raise  # our disk failed, not the peer: the service ends with that one error (see run)
+        except* Exception as group:  # anything else a link raised costs that link, never the service or the node
+            exc = first_leaf(group)
+            log.warning("link with %s failed unexpectedly: %s: %s", peer, type(exc).__name__, exc)
+            log.debug("link failure traceback", exc_info=exc)
+            self._note_drop(peer, f"its link failed unexpectedly ({type(exc).__name__})", hostile=False)
         finally:
             del self._links[peer]
             self._reported.discard(peer)
             self._dispatch(self.engine.peer_gone(peer, trio.current_time()))
+            link.lease.close()
             await trio.aclose_forcefully(stream)
 
     async def _handshake(self, link: _Link, decoder: FrameDecoder, frame: tuple | None) -> None:
@@ -238,7 +251,7 @@ class SwarmService:
         with trio.fail_after(self.config.handshake_timeout):
             await _send_message(link.stream, hello)
             if frame is None:
-                frame = await read_frame(link.stream, decoder, self.config.receive_chunk)
+                frame = await self._read_frame(link, decoder)
         if frame is None:
             raise trio.BrokenResourceError("the peer closed the link before its hello")
         msg = parse_message(*frame, num_pieces=self.manifest.num_pieces)
@@ -254,7 +267,7 @@ class SwarmService:
         for count in itertools.count(1):
             if count % FRAMES_PER_CHECKPOINT == 0:  # frames already buffered are read without yielding: a burst of
                 await trio.lowlevel.checkpoint()  # small ones (a hostile peer's) must not hold the whole node
-            frame = await read_frame(link.stream, decoder, self.config.receive_chunk)
+            frame = await self._read_frame(link, decoder)
             if frame is None:
                 return
             msg = parse_message(*frame, num_pieces=n)
@@ -273,6 +286,12 @@ class SwarmService:
                 self._dispatch(self.engine.peer_bitfield(link.peer, unpack_bits(msg.bits, n), now))
             else:
                 raise FrameError("a second hello on the same link")
+
+    async def _read_frame(self, link: _Link, decoder: FrameDecoder) -> tuple | None:
+        """The link's next frame; what the decoder keeps of a frame not yet whole stays charged to the budget."""
+        frame = await read_frame(_ChargedReader(link.stream, decoder, link.lease), decoder, self.config.receive_chunk)
+        link.lease.resize(decoder.buffered)
+        return frame
 
     def _on_piece(self, peer: str, msg: Piece, now: float) -> None:
         ref = self.manifest.pieces[msg.index]
@@ -298,7 +317,7 @@ class SwarmService:
             if index not in self.corrupt_pieces:
                 self.corrupt_pieces.add(index)
                 log.warning("%s", exc)
-            self._dispatch(self.engine.upload_done(link.peer, index, trio.current_time()))
+            self._dispatch(self.engine.upload_done(link.peer, index, trio.current_time(), delivered=False))
             with trio.fail_after(self.config.send_timeout):
                 await _send_message(link.stream, Reject(index, "corrupt on disk"))
             return
@@ -356,36 +375,17 @@ class SwarmService:
             self.on_progress(self.progress())
 
 
-def _is_breach(exc: BaseException) -> bool:
-    """Whether a link's error shows the peer broke the protocol (malformed frames, forged records), as opposed to
-    leaving mid-piece or stalling: a killed peer leaves a truncated frame or record, and may come back."""
-    if isinstance(exc, FrameError):
-        return not isinstance(exc, FrameTruncatedError)
-    return isinstance(exc, ChannelTamperedError)
+class _ChargedReader:
+    """A link's receiving side as `read_frame` sees it: what a read adds to the decoder is charged to the node's
+    budget of unverified input before the decoder keeps it (BudgetExhausted, a ChannelError, drops the link)."""
 
+    def __init__(self, stream: Stream, decoder: FrameDecoder, lease: BudgetLease) -> None:
+        self._stream, self._decoder, self._lease = stream, decoder, lease
 
-def _link_failure(exc: BaseException) -> str:
-    """Why a link ended, in words for a person: a peer that vanished, stalled or broke the protocol."""
-    if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
-        return f"its link broke (the peer left or its connection dropped{': ' + str(exc) if str(exc) else ''})"
-    if isinstance(exc, trio.TooSlowError):
-        return "it stopped answering within the protocol's timeouts"
-    if isinstance(exc, FrameTruncatedError):
-        return f"it left mid-piece: {exc}"
-    if isinstance(exc, FrameError):
-        return f"it broke the piece protocol: {exc}"
-    if isinstance(exc, ChannelTamperedError):
-        return f"its data channel carried forged or tampered bytes: {exc}"
-    if isinstance(exc, ChannelError):
-        return f"its data channel failed (the peer left or its connection dropped): {exc}"
-    return str(exc) or type(exc).__name__
-
-
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        data = await self._stream.receive_some(max_bytes)
+        self._lease.resize(self._decoder.buffered + len(data))
+        return data
 
 
 async def _send_message(stream: Stream, msg) -> None:

@@ -282,6 +282,18 @@ def parse_message(header: dict, payload: bytes | bytearray | memoryview, num_pie
     raise FrameError(f"unknown message type {kind!r}")
 
 
+def decode_frames(data: bytes | bytearray, num_pieces: int) -> list[Message]:
+    """Every message of a whole piece-protocol byte stream, in order, against a manifest of `num_pieces` pieces:
+    the framing and message checks of a live link in one call; FrameError (and nothing else) on any defect."""
+    decoder = FrameDecoder()
+    decoder.feed(bytes(data))
+    messages = []
+    while (frame := decoder.next_frame()) is not None:
+        messages.append(parse_message(*frame, num_pieces))
+    decoder.eof()
+    return messages
+
+
 def message_frame(msg: Message) -> list[bytes | memoryview]:
     """Encode a typed message as frame buffers."""
     if isinstance(msg, Piece):

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from swarm.role_trainer import RolloutGate, SwarmPublisher
+    from swarm.role_trainer import SwarmPublisher
+    from swarm.rollout_gate import RolloutGate
 
 
 @dataclass
@@ -89,8 +90,8 @@ def _why_at_once(node, publisher: SwarmPublisher, gate: RolloutGate, waiting: Ba
     """No vote is awaited and either validators the newest version names have left (its rollouts assigned to them
     are refused on arrival, so waiting on it only wastes the workers' generation) or every inference peer answered
     it in full (nothing more will come: fewer workers x prompts per worker than a batch). A trainer holding part of
-    a batch used to wait `patience_s` and train on that part; it still trains on that part when synchronous, where
-    a new version would expire it (see BatchWait.ready)."""
+    a batch does not wait `patience_s` for more; it trains on that part at once when synchronous, where a new
+    version would expire it (see BatchWait.ready)."""
     newest = gate.specs[gate.newest]
     quorum_here = len(publisher.known_validators()) >= node.config.quorum
     keeps_ready = gate.async_level > 0 or not gate.accepted  # synchronous, a new version expires what is ready

@@ -27,7 +27,10 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "verify"), "swarm.cmd_bench_verify", "benchmark rollout validation on honest and attacked groups"),
     (("bench", "generate"), "swarm.cmd_bench_generate", "benchmark generation throughput and proof overhead"),
     (("bench", "noise"), "swarm.cmd_bench_noise", "benchmark the seeded Gumbel noise draw per element"),
+    (("bench", "gossip-flood"), "swarm.cmd_bench_gossip_flood",
+     "measure what a hostile gossip peer (floods, inflating envelopes) costs a target process"),
     (("bench", "churn"), "swarm.cmd_bench_churn", "keep killing and restarting peers of a training run; count its steps"),
+    (("bench", "fuzz"), "swarm.cmd_bench_fuzz", "fuzz every decoder of network input for N seconds; report failures"),
     (("bench", "device"), "swarm.cmd_bench_device", "check every GPU path against its CPU twin (prepared GPU check)"),
 ]
 

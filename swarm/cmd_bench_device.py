@@ -87,13 +87,16 @@ def _verify(harness, on_device, groups: dict) -> dict:
 def _train_step(harness, trainees: tuple, groups: list, exact: bool) -> dict:
     """One GRPO step from the same weights and batch on each side (trainees: the CPU model and the device model):
     loss, gradient norm and the weights after it."""
+    from trainer.admission import GenerationContract
     from trainer.config import TrainerConfig
     from trainer.loop import to_train_group
     from trainer.step import PolicyTrainer
 
+    bench = harness.config
+    contract = GenerationContract(bench.group_size, bench.temperature, bench.max_new_tokens)
     # Alternating rewards: every group carries a learning signal, whatever the tiny model scored.
-    batch = [dataclasses.replace(to_train_group(g), rewards=tuple(float(i % 2) for i in range(len(g.completions))))
-             for g in groups]
+    batch = [to_train_group(g, contract) for g in groups]
+    batch = [dataclasses.replace(t, rewards=tuple(float(i % 2) for i in range(len(t.completions)))) for t in batch]
     pad = harness.loaded.tokenizer.pad_token_id or 0
     timed = []
     for model in trainees:

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_task(task: str) -> None:
     """A task file that does not load, or a name no reasoning-gym dataset has, is one line before any peer starts:
-    it used to start the whole swarm, fail inside the trainer's role and end in a report of zero steps."""
+    otherwise the whole swarm would start, fail inside the trainer's role and end in a report of zero steps."""
     from tasks.builtin import builtin_names
     from tasks.loading import is_task_file, load_tasks
 

@@ -9,10 +9,11 @@ when one is given. Imports no torch.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 
 MAX_SECONDS = 600.0
+OBSERVER_HEARTBEAT_S = 0.25
+"""Shortest long-run spacing of one peer's heartbeats the observer accepts (p2p.gossip_admission)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from p2p.bootstrap import DEFAULT_BOOTSTRAP_FILE, resolve_bootstrap
     from swarm.errors import UserError
-    from swarm.status import render
+    from swarm.status import render, to_json
     from swarm.trust import parse_trainer_key
 
     if not 0 < args.seconds <= MAX_SECONDS:
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("p2p").setLevel(logging.ERROR)  # an unreachable bootstrap peer is the error below, once
     logging.getLogger("libp2p").setLevel(logging.CRITICAL)
     report = trio.run(observe, args.run, tuple(bootstrap), args.seconds, trainer_key)
-    print(json.dumps(report) if args.json else render(report))
+    print(to_json(report) if args.json else render(report))
     return 0
 
 
@@ -73,18 +74,27 @@ async def _listen_to(host, identity, run: str, view, seconds: float, trainer_key
     """Listen on the run's gossip for `seconds`, then summarise (with the newest manifest)."""
     import trio
 
-    from p2p.gossip import open_gossip
+    from p2p.gossip import GossipConfig, open_gossip
+    from p2p.gossip_admission import AdmissionConfig
+    from swarm.gossip_bodies import DECODERS
 
-    async with open_gossip(host, run, identity) as gossip, trio.open_nursery() as nursery:
-        for kind, handle in _handlers(view).items():
-            nursery.start_soon(_listen, gossip.subscribe(kind), handle)
+    handlers = _handlers(view)
+    # The observer does not know the run's heartbeat period (peers may be configured faster than the default),
+    # so it lets each peer heartbeat up to OBSERVER_HEARTBEAT_S apart; the byte budgets still bound its CPU.
+    config = GossipConfig(admission=AdmissionConfig(heartbeat_interval_s=OBSERVER_HEARTBEAT_S))
+    async with open_gossip(host, run, identity, kinds=tuple(DECODERS), decoders=DECODERS, config=config) as gossip, \
+            trio.open_nursery() as nursery:
+        for kind, handle in handlers.items():  # each message in a scope of its own: a peer cannot end the view
+            nursery.start_soon(gossip.serve, kind, handle)
         await trio.sleep(seconds)
         nursery.cancel_scope.cancel()
+        refused_by_gossip = sum(gossip.stats.rejected.values())
+    view.refused += refused_by_gossip  # what gossip's validator dropped: malformed, mistyped, forged, floods
     report = view.report(trio.current_time(), seconds)
     # the newest version whose manifest a holder serves and that verifies: a liar's heartbeat claiming a huge
     # version hid the real newest one behind "nobody answered"; the top claim's outcome is kept if none verifies
     for version in sorted(view.versions, reverse=True)[:4]:
-        manifest = await _newest_manifest(host, view, version, trainer_key)
+        manifest = await _checked_manifest(host, view, version, trainer_key)
         if version == report["newest_version"]:
             report["manifest"] = manifest
         if manifest is not None and "REFUSED" not in str(manifest.get("signature")):
@@ -97,32 +107,27 @@ def _handlers(view) -> dict:
     import trio
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.rollout_codec import RolloutRefused, parse_items
-    from swarm.vote_messages import votes_in
-    from verify.votes import verify_vote
 
     def heartbeat(env) -> None:
-        view.on_heartbeat(env.sender_peer_id, env.body, trio.current_time())
+        view.on_heartbeat(env.sender_peer_id, env.message, trio.current_time())
 
     def rollout(env) -> None:
-        try:
-            view.on_rollouts(env.sender_peer_id, parse_items(env.body))
-        except RolloutRefused:
-            view.refused += 1
+        view.on_rollouts(env.sender_peer_id, list(env.message.items))
 
-    def vote(env) -> None:
-        votes, unparsed = votes_in(env.body)
-        view.refused += unparsed
-        view.on_votes(env.sender_peer_id, votes,
-                      lambda v: peer_id_from_public_bytes(v.validator) if verify_vote(v) else None)
+    def vote(env) -> None:  # every vote's signature and voter were checked by gossip's validator
+        view.on_votes(env.sender_peer_id, list(env.message.votes), lambda v: peer_id_from_public_bytes(v.validator))
 
     return {"heartbeat": heartbeat, "rollout": rollout, "vote": vote}
 
 
-async def _listen(channel, handle) -> None:
-    async with channel:
-        async for env in channel:
-            handle(env)
+async def _checked_manifest(host, view, version: int, trainer_key: bytes | None) -> dict | None:
+    """_newest_manifest, with whatever a holder's reply makes it raise turned into a refusal of that version:
+    a manifest with a field of the wrong type must not end `swarm status`."""
+    try:
+        return await _newest_manifest(host, view, version, trainer_key)
+    except Exception as exc:  # noqa: BLE001 - one peer's manifest never ends the view
+        logging.getLogger(__name__).debug("manifest of v%d refused", version, exc_info=True)
+        return {"version": version, "signature": f"REFUSED: {type(exc).__name__}: {exc}"[:300]}
 
 
 async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) -> dict | None:

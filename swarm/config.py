@@ -50,6 +50,10 @@ class PeerConfig:
     """Piece size for policies this peer publishes, in KiB."""
     max_peers: int = 32
     """Upper bound on data connections this peer keeps open."""
+    data_exempt_loopback: bool = False
+    """Lift the data port's per-IP cap on sockets still presenting their token for 127.0.0.0/8 and ::1. Only for
+    a simulation or benchmark that runs every peer on loopback (`swarm sim` sets it); a peer that other local
+    users can reach keeps it off, or local strangers can push honest local peers off the fast data path."""
     reseed: bool = True
     """Serve pieces to others as soon as they verify (off only for the single-origin baseline)."""
     exit_when_complete: bool = False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 
@@ -49,7 +50,7 @@ class EventSink:
         if kind == "dropped":  # a version that left the window never reports progress again
             self._last_progress.pop(record.get("version"), None)
         if self.json_lines:
-            print(json.dumps(record, default=_jsonable), file=self.stream, flush=True)
+            print(json_line(record), file=self.stream, flush=True)
         elif kind != "progress" or self._progress_worth_printing(record):
             text = _describe_safely(record)
             if text:
@@ -75,6 +76,25 @@ def _describe_safely(r: dict) -> str | None:
         log.debug("no line for event %s: %r", r.get("event"), exc)
         fields = {k: v for k, v in r.items() if k not in ("event", "t")}
         return f"{r.get('event')}: {json.dumps(fields, default=_jsonable)}"
+
+
+def json_line(record: dict) -> str:
+    """The record as strict JSON: a number that is not finite (a NaN loss, an overflowing mean of claims a peer
+    made) becomes null, since programs reading the events must always be able to parse them."""
+    try:
+        return json.dumps(record, default=_jsonable, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(record), default=_jsonable, allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _jsonable(value):

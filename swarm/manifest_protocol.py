@@ -4,6 +4,10 @@ Why: gossip carries only new announcements, so a peer that joins late (or a mani
 message) learns a manifest id from a heartbeat and fetches the signed bytes from the peer that named it. The bytes
 are verified against the trainer key by the mirror like any other manifest; this protocol trusts nothing.
 Request: the 32-byte manifest id. Response: 4-byte big-endian length, then the signed manifest (length 0: unknown).
+
+Faults stay on their side: the server runs under the host's guard (an unexpected error resets that one stream and
+costs the asking peer score, see p2p.host), and the asker turns anything the peer or py-libp2p raises into one
+HostError, the only error its callers (heartbeats, announcements, the DHT lookup, `swarm status`) expect.
 """
 
 from __future__ import annotations
@@ -47,10 +51,11 @@ async def fetch_manifest(host: Any, peer_id: str, manifest_id: bytes, timeout: f
             return await read_exactly(stream, length, "manifest stream") if length else None
     except trio.TooSlowError:
         raise HostError(f"fetching manifest from {peer_id} timed out") from None
-    except Exception as exc:  # a write to a stream the peer reset raises py-libp2p's own errors
-        if not peer_went_away(exc):
-            raise
-        raise HostError(f"peer {peer_id} closed the manifest stream ({type(exc).__name__})") from exc
+    except HostError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - py-libp2p's own errors on a reset stream, or anything unforeseen
+        what = "closed the manifest stream" if peer_went_away(exc) else "broke the manifest exchange"
+        raise HostError(f"peer {peer_id} {what} ({type(exc).__name__})") from exc
     finally:
         with trio.move_on_after(1.0):
             try:

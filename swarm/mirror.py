@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import shutil
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,19 +25,23 @@ from typing import Any
 
 import trio
 
+from p2p.budget import BudgetExhausted, MemoryBudget
+from p2p.channel_messages import HandshakeBreach
 from p2p.errors import P2PError
-from p2p.manifest import MAX_MANIFEST_BYTES, PolicyManifest, decode_signed, verify_manifest
+from p2p.manifest import PolicyManifest, decode_signed, verify_manifest
 from p2p.ratelimit import TokenBucket
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
+from swarm.link_preamble import PREAMBLE_BUDGET, Preamble, read_body, read_head, send_preamble
+from swarm.mirror_dial import _DIAL_ERRORS, OutboundLinks
 from swarm.trust import TrainerTrust
 
 log = logging.getLogger(__name__)
-ROUTE_BYTES = 32
 MAX_WAITING_PER_PEER = 4  # inbound data channels of one peer still waiting for their manifest id
+MAX_WAITING = 64
+"""Inbound data channels waiting for their preamble, over all peers: identities are free, so the per-peer limit
+alone bounds nothing. When all are taken, the oldest one that has not started its preamble makes room."""
 MAX_BANNED = 4096  # peers remembered as hostile (a liar can make new identities; this only bounds the memory)
-_DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
-Dialer = Callable[[str], Awaitable[Any]]
 
 
 @dataclass
@@ -56,14 +60,14 @@ class MirroredPolicy:
     adopted_at: float = 0.0  # trio time this peer adopted it
 
 
-class PolicyMirror:
+class PolicyMirror(OutboundLinks):
     """The set of policy versions a peer mirrors, and the piece services that move them."""
 
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
                  transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
                  spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0,
-                 copies_dir: Path | None = None) -> None:
+                 copies_dir: Path | None = None, budget: MemoryBudget = PREAMBLE_BUDGET) -> None:
         self.store = store
         # where versions are reassembled into loadable files (swarm.policy_files); each copy goes with its version
         self.copies_dir = copies_dir
@@ -92,6 +96,9 @@ class PolicyMirror:
         self._spare_failures: dict[str, float] = {}
         self._max_links = math.inf  # links per version, as the last reconcile was told
         self._waiting: dict[str, int] = {}
+        # inbound channels waiting for a preamble's head, oldest first: the scope that ends the wait of each
+        self._idle_waits: dict[int, trio.CancelScope] = {}
+        self._budget = budget  # bytes of preamble manifests not yet verified, held node-wide
         self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
         self.banned: dict[str, str] = {}  # peer -> the protocol breach (a corrupt piece...) it is never linked for
         self._gone: set[str] = set()  # peers whose departure was reported and that have not linked since
@@ -135,7 +142,7 @@ class PolicyMirror:
             if self.trust.key is not None and outer.public_key != self.trust.key:  # refused before any decoding
                 raise P2PError("policy manifest is not signed by this run's trainer key")
             # verified against its own signer and checked for our run BEFORE a first-use key is trusted: forged
-            # bytes or another run's manifest used to pin their signer on disk, and every real one was refused
+            # bytes or another run's manifest pinned on disk would have every real one refused
             manifest = verify_manifest(signed, outer.public_key)
             if manifest.run != self.run:
                 log.warning("refused a manifest of run %r (this peer follows %r)", manifest.run, self.run)
@@ -172,7 +179,7 @@ class PolicyMirror:
         config = replace(self.transfer, handshake_timeout=max(self.transfer.handshake_timeout, self.adoption_wait + 5))
         if policy.origin == self.my_id:
             # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice
-            # while another has never gone out (REFERENCE.md section 4).
+            # while another has never gone out (docs/reference.md#torrent-mechanics).
             config = replace(config, engine=replace(config.engine, super_seed=True))
         policy.service = SwarmService(policy.manifest, self.store, config=config, upload_bucket=self.upload_bucket,
                                       on_drop=lambda peer, why, hostile: self._dropped(policy, peer, why, hostile))
@@ -192,17 +199,23 @@ class PolicyMirror:
         Why across versions: a peer that served a corrupt piece once would otherwise be linked again at once, for
         this version and each next one, costing a piece download each time; a peer that merely left or stalled
         may be linked again when it is back."""
-        if hostile and peer not in self.banned and len(self.banned) < MAX_BANNED:
-            self.banned[peer] = why
-            spare = self._spares.pop(peer, None)
-            if spare is not None:
-                self._nursery.start_soon(trio.aclose_forcefully, spare[0])
-        elif not hostile:
+        if hostile:
+            self._ban(peer, why)
+        else:
             if peer in self._gone:  # a peer that left ends the links of every version at once: say it once
                 return
             self._gone.add(peer)
         self.on_event("peer_dropped", {"version": policy.manifest.version, "dropped": peer, "reason": why,
                                        "banned": hostile})
+
+    def _ban(self, peer: str, why: str) -> None:
+        """Never link `peer` again, and close our spare channel to it."""
+        if peer in self.banned or len(self.banned) >= MAX_BANNED:
+            return
+        self.banned[peer] = why
+        spare = self._spares.pop(peer, None)
+        if spare is not None:
+            self._nursery.start_soon(trio.aclose_forcefully, spare[0])
 
     def _linked(self, policy: MirroredPolicy, peer: str, **info: Any) -> None:
         self._gone.discard(peer)  # back: its next departure is news again
@@ -283,24 +296,45 @@ class PolicyMirror:
         """Serve an inbound data channel: read the preamble (manifest id + signed manifest), then run the link.
 
         The preamble may come much later (a warm spare, see `reconcile`), so the wait is long but bounded, and each
-        peer may keep only a few channels waiting. A manifest we do not know yet is adopted from the preamble (it
-        is verified like any other): gossip delivered manifests 5 s late or never under load, and the links must
-        not wait for it. A preamble from a peer with the larger id announces a version whose link is ours to dial:
-        we dial it over that same channel (`_link_over_announcement`).
+        peer may keep only a few channels waiting, the node only MAX_WAITING. A manifest we do not know yet is
+        adopted from the preamble (it is verified like any other): gossip delivered manifests 5 s late or never
+        under load, and the links must not wait for it. A preamble from a peer with the larger id announces a
+        version whose link is ours to dial: we dial it over that same channel (`_link_over_announcement`).
+        A breach of the preamble format bans the peer; a full budget of unverified input drops the channel only.
         """
-        if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER or peer in self.banned:
+        if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER or peer in self.banned or not self._room_to_wait():
             return
         self._waiting[peer] = self._waiting.get(peer, 0) + 1
         try:
             preamble = await self._read_preamble(stream)
-            if preamble is not None and not preamble[1] and peer < self.my_id:
+            if preamble is not None and not preamble.signed and peer < self.my_id:
                 # the wait for a manifest gossip has not brought yet counts as waiting too: released after the
                 # preamble alone, one peer kept 200 channels open at once, each naming an id nobody knows
-                await self._adopted(preamble[0], self.adoption_wait)
+                await self._adopted(preamble.route, self.adoption_wait)
+        except HandshakeBreach as exc:
+            log.warning("banned peer %s: %s", peer, exc)
+            self._ban(peer, f"broke the data channel preamble: {exc}")
+            return
+        except BudgetExhausted as exc:
+            log.info("dropped a data channel of %s: %s", peer, exc)
+            return
         finally:
             self._waiting[peer] -= 1
+            if not self._waiting[peer]:
+                del self._waiting[peer]
         if preamble is not None:
-            await self._route(peer, stream, *preamble, wait=0.0)
+            await self._route(peer, stream, preamble.route, preamble.signed, wait=0.0)
+
+    def _room_to_wait(self) -> bool:
+        """Whether one more inbound channel may wait for its preamble: past MAX_WAITING, the oldest channel still
+        waiting for its head is ended to make room (a stranger's idle channels cannot lock honest peers out)."""
+        if sum(self._waiting.values()) < MAX_WAITING:
+            return True
+        if not self._idle_waits:
+            return False
+        oldest = next(iter(self._idle_waits))
+        self._idle_waits.pop(oldest).cancel()
+        return True
 
     async def _route(self, peer: str, stream: Any, route: bytes, signed: bytes, wait: float | None = None) -> None:
         """Serve the link a preamble names; from a peer with the larger id it is an announcement, answered below.
@@ -333,7 +367,7 @@ class PolicyMirror:
         policy.dialing.add(peer)
         try:
             with trio.fail_after(self.dial_timeout):
-                await _send_preamble(stream, policy)
+                await send_preamble(stream, policy.manifest.id, policy.signed)
         except _DIAL_ERRORS as exc:
             policy.failures[peer] = trio.current_time()
             log.debug("answering an announcement of %s failed: %s", peer, exc)
@@ -344,127 +378,28 @@ class PolicyMirror:
         self._linked(policy, peer, dir="out", via="announcement")
         await policy.service.serve_link(peer, stream)
 
-    async def _read_preamble(self, stream: Any, wait: float | None = None) -> tuple[bytes, bytes] | None:
-        """(manifest id, signed manifest or b"") from a data channel, None if it ends, stalls or lies about sizes.
+    async def _read_preamble(self, stream: Any, wait: float | None = None) -> Preamble | None:
+        """The preamble of a data channel, None if it ends or stalls first (or another channel needed its place
+        while it had not started); a manifest we hold is not buffered (swarm.link_preamble).
 
         By default we wait as long as a dialer may keep a spare channel before using it."""
         wait = self.spare_ttl + self.transfer.handshake_timeout if wait is None else wait
-        head = await _read_exactly(stream, ROUTE_BYTES + 4, wait)
-        if head is None:
+        with trio.CancelScope() as idle:
+            self._idle_waits[id(idle)] = idle
+            try:
+                head = await read_head(stream, wait)
+            finally:
+                self._idle_waits.pop(id(idle), None)
+        if idle.cancelled_caught or head is None:
             return None
-        size = int.from_bytes(head[ROUTE_BYTES:], "big")
-        if size > MAX_MANIFEST_BYTES + 1024:
-            return None
-        signed = await _read_exactly(stream, size, self.transfer.handshake_timeout) if size else b""
-        return None if signed is None else (head[:ROUTE_BYTES], signed)
+        return await read_body(stream, head, self.transfer.handshake_timeout, self._budget,
+                               lambda route: route in self.policies)
 
     async def _adopted(self, manifest_id: bytes, wait: float) -> MirroredPolicy | None:
         with trio.move_on_after(wait):
             while manifest_id not in self.policies:
                 await self.changed.wait()
         return self.policies.get(manifest_id)
-
-    async def reconcile(self, peers: list[str], dial: Dialer, max_links: int) -> None:
-        """Open the links this peer should dial: smaller peer id dials, failed dials back off.
-
-        Why spares: opening a data channel costs a few libp2p round trips, measured at 2.5-4.6 s per dial on a
-        loaded machine with several peers starting, longer than the whole transfer of a small policy. So every
-        peer we dial keeps one channel open ahead of need, and a new version's link takes it and only writes its
-        manifest id.
-        """
-        now = trio.current_time()
-        self._max_links = max_links
-        peers = [peer for peer in peers if peer not in self.banned]
-        for policy in list(self.policies.values()):
-            service = policy.service
-            if service is None or service._nursery is None:
-                continue
-            for peer in peers:
-                if (peer == self.my_id or peer in service.peers or peer in policy.dialing
-                        or peer in self._spare_dialing  # about to be there: a second dial would only compete
-                        or not self._may_link(policy, peer) or len(service.peers) >= max_links
-                        or now - policy.failures.get(peer, -math.inf) < 2.0):
-                    continue
-                if peer < self.my_id:  # its link is the peer's to dial: tell it about the manifest, once, if it is late
-                    late = peer not in policy.announced and now - policy.adopted_at >= self.announce_after
-                    spare = self._take_spare(peer, now) if late else None
-                    if spare is not None:
-                        policy.announced.add(peer)
-                        self._nursery.start_soon(self._announce, policy, peer, spare)
-                    continue
-                policy.dialing.add(peer)
-                self._nursery.start_soon(self._dial_link, policy, peer, dial, self._take_spare(peer, now))
-        self._keep_spares(peers, dial, max_links, now)
-
-    def _take_spare(self, peer: str, now: float) -> Any:
-        spare = self._spares.pop(peer, None)
-        if spare is None:
-            return None
-        if now - spare[1] > self.spare_ttl:  # the acceptor stopped waiting for it: close it cleanly, not by GC
-            self._nursery.start_soon(trio.aclose_forcefully, spare[0])
-            return None
-        return spare[0]
-
-    def _keep_spares(self, peers: list[str], dial: Dialer, max_links: int, now: float) -> None:
-        for peer, (stream, opened_at) in list(self._spares.items()):
-            # only age retires a spare (the acceptor stops waiting soon after); a dead one fails when used and is
-            # dialed anew, while closing spares of peers missing from one connection listing left pairs cold
-            if now - opened_at > self.spare_ttl:
-                del self._spares[peer]
-                self._nursery.start_soon(trio.aclose_forcefully, stream)
-        for peer in peers:
-            if (peer == self.my_id or peer in self._spares or peer in self._spare_dialing
-                    or len(self._spares) + len(self._spare_dialing) >= max_links
-                    or now - self._spare_failures.get(peer, -math.inf) < 2.0):
-                continue
-            self._spare_dialing.add(peer)
-            self._nursery.start_soon(self._dial_spare, peer, dial)
-
-    async def _dial_spare(self, peer: str, dial: Dialer) -> None:
-        try:
-            with trio.fail_after(self.dial_timeout):
-                stream = await dial(peer)
-            self._spares[peer] = (stream, trio.current_time())
-            self.on_event("spare", {"peer": peer})
-        except _DIAL_ERRORS as exc:
-            self._spare_failures[peer] = trio.current_time()
-            log.debug("spare data channel to %s failed: %s", peer, exc)
-        finally:
-            self._spare_dialing.discard(peer)
-
-    async def _announce(self, policy: MirroredPolicy, peer: str, stream: Any) -> None:
-        """Hand a signed manifest to a peer over our spare channel to it; the peer dials the link, over this very
-        channel when it can (its preamble comes back on it, see `_link_over_announcement`), else it closes it."""
-        try:
-            with trio.fail_after(self.dial_timeout):
-                await _send_preamble(stream, policy)
-            answer = await self._read_preamble(stream, self.dial_timeout + self.transfer.handshake_timeout)
-            if answer is not None:
-                await self._route(peer, stream, *answer)
-        except _DIAL_ERRORS as exc:
-            log.debug("announcing a manifest failed: %s", exc)
-        finally:
-            await trio.aclose_forcefully(stream)
-
-    async def _dial_link(self, policy: MirroredPolicy, peer: str, dial: Dialer, spare: Any = None) -> None:
-        started = trio.current_time()
-        try:
-            with trio.fail_after(self.dial_timeout):
-                stream = spare if spare is not None else await dial(peer)
-                await _send_preamble(stream, policy)
-            # garbage-collected while we dialed, the peer banned meanwhile, or its service stopped (the node is
-            # shutting down): no new links
-            if (not self.is_mirrored(policy) or not self._may_link(policy, peer)
-                    or not policy.service.add_link(peer, stream)):
-                await trio.aclose_forcefully(stream)
-                return
-            self._linked(policy, peer, dir="out", dial_s=round(trio.current_time() - started, 3),
-                         spare=spare is not None)
-        except _DIAL_ERRORS as exc:
-            policy.failures[peer] = trio.current_time()
-            log.debug("data channel to %s failed: %s", peer, exc)
-        finally:
-            policy.dialing.discard(peer)
 
     def is_mirrored(self, policy: MirroredPolicy) -> bool:
         """Whether `policy` is still mirrored (a newer version may have pushed it out of the window meanwhile).
@@ -473,26 +408,3 @@ class PolicyMirror:
         a whole simulation at step 7 (versions turn over every few seconds once the trainer steps quickly).
         """
         return self.policies.get(policy.manifest.id) is policy and not (policy.scope and policy.scope.cancel_called)
-
-
-async def _send_preamble(stream: Any, policy: MirroredPolicy) -> None:
-    """What a data channel starts with: the manifest id, then the signed manifest (u32 length + bytes)."""
-    await stream.send_all(policy.manifest.id + len(policy.signed).to_bytes(4, "big") + policy.signed)
-
-
-async def _read_exactly(stream: Any, size: int, timeout: float) -> bytes | None:
-    """`size` bytes, or None if the stream ends, breaks or stalls first: a dialer may drop a spare channel it no
-    longer needs (or vanish) at any time, which is no error of ours."""
-    buf = bytearray()
-    with trio.move_on_after(timeout):
-        while len(buf) < size:
-            try:
-                chunk = await stream.receive_some(min(size - len(buf), 1 << 20))
-            except (P2PError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                log.debug("data channel ended before its preamble: %s", exc)
-                return None
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
-    return None

@@ -1,9 +1,11 @@
 """One peer: a libp2p host, the run's gossip, data channels and a policy mirror, plus the roles it plays.
 
 The node owns the IO; decisions live in the sans-IO parts it drives (the swarm engine, the quorum, the
-curriculum). Tasks, all in one nursery: announcements in (manifests, heartbeats), heartbeats out (roles, held
-versions, listen addresses: this is how peers that joined through different bootstrap peers find each other), the
-link reconciler, progress reports, and one task per role.
+curriculum). Tasks, all in one nursery: announcements in (manifests, heartbeats) and heartbeats out (roles, held
+versions, listen addresses: this is how peers that joined through different bootstrap peers find each other; all
+in swarm.node_gossip), the link reconciler, progress reports, and one task per role. Gossip carries the run's
+kinds only (swarm.gossip_bodies), each typed and checked before it is delivered or forwarded, a peer's heartbeats
+at most one per half `heartbeat_every_s`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from swarm.shutdown import HARD_EXIT_AFTER_S, TEARDOWN_GRACE_S, ExitGuard, repor
 
 log = logging.getLogger(__name__)
 RoleTask = Callable[["Node"], Awaitable[None]]
-GOSSIP_INLINE_MANIFEST = 512 * 1024
 DHT_PUT_LIMIT_S = 15.0  # larger manifests are announced by id and fetched by the manifest protocol
 DHT_PUT_WARN_AFTER = 3
 """Versions in a row whose latest-manifest record the DHT did not store before that is worth a warning."""
@@ -93,10 +94,9 @@ class Node:
         names the run's latest manifest (signed by this peer, which must hold the trainer key)."""
         from p2p.dht import LatestManifest
 
-        body = {"id": manifest.id, "version": manifest.version}
-        if len(signed) <= GOSSIP_INLINE_MANIFEST:
-            body["signed"] = signed
-        await self.gossip.publish("manifest", body)
+        from swarm.node_gossip import announcement_body
+
+        await self.gossip.publish("manifest", announcement_body(signed, manifest))
         record = LatestManifest.sign(self.config.run, manifest.id, manifest.version, self.identity)
         # In the background: a DHT put waits on the slowest of its peers (10-17 s per version measured in the
         # simulation, a third of each step); the trainer must not wait for it before training on.
@@ -155,13 +155,16 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                  built: list, teardown: trio.CancelScope, closed: trio.Event,
                  on_stopping: Callable[[Node], None]) -> None:
     """open_node_parts' body; `teardown` is the scope whose deadline bounds closing, `closed` is set once closed."""
-    from p2p.channel import open_data_channel, serve_data_channels
+    from p2p.channel import ChannelConfig, open_data_channel, serve_data_channels
     from p2p.dht import open_dht
-    from p2p.gossip import open_gossip
+    from p2p.gossip import GossipConfig, open_gossip
+    from p2p.gossip_admission import AdmissionConfig
     from p2p.host import HostConfig, open_host
     from p2p.store import PieceStore
     from p2p.transfer import TransferConfig
+    from swarm.gossip_bodies import DECODERS, run_decoders
     from swarm.manifest_protocol import install_manifest_server
+    from swarm.node_gossip import receive_heartbeats, receive_manifests, send_heartbeats
     from swarm.trust import TrainerTrust
 
     with PieceStore(config.data_dir / "store", keep_versions=config.keep_versions) as store:
@@ -176,16 +179,20 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
             mirror = PolicyMirror(store, host.peer_id, trust, run=config.run, transfer=transfer,
                                   reseed=config.reseed, keep=config.keep_versions, on_event=events.emit,
                                   copies_dir=config.data_dir / "policies")
-            async with open_gossip(host, config.run, identity) as gossip, open_dht(host) as dht, \
+            admission = AdmissionConfig(heartbeat_interval_s=config.heartbeat_every_s / 2)
+            async with open_gossip(host, config.run, identity, kinds=tuple(DECODERS),
+                                   decoders=run_decoders(lambda: trust.key),
+                                   config=GossipConfig(admission=admission)) as gossip, open_dht(host) as dht, \
                     trio.open_nursery() as nursery:
                 node = Node(config, host, gossip, mirror, events, nursery, dht=dht)
                 built.append(node)
                 events.listeners.append(node.note_progress)
                 await nursery.start(mirror.run_service)
-                await nursery.start(serve_data_channels, host, mirror.accept_link)
+                await nursery.start(serve_data_channels, host, mirror.accept_link,
+                                    ChannelConfig(exempt_loopback=config.data_exempt_loopback))
                 install_manifest_server(host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None)
                 events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.roles))
-                for part, *args in [(_receive_manifests,), (_receive_heartbeats,), (_send_heartbeats,),
+                for part, *args in [(receive_manifests,), (receive_heartbeats,), (send_heartbeats,),
                                     (_forget_silent_peers,), (_keep_bootstrap_links, tuple(bootstrap)),
                                     (_reconcile_links, open_data_channel), (_report_progress,), (_provide_held,),
                                     (_find_latest_on_dht,), *((role,) for role in roles)]:
@@ -199,7 +206,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
 
 async def _run_part(node: Node, part: Callable[..., Awaitable[None]], *args: Any) -> None:
     """Run one role, or one of the peer's own tasks, as part(node, *args). One that fails stops the peer with one
-    clear line instead of a wall of tracebacks: an exception escaping a task of the node's nursery used to end the
+    clear line instead of a wall of tracebacks: an exception escaping a task of the node's nursery would end the
     peer (and every peer of a simulation) with a nested exception group."""
     try:
         await part(node, *args)
@@ -223,77 +230,6 @@ def describe_failure(exc: BaseException) -> str:
         tb = tb.tb_next
     where = f" (at {short_path(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno})" if tb is not None else ""
     return f"{type(leaf).__name__}: {leaf}{where}"
-
-
-async def _receive_manifests(node: Node) -> None:
-    from swarm.manifest_protocol import fetch_manifest
-
-    async for env in node.gossip.subscribe("manifest"):
-        body = env.body if isinstance(env.body, dict) else {}
-        signed = body.get("signed")
-        try:
-            if isinstance(signed, bytes):
-                node.mirror.adopt(signed)
-            elif isinstance(body.get("id"), bytes) and body["id"] not in node.mirror.policies:
-                # in the background: fetched in line, ten announcements of ids nobody serves held up the next real
-                # manifest for 150 s
-                fetch_manifest_soon(node, env.sender_peer_id, body["id"], fetch_manifest)
-        except Exception as exc:  # noqa: BLE001 - an announcement nobody foresaw is dropped; it must not end the peer
-            log.warning("ignored a manifest announcement from %s: %s", env.sender_peer_id, exc)
-
-
-MAX_MANIFEST_FETCHES = 8
-"""Manifest fetches in flight at once; more ids are skipped (heartbeats name each held version again)."""
-
-
-def fetch_manifest_soon(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
-    """Fetch and adopt a manifest a peer named, in the background: one fetch per id at a time and at most
-    MAX_MANIFEST_FETCHES in all (one heartbeat could list an id 16 times, and a flood of announcements started a
-    fetch for each)."""
-    if manifest_id in node.fetching or len(node.fetching) >= MAX_MANIFEST_FETCHES:
-        return
-    node.fetching.add(manifest_id)
-
-    async def fetch_once(node: Node) -> None:
-        try:
-            await _fetch_and_adopt(node, peer, manifest_id, fetch)
-        finally:
-            node.fetching.discard(manifest_id)
-
-    node.nursery.start_soon(_run_part, node, fetch_once)
-
-
-async def _fetch_and_adopt(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
-    try:
-        signed = await fetch(node.host, peer, manifest_id)
-    except P2PError as exc:
-        log.debug("manifest fetch from %s failed: %s", peer, exc)
-        return
-    if signed is not None:
-        node.mirror.adopt(signed)
-
-
-def _heartbeat_body(node: Node) -> dict:
-    policies = []
-    for p in node.mirror.policies.values():
-        done = p.service is not None and p.service.completed.is_set()
-        policies.append([p.manifest.version, p.manifest.id, done])
-    body = {"roles": list(node.config.roles), "addrs": node.host.multiaddrs, "policies": policies}
-    if node.progress:
-        body["progress"] = dict(node.progress)
-    return body
-
-
-async def _send_heartbeats(node: Node) -> None:
-    while True:
-        try:
-            await node.gossip.publish("heartbeat", _heartbeat_body(node))
-        except P2PError as exc:
-            log.debug("heartbeat not sent: %s", exc)
-        # Not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and seven peers
-        # heartbeating each second in one simulated process starved its streams (stream opens timed out, new
-        # versions stopped reaching peers). See PeerConfig.heartbeat_every_s.
-        await trio.sleep(node.config.heartbeat_every_s)
 
 
 async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:
@@ -327,55 +263,6 @@ async def _forget_silent_peers(node: Node) -> None:
             node.events.emit("peer_gone", peer=peer, roles=list(roles), message=(
                 f"{', '.join(roles) or 'peer'} {peer} sent no heartbeat for {node.config.peer_silence_s:g} s; "
                 f"its roles no longer count"))
-
-
-async def _receive_heartbeats(node: Node) -> None:
-    """Learn peers (dial their announced addresses) and manifests we have not seen yet."""
-    from swarm.manifest_protocol import fetch_manifest
-
-    dialed: dict[str, float] = {}  # peers a heartbeat made us dial -> when
-    async for env in node.gossip.subscribe("heartbeat"):
-        try:
-            _on_heartbeat(node, env, dialed, fetch_manifest)
-        except Exception as exc:  # noqa: BLE001 - a body nobody foresaw is dropped; it must not end the peer
-            log.warning("ignored a heartbeat from %s: %s", env.sender_peer_id, exc)
-
-
-HEARTBEAT_REDIAL_S = 30.0
-"""A peer a heartbeat made us dial counts against max_peers this long, then only while it stays connected."""
-
-
-def _on_heartbeat(node: Node, env: Any, dialed: dict[str, float], fetch_manifest) -> None:
-    body = env.body if isinstance(env.body, dict) else {}
-    sender = env.sender_peer_id
-    now = trio.current_time()
-    roles = body.get("roles")
-    if isinstance(roles, list):
-        node.heard_from(sender, tuple(r for r in roles if isinstance(r, str))[:4], now)
-    connected = node.connected_peers()
-    for peer in [p for p, at in dialed.items() if now - at > HEARTBEAT_REDIAL_S and p not in connected]:
-        del dialed[peer]  # gone or never reached: its place is free (throwaway ids once filled them for good)
-    # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
-    # collide under one-connection-per-peer and the streams opened on the losing connection hang.
-    if (sender < node.peer_id and sender not in connected and sender not in dialed
-            and len(dialed) < node.config.max_peers):
-        addrs = [a for a in _list(body, "addrs") if isinstance(a, str) and a.endswith(f"/p2p/{sender}")][:4]
-        if addrs:
-            dialed[sender] = now
-            node.nursery.start_soon(_run_part, node, _dial_any, sender, addrs)
-    newest = node.mirror.latest()
-    for entry in _list(body, "policies")[:16]:
-        if (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and isinstance(entry[1], bytes)
-                and entry[1] not in node.mirror.policies
-                and (newest is None or entry[0] > newest.manifest.version - node.config.keep_versions)):
-            fetch_manifest_soon(node, sender, entry[1], fetch_manifest)
-
-
-def _list(body: dict, key: str) -> list:
-    """A heartbeat field that must be a list; anything else from the wire counts as empty (a heartbeat with
-    `"policies": 7` raised a TypeError that ended the whole peer)."""
-    value = body.get(key)
-    return value if isinstance(value, list) else []
 
 
 async def _provide_held(node: Node) -> None:
@@ -427,6 +314,7 @@ async def _find_latest_on_dht(node: Node, every_s: float = 10.0, quiet_s: float 
 
 async def _adopt_latest_from_dht(node: Node) -> None:
     from swarm.manifest_protocol import fetch_manifest
+    from swarm.node_gossip import fetch_and_adopt
 
     newest = node.mirror.latest()
     try:
@@ -441,7 +329,7 @@ async def _adopt_latest_from_dht(node: Node) -> None:
     node.events.emit("dht_found", version=record.version, providers=len(providers))
     for provider in providers[:4]:
         await _dial_any(node, provider.peer_id, list(provider.multiaddrs)[:4])
-        await _fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
+        await fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
         if record.manifest_id in node.mirror.policies:
             break
 

@@ -1,8 +1,8 @@
 """The trainer role: quorum-accepted rollouts in, GRPO steps, every new policy version signed and seeded.
 
 The trainer's node identity is the run's trainer key, so the manifests it signs name it as their origin. What the
-network decides lives in `RolloutGate`, a sans-IO object (rollouts and votes in, accepted groups out) so it is
-tested without sockets; this module only moves data between gossip, the gate and the training run.
+network decides lives in `RolloutGate` (swarm.rollout_gate), a sans-IO object (rollouts and votes in, accepted
+groups out) tested without sockets; this module only moves data between gossip, the gate and the training run.
 """
 
 from __future__ import annotations
@@ -12,172 +12,18 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import trio
 
 from swarm.batch_wait import BatchWait, answered_in_full, newest_in_swarm, why_publish_now
+from swarm.rollout_gate import RolloutGate
 from swarm.runspec import RunSpec
 from swarm.task_file import place_task_file, snapshot_task_file
 from swarm.trust import parse_public_key
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RolloutGate:
-    """Admits rollouts to the quorum and releases those a quorum accepted; refuses the rest with a reason."""
-
-    run: str
-    replicas: int
-    quorum: int
-    timeout_s: float = 120.0
-    specs: dict[int, RunSpec] = field(default_factory=dict)  # version -> spec it was published with
-    newest: int = -1
-    async_level: int = 2
-    pending: dict[bytes, object] = field(default_factory=dict)  # rollout id -> RolloutGroup awaiting votes
-    accepted: list = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        from verify.quorum import QuorumConfig, QuorumTracker
-        from verify.reputation import Reputation
-
-        self.tracker = QuorumTracker(QuorumConfig(self.replicas, self.quorum, self.timeout_s))
-        self.reputation = Reputation()
-        self.seen: dict[bytes, int] = {}  # rollout id -> its version, for ids inside the async window
-        self.present: set[bytes] = set()  # validators heard from at the last on_validators
-        self.answers: dict[int, dict[str, set[bytes]]] = {}  # version -> worker -> ids of its groups received
-        self._pruned_below: int | None = None  # the window floor forget_old last pruned to
-
-    def count(self, what: str, n: int = 1) -> None:
-        """Add to one of the gate's counters (refusals, votes, outcomes): the trainer's report shows them all."""
-        self.counts[what] = self.counts.get(what, 0) + n
-
-    def on_rollout(self, group, now: float) -> str:
-        """Open a quorum for a well-formed, in-window rollout; returns 'opened' or why it was refused."""
-        rid = group.rollout_id()
-        reason = self._refusal(group, rid)
-        if group.run == self.run and group.policy_version in self.specs:  # a banned worker's answer counts too
-            self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set()).add(rid)
-        if reason:
-            self.count(f"refused:{reason}")
-            return reason
-        self.seen[rid] = group.policy_version
-        self.pending[rid] = group
-        validators = self.specs[group.policy_version].validators_for(group.worker)
-        _, settlements = self.tracker.open(rid, validators, now)
-        self.count("opened")
-        for s in settlements:
-            self._settle(s)
-        return "opened"
-
-    def _refusal(self, group, rid: bytes) -> str:
-        if group.run != self.run:
-            return "wrong run"
-        if rid in self.seen:
-            return "duplicate"
-        if self.reputation.is_banned(group.worker):
-            return "worker banned"
-        if group.policy_version < self.newest - self.async_level:
-            return "too stale"
-        if group.policy_version not in self.specs:
-            return "unknown policy version"
-        if group.step != group.policy_version:
-            return "assignment step differs from the policy version"
-        if not self.specs[group.policy_version].quorum_reachable(group.worker):
-            return "fewer validators than the quorum"  # not the worker's fault: no penalty
-        return ""
-
-    def answered_in_full(self, version: int, workers: set[str]) -> bool:
-        """Whether each of `workers` sent all its groups for `version` (the spec's prompts per worker): then that
-        version brings nothing more, and waiting for it to go quiet only stalls the trainer."""
-        workers = {w for w in workers if not self.reputation.is_banned(w)}  # all banned: never answered in full
-        spec, answers = self.specs.get(version), self.answers.get(version, {})
-        return bool(workers) and spec is not None and all(
-            len(answers.get(worker, ())) >= spec.prompts_per_worker for worker in workers)
-
-    def on_vote(self, vote, now: float) -> str:
-        if vote.validator not in self._validators():
-            # any key could sign votes for rollouts not seen yet, and their flood evicted the honest early votes
-            # from the tracker's bounded buffer, so accepted rollouts timed out
-            self.count("vote:not a validator of the run")
-            return "not a validator"
-        status, settlement = self.tracker.on_vote(vote, now)
-        self.count(f"vote:{status}")
-        if settlement is not None:
-            self._settle(settlement)
-        return status
-
-    def _validators(self) -> set[bytes]:
-        """The keys any version inside the window names as its validators."""
-        return {key for spec in self.specs.values() for key in spec.validator_keys()}
-
-    def tick(self, now: float) -> None:
-        for s in self.tracker.tick(now):
-            self._settle(s)
-
-    def forget_old(self, now: float) -> None:
-        """Forget what no longer decides anything: ids and specs of versions behind the async window (their
-        rollouts are refused as too stale before a duplicate check could matter) and settlements older than two
-        quorum timeouts (they only answered late duplicate votes). Why: all three grew by every rollout for the
-        whole run, which in a run of days is memory without bound."""
-        floor = self.newest - self.async_level
-        if floor != self._pruned_below:  # ids and specs only age out when a new version moves the window
-            self.seen = {rid: v for rid, v in self.seen.items() if v >= floor}
-            for version in [v for v in self.specs if v < floor]:
-                del self.specs[version]
-            self.answers = {v: by_worker for v, by_worker in self.answers.items() if v >= floor}
-            self._pruned_below = floor
-        self.tracker.forget_settled(now - 2 * self.timeout_s)
-
-    def on_validators(self, present: set[bytes], now: float) -> None:
-        """The validators heard from now: rollouts only departed ones could settle time out at once (see
-        QuorumTracker.validator_gone); one heard from again owes its votes once more."""
-        for key in self.present - present:
-            for s in self.tracker.validator_gone(key, now):
-                self._settle(s)
-        for key in present - self.present:
-            self.tracker.validator_back(key)
-        self.present = present
-
-    def _settle(self, settlement) -> None:
-        from verify.quorum import Outcome
-
-        group = self.pending.pop(settlement.rollout_id, None)
-        if group is None:
-            return
-        self.reputation.settle(settlement, group.worker)
-        self.count(settlement.outcome.value)
-        if settlement.outcome is Outcome.ACCEPTED:
-            self.accepted.append(group)
-
-    def expire(self) -> int:
-        """Drop accepted groups the newest version has left behind; returns how many in-window groups remain.
-
-        Why: a group is in the async window when its quorum opens, but it may wait in `accepted` while the trainer
-        publishes newer versions. The training run refuses such a group (trainer.admission), so handing it out
-        would waste a step; in the simulation every batch from the fourth step on consisted of such groups.
-        """
-        floor = self.newest - self.async_level
-        kept = [g for g in self.accepted if g.policy_version >= floor]
-        if len(kept) < len(self.accepted):
-            self.count("expired", len(self.accepted) - len(kept))
-        self.accepted = kept
-        return len(kept)
-
-    def take(self, n: int) -> list:
-        """The `n` freshest accepted groups inside the async window (arrival order among equals).
-
-        Why freshest first: workers together answer more prompts per version than one step consumes, so a
-        first-in-first-out queue grows by the difference every step and its head ages past the async window;
-        the freshest groups are the most on-policy ones, and the leftovers expire instead of piling up.
-        """
-        self.expire()
-        ranked = sorted(self.accepted, key=lambda g: -g.policy_version)  # stable: arrival order among equals
-        batch, self.accepted = ranked[:n], ranked[n:]
-        return batch
 
 
 class SwarmPublisher:

@@ -85,7 +85,8 @@ def _context(node, models: VersionModels, version: int, loaded):
         manifest_ids={v: p.manifest.id for v, p in models.policies.items()},
         max_new_tokens=policy.manifest.generation.max_new_tokens, dataset=train.name,
         eligible=tasks.eligible, prompts_per_step=tasks.prompts_per_worker, eos_ids=loaded.eos_token_ids,
-        tasks=TaskSetProvider({train.name: train}, loaded.tokenizer))
+        tasks=TaskSetProvider({train.name: train}, loaded.tokenizer),
+        temperature=policy.manifest.generation.temperature, group_size=policy.manifest.generation.group_size)
 
 
 def check_config(spec: RunSpec):
@@ -172,6 +173,7 @@ async def validator_role(node) -> None:
     from swarm.rollout_transport import receive_groups
     from swarm.vote_messages import vote_bodies
     from verify.reputation import Reputation
+    from verify.slots import SlotLedger, first_answers
     from verify.votes import vote_from_verdict
 
     # Listen before loading the model: the trainer names this validator in a version as soon as its heartbeat is
@@ -185,6 +187,7 @@ async def validator_role(node) -> None:
     node.events.emit("validator_device", device=str(device), message=f"prefills run on {device}")
     my_key = node.identity.public_bytes
     workers = Reputation()  # this validator's own verdicts; a worker it bans is no longer checked
+    slots = SlotLedger()  # one rollout per slot: a second group for one is refused unchecked (verify.slots)
     send, receive = trio.open_memory_channel(MAX_WAITING)
     histories = NearTieHistories(workers)  # and each worker's near-tie flips over every group checked here
     stats = {"checked": 0, "accepted": 0, "rejected": 0, "skipped_banned": 0}
@@ -222,7 +225,9 @@ async def validator_role(node) -> None:
                     if assigned_to_me(g.rollout_id(), g.worker, models.specs[g.policy_version], my_key)]
             if not mine:
                 continue
-            verdicts = await trio.to_thread.run_sync(_verify_batch, node, models, loaded, mine)
+            slots.forget_below(max(models.models) - models.specs[max(models.models)].async_level)
+            fresh, repeated = first_answers(slots, mine)
+            verdicts = await trio.to_thread.run_sync(_verify_batch, node, models, loaded, fresh) + repeated
             worker_of = {g.rollout_id(): g.worker for g in mine}  # verdicts come back ordered by version
             verdicts = histories.judge(verdicts, {g.rollout_id(): g for g in mine}, models, node)
             for body in vote_bodies(vote_from_verdict(node.identity.seed, v) for v in verdicts):

@@ -6,8 +6,8 @@ Pure: bytes and plain values in, a `RolloutGroup`, an `Announcement` or a `Rollo
 Why: py-libp2p drops pubsub messages of 1 MiB and more, and a reasoning-model group (16 completions of up to 24k
 tokens, a logprob and ~8 proof bytes per token) is several MB. Compression brings such a group to about three
 quarters (float32-valued logprobs compress, TOPLOC proofs and high-entropy token ids hardly), so a group whose
-compressed blob still does not fit is announced by the BLAKE3 of that blob and fetched from its worker (DESIGN.md,
-RolloutGroup).
+compressed blob still does not fit is announced by the BLAKE3 of that blob and fetched from its worker
+(docs/architecture.md#wire-messages, RolloutGroup).
 
 Gossip bodies on the "rollout" topic (the announcement rides the same topic as the groups, so every consumer of
 rollouts sees both in one subscription):

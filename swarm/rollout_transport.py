@@ -9,7 +9,8 @@ then handled exactly like a gossiped one. `receive_groups` does that for a whole
 once, so a slow or silent announcer holds up only its own announcements, not every group behind it.
 
 Request: the 32-byte blob id. Response: 4-byte big-endian length, then the blob (length 0: not held, e.g.
-expired). The response is read in bounded chunks (py-libp2p's own readers fail above ~6.5 MiB, REFERENCE §5).
+expired). The response is read in bounded chunks (py-libp2p's own readers fail above ~6.5 MiB,
+docs/reference.md#py-libp2p-pitfalls).
 
 Hostile input never crashes a receiver: a blob that does not hash to its id, does not match its announced size,
 inflates past its declared size or fails the schema is dropped and its sender scored down in gossip (three lies
@@ -26,6 +27,7 @@ from typing import Any
 
 import trio
 
+from p2p.envelope import DEFAULT_POLICY, count_containers
 from p2p.errors import HostError
 from p2p.host import ensure_connected, read_exactly, reset_quietly
 from swarm.rollout_codec import (
@@ -124,9 +126,21 @@ async def publish_groups(node: Any, groups: list, cache: BlobCache, limits: Tran
             continue
         bodies.append(body)
         hows.append(how)
-    for body in batch_bodies(bodies, limits):
-        await node.gossip.publish("rollout", body)
+    for batch in batch_bodies(bodies, limits):
+        for body in within_containers(batch):
+            await node.gossip.publish("rollout", body)
     return hows
+
+
+def within_containers(body: dict, limit: int = DEFAULT_POLICY.max_containers["rollout"] - 1) -> list[dict]:
+    """`body`, or its batch split in halves until each part holds at most `limit` maps and arrays, the bound a
+    receiver decodes a rollout envelope within (p2p.envelope): many small groups fit the byte limit of one
+    message long before they fit its container budget."""
+    items = body.get("batch")
+    if count_containers(body) <= limit or not isinstance(items, list) or len(items) < 2:
+        return [body]
+    half = len(items) // 2
+    return within_containers({"batch": items[:half]}, limit) + within_containers({"batch": items[half:]}, limit)
 
 
 async def _packed(node: Any, group: Any, cache: BlobCache, limits: TransportLimits) -> tuple[dict, str]:
@@ -186,6 +200,10 @@ async def receive_groups(node: Any, envelopes: Any, deliver: Callable[[Any], Non
                 groups = await receive_envelope(node, env, refused, limits, fetch, wanted)
             for group in groups:
                 deliver(group)
+        except Exception as exc:  # noqa: BLE001 - one envelope's fault drops it and costs its sender, never the role
+            log.warning("rollout message from %s dropped: %s: %s", sender, type(exc).__name__, exc)
+            exc.__traceback__ = None
+            _score_down(node, sender, "handler_error")
         finally:
             pending -= 1
             entry[1] -= 1
@@ -214,11 +232,15 @@ async def receive_envelope(node: Any, env: Any, refused: Callable[[str], None] |
     worker's upload, paid once per receiver, so only receivers that will use it ask for it.
     """
     sender = env.sender_peer_id
-    try:
-        items = parse_items(env.body, limits)
-    except RolloutRefused as exc:
-        _refuse(node, sender, exc, refused)
-        return []
+    message = getattr(env, "message", None)
+    if message is not None and hasattr(message, "items"):
+        items = list(message.items)  # decoded and checked by gossip's validator (swarm.gossip_bodies)
+    else:
+        try:
+            items = [_without_traceback(item) for item in parse_items(env.body, limits)]
+        except RolloutRefused as exc:
+            _refuse(node, sender, _without_traceback(exc), refused)
+            return []
     groups = []
     unserved = [False]  # a fetch of this envelope went unserved: the sender's other blobs are not waited for
     for item in items:
@@ -230,6 +252,28 @@ async def receive_envelope(node: Any, env: Any, refused: Callable[[str], None] |
         if group is not None:
             groups.append(group)
     return groups
+
+
+def items_or_refusal(body: object, limits: TransportLimits = DEFAULT_LIMITS) -> tuple[list, str | None]:
+    """(the items of a rollout body, None), or ([], why) when the body or any item of it is refused.
+
+    Why not the exceptions themselves: a refusal raised while inflating a compressed group carries a traceback
+    whose frames hold the inflated buffer (130 MiB for one 64-item batch would stay alive that way); only its text is
+    kept, and every reference to the parsed items goes with the refusal."""
+    try:
+        items = [_without_traceback(item) for item in parse_items(body, limits)]
+    except RolloutRefused as exc:
+        return [], f"{_without_traceback(exc)} ({exc.reason})"
+    refusals = [f"{item} ({item.reason})" for item in items if isinstance(item, RolloutRefused)]
+    return ([], refusals[0]) if refusals else (items, None)
+
+
+def _without_traceback(exc):
+    """The refusal with its traceback (and the frames, and their buffers) dropped; other items unchanged."""
+    if isinstance(exc, BaseException):
+        exc.__traceback__ = None
+        exc.__context__ = exc.__cause__ = None
+    return exc
 
 
 async def _receive_item(node: Any, sender: str, item, refused, limits: TransportLimits, fetch: FetchConfig,
@@ -250,7 +294,7 @@ async def _receive_item(node: Any, sender: str, item, refused, limits: Transport
     except RolloutRefused as exc:
         if exc.reason == "unserved" and unserved is not None:
             unserved[0] = True  # why: 64 unserved announcements in one batch held its receive slot for 40 minutes
-        return _refuse(node, sender, exc, refused)
+        return _refuse(node, sender, _without_traceback(exc), refused)
     except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen input must drop one rollout, never the peer
         log.warning("rollout from %s dropped: %s: %s", sender, type(exc).__name__, exc)
         return _refuse(node, sender, RolloutRefused("error", str(exc), hostile=False), refused)

@@ -48,7 +48,7 @@ class RunSpec:
                        _whole(raw, "task_seed", 0, 1 << 63), _fraction(raw, "eval_fraction"), _text(raw, "segment"),
                        _whole(raw, "prompts_per_worker", 1, 1 << 16), _whole(raw, "async_level", 0, 1 << 10),
                        _whole(raw, "replicas", 1, 1 << 10), _whole(raw, "quorum", 1, 1 << 10), _validators(raw),
-                       _text(raw, "precision", default="float32"),  # manifests of older releases name no precision
+                       _text(raw, "precision", default="float32"),  # a manifest may name no precision
                        _text(raw, "task_root", default=""))  # ... nor a task file that travels with the policy
         except KeyError as exc:
             raise UserError(f"the manifest's run_spec is malformed (no {exc})") from None
@@ -157,7 +157,7 @@ def task_file_problem(spec: RunSpec, files) -> str:
 
 
 def _whole(raw: dict, key: str, lo: int, hi: int) -> int:
-    """A run_spec integer: a true int in [lo, hi] (no bool, no string: int("7") and int(True) used to pass)."""
+    """A run_spec integer: a true int in [lo, hi] (no bool, no string: int("7") and int(True) would pass)."""
     value = raw[key]
     if type(value) is not int or not lo <= value <= hi:
         raise UserError(f"the manifest's run_spec has {key} {value!r}, not a whole number in {lo}..{hi}")

@@ -52,7 +52,7 @@ class SimPeer:
 def _trainer_toml(s: SimSettings) -> Path:
     """The trainer's config. lr 1e-3: on this task set (seed 0) the last four steps' reward averaged 0.27 over
     eight sampling-noise draws (worst 0.14) against 0.14 (worst 0.00) at 3e-3, which locked the policy onto one
-    token in some runs (README, The whole swarm)."""
+    token in some runs (docs/benchmarks.md#the-whole-swarm)."""
     workers = s.inference + s.cheaters
     path = s.out / "trainer.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +83,7 @@ def _peer_config(s: SimSettings, peer: SimPeer, bootstrap: tuple[str, ...], trai
         "bootstrap_file": s.out / "no-bootstrap.txt", "model": s.model, "trainer_config": trainer_toml,
         "prompts_per_worker": s.prompts_per_worker, "replicas": min(2, max(1, s.validators)),
         "quorum": min(2, max(1, s.validators)), "quorum_timeout_s": 120.0, "exit_when_trained": True,
-        "status_every_s": 3.0, "cheat": cheat})
+        "status_every_s": 3.0, "cheat": cheat, "data_exempt_loopback": True})  # every peer is ours, on 127.0.0.1
 
 
 async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict], None] = lambda extra: None) -> dict:

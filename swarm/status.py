@@ -10,7 +10,11 @@ say what validators accepted.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
+
+from swarm.gossip_bodies import Heartbeat
 
 
 @dataclass
@@ -36,38 +40,30 @@ class SwarmView:
 
     @property
     def versions(self) -> dict[int, bytes]:
-        """Policy version -> the manifest id most peers' heartbeats gave for it (the first to arrive used to win,
-        so one liar could name a bogus id for the real newest version)."""
+        """Policy version -> the manifest id most peers' heartbeats gave for it (not the first to arrive, with
+        which one liar could name a bogus id for the real newest version)."""
         return {v: max(ids, key=lambda i: (len(ids[i]), i)) for v, ids in self.claims.items()}
     rollout_versions: dict[int, int] = field(default_factory=dict)  # policy version -> groups generated with it
     rejected_checks: dict[str, int] = field(default_factory=dict)  # failed check -> rejecting votes naming it
     verdicts: dict[bytes, list[bool]] = field(default_factory=dict)  # rollout id -> votes seen
-    refused: int = 0  # messages that did not parse or whose signatures did not check out
+    refused: int = 0  # messages refused here (rollouts of another worker, votes not signed by their sender)
 
     def _peer(self, peer: str) -> PeerSeen:
         return self.peers.setdefault(peer, PeerSeen())
 
-    def on_heartbeat(self, sender: str, body: object, now: float) -> None:
-        if not isinstance(body, dict):
-            self.refused += 1
-            return
+    def on_heartbeat(self, sender: str, beat: Heartbeat, now: float) -> None:
+        """A heartbeat as gossip's validator decoded it (swarm.gossip_bodies: typed, bounded, printable)."""
         seen = self._peer(sender)
-        roles = body.get("roles")
-        if isinstance(roles, list):
-            seen.roles = tuple(r for r in roles if _printable(r, 32))[:4]
+        seen.roles = beat.roles
         holds, fetching = [], []
-        for entry in body.get("policies", [])[:16] if isinstance(body.get("policies"), list) else []:
-            if (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int) and entry[0] >= 0
-                    and isinstance(entry[1], bytes) and len(entry[1]) == 32):
-                (holds if entry[2] is True else fetching).append(entry[0])
-                claims = self.claims.setdefault(entry[0], {})
-                if entry[1] in claims or len(claims) < 8:
-                    claims.setdefault(entry[1], set()).add(sender)
+        for held in beat.policies:
+            (holds if held.complete else fetching).append(held.version)
+            claims = self.claims.setdefault(held.version, {})
+            if held.manifest_id in claims or len(claims) < 8:
+                claims.setdefault(held.manifest_id, set()).add(sender)
         seen.holds, seen.fetching, seen.last_heard = sorted(holds), sorted(fetching), now
-        seen.progress = _plain_fields(body.get("progress"))
-        addrs = body.get("addrs")
-        if isinstance(addrs, list):
-            seen.addrs = tuple(a for a in addrs if isinstance(a, str) and a.endswith(f"/p2p/{sender}"))[:4]
+        seen.progress = _ordered(beat.progress)
+        seen.addrs = beat.addrs[:4]
 
     def on_rollouts(self, sender: str, items: list) -> None:
         """Parsed items of one rollout message (groups, announcements, refusals: swarm.rollout_codec)."""
@@ -127,22 +123,28 @@ class SwarmView:
 _PROGRESS_ORDER = ("step", "reward", "stage", "answered", "groups_sent", "checked", "accepted", "rejected")
 
 
-def _printable(value: object, limit: int) -> bool:
-    """A short string without control characters: a peer's newlines and terminal escapes drew fake status lines."""
-    return isinstance(value, str) and len(value) <= limit and value.isprintable()
-
-
-def _plain_fields(raw: object) -> dict:
-    """At most 8 short fields of plain values from a hostile `progress` body (anything else is left out), the
-    known ones first in a reading order."""
-    if not isinstance(raw, dict):
-        return {}
-    out = {}
-    for key, value in list(raw.items())[:8]:
-        if _printable(key, 32) and (value is None or isinstance(value, (int, float)) or _printable(value, 40)):
-            out[key] = value
+def _ordered(progress: tuple[tuple[str, object], ...]) -> dict:
+    """A peer's progress fields, the known ones first in a reading order."""
     rank = {k: i for i, k in enumerate(_PROGRESS_ORDER)}
-    return dict(sorted(out.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+    return dict(sorted(progress, key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+
+
+def to_json(report: dict) -> str:
+    """The report as strict JSON: a number that is not finite (a mean of huge claimed rewards overflows) becomes
+    null, so the output always parses."""
+    return json.dumps(_finite(report), allow_nan=False)
+
+
+def _finite(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
 
 
 def render(report: dict) -> str:

@@ -6,7 +6,7 @@ traffic grow with its batch, 12 messages per policy version in the default simul
 GPU validator. A body holds up to MAX_VOTES votes within VOTE_BYTES; the trainer still checks every vote's
 signature and that its validator is the message's sender, so batching changes no trust.
 
-Body: {"votes": [vote wire dict, ...]}. The single-vote body of earlier releases, {"vote": wire}, is still read.
+Body: {"votes": [vote wire dict, ...]}. The single-vote body {"vote": wire} is read too.
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ def test_difficulty_filter_over_the_backend_is_cached(tmp_path, tiny):
 
 
 def test_a_rollout_of_empty_arrays_is_refused_before_it_inflates():
-    """An empty array is one byte on the wire and a Python list in memory: an 8 KiB compressed body of them
-    inflated into 586 MiB of lists before the schema was checked."""
+    """An empty array is one byte on the wire and a Python list in memory: an 8 KiB compressed body of them would
+    inflate into 586 MiB of lists if decoded before the schema is checked."""
     import tracemalloc
 
     from verify.rollout import RolloutSchemaError

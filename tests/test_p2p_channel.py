@@ -235,10 +235,10 @@ async def test_a_peer_resetting_before_the_offer_is_quiet_and_leaves_no_offer(pa
 
 
 async def test_silent_sockets_of_one_stranger_fill_only_that_ips_places_and_only_briefly():
-    """64 silent TCP connections from anyone once took every place for the whole handshake timeout, so every
-    real channel fell back to the slow stream path. Now one IP holds a few places, each for the token timeout."""
+    """64 silent TCP connections from one stranger must not take every place for the whole handshake timeout (every
+    real channel would fall back to the slow stream path): one IP holds a few places, each for the token timeout."""
     async with open_host() as server_host, open_host() as client_host:
-        config = ChannelConfig(max_pending_per_ip=2, token_timeout=0.5, limit_loopback=True)
+        config = ChannelConfig(max_pending_per_ip=2, token_timeout=0.5)
         server = DataChannelServer(server_host, hash_and_reply, config)
         await server_host.nursery.start(server.run)
         await client_host.connect(server_host.multiaddrs[0])
@@ -253,3 +253,65 @@ async def test_silent_sockets_of_one_stranger_fill_only_that_ips_places_and_only
             client = await open_data_channel(client_host, server_host.peer_id)
             assert isinstance(client, SecureChannelStream)  # a real dialer still gets the fast socket
             await send_and_check(client, os.urandom(1 << 16), server_host.peer_id, client_host.peer_id)
+
+
+async def test_channels_open_at_once_are_capped_node_wide_whoever_asks():
+    """Identities are free: past `max_channels` open channels a handshake is refused, from any peer."""
+    held = trio.Event()
+
+    async def hold(peer_id, stream):
+        await held.wait()
+
+    async with open_host() as server_host, open_host() as first, open_host() as second:
+        server = DataChannelServer(server_host, hold, ChannelConfig(max_channels=1))
+        await server_host.nursery.start(server.run)
+        await first.connect(server_host.multiaddrs[0])
+        await second.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            channel = await open_data_channel(first, server_host.peer_id)
+            await until(lambda: server.open_channels == 1)
+            with pytest.raises(ChannelError):
+                await open_data_channel(second, server_host.peer_id, ChannelConfig(allow_fallback=False))
+            assert server.refused_channels == 1
+            held.set()
+            await channel.aclose()
+            await until(lambda: server.open_channels == 0)
+            again = await open_data_channel(second, server_host.peer_id)
+            await again.aclose()
+
+
+async def test_loopback_strangers_meet_the_per_ip_cap_unless_exempted():
+    for exempt, dropped in ((False, True), (True, False)):
+        async with open_host() as server_host:
+            config = ChannelConfig(max_pending_per_ip=1, exempt_loopback=exempt)
+            server = DataChannelServer(server_host, hash_and_reply, config)
+            await server_host.nursery.start(server.run)
+            with trio.fail_after(20):
+                silent = await trio.open_tcp_stream("127.0.0.1", server.port)
+                await until(lambda: server.pending_sockets == 1)
+                second = await trio.open_tcp_stream("127.0.0.1", server.port)
+                if dropped:
+                    assert await second.receive_some(10) == b""
+                else:
+                    await until(lambda: server.pending_sockets == 2)
+                assert server.rejected == int(dropped)
+                await silent.aclose()
+                await second.aclose()
+
+
+async def test_strangers_unclaimed_offers_never_lock_out_a_new_dialer():
+    """Offers cost no socket, so they do not count towards the channel cap; past it the oldest unclaimed goes."""
+    from p2p.channel import _request_offer
+
+    async with open_host() as server_host, open_host() as client_host:
+        config = ChannelConfig(max_channels=2, max_offers_per_peer=8)
+        server = DataChannelServer(server_host, hash_and_reply, config)
+        await server_host.nursery.start(server.run)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            for _ in range(4):  # never claimed
+                await _request_offer(client_host, server_host.peer_id, config)
+            assert len(server._offers) == 2
+            client = await open_data_channel(client_host, server_host.peer_id, config)
+            assert isinstance(client, SecureChannelStream)
+            await send_and_check(client, os.urandom(1000), server_host.peer_id, client_host.peer_id)

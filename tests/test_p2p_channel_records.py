@@ -339,7 +339,7 @@ async def test_a_piece_frames_header_record_comes_with_the_previous_payload_not_
         header, payload = await read_frame(reader, decoder)
         assert header == {"t": "piece", "index": index} and payload == piece
     assert reader._opener.index == 2 * len(pieces)  # a header record and a payload record per piece
-    assert sock.reads <= len(pieces) + 1  # the old reader took two reads per piece
+    assert sock.reads <= len(pieces) + 1  # not two reads per piece: the header record comes with the payload
 
 
 async def test_peer_stalling_inside_a_record_times_out(autojump_clock):
@@ -376,3 +376,25 @@ async def test_data_sockets_get_tcp_keepalive_so_a_vanished_machine_is_detected(
         assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
     await client.aclose()
     await listener.aclose()
+
+
+async def test_grown_buffers_shrink_back_once_the_channel_idles_and_grow_again_on_demand(autojump_clock):
+    """An idle link, or a stranger's channel that sent one big record, must not keep 2.3 MiB of buffers for good."""
+    from p2p.channel_stream import FIRST_BUFFER, SHRINK_AFTER
+
+    left, right = await socket_pair_streams()
+    big = [os.urandom(MAX_RECORD), os.urandom(MAX_RECORD)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(left.send_all, big[0])
+        assert await right.receive_some() == big[0]
+    assert len(right._in) > MAX_RECORD and len(left._out) > MAX_RECORD
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(right.receive_some)  # waits for a next record that comes only after the idle time
+        await trio.sleep(SHRINK_AFTER + 1)
+        assert len(right._in) == FIRST_BUFFER and right._pool.held_bytes == 0
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:  # the next big record grows the buffer again, intact
+        nursery.start_soon(left.send_all, big[1])
+        assert await right.receive_some() == big[1]
+    await left.aclose()
+    await right.aclose()

@@ -204,16 +204,84 @@ def test_unrequested_piece_drops_the_sender():
     assert out[0] == DropPeer("x", "sent piece 2 that was not requested") and "x" not in eng.peers
 
 
-def test_requests_for_missing_pieces_are_rejected_and_a_flooding_peer_is_dropped():
-    eng = SwarmEngine(3, b"\x01\x01\x00", config=EngineConfig(upload_slots=1, max_queued_requests=1))
+def test_requests_for_missing_pieces_are_rejected_and_count_towards_the_flood_limit():
+    eng = SwarmEngine(3, b"\x01\x01\x00", config=EngineConfig(upload_slots=1, max_queued_requests=2))
     eng.peer_connected("x", b"\x00\x00\x00", 0.0)
     assert eng.peer_request("x", 2, 0.0) == [Send("x", Reject(2, "missing"))]
-    assert eng.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]
-    assert eng.peer_request("x", 1, 0.0) == []  # queued behind the one slot
-    assert eng.upload_done("x", 0, 0.1) == [SendPiece("x", 1)]
-    assert eng.peer_request("x", 0, 0.2) == []
-    assert eng.peer_request("x", 1, 0.3) == [DropPeer("x", "flooded us with requests")]
+    assert eng.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]  # served at once: it no longer counts
+    assert eng.peer_request("x", 2, 0.0) == [Send("x", Reject(2, "missing"))]
+    assert eng.peer_request("x", 2, 0.0) == [DropPeer("x", "flooded us with requests")]  # refused ones count
     assert "x" not in eng.peers
+
+
+def test_duplicate_requests_count_towards_the_flood_limit_before_they_are_folded():
+    """Folded before counting, a duplicate never grows the queue, and re-requesting one piece never reaches the
+    limit."""
+    eng = SwarmEngine(3, b"\x01\x01\x01", config=EngineConfig(upload_slots=1, max_queued_requests=3))
+    eng.peer_connected("x", b"\x00\x00\x00", 0.0)
+    assert eng.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]  # served at once: no longer open
+    assert eng.peer_request("x", 1, 0.0) == []  # queued behind the one slot
+    assert eng.peer_request("x", 1, 0.0) == []  # a duplicate: folded, but counted
+    assert eng.peer_request("x", 0, 0.0) == []  # the piece on its way: folded, counted
+    assert eng.peer_request("x", 1, 0.0) == [DropPeer("x", "flooded us with requests")]
+    assert "x" not in eng.peers
+
+
+def test_asking_again_for_a_piece_received_on_the_link_drops_the_peer():
+    eng = SwarmEngine(2, b"\x01\x01")
+    eng.peer_connected("leech", b"\x00\x00", 0.0)
+    assert eng.peer_request("leech", 0, 0.0) == [SendPiece("leech", 0)]
+    eng.upload_done("leech", 0, 0.1)
+    out = eng.peer_request("leech", 0, 0.2)
+    assert out[0] == DropPeer("leech", "asked again for piece 0, which it already received on this link")
+    assert "leech" not in eng.peers
+
+
+def test_a_cancelled_piece_may_be_asked_again_once_and_a_failed_send_is_not_a_delivery():
+    """An honest peer cancels a request that timed out and may ask again while our copy was on its way."""
+    eng = SwarmEngine(2, b"\x01\x01")
+    eng.peer_connected("p", b"\x00\x00", 0.0)
+    assert eng.peer_request("p", 1, 0.0) == [SendPiece("p", 1)]
+    eng.upload_done("p", 1, 0.1, delivered=False)  # our copy went bad on disk: it was never sent
+    assert eng.peer_request("p", 1, 0.2) == [SendPiece("p", 1)]
+    eng.upload_done("p", 1, 0.3)
+    assert eng.peer_cancel("p", 1, 0.4) == []  # its cancel crossed our piece
+    assert eng.peer_request("p", 1, 0.5) == [SendPiece("p", 1)]  # forgiven once
+    eng.upload_done("p", 1, 0.6)
+    eng.peer_cancel("p", 1, 0.7)
+    assert isinstance(eng.peer_request("p", 1, 0.8)[0], DropPeer)  # not twice
+
+
+def test_a_peer_takes_a_few_copies_of_the_version_unless_it_serves_pieces_back():
+    cfg = EngineConfig(upload_factor=1.0, earn_per_piece=1.0)
+    eng = SwarmEngine(2, b"\x01\x01", config=cfg)
+
+    def download_both(peer, now):
+        eng.peer_connected(peer, b"\x00\x00", now)
+        for index in (0, 1):
+            assert eng.peer_request(peer, index, now) == [SendPiece(peer, index)]
+            eng.upload_done(peer, index, now)
+        eng.peer_gone(peer, now)  # a new link forgets what was sent on the old one, the ledger does not
+
+    download_both("leech", 0.0)
+    eng.peer_connected("leech", b"\x00\x00", 1.0)
+    out = eng.peer_request("leech", 0, 1.0)
+    assert out[0] == DropPeer("leech", "took 2 pieces of a 2-piece version without serving enough back")
+    download_both("fair", 2.0)  # the same, but it served us a verified piece: one more is earned
+    eng.ledger.note_received("fair")
+    eng.peer_connected("fair", b"\x00\x00", 3.0)
+    assert eng.peer_request("fair", 0, 3.0) == [SendPiece("fair", 0)]
+
+
+def test_endgame_re_requests_across_different_links_drop_nobody():
+    """Endgame asks two holders for one piece and re-asks after timeouts: each holder sees one request per
+    piece on its link, so the earned-upload rules never drop an honest peer."""
+    cfg = EngineConfig(endgame_copies=3, request_timeout=0.01, pipeline_depth=2)
+    sim = Sim(9, ["s0", "s1", "s2"], ["p0", "p1"], config=cfg)
+    sim.connect_all()
+    sim.run()
+    assert sim.completed == {"p0", "p1"}
+    assert not sim.dropped
 
 
 def test_late_peer_completes_from_reseeders_after_the_seed_leaves():

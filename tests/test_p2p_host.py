@@ -209,7 +209,7 @@ async def test_a_closed_host_stops_listening_and_its_port_can_be_listened_on_aga
 async def test_one_connection_per_peer_even_when_it_listens_on_several_addresses():
     """A peer known by several addresses, dialed again, and dialed back from the other side: still one connection
     each way (each extra one costs a Noise handshake and splits the peer's streams). Two dials that cross in flight
-    can leave two for a while; py-libp2p trims the extra one past its grace period (README: Known limits)."""
+    can leave two for a while; py-libp2p trims the extra one past its grace period (docs/limits.md)."""
     from libp2p.peer.id import ID
     from libp2p.peer.peerinfo import PeerInfo
     from multiaddr import Multiaddr

@@ -171,8 +171,8 @@ async def test_a_peer_serving_corrupt_pieces_is_dropped_and_the_others_complete(
 
 async def test_an_honest_peer_whose_file_went_bad_on_disk_refuses_those_pieces_and_is_not_dropped(tmp_path,
                                                                                                     autojump_clock):
-    """A seed trusts a complete file by its size at start; if its bytes changed on disk it used to serve them, and
-    every receiver dropped it as a liar while the bad bytes went on being offered. Now each piece is hashed on its
+    """A seed trusts a complete file by its size at start; if its bytes change on disk, serving them would get it
+    dropped as a liar by every receiver while the bad bytes went on being offered. Each piece is hashed on its
     first read: the bad ones are refused (the receivers fetch them elsewhere) and the seed stays linked."""
     manifest = make_policy(tmp_path / "src", 2 * MB)
     rotten = tmp_path / "rotten"

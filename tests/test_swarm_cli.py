@@ -59,8 +59,8 @@ def test_bad_input_is_one_line(tmp_path, args, fragment):
     ("header not tensors", "model.safetensors has a safetensors header that does not describe its tensors"),
 ])
 def test_a_checkpoint_that_cannot_be_published_is_one_line_before_any_peer_starts(tmp_path, broken, fragment):
-    """It used to start a peer, fail inside its publish role and print the error twice (a log line and an event),
-    an undecodable model.json as a bare JSONDecodeError."""
+    """No peer starts, the error is printed once (not as a log line and an event), and an undecodable model.json is
+    named in a sentence, not as a bare JSONDecodeError."""
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     if broken != "no model.json":

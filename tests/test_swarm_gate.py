@@ -7,7 +7,7 @@ import os
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from swarm.role_trainer import RolloutGate
+from swarm.rollout_gate import RolloutGate
 from swarm.runspec import RunSpec
 from verify.checks import CheckResult
 from verify.rollout import Completion, RolloutGroup
@@ -111,7 +111,7 @@ def test_batches_stay_inside_the_async_window_when_workers_outpace_the_trainer()
     A first-in-first-out gate handed the trainer ever older groups, which the training run's admission refused:
     from the fourth step on every batch of the simulation was empty and the reward read as 0.0.
     """
-    from trainer.admission import Window, refusal
+    from trainer.admission import GenerationContract, Window, refusal
 
     validators = keys(2)
     gate = gate_with(validators, newest=0)
@@ -120,7 +120,8 @@ def test_batches_stay_inside_the_async_window_when_workers_outpace_the_trainer()
         for task in range(8):
             accept(gate, validators, group(version=version, worker=f"w{task % 2}", task=task))
         batch = gate.take(4)
-        window = Window("run", version, gate.async_level, frozenset(range(version + 1)))
+        contracts = {v: GenerationContract(2, 0.6, 16) for v in range(version + 1)}
+        window = Window("run", version, gate.async_level, frozenset(range(version + 1)), contracts)
         assert len(batch) == 4 and all(refusal(g, window, set()) is None for g in batch)
         assert {g.policy_version for g in batch} == {version}  # the freshest groups first
     assert gate.counts["expired"] == 4 * 6  # each version's 4 leftovers expire once two versions newer exist
@@ -269,7 +270,7 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
 def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_on_when_synchronous(tmp_path):
     """One worker answering 2 prompts per version against a batch of 4: the version brings nothing more once both
     groups came, so the trainer publishes again at once (async: the held group stays in the window), or trains on
-    what it holds at once when synchronous; it used to wait `patience_s` of quiet each time."""
+    what it holds at once when synchronous, without waiting `patience_s` of quiet each time."""
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
@@ -315,8 +316,8 @@ def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_
 
 
 def test_a_version_naming_fewer_validators_than_the_quorum_refuses_rollouts_without_blaming_the_worker():
-    """Found running the README's recipe (replicas 2, quorum 2) with one validator: each honest group was settled
-    as rejected (its one assigned validator's accept could never make a quorum of 2) and the worker was banned."""
+    """The default recipe (replicas 2, quorum 2) with one validator: each honest group would be settled as rejected
+    (its one assigned validator's accept can never make a quorum of 2) and the worker banned; neither happens."""
     validators = keys(1)
     gate = gate_with(validators)
     for task in range(8):
@@ -425,7 +426,7 @@ def test_the_gate_forgets_what_the_async_window_left_behind_so_a_long_run_stays_
             accept(gate, validators, group(version=version, task=task), now=10.0 * version)
         gate.take(4)
         gate.forget_old(now=10.0 * version)
-    assert sorted(gate.specs) == [28, 29] and set(gate.seen.values()) == {28, 29} and len(gate.seen) == 8
+    assert sorted(gate.specs) == [28, 29] and gate.slots.versions() == {28, 29} and len(gate.slots) == 8
     assert len(gate.tracker._settled) <= 4 * 3  # settled within the last two timeouts (20 s) only
     replay = group(version=3)
     assert gate.on_rollout(replay, 300.0) == "too stale"  # what it forgot is refused all the same
@@ -446,3 +447,40 @@ def test_a_flood_of_early_votes_from_keys_no_version_names_cannot_evict_the_hone
     assert gate.on_rollout(g, now=1.0) == "opened"
     assert gate.take(8) == [g]  # the early votes settled it at once
     assert gate.counts["vote:not a validator of the run"] == 300
+
+
+def near_duplicates(g: RolloutGroup) -> dict[str, RolloutGroup]:
+    """The same work sent again with other bytes: each is a new rollout by its bytes, the same one by its slot."""
+    first, second = g.completions
+    jittered = dataclasses.replace(first, logprobs=(first.logprobs[0] + 0.001,) + first.logprobs[1:])
+    return {"jittered logprob": dataclasses.replace(g, completions=(jittered, second)),
+            "subset": dataclasses.replace(g, completions=(first,)),
+            "reordered": dataclasses.replace(g, completions=(second, first))}
+
+
+def test_a_second_group_for_an_answered_slot_is_refused_whatever_its_bytes_and_costs_its_worker():
+    validators = keys(2)
+    gate = gate_with(validators)
+    first = Completion((5, 6, 7), (-0.1, -0.2, -0.3), "eos", 1.0, b"\x00" * 4)
+    second = Completion((5, 8, 7), (-0.1, -0.4, -0.3), "eos", 0.0, b"\x01" * 4)
+    g = dataclasses.replace(group(worker="replayer"), completions=(first, second))
+    accept(gate, validators, g)
+    assert gate.on_rollout(g, 1.0) == "duplicate"  # a gossip echo of the same bytes: refused, nobody blamed
+    assert gate.reputation.score("replayer") > 0
+    for name, copy in near_duplicates(g).items():
+        assert copy.rollout_id() != g.rollout_id(), name
+        assert gate.on_rollout(copy, 2.0) == "another group for an answered slot", name
+    assert gate.reputation.score("replayer") < 0 and gate.counts["refused:another group for an answered slot"] == 3
+    assert gate.take(8) == [g] and not gate.pending  # the work reaches training once
+    for attempt in range(3):  # replaying it again and again gets the worker banned
+        gate.on_rollout(dataclasses.replace(g, manifest_id=bytes([attempt]) * 32), 3.0)
+    assert gate.reputation.is_banned("replayer")
+
+
+def test_slots_differ_by_worker_task_version_and_step_only():
+    g = group(version=2, task=3)
+    assert g.slot().key() == dataclasses.replace(g, manifest_id=bytes(32), temperature=9.0).slot().key()
+    for other in (dataclasses.replace(g, worker="w2"), dataclasses.replace(g, task_index=4),
+                  dataclasses.replace(g, policy_version=3), dataclasses.replace(g, step=1),
+                  dataclasses.replace(g, run="other"), dataclasses.replace(g, dataset="chain_sum")):
+        assert other.slot().key() != g.slot().key()

@@ -48,15 +48,15 @@ async def test_a_link_dialed_for_a_dropped_version_is_closed_not_handed_to_its_s
             for version in (1, 2):
                 mirror.adopt(signed_version(tmp_path, key, version))
             assert oldest.manifest.id not in mirror.policies
-            await trio.sleep(2.0)  # virtual time; before the fix: RuntimeError "Nursery is closed to new arrivals" here
+            await trio.sleep(2.0)  # virtual time; a dial outliving its nursery raises "Nursery is closed" here
             assert "peer" not in oldest.service.peers
             assert await theirs.receive_some(1 << 16)  # the preamble went out, then our end was closed
             nursery.cancel_scope.cancel()
 
 
 async def test_an_expired_spare_is_closed_cleanly_and_a_vanished_dialer_is_no_error(tmp_path, autojump_clock):
-    """An expired spare used to be dropped unclosed, so its acceptor saw a truncated channel and logged a warning;
-    now it is closed (a clean end), and an acceptor whose dialer vanishes before the preamble just stops."""
+    """An expired spare is closed (a clean end, so its acceptor sees no truncated channel and logs no warning), and
+    an acceptor whose dialer vanishes before the preamble just stops."""
     from p2p.errors import ChannelError
 
     key = Identity.generate()
@@ -78,7 +78,7 @@ async def test_an_expired_spare_is_closed_cleanly_and_a_vanished_dialer_is_no_er
 
             with trio.fail_after(1):
                 assert await mirror.accept_link("peer", Truncated()) is None  # quietly, no exception
-            assert mirror._waiting["peer"] == 0
+            assert mirror._waiting.get("peer", 0) == 0
             nursery.cancel_scope.cancel()
 
 
@@ -111,9 +111,9 @@ async def test_a_version_being_reassembled_is_held_out_of_garbage_collection(tmp
 
 
 async def test_reassembled_copies_go_with_their_versions_but_not_while_held(tmp_path, autojump_clock):
-    """Every version an inference peer or validator used stayed on disk as a full copy of the model, so a long run
-    filled the disk; the copies now follow the window, a copy being loaded stays, and leftovers of an earlier
-    process go at start."""
+    """Every version an inference peer or validator uses is a full copy of the model on disk, so a long run would
+    fill the disk: the copies follow the window, a copy being loaded stays, and leftovers of an earlier process go
+    at start."""
     from types import SimpleNamespace
 
     from swarm.policy_files import open_version
@@ -217,8 +217,8 @@ def test_a_peer_that_left_is_reported_once_for_all_its_versions_and_a_liar_is_ba
 
 
 async def test_a_first_use_key_is_trusted_only_from_a_verified_manifest_of_this_run(tmp_path, autojump_clock):
-    """Without --trainer-key the first signer is pinned. Forged bytes and another run's manifest used to pin their
-    signer on disk before any check, and every real manifest was refused from then on."""
+    """Without --trainer-key the first signer is pinned, only after the checks: forged bytes or another run's
+    manifest pinned on disk would make every real manifest refused from then on."""
     import msgpack
 
     trainer, mallory = Identity.generate(), Identity.generate()
@@ -242,8 +242,9 @@ async def test_a_first_use_key_is_trusted_only_from_a_verified_manifest_of_this_
 
 
 async def test_channels_naming_an_unknown_manifest_count_against_the_peers_waiting_limit(tmp_path, autojump_clock):
-    """The waiting limit was released once the preamble was read, before the wait for its manifest: one peer kept
-    200 channels open at once, each naming an id nobody knows, for the whole adoption wait."""
+    """A channel keeps its place in the waiting limit while it waits for its manifest, not only until its preamble
+    is read: otherwise one peer keeps 200 channels open at once, each naming an id nobody knows, for the whole
+    adoption wait."""
     from swarm.mirror import MAX_WAITING_PER_PEER
 
     key = Identity.generate()
@@ -260,7 +261,7 @@ async def test_channels_naming_an_unknown_manifest_count_against_the_peers_waiti
             await trio.sleep(1.0)
             assert mirror._waiting["a-smaller-peer"] == MAX_WAITING_PER_PEER  # the others were turned away
             await trio.sleep(30.0)  # the adoption wait ends: nothing adopted, every channel given up
-            assert mirror._waiting["a-smaller-peer"] == 0
+            assert mirror._waiting.get("a-smaller-peer", 0) == 0
             nursery.cancel_scope.cancel()
 
 

@@ -1,4 +1,4 @@
-"""The deployment the README describes, for real: trainer, validator and inference peer as separate OS processes.
+"""The deployment of docs/operations.md, for real: trainer, validator and inference peer as separate OS processes.
 
 `swarm sim` runs every peer in one process; users run one peer per process, each with its own torch, joined through
 the trainer's printed multiaddr and trusting the run key given on the command line. This test is that flow, end to

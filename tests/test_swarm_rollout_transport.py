@@ -378,3 +378,35 @@ def test_receive_flow_bounds_are_checked():
 
     with pytest.raises(ValueError):
         ReceiveFlow(concurrent=2, per_sender=3)
+
+
+async def test_an_exception_in_a_rollout_handler_drops_that_message_and_the_role_receives_on(monkeypatch, autojump_clock):
+    """Fault injection at the rollout boundary: a RuntimeError raised while one envelope is received or its group
+    delivered drops that envelope and scores its sender; receive_groups (and the role running it) goes on."""
+    from types import SimpleNamespace
+
+    import swarm.rollout_transport as transport
+
+    scored = []
+    monkeypatch.setattr(transport, "_score_down", lambda node, peer, reason: scored.append((peer, reason)))
+    envelopes = [Envelope("mallory", "boom-in-receive"), Envelope("mallory", "boom-in-deliver"),
+                 Envelope("honest", "group-0")]
+
+    async def receive_envelope(node, env, refused, limits, fetch, wanted):
+        if env.body == "boom-in-receive":
+            raise RuntimeError("injected fault while receiving")
+        return [env.body]
+
+    def deliver(group):
+        if group == "boom-in-deliver":
+            raise RuntimeError("injected fault while delivering")
+        delivered.append(group)
+
+    monkeypatch.setattr(transport, "receive_envelope", receive_envelope)
+    send, receive = trio.open_memory_channel(len(envelopes))
+    for env in envelopes:
+        send.send_nowait(env)
+    send.close()
+    delivered: list = []
+    await transport.receive_groups(SimpleNamespace(), receive, deliver)
+    assert delivered == ["group-0"] and scored == [("mallory", "handler_error")] * 2

@@ -19,7 +19,7 @@ from swarm.sim import SimSettings, run_sim, summarize
 @pytest.mark.timeout(280)
 def test_small_swarm_trains_only_on_quorum_accepted_rollouts(tmp_path):
     # Three steps, not two: one honest worker's v0 groups fill steps 0 and 1 (2 prompts per step), so with two
-    # steps the run could end before the validator judged any of the cheater's groups (seen once in CI); step 2
+    # steps the run could end before the validator judged any of the cheater's groups; step 2
     # needs groups of v1 or newer, generated after the cheater's v0 groups had arrived.
     settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=1, cheaters=1, steps=3, timeout_s=240.0,
                            eval_every=2)
@@ -54,8 +54,8 @@ def test_small_swarm_trains_only_on_quorum_accepted_rollouts(tmp_path):
 def test_one_worker_whose_answers_do_not_fill_a_batch_keeps_the_trainer_stepping(tmp_path, async_level):
     """One worker answers 2 prompts per version, a step wants 4: once it answered a version in full, the trainer
     sends the same weights out again at once and fills the batch from the next version (async), or trains on the
-    two it holds at once (synchronous). It used to wait 30 s of quiet before every step; and the first version of
-    the at-once rule published again instead of training on a batch a vote had just completed, for ever."""
+    two it holds at once (synchronous), never 30 s of quiet before every step; and a batch that a vote has just
+    completed is trained on, not answered by yet another publish."""
     settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=0, prompts_per_worker=2,
                            prompts_per_step=4, steps=3, async_level=async_level, group_size=4, timeout_s=150.0,
                            watch_s=20.0)

@@ -62,5 +62,5 @@ def test_a_checkpoint_of_an_older_release_keeps_its_consumed_ids_as_of_its_versi
     path = save_checkpoint(tmp_path, model, opt, sched, TrainerState(step=3, version=2, consumed={"ab": 2, "cd": 1}))
     assert json.loads((path / "state.json").read_text())["consumed"] == [["ab", 2], ["cd", 1]]
     meta = json.loads((path / "state.json").read_text())
-    (path / "state.json").write_text(json.dumps({**meta, "consumed": ["ab", "cd"]}))  # bare ids, as before
+    (path / "state.json").write_text(json.dumps({**meta, "consumed": ["ab", "cd"]}))  # bare ids, without versions
     assert load_checkpoint(path, *_parts()).consumed == {"ab": 2, "cd": 2}

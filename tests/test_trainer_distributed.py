@@ -307,7 +307,7 @@ open(os.path.join(sys.argv[1], f"threads{os.environ['RANK']}.json"), "w").write(
 
 def test_ending_the_group_ends_its_gloo_threads_even_after_model_imports(tmp_path):
     """A rank that loaded a model after joining still ends its group for real: no gloo thread is left to be torn
-    down during interpreter shutdown, where that aborted ranks of finished runs now and then."""
+    down during interpreter shutdown, where that can abort ranks of finished runs."""
     ranks = _start_ranks(ENDED, str(tmp_path), str(Path(__file__).resolve().parent.parent), OMP_NUM_THREADS="1")
     try:
         _finish_ranks(ranks, timeout=120)

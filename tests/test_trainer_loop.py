@@ -34,22 +34,24 @@ def model_cache(tmp_path_factory):
 
 
 class FixedSource:
-    """Deterministic rollouts: token sequences drawn from a seeded RNG per (step, policy version)."""
+    """Deterministic rollouts: token sequences drawn from a seeded RNG per (step, policy version), as many per
+    group and at the temperature and limit the policy's published generation settings say."""
 
-    def __init__(self, run_name="local", prompts=2, group=4, length=6):
-        self.run_name, self.prompts, self.group, self.length = run_name, prompts, group, length
+    def __init__(self, run_name="local", prompts=2, length=6):
+        self.run_name, self.prompts, self.length = run_name, prompts, length
 
     def generate(self, step, policy):
         rng = random.Random(step * 1000 + policy.version)
+        gen = policy.generation
         groups = []
         for p in range(self.prompts):
             comps = []
-            for _ in range(self.group):
+            for _ in range(gen["group_size"]):
                 tokens = tuple(rng.choice([TARGET, 11, 12, 13]) for _ in range(self.length))
                 reward = sum(t == TARGET for t in tokens) / len(tokens)
                 comps.append(Completion(tokens, (0.0,) * len(tokens), "length", reward, b""))
             groups.append(RolloutGroup(self.run_name, policy.version, bytes(32), "w", step, "synthetic", p,
-                                       (20 + p, 21, 22), 1.0, self.length, tuple(comps)))
+                                       (20 + p, 21, 22), gen["temperature"], gen["max_new_tokens"], tuple(comps)))
         return groups
 
 
@@ -107,7 +109,49 @@ def test_unknown_versions_and_stale_rollouts_are_refused_with_a_reason(tmp_path,
     assert record["refused"] == 2 and "unknown policy version 99" in record["refusals"][0]
     replay = src.generate(1, run.latest_policy())
     run.step(replay)
-    assert run.step(replay)["refusals"] == ["rollout was already trained on"]
+    assert run.step(replay)["refusals"] == ["rollout's slot was already trained on"]
+
+
+def near_duplicates(group: RolloutGroup) -> list[RolloutGroup]:
+    """The same slot's work with other bytes: one logprob jittered, completions reordered, a completion repeated in
+    place of another (a group of the right size that is a subset of the original)."""
+    first, *rest = group.completions
+    jittered = replace(first, logprobs=(first.logprobs[0] - 0.001,) + first.logprobs[1:])
+    return [replace(group, completions=(jittered, *rest)), replace(group, completions=(*rest, first)),
+            replace(group, completions=(first, first, *rest[1:]))]
+
+
+def test_a_slot_is_trained_once_whatever_its_bytes_and_across_a_restart(tmp_path, model_cache):
+    run = make_run(tmp_path, model_cache, async_level=2, checkpoint_every=1)
+    trained = FixedSource().generate(0, run.latest_policy())
+    assert run.step(trained)["groups"] == 2
+    copies = [c for g in trained for c in near_duplicates(g)]
+    assert {c.rollout_id() for c in copies}.isdisjoint(g.rollout_id() for g in trained)
+    record = run.step(copies)
+    assert record["groups"] == 0 and record["refusals"] == ["rollout's slot was already trained on"]
+    del run  # a restart: the trained slots come back from the checkpoint
+    resumed = make_run(tmp_path, model_cache, async_level=2, checkpoint_every=1)
+    assert resumed.state.step == 2
+    record = resumed.step(trained + copies)
+    assert record["groups"] == 0 and record["refused"] == 8
+    fresh = FixedSource(prompts=3).generate(0, resumed.latest_policy())[2:]
+    assert resumed.step([fresh[0], fresh[0]])["groups"] == 1  # twice in one batch: trained once
+
+
+def test_a_group_breaking_its_versions_generation_settings_is_refused_and_rows_take_the_versions_temperature(
+        tmp_path, model_cache):
+    from trainer.loop import to_train_group
+
+    run = make_run(tmp_path, model_cache, temperature=0.7)
+    honest = FixedSource().generate(0, run.latest_policy())[0]
+    contract = run.window().contracts[0]
+    assert (contract.group_size, contract.temperature) == (4, 0.7)
+    broken = {"temperature": replace(honest, temperature=1.0), "group size": replace(
+        honest, completions=honest.completions[:3]), "limit": replace(honest, max_new_tokens=65)}
+    for name, group in broken.items():
+        record = run.step([group])
+        assert record["groups"] == 0 and record["refused"] == 1, name
+    assert to_train_group(replace(honest, temperature=5.0), contract).temperature == 0.7
 
 
 def test_stale_rollouts_use_the_generating_versions_weights(tmp_path, model_cache):
@@ -347,8 +391,8 @@ def test_a_run_restarted_before_its_first_checkpoint_starts_over_numbered_past_w
 
 def test_a_swarm_trainer_whose_versions_outran_its_checkpoint_still_restarts(tmp_path, model_cache):
     """A swarm trainer publishes early whenever its workers run dry, so more versions than the async window keeps
-    can follow a checkpoint; the version the checkpoint names stays on disk, and a restart resumes from it (it
-    used to fail: 'checkpoint ... names policy v2 but its files are gone')."""
+    can follow a checkpoint; the version the checkpoint names stays on disk, and a restart resumes from it (never
+    'checkpoint ... names policy v2 but its files are gone')."""
     first = make_run(tmp_path, model_cache, checkpoint_every=2)
     run_sync(first, FixedSource(), 2)  # checkpoint at step 2 names v2
     for _ in range(4):
@@ -386,7 +430,7 @@ class SecondRank:
 def test_a_rank_that_looks_after_rank_0_published_the_first_version_still_numbers_it_as_rank_0_does(
         tmp_path, model_cache):
     """Data parallel: rank 0 publishes v0 while rank 1 may still be loading; rank 1 must not count that v0 as
-    written by an earlier process (it then numbered its versions one higher and refused rank 0's batches)."""
+    written by an earlier process (it would number its versions one higher and refuse rank 0's batches)."""
     make_run(tmp_path, model_cache)  # rank 0's start: v0 is on disk now
     rank_1 = make_run(tmp_path, model_cache, collective=SecondRank(partner=-1.0))  # rank 0 saw nothing on disk
     assert rank_1.first_version == rank_1.state.version == 0

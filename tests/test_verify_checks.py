@@ -9,7 +9,8 @@ import torch
 
 from tasks.assignment import assign_tasks
 from verify import toploc
-from verify.checks import CheckConfig, RunContext, check_lengths, check_policy, check_termination
+from verify.checks import (CheckConfig, RunContext, check_contract, check_lengths, check_policy, check_stop_tokens,
+                           check_termination)
 from verify.rollout import Completion, RolloutGroup
 from verify.testing import EOS_ID, GymTasks, honest_group, tiny_model
 from verify.verifier import verify_groups
@@ -24,7 +25,7 @@ MANIFESTS = {v: bytes([v]) * 32 for v in range(8)}
 def ctx() -> RunContext:
     return RunContext(run="run-a", current_version=VERSION, async_window=2, manifest_ids=MANIFESTS, max_new_tokens=36,
                       dataset="basic_arithmetic", eligible=list(range(16)), prompts_per_step=2, eos_ids=(),
-                      tasks=GymTasks(size=16))
+                      tasks=GymTasks(size=16), temperature=0.8, group_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,8 @@ def test_honest_groups_pass_whatever_the_batch_composition(model, ctx, honest):
     for verdict in together + alone + tiny_batches:
         assert verdict.accepted, verdict.reason
         assert [c.name for c in verdict.checks] == [
-            "schema", "policy", "assignment", "length", "termination", "sampling", "logprobs", "reward", "toploc"]
+            "schema", "policy", "temperature", "group_size", "max_new_tokens", "assignment", "rendering", "length",
+            "stop_tokens", "termination", "sampling", "logprobs", "reward", "toploc"]
     assert [v.rollout_id for v in together] == [g.rollout_id() for g in honest]
 
 
@@ -70,11 +72,12 @@ def dishonest_variants(group: RolloutGroup, ctx: RunContext) -> dict[str, tuple[
         "other run": (dataclasses.replace(group, run="run-b"), "policy"),
         "unassigned prompt": (dataclasses.replace(
             group, task_index=unassigned, prompt_tokens=tuple(ctx.tasks.prompt_tokens(ctx.dataset, unassigned))), "assignment"),
-        "edited prompt": (dataclasses.replace(group, prompt_tokens=group.prompt_tokens[:-1] + (40,)), "assignment"),
-        "longer limit": (dataclasses.replace(group, max_new_tokens=ctx.max_new_tokens + 1), "length"),
+        "edited prompt": (dataclasses.replace(group, prompt_tokens=group.prompt_tokens[:-1] + (40,)), "rendering"),
+        "longer limit": (dataclasses.replace(group, max_new_tokens=ctx.max_new_tokens + 1), "max_new_tokens"),
         "token outside vocab": (replace_completion(group, tokens=c0.tokens[:-1] + (100_000,)), "length"),
         "swapped token": (replace_completion(group, tokens=tuple(swapped)), "sampling"),
-        "other temperature claimed": (dataclasses.replace(group, temperature=1.3), "sampling"),
+        "other temperature claimed": (dataclasses.replace(group, temperature=1.3), "temperature"),
+        "a completion dropped": (dataclasses.replace(group, completions=group.completions[:1]), "group_size"),
         "truncated": (replace_completion(group, tokens=c0.tokens[:-4], logprobs=c0.logprobs[:-4]), "termination"),
         "edited logprob": (replace_completion(group, logprobs=(c0.logprobs[0] - 0.1,) + c0.logprobs[1:]), "logprobs"),
         "fabricated reward": (replace_completion(group, reward=1.0 - c0.reward), "reward"),
@@ -100,7 +103,7 @@ def test_hostile_inputs_give_rejecting_verdicts_not_exceptions(model, ctx, hones
     wire = honest[0].to_wire()
     nan_logprob = dict(wire, completions=[dict(wire["completions"][0], logprobs=[float("nan")] * len(wire["completions"][0]["tokens"]))])
     inputs = [b"\x00garbage", {"v": 1}, None, 17, nan_logprob, dict(wire, temperature=float("inf")),
-              dict(wire, completions=[dict(wire["completions"][0], reward=7.0)])]
+              dict(wire, completions=[dict(wire["completions"][0], reward=7.0)] + wire["completions"][1:])]
     verdicts = verify_groups({VERSION: model}, inputs, ctx)
     assert len(verdicts) == len(inputs) and not any(v.accepted for v in verdicts)
     assert all(v.reason for v in verdicts)
@@ -122,8 +125,6 @@ def make_group(tokens, finish, max_new=8) -> RolloutGroup:
 @pytest.mark.parametrize("tokens,finish,p_last,ok", [
     ([5, 6, EOS_ID], "eos", 0.5, True),
     ([5, 6, EOS_ID], "eos", 0.05, False),  # INTELLECT-2: EOS must have had probability > 0.1
-    ([5, EOS_ID, 6], "length", 0.5, False),  # generation continued past EOS
-    ([5, 6, 7], "eos", 0.9, False),  # claims EOS without one
     ([5] * 8, "length", 0.0, True),
     ([5] * 7, "length", 0.0, False),  # truncated below the limit
 ])
@@ -134,6 +135,20 @@ def test_termination_rule(ctx, tokens, finish, p_last, ok):
     assert bool(result.reason) is not ok
 
 
+@pytest.mark.parametrize("tokens,finish,ok", [
+    ([5, 6, EOS_ID], "eos", True),
+    ([5] * 8, "length", True),
+    ([5, EOS_ID, 6], "length", False),  # generation continued past the stop token
+    ([5, EOS_ID, EOS_ID], "eos", False),
+    ([5, 6, 7], "eos", False),  # claims EOS without one
+    ([5, 6, EOS_ID], "length", False),  # stopped at EOS but claims the limit
+])
+def test_stop_token_rule(ctx, tokens, finish, ok):
+    result = check_stop_tokens(make_group(tokens, finish), dataclasses.replace(ctx, eos_ids=(EOS_ID,)))
+    assert result.ok is ok and result.name == "stop_tokens"
+    assert bool(result.reason) is not ok
+
+
 def test_policy_window_edges(ctx):
     for version, ok in [(VERSION, True), (VERSION - 2, True), (VERSION - 3, False), (VERSION + 1, False)]:
         group = dataclasses.replace(make_group([5], "length"), policy_version=version, manifest_id=MANIFESTS[version])
@@ -141,8 +156,13 @@ def test_policy_window_edges(ctx):
 
 
 def test_length_limits(ctx):
+    def limit_ok(group) -> bool:
+        return next(c for c in check_contract(group, ctx) if c.name == "max_new_tokens").ok
+
+    assert limit_ok(make_group([5] * 36, "length", max_new=36))
+    assert not limit_ok(make_group([5] * 37, "length", max_new=36))
+    assert not limit_ok(make_group([5], "length", max_new=37))
     assert check_lengths(make_group([5] * 36, "length", max_new=36), ctx, 512).ok
-    assert not check_lengths(make_group([5] * 37, "length", max_new=36), ctx, 512).ok
     assert not check_lengths(make_group([5, 600], "length", max_new=36), ctx, 512).ok
 
 

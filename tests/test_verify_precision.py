@@ -2,7 +2,7 @@
 
 bf16 logits differ between two honest kernels by far more than float32 ones, so the float32 tolerances reject
 honest bf16 work; the bfloat16 profile accepts it and still rejects the attacks (the full figures: `swarm bench
-verify --precision bfloat16`, README)."""
+verify --precision bfloat16`, docs/security.md)."""
 
 from __future__ import annotations
 

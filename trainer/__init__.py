@@ -6,7 +6,8 @@ Map (each module holds one idea):
   config.py       TrainerConfig (TOML + flags, every field documented)
   step.py         PolicyTrainer: one optimizer step; old logprobs from the generating version (importance weights),
                   taken from the training forward itself when every row is on-policy
-  admission.py    which rollout groups the trainer accepts (run, known version, async window, not yet consumed)
+  admission.py    which rollout groups the trainer accepts (run, known version, async window, its version's
+                  generation settings, slot not yet trained on)
   checkpoint.py   atomic full checkpoints (exact resume) and publish_policy (a loadable version directory)
   loop.py         TrainingRun.step(groups) + run_sync / run_async_process (the generator in its own process) /
                   run_async (a worker thread); wants_step() applies the step count and the wall-time budget

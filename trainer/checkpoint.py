@@ -5,7 +5,7 @@ written into a hidden temporary directory beside the target, flushed, then renam
 only ever sees whole checkpoints (`step-000012`) and whole policy versions (`v000003`).
 
 A checkpoint holds the model (safetensors), optimizer and LR-scheduler state, the RNG states of torch, python and
-numpy, the consumed rollout ids, the step and the policy version; the curriculum position is a pure function of
+numpy, the slots trained on, the step and the policy version; the curriculum position is a pure function of
 the step (trainer.curriculum), stored alongside only to detect a schedule changed between runs.
 """
 
@@ -37,8 +37,12 @@ class TrainerState:
 
     step: int = 0  # optimizer steps taken
     version: int = 0  # last published policy version (0 = the initial policy)
-    consumed: dict[str, int] = field(default_factory=dict)  # hex rollout id -> version, trained on (never twice),
-    # for versions inside the async window only (older ones are refused as too stale: TrainingRun.step prunes them)
+    consumed: dict[str, int] = field(default_factory=dict)
+    """Hex slot key (verify.rollout.Slot) -> version of every slot trained on: a slot is trained once, across
+    restarts too, since this travels with the checkpoint. Bounded by the async window: a group of a version older
+    than `version - async_level` is refused as too stale before its slot is looked at, so TrainingRun.step drops
+    the slots of those versions: this holds only the slots of the async_level + 1 newest versions, whatever the
+    length of the run."""
     stage_index: int = 0  # curriculum stage at `step`, checked against the schedule on resume
     extra: dict = field(default_factory=dict)  # free-form JSON-able counters (e.g. tokens seen)
 
@@ -138,7 +142,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> TrainerState:
 
 
 def _consumed(raw: list, version: int) -> dict[str, int]:
-    """Consumed ids as written: [id, version] pairs, or bare ids (checkpoints of older releases, kept as if from
+    """Consumed ids as written: [id, version] pairs, or bare ids (checkpoints that name no versions, kept as if from
     `version` until the async window passes them)."""
     consumed: dict[str, int] = {}
     for item in raw:

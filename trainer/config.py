@@ -1,10 +1,10 @@
 """The trainer's one typed config: INTELLECT-2's recipe, scaled so that a run fits two CPU cores.
 
-Why these defaults: the optimiser, clipping and loss settings are INTELLECT-2's final configuration (REFERENCE §1),
-while the sizes (batch, group, context, warm-up, steps per policy) are divided down so a step takes seconds on a CPU,
-and the learning rate is raised because the models here are 4-5 orders of magnitude smaller than QwQ-32B.
-A TOML file (top level or a [trainer] section, plus optional [[stage]] tables for a custom curriculum) sets any
-field; CLI flags override the file; unknown keys are rejected in one line.
+Why these defaults: the optimiser, clipping and loss settings are INTELLECT-2's final configuration
+(docs/reference.md#grpo-recipe), while the sizes (batch, group, context, warm-up, steps per policy) are divided down so
+a step takes seconds on a CPU, and the learning rate is raised because the models here are 4-5 orders of magnitude
+smaller than QwQ-32B. A TOML file (top level or a [trainer] section, plus optional [[stage]] tables for a custom
+curriculum) sets any field; CLI flags override the file; unknown keys are rejected in one line.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ class TrainerConfig:
     recomputes: its workers are untrusted and validators only bound their claimed logprobs (logprob_atol)."""
     generator: str = "process"
     """Where the async generator runs (async_level > 0): "process" = its own OS process with its own torch threads,
-    as a swarm inference peer (fastest: the sampler's per-token Python no longer competes with training for the
-    GIL); "thread" = a worker thread of the trainer's process (the earlier design, kept for comparison)."""
+    as a swarm inference peer (fastest: the sampler's per-token Python does not compete with training for the
+    GIL); "thread" = a worker thread of the trainer's process (the simpler design, kept for comparison)."""
     generator_threads: int = 1
     """torch intra-op threads of the generator process. With `threads` (the trainer's) this splits the cores in
     async mode: 1 + 1 on a 2-core box. Sync mode runs generation and training in one process on `threads`."""

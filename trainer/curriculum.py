@@ -1,10 +1,10 @@
 """FastCuRL's curriculum as data: stages of (data segment, context length, group size, steps), advanced by step.
 
-Why data and not code: FastCuRL (arXiv 2503.17287, REFERENCE §3) is a schedule, short prompts at a short context ->
-all prompts at a medium context -> long prompts at a long context -> all prompts at the medium context again, and
-the stage in force fixes what the swarm generates (the data segment workers draw from and the generation settings
-written into each published policy's generation.json). A pure `stage_at(step)` lets the trainer, validators and
-tests agree on the stage without sharing any state. Custom schedules are TOML files of [[stage]] tables.
+Why data and not code: FastCuRL (arXiv 2503.17287, docs/reference.md#fastcurl) is a schedule, short prompts at a short
+context -> all prompts at a medium context -> long prompts at a long context -> all prompts at the medium context again,
+and the stage in force fixes what the swarm generates (the data segment workers draw from and the generation settings
+written into each published policy's generation.json). A pure `stage_at(step)` lets the trainer, validators and tests
+agree on the stage without sharing any state. Custom schedules are TOML files of [[stage]] tables.
 
 The built-in "fastcurl" schedule scales the paper's 8K/16K/24K/16K contexts to the configured max_new_tokens M as
 M/2, M, 3M/2, M, with group sizes n, n, n, 2n (the paper's 8, 8, 8, 16) and the steps split in four equal parts.

@@ -95,8 +95,8 @@ def import_before_group() -> None:
 
     Why: torch._dynamo, imported after the group started (transformers' model loading and FSDP both import it),
     keeps references to the default group (ten, in torch 2.13). `destroy_process_group` then only forgets the group:
-    its gloo threads live on into interpreter shutdown, where tearing them down aborted a rank now and then
-    ("terminate called without an active exception", SIGABRT) after a run that had finished well.
+    its gloo threads live on into interpreter shutdown, where tearing them down can abort a rank
+    ("terminate called without an active exception", SIGABRT) after a run that has finished well.
     tests/test_trainer_distributed.py checks that no gloo thread outlives the group. Under FSDP the group still
     outlives its destruction: DTensor's sharding caches (torch internals, no public way to clear them) hold its
     device mesh; no FSDP run has aborted that way so far.

@@ -1,4 +1,6 @@
-"""GRPO math as small pure functions: INTELLECT-2's final recipe (arXiv 2505.07291, section 3 / REFERENCE §1).
+"""GRPO math as small pure functions: INTELLECT-2's final recipe (arXiv 2505.07291, section 3).
+
+The recipe in the project's words: docs/reference.md#grpo-recipe.
 
 Why pure functions on tensors: every piece (advantages, the two-sided clip, the constant normaliser, KL, entropy)
 is tested on hand-built groups on the CPU, and the loop only composes them. Shapes are written as

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import trio
 
-from trainer.admission import Window, refusal
+from trainer.admission import GenerationContract, Window, refusal
 from trainer.checkpoint import (POLICY_PREFIX, TrainerState, WholeWeights, latest_checkpoint, policy_dir,
                                 publish_policy)
 from trainer.config import TrainerConfig
@@ -47,13 +47,14 @@ class RolloutSource(Protocol):
     def generate(self, step: int, policy: PublishedPolicy) -> list[RolloutGroup]: ...
 
 
-def to_train_group(group: RolloutGroup, *, with_logprobs: bool = False) -> TrainGroup:
-    """What the loss needs of a group; the generator's logprobs only when its source is trusted (with_logprobs)."""
+def to_train_group(group: RolloutGroup, contract: GenerationContract, *, with_logprobs: bool = False) -> TrainGroup:
+    """What the loss needs of a group, with the temperature and generation limit of its version's `contract` (never
+    the group's own claims); the generator's logprobs only when its source is trusted (with_logprobs)."""
     return TrainGroup(
         rollout_id=group.rollout_id().hex(), policy_version=group.policy_version,
         prompt_tokens=group.prompt_tokens, completions=tuple(c.tokens for c in group.completions),
-        rewards=tuple(c.reward for c in group.completions), temperature=group.temperature,
-        max_new_tokens=group.max_new_tokens,
+        rewards=tuple(c.reward for c in group.completions), temperature=contract.temperature,
+        max_new_tokens=contract.max_new_tokens,
         logprobs=tuple(c.logprobs for c in group.completions) if with_logprobs else (),
     )
 
@@ -77,6 +78,7 @@ class TrainingRun:
                                      collective=collective, load_version=self._load_version)
         self.state = TrainerState()
         self.published: set[int] = set()
+        self.contracts: dict[int, GenerationContract] = {}  # version -> the generation settings published with it
         self._published_at_step = 0  # the step count when the newest version was published
         self._highest_written = -1  # the newest version directory found on disk at start, or written since
         self._checkpointed_version = -1  # the version the newest checkpoint names: kept on disk (_prune_policies)
@@ -100,6 +102,7 @@ class TrainingRun:
             if self.state.stage_index != self.curriculum.stage_at(self.state.step).index:
                 raise TrainerError(f"checkpoint {found} was written under a different curriculum; use a new --out")
             self.published = {v for v in range(self.state.version + 1) if policy_dir(self.policies, v).is_dir()}
+            self.contracts = {v: self._published_contract(v) for v in self.published}
             if self.state.version not in self.published:
                 raise TrainerError(f"checkpoint {found} names policy v{self.state.version} but its files are gone")
             self._published_at_step = self.state.step
@@ -151,6 +154,7 @@ class TrainingRun:
             self._prune_policies(version)
         self.trainer.mark_published(version, snapshot=not self.generator_logprobs, weights=weights)
         self.published.add(version)
+        self.contracts[version] = GenerationContract.from_generation(generation)
         self.state.version = version
         self._published_at_step = self.state.step
         self._highest_written = max(self._highest_written, version)
@@ -203,6 +207,16 @@ class TrainingRun:
             if v < newest - self.cfg.async_level - 1 and not kept:
                 shutil.rmtree(policy_dir(self.policies, v), ignore_errors=True)
                 self.published.discard(v)
+                self.contracts.pop(v, None)
+
+    def _published_contract(self, version: int) -> GenerationContract:
+        """The generation settings a version went out with, read back from its generation.json on resume."""
+        try:
+            return GenerationContract.from_generation(
+                json.loads((policy_dir(self.policies, version) / "generation.json").read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TrainerError(f"policy v{version} has no readable generation.json ({type(exc).__name__}); "
+                               f"its rollouts cannot be trained with its own settings") from None
 
     def _load_version(self, version: int) -> dict | None:
         from safetensors.torch import load_file
@@ -215,7 +229,8 @@ class TrainingRun:
         return PublishedPolicy(self.state.version, path, json.loads((path / "generation.json").read_text()))
 
     def window(self) -> Window:
-        return Window(self.cfg.run, self.state.version, self.cfg.async_level, frozenset(self.published))
+        return Window(self.cfg.run, self.state.version, self.cfg.async_level, frozenset(self.published),
+                      dict(self.contracts))
 
     def checkpoint(self) -> Path | None:
         self.state.stage_index = self.curriculum.stage_at(self.state.step).index
@@ -229,16 +244,18 @@ class TrainingRun:
         """Admit, train, publish every `steps_per_policy` steps, checkpoint; returns the step's log record."""
         window, accepted, refused = self.window(), [], []
         batch: dict[str, int] = {}
-        seen = ChainMap(batch, self.state.consumed)  # trained on before, or earlier in this batch
+        seen = ChainMap(batch, self.state.consumed)  # slots trained on before, or earlier in this batch
         for group in groups:
             reason = refusal(group, window, seen)
             (refused if reason else accepted).append(reason or group)
-            batch[group.rollout_id().hex()] = group.policy_version
+            if not reason:
+                batch[group.slot().key().hex()] = group.policy_version
         mine = shard(accepted, self.rank, self.world_size)  # data parallel: this rank's share, gradients summed
-        report = self.trainer.train_step(self.state.step, [to_train_group(g, with_logprobs=self.generator_logprobs)
-                                                           for g in mine])
-        self.state.consumed.update((g.rollout_id().hex(), g.policy_version) for g in accepted)
-        floor = window.latest_version - window.async_level  # older ids are refused as too stale: forget them
+        report = self.trainer.train_step(self.state.step, [
+            to_train_group(g, window.contracts[g.policy_version], with_logprobs=self.generator_logprobs)
+            for g in mine])
+        self.state.consumed.update(batch)
+        floor = window.latest_version - window.async_level  # older slots are refused as too stale: forget them
         self.state.consumed = {rid: v for rid, v in self.state.consumed.items() if v >= floor}
         record = self._record(report, accepted, refused)
         if self.world_size > 1:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.config import TrainerConfig
+from trainer.errors import TrainerError
 from trainer.grpo import (
     LossStats,
     batch_advantages,
@@ -33,14 +34,24 @@ from verify.model_inputs import cache_keyword, left_padded
 class TrainGroup:
     """One accepted rollout group reduced to what the loss needs."""
 
-    rollout_id: str  # hex BLAKE3 id of the rollout group (dedup across restarts)
+    rollout_id: str  # hex BLAKE3 id of the rollout group's bytes (a label: the trainer dedups on slots)
     policy_version: int  # the version that generated every completion
     prompt_tokens: tuple[int, ...]
     completions: tuple[tuple[int, ...], ...]  # generated tokens of each completion, EOS included
     rewards: tuple[float, ...]  # one reward per completion, in [0, 1] before length shaping
-    temperature: float
+    temperature: float  # its version's sampling temperature (the published settings', not the group's claim)
     max_new_tokens: int  # the generation limit in force: the constant of the loss normaliser
     logprobs: tuple[tuple[float, ...], ...] = ()  # the generator's sampling logprobs per token, when trusted
+
+
+def step_temperature(groups: Sequence[TrainGroup]) -> float:
+    """The one sampling temperature of a step's groups (1.0 for none). Why one: a micro-batch mixes groups of
+    several workers and versions, and a temperature read from any one group would reach the others' rows; a run's
+    versions share its configured temperature, so groups that disagree are a bug, refused rather than mixed."""
+    temperatures = {g.temperature for g in groups}
+    if len(temperatures) > 1:
+        raise TrainerError(f"one step's groups carry temperatures {sorted(temperatures)}; a step trains at one")
+    return temperatures.pop() if temperatures else 1.0
 
 
 @dataclass(frozen=True)
@@ -230,7 +241,7 @@ class PolicyTrainer:
             idx = [i for i, (g, _) in enumerate(rows) if groups[g].policy_version == version]
             model, source = self._model_for(version)
             sources.add(source)
-            self._fill_logprobs(model, packed, idx, groups[rows[0][0]].temperature, out)
+            self._fill_logprobs(model, packed, idx, step_temperature(groups), out)
         return out, "+".join(sorted(sources))
 
     def generator_logprobs(self, groups: Sequence[TrainGroup], rows: list[tuple[int, int]]) -> torch.Tensor | None:
@@ -263,7 +274,7 @@ class PolicyTrainer:
             self._reference_model.requires_grad_(False)
         packed = self._pack(groups, rows)
         out = torch.zeros(packed.tokens.shape)
-        self._fill_logprobs(self._reference_model, packed, list(range(len(rows))), groups[rows[0][0]].temperature, out)
+        self._fill_logprobs(self._reference_model, packed, list(range(len(rows))), step_temperature(groups), out)
         return out
 
     def _pack(self, groups, rows) -> PackedRows:
@@ -356,7 +367,7 @@ class PolicyTrainer:
             sel = torch.tensor(chunk)
             part = packed.select(sel)
             logits = completion_logits(self.model, part)
-            temperature = groups[rows[chunk[0]][0]].temperature
+            temperature = step_temperature(groups)
             tokens, mask = part.tokens.to(logits.device), part.mask.to(logits.device)
             width = tokens.shape[1]
             old_chunk = token_logprobs(logits.detach(), tokens, temperature) if old is None else old[sel, :width]

@@ -6,7 +6,9 @@ Modules (import the one you need; this package imports nothing heavy, so seed-on
   toploc       build_proof(s) / verify_proof(s): TOPLOC proofs, byte-identical to the reference toploc 0.1.6
   ndd          polynomial interpolation and evaluation modulo 65497, vectorised over chunks
   rewards      compute_reward(reward_fn, text, entry) in [0, 1]; extract_answer; scorer process with a deadline
-  checks       pure checks (policy, assignment, length, termination, sampling, logprobs, reward, toploc)
+  checks       pure checks (policy, the run's generation settings, assignment, rendering, length, stop tokens,
+               termination, sampling, logprobs, reward, toploc)
+  slots        SlotLedger: one rollout per slot (run, version, worker, step, task) for gates and validators
   verifier     verify_groups(models, groups, ctx): batched prefill + every check -> one Verdict per group
   provider     TaskSetProvider: the validator's view of the run's task sets and tokenizer
   votes        signed votes (Ed25519), rendezvous assignment of validators to rollouts

@@ -71,7 +71,8 @@ class Harness:
             run="bench", current_version=CURRENT_VERSION, async_window=ASYNC_WINDOW, manifest_ids=manifests,
             max_new_tokens=config.max_new_tokens, dataset=self.tasks.name, eligible=self.tasks.indices(),
             prompts_per_step=2, eos_ids=tuple(self.loaded.eos_token_ids),
-            tasks=TaskSetProvider({self.tasks.name: self.tasks}, self.loaded.tokenizer))
+            tasks=TaskSetProvider({self.tasks.name: self.tasks}, self.loaded.tokenizer),
+            temperature=config.temperature, group_size=config.group_size)
         self.proof_s = 0.0
         from verify.toploc import build_proofs
 

@@ -98,7 +98,12 @@ class RunContext:
     versions older than current a rollout may be (INTELLECT-2: 2). manifest_ids: version -> manifest id from the
     trainer's signed manifests. max_new_tokens: the stage's generation limit. dataset: the stage's task set;
     eligible: its eligible indices (sorted), prompts_per_step: prompts assigned to each worker per step.
-    eos_ids: token ids that end a completion (empty for a model without EOS). tasks: the task provider.
+    eos_ids: token ids that end a completion, the run's stop tokens (empty for a model without EOS). tasks: the
+    task provider. temperature, group_size: the sampling temperature and completions per prompt.
+
+    Every generation setting here comes from the version's signed manifest (its generation settings, its model
+    description for the stop tokens and the chat rendering, its run spec for the precision's tolerances): the
+    signed run is the contract, and a group's own claims are only ever compared with it (check_contract).
     """
 
     run: str
@@ -111,6 +116,8 @@ class RunContext:
     prompts_per_step: int
     eos_ids: tuple[int, ...]
     tasks: TaskProvider
+    temperature: float
+    group_size: int
 
 
 def _result(name: str, problems: list[str]) -> CheckResult:
@@ -131,52 +138,87 @@ def check_policy(group: RolloutGroup, ctx: RunContext) -> CheckResult:
 
 
 def check_assignment(group: RolloutGroup, ctx: RunContext) -> CheckResult:
-    """The prompt is one the seeded schedule assigned to this worker at this step, rendered exactly as the run does."""
+    """The prompt is one the seeded schedule assigned to this worker at this step."""
     problems = []
     if group.dataset != ctx.dataset:
         problems.append(f"dataset {group.dataset!r} is not the stage's {ctx.dataset!r}")
     elif not is_assigned(ctx.run, group.worker, group.step, ctx.eligible, ctx.prompts_per_step, group.task_index):
         problems.append(f"task {group.task_index} was not assigned to {group.worker} at step {group.step}")
-    else:
-        rendered = ctx.tasks.prompt_tokens(group.dataset, group.task_index)
-        if rendered is None or tuple(rendered) != group.prompt_tokens:
-            problems.append("prompt tokens differ from the rendering of the assigned task")
     return _result("assignment", problems)
 
 
-def check_lengths(group: RolloutGroup, ctx: RunContext, vocab_size: int) -> CheckResult:
-    """The stage's max_new_tokens, each completion within it, and every token inside the model's vocabulary."""
+def check_rendering(group: RolloutGroup, ctx: RunContext) -> CheckResult:
+    """The prompt tokens are the run's own rendering of the task (its tokenizer and chat template, from the
+    manifest's model description), token for token."""
+    rendered = ctx.tasks.prompt_tokens(group.dataset, group.task_index)
+    ok = rendered is not None and tuple(rendered) == group.prompt_tokens
+    return _result("rendering", [] if ok else ["prompt tokens differ from the run's rendering of the task"])
+
+
+def check_contract(group: RolloutGroup, ctx: RunContext) -> list[CheckResult]:
+    """The group against the run's signed generation settings, one named check each: `temperature` (the value it
+    repeats), `group_size` (how many completions it holds) and `max_new_tokens` (the value it repeats, and no
+    completion longer). Why each its own name: a validator's vote says which setting a worker broke, and a group
+    sampled at another temperature, greedy decoding sent n times, or fewer or more completions than the run asks
+    for are each refused here, before any prefill, whatever the group claims about itself."""
+    temperature, size = [], []
+    if group.temperature != ctx.temperature:
+        temperature.append(f"temperature {group.temperature} is not the run's {ctx.temperature}")
+    if len(group.completions) != ctx.group_size:
+        size.append(f"{len(group.completions)} completions, the run's group size is {ctx.group_size}")
+    return [_result("temperature", temperature), _result("group_size", size),
+            _result("max_new_tokens", _limit_problems(group, ctx.max_new_tokens))]
+
+
+def _limit_problems(group: RolloutGroup, limit: int) -> list[str]:
     problems = []
-    if group.max_new_tokens != ctx.max_new_tokens:
-        problems.append(f"max_new_tokens {group.max_new_tokens} is not the stage's {ctx.max_new_tokens}")
+    if group.max_new_tokens != limit:
+        problems.append(f"max_new_tokens {group.max_new_tokens} is not the run's {limit}")
     for i, c in enumerate(group.completions):
-        if len(c.tokens) > ctx.max_new_tokens:
-            problems.append(f"completion {i} has {len(c.tokens)} tokens, over the limit {ctx.max_new_tokens}")
+        if len(c.tokens) > limit:
+            problems.append(f"completion {i} has {len(c.tokens)} tokens, over the run's {limit}")
+    return problems
+
+
+def check_stop_tokens(group: RolloutGroup, ctx: RunContext) -> CheckResult:
+    """Every completion stops at its first stop token (the run's EOS ids) and only there: none continues past one,
+    one claiming EOS ends with one, one claiming the length limit does not."""
+    problems = []
+    eos = set(ctx.eos_ids)
+    for i, c in enumerate(group.completions):
+        if not eos.isdisjoint(c.tokens[:-1]):  # a C-level pass; the loop only runs to name the position
+            early = next(j for j, t in enumerate(c.tokens) if t in eos)
+            problems.append(f"completion {i} continues after the stop token at position {early}")
+        elif (c.finish_reason == "eos") != (c.tokens[-1] in eos):
+            problems.append(f"completion {i} claims {c.finish_reason!r} but ends with token {c.tokens[-1]}")
+    return _result("stop_tokens", problems)
+
+
+def check_lengths(group: RolloutGroup, ctx: RunContext, vocab_size: int) -> CheckResult:
+    """Every token inside the model's vocabulary (the run's limits are check_contract's)."""
+    problems = []
     if any(t >= vocab_size for t in group.prompt_tokens) or any(t >= vocab_size for c in group.completions for t in c.tokens):
         problems.append(f"a token id is outside the vocabulary of {vocab_size}")
     return _result("length", problems)
 
 
 def check_termination(group: RolloutGroup, eos_probs: Sequence[float], ctx: RunContext, config: CheckConfig) -> CheckResult:
-    """EOS only as the last token and with P(EOS) > min_eos_prob there (eos_probs[i]: completion i's last-step
-    probability of its last token under softmax(logits / T)); otherwise exactly the length limit."""
+    """A completion ending with EOS gave it P(EOS) > min_eos_prob there (eos_probs[i]: completion i's last-step
+    probability of its last token under softmax(logits / T)); one ending otherwise has exactly the length limit.
+    Where the stop tokens sit is check_stop_tokens'."""
     problems = []
-    eos = set(ctx.eos_ids)
     for i, (c, p_last) in enumerate(zip(group.completions, eos_probs)):
-        early = [j for j, t in enumerate(c.tokens[:-1]) if t in eos]
-        if early:
-            problems.append(f"completion {i} continues after EOS at position {early[0]}")
-        elif c.finish_reason == "eos" and c.tokens[-1] not in eos:
-            problems.append(f"completion {i} claims EOS but ends with token {c.tokens[-1]}")
-        elif c.finish_reason == "eos" and not p_last > config.min_eos_prob:
+        if c.finish_reason == "eos" and not p_last > config.min_eos_prob:
             problems.append(f"completion {i} ends with EOS of probability {p_last:.3g} <= {config.min_eos_prob}")
-        elif c.finish_reason == "length" and (len(c.tokens) != ctx.max_new_tokens or c.tokens[-1] in eos):
+        elif c.finish_reason == "length" and len(c.tokens) != ctx.max_new_tokens:
             problems.append(f"completion {i} claims the length limit but has {len(c.tokens)} of {ctx.max_new_tokens} tokens")
     return _result("termination", problems)
 
 
-def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:
-    """Re-derive every token with the seeded Gumbel-max sampler from the validator's logits ([T_i, V] per completion).
+def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: CheckConfig,
+                   temperature: float) -> CheckResult:
+    """Re-derive every token with the seeded Gumbel-max sampler from the validator's logits ([T_i, V] per completion)
+    at the run's `temperature` (the manifest's, never the group's claim).
 
     A mismatch whose score gap is below near_tie_tol is a near-tie (kernel noise); more than the allowed number of
     near-ties, or any larger gap, rejects the group. The noise of every position of every completion is one draw
@@ -186,7 +228,7 @@ def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: 
     keys = [SamplingKey(group.run, group.worker, group.step, group.task_index, i) for i in range(len(lengths))]
     positions = np.concatenate([np.arange(n) for n in lengths])
     noise = gumbel_noise_at(np.repeat(stream_seeds(keys), lengths), positions, logits[0].shape[-1], logits[0].device)
-    scores = perturb_(torch.cat([lg.float() for lg in logits]), noise, group.temperature)  # cat: a fresh buffer
+    scores = perturb_(torch.cat([lg.float() for lg in logits]), noise, temperature)  # cat: a fresh buffer
     tokens = torch.tensor([t for c in group.completions for t in c.tokens], device=scores.device)
     claimed = scores.gather(-1, tokens[:, None]).squeeze(-1)
     gaps = scores.max(dim=-1).values - claimed

@@ -1,13 +1,13 @@
 """The batched verifier: one padded prefill per batch of groups, then every check, one verdict per group.
 
-Why this order: the cheap checks (schema, policy window and manifest, assignment, lengths and vocabulary) run first
-and a group failing them never costs a forward pass. The surviving groups are sorted by length into batches bounded
-by `max_batch_tokens`; a batch prefills its prompts once (left-padded) and then every completion over its prompt's
-cached keys and values (right-padded, in passes of similar lengths), with a different batch composition and padding
-than the generator used;
-honest groups still pass because TOPLOC and the sampling check tolerate kernel noise. The prefill input is
-prompt + completion[:-1]: the outputs at positions P-1 .. P+T-2 are the logits that sampled each generated token
-and the last hidden states the proof commits. The TOPLOC check of all groups is then one batched call.
+Why this order: the cheap checks (schema, policy window and manifest, the run's generation settings, assignment,
+prompt rendering, vocabulary, stop tokens) run first and a group failing them never costs a forward pass. The
+surviving groups are sorted by length into batches bounded by `max_batch_tokens`; a batch prefills its prompts
+once (left-padded) and then every completion over its prompt's cached keys and values (right-padded, in passes of
+similar lengths), with a different batch composition and padding than the generator used; honest groups still
+pass because TOPLOC and the sampling check tolerate kernel noise. The prefill input is prompt + completion[:-1]:
+the outputs at positions P-1 .. P+T-2 are the logits that sampled each generated token and the last hidden states
+the proof commits. The TOPLOC check of all groups is then one batched call.
 
 The LM head runs only on those positions (the decoder's last hidden state, already after the final norm, is sliced
 first), so a large vocabulary does not blow up memory.
@@ -23,8 +23,9 @@ import blake3
 import torch
 
 from verify.checks import (
-    CheckConfig, CheckResult, RunContext, check_assignment, check_lengths, check_logprobs, check_policy,
-    check_proofs_many, check_rewards_many, check_sampling, check_termination, recomputed_logprobs,
+    CheckConfig, CheckResult, RunContext, check_assignment, check_contract, check_lengths, check_logprobs,
+    check_policy, check_proofs_many, check_rendering, check_rewards_many, check_sampling, check_stop_tokens,
+    check_termination, recomputed_logprobs,
 )
 from verify.model_inputs import cache_keyword, left_padded, length_buckets
 from verify.rollout import RolloutGroup, RolloutSchemaError
@@ -133,8 +134,11 @@ def _cheap_checks(i: int, group: RolloutGroup, models, ctx: RunContext) -> tuple
     if checks[-1].ok and model is None:
         checks.append(CheckResult("model", False, f"this validator does not hold policy version {group.policy_version}"))
     if model is not None:
+        checks.extend(check_contract(group, ctx))
         checks.append(check_assignment(group, ctx))
+        checks.append(check_rendering(group, ctx))
         checks.append(check_lengths(group, ctx, model.config.vocab_size))
+        checks.append(check_stop_tokens(group, ctx))
         longest = len(group.prompt_tokens) + max(len(c.tokens) for c in group.completions)
         if longest > getattr(model.config, "max_position_embeddings", longest):
             checks.append(CheckResult("length", False, f"{longest} tokens exceed the model's context"))
@@ -260,10 +264,10 @@ def _logit_checks(group: RolloutGroup, logits: list[torch.Tensor], ctx: RunConte
     try:
         lengths = [len(c.tokens) for c in group.completions]
         recomputed = recomputed_logprobs(torch.cat(logits), [t for c in group.completions for t in c.tokens],
-                                         group.temperature).split(lengths)
+                                         ctx.temperature).split(lengths)
         last_probs = [float(torch.exp(lp[-1])) for lp in recomputed]
         checks.append(check_termination(group, last_probs, ctx, config))
-        checks.append(check_sampling(group, logits, config))
+        checks.append(check_sampling(group, logits, config, ctx.temperature))
         checks.append(check_logprobs(group, recomputed, config))  # the reward check follows (_reward_checks)
     except Exception as exc:  # noqa: BLE001 - a crash while checking rejects this group only
         checks.append(CheckResult("internal", False, f"check raised {type(exc).__name__}"))

@@ -1,0 +1,104 @@
+"""The mirror's preamble: a typed head checked before the body is read, the body held only on the node's budget
+(and not at all for a manifest already held), and a node-wide cap on channels waiting for one."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from p2p.budget import FREE_BYTES, BudgetExhausted, MemoryBudget
+from p2p.identity import Identity
+from p2p.store import PieceStore
+from swarm import mirror as mirror_module
+from swarm.link_preamble import (MAX_SIGNED_BYTES, Preamble, PreambleBreach, decode_head, read_body,
+                                 read_head)
+from swarm.mirror import PolicyMirror
+from swarm.trust import TrainerTrust
+
+ROUTE = bytes(range(32))
+
+
+def head(size: int) -> bytes:
+    return ROUTE + size.to_bytes(4, "big")
+
+
+def test_a_head_declaring_more_than_any_manifest_is_a_breach_before_a_byte_of_it_is_read():
+    assert decode_head(head(10)).signed_size == 10
+    with pytest.raises(PreambleBreach):
+        decode_head(head(MAX_SIGNED_BYTES + 1))
+    with pytest.raises(PreambleBreach):
+        decode_head(head(1)[:-1])
+
+
+async def test_the_body_is_held_on_the_budget_and_refused_past_it(autojump_clock):
+    ours, theirs = trio.testing.memory_stream_pair()
+    budget = MemoryBudget(100_000)  # each lease's first FREE_BYTES are free: 200 KB charges about 135 KB
+    await theirs.send_all(head(200_000) + bytes(200_000))
+    parsed = await read_head(ours, 1.0)
+    with pytest.raises(BudgetExhausted):
+        await read_body(ours, parsed, 1.0, budget, known=lambda route: False)
+    assert budget.held == 0 and budget.refused == 1
+
+
+async def test_a_known_manifest_is_read_and_dropped_not_buffered(autojump_clock):
+    ours, theirs = trio.testing.memory_stream_pair()
+    budget = MemoryBudget(1)
+    await theirs.send_all(head(200_000) + bytes(200_000))
+    parsed = await read_head(ours, 1.0)
+    assert await read_body(ours, parsed, 1.0, budget, known=lambda route: True) == Preamble(ROUTE, b"")
+    assert budget.peak == 0
+
+
+async def test_a_stalled_body_ends_at_its_timeout_and_gives_its_bytes_back(autojump_clock):
+    ours, theirs = trio.testing.memory_stream_pair()
+    budget = MemoryBudget(1 << 20)
+    await theirs.send_all(head(300_000) + bytes(200_000))  # short of the end, then silence
+    parsed = await read_head(ours, 1.0)
+    assert await read_body(ours, parsed, 10.0, budget, known=lambda route: False) is None
+    assert trio.current_time() == pytest.approx(10.0) and budget.held == 0
+    assert budget.peak == 200_000 - FREE_BYTES
+
+
+def _mirror(tmp_path, store):
+    key = Identity.generate()
+    return PolicyMirror(store, "m", TrainerTrust("r", key.public_bytes, tmp_path), run="r",
+                        copies_dir=tmp_path / "policies")
+
+
+async def test_a_breach_of_the_preamble_bans_its_sender(tmp_path, autojump_clock):
+    with PieceStore(tmp_path / "store") as store:
+        mirror = _mirror(tmp_path, store)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            ours, theirs = trio.testing.memory_stream_pair()
+            await theirs.send_all(head(MAX_SIGNED_BYTES + 1))
+            await mirror.accept_link("liar", ours)
+            assert "preamble" in mirror.banned["liar"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_idle_channels_of_strangers_make_room_for_new_ones_when_the_node_wide_cap_is_reached(
+        tmp_path, autojump_clock, monkeypatch):
+    """Identities are free: past MAX_WAITING waiting channels, the oldest one still silent is ended."""
+    monkeypatch.setattr(mirror_module, "MAX_WAITING", 3)
+    with PieceStore(tmp_path / "store") as store:
+        mirror = _mirror(tmp_path, store)
+        ended = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+
+            async def stranger(name):
+                ours, _theirs = trio.testing.memory_stream_pair()
+                await mirror.accept_link(name, ours)
+                ended.append((name, trio.current_time()))
+
+            for i in range(3):
+                nursery.start_soon(stranger, f"s{i}")
+                await trio.sleep(1.0)
+            assert sum(mirror._waiting.values()) == 3 and not ended
+            nursery.start_soon(stranger, "s3")
+            await trio.sleep(1.0)
+            assert [name for name, _ in ended] == ["s0"]  # the oldest silent one made room
+            assert sum(mirror._waiting.values()) == 3
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,137 @@
+"""A node's own gossip on loopback and in isolation: hostile heartbeats, fault injection at each handler, and the
+heartbeat dial limit (swarm.node_gossip)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from p2p.identity import Identity
+from tests.test_swarm_nodes import Peer
+
+
+async def publish_unpaced(gossip, kind: str, body: dict) -> None:
+    """Publish as a peer that ignores its own pacing (p2p.gossip_admission.OwnPace) would."""
+    from p2p.gossip import topic_for
+
+    await gossip.pubsub.publish(topic_for(gossip.run, kind), gossip._seal(kind, body))
+
+
+async def test_hostile_heartbeats_neither_stop_a_peer_nor_start_a_fetch_per_entry(tmp_path):
+    """A heartbeat with `"policies": 7` must not end the peer, nor one listing an id 16 times start 16 fetches
+    of it. Mistyped bodies are refused by gossip's validator (scored, not delivered), a
+    well-formed one listing an id 16 times starts one fetch, and the peer goes on hearing others."""
+    from swarm import node_gossip
+
+    trainer = Identity.generate()
+    fetches: list[bytes] = []
+
+    async def counting_fetch(node, peer, manifest_id, fetch):
+        fetches.append(manifest_id)
+        await trio.sleep(5)  # still in flight while the flood goes on
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            target = Peer(tmp_path, "target", trainer, heartbeat_every_s=0.2)  # heartbeats from a peer: 10/s at most
+            nursery.start_soon(target.run)
+            await target.ready.wait()
+            mallory = Peer(tmp_path, "mallory", trainer, bootstrap=[target.node.host.multiaddrs[0]],
+                           heartbeat_every_s=100.0, peer_silence_s=300.0)  # only the bodies below
+            nursery.start_soon(mallory.run)
+            await mallory.ready.wait()
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(node_gossip, "fetch_and_adopt", counting_fetch)
+                inbox = target.node.gossip.subscribe("heartbeat")
+                rejections = target.node.gossip.rejections
+                await target.node.gossip.wait_for_topic_peer(mallory.node.peer_id, "heartbeat")
+                await mallory.node.gossip.wait_for_topic_peer(target.node.peer_id, "heartbeat")
+                for body in ({"policies": 7, "addrs": 5, "roles": "seed"}, {"policies": {"a": 1}, "addrs": None}):
+                    await publish_unpaced(mallory.node.gossip, "heartbeat", body)
+                    refusal = await rejections.receive()
+                    assert (refusal.peer, refusal.reason) == (mallory.node.peer_id, "bad_body")
+                    await trio.sleep(0.1)  # within mallory's heartbeat allowance (two per 0.1 s here)
+                fake = [1, b"\x01" * 32, False]
+                for body in ({"policies": [fake] * 16}, {"roles": ["seed"]}):
+                    await publish_unpaced(mallory.node.gossip, "heartbeat", body)
+                    await trio.sleep(0.1)
+                while True:  # the last, honest body is heard: the peer kept reading
+                    env = await inbox.receive()
+                    if env.sender_peer_id == mallory.node.peer_id and env.message.roles == ("seed",):
+                        break
+                assert not target.node.done.is_set() and not target.node.failed
+                assert fetches.count(b"\x01" * 32) == 1  # one fetch, however often a heartbeat names the id
+                assert len(target.node.fetching) <= node_gossip.MAX_MANIFEST_FETCHES
+                assert target.node.gossip.stats.rejected == {"bad_body": 2}
+            for peer in (target, mallory):
+                peer.stop()
+
+
+async def test_an_exception_in_any_gossip_handler_drops_one_message_and_the_peer_serves_on(tmp_path, caplog):
+    """Fault injection at each of a node's gossip handler boundaries (heartbeats, manifest announcements): a
+    RuntimeError raised for a message drops it, costs its sender and logs one line; the node keeps running and
+    handles the next message."""
+    from swarm import node_gossip
+
+    trainer = Identity.generate()
+    handled: list[str] = []
+    target = Peer(tmp_path, "target", trainer)
+    real_heartbeat, real_manifest = node_gossip.on_heartbeat, node_gossip.on_manifest
+
+    def faulty(kind, real):
+        def handle(node, env, *args):
+            if node is not target.node:  # both peers run this module; the faults are the target's
+                return real(node, env, *args)
+            handled.append(kind)
+            if handled.count(kind) == 1:
+                raise RuntimeError(f"injected fault in the {kind} handler")
+            return real(node, env, *args)
+        return handle
+
+    with trio.fail_after(60), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(node_gossip, "on_heartbeat", faulty("heartbeat", real_heartbeat))
+        patch.setattr(node_gossip, "on_manifest", faulty("manifest", real_manifest))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(target.run)
+            await target.ready.wait()
+            other = Peer(tmp_path, "other", trainer, bootstrap=[target.node.host.multiaddrs[0]])
+            nursery.start_soon(other.run)
+            await other.ready.wait()
+            await other.node.gossip.wait_for_topic_peer(target.node.peer_id, "manifest")
+            body = {"id": b"\x07" * 32, "version": 1}
+            while handled.count("manifest") < 2 or handled.count("heartbeat") < 2:
+                await other.node.gossip.publish("manifest", body)
+                await trio.sleep(0.5)
+            assert not target.node.done.is_set() and not target.node.failed
+            assert target.node.gossip.stats.rejected["handler_error"] == 2
+            assert other.node.peer_id in target.node.peer_roles  # the second heartbeat was handled
+            for peer in (target, other):
+                peer.stop()
+    assert sum("injected fault" in r.getMessage() for r in caplog.records) == 2
+
+
+async def test_throwaway_ids_fill_the_heartbeat_dial_limit_only_for_a_while(autojump_clock):
+    """Peers a heartbeat made us dial counted against max_peers for ever, connected or not: a few dozen throwaway
+    identities heartbeating once kept every later peer from being dialed."""
+    from types import SimpleNamespace
+
+    from swarm.gossip_bodies import Heartbeat
+    from swarm.node_gossip import HEARTBEAT_REDIAL_S
+    from swarm.node_gossip import on_heartbeat as _on_heartbeat
+
+    started = []
+    node = SimpleNamespace(
+        peer_id="z" * 52, config=SimpleNamespace(max_peers=4, keep_versions=3), connected_peers=lambda: [],
+        heard_from=lambda *args: None, mirror=SimpleNamespace(latest=lambda: None, policies={}),
+        nursery=SimpleNamespace(start_soon=lambda fn, node, part, peer, addrs: started.append(peer)))
+
+    def heartbeat(sender):
+        return SimpleNamespace(sender_peer_id=sender, message=Heartbeat((), (f"/ip4/10.0.0.1/tcp/1/p2p/{sender}",), (), ()))
+
+    dialed: dict[str, float] = {}
+    for i in range(4):
+        _on_heartbeat(node, heartbeat(f"throwaway{i}"), dialed, None)
+    _on_heartbeat(node, heartbeat("honest"), dialed, None)
+    assert started == [f"throwaway{i}" for i in range(4)]  # the limit holds while those dials are fresh
+    await trio.sleep(HEARTBEAT_REDIAL_S + 1)
+    _on_heartbeat(node, heartbeat("honest"), dialed, None)
+    assert started[-1] == "honest" and set(dialed) == {"honest"}
