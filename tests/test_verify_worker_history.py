@@ -3,8 +3,6 @@ check records on real tiny-model generation, the near-tie steering attack banned
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -140,11 +138,9 @@ def test_the_validator_bans_through_its_history_and_reports_once():
 
 @pytest.fixture(scope="module")
 def ctx() -> RunContext:
-    names = {f.name for f in dataclasses.fields(RunContext)}
-    settings = {k: v for k, v in {"temperature": 0.8, "group_size": 4}.items() if k in names}  # where it names them
     return RunContext(run="run-a", current_version=VERSION, async_window=2, manifest_ids=MANIFESTS, max_new_tokens=64,
                       dataset="basic_arithmetic", eligible=list(range(16)), prompts_per_step=2, eos_ids=(),
-                      tasks=GymTasks(size=16), **settings)
+                      tasks=GymTasks(size=16), temperature=0.8, group_size=4)
 
 
 @pytest.fixture(scope="module")

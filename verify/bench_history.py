@@ -147,13 +147,11 @@ def _one_group_classes(h: Harness, cfg: HistoryBenchConfig, accepted: list) -> l
 
 
 def _after_originals(h: Harness, originals: list, resubmitted: list) -> tuple[list, float]:
-    """Verdicts on resubmissions by a validator that checked the originals first: through its one-rollout-per-slot
-    ledger (verify.slots) where the tree has one; without it a rollout's identity is its bytes, so each variant is
-    a new rollout and only the checks can refuse it."""
-    try:
-        from verify.slots import SlotLedger, first_answers
-    except ImportError:
-        return h.validate(resubmitted)
+    """Verdicts on resubmissions by a validator that checked the originals first, as swarm/role_validator.py does:
+    its one-rollout-per-slot ledger (verify.slots) refuses a second group for a slot, and only a variant whose slot
+    is new (none here) would reach the checks."""
+    from verify.slots import SlotLedger, first_answers
+
     ledger = SlotLedger()
     first_answers(ledger, originals)
     fresh, refused = first_answers(ledger, resubmitted)
