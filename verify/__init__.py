@@ -14,6 +14,10 @@ Modules (import the one you need; this package imports nothing heavy, so seed-on
   votes        signed votes (Ed25519), rendezvous assignment of validators to rollout slots
   quorum       QuorumTracker: sans-IO accept/reject/timeout on virtual time
   reputation   worker and validator scores with sticky bans
+  neartie      NearTies: one group's near-tie flips and their gaps, as the sampling check counts them
+  worker_history  WorkerHistory: a sequential test on a worker's flips over all its groups; VoteEvidence sums
+               them across validators from the votes
   testing      tiny models, a byte tokenizer and an honest reference generator for tests
-  attacks      dishonest workers for `swarm bench verify`; bench: the benchmark itself
+  attacks      dishonest workers for `swarm bench verify`; bench: the benchmark itself (bench_history: its
+               worker-history section)
 """
