@@ -164,6 +164,41 @@ def tokenizer_id(directory: Path) -> str:
     return hasher.hexdigest()
 
 
+def describe_files(directory: Path) -> dict:
+    """The description `describe` gives a plain Hugging Face directory (config.json, tokenizer files, no
+    model.json), read from its JSON files alone: what publishing it needs, without loading its weights."""
+    directory = Path(directory)
+    config = _json_object(directory / "config.json")
+    eos: set[int] = set()
+    for value in (config.get("eos_token_id"), _json_object(directory / "generation_config.json", {}).get("eos_token_id")):
+        eos.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
+    tokenizer_config = _json_object(directory / "tokenizer_config.json", {})
+    eos_token = tokenizer_config.get("eos_token")
+    eos_token = eos_token.get("content") if isinstance(eos_token, dict) else eos_token
+    added = tokenizer_config.get("added_tokens_decoder") or {}
+    eos.update(int(i) for i, token in added.items() if isinstance(token, dict) and token.get("content") == eos_token
+               and str(i).isdigit())
+    if not eos:
+        raise InferenceError(f"{directory} names no end-of-sequence token (config or tokenizer eos_token_id)")
+    return {"name": directory.name, "architecture": config, "tokenizer_id": tokenizer_id(directory),
+            "eos_token_ids": sorted(eos), "source": str(directory)}
+
+
+def _json_object(path: Path, missing: dict | None = None) -> dict:
+    """A JSON file holding an object; `missing` when the file is absent and that is allowed."""
+    if missing is not None and not path.exists():
+        return missing
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InferenceError(f"{path.parent} has no {path.name}") from None
+    except (OSError, ValueError) as exc:
+        raise InferenceError(f"{path} is not a readable JSON file ({type(exc).__name__})") from None
+    if not isinstance(value, dict):
+        raise InferenceError(f"{path} must hold a JSON object")
+    return value
+
+
 def describe(model, tokenizer, directory: Path, name: str | None, eos: tuple[int, ...]) -> dict:
     """The model description (model.json's content), taking a trainer-written model.json's fields when present."""
     written = {}

@@ -4,7 +4,7 @@ Why a table of lazily imported modules: `swarm --help` and `swarm peer start --r
 (seed-only peers stay small), so each sub-command lives in its own module, imported only when it runs. Each module
 exposes `add_arguments(parser)` and `run(args) -> int`. Errors a user can act on are exceptions whose class sets
 `user_facing = True` (each package has one, e.g. `swarm.errors.UserError`); they are printed as one line, never as a
-traceback.
+traceback. Ctrl-C and SIGTERM end every command with one line and status 130 or 143 (swarm.shutdown.Interrupts).
 """
 
 from __future__ import annotations
@@ -82,7 +82,15 @@ def user_facing_error(exc: BaseException) -> BaseException | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from swarm.shutdown import Interrupts
+
+    with Interrupts().installed() as interrupts:
+        return _run_command(list(sys.argv[1:] if argv is None else argv), interrupts)
+
+
+def _run_command(argv: list[str], interrupts) -> int:
+    from swarm.shutdown import is_interrupt
+
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     module = getattr(args, "_module", None)
@@ -91,16 +99,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args._argv = argv  # a command that re-launches itself (swarm train --nproc) needs its own words
     try:
-        return int(importlib.import_module(module).run(args) or 0)
-    except Exception as exc:  # noqa: BLE001 - only user-facing errors are caught; bugs re-raise below
-        reported = user_facing_error(exc)
+        status = int(importlib.import_module(module).run(args) or 0)
+    except BaseException as exc:  # only interrupts and user-facing errors end here; bugs re-raise below
+        if is_interrupt(exc):
+            return interrupts.finish()
+        reported = user_facing_error(exc) if isinstance(exc, Exception) else None
         if reported is None:
             raise
         print(f"swarm: error: {reported}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("swarm: interrupted", file=sys.stderr)
-        return 130
+    # a SIGTERM whose KeyboardInterrupt a command caught still ends the process as terminated
+    return interrupts.finish() if interrupts.received is not None else status
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 Prints one JSON report: per case groups, rejected, gen_s, proof_build_s, validate_s, which checks rejected, and a
 summary with false rejects, attacks caught in fewer than 99% of groups (and why), and time shares of generation.
+Its "history" section (verify/bench_history.py) holds the honest near-tie rates and, per attack class judged by a
+worker's history, groups tried, rejected, workers banned and after how many groups, and what the history costs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the task set and attacks (default 0)")
     parser.add_argument("--honest-only", action="store_true", dest="honest_only",
                         help="run only the honest cases (generation, proof and validation cost; no attacks)")
+    parser.add_argument("--history", choices=("on", "off", "only"), default="on",
+                        help="the worker-history section: honest near-tie rates, false bans, and the attacks judged "
+                             "per worker (int8 decoding reproved, near-tie steering) or per group (another "
+                             "temperature or group size honestly labelled, near-duplicates); 'only' skips the "
+                             "other cases (default on; never with --honest-only)")
+    parser.add_argument("--honest-groups", type=int, default=2000, dest="honest_groups",
+                        help="honest groups of the history section (default 2000)")
+    parser.add_argument("--per-worker", type=int, default=100, dest="per_worker",
+                        help="honest groups per honest worker in the history section (default 100)")
+    parser.add_argument("--attempts", type=int, default=100,
+                        help="attacking workers (or single groups) per history class (default 100)")
     parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
                         help="what workers generate in (bfloat16: as vLLM on GPUs, checked with that "
                              "precision's tolerances by float32 validators; default float32)")
@@ -33,11 +46,13 @@ def run(args: argparse.Namespace) -> int:
     from verify.bench import BenchConfig, run_bench
 
     require_at_least_one(groups=args.groups, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
-                         threads=args.threads)
+                         threads=args.threads, honest_groups=args.honest_groups, per_worker=args.per_worker,
+                         attempts=args.attempts)
     config = BenchConfig(model=args.model, groups=args.groups, group_size=args.group_size,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, threads=args.threads,
                          seed=args.seed, min_eos_prob=args.min_eos_prob, honest_only=args.honest_only,
-                         precision=args.precision)
+                         precision=args.precision, history=args.history, honest_groups=args.honest_groups,
+                         per_worker=args.per_worker, attempts=args.attempts)
     report = run_bench(config)
     print(json.dumps(report, indent=None if args.json else 2))
     return 0

@@ -1,7 +1,8 @@
 """`swarm eval`: a policy's accuracy on held-out prompts (greedy by default, batched).
 
 The held-out prompts are the same split `swarm train` sets aside for the same --task, --seed, --size and
---eval-fraction, so a policy is never scored on a prompt it was trained on.
+--eval-fraction, so a policy is never scored on a prompt it was trained on. With --config the model, task, task
+settings, seed, size and held-out share are the trainer TOML's (each flag given overrides its value).
 """
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ import time
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a policy directory (e.g. OUT/final)")
-    parser.add_argument("--task", default="basic_arithmetic", help="reasoning-gym task name or .jsonl/.parquet file")
+    parser.add_argument("--model", help="tiny, smollm2 or a policy directory, e.g. OUT/final (default: the config's, "
+                                         "else tiny)")
+    parser.add_argument("--task", help="reasoning-gym task name or .jsonl/.parquet file (default: the config's, "
+                                       "else basic_arithmetic)")
     parser.add_argument("--n", type=int, default=200, help="held-out prompts to score")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the task set and its held-out split")
+    parser.add_argument("--seed", type=int, help="seed of the task set and its held-out split (default: the "
+                                                 "config's, else 0)")
     parser.add_argument("--size", type=int, default=None, help="task set size (default: the trainer's task_size)")
     parser.add_argument("--eval-fraction", type=float, default=None, dest="eval_fraction",
                         help="held-out share (default: the trainer's)")
-    parser.add_argument("--config", default=None, help="trainer TOML whose task settings to reuse (task_config)")
+    parser.add_argument("--config", default=None,
+                        help="trainer TOML whose model, task, task_config, seed, task_size and eval_fraction to reuse")
     parser.add_argument("--max-new-tokens", type=int, default=64, dest="max_new_tokens", help="generation limit")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--batch", type=int, default=32, help="prompts per generate call")
@@ -35,16 +40,17 @@ def run(args) -> int:
     from trainer.config import load_config
     from trainer.evaluate import evaluate
     from trainer.session import load_task_split
-    overrides = {"task": args.task, "seed": args.seed, "task_size": args.size, "eval_fraction": args.eval_fraction}
-    cfg = load_config(args.config, overrides).config
+    overrides = {"model": args.model, "task": args.task, "seed": args.seed, "task_size": args.size,
+                 "eval_fraction": args.eval_fraction}
+    cfg = load_config(args.config, overrides).config  # flags given override the config's values, defaults do not
     _, heldout = load_task_split(cfg)
-    loaded = load_model(args.model)
+    loaded = load_model(cfg.model)
     started = time.perf_counter()
-    result = evaluate(loaded, heldout, n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens,
+    result = evaluate(loaded, heldout, n=args.n, seed=cfg.seed, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, batch=args.batch)
-    out = {"model": args.model, "task": args.task, "accuracy": result.accuracy, "mean_reward": result.mean_reward,
-           "n": result.n, "mean_tokens": result.mean_tokens, "temperature": args.temperature, "seed": args.seed,
+    out = {"model": cfg.model, "task": cfg.task, "accuracy": result.accuracy, "mean_reward": result.mean_reward,
+           "n": result.n, "mean_tokens": result.mean_tokens, "temperature": args.temperature, "seed": cfg.seed,
            "seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(out) if args.json else
-          f"accuracy {result.accuracy:.3f} on {result.n} held-out prompts of {args.task} ({args.model})")
+          f"accuracy {result.accuracy:.3f} on {result.n} held-out prompts of {cfg.task} ({cfg.model})")
     return 0

@@ -77,4 +77,21 @@ def run(args: argparse.Namespace) -> int:
         "validator_keys": tuple(args.validator_keys) if args.validator_keys else None,
     }
     config = load_config(args.config, overrides)
+    refuse_before_writing(config, args.key)
     return run_peer(config, json_events=args.json_events, key_file=args.key)
+
+
+def refuse_before_writing(config, key_file: Path | None) -> None:
+    """Every check of the peer's settings that needs no network, run before its data directory and identity key
+    exist: a refused command leaves nothing behind (a stray key would become that directory's identity later)."""
+    from p2p.bootstrap import resolve_bootstrap
+    from swarm.roles import build_roles
+    from swarm.trust import parse_trainer_key
+
+    resolve_bootstrap(config.bootstrap or None, None, config.bootstrap_file if config.bootstrap_file.exists() else None)
+    if key_file is not None:
+        from p2p.identity import read_key_file
+
+        read_key_file(key_file)
+    build_roles(config)
+    parse_trainer_key(config.trainer_key)

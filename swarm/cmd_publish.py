@@ -1,9 +1,13 @@
 """`swarm publish CHECKPOINT_DIR --run NAME --key KEYFILE`: sign a checkpoint as the run's next version and seed it.
 
-The checkpoint directory holds *.safetensors files and a model.json model description (what the trainer writes);
-an optional generation.json gives the generation settings in force (group_size, temperature, max_new_tokens,
-stage). The publisher's host uses the trainer key as its identity, so peers see the manifest's signer as the origin.
-It prints its multiaddr (hand it to others as --bootstrap) and live progress, and seeds until interrupted.
+The checkpoint directory holds *.safetensors files and a model.json model description (what `swarm train` writes
+into OUT/final and a trainer peer into each version), or is a plain Hugging Face model directory (config.json,
+safetensors, tokenizer files): its model.json is then written from those files into the publisher's data directory,
+beside links to its weights, and the user's directory is never written to. An optional generation.json gives the
+generation settings in force (group_size, temperature, max_new_tokens, and the curriculum stage: its index, as
+stage_index beside the stage's name, or as stage). The publisher's host uses the trainer key as its identity, so
+peers see the manifest's signer as the origin. It prints its multiaddr (hand it to others as --bootstrap) and live
+progress, and seeds until interrupted.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import trio
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint_dir", type=Path, help="directory with *.safetensors and model.json")
+    parser.add_argument("checkpoint_dir", type=Path,
+                        help="directory with *.safetensors and model.json (swarm train's OUT/final), or a plain "
+                             "Hugging Face model directory")
     parser.add_argument("--run", required=True, help="run name")
     parser.add_argument("--key", required=True, type=Path, help="the run's trainer key file (swarm keygen)")
     parser.add_argument("--version", type=int,
@@ -41,11 +47,62 @@ def _generation(checkpoint: Path):
     if path.exists():
         try:
             raw.update(json.loads(path.read_text()))
+            # a trainer names its stage ("all@6") and gives its index as stage_index; the manifest carries the index
+            stage = raw["stage_index"] if "stage_index" in raw else raw["stage"]
             return GenerationSettings(int(raw["group_size"]), float(raw["temperature"]), int(raw["max_new_tokens"]),
-                                      int(raw["stage"]))
-        except (ValueError, KeyError, TypeError) as exc:
+                                      int(stage))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UserError(f"{path} is not a valid generation settings file ({exc})") from None
     return GenerationSettings(**raw)
+
+
+def _hf_description(checkpoint: Path) -> dict | None:
+    """None for a directory with its own model.json; for a plain Hugging Face model directory, the model.json
+    that publishing it needs, built from its config and tokenizer files; one sentence when it is neither."""
+    from swarm.errors import UserError
+
+    if (checkpoint / "model.json").exists() or not (checkpoint / "config.json").exists():
+        return None
+    from inference.errors import InferenceError
+    from inference.models import describe_files
+
+    try:
+        return describe_files(checkpoint)
+    except InferenceError as exc:
+        raise UserError(f"cannot publish {checkpoint}: {exc}") from None
+
+
+def check_weights(checkpoint: Path) -> None:
+    """What describe_policy_dir checks of the weights (at least one file, each header a safetensors index)."""
+    from p2p.errors import ManifestError
+    from p2p.manifest import read_safetensors_index
+
+    paths = sorted(checkpoint.glob("*.safetensors"))
+    if not paths:
+        raise ManifestError(f"{checkpoint} holds no .safetensors files")
+    for path in paths:
+        read_safetensors_index(path)
+
+
+def stage_hf_directory(checkpoint: Path, description: dict, staging: Path) -> Path:
+    """`staging` made a policy directory of `checkpoint`'s weights: a hard link to each *.safetensors file (a
+    symbolic link across file systems) and the model.json written from `description`, by rename. Why a directory
+    of its own per version: the piece store serves a published version's files from their paths for as long as it
+    keeps that version."""
+    import os
+    import shutil
+
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for weights in sorted(checkpoint.glob("*.safetensors")):
+        try:
+            os.link(weights.resolve(), staging / weights.name)
+        except OSError:
+            os.symlink(weights.resolve(), staging / weights.name)
+    partial = staging / ".model.json.partial"
+    partial.write_text(json.dumps(description, indent=1, sort_keys=True))
+    os.replace(partial, staging / "model.json")
+    return staging
 
 
 SWARM_VERSION_WAIT_S = 15.0
@@ -91,8 +148,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"checkpoint directory {args.checkpoint_dir} does not exist")
     if not MIN_PIECE_SIZE <= args.piece_kb * 1024 <= MAX_PIECE_SIZE:
         raise UserError(f"--piece-kb must be between {MIN_PIECE_SIZE // 1024} and {MAX_PIECE_SIZE // 1024}")
+    hf_description = _hf_description(args.checkpoint_dir)
     try:  # a checkpoint that cannot be published is said before a peer starts, in one line
-        describe_policy_dir(args.checkpoint_dir)
+        if hf_description is None:
+            describe_policy_dir(args.checkpoint_dir)
+        else:
+            check_weights(args.checkpoint_dir)
     except ManifestError as exc:
         raise UserError(f"cannot publish {args.checkpoint_dir}: {exc}") from None
     key = read_key_file(args.key)
@@ -106,13 +167,15 @@ def run(args: argparse.Namespace) -> int:
 
     async def publish(node) -> None:
         version = args.version if args.version is not None else await next_version(node, args.run, key.public_bytes)
-        manifest = build_manifest(args.checkpoint_dir, run=args.run, version=version,
+        policy_dir = args.checkpoint_dir if hf_description is None else stage_hf_directory(
+            args.checkpoint_dir, hf_description, config.data_dir / "staged" / f"{args.run}-v{version}")
+        manifest = build_manifest(policy_dir, run=args.run, version=version,
                                   parent_version=version - 1 if version > 0 else None, created_at=time.time(),
                                   generation=generation, piece_size=args.piece_kb * 1024)
         signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
         while len(node.connected_peers()) < args.announce_after:
             await trio.sleep(0.1)
-        node.mirror.adopt(signed, local_dir=args.checkpoint_dir)
+        node.mirror.adopt(signed, local_dir=policy_dir)
         events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
                     trainer_key=key.public_bytes.hex())
         await node.announce_policy(signed, manifest)

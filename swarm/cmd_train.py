@@ -81,19 +81,47 @@ def run(args) -> int:
     if overrides.get("out") is not None:
         overrides["out"] = str(overrides["out"])
     loaded = load_config(args.config, overrides)  # a bad config is one line here, not one per rank
-    usable_directory(Path(loaded.config.out), "output directory")
     if args.nproc < 1:
         raise TrainerError(f"--nproc must be at least 1, got {args.nproc}")
     if loaded.config.parallel == "fsdp" and max(args.nproc, world_size()) == 1:
         raise TrainerError("parallel = fsdp shards the trainer over data-parallel ranks: give --nproc 2 or more")
-    if args.nproc > 1 and world_size() == 1:
-        check_supported(loaded.config)
-        return launch_ranks(args.nproc, args._argv)
-    echo = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    summary = train(loaded.config, loaded.curriculum, echo=echo)
+    out = Path(loaded.config.out)
+    created = missing_directories(out)
+    usable_directory(out, "output directory")
+    try:
+        if args.nproc > 1 and world_size() == 1:
+            check_supported(loaded.config)
+            return launch_ranks(args.nproc, args._argv)
+        echo = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+        summary = train(loaded.config, loaded.curriculum, echo=echo)
+    except Exception as exc:
+        if getattr(exc, "user_facing", False):
+            remove_if_empty(created)
+        raise
     if "rank" not in summary:  # with --nproc, rank 0 alone reports
         print(json.dumps(summary))
     return 0
+
+
+def missing_directories(path: Path) -> list[Path]:
+    """`path` and each of its ancestors that do not exist yet, deepest first: what creating `path` creates."""
+    missing = []
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    return missing
+
+
+def remove_if_empty(directories: list[Path]) -> None:
+    """Take back the directories a refused run created (deepest first), each only while it is still empty: the
+    refusal (an unknown task, a model or a GPU that is not there) comes after --out exists, and a refused command
+    leaves nothing behind, but never at the cost of a file some step already wrote."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
 
 
 def _compare(args) -> int:

@@ -211,8 +211,8 @@ def _announcement() -> dict:
     raw = rollout_group().encode()
     blob = zlib.compress(raw)
     return {"id": blake3.blake3(blob).digest(), "size": len(blob), "n": len(raw), "worker": SENDER.peer_id,
-            "rollout": blake3.blake3(raw).digest(), "version": 3,
-            "addrs": [f"/ip4/127.0.0.1/tcp/4001/p2p/{SENDER.peer_id}"]}
+            "rollout": blake3.blake3(raw).digest(), "version": 3, "run": RUN, "step": 11, "dataset": "basic_arithmetic",
+            "task": 42, "addrs": [f"/ip4/127.0.0.1/tcp/4001/p2p/{SENDER.peer_id}"]}
 
 
 def decode_rollout_group(data: bytes) -> Any:

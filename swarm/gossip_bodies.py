@@ -7,8 +7,9 @@ longer than the bound or a mistyped entry refuses the whole message, because wha
 exactly what must not be forwarded to the rest of the run, and it costs the sender (p2p.scores "bad_body").
 
 Kinds: heartbeat (Heartbeat), manifest (ManifestAnnouncement), vote (VoteBatch: every vote parsed, signed by the
-sender), rollout (RolloutMessage: swarm.rollout_codec's items, every one usable). DECODERS maps each to its
-decoder; a node subscribes to these kinds only, so a message on any other topic of the run is never forwarded.
+sender), rollout (RolloutMessage: swarm.rollout_codec's items, every one usable, each naming its own slot).
+DECODERS maps each to its decoder; a node subscribes to these kinds only, so a message on any other topic of the
+run is never forwarded.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class VoteBatch:
 
 @dataclass(frozen=True)
 class RolloutMessage:
-    """The rollout groups and announcements one message carries, each parsed, checked and the sender's own."""
+    """The rollout groups and announcements one message carries, each parsed, checked, the sender's own and of a
+    slot of its own. An announcement names its group's slot (swarm.rollout_codec.Announcement.slot), which is what
+    a validator needs to know whether the group is assigned to it before fetching it."""
 
     items: tuple
 
@@ -183,8 +186,9 @@ def decode_votes(env: Any) -> VoteBatch:
 
 
 def decode_rollouts(env: Any) -> RolloutMessage:
-    """swarm.rollout_codec's items of the body; any refused item, or one of another worker, refuses the message.
-    The refusal keeps no traceback (its frames hold the inflated buffers of compressed groups)."""
+    """swarm.rollout_codec's items of the body; any refused item, one of another worker, or two items for one slot
+    (an honest worker answers a slot once) refuse the message. The refusal keeps no traceback (its frames hold the
+    inflated buffers of compressed groups)."""
     from swarm.rollout_transport import items_or_refusal
 
     items, refusal = items_or_refusal(env.body)
@@ -193,6 +197,8 @@ def decode_rollouts(env: Any) -> RolloutMessage:
     sender = env.sender_peer_id
     if any(getattr(item, "worker", None) != sender for item in items):
         raise _refuse("a rollout item names another worker than its sender")
+    if len({item.slot().key() for item in items}) < len(items):
+        raise _refuse("a rollout message carries two items for one slot")
     return RolloutMessage(tuple(items))
 
 

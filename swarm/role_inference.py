@@ -3,13 +3,15 @@
 Assignment step = policy version: for every version it holds, a worker answers exactly the prompts
 `assign_tasks(run, its peer id, version, eligible, prompts_per_worker)` names, sampling with the seeded Gumbel-max
 keys validators re-derive, and attaches a TOPLOC proof to every completion. It then waits for a newer version
-(async: the trainer may already be training on an older one).
+(async: the trainer may already be training on an older one). A slot it published before a restart is never
+answered again (inference.published): a second group for a slot costs its worker, whatever its bytes.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import trio
 
@@ -20,9 +22,11 @@ log = logging.getLogger(__name__)
 
 
 async def inference_role(node) -> None:
+    from inference.published import PublishedSlots
     from inference.select import open_backend
     from swarm.rollout_transport import serve_rollout_blobs
 
+    published = PublishedSlots.load(published_slots_path(node.config))  # before anything: an unreadable one stops
     blobs = serve_rollout_blobs(node.host)  # groups too large for gossip are announced and served from here
     loaded = await load_base_model(node.config.model)
     backend = None  # opened with the first version: the run's manifest names the precision to generate in
@@ -46,9 +50,13 @@ async def inference_role(node) -> None:
             async with open_version(node, spec, policy) as (directory, tasks):
                 # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
                 node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
-                groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, tasks, directory)
+                groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, tasks, directory,
+                                                       published, spec.async_level)
         except VersionUnusable as exc:  # skipped, not fatal
             node.events.emit("skipped", version=done, message=str(exc))
+            continue
+        if not groups:
+            node.events.emit("skipped", version=done, message="every slot of this version was published before")
             continue
         await _publish_groups(node, groups, blobs)
         node.events.emit("generated", version=done, groups=len(groups),
@@ -67,15 +75,28 @@ def unanswerable(spec: RunSpec, worker: str, version: int) -> str:
             f"peer (no peer validates its own rollouts): its rollouts could not be accepted, so it skips the version")
 
 
-def _generate(node, backend, loaded, policy, tasks, directory) -> list:
-    """Blocking: swap weights, generate this worker's assigned groups with proofs, build their rollouts."""
+def published_slots_path(config) -> Path:
+    """Where a worker keeps the slots it published in `config.run` (inference.published)."""
+    return Path(config.data_dir) / f"published-slots-{config.run}.json"
+
+
+def _generate(node, backend, loaded, policy, tasks, directory, published, async_level: int) -> list:
+    """Blocking: swap weights, generate this worker's assigned groups it has not published yet, with proofs, and
+    record their slots in `published` before they are returned for publishing (a crash after this loses the
+    groups' work, never answers a slot twice)."""
     from inference.rollouts import build_rollout_group, make_request
     from tasks.assignment import assign_tasks
+    from verify.rollout import Slot
 
     manifest = policy.manifest
-    backend.load_policy(str(directory), version=manifest.version, manifest_id=manifest.id)
     run, worker, step = node.config.run, node.peer_id, manifest.version
-    entries = [tasks.train[i] for i in assign_tasks(run, worker, step, tasks.eligible, tasks.prompts_per_worker)]
+    assigned = [tasks.train[i] for i in assign_tasks(run, worker, step, tasks.eligible, tasks.prompts_per_worker)]
+    slot_of = {e.index: Slot(run, manifest.version, worker, step, e.dataset, e.index) for e in assigned}
+    fresh = published.unpublished(list(slot_of.values()))
+    entries = [e for e in assigned if slot_of[e.index] in fresh]
+    if not entries:
+        return []
+    backend.load_policy(str(directory), version=manifest.version, manifest_id=manifest.id)
     gen = manifest.generation
     requests = [make_request(loaded.tokenizer, e, run=run, worker=worker, step=step, group_size=gen.group_size,
                              temperature=gen.temperature, max_new_tokens=gen.max_new_tokens) for e in entries]
@@ -84,6 +105,7 @@ def _generate(node, backend, loaded, policy, tasks, directory) -> list:
               for r, e in zip(results, entries)]
     if node.config.cheat == "reward":
         groups = [replace(g, completions=tuple(replace(c, reward=1.0) for c in g.completions)) for g in groups]
+    published.record([g.slot() for g in groups], floor=manifest.version - async_level)
     return groups
 
 

@@ -3,7 +3,10 @@
 A validator holds a model for every policy version inside the async window (weights swapped in from the verified
 pieces), takes each version's validator set from the trainer's signed manifest, and checks a rollout only when
 rendezvous hashing assigns it here, so no worker can choose its validators. Rollouts are checked in batches (one
-batched prefill per version), which is what keeps validation far cheaper than generation.
+batched prefill per version), which is what keeps validation far cheaper than generation. Every verdict then
+passes through the worker's near-tie history (verify/worker_history.py): its vote carries the group's flips, and a
+worker whose flips over all the groups checked here exceed the honest rate is banned, its group rejected with the
+reason `near_ties`, and its later groups no longer fetched.
 """
 
 from __future__ import annotations
@@ -64,11 +67,11 @@ class VersionModels:
                 table.pop(version, None)
 
 
-def assigned_to_me(group_id: bytes, worker: str, spec: RunSpec, my_key: bytes) -> bool:
-    """Whether rendezvous hashing assigns the group to this validator (never its own: RunSpec.validators_for)."""
+def assigned_to_me(slot_key: bytes, worker: str, spec: RunSpec, my_key: bytes) -> bool:
+    """Whether rendezvous hashing of the group's slot assigns it to this validator (never its own worker's)."""
     from verify.votes import assign_validators
 
-    return my_key in assign_validators(group_id, spec.validators_for(worker), spec.replicas)
+    return my_key in assign_validators(slot_key, spec.validators_for(worker), spec.replicas)
 
 
 def _context(node, models: VersionModels, version: int, loaded):
@@ -116,6 +119,42 @@ def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
     return verdicts
 
 
+class NearTieHistories:
+    """This validator's near-tie history of every worker (verify/worker_history.py), one per precision a version
+    names, since each precision has its own honest flip rate; and the bans it shares with the reputation."""
+
+    def __init__(self, reputation) -> None:
+        self.reputation = reputation
+        self.by_precision: dict[str, object] = {}
+
+    def of(self, precision: str):
+        from verify.worker_history import HistoryConfig, WorkerHistory
+
+        if precision not in self.by_precision:
+            self.by_precision[precision] = WorkerHistory(HistoryConfig.for_precision(precision))
+        return self.by_precision[precision]
+
+    def is_banned(self, worker: str) -> bool:
+        """Banned by this validator's reputation of it or by its near-tie history."""
+        return self.reputation.is_banned(worker) or any(h.is_banned(worker) for h in self.by_precision.values())
+
+    def judge(self, verdicts: list, group_of: dict, models: VersionModels, node) -> list:
+        """Each verdict with its `near_ties` row (verify.worker_history.judge_verdict); a worker banned by its
+        history is reported once, with the reason."""
+        from verify.worker_history import judge_verdict
+
+        out = []
+        for verdict in verdicts:
+            group = group_of[verdict.rollout_id]
+            history = self.of(models.specs[group.policy_version].precision)
+            verdict, judgement = judge_verdict(history, group.worker, verdict)
+            if judgement is not None and judgement.newly_banned:
+                log.warning("banned worker %s: %s", group.worker, judgement.reason)
+                node.events.emit("worker_banned", worker=group.worker, reason=judgement.reason)
+            out.append(verdict)
+        return out
+
+
 def wants_announced(models: VersionModels, workers, my_key: bytes):
     """Whether to fetch an announced group: not from a worker this validator banned, and assigned here when the
     version's validator set is already known (an unknown version is fetched: its files may still be arriving)."""
@@ -124,7 +163,7 @@ def wants_announced(models: VersionModels, workers, my_key: bytes):
         if workers.is_banned(ann.worker):
             return False
         spec = models.specs.get(ann.policy_version)
-        return spec is None or assigned_to_me(ann.rollout_id, ann.worker, spec, my_key)
+        return spec is None or assigned_to_me(ann.slot().key(), ann.worker, spec, my_key)
 
     return wanted
 
@@ -150,12 +189,13 @@ async def validator_role(node) -> None:
     workers = Reputation()  # this validator's own verdicts; a worker it bans is no longer checked
     slots = SlotLedger()  # one rollout per slot: a second group for one is refused unchecked (verify.slots)
     send, receive = trio.open_memory_channel(MAX_WAITING)
+    histories = NearTieHistories(workers)  # and each worker's near-tie flips over every group checked here
     stats = {"checked": 0, "accepted": 0, "rejected": 0, "skipped_banned": 0}
 
     def collect(group) -> None:
         """Queue a received group (inline, compressed, or announced and fetched) unless its worker is banned; a
         refused one never gets here: the trainer refuses it too, nobody waits for a vote on it."""
-        if workers.is_banned(group.worker):
+        if histories.is_banned(group.worker):
             stats["skipped_banned"] += 1
             return
         try:
@@ -165,7 +205,7 @@ async def validator_role(node) -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(partial(receive_groups, node, rollouts, collect,
-                                   wanted=wants_announced(models, workers, my_key)))
+                                   wanted=wants_announced(models, histories, my_key)))
         waiting: list = []
         while True:
             # Wake at least every second: rollouts may have arrived before their version finished downloading
@@ -182,13 +222,14 @@ async def validator_role(node) -> None:
             waiting = [g for g in waiting if g.policy_version not in models.models
                        and g.policy_version > max(models.models, default=-1)][:MAX_WAITING]
             mine = [g for g in ready
-                    if assigned_to_me(g.rollout_id(), g.worker, models.specs[g.policy_version], my_key)]
+                    if assigned_to_me(g.slot().key(), g.worker, models.specs[g.policy_version], my_key)]
             if not mine:
                 continue
             slots.forget_below(max(models.models) - models.specs[max(models.models)].async_level)
             fresh, repeated = first_answers(slots, mine)
             verdicts = await trio.to_thread.run_sync(_verify_batch, node, models, loaded, fresh) + repeated
             worker_of = {g.rollout_id(): g.worker for g in mine}  # verdicts come back ordered by version
+            verdicts = histories.judge(verdicts, {g.rollout_id(): g for g in mine}, models, node)
             for body in vote_bodies(vote_from_verdict(node.identity.seed, v) for v in verdicts):
                 await node.gossip.publish("vote", body)  # the batch's votes in as few messages as fit
             for verdict in verdicts:

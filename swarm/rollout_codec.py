@@ -13,7 +13,9 @@ Gossip bodies on the "rollout" topic (the announcement rides the same topic as t
 rollouts sees both in one subscription):
 - {"group": wire dict}                       the plain form (used when compression does not shrink the group);
 - {"z": zlib(group.encode()), "n": raw size} compressed inline;
-- {"ann": {"id", "size", "n", "worker", "rollout", "version", "addrs"}} announced: the blob is fetched by id;
+- {"ann": {"id", "size", "n", "worker", "rollout", "version", "run", "step", "dataset", "task", "addrs"}}
+                                             announced: the blob is fetched by id; the group's slot rides along,
+                                             since it decides who checks the group (verify.votes);
 - {"batch": [body, ...]}                     several of the above from one worker (its groups of one version),
                                              within `inline_bytes` together: one gossip message instead of one per
                                              group, since every message floods the run at a fixed CPU cost per
@@ -21,7 +23,7 @@ rollouts sees both in one subscription):
 
 Every bound is checked before the work it protects: the declared sizes before fetching, the blob's length and
 BLAKE3 before inflating it, the inflated size while inflating (a zip bomb stops at its declared size), and the
-schema, the rollout id and the worker after decoding.
+schema, the rollout id and the slot (worker included) after decoding.
 """
 
 from __future__ import annotations
@@ -33,13 +35,17 @@ from dataclasses import dataclass
 import blake3
 import msgpack
 
-from verify.rollout import RolloutGroup, RolloutSchemaError
+from verify.rollout import MAX_TEXT, RolloutGroup, RolloutSchemaError, Slot
 
 ID_BYTES = 32
 MAX_BATCH_ITEMS = 64
 """Bodies in one {"batch": [...]} at most; a longer list is refused unread."""
 MAX_ADDRS = 4
 MAX_ADDR_CHARS = 256
+ANNOUNCEMENT_KEYS = frozenset({"id", "size", "n", "worker", "rollout", "version", "run", "step", "dataset", "task",
+                               "addrs"})
+"""The only fields an announcement has; one more (or one fewer) refuses it, so what a receiver forwards is exactly
+what it read."""
 
 
 @dataclass(frozen=True)
@@ -89,16 +95,31 @@ class Announcement:
     worker: str
     """Peer id of the worker; must equal the envelope's sender (the only peer asked for the blob)."""
     rollout_id: bytes
-    """The group's rollout id (BLAKE3 of its canonical encoding), checked after decoding; lets a receiver decide
-    whether it wants the group before fetching it."""
+    """The group's rollout id (BLAKE3 of its canonical encoding), checked after decoding, so an announcement names
+    exactly one group's bytes. It never decides who checks the group: the slot below does."""
     policy_version: int
     """The policy version that generated the group, checked after decoding (for staleness checks before fetching)."""
     addrs: tuple[str, ...]
     """The worker's listen multiaddrs, each ending in /p2p/<worker>, for receivers not yet connected to it."""
+    run: str
+    """The group's run; with `step`, `dataset` and `task_index` (and the worker and version above) it names the
+    group's slot, which decides the validators that fetch it. Checked after decoding: a group of another slot than
+    announced is a lie that costs its worker."""
+    step: int
+    """The group's assignment step."""
+    dataset: str
+    """The task set of the group's prompt."""
+    task_index: int
+    """The index of the group's prompt in that task set."""
+
+    def slot(self) -> Slot:
+        """The slot the announced group answers, known before fetching (verify.votes.assign_validators)."""
+        return Slot(self.run, self.policy_version, self.worker, self.step, self.dataset, self.task_index)
 
     def to_wire(self) -> dict:
         return {"id": self.blob_id, "size": self.size, "n": self.raw_size, "worker": self.worker,
-                "rollout": self.rollout_id, "version": self.policy_version, "addrs": list(self.addrs)}
+                "rollout": self.rollout_id, "version": self.policy_version, "run": self.run, "step": self.step,
+                "dataset": self.dataset, "task": self.task_index, "addrs": list(self.addrs)}
 
 
 @dataclass(frozen=True)
@@ -127,7 +148,8 @@ def pack_group(group: RolloutGroup, addrs: tuple[str, ...] = (), limits: Transpo
     if len(blob) <= limits.inline_bytes:
         return Outgoing({"z": blob, "n": len(raw)})
     ann = Announcement(blake3.blake3(blob).digest(), len(blob), len(raw), group.worker, blake3.blake3(raw).digest(),
-                       group.policy_version, _own_addrs(addrs, group.worker))
+                       group.policy_version, _own_addrs(addrs, group.worker), group.run, group.step, group.dataset,
+                       group.task_index)
     return Outgoing({"ann": ann.to_wire()}, blob, ann)
 
 
@@ -191,19 +213,22 @@ def _parsed_or_refusal(body: object, limits: TransportLimits) -> RolloutGroup | 
 
 
 def parse_announcement(obj: object, limits: TransportLimits = DEFAULT_LIMITS) -> Announcement:
-    """Check an announcement's types and declared sizes before anything is fetched for it."""
+    """Check an announcement's fields, types and declared sizes before anything is fetched for it."""
     d = obj if isinstance(obj, dict) else {}
     blob_id, rollout_id, worker, addrs = d.get("id"), d.get("rollout"), d.get("worker"), d.get("addrs")
-    if not (isinstance(blob_id, bytes) and len(blob_id) == ID_BYTES and isinstance(rollout_id, bytes)
-            and len(rollout_id) == ID_BYTES and isinstance(worker, str) and 0 < len(worker) <= 128
-            and _is_size(d.get("size")) and _is_size(d.get("n")) and _is_size(d.get("version"))
+    if not (d.keys() == ANNOUNCEMENT_KEYS and isinstance(blob_id, bytes) and len(blob_id) == ID_BYTES
+            and isinstance(rollout_id, bytes) and len(rollout_id) == ID_BYTES and isinstance(worker, str)
+            and 0 < len(worker) <= 128 and _is_size(d.get("size")) and _is_size(d.get("n"))
+            and _is_size(d.get("version")) and _is_size(d.get("step")) and _is_size(d.get("task"))
+            and _is_name(d.get("run")) and _is_name(d.get("dataset"))
             and isinstance(addrs, list) and len(addrs) <= MAX_ADDRS
             and all(isinstance(a, str) and len(a) <= MAX_ADDR_CHARS for a in addrs)):
-        raise RolloutRefused("schema", "a rollout announcement has missing or mistyped fields")
+        raise RolloutRefused("schema", "a rollout announcement has missing, extra or mistyped fields")
     if d["size"] > limits.max_blob_bytes or d["n"] > limits.max_group_bytes:
         raise RolloutRefused("oversized", f"announced rollout blob of {d['size']} bytes ({d['n']} inflated) "
                              "exceeds the limits")
-    return Announcement(blob_id, d["size"], d["n"], worker, rollout_id, d["version"], _own_addrs(addrs, worker))
+    return Announcement(blob_id, d["size"], d["n"], worker, rollout_id, d["version"], _own_addrs(addrs, worker),
+                        d["run"], d["step"], d["dataset"], d["task"])
 
 
 def open_blob(blob: bytes, ann: Announcement, limits: TransportLimits = DEFAULT_LIMITS) -> RolloutGroup:
@@ -213,9 +238,11 @@ def open_blob(blob: bytes, ann: Announcement, limits: TransportLimits = DEFAULT_
     if blake3.blake3(blob).digest() != ann.blob_id:
         raise RolloutRefused("hash_mismatch", "the blob does not hash to the announced id")
     group, raw = _inflate_and_parse(blob, ann.raw_size, limits)
-    if (group.worker, group.policy_version) != (ann.worker, ann.policy_version) or \
-            blake3.blake3(raw).digest() != ann.rollout_id:  # raw is canonical, so this is group.rollout_id()
-        raise RolloutRefused("id_mismatch", "the fetched group is not the one announced (worker, version or id)")
+    if blake3.blake3(raw).digest() != ann.rollout_id:  # raw is canonical, so this is group.rollout_id()
+        raise RolloutRefused("id_mismatch", "the fetched group is not the one announced (its rollout id differs)")
+    if group.slot() != ann.slot():  # the announced slot chose who fetched it: a lie there picks validators
+        raise RolloutRefused("slot_mismatch", "the fetched group answers another slot (run, version, worker, step, "
+                             "task) than its announcement named")
     return group
 
 
@@ -251,6 +278,11 @@ def _from_wire(obj: object) -> RolloutGroup:
         return RolloutGroup.from_wire(obj)
     except RolloutSchemaError as exc:
         raise RolloutRefused("schema", str(exc)) from None
+
+
+def _is_name(value: object) -> bool:
+    """A run or task set name as the group schema bounds it (verify.rollout: 1..MAX_TEXT characters)."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_TEXT
 
 
 def _is_size(value: object) -> bool:

@@ -62,7 +62,7 @@ class RolloutGate:
         self.slots.record(group, rid)
         self.pending[rid] = group
         validators = self.specs[group.policy_version].validators_for(group.worker)
-        _, settlements = self.tracker.open(rid, validators, now)
+        _, settlements = self.tracker.open(rid, group.slot().key(), validators, now)
         self.count("opened")
         for s in settlements:
             self._settle(s)

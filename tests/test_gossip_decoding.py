@@ -163,11 +163,21 @@ def test_a_rollout_refusal_keeps_no_inflated_buffer_alive():
 
 def test_a_rollout_item_of_another_worker_refuses_the_message():
     ann = {"id": bytes(32), "size": 10, "n": 20, "worker": Identity.generate().peer_id, "rollout": bytes(32),
-           "version": 1, "addrs": []}
+           "version": 1, "run": "run1", "step": 1, "dataset": "gcd", "task": 3, "addrs": []}
     with pytest.raises(EnvelopeError):
         decode_rollouts(env({"ann": ann}))
     ann["worker"] = ALICE.peer_id
     assert len(decode_rollouts(env({"ann": ann})).items) == 1
+
+
+def test_a_rollout_message_with_two_items_for_one_slot_is_refused():
+    """An honest worker answers a slot once; a message that answers one twice is not forwarded to the run."""
+    ann = {"id": bytes(32), "size": 10, "n": 20, "worker": ALICE.peer_id, "rollout": bytes(32), "version": 1,
+           "run": "run1", "step": 1, "dataset": "gcd", "task": 3, "addrs": []}
+    twice = {**ann, "id": b"\x01" * 32, "rollout": b"\x01" * 32}
+    with pytest.raises(EnvelopeError):
+        decode_rollouts(env({"batch": [{"ann": ann}, {"ann": twice}]}))
+    assert len(decode_rollouts(env({"batch": [{"ann": ann}, {"ann": {**twice, "task": 4}}]})).items) == 2
 
 
 def test_the_inflating_envelope_builder_is_signed_correctly_so_only_the_budget_refuses_it():
@@ -258,7 +268,7 @@ def _valid_bodies() -> dict:
     check = SimpleNamespace(name="proof", ok=True, reason="")
     vote = sign_vote(ALICE.seed, b"v" * 32, True, [check]).to_wire()
     ann = {"id": bytes(32), "size": 10, "n": 20, "worker": ALICE.peer_id, "rollout": bytes(32), "version": 1,
-           "addrs": []}
+           "run": "run1", "step": 1, "dataset": "gcd", "task": 3, "addrs": []}
     return {"heartbeat": {"roles": ["seed"], "addrs": [f"/ip4/1.2.3.4/tcp/1/p2p/{ALICE.peer_id}"],
                           "policies": [[1, bytes(32), True]], "progress": {"step": 1}},
             "manifest": {"id": bytes(32), "version": 1, "signed": b"m"},

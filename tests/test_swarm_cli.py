@@ -47,6 +47,7 @@ def test_bad_input_is_one_line(tmp_path, args, fragment):
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("swarm: error:")]
     assert len(lines) == 1 and fragment in lines[0]
+    assert not (tmp_path / "d").exists()  # a refused peer writes no data directory and no identity key
     if args[0] == "status":
         assert result.stderr.strip() == lines[0]  # nothing else: the observer's host stays quiet
 
@@ -76,6 +77,26 @@ def test_a_checkpoint_that_cannot_be_published_is_one_line_before_any_peer_start
     line = result.stderr.strip()
     assert "\n" not in line and line.startswith(f"swarm: error: cannot publish {checkpoint}: ") and fragment in line
     assert result.stdout == "" and not (tmp_path / "d").exists()  # no peer was started
+
+
+@pytest.mark.parametrize("config, weights, fragment", [
+    ('{"eos_token_id": 1}', b"junk", "model.safetensors is not a safetensors file"),
+    ('{"eos_token_id": ', None, "config.json is not a readable JSON file"),
+    ("{}", None, "names no end-of-sequence token"),
+])
+def test_a_hugging_face_directory_that_cannot_be_published_is_one_line(tmp_path, config, weights, fragment):
+    checkpoint = tmp_path / "hf"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(config)
+    if weights is not None:
+        (checkpoint / "model.safetensors").write_bytes(weights)
+    assert run_swarm("keygen", str(tmp_path / "key")).returncode == 0
+    result = run_swarm("publish", str(checkpoint), "--run", "r", "--key", str(tmp_path / "key"),
+                       "--data-dir", str(tmp_path / "d"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith(f"swarm: error: cannot publish {checkpoint}: ") and fragment in result.stderr
+    assert not (tmp_path / "d").exists() and sorted(p.name for p in checkpoint.iterdir()) == \
+        sorted(["config.json"] + (["model.safetensors"] if weights else []))
 
 
 def test_second_process_on_the_same_data_dir_is_refused(tmp_path):
@@ -145,6 +166,24 @@ def test_a_data_or_output_directory_that_is_a_file_is_one_line(tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stderr, args
         assert result.stderr.strip().startswith("swarm: error:") and fragment in result.stderr, result.stderr
     assert afile.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--task", "nosuchtask"], "unknown task 'nosuchtask'"),
+    (["--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
+])
+def test_a_refused_train_creates_no_output_directory(tmp_path, flags, fragment):
+    """The refusal comes once --out exists (the task and the model load inside the session); what the command
+    created is taken back, and a directory that was there before keeps its files."""
+    fresh = tmp_path / "runs" / "one"
+    result = run_swarm("train", "--out", str(fresh), "--steps", "1", *flags)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and fragment in result.stderr
+    assert not (tmp_path / "runs").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert run_swarm("train", "--out", str(kept), "--steps", "1", *flags).returncode == 2
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]
 
 
 def test_sim_clears_only_a_directory_an_earlier_simulation_wrote(tmp_path):

@@ -42,7 +42,7 @@ def vote(key, g, accept=True):
 
 
 def assigned(keys_, g):
-    chosen = assign_validators(g.rollout_id(), [public_key_of(k) for k in keys_], 2)
+    chosen = assign_validators(g.slot().key(), [public_key_of(k) for k in keys_], 2)
     return [k for k in keys_ if public_key_of(k) in chosen]
 
 
@@ -179,29 +179,6 @@ def test_a_trainer_with_nothing_to_train_on_and_nothing_coming_is_starved_until_
     assert not wait.starved_long(gate, 171.0) and wait.starved_long(gate, 141.0 + wait.retry_after_s)
     accept(gate, validators, group(task=1))
     assert not wait.ready(gate, 172.0) and not wait.starved(gate, 300.0) and wait.ready(gate, 300.0)
-
-
-def test_a_validator_fetches_only_announced_groups_assigned_to_it_and_not_from_workers_it_banned():
-    from types import SimpleNamespace
-
-    from swarm.role_validator import VersionModels, assigned_to_me, wants_announced
-    from verify.reputation import Reputation
-
-    keys = [bytes([k]) * 32 for k in range(1, 6)]
-    spec = SimpleNamespace(validators_for=lambda worker: keys, replicas=2)
-    models = VersionModels(loaded=None)
-    models.specs[3] = spec
-    workers = Reputation()
-    wanted = wants_announced(models, workers, keys[0])
-    anns = [SimpleNamespace(worker="w", policy_version=3, rollout_id=bytes([i]) * 32) for i in range(40)]
-    mine = [a for a in anns if assigned_to_me(a.rollout_id, a.worker, spec, keys[0])]
-    assert 0 < len(mine) < len(anns)  # rendezvous hashing spreads 40 groups over 5 validators, 2 each
-    assert [a for a in anns if wanted(a)] == mine
-    unknown_version = SimpleNamespace(worker="w", policy_version=4, rollout_id=bytes(32))
-    assert wanted(unknown_version)  # its validator set is not known yet: fetch, decide after download
-    for _ in range(4):
-        workers.record("w", good=False)
-    assert workers.is_banned("w") and not any(wanted(a) for a in anns + [unknown_version])
 
 
 def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_around(tmp_path):
@@ -383,7 +360,7 @@ def test_a_peer_that_also_validates_is_never_assigned_its_own_rollouts():
     assert version.validators_for(both) == (public_key_of(validators[1]),)
     assert version.validators_for("12D3KooWother") == version.validator_keys()
     groups = [group(worker=both, task=t) for t in range(20)]
-    assert not any(assigned_to_me(g.rollout_id(), both, version, public_key_of(validators[0])) for g in groups)
+    assert not any(assigned_to_me(g.slot().key(), both, version, public_key_of(validators[0])) for g in groups)
     gate = RolloutGate("run", replicas=2, quorum=1, timeout_s=10.0, async_level=1)
     gate.specs[1], gate.newest = dataclasses.replace(version, quorum=1), 1
     g = groups[0]
@@ -484,3 +461,4 @@ def test_slots_differ_by_worker_task_version_and_step_only():
                   dataclasses.replace(g, policy_version=3), dataclasses.replace(g, step=1),
                   dataclasses.replace(g, run="other"), dataclasses.replace(g, dataset="chain_sum")):
         assert other.slot().key() != g.slot().key()
+

@@ -98,6 +98,28 @@ def test_a_blob_that_is_not_what_was_announced_is_refused():
         assert caught.value.reason == reason and caught.value.hostile
 
 
+def test_an_announcement_names_its_groups_slot_strictly_and_a_lying_one_is_refused_once_fetched():
+    """The announced slot decides which validators fetch the group (verify.votes.assign_validators), so a worker
+    could name a slot that draws colluding validators and serve a group of another slot: that is a hostile lie."""
+    group = make_group("w", 2, 256)
+    out = pack_group(group, limits=SMALL)
+    ann = parse_body(out.body, SMALL)
+    assert ann.slot() == group.slot() and open_blob(out.blob, ann, SMALL) == group
+    lies = {"run": "other-run", "step": 4, "dataset": "sorting", "task_index": 8, "policy_version": 4, "worker": "x"}
+    for field, value in lies.items():
+        with pytest.raises(RolloutRefused) as caught:
+            open_blob(out.blob, replace(ann, **{field: value}), SMALL)
+        assert caught.value.reason == "slot_mismatch" and caught.value.hostile, field
+    wire = ann.to_wire()  # without its slot, or with anything else, it is refused before fetching
+    broken = [{k: v for k, v in wire.items() if k != field} for field in ("run", "step", "dataset", "task")]
+    broken += [{**wire, "junk": 1}, {**wire, "step": "3"}, {**wire, "task": -1}, {**wire, "task": True},
+               {**wire, "dataset": ""}, {**wire, "run": "r" * 257}, {**wire, "run": b"run"}]
+    for body in broken:
+        with pytest.raises(RolloutRefused) as caught:
+            parse_announcement(body, SMALL)
+        assert caught.value.reason == "schema", body
+
+
 def test_a_zip_bomb_stops_at_its_declared_size_and_oversize_is_refused_before_any_work():
     bomb = zlib.compress(b"\0" * (16 << 20), 9)  # 16 KiB that inflate to 16 MiB
     assert len(bomb) < 20 * 1024
@@ -253,6 +275,22 @@ async def test_a_batch_with_another_workers_group_delivers_only_the_senders_own(
             refusals: list[str] = []
             assert await receive_envelope(receiver, await inbox.receive(), refusals.append, SMALL) == [own]
             assert refusals == ["worker is not the sender"]
+
+
+async def test_an_announcer_that_names_another_slot_than_its_group_is_refused_and_scored_down():
+    """A group of another slot than announced is a lie caught on fetching (the trainer fetches every group)."""
+    with trio.fail_after(LIMIT):
+        async with peers(2) as (receiver, liar):
+            inbox = receiver.gossip.subscribe("rollout")
+            cache = serve_rollout_blobs(liar.host)
+            real = pack_group(make_group(liar.host.peer_id, 2, 256), limits=SMALL)
+            cache.put(real.announcement.blob_id, real.blob, trio.current_time())
+            lying = replace(real.announcement, task_index=real.announcement.task_index + 1)
+            await liar.gossip.publish("rollout", {"ann": lying.to_wire()})
+            refusals: list[str] = []
+            assert await receive_envelope(receiver, await inbox.receive(), refusals.append, SMALL) == []
+            assert refusals == ["slot_mismatch"]
+            assert receiver.gossip.scores.score(liar.host.peer_id, trio.current_time()) < 0
 
 
 async def test_a_lying_or_silent_announcer_is_refused_and_scored_down():

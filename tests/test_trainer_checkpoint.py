@@ -55,12 +55,28 @@ def test_rng_states_round_trip(tmp_path):
     assert random.random() == expected[1] and np.random.rand() == expected[2]
 
 
-def test_a_checkpoint_of_an_older_release_keeps_its_consumed_ids_as_of_its_version(tmp_path):
+def test_a_checkpoint_that_names_trained_groups_by_their_bytes_is_refused_rather_than_training_a_slot_twice(
+        tmp_path):
     import json
+
+    import pytest
+
+    from trainer.errors import TrainerError
 
     model, opt, sched = _parts()
     path = save_checkpoint(tmp_path, model, opt, sched, TrainerState(step=3, version=2, consumed={"ab": 2, "cd": 1}))
-    assert json.loads((path / "state.json").read_text())["consumed"] == [["ab", 2], ["cd", 1]]
     meta = json.loads((path / "state.json").read_text())
-    (path / "state.json").write_text(json.dumps({**meta, "consumed": ["ab", "cd"]}))  # bare ids, without versions
-    assert load_checkpoint(path, *_parts()).consumed == {"ab": 2, "cd": 2}
+    assert meta["trained_slots"] == [["ab", 2], ["cd", 1]] and "consumed" not in meta
+    del meta["trained_slots"]
+    for by_bytes in ([["ab", 2], ["cd", 1]], ["ab", "cd"]):  # rollout ids with versions, or bare
+        (path / "state.json").write_text(json.dumps({**meta, "consumed": by_bytes}))
+        with pytest.raises(TrainerError, match="by their bytes, not by their slots, so resuming it could train a "
+                                               "slot twice") as caught:
+            load_checkpoint(path, *_parts())
+        assert "\n" not in str(caught.value)
+    (path / "state.json").write_text(json.dumps({**meta, "consumed": []}))  # trained on nothing: nothing to repeat
+    assert load_checkpoint(path, *_parts()).consumed == {}
+    for broken in ({"ab": 2}, [["ab"]], [["ab", "2"]], [[1, 2]]):
+        (path / "state.json").write_text(json.dumps({**meta, "trained_slots": broken}))
+        with pytest.raises(TrainerError, match="unknown form"):
+            load_checkpoint(path, *_parts())

@@ -9,8 +9,10 @@ from swarm.cli import main
 
 
 def test_bench_verify_smoke(capsys):
-    assert main(["bench", "verify", "--json", "--groups", "2", "--group-size", "2", "--max-new-tokens", "8"]) == 0
+    assert main(["bench", "verify", "--json", "--groups", "2", "--group-size", "2", "--max-new-tokens", "8",
+                 "--history", "off"]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert "history" not in report
     rows = {r["case"]: r for r in report["cases"]}
     assert report["summary"]["false_rejects"] == 0
     assert all(r["groups"] == 2 for r in rows.values())
@@ -28,3 +30,26 @@ def test_bench_verify_honest_only_runs_just_the_cost_cases(capsys):
     report = json.loads(capsys.readouterr().out)
     assert {r["kind"] for r in report["cases"]} == {"honest"} and len(report["cases"]) == 4
     assert report["summary"]["false_rejects"] == 0 and report["summary"]["validate_share_of_gen"] > 0
+
+
+def test_bench_verify_history_section_at_the_smallest_size(capsys):
+    """The worker-history section alone: honest workers, every attack class with its attempts, and the cost."""
+    assert main(["bench", "verify", "--json", "--groups", "2", "--group-size", "2", "--max-new-tokens", "8",
+                 "--history", "only", "--honest-groups", "6", "--per-worker", "3", "--attempts", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cases"] == []
+    history = report["history"]
+    honest = history["honest"]
+    assert (honest["groups"], honest["workers"], honest["false_rejects"], honest["false_bans"]) == (6, 2, 0, 0)
+    assert sum(honest["flips_per_group"].values()) == 6 and honest["tokens"] > 0
+    classes = {c["class"]: c for c in history["classes"]}
+    assert set(classes) == {"other_temperature_labelled", "other_group_size", "near_duplicate_resubmitted",
+                            "int8_decoded_reproved", "near_ties_steered"}
+    assert all(c["attempts"] == 3 and c["groups"] >= 3 for c in classes.values())
+    assert all(c["groups"] <= 3 * 20 for c in classes.values())
+    assert history["cost"]["bytes_per_worker"] > 0 and history["targets_met"]["honest"] is False  # 6 < 2,000
+
+
+def test_bench_verify_refuses_a_history_count_below_one(capsys):
+    assert main(["bench", "verify", "--attempts", "0"]) == 2
+    assert "--attempts must be at least 1, got 0" in capsys.readouterr().err

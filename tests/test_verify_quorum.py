@@ -58,7 +58,7 @@ def test_rendezvous_assignment_is_deterministic_balanced_and_stable():
 
 def test_quorum_accepts_at_q_and_ignores_bad_votes():
     tracker = QuorumTracker(QuorumConfig(replicas=3, quorum=2, timeout_s=10))
-    assigned, _ = tracker.open(RID, PUBS, now=0.0)
+    assigned, _ = tracker.open(RID, RID, PUBS, now=0.0)
     outsider = next(p for p in PUBS if p not in assigned)
     assert tracker.on_vote(vote(outsider, True), 1.0) == ("unassigned", None)
     forged = Vote(RID, assigned[0], True, (), b"\0" * 64)
@@ -78,7 +78,7 @@ def test_a_verifier_verdict_becomes_a_counted_vote():
     from verify.votes import vote_from_verdict
 
     tracker = QuorumTracker(QuorumConfig(replicas=2, quorum=2))
-    assigned, _ = tracker.open(RID, PUBS, now=0.0)
+    assigned, _ = tracker.open(RID, RID, PUBS, now=0.0)
     verdict = Verdict(RID, False, (CheckResult("schema", True), CheckResult("toploc", False, "chunk 0: bad")))
     v = vote_from_verdict(BY_PUB[assigned[0]], verdict)
     assert v.checks == (("schema", True, ""), ("toploc", False, "chunk 0: bad")) and not v.accept
@@ -88,7 +88,7 @@ def test_a_verifier_verdict_becomes_a_counted_vote():
 
 def test_quorum_rejects_on_majority_and_when_accept_is_out_of_reach():
     tracker = QuorumTracker(QuorumConfig(replicas=3, quorum=2))
-    assigned, _ = tracker.open(RID, PUBS, now=0.0)
+    assigned, _ = tracker.open(RID, RID, PUBS, now=0.0)
     tracker.on_vote(vote(assigned[0], True), 1.0)
     _, s = tracker.on_vote(vote(assigned[1], False), 1.0)
     assert s is None
@@ -97,14 +97,14 @@ def test_quorum_rejects_on_majority_and_when_accept_is_out_of_reach():
 
     strict = QuorumTracker(QuorumConfig(replicas=3, quorum=3))
     rid2 = blake3.blake3(b"other").digest()
-    assigned, _ = strict.open(rid2, PUBS, now=0.0)
+    assigned, _ = strict.open(rid2, rid2, PUBS, now=0.0)
     _, s = strict.on_vote(vote(assigned[0], False, rid2), 1.0)
     assert s.outcome is Outcome.REJECTED  # one reject makes 3 accepts impossible
 
 
 def test_quorum_timeouts_run_on_virtual_time():
     tracker = QuorumTracker(QuorumConfig(replicas=3, quorum=2, timeout_s=30))
-    assigned, _ = tracker.open(RID, PUBS, now=100.0)
+    assigned, _ = tracker.open(RID, RID, PUBS, now=100.0)
     tracker.on_vote(vote(assigned[0], True), 110.0)
     assert tracker.next_deadline() == 130.0
     assert tracker.tick(129.9) == []
@@ -118,7 +118,7 @@ def test_votes_before_their_rollout_are_buffered_and_replayed():
     assigned = assign_validators(RID, PUBS, 3)
     assert tracker.on_vote(vote(assigned[0], True), 0.0)[0] == "early"
     assert tracker.on_vote(vote(assigned[1], True), 0.0)[0] == "early"
-    _, settled = tracker.open(RID, PUBS, now=1.0)
+    _, settled = tracker.open(RID, RID, PUBS, now=1.0)
     assert [s.outcome for s in settled] == [Outcome.ACCEPTED]
 
 
@@ -127,7 +127,7 @@ def test_reputation_bans_cheaters_and_dissenting_validators_but_not_honest_peers
     rep = Reputation(ReputationConfig(credit=0.1, penalty=1.0, ceiling=2.0, ban_below=-3.0))
     for i in range(8):
         rid = blake3.blake3(f"r{i}".encode()).digest()
-        assigned, _ = tracker.open(rid, PUBS[:3], now=0.0)  # exactly three validators: all assigned
+        assigned, _ = tracker.open(rid, rid, PUBS[:3], now=0.0)  # exactly three validators: all assigned
         liar = PUBS[2]
         settled = None
         for pub in assigned:
@@ -147,21 +147,21 @@ def test_reputation_bans_cheaters_and_dissenting_validators_but_not_honest_peers
 
 def test_a_rollout_that_needs_a_departed_validators_vote_times_out_at_once_and_blames_nobody():
     tracker = QuorumTracker(QuorumConfig(replicas=2, quorum=2, timeout_s=120))
-    assigned, _ = tracker.open(RID, PUBS[:2], now=0.0)
+    assigned, _ = tracker.open(RID, RID, PUBS[:2], now=0.0)
     tracker.on_vote(vote(assigned[0], True), 1.0)
     (settled,) = tracker.validator_gone(assigned[1], now=31.0)
     assert settled.outcome is Outcome.TIMED_OUT and settled.at == 31.0 and settled.votes == {assigned[0]: True}
     later = blake3.blake3(b"opened after it left").digest()  # a rollout of a version that still names it
-    _, (settled,) = tracker.open(later, PUBS[:2], now=32.0)
+    _, (settled,) = tracker.open(later, later, PUBS[:2], now=32.0)
     assert settled.outcome is Outcome.TIMED_OUT
     tracker.validator_back(assigned[1])  # restarted with its key: it owes votes again
     again = blake3.blake3(b"after it came back").digest()
-    assert tracker.open(again, PUBS[:2], now=40.0)[1] == [] and tracker.outcome(again) is Outcome.PENDING
+    assert tracker.open(again, again, PUBS[:2], now=40.0)[1] == [] and tracker.outcome(again) is Outcome.PENDING
 
 
 def test_a_departed_validator_leaves_alone_the_rollouts_others_can_still_accept():
     tracker = QuorumTracker(QuorumConfig(replicas=3, quorum=2, timeout_s=120))
-    assigned, _ = tracker.open(RID, PUBS[:3], now=0.0)
+    assigned, _ = tracker.open(RID, RID, PUBS[:3], now=0.0)
     assert tracker.validator_gone(assigned[2], now=5.0) == []  # two live validators can still make 2 accepts
     tracker.on_vote(vote(assigned[0], True), 6.0)
     _, settled = tracker.on_vote(vote(assigned[1], True), 7.0)
@@ -171,7 +171,7 @@ def test_a_departed_validator_leaves_alone_the_rollouts_others_can_still_accept(
 def test_too_few_assigned_validators_time_a_rollout_out_instead_of_rejecting_it():
     """Fewer validators than the quorum is no fault of the worker: a REJECTED here banned honest workers."""
     tracker = QuorumTracker(QuorumConfig(replicas=2, quorum=2))
-    (only,), settled = tracker.open(RID, PUBS[:1], now=0.0)
+    (only,), settled = tracker.open(RID, RID, PUBS[:1], now=0.0)
     assert [s.outcome for s in settled] == [Outcome.TIMED_OUT]
     reputation = Reputation()
     reputation.settle(settled[0], "honest worker")

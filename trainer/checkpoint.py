@@ -104,7 +104,7 @@ def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainerState
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
                    tmp / "trainer_state.pt")
         meta = {"step": state.step, "version": state.version, "stage_index": state.stage_index,
-                "consumed": sorted([rid, v] for rid, v in state.consumed.items()), "extra": state.extra}
+                "trained_slots": sorted([key, v] for key, v in state.consumed.items()), "extra": state.extra}
         (tmp / "state.json").write_text(json.dumps(meta))
         _commit_dir(tmp, final)
     except BaseException:
@@ -136,21 +136,28 @@ def load_checkpoint(path: Path, model, optimizer, scheduler) -> TrainerState:
     optimizer.load_state_dict(blobs["optimizer"])
     scheduler.load_state_dict(blobs["scheduler"])
     set_rng_state(blobs["rng"])
-    consumed = _consumed(meta["consumed"], meta["version"])
+    consumed = _trained_slots(meta, path)
     return TrainerState(step=meta["step"], version=meta["version"], consumed=consumed,
                         stage_index=meta["stage_index"], extra=meta.get("extra", {}))
 
 
-def _consumed(raw: list, version: int) -> dict[str, int]:
-    """Consumed ids as written: [id, version] pairs, or bare ids (checkpoints that name no versions, kept as if from
-    `version` until the async window passes them)."""
-    consumed: dict[str, int] = {}
-    for item in raw:
-        if isinstance(item, list):
-            consumed[str(item[0])] = int(item[1])
-        else:
-            consumed[str(item)] = version
-    return consumed
+def _trained_slots(meta: dict, path: Path) -> dict[str, int]:
+    """The slots a checkpoint trained on, as [hex slot key, version] pairs under "trained_slots".
+
+    A checkpoint that lists "consumed" instead names the groups it trained on by their rollout ids (the hash of
+    their bytes), from which no slot can be recovered: resuming it as if those were slots would let another group of
+    a slot already trained on through, so it is refused, unless it lists none (then nothing can be trained twice)."""
+    if "trained_slots" not in meta:
+        if meta.get("consumed"):
+            raise TrainerError(f"checkpoint {path} names the groups it trained on by their bytes, not by their slots, "
+                               "so resuming it could train a slot twice; start the run afresh in a new output "
+                               "directory, or resume from a checkpoint that lists trained_slots")
+        return {}
+    raw = meta["trained_slots"]
+    if not (isinstance(raw, list) and all(isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                                          and type(item[1]) is int for item in raw)):
+        raise TrainerError(f"checkpoint {path} lists its trained slots in an unknown form; it cannot be resumed")
+    return {key: version for key, version in raw}
 
 
 def latest_checkpoint(root: Path) -> Path | None:

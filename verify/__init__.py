@@ -11,9 +11,13 @@ Modules (import the one you need; this package imports nothing heavy, so seed-on
   slots        SlotLedger: one rollout per slot (run, version, worker, step, task) for gates and validators
   verifier     verify_groups(models, groups, ctx): batched prefill + every check -> one Verdict per group
   provider     TaskSetProvider: the validator's view of the run's task sets and tokenizer
-  votes        signed votes (Ed25519), rendezvous assignment of validators to rollouts
+  votes        signed votes (Ed25519), rendezvous assignment of validators to rollout slots
   quorum       QuorumTracker: sans-IO accept/reject/timeout on virtual time
   reputation   worker and validator scores with sticky bans
+  neartie      NearTies: one group's near-tie flips and their gaps, as the sampling check counts them
+  worker_history  WorkerHistory: a sequential test on a worker's flips over all its groups; VoteEvidence sums
+               them across validators from the votes
   testing      tiny models, a byte tokenizer and an honest reference generator for tests
-  attacks      dishonest workers for `swarm bench verify`; bench: the benchmark itself
+  attacks      dishonest workers for `swarm bench verify`; bench: the benchmark itself (bench_history: its
+               worker-history section)
 """

@@ -3,8 +3,11 @@
 Why each attack exists (what a cheating worker gains): a cheaper or different model (another model, int8 copy,
 a smaller model whose tokens are then proven by prefill with the right model), edited completions (replaced
 tokens, truncation), a different sampling temperature, a fabricated reward, a cherry-picked prompt, and a replay
-of old rollouts. The strongest forms are used: where an attacker can recompute the proofs and logprobs of its
-edited tokens with the right model by one prefill, it does, so only the check that owns the attack can catch it.
+of old rollouts; and the attacks that live in the per-group allowances: steering every near-tie within the
+sampling check's budget, and near-duplicate resubmissions of an accepted group (a jittered logprob, a subset,
+a new order) that would count one rollout twice. The strongest forms are used: where an attacker can recompute
+the proofs and logprobs of its edited tokens with the right model by one prefill, it does, so only the check
+that owns the attack can catch it.
 """
 
 from __future__ import annotations
@@ -111,3 +114,44 @@ def fabricate_reward(group: RolloutGroup) -> RolloutGroup:
     """Claim full reward (or zero where the honest reward was already full)."""
     return dataclasses.replace(group, completions=tuple(
         dataclasses.replace(c, reward=0.0 if c.reward >= 1.0 else 1.0) for c in group.completions))
+
+
+class NearTieSteerer:
+    """A `choose` rule for verify.testing.generate_group: the seeded sample, except that wherever the runner-up's
+    perturbed score is within `tol` of the best it takes the runner-up (a worker steering toward the tokens it
+    prefers), as often as the group's near-tie allowance lets every group still pass (`fraction` of the tokens
+    decoded so far, at least one). Logprobs are the right model's, so only the flip count betrays it."""
+
+    def __init__(self, tol: float = 0.02, fraction: float = 0.01) -> None:
+        self.tol, self.fraction = tol, fraction
+        self.tokens = self.flips = 0
+
+    def __call__(self, logits: torch.Tensor, noise: torch.Tensor, temperature: float, live: torch.Tensor):
+        from verify.sampling import perturbed_scores
+
+        top = perturbed_scores(logits, noise, temperature).topk(2, dim=-1)
+        tokens = top.indices[:, 0].clone()
+        self.tokens += int(live.sum())
+        for row in torch.nonzero(live & (top.values[:, 0] - top.values[:, 1] <= self.tol)).flatten().tolist():
+            if self.flips + 1 <= max(1, int(self.fraction * self.tokens)):
+                tokens[row] = top.indices[row, 1]
+                self.flips += 1
+        scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+        return tokens, torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def jitter_logprob(group: RolloutGroup, delta: float) -> RolloutGroup:
+    """The same group with its first logprob moved by `delta` (inside the tolerance): new bytes, same rollout."""
+    first = group.completions[0]
+    moved = dataclasses.replace(first, logprobs=(min(0.0, first.logprobs[0] + delta),) + first.logprobs[1:])
+    return dataclasses.replace(group, completions=(moved,) + group.completions[1:])
+
+
+def completion_subset(group: RolloutGroup) -> RolloutGroup:
+    """The group without its last completion (a resubmission of completions already sent)."""
+    return dataclasses.replace(group, completions=group.completions[:-1])
+
+
+def reorder_completions(group: RolloutGroup) -> RolloutGroup:
+    """The group's completions in reverse order (the same completions, new bytes)."""
+    return dataclasses.replace(group, completions=tuple(reversed(group.completions)))

@@ -7,6 +7,7 @@ verifier (verify/verifier.py) only computes the tensors and calls these in order
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import torch
 
 from tasks.assignment import is_assigned
 from verify.rewards import compute_rewards_many
+from verify.neartie import NearTies, count_near_ties
 from verify.rollout import RolloutGroup
 from verify.sampling import SamplingKey, gumbel_noise_at, perturb_, stream_seeds
 from verify.toploc import ToplocConfig, verify_proofs
@@ -27,11 +29,13 @@ PRECISIONS = ("float32", "bfloat16")  # what a run's workers may generate in; ea
 
 @dataclass(frozen=True)
 class CheckResult:
-    """name: which check; ok: passed; reason: why it failed, in one sentence ('' when ok)."""
+    """name: which check; ok: passed; reason: why it failed, in one sentence ('' when ok); near_ties: the
+    sampling check's flips and gaps (verify/neartie.py), which a worker's history sums across its groups."""
 
     name: str
     ok: bool
     reason: str = ""
+    near_ties: NearTies | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -228,13 +232,14 @@ def check_sampling(group: RolloutGroup, logits: Sequence[torch.Tensor], config: 
     tokens = torch.tensor([t for c in group.completions for t in c.tokens], device=scores.device)
     claimed = scores.gather(-1, tokens[:, None]).squeeze(-1)
     gaps = scores.max(dim=-1).values - claimed
+    record = count_near_ties(gaps)
     if not (bool(torch.isfinite(gaps).all()) and float(gaps.max()) <= config.near_tie_tol):
-        return _first_sampling_failure(gaps.split(lengths), config)
+        return dataclasses.replace(_first_sampling_failure(gaps.split(lengths), config), near_ties=record)
     near_ties = int((gaps > 0).sum())
     allowed = max(1, math.floor(config.max_near_tie_fraction * sum(lengths)))
     if near_ties > allowed:
-        return CheckResult("sampling", False, f"{near_ties} near-tie tokens, at most {allowed} allowed")
-    return CheckResult("sampling", True)
+        return CheckResult("sampling", False, f"{near_ties} near-tie tokens, at most {allowed} allowed", record)
+    return CheckResult("sampling", True, near_ties=record)
 
 
 def _first_sampling_failure(gaps: Sequence[torch.Tensor], config: CheckConfig) -> CheckResult:

@@ -3,7 +3,7 @@
 Why sans-IO: the same object decides in the trainer, in validators and in the in-memory simulation, and its timing
 is tested on virtual time; `now` is always passed in (trio.current_time() in the IO adapter), never read here.
 
-Rules, for a rollout assigned to r validators (verify.votes.assign_validators) and quorum q:
+Rules, for a rollout assigned to r validators (verify.votes.assign_validators, by its slot) and quorum q:
   - ACCEPTED as soon as q assigned validators voted accept;
   - REJECTED as soon as a majority of the r (more than r/2) voted reject, or when rejecting votes put q out of
     reach;
@@ -75,11 +75,15 @@ class QuorumTracker:
         self._early: OrderedDict[tuple[bytes, bytes], Vote] = OrderedDict()
         self._gone: set[bytes] = set()  # validators that left: the votes they owe will not come
 
-    def open(self, rollout_id: bytes, validators: Sequence[bytes], now: float) -> tuple[tuple[bytes, ...], list[Settlement]]:
-        """Start tracking a rollout; returns its assigned validators and any settlement the buffered votes cause."""
+    def open(self, rollout_id: bytes, slot_key: bytes, validators: Sequence[bytes],
+             now: float) -> tuple[tuple[bytes, ...], list[Settlement]]:
+        """Start tracking a rollout; returns its assigned validators and any settlement the buffered votes cause.
+
+        Votes name the rollout id (what a validator checked), but the validators are drawn by `slot_key`
+        (verify.rollout.Slot.key), so a worker cannot pick them by choosing its bytes."""
         if rollout_id in self._open or rollout_id in self._settled:
             return self.assigned(rollout_id), []
-        assigned = assign_validators(rollout_id, validators, self.config.replicas)
+        assigned = assign_validators(slot_key, validators, self.config.replicas)
         state = self._open[rollout_id] = _Open(assigned, now + self.config.timeout_s)
         settled = []
         for key in [k for k in self._early if k[0] == rollout_id]:

@@ -79,10 +79,12 @@ class Generated:
 
 @torch.no_grad()
 def generate_group(model, prompt: list[int], keys: list[SamplingKey], temperature: float, max_new_tokens: int,
-                   eos_ids: tuple[int, ...] = (EOS_ID,), *, with_proofs: bool = True) -> list[Generated]:
+                   eos_ids: tuple[int, ...] = (EOS_ID,), *, with_proofs: bool = True, choose=None) -> list[Generated]:
     """Sample len(keys) completions of `prompt` with KV caching; row i uses keys[i]'s noise stream.
 
     hidden[t] is the final-norm output at the position whose logits sampled token t (see verify.toploc).
+    choose(logits [B, V], noise [B, V], temperature, live [B] bool) -> (tokens [B], logprobs [B]) picks each
+    step's tokens: the seeded sampler by default, a cheating worker's rule in verify/attacks.py.
     """
     n = len(keys)
     vocab = model.config.vocab_size
@@ -92,7 +94,10 @@ def generate_group(model, prompt: list[int], keys: list[SamplingKey], temperatur
     done = torch.zeros(n, dtype=torch.bool)
     for position in range(max_new_tokens):
         noise = gumbel_noise_batch(keys, [position] * n, vocab)
-        token, logprob = sample_tokens(logits, noise, temperature)
+        if choose is None:
+            token, logprob = sample_tokens(logits, noise, temperature)
+        else:
+            token, logprob = choose(logits, noise, temperature, ~done)
         tokens.append(token)
         logprobs.append(logprob)
         states.append(hidden.float())
@@ -144,8 +149,9 @@ class GymTasks:
 
 
 def honest_group(model, ctx, *, worker: str, step: int, version: int, group_size: int, temperature: float,
-                 pick: int = 0):
-    """Generate the `pick`-th prompt assigned to `worker` at `step` honestly and wrap it as a RolloutGroup."""
+                 pick: int = 0, choose=None):
+    """Generate the `pick`-th prompt assigned to `worker` at `step` honestly (or with generate_group's `choose`)
+    and wrap it as a RolloutGroup."""
     from tasks.assignment import assign_tasks
     from verify.rewards import compute_reward
     from verify.rollout import Completion, RolloutGroup
@@ -153,7 +159,7 @@ def honest_group(model, ctx, *, worker: str, step: int, version: int, group_size
     index = assign_tasks(ctx.run, worker, step, ctx.eligible, ctx.prompts_per_step)[pick]
     prompt = list(ctx.tasks.prompt_tokens(ctx.dataset, index))
     keys = [SamplingKey(ctx.run, worker, step, index, i) for i in range(group_size)]
-    generated = generate_group(model, prompt, keys, temperature, ctx.max_new_tokens, ctx.eos_ids)
+    generated = generate_group(model, prompt, keys, temperature, ctx.max_new_tokens, ctx.eos_ids, choose=choose)
     entry = ctx.tasks.entry(ctx.dataset, index)
     completions = tuple(
         Completion(g.tokens, g.logprobs, g.finish_reason,

@@ -2,9 +2,11 @@
 
 Why Ed25519 over raw 32-byte keys: a vote must be attributable to one validator and unforgeable, and verify/ must
 not depend on p2p/ (which owns libp2p identities); the raw public key is the validator's name here, the swarm layer
-maps it to a peer id. Why rendezvous hashing: every peer computes the same r validators for a rollout from the
-rollout id and the validator set alone, with no coordination, and a validator joining or leaving moves only the
-rollouts it wins or held.
+maps it to a peer id. Why rendezvous hashing: every peer computes the same r validators for a rollout from its
+slot and the validator set alone, with no coordination, and a validator joining or leaving moves only the
+rollouts it wins or held. Why the slot and never the bytes: a worker chooses its group's bytes (one logprob
+jittered, one completion reordered), so an assignment keyed on them lets it grind until colluding validators are
+drawn; the slot (run, version, worker, step, task) is fixed by the run's schedule before the worker generates.
 """
 
 from __future__ import annotations
@@ -108,8 +110,9 @@ def verify_vote(vote: Vote) -> bool:
         return False
 
 
-def assign_validators(rollout_id: bytes, validators: Sequence[bytes], replicas: int) -> tuple[bytes, ...]:
-    """The `replicas` validators with the highest BLAKE3(rollout_id || validator) (rendezvous hashing)."""
-    ranked = sorted(set(validators), key=lambda v: blake3.blake3(b"rendezvous-v1\x00" + rollout_id + v).digest(),
+def assign_validators(slot_key: bytes, validators: Sequence[bytes], replicas: int) -> tuple[bytes, ...]:
+    """The `replicas` validators with the highest BLAKE3(slot key || validator) (rendezvous hashing), where the slot
+    key is verify.rollout.Slot.key() of the rollout: every group of one slot, whatever its bytes, gets the same ones."""
+    ranked = sorted(set(validators), key=lambda v: blake3.blake3(b"rendezvous-slot-v1\x00" + slot_key + v).digest(),
                     reverse=True)
     return tuple(ranked[:replicas])
