@@ -180,12 +180,13 @@ def decode_gossip_rollouts(data: bytes) -> Any:
 # ---------------------------------------------------------------------------------------------- rollouts
 
 
-def rollout_group():
+def rollout_group(task: int = 42):
+    """A valid group of the fuzzing sender; `task` names its slot (a message carries one item per slot)."""
     from verify.rollout import Completion, RolloutGroup
 
     completions = tuple(Completion((5, 6, 7, 2), (-0.5, -1.25, -0.1, -2.0), reason, float(i), bytes([i]) * 38)
                         for i, reason in enumerate(("eos", "length")))
-    return RolloutGroup(RUN, 3, b"\x09" * 32, SENDER.peer_id, 11, "basic_arithmetic", 42, (1, 2, 3, 4), 0.7, 64,
+    return RolloutGroup(RUN, 3, b"\x09" * 32, SENDER.peer_id, 11, "basic_arithmetic", task, (1, 2, 3, 4), 0.7, 64,
                         completions)
 
 
@@ -201,9 +202,9 @@ def decode_rollout_body(data: bytes) -> Any:
 
 @_cached
 def rollout_body_samples() -> list[bytes]:
-    raw = rollout_group().encode()
+    raw, other = rollout_group().encode(), rollout_group(task=43).encode()
     return [_pack({"group": group_wire()}), _pack({"z": zlib.compress(raw), "n": len(raw)}),
-            _pack({"batch": [{"group": group_wire()}, {"z": zlib.compress(raw), "n": len(raw)}]}),
+            _pack({"batch": [{"group": group_wire()}, {"z": zlib.compress(other), "n": len(other)}]}),
             _pack({"ann": _announcement()})]
 
 
