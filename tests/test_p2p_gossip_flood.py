@@ -81,11 +81,11 @@ async def test_a_hostile_peer_is_refused_unforwarded_banned_and_hung_up_on(first
             from_mallory = [e for e in _drain(delivered) if e.sender_peer_id == mallory_id]
     rejected = target.stats.rejected
     burst = target.config.admission.rates["heartbeat"].burst
-    if first == "inflating":  # banned before its first heartbeat: nothing of it reaches the witness
-        assert forwarded == [] and from_mallory == []
-    else:  # the first heartbeats are well-formed and within a new peer's allowance; the flood behind them is not
-        assert all(e.kind == "heartbeat" for e in forwarded) and len(forwarded) <= burst
-        assert len(from_mallory) <= burst
+    # No inflating envelope is ever forwarded. The first heartbeats are well-formed and within a new peer's
+    # allowance; the flood behind them is not. (Validation runs concurrently across topics, so a heartbeat sent
+    # after the inflating envelopes may be judged before the ban they earn: the bound is the burst either way.)
+    assert all(e.kind == "heartbeat" for e in forwarded) and len(forwarded) <= burst
+    assert len(from_mallory) <= burst
     assert rejected["oversized"] >= 1 or first == "heartbeats"  # an inflating envelope stops at its budget
     assert rejected["rate_limited"] >= 1 or first == "inflating"
     assert target.stats.bans == 1 and witness.stats.bans == 0
