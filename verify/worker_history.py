@@ -123,6 +123,10 @@ class WorkerHistory:
     def ban_reason(self, worker: str) -> str:
         return self._banned.get(worker, "")
 
+    def banned(self) -> tuple[str, ...]:
+        """The banned workers remembered, oldest ban first."""
+        return tuple(self._banned)
+
     def totals(self, worker: str) -> tuple[int, NearTies]:
         """(groups, summed near-tie record) seen from `worker`."""
         record = self._records.get(worker)
