@@ -8,9 +8,10 @@ worker's evidence is the sum over all its settled groups, however it spreads the
 
 Why a median: per settled group the rows of the votes that settled it (assigned validators only: the quorum
 tracker counts no other) are reduced to their lower median. With two or more rows, one lying validator can move
-it no further than an honest row, so it can neither frame an honest worker nor, with three rows, hide a cheater's
-flips. A group settled by a single vote adds nothing unless the run has one replica (that validator is the run's
-whole judgement anyway).
+it no further than an honest row, so it cannot frame an honest worker; with three rows it cannot hide a cheater's
+flips either, while with two (the default 2 of 2) the lower median is the smaller row, so a validator colluding
+with a worker hides the flips of the groups it settles (docs/security.md). A group settled by a single vote adds
+nothing unless the run has one replica (that validator is the run's whole judgement anyway).
 
 Sans-IO: votes and settlements in, judgements out. State is bounded: at most `max_rollouts` rollouts' rows wait
 for their settlement (oldest forgotten first) and WorkerHistory bounds its workers.
