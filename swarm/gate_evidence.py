@@ -31,9 +31,8 @@ NEAR_TIES = "near_ties"
 class GateEvidence:
     """Per-worker near-tie histories fed by the votes of the groups the gate settles, one per precision."""
 
-    def __init__(self, replicas: int, *, max_rollouts: int = 16_384, **history_overrides) -> None:
+    def __init__(self, replicas: int, *, max_rollouts: int = 16_384) -> None:
         self.replicas, self.max_rollouts = replicas, max_rollouts
-        self._overrides = history_overrides
         self._rows: OrderedDict[bytes, dict[bytes, tuple[int, int]]] = OrderedDict()
         self._histories: dict[str, WorkerHistory] = {}
 
@@ -67,10 +66,7 @@ class GateEvidence:
         """The workers banned for their near-ties (each history remembers at most its `max_workers`)."""
         return {w for h in self._histories.values() for w in h.banned()}
 
-    def ban_reason(self, worker: str) -> str:
-        return next((h.ban_reason(worker) for h in self._histories.values() if h.is_banned(worker)), "")
-
     def _history(self, precision: str) -> WorkerHistory:
         if precision not in self._histories:
-            self._histories[precision] = WorkerHistory(HistoryConfig.for_precision(precision, **self._overrides))
+            self._histories[precision] = WorkerHistory(HistoryConfig.for_precision(precision))
         return self._histories[precision]
