@@ -4,6 +4,11 @@ Prints one JSON report: per case groups, rejected, gen_s, proof_build_s, validat
 summary with false rejects, attacks caught in fewer than 99% of groups (and why), and time shares of generation.
 Its "history" section (verify/bench_history.py) holds the honest near-tie rates and, per attack class judged by a
 worker's history, groups tried, rejected, workers banned and after how many groups, and what the history costs.
+
+The default sizes keep a run to a few minutes on two cores (200 honest groups, 20 attempts per class), which shows
+every class and the costs but cannot show the issue's targets (`targets_met` stays false). The full section,
+>= 2,000 honest groups and >= 100 attempts per class (14-31 minutes on two cores), is
+`swarm bench verify --json --history only --honest-groups 2000 --per-worker 100 --attempts 100`.
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per worker (int8 decoding reproved, near-tie steering) or per group (another "
                              "temperature or group size honestly labelled, near-duplicates); 'only' skips the "
                              "other cases (default on; never with --honest-only)")
-    parser.add_argument("--honest-groups", type=int, default=2000, dest="honest_groups",
-                        help="honest groups of the history section (default 2000)")
-    parser.add_argument("--per-worker", type=int, default=100, dest="per_worker",
-                        help="honest groups per honest worker in the history section (default 100)")
-    parser.add_argument("--attempts", type=int, default=100,
-                        help="attacking workers (or single groups) per history class (default 100)")
+    parser.add_argument("--honest-groups", type=int, default=200, dest="honest_groups",
+                        help="honest groups of the history section (default 200; 2000 shows the false-ban target)")
+    parser.add_argument("--per-worker", type=int, default=20, dest="per_worker",
+                        help="honest groups per honest worker in the history section (default 20; 100 for the "
+                             "long-lived workers of the full section)")
+    parser.add_argument("--attempts", type=int, default=20,
+                        help="attacking workers (or single groups) per history class (default 20; 100 shows the "
+                             "99 %% target)")
     parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
                         help="what workers generate in (bfloat16: as vLLM on GPUs, checked with that "
                              "precision's tolerances by float32 validators; default float32)")

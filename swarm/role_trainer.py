@@ -187,6 +187,8 @@ async def trainer_role(node) -> None:
                     gate.count("vote:not from its validator")
                     continue
                 gate.on_vote(vote, trio.current_time())
+            for worker, reason in gate.take_new_bans():  # reported once, when its near-ties cross the test
+                node.events.emit("worker_banned", worker=worker, by="near_ties", reason=reason)
             progress.set()
 
     async def ticks() -> None:
@@ -224,8 +226,8 @@ async def trainer_role(node) -> None:
         final = await trio.to_thread.run_sync(run.finish)
         await _evaluate(node, evaluator, run, heldout, "after")
         node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
-                          gate=dict(gate.counts), banned=sorted(str(p) for p in gate.reputation.banned()),
-                          heldout=heldout)
+                          gate=dict(gate.counts), heldout=heldout,
+                          banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned()))
         nursery.cancel_scope.cancel()
     if peer.exit_when_trained:
         node.done.set()

@@ -2,12 +2,15 @@
 
 Sans-IO (swarm.role_trainer moves the bytes), so every decision is tested without sockets. One slot, one rollout
 (verify.slots): the gate opens a quorum for the first group of a slot and refuses every other group for it.
+A worker's history decides what one group cannot (swarm.gate_evidence): the near-tie rows of the votes that
+settle each group add up per worker, and a worker the sequential test bans has its groups refused (`near_ties`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from swarm.gate_evidence import NEAR_TIES, GateEvidence
 from swarm.runspec import RunSpec
 
 SLOT_TAKEN = "another group for an answered slot"
@@ -39,6 +42,17 @@ class RolloutGate:
         self.present: set[bytes] = set()  # validators heard from at the last on_validators
         self.answers: dict[int, dict[str, set[bytes]]] = {}  # version -> worker -> slots of its groups received
         self._pruned_below: int | None = None  # the window floor forget_old last pruned to
+        self.evidence = GateEvidence(self.replicas)  # each worker's near-tie flips over the groups settled here
+        self.new_bans: list[tuple[str, str]] = []  # (worker, reason) banned by its near-ties, not yet reported
+
+    def is_banned(self, worker: str) -> bool:
+        """Banned for its rejected rollouts (reputation) or for its near-tie flips (evidence)."""
+        return self.reputation.is_banned(worker) or self.evidence.is_banned(worker)
+
+    def take_new_bans(self) -> list[tuple[str, str]]:
+        """The (worker, reason) pairs the near-tie test banned since the last call: each is reported once."""
+        bans, self.new_bans = self.new_bans, []
+        return bans
 
     def count(self, what: str, n: int = 1) -> None:
         """Add to one of the gate's counters (refusals, votes, outcomes): the trainer's report shows them all."""
@@ -78,6 +92,8 @@ class RolloutGate:
             return "duplicate"
         if self.reputation.is_banned(group.worker):
             return "worker banned"
+        if self.evidence.is_banned(group.worker):
+            return NEAR_TIES
         if seen == RESUBMITTED:
             return SLOT_TAKEN
         if group.policy_version < self.newest - self.async_level:
@@ -93,7 +109,7 @@ class RolloutGate:
     def answered_in_full(self, version: int, workers: set[str]) -> bool:
         """Whether each of `workers` sent all its groups for `version` (the spec's prompts per worker): then that
         version brings nothing more, and waiting for it to go quiet only stalls the trainer."""
-        workers = {w for w in workers if not self.reputation.is_banned(w)}  # all banned: never answered in full
+        workers = {w for w in workers if not self.is_banned(w)}  # all banned: never answered in full
         spec, answers = self.specs.get(version), self.answers.get(version, {})
         return bool(workers) and spec is not None and all(
             len(answers.get(worker, ())) >= spec.prompts_per_worker for worker in workers)
@@ -106,6 +122,8 @@ class RolloutGate:
             return "not a validator"
         status, settlement = self.tracker.on_vote(vote, now)
         self.count(f"vote:{status}")
+        if status in ("counted", "early"):  # signed, and (once its rollout opens) by an assigned validator
+            self.evidence.on_vote(vote)
         if settlement is not None:
             self._settle(settlement)
         return status
@@ -150,8 +168,27 @@ class RolloutGate:
             return
         self.reputation.settle(settlement, group.worker)
         self.count(settlement.outcome.value)
+        self._weigh_near_ties(settlement, group)
         if settlement.outcome is Outcome.ACCEPTED:
-            self.accepted.append(group)
+            if self.evidence.is_banned(group.worker):
+                self.count(f"refused:{NEAR_TIES}")
+            else:
+                self.accepted.append(group)
+
+    def _weigh_near_ties(self, settlement, group) -> None:
+        """Add the settled group's near-ties to its worker's history; a worker this bans loses its accepted groups
+        not yet trained on (they are refused with `near_ties`) and is reported once (take_new_bans)."""
+        spec = self.specs.get(group.policy_version)
+        if spec is None:  # its version left the window: no precision to judge it by, and nothing to train
+            return
+        judgement = self.evidence.on_settled(settlement, group.worker, spec.precision)
+        if judgement is None or not judgement.newly_banned:
+            return
+        self.new_bans.append((group.worker, judgement.reason))
+        kept = [g for g in self.accepted if g.worker != group.worker]
+        if len(kept) < len(self.accepted):
+            self.count(f"refused:{NEAR_TIES}", len(self.accepted) - len(kept))
+        self.accepted = kept
 
     def expire(self) -> int:
         """Drop accepted groups the newest version has left behind; returns how many in-window groups remain.

@@ -34,10 +34,11 @@ worker's group with the reason `near_ties` and fetches none of its later groups)
 r replicas out of V validators each sees about r / V of a worker's groups, and the validators of a group follow
 from its rollout id by rendezvous hashing (verify/votes.py), which a worker can steer by grinding the group's
 bytes (a jittered logprob) as long as the id is the bytes. So every vote carries the group's evidence (the
-`near_ties` check row, `evidence_row`: flips and tokens), and `VoteEvidence`, held by any peer that reads votes
-(the trainer's gate, or every validator), sums a worker's evidence across all validators with the same test: per
-group it takes the median of the group's assigned validators' rows, so a worker gains nothing by spreading its
-groups, and with three replicas one lying validator can neither frame an honest worker nor hide a cheater's flips.
+`near_ties` check row, `evidence_row`: flips and tokens), and the trainer's gate sums a worker's evidence over
+every group it settles with the same test (swarm/gate_evidence.py: per group the lower median of the settling
+votes' rows), so a worker gains nothing by spreading its groups, and one lying validator cannot frame an honest
+worker. `VoteEvidence` does the same for a peer that reads every vote without settling quorums (it waits for all
+`replicas` votes of a rollout, so with three replicas one liar can hide no cheater's flips either).
 
 Memory is bounded: a record is a few integers per worker, and at most `max_workers` records are kept (the least
 recently seen worker is forgotten first); banned workers are kept in a set of the same bound.
@@ -122,6 +123,10 @@ class WorkerHistory:
 
     def ban_reason(self, worker: str) -> str:
         return self._banned.get(worker, "")
+
+    def banned(self) -> tuple[str, ...]:
+        """The banned workers remembered, oldest ban first."""
+        return tuple(self._banned)
 
     def totals(self, worker: str) -> tuple[int, NearTies]:
         """(groups, summed near-tie record) seen from `worker`."""
