@@ -80,8 +80,8 @@ class ChannelConfig:
     handshakes_per_s: float = 8.0
     handshake_burst: int = 64
     """New data channel handshakes accepted per second, over all peers, with bursts of `handshake_burst`; past it a
-    handshake is closed before a byte of it is read. Identities are free: without it, channels refused for a
-    spent budget were reopened at once, and each cost a stream, a negotiation and a read of what it carried."""
+    handshake is closed before a byte of it is read. Identities are free: a stranger reopens at once each channel
+    refused for a spent budget, and each costs a stream, a negotiation and a read of what it carries."""
     token_timeout: float = 3.0
     """A dialer writes its token as soon as it connects; a socket silent this long is dropped."""
     aead: str | None = None

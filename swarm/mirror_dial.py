@@ -107,9 +107,9 @@ class OutboundLinks:
     def _spare_failed(self, peer: str) -> None:
         """Back off spare dials to `peer`, doubling the pause from SPARE_RETRY up to SPARE_RETRY_MAX.
 
-        Why: a peer that never accepts a data channel (a stranger without the protocol, or one refusing us) cost
-        a libp2p stream and a protocol negotiation every 2 s each; sixteen such identities took about an eighth of
-        the CPU a target spent under attack. A success resets the pause."""
+        Why: each spare dial to a peer that never accepts a data channel (a stranger without the protocol, or one
+        refusing us) costs a libp2p stream and a protocol negotiation; at one every 2 s, sixteen such identities
+        took about an eighth of the CPU a target spent under attack. A success resets the pause."""
         delay = min(SPARE_RETRY_MAX, 2 * self._spare_failures.get(peer, (0.0, SPARE_RETRY / 2))[1])
         self._spare_failures[peer] = (trio.current_time() + delay, delay)
 
