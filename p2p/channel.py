@@ -16,7 +16,6 @@ its libp2p connection reached) and port and sends the token; the listener answer
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import struct
@@ -27,6 +26,7 @@ from typing import Any
 import blake3
 import trio
 
+from p2p.channel_addresses import is_loopback, listen_ip, remote_ip
 from p2p.channel_messages import (
     MAX_MESSAGE, TOKEN_BYTES, ChannelOffer, ChannelRequest, HandshakeBreach, decode_offer, decode_request,
     encode_offer, encode_request,
@@ -35,8 +35,9 @@ from p2p.channel_records import (
     AEADS, DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer, choose_aead, preferred_aead,
 )
 from p2p.channel_stream import SecureChannelStream, StreamTimeouts, tune_socket
-from p2p.errors import ChannelError, HostError
+from p2p.errors import ChannelError
 from p2p.libp2p_compat import Libp2pByteStream, tune_yamux
+from p2p.ratelimit import Allowance
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,11 @@ class ChannelConfig:
     max_channels: int = 256
     """Data channels open at once on this node, over all peers (identities are free: a per-peer limit bounds
     nothing); past it handshakes are refused. As many unclaimed offers are kept, past that the oldest goes."""
+    handshakes_per_s: float = 8.0
+    handshake_burst: int = 64
+    """New data channel handshakes accepted per second, over all peers, with bursts of `handshake_burst`; past it a
+    handshake is closed before a byte of it is read. Identities are free: a stranger reopens at once each channel
+    refused for a spent budget, and each costs a stream, a negotiation and a read of what it carries."""
     token_timeout: float = 3.0
     """A dialer writes its token as soon as it connects; a socket silent this long is dropped."""
     aead: str | None = None
@@ -88,7 +94,8 @@ class ChannelConfig:
             if not getattr(self, name) > 0:
                 raise ChannelError(f"data channel {name} must be positive, got {getattr(self, name)}")
         if (self.max_offers_per_peer < 1 or self.max_pending_sockets < 1 or self.max_pending_per_ip < 1
-                or self.max_channels < 1 or self.token_timeout <= 0 or self.socket_buffer < 0):
+                or self.max_channels < 1 or self.token_timeout <= 0 or self.socket_buffer < 0
+                or self.handshakes_per_s <= 0 or self.handshake_burst < 1):
             raise ChannelError("data channel limits must be positive (socket_buffer may be 0)")
         if self.aead is not None and self.aead not in AEADS:
             raise ChannelError(f"unknown data channel cipher {self.aead!r}; choose one of {', '.join(sorted(AEADS))}")
@@ -172,6 +179,8 @@ class DataChannelServer:
         self._pending_sockets, self._open_channels = 0, 0
         self._pending_by_ip: dict[str, int] = {}
         self.refused_channels = 0  # handshakes refused because max_channels were open
+        self._handshakes = Allowance(config.handshakes_per_s, config.handshake_burst)
+        self.refused_handshakes = 0  # handshakes refused because the node-wide handshake rate was spent
 
     @property
     def pending_sockets(self) -> int:
@@ -180,7 +189,7 @@ class DataChannelServer:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Listen on the host's IP, install the handshake handler, serve until cancelled."""
-        ip = _listen_ip(self.host.bound_multiaddrs)  # 0.0.0.0 when libp2p listens on every interface
+        ip = listen_ip(self.host.bound_multiaddrs)  # 0.0.0.0 when libp2p listens on every interface
         listeners = await trio.open_tcp_listeners(0, host=ip)
         self.port = listeners[0].socket.getsockname()[1]
         self.host.set_guarded_handler(PROTOCOL, self._handle_handshake, timeout=None)
@@ -197,6 +206,10 @@ class DataChannelServer:
         return self._open_channels
 
     async def _handle_handshake(self, stream: Any) -> None:
+        if not self._handshakes.take(1, trio.current_time()):
+            self.refused_handshakes += 1  # counted, not logged: a line each would cost what the refusal saves
+            await _close_quietly(stream)
+            return
         peer_id = self.host.remote_peer_id(stream)
         with trio.fail_after(self.config.handshake_timeout):
             try:
@@ -240,8 +253,8 @@ class DataChannelServer:
 
     async def _admit_guarded(self, sock: trio.SocketStream) -> None:
         """Nothing a stranger sends to the data port may escape into the host's nursery."""
-        ip = _remote_ip(sock)
-        if self.config.exempt_loopback and _is_loopback(ip):
+        ip = remote_ip(sock)
+        if self.config.exempt_loopback and is_loopback(ip):
             ip = ""  # no per-IP limit: counted under "" only for the bookkeeping, never refused for its IP
         if (self._pending_sockets >= self.config.max_pending_sockets
                 or (ip and self._pending_by_ip.get(ip, 0) >= self.config.max_pending_per_ip)):
@@ -317,28 +330,6 @@ class DataChannelServer:
 def _why(exc: BaseException) -> str:
     """An error's message, or its type when it has none (a timeout's message is empty)."""
     return str(exc) or type(exc).__name__
-
-
-def _remote_ip(sock: trio.SocketStream) -> str:
-    try:
-        return str(sock.socket.getpeername()[0])
-    except (OSError, AttributeError, IndexError):  # already reset, or not an IP socket: one shared place
-        return "?"
-
-
-def _is_loopback(ip: str) -> bool:
-    try:
-        return ipaddress.ip_address(ip.split("%")[0]).is_loopback
-    except ValueError:  # "?" (a socket already reset): counted as a stranger
-        return False
-
-
-def _listen_ip(multiaddrs: list[str]) -> str:
-    for addr in multiaddrs:
-        parts = addr.split("/")
-        if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
-            return parts[2]
-    raise HostError("the host has no IP listen address to put a data socket on")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from p2p.budget import BudgetLease, MemoryBudget
+from p2p.budget import BudgetLease, ByteRate, MemoryBudget
 from p2p.channel_messages import HandshakeBreach
 from p2p.errors import P2PError
 from p2p.manifest import MAX_MANIFEST_BYTES
@@ -34,6 +34,10 @@ PREAMBLE_BUDGET = MemoryBudget(32 << 20)
 """Manifests of preambles for versions this peer does not hold yet, over every channel: their own budget, so
 strangers filling it cost honest links (whose manifests we hold, or whose pieces use p2p.budget.NODE_BUDGET)
 nothing. 32 MiB: the largest valid manifest, or a dozen of a 62 GB policy's 2.1 MB."""
+PREAMBLE_RATE = ByteRate(rate=8 << 20, burst=MAX_SIGNED_BYTES, max_wait=2.0)
+"""Bytes of preamble manifests read per second, over every channel, whether kept or dropped as they come (each is
+decrypted either way): 8 MiB/s costs a few percent of a core, the burst lets the largest manifest through at once
+when no stranger is spending it, and past 2 s of queue a channel is dropped before its bytes are read."""
 _ENDED = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
@@ -79,23 +83,24 @@ async def read_head(stream: Any, timeout: float) -> PreambleHead | None:
 
 
 async def read_body(stream: Any, head: PreambleHead, timeout: float, budget: MemoryBudget,
-                    known: Callable[[bytes], bool]) -> Preamble | None:
-    """The manifest bytes the head declared, held under a lease on `budget` while they arrive (BudgetExhausted
-    when the node holds too much already); dropped as they come when `known(route)`. None if the channel ends or
-    stalls first."""
+                    known: Callable[[bytes], bool], rate: ByteRate = PREAMBLE_RATE) -> Preamble | None:
+    """The manifest bytes the head declared, held under a lease on `budget` while they arrive and read no faster
+    than `rate` allows (BudgetExhausted when the node holds too much already, or reads too much); dropped as they
+    come when `known(route)`. None if the channel ends or stalls first."""
     if not head.signed_size:
         return Preamble(head.route, b"")
     if known(head.route):
-        drained = await _read_into(stream, head.signed_size, timeout, None, keep=False)
+        drained = await _read_into(stream, head.signed_size, timeout, None, keep=False, rate=rate)
         return None if drained is None else Preamble(head.route, b"")
     with budget.lease("a preamble's manifest") as lease:
-        signed = await _read_into(stream, head.signed_size, timeout, lease)
+        signed = await _read_into(stream, head.signed_size, timeout, lease, rate=rate)
     return None if signed is None else Preamble(head.route, signed)
 
 
 async def _read_into(stream: Any, size: int, timeout: float, lease: BudgetLease | None,
-                     keep: bool = True) -> bytes | None:
-    """`size` bytes (or, without `keep`, that many read and dropped), charging `lease` before keeping each chunk.
+                     keep: bool = True, rate: ByteRate | None = None) -> bytes | None:
+    """`size` bytes (or, without `keep`, that many read and dropped), charging `lease` before keeping each chunk
+    and reserving each chunk on `rate` before reading it.
 
     Chunks are kept as they came and joined once at the end (one buffer grown in place is copied as it grows)."""
     chunks: list[bytes | bytearray] = []
@@ -103,11 +108,7 @@ async def _read_into(stream: Any, size: int, timeout: float, lease: BudgetLease 
     try:
         with trio.move_on_after(timeout):
             while got < size:
-                try:
-                    chunk = await stream.receive_some(min(size - got, _CHUNK))
-                except _ENDED as exc:
-                    log.debug("data channel ended inside its preamble: %s", exc)
-                    return None
+                chunk = await _receive(stream, min(size - got, _CHUNK), rate)
                 if not chunk:
                     return None
                 got += len(chunk)
@@ -119,3 +120,21 @@ async def _read_into(stream: Any, size: int, timeout: float, lease: BudgetLease 
         return None
     finally:  # an error's traceback keeps this frame alive until a full garbage collection: not its chunks
         chunks.clear()
+
+
+async def _receive(stream: Any, want: int, rate: ByteRate | None) -> bytes | bytearray:
+    """At most `want` bytes, empty when the channel ends; reserved on `rate` (if any) before they are read, what
+    did not come given back."""
+    if rate is not None:
+        wait = rate.reserve(want, "a data channel's preamble", trio.current_time())
+        if wait:
+            await trio.sleep(wait)
+    chunk: bytes | bytearray = b""
+    try:
+        chunk = await stream.receive_some(want)
+    except _ENDED as exc:
+        log.debug("data channel ended inside its preamble: %s", exc)
+    finally:
+        if rate is not None and len(chunk) < want:
+            rate.give_back(want - len(chunk), trio.current_time())
+    return chunk

@@ -25,14 +25,14 @@ from typing import Any
 
 import trio
 
-from p2p.budget import BudgetExhausted, MemoryBudget
+from p2p.budget import BudgetExhausted, ByteRate, MemoryBudget
 from p2p.channel_messages import HandshakeBreach
 from p2p.errors import P2PError
 from p2p.manifest import PolicyManifest, decode_signed, verify_manifest
 from p2p.ratelimit import TokenBucket
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
-from swarm.link_preamble import PREAMBLE_BUDGET, Preamble, read_body, read_head, send_preamble
+from swarm.link_preamble import PREAMBLE_BUDGET, PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
 from swarm.mirror_dial import _DIAL_ERRORS, OutboundLinks
 from swarm.trust import TrainerTrust
 
@@ -67,7 +67,8 @@ class PolicyMirror(OutboundLinks):
                  transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
                  spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0,
-                 copies_dir: Path | None = None, budget: MemoryBudget = PREAMBLE_BUDGET) -> None:
+                 copies_dir: Path | None = None, budget: MemoryBudget = PREAMBLE_BUDGET,
+                 preamble_rate: ByteRate = PREAMBLE_RATE) -> None:
         self.store = store
         # where versions are reassembled into loadable files (swarm.policy_files); each copy goes with its version
         self.copies_dir = copies_dir
@@ -93,12 +94,13 @@ class PolicyMirror(OutboundLinks):
         self.announce_after = announce_after
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel with no manifest yet, opened at)
         self._spare_dialing: set[str] = set()
-        self._spare_failures: dict[str, float] = {}
+        self._spare_failures: dict[str, tuple[float, float]] = {}  # peer -> (retry at, pause)
         self._max_links = math.inf  # links per version, as the last reconcile was told
         self._waiting: dict[str, int] = {}
         # inbound channels waiting for a preamble's head, oldest first: the scope that ends the wait of each
         self._idle_waits: dict[int, trio.CancelScope] = {}
         self._budget = budget  # bytes of preamble manifests not yet verified, held node-wide
+        self._preamble_rate = preamble_rate  # bytes of preambles read per second, node-wide
         self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
         self.banned: dict[str, str] = {}  # peer -> the protocol breach (a corrupt piece...) it is never linked for
         self._gone: set[str] = set()  # peers whose departure was reported and that have not linked since
@@ -315,8 +317,8 @@ class PolicyMirror(OutboundLinks):
             log.warning("banned peer %s: %s", peer, exc)
             self._ban(peer, f"broke the data channel preamble: {exc}")
             return
-        except BudgetExhausted as exc:
-            log.info("dropped a data channel of %s: %s", peer, exc)
+        except BudgetExhausted as exc:  # counted by the budget; a line each would cost the CPU the budget saves
+            log.debug("dropped a data channel of %s: %s", peer, exc)
             return
         finally:
             self._waiting[peer] -= 1
@@ -393,7 +395,7 @@ class PolicyMirror(OutboundLinks):
         if idle.cancelled_caught or head is None:
             return None
         return await read_body(stream, head, self.transfer.handshake_timeout, self._budget,
-                               lambda route: route in self.policies)
+                               lambda route: route in self.policies, self._preamble_rate)
 
     async def _adopted(self, manifest_id: bytes, wait: float) -> MirroredPolicy | None:
         with trio.move_on_after(wait):

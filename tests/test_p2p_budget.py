@@ -3,7 +3,7 @@ nothing, each lease's first FREE_BYTES are free, and freed memory is handed back
 
 import pytest
 
-from p2p.budget import FREE_BYTES, TRIM_AFTER, BudgetExhausted, MemoryBudget
+from p2p.budget import FREE_BYTES, TRIM_AFTER, BudgetExhausted, ByteRate, MemoryBudget
 
 
 def test_leases_share_one_limit_and_a_refused_growth_changes_nothing():
@@ -31,3 +31,21 @@ def test_freed_memory_is_handed_back_once_per_trim_after_bytes():
         lease.resize(FREE_BYTES + TRIM_AFTER // 2)
         lease.close()
     assert len(trims) == 1
+
+
+def test_a_byte_rate_queues_readers_then_refuses_past_its_wait_taking_nothing():
+    rate = ByteRate(rate=100, burst=200, max_wait=1.0)
+    assert rate.reserve(200, "a", now=0.0) == 0.0  # the burst
+    assert rate.reserve(100, "b", now=0.0) == pytest.approx(1.0)  # queued behind it
+    with pytest.raises(BudgetExhausted):
+        rate.reserve(1, "c", now=0.0)
+    assert rate.refused == 1
+    assert rate.reserve(100, "d", now=1.0) == pytest.approx(1.0)  # the refusal took nothing
+    rate.give_back(100, now=1.0)  # "d" ended early
+    assert rate.reserve(50, "e", now=3.0) == 0.0
+
+
+def test_a_byte_rate_starts_full_on_a_clock_that_went_back():
+    rate = ByteRate(rate=1, burst=10, max_wait=0.0)
+    rate.reserve(10, "a", now=50.0)
+    assert rate.reserve(10, "b", now=0.0) == 0.0  # another trio run's clock

@@ -280,6 +280,22 @@ async def test_channels_open_at_once_are_capped_node_wide_whoever_asks():
             await again.aclose()
 
 
+async def test_new_handshakes_are_rate_limited_node_wide_whoever_asks():
+    """Identities are free: past the node's handshake burst a fresh identity's handshake is closed unread."""
+    async with open_host() as server_host, open_host() as first, open_host() as second:
+        server = DataChannelServer(server_host, hash_and_reply, ChannelConfig(handshakes_per_s=0.001,
+                                                                              handshake_burst=2))
+        await server_host.nursery.start(server.run)
+        await first.connect(server_host.multiaddrs[0])
+        await second.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            for _ in range(2):
+                await (await open_data_channel(first, server_host.peer_id)).aclose()
+            with pytest.raises(ChannelError):
+                await open_data_channel(second, server_host.peer_id, ChannelConfig(allow_fallback=False))
+        assert server.refused_handshakes == 1
+
+
 async def test_loopback_strangers_meet_the_per_ip_cap_unless_exempted():
     for exempt, dropped in ((False, True), (True, False)):
         async with open_host() as server_host:

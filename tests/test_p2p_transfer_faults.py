@@ -9,6 +9,7 @@ import trio.testing
 
 from p2p.budget import MemoryBudget
 from p2p.channel_messages import HandshakeBreach
+from p2p.errors import ChannelError
 from p2p.identity import Identity
 from p2p.store import PieceStore
 from p2p.transfer import TransferConfig
@@ -97,3 +98,24 @@ async def test_a_dial_raising_anything_costs_that_peer_and_a_handshake_breach_ba
             await trio.sleep(1.0)
             assert "z-liar" in mirror.banned
             nursery.cancel_scope.cancel()
+
+
+async def test_spare_dials_to_a_peer_that_never_accepts_one_back_off(tmp_path, autojump_clock):
+    """Each spare dial to a peer without the data protocol costs a stream and a negotiation: fresh identities that
+    never accept one cost a few dials a minute each (2, 4, 8, 16, then 30 s apart), not one every 2 s."""
+    key = Identity.generate()
+    dials = []
+
+    async def dial(peer):
+        dials.append(peer)
+        raise ChannelError("protocol not supported")
+
+    with PieceStore(tmp_path / "store") as store:
+        mirror = _mirror(tmp_path, store, key)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            for _ in range(240):  # a minute of the node's reconcile loop
+                await mirror.reconcile(["z-stranger"], dial, max_links=8)
+                await trio.sleep(0.25)
+            nursery.cancel_scope.cancel()
+    assert 4 <= len(dials) <= 6

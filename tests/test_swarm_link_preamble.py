@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from p2p.budget import FREE_BYTES, BudgetExhausted, MemoryBudget
+from p2p.budget import FREE_BYTES, BudgetExhausted, ByteRate, MemoryBudget
 from p2p.identity import Identity
 from p2p.store import PieceStore
 from swarm import mirror as mirror_module
@@ -17,6 +17,7 @@ from swarm.mirror import PolicyMirror
 from swarm.trust import TrainerTrust
 
 ROUTE = bytes(range(32))
+KIB = 1024
 
 
 def head(size: int) -> bytes:
@@ -58,6 +59,45 @@ async def test_a_stalled_body_ends_at_its_timeout_and_gives_its_bytes_back(autoj
     assert await read_body(ours, parsed, 10.0, budget, known=lambda route: False) is None
     assert trio.current_time() == pytest.approx(10.0) and budget.held == 0
     assert budget.peak == 200_000 - FREE_BYTES
+
+
+class CountingStream:
+    """A stream that counts the bytes read from it: what the node decrypted of a channel."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.read = stream, 0
+
+    async def receive_some(self, max_bytes):
+        data = await self.stream.receive_some(max_bytes)
+        self.read += len(data)
+        return data
+
+
+async def test_preambles_of_any_number_of_channels_are_read_no_faster_than_the_node_rate(autojump_clock):
+    """Ten identities sending preambles of manifests we hold (dropped as read, so no budget of memory stops them)
+    get one burst read; the rest are refused before a byte of their body is read; a later channel is served."""
+    rate = ByteRate(rate=256 * KIB, burst=512 * KIB, max_wait=1.0)
+    channels, refused = [], []
+
+    async def channel():
+        ours, theirs = trio.testing.memory_stream_pair()
+        counted = CountingStream(ours)
+        channels.append(counted)
+        await theirs.send_all(head(512 * KIB) + bytes(512 * KIB))
+        parsed = await read_head(counted, 1.0)
+        try:
+            assert await read_body(counted, parsed, 10.0, MemoryBudget(1), lambda route: True, rate) is not None
+        except BudgetExhausted:
+            refused.append(counted)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(channel)
+    assert len(refused) == 9 and all(c.read == len(head(0)) for c in refused)
+    assert sum(c.read for c in channels) == 10 * len(head(0)) + 512 * KIB
+    await trio.sleep(2.0)  # the rate refills: the next channel is read in full
+    await channel()
+    assert len(refused) == 9 and channels[-1].read == len(head(0)) + 512 * KIB
 
 
 def _mirror(tmp_path, store):

@@ -1,0 +1,34 @@
+"""Where data sockets listen and come from: the IP helpers of p2p.channel's listener."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import trio
+
+from p2p.errors import HostError
+
+
+def remote_ip(sock: trio.SocketStream) -> str:
+    """The IP a data socket comes from; "?" when it cannot be told (counted as one stranger)."""
+    try:
+        return str(sock.socket.getpeername()[0])
+    except (OSError, AttributeError, IndexError):  # already reset, or not an IP socket: one shared place
+        return "?"
+
+
+def is_loopback(ip: str) -> bool:
+    """Whether `ip` is 127.0.0.0/8 or ::1 (a scope suffix ignored)."""
+    try:
+        return ipaddress.ip_address(ip.split("%")[0]).is_loopback
+    except ValueError:  # "?" (a socket already reset): counted as a stranger
+        return False
+
+
+def listen_ip(multiaddrs: list[str]) -> str:
+    """The IP of the first ip4/ip6 listen address: the data socket listens beside libp2p."""
+    for addr in multiaddrs:
+        parts = addr.split("/")
+        if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+            return parts[2]
+    raise HostError("the host has no IP listen address to put a data socket on")
