@@ -20,8 +20,8 @@ import torch
 from inference.backend import BASE_MANIFEST_ID, CompletionResult, GenerationRequest, GroupResult
 from inference.models import LoadedModel
 from inference.weights import load_weights_in_place
-from verify.sampling import SamplingKey, gumbel_noise_at, sample_tokens, stream_seeds
 from verify.model_inputs import cache_keyword, left_padded
+from verify.sampling import SamplingKey, gumbel_noise_at, sample_tokens, stream_seeds
 
 ProofFn = Callable[[list[torch.Tensor]], list[bytes]]  # hidden [T, H] per completion -> TOPLOC proof bytes each
 

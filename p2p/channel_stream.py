@@ -22,8 +22,16 @@ from dataclasses import dataclass
 import trio
 
 from p2p.budget import NODE_BUDGET, MemoryBudget
-from p2p.channel_records import (COPY_LIMIT, HEADER, RECORD_BYTES, TAG, PlaintextPool, RecordOpener, RecordSealer,
-                                 split_records)
+from p2p.channel_records import (
+    COPY_LIMIT,
+    HEADER,
+    RECORD_BYTES,
+    TAG,
+    PlaintextPool,
+    RecordOpener,
+    RecordSealer,
+    split_records,
+)
 from p2p.errors import ChannelError
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import blake3
 
-from p2p.errors import (CorruptPieceError, DiskFullError, ManifestError, PieceVerifyError, StoreError,
-                       StoreLockedError)
+from p2p.errors import CorruptPieceError, DiskFullError, ManifestError, PieceVerifyError, StoreError, StoreLockedError
 from p2p.manifest import MODEL_FILE, FileEntry, PolicyManifest, decode_manifest, decode_signed
 
 LOCK_NAME = "store.lock"

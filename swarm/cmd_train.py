@@ -70,12 +70,11 @@ _OVERRIDES = ("model", "task", "async_level", "curriculum", "steps", "out", "see
 def run(args) -> int:
     if args.compare:
         return _compare(args)
+    from swarm.errors import usable_directory
     from trainer.config import load_config
     from trainer.errors import TrainerError
     from trainer.launch import check_supported, launch_ranks, world_size
     from trainer.session import train
-
-    from swarm.errors import usable_directory
 
     overrides = {k: getattr(args, k, None) for k in _OVERRIDES}
     if overrides.get("out") is not None:

@@ -93,7 +93,6 @@ class Node:
         """Tell the run about a new version: gossip (inline when small, by id otherwise) and the DHT record that
         names the run's latest manifest (signed by this peer, which must hold the trainer key)."""
         from p2p.dht import LatestManifest
-
         from swarm.node_gossip import announcement_body
 
         await self.gossip.publish("manifest", announcement_body(signed, manifest))

@@ -13,9 +13,9 @@ from safetensors.numpy import load_file
 
 from p2p import store as store_mod
 from p2p.errors import DiskFullError, PieceVerifyError, StoreError, StoreLockedError
+from p2p.manifest import sign_manifest
 from p2p.store import PieceStore
 from tests.test_p2p_manifest import build, keypair, make_policy
-from p2p.manifest import sign_manifest
 
 
 @pytest.fixture

@@ -4,8 +4,16 @@ import json
 
 import pytest
 
-from tasks import (DifficultyBand, TaskError, estimate_solve_rates, filter_by_solve_rate, load_tasks,
-                   mean_prompt_length, render_prompt_text, segment)
+from tasks import (
+    DifficultyBand,
+    TaskError,
+    estimate_solve_rates,
+    filter_by_solve_rate,
+    load_tasks,
+    mean_prompt_length,
+    render_prompt_text,
+    segment,
+)
 
 
 @pytest.fixture(scope="module")

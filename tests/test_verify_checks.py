@@ -9,8 +9,15 @@ import torch
 
 from tasks.assignment import assign_tasks
 from verify import toploc
-from verify.checks import (CheckConfig, RunContext, check_contract, check_lengths, check_policy, check_stop_tokens,
-                           check_termination)
+from verify.checks import (
+    CheckConfig,
+    RunContext,
+    check_contract,
+    check_lengths,
+    check_policy,
+    check_stop_tokens,
+    check_termination,
+)
 from verify.rollout import Completion, RolloutGroup
 from verify.testing import EOS_ID, GymTasks, honest_group, tiny_model
 from verify.verifier import verify_groups

@@ -9,7 +9,14 @@ import numpy as np
 import torch
 
 from verify import sampling
-from verify.sampling import SamplingKey, completion_noise, gumbel_noise, gumbel_noise_at, gumbel_noise_batch, stream_seeds
+from verify.sampling import (
+    SamplingKey,
+    completion_noise,
+    gumbel_noise,
+    gumbel_noise_at,
+    gumbel_noise_batch,
+    stream_seeds,
+)
 
 
 def test_noise_has_the_gumbel_moments_and_quantiles():

@@ -17,12 +17,11 @@ import numpy as np
 import torch
 
 from tasks.assignment import is_assigned
-from verify.rewards import compute_rewards_many
 from verify.neartie import NearTies, count_near_ties
+from verify.rewards import compute_rewards_many
 from verify.rollout import RolloutGroup
 from verify.sampling import SamplingKey, gumbel_noise_at, perturb_, stream_seeds
 from verify.toploc import ToplocConfig, verify_proofs
-
 
 PRECISIONS = ("float32", "bfloat16")  # what a run's workers may generate in; each has its tolerances
 

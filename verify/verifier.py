@@ -23,9 +23,21 @@ import blake3
 import torch
 
 from verify.checks import (
-    CheckConfig, CheckResult, RunContext, check_assignment, check_contract, check_lengths, check_logprobs,
-    check_policy, check_proofs_many, check_rendering, check_rewards_many, check_sampling, check_stop_tokens,
-    check_termination, recomputed_logprobs,
+    CheckConfig,
+    CheckResult,
+    RunContext,
+    check_assignment,
+    check_contract,
+    check_lengths,
+    check_logprobs,
+    check_policy,
+    check_proofs_many,
+    check_rendering,
+    check_rewards_many,
+    check_sampling,
+    check_stop_tokens,
+    check_termination,
+    recomputed_logprobs,
 )
 from verify.model_inputs import cache_keyword, left_padded, length_buckets
 from verify.rollout import RolloutGroup, RolloutSchemaError
