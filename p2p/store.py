@@ -147,7 +147,9 @@ class PieceStore:
             _atomic_write(path, signed_bytes if signed_bytes is not None else manifest.encode(), "saving a manifest")
         self._register(manifest)
 
-    def add_local_policy(self, manifest: PolicyManifest, src_dir: Path | str, signed_bytes: bytes | None = None) -> None:
+    def add_local_policy(
+        self, manifest: PolicyManifest, src_dir: Path | str, signed_bytes: bytes | None = None
+    ) -> None:
         """Serve the ORIGINAL files of a policy in place (no copy): the trainer's own checkpoint directory."""
         src_dir = Path(src_dir).resolve()
         for entry in manifest.files:

@@ -17,9 +17,17 @@ def test_bench_verify_smoke(capsys):
     assert report["summary"]["false_rejects"] == 0
     assert all(r["groups"] == 2 for r in rows.values())
     # int8 and 1e-3 noise are statistical at 8 tokens (see the full bench); these are caught by construction
-    for name in ("other_model_same_shape", "sampled_at_other_temperature", "older_version_replayed",
-                 "smaller_model_completion_reproved", "unassigned_prompt", "4_tokens_replaced_reproved",
-                 "completion_truncated_reproved", "fabricated_reward", "weights_perturbed_1e-3_fp32_same_kernels_toploc"):
+    for name in (
+        "other_model_same_shape",
+        "sampled_at_other_temperature",
+        "older_version_replayed",
+        "smaller_model_completion_reproved",
+        "unassigned_prompt",
+        "4_tokens_replaced_reproved",
+        "completion_truncated_reproved",
+        "fabricated_reward",
+        "weights_perturbed_1e-3_fp32_same_kernels_toploc",
+    ):
         assert rows[name]["rejected"] == 2, (name, rows[name])
     assert report["summary"]["proof_bytes_per_32_tokens"] == [258.0]
 
