@@ -61,3 +61,20 @@ def test_bench_verify_history_section_at_the_smallest_size(capsys):
 def test_bench_verify_refuses_a_history_count_below_one(capsys):
     assert main(["bench", "verify", "--attempts", "0"]) == 2
     assert "--attempts must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_config_defaults_match_the_command_line():
+    """A BenchConfig built in code runs the same sizes as a bare `swarm bench verify`."""
+    import argparse
+    import dataclasses
+
+    from swarm.cmd_bench_verify import add_arguments
+    from verify.bench import BenchConfig
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = vars(parser.parse_args([]))
+    defaults = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
+    shared = sorted(set(args) & set(defaults))
+    assert {"honest_groups", "per_worker", "attempts", "history"} <= set(shared)
+    assert {k: args[k] for k in shared} == {k: defaults[k] for k in shared}
