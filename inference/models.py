@@ -111,7 +111,9 @@ def convert_smollm2(directory: Path) -> None:
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
-    result = model.load_state_dict({k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors.items()}, strict=False)
+    result = model.load_state_dict(
+        {k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors.items()}, strict=False
+    )
     missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or result.unexpected_keys:
         raise InferenceError(f"{gguf} does not map onto {type(model).__name__}: missing {missing[:3]}")
@@ -170,7 +172,10 @@ def describe_files(directory: Path) -> dict:
     directory = Path(directory)
     config = _json_object(directory / "config.json")
     eos: set[int] = set()
-    for value in (config.get("eos_token_id"), _json_object(directory / "generation_config.json", {}).get("eos_token_id")):
+    for value in (
+        config.get("eos_token_id"),
+        _json_object(directory / "generation_config.json", {}).get("eos_token_id"),
+    ):
         eos.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
     tokenizer_config = _json_object(directory / "tokenizer_config.json", {})
     eos_token = tokenizer_config.get("eos_token")

@@ -23,10 +23,20 @@ INIT_SEED = 1234
 LM_HEAD_STD = 0.25
 
 _PHRASES = [
-    "Calculate", "State the final answer to the following arithmetic problem:", "Give the final answer after 'Answer:'.",
-    "Answer:", "Find a way to make", "using all of these numbers:", "Each number may be used at most once.",
-    "Final answer format instructions:", "Provide your solution as a arithmetic expression (no '=' sign).",
-    "What is", "The answer is", "user", "assistant", "system",
+    "Calculate",
+    "State the final answer to the following arithmetic problem:",
+    "Give the final answer after 'Answer:'.",
+    "Answer:",
+    "Find a way to make",
+    "using all of these numbers:",
+    "Each number may be used at most once.",
+    "Final answer format instructions:",
+    "Provide your solution as a arithmetic expression (no '=' sign).",
+    "What is",
+    "The answer is",
+    "user",
+    "assistant",
+    "system",
 ]
 
 

@@ -20,8 +20,8 @@ import torch
 from inference.backend import BASE_MANIFEST_ID, CompletionResult, GenerationRequest, GroupResult
 from inference.models import LoadedModel
 from inference.weights import load_weights_in_place
-from verify.sampling import SamplingKey, gumbel_noise_at, sample_tokens, stream_seeds
 from verify.model_inputs import cache_keyword, left_padded
+from verify.sampling import SamplingKey, gumbel_noise_at, sample_tokens, stream_seeds
 
 ProofFn = Callable[[list[torch.Tensor]], list[bytes]]  # hidden [T, H] per completion -> TOPLOC proof bytes each
 
@@ -85,7 +85,9 @@ class TorchBackend:
         ]
 
     @torch.no_grad()
-    def _generate_rows(self, requests: Sequence[GenerationRequest], rows: list[tuple[int, int]]) -> list[CompletionResult]:
+    def _generate_rows(
+        self, requests: Sequence[GenerationRequest], rows: list[tuple[int, int]]
+    ) -> list[CompletionResult]:
         device = next(self.model.parameters()).device
         distinct = sorted({r for r, _ in rows})
         prompts = [requests[r].prompt_tokens for r in distinct]
@@ -154,7 +156,9 @@ class _DecodeState:
     def step(self, logits: torch.Tensor, hidden: torch.Tensor | None, eos_ids: torch.Tensor) -> list[int]:
         """Sample every live row's next token; returns the positions (in `live`) of rows that just finished."""
         live_t = torch.tensor(self.live)
-        noise = gumbel_noise_at(self.seeds[self.live], [self.position] * len(self.live), logits.shape[-1], logits.device)
+        noise = gumbel_noise_at(
+            self.seeds[self.live], [self.position] * len(self.live), logits.shape[-1], logits.device
+        )
         temperatures = self.temperatures[live_t]
         if bool((temperatures == temperatures[0]).all()):  # the usual case: one temperature, one call
             tokens, logprobs = (t.cpu() for t in sample_tokens(logits, noise, float(temperatures[0])))

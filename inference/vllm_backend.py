@@ -61,7 +61,11 @@ def _parse_extra(params) -> tuple[int, SamplingKey, float] | None:
     if extra is None:
         return None
     run, worker, step, task_index, sample = extra["key"]
-    return int(extra["uid"]), SamplingKey(str(run), str(worker), int(step), int(task_index), int(sample)), float(extra["temperature"])
+    return (
+        int(extra["uid"]),
+        SamplingKey(str(run), str(worker), int(step), int(task_index), int(sample)),
+        float(extra["temperature"]),
+    )
 
 
 _PROCESSOR_CLASS = None
@@ -134,7 +138,11 @@ def _make_processor_class():
             hidden = _WORKER.hidden[rows] if _WORKER.hidden is not None else None
             for j, (uid, pos) in enumerate(zip(uids, positions)):
                 # A later logits row for the same position (chunked prefill) overwrites the earlier one.
-                _WORKER.records.setdefault(uid, {})[pos] = (tokens[j], logprobs[j], hidden[j] if hidden is not None else None)
+                _WORKER.records.setdefault(uid, {})[pos] = (
+                    tokens[j],
+                    logprobs[j],
+                    hidden[j] if hidden is not None else None,
+                )
             forced = torch.full_like(logits[rows], float("-inf"))
             forced.scatter_(1, tokens.unsqueeze(1), 0.0)
             logits[rows] = forced
@@ -167,9 +175,13 @@ class SwarmWorkerExtension:
         flat = [entry for entries in ordered for entry in entries]
         tokens = torch.stack([e[0] for e in flat]).tolist() if flat else []
         logprobs = torch.stack([e[1] for e in flat]).float().tolist() if flat else []
-        hiddens = [torch.stack([e[2] for e in entries]) if entries and entries[0][2] is not None else None
-                   for entries in ordered]
-        proofs = iter(build_proofs([h for h in hiddens if h is not None]) if any(h is not None for h in hiddens) else ())
+        hiddens = [
+            torch.stack([e[2] for e in entries]) if entries and entries[0][2] is not None else None
+            for entries in ordered
+        ]
+        proofs = iter(
+            build_proofs([h for h in hiddens if h is not None]) if any(h is not None for h in hiddens) else ()
+        )
         out, start = {}, 0
         for uid, n, hidden in zip(uids, lengths, hiddens):
             out[uid] = {"tokens": tokens[start : start + n], "logprobs": logprobs[start : start + n],
@@ -259,4 +271,6 @@ class VllmBackend:
         proof = record["proof"]
         if n < len(record["tokens"]):  # never expected: a record past the end would mis-bind the proof
             raise RuntimeError("vLLM produced fewer tokens than the processor recorded")
-        return CompletionResult(tokens=tokens, logprobs=tuple(record["logprobs"][:n]), finish_reason=reason, proof=proof)
+        return CompletionResult(
+            tokens=tokens, logprobs=tuple(record["logprobs"][:n]), finish_reason=reason, proof=proof
+        )

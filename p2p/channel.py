@@ -352,7 +352,8 @@ def _make_stream(sock: trio.SocketStream, keys: _ChannelKeys, side: int, config:
 
 
 async def serve_data_channels(
-    host: Any, callback: ChannelCallback, config: ChannelConfig = ChannelConfig(), *, task_status=trio.TASK_STATUS_IGNORED
+    host: Any, callback: ChannelCallback, config: ChannelConfig = ChannelConfig(), *,
+    task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept data channels on `host` until cancelled; `callback(peer_id, stream)` runs once per channel.
 

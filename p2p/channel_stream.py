@@ -22,8 +22,16 @@ from dataclasses import dataclass
 import trio
 
 from p2p.budget import NODE_BUDGET, MemoryBudget
-from p2p.channel_records import (COPY_LIMIT, HEADER, RECORD_BYTES, TAG, PlaintextPool, RecordOpener, RecordSealer,
-                                 split_records)
+from p2p.channel_records import (
+    COPY_LIMIT,
+    HEADER,
+    RECORD_BYTES,
+    TAG,
+    PlaintextPool,
+    RecordOpener,
+    RecordSealer,
+    split_records,
+)
 from p2p.errors import ChannelError
 
 log = logging.getLogger(__name__)
@@ -67,7 +75,9 @@ def tune_socket(stream: trio.SocketStream, buffer_bytes: int) -> None:
     options = [(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_KEEPALIVE, 1)]
     options += [(stdlib_socket.IPPROTO_TCP, opt, value) for opt, value in KEEPALIVE if opt is not None]
     if buffer_bytes:
-        options += [(stdlib_socket.SOL_SOCKET, opt, buffer_bytes) for opt in (stdlib_socket.SO_SNDBUF, stdlib_socket.SO_RCVBUF)]
+        options += [
+            (stdlib_socket.SOL_SOCKET, opt, buffer_bytes) for opt in (stdlib_socket.SO_SNDBUF, stdlib_socket.SO_RCVBUF)
+        ]
     for level, option, value in options:
         try:
             stream.setsockopt(level, option, value)

@@ -65,8 +65,8 @@ DEFAULT_MAX_CONTAINERS: Mapping[str, int] = MappingProxyType({
 })
 """Most maps and arrays one envelope of a kind may hold, counted while msgpack decodes it. Why: one byte of
 msgpack is an empty map, and an empty map is 64 bytes of Python; decoded in full, 900 KiB of them take 127 MiB
-and seconds of CPU before any check can look at them. Decoding stops at the first container past the budget; counting costs about
-1.3 us per container, so the largest budget bounds a refused message to about 10 ms of CPU."""
+and seconds of CPU before any check can look at them. Decoding stops at the first container past the budget;
+counting costs about 1.3 us per container, so the largest budget bounds a refused message to about 10 ms of CPU."""
 
 
 @dataclass(frozen=True)

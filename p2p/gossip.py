@@ -55,8 +55,7 @@ from p2p.envelope import (
 )
 from p2p.errors import EnvelopeError, GossipError
 from p2p.gossip_admission import AdmissionConfig, GossipAdmission, OwnPace
-from p2p.gossip_parts import (  # noqa: F401 - GossipStats, PublishPacer are re-exported
-    GossipStats, PublishPacer, Rejection, _BoundedMap, _NeverStored, _NoValidationCache)
+from p2p.gossip_parts import GossipStats, PublishPacer, Rejection, _BoundedMap, _NeverStored, _NoValidationCache  # noqa: F401 - GossipStats, PublishPacer are re-exported
 from p2p.gossip_receive import BodyDecoder, GossipReceiver, Ignored
 from p2p.host import reset_quietly
 from p2p.identity import Identity

@@ -361,7 +361,9 @@ async def _dial_bootstrap(host: P2PHost, addr: str) -> None:
 
 
 @asynccontextmanager
-async def open_host(config: HostConfig | None = None, transports: Sequence[Any] | None = None) -> AsyncIterator[P2PHost]:
+async def open_host(
+    config: HostConfig | None = None, transports: Sequence[Any] | None = None
+) -> AsyncIterator[P2PHost]:
     """Start a host, dial the bootstrap peers (failures kept in `bootstrap_failures` for the caller to report, never
     fatal), yield it, close it on exit."""
     config = config or HostConfig()

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import blake3
 
-from p2p.errors import (CorruptPieceError, DiskFullError, ManifestError, PieceVerifyError, StoreError,
-                       StoreLockedError)
+from p2p.errors import CorruptPieceError, DiskFullError, ManifestError, PieceVerifyError, StoreError, StoreLockedError
 from p2p.manifest import MODEL_FILE, FileEntry, PolicyManifest, decode_manifest, decode_signed
 
 LOCK_NAME = "store.lock"
@@ -148,7 +147,9 @@ class PieceStore:
             _atomic_write(path, signed_bytes if signed_bytes is not None else manifest.encode(), "saving a manifest")
         self._register(manifest)
 
-    def add_local_policy(self, manifest: PolicyManifest, src_dir: Path | str, signed_bytes: bytes | None = None) -> None:
+    def add_local_policy(
+        self, manifest: PolicyManifest, src_dir: Path | str, signed_bytes: bytes | None = None
+    ) -> None:
         """Serve the ORIGINAL files of a policy in place (no copy): the trainer's own checkpoint directory."""
         src_dir = Path(src_dir).resolve()
         for entry in manifest.files:

@@ -51,7 +51,9 @@ def _make_checkpoint(path: Path, size_mb: float) -> bytes:
 
     path.mkdir(parents=True, exist_ok=True)
     n = max(1, int(size_mb * 2**20 / 4))
-    save_file({"weight": np.random.default_rng(0).standard_normal(n, dtype=np.float32)}, str(path / "model.safetensors"))
+    save_file(
+        {"weight": np.random.default_rng(0).standard_normal(n, dtype=np.float32)}, str(path / "model.safetensors")
+    )
     (path / "model.json").write_text(json.dumps({"architecture": "bench", "tokenizer": "none"}))
     return blake3.blake3((path / "model.safetensors").read_bytes()).digest()
 
@@ -218,8 +220,16 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     finally:
         for p in peers + [pub]:
             p.stop()
-    return {"t": t_done - published["t"], "seed_upload_bytes": seed_report["up_bytes"], "max_rss_mb": rss,
-            "seed_rss_mb": seed_rss, "peer_upload_bytes": uploads, "warm": warm, "manifest_id": published["id"], "verified": _verify(work, tag, args.peers, published["id"])}
+    return {
+        "t": t_done - published["t"],
+        "seed_upload_bytes": seed_report["up_bytes"],
+        "max_rss_mb": rss,
+        "seed_rss_mb": seed_rss,
+        "peer_upload_bytes": uploads,
+        "warm": warm,
+        "manifest_id": published["id"],
+        "verified": _verify(work, tag, args.peers, published["id"]),
+    }
 
 
 def _verify(work: Path, tag: str, peers: int, manifest_hex: str) -> bool:

@@ -3,9 +3,9 @@
 `swarm bench gossip-flood --seconds 20 --json` starts a target peer in a process of its own (host and
 gossip with the run's typed decoders, as a node has them), joins it with a witness peer and with an attacker that
 floods heartbeats and sends inflating envelopes (900 KiB of empty maps, correctly signed, under the rollout kind),
-`--identities` fresh identities one after another, each as soon as the last was banned. It prints one JSON object: the target's CPU share over the
-attack, its largest RSS above the baseline taken before the attack, what the witness received from the attackers
-(anything forwarded), and the target's own counters (refusals by reason, bans).
+`--identities` fresh identities one after another, each as soon as the last was banned. It prints one JSON object:
+the target's CPU share over the attack, its largest RSS above the baseline taken before the attack, what the witness
+received from the attackers (anything forwarded), and the target's own counters (refusals by reason, bans).
 """
 
 from __future__ import annotations

@@ -27,11 +27,21 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "verify"), "swarm.cmd_bench_verify", "benchmark rollout validation on honest and attacked groups"),
     (("bench", "generate"), "swarm.cmd_bench_generate", "benchmark generation throughput and proof overhead"),
     (("bench", "noise"), "swarm.cmd_bench_noise", "benchmark the seeded Gumbel noise draw per element"),
-    (("bench", "gossip-flood"), "swarm.cmd_bench_gossip_flood",
-     "measure what a hostile gossip peer (floods, inflating envelopes) costs a target process"),
-    (("bench", "stalled-preambles"), "swarm.cmd_bench_stalled_preambles",
-     "measure what stalled data-channel preambles of many fresh identities cost a target process"),
-    (("bench", "churn"), "swarm.cmd_bench_churn", "keep killing and restarting peers of a training run; count its steps"),
+    (
+        ("bench", "gossip-flood"),
+        "swarm.cmd_bench_gossip_flood",
+        "measure what a hostile gossip peer (floods, inflating envelopes) costs a target process",
+    ),
+    (
+        ("bench", "stalled-preambles"),
+        "swarm.cmd_bench_stalled_preambles",
+        "measure what stalled data-channel preambles of many fresh identities cost a target process",
+    ),
+    (
+        ("bench", "churn"),
+        "swarm.cmd_bench_churn",
+        "keep killing and restarting peers of a training run; count its steps",
+    ),
     (("bench", "fuzz"), "swarm.cmd_bench_fuzz", "fuzz every decoder of network input for N seconds; report failures"),
     (("bench", "device"), "swarm.cmd_bench_device", "check every GPU path against its CPU twin (prepared GPU check)"),
 ]
@@ -49,7 +59,9 @@ class _LazyCommand:
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm", description=__doc__.split("\n")[0])
-    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): parser.add_subparsers(dest="cmd0", metavar="COMMAND")}
+    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {
+        (): parser.add_subparsers(dest="cmd0", metavar="COMMAND")
+    }
     parents: dict[tuple[str, ...], argparse.ArgumentParser] = {(): parser}
     for words, module, help_text in COMMANDS:
         for depth in range(1, len(words)):

@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="listen multiaddr (repeatable); /ip4/0.0.0.0/tcp/4001 for peers on other machines")
     parser.add_argument("--announce", action="append", metavar="MULTIADDR",
                         help="address other peers should dial instead (repeatable; e.g. a public NAT address)")
-    parser.add_argument("--data-dir", dest="data_dir", type=Path, help="identity, piece store and lock (default ./swarm-data)")
+    parser.add_argument(
+        "--data-dir", dest="data_dir", type=Path, help="identity, piece store and lock (default ./swarm-data)"
+    )
     parser.add_argument("--keep-versions", dest="keep_versions", type=int, help="policy versions kept on disk")
     parser.add_argument("--upload-mbps", dest="upload_mbps", type=float,
                         help="upload cap in Mbit/s over every version served (0 = none)")

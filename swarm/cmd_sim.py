@@ -16,10 +16,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validators", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
     parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
-    parser.add_argument("--steps", type=int, default=16, help="trainer steps (one policy version each; 4 per FastCuRL stage)")
+    parser.add_argument(
+        "--steps", type=int, default=16, help="trainer steps (one policy version each; 4 per FastCuRL stage)"
+    )
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF directory")
-    parser.add_argument("--task", default="gcd", help="reasoning-gym task (default: gcd up to 50, which tiny learns) or a .jsonl/.parquet "
-                        "task file (the trainer reads it; the other peers receive it with every policy)")
+    parser.add_argument(
+        "--task",
+        default="gcd",
+        help="reasoning-gym task (default: gcd up to 50, which tiny learns) or a .jsonl/.parquet "
+        "task file (the trainer reads it; the other peers receive it with every policy)",
+    )
     parser.add_argument("--async-level", dest="async_level", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
@@ -118,22 +124,31 @@ def _narrate(e: dict) -> None:
     elif kind == "complete" and who.startswith("seed"):
         line = f"mirrored policy v{e['version']}"
     elif kind == "listening" and who == "trainer" and e.get("addrs"):
-        line = f"listening on {e['addrs'][0]} (watch the run from another shell: swarm status --run sim --bootstrap {e['addrs'][0]})"
+        line = (
+            f"listening on {e['addrs'][0]} "
+            f"(watch the run from another shell: swarm status --run sim --bootstrap {e['addrs'][0]})"
+        )
     if line:
         print(f"[{who}] {line}", flush=True)
 
 
 def _render(report: dict, out: Path) -> str:
-    return "\n".join([
-        "", f"simulation finished in {report['wall_s']} s{' (TIMED OUT)' if report['timed_out'] else ''}",
-        f"  trainer steps: {report['steps']}, rewards per step: {report['rewards']}",
-        f"  policy versions published: {report['versions_published']}, copies completed by peers: {report['policy_copies_completed']}",
-        f"  rollout groups generated: {report['groups_generated']}, rejecting votes: {report['votes_rejecting']} {report['rejection_reasons']}",
-        f"  trainer gate: {report['gate']}",
-        f"  banned workers: {report['banned_workers']}",
-        f"  final policy: {report['final_policy']}", *_heldout_line(report.get("heldout_accuracy")),
-        f"  report: {out / 'report.json'}",
-    ])
+    return "\n".join(
+        [
+            "",
+            f"simulation finished in {report['wall_s']} s{' (TIMED OUT)' if report['timed_out'] else ''}",
+            f"  trainer steps: {report['steps']}, rewards per step: {report['rewards']}",
+            f"  policy versions published: {report['versions_published']}, "
+            f"copies completed by peers: {report['policy_copies_completed']}",
+            f"  rollout groups generated: {report['groups_generated']}, "
+            f"rejecting votes: {report['votes_rejecting']} {report['rejection_reasons']}",
+            f"  trainer gate: {report['gate']}",
+            f"  banned workers: {report['banned_workers']}",
+            f"  final policy: {report['final_policy']}",
+            *_heldout_line(report.get("heldout_accuracy")),
+            f"  report: {out / 'report.json'}",
+        ]
+    )
 
 
 def _heldout_line(accuracy: dict | None) -> list[str]:

@@ -20,10 +20,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", required=True, help="the run's name")
     parser.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
                         help="a peer of the run to join through (repeatable; default: bootstrap_peers.txt)")
-    parser.add_argument("--trainer-key", dest="trainer_key", default=None,
-                        help="the run's trainer public key (hex or key file): the newest manifest is checked against it")
-    parser.add_argument("--seconds", type=float, default=15.0,
-                        help="how long to listen (peers heartbeat every 6 s by default)")
+    parser.add_argument(
+        "--trainer-key",
+        dest="trainer_key",
+        default=None,
+        help="the run's trainer public key (hex or key file): the newest manifest is checked against it",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=15.0, help="how long to listen (peers heartbeat every 6 s by default)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 

@@ -20,7 +20,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", help="tiny, smollm2 or a policy directory (default: tiny)")
     parser.add_argument("--task", help="reasoning-gym task name or a .jsonl/.parquet file (default: basic_arithmetic)")
     parser.add_argument("--config", type=Path, help="trainer TOML file (flags override it)")
-    parser.add_argument("--async-level", type=int, dest="async_level", help="max policy lag of a rollout; 0 = synchronous")
+    parser.add_argument(
+        "--async-level", type=int, dest="async_level", help="max policy lag of a rollout; 0 = synchronous"
+    )
     parser.add_argument("--curriculum", help="fastcurl, none or a TOML file of [[stage]] tables")
     parser.add_argument("--steps", type=int, help="optimizer steps")
     parser.add_argument("--out", type=Path, help="output directory (resumes when it holds a checkpoint)")
@@ -70,12 +72,11 @@ _OVERRIDES = ("model", "task", "async_level", "curriculum", "steps", "out", "see
 def run(args) -> int:
     if args.compare:
         return _compare(args)
+    from swarm.errors import usable_directory
     from trainer.config import load_config
     from trainer.errors import TrainerError
     from trainer.launch import check_supported, launch_ranks, world_size
     from trainer.session import train
-
-    from swarm.errors import usable_directory
 
     overrides = {k: getattr(args, k, None) for k in _OVERRIDES}
     if overrides.get("out") is not None:

@@ -150,8 +150,10 @@ def _train_step_line(r: dict) -> str:
 _ROLE_LINES = {
     "published": lambda r: f"published policy v{r['version']} ({r['bytes'] / 2**20:.2f} MiB{_run_details(r)})",
     "train_step": _train_step_line,
-    "trainer_waiting": lambda r: (f"waiting {r['waited_s']} s for a batch: {r['ready']}/{r['wanted']} accepted groups "
-                                  f"ready, {r['awaiting_votes']} awaiting votes, newest version v{r['newest_version']}"),
+    "trainer_waiting": lambda r: (
+        f"waiting {r['waited_s']} s for a batch: {r['ready']}/{r['wanted']} accepted groups "
+        f"ready, {r['awaiting_votes']} awaiting votes, newest version v{r['newest_version']}"
+    ),
     "trained": lambda r: f"training done: {r['steps']} steps, final policy v{r['version']} in {r['final']}",
     "generated": lambda r: (f"generated {r['groups']} groups with v{r['version']} (claimed mean reward "
                             f"{r['mean_reward']})"),

@@ -93,7 +93,6 @@ class Node:
         """Tell the run about a new version: gossip (inline when small, by id otherwise) and the DHT record that
         names the run's latest manifest (signed by this peer, which must hold the trainer key)."""
         from p2p.dht import LatestManifest
-
         from swarm.node_gossip import announcement_body
 
         await self.gossip.publish("manifest", announcement_body(signed, manifest))
@@ -130,14 +129,17 @@ class Node:
 
 
 async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask],
-                          trust_key: bytes | None = None, on_stopping: Callable[[Node], None] = lambda node: None) -> int:
+                          trust_key: bytes | None = None,
+                          on_stopping: Callable[[Node], None] = lambda node: None) -> int:
     """Build host, gossip, store and mirror, run until cancelled, `done` or a role finishes; returns exit status.
 
     Teardown is bounded (swarm.shutdown): `on_stopping` is called once the peer's work is over, and whatever of
     closing the network still waits after TEARDOWN_GRACE_S is cancelled."""
     from p2p.bootstrap import resolve_bootstrap
 
-    bootstrap = resolve_bootstrap(config.bootstrap or None, None, config.bootstrap_file if config.bootstrap_file.exists() else None)
+    bootstrap = resolve_bootstrap(
+        config.bootstrap or None, None, config.bootstrap_file if config.bootstrap_file.exists() else None
+    )
     usable_directory(config.data_dir, "data directory")
     built: list[Node] = []  # the node once it exists: its `failed` flag is the exit status
     closed = trio.Event()
@@ -189,9 +191,15 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 share_host_faults(host, gossip)
                 events.listeners.append(node.note_progress)
                 await nursery.start(mirror.run_service)
-                await nursery.start(serve_data_channels, host, mirror.accept_link,
-                                    ChannelConfig(exempt_loopback=config.data_exempt_loopback))
-                install_manifest_server(host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None)
+                await nursery.start(
+                    serve_data_channels,
+                    host,
+                    mirror.accept_link,
+                    ChannelConfig(exempt_loopback=config.data_exempt_loopback),
+                )
+                install_manifest_server(
+                    host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None
+                )
                 events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.roles))
                 for part, *args in [(receive_manifests,), (receive_heartbeats,), (send_heartbeats,),
                                     (_forget_silent_peers,), (_keep_bootstrap_links, tuple(bootstrap)),

@@ -30,7 +30,7 @@ class RunSpec:
     replicas: int  # validators assigned to each rollout
     quorum: int  # accepting votes that settle a rollout as accepted
     validators: tuple[str, ...]  # hex Ed25519 public keys of the validators for this version's rollouts
-    precision: str = "float32"  # what workers generate in (float32, or bfloat16 on GPUs); sets the validators' tolerances
+    precision: str = "float32"
     task_root: str = ""  # hex BLAKE3 root of the task file among the manifest's files ("" for a built-in task set)
 
     def to_dict(self) -> dict:

@@ -12,7 +12,19 @@ from tasks.segments import SEGMENTS, mean_prompt_length, segment
 from tasks.taskset import TaskEntry, TaskSet
 
 __all__ = [
-    "ANSWER_INSTRUCTION", "DifficultyBand", "decode_completion", "SEGMENTS", "SolveRateCache", "TaskEntry", "TaskError", "TaskSet",
-    "estimate_solve_rates", "filter_by_solve_rate", "load_tasks", "mean_prompt_length", "render_prompt_text",
-    "render_prompt_tokens", "segment",
+    "ANSWER_INSTRUCTION",
+    "DifficultyBand",
+    "decode_completion",
+    "SEGMENTS",
+    "SolveRateCache",
+    "TaskEntry",
+    "TaskError",
+    "TaskSet",
+    "estimate_solve_rates",
+    "filter_by_solve_rate",
+    "load_tasks",
+    "mean_prompt_length",
+    "render_prompt_text",
+    "render_prompt_tokens",
+    "segment",
 ]

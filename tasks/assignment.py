@@ -35,7 +35,9 @@ def assign_tasks(run: str, worker: str, step: int, eligible: Sequence[int], coun
         remaining = len(pool) - (i % len(pool))
         if i % len(pool) == 0 and i > 0:
             pool = list(eligible)  # more picks than prompts: start another pass
-        draw = int.from_bytes(blake3.blake3(seed.to_bytes(8, "little") + i.to_bytes(8, "little")).digest()[:8], "little")
+        draw = int.from_bytes(
+            blake3.blake3(seed.to_bytes(8, "little") + i.to_bytes(8, "little")).digest()[:8], "little"
+        )
         offset = i % len(pool)
         j = offset + draw % remaining
         pool[offset], pool[j] = pool[j], pool[offset]

@@ -56,7 +56,9 @@ def _read_parquet(path: Path) -> list[dict]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise TaskError(f"reading {path} needs pyarrow, which is not installed (pip install pyarrow, or convert it to JSONL)") from None
+        raise TaskError(
+            f"reading {path} needs pyarrow, which is not installed (pip install pyarrow, or convert it to JSONL)"
+        ) from None
     try:
         return pq.read_table(path).to_pylist()
     except Exception as exc:  # noqa: BLE001 - any pyarrow failure means the file is unreadable

@@ -45,8 +45,11 @@ def test_toml_curriculum_loads(tmp_path):
 @pytest.mark.parametrize(
     "body,needle",
     [
-        ('[[stage]]\ndata = "all"\nmax_new_tokens = 8\ngroup_size = 2\nsteps = 1\ncontext = 3\n', "unknown key 'context'"),
-        ('[[stage]]\nmax_new_tokens = 8\ngroup_size = 2\nsteps = 1\n', "has no data"),
+        (
+            '[[stage]]\ndata = "all"\nmax_new_tokens = 8\ngroup_size = 2\nsteps = 1\ncontext = 3\n',
+            "unknown key 'context'",
+        ),
+        ("[[stage]]\nmax_new_tokens = 8\ngroup_size = 2\nsteps = 1\n", "has no data"),
         ('[[stage]]\ndata = "medium"\nmax_new_tokens = 8\ngroup_size = 2\nsteps = 1\n', "choose from short, all, long"),
         ('title = "x"\n', "unknown key 'title'"),
         ('[[stage]]\ndata = "all"\ngroup_size = 2\nsteps = 1\n', "missing max_new_tokens"),

@@ -145,8 +145,16 @@ def test_entropy_bonus_lowers_the_loss_and_kl_raises_it():
     ent, stats = grpo_loss(logits, tokens, mask, old, torch.tensor([0.0]), cfg=LossConfig(entropy_coef=0.1), **kw)
     assert float(ent) == pytest.approx(float(base) - 0.1 * stats.entropy)
     ref = old - 0.5
-    kl, kstats = grpo_loss(logits, tokens, mask, old, torch.tensor([0.0]), cfg=LossConfig(entropy_coef=0.0, kl_coef=1.0),
-                           ref_logprobs=ref, **kw)
+    kl, kstats = grpo_loss(
+        logits,
+        tokens,
+        mask,
+        old,
+        torch.tensor([0.0]),
+        cfg=LossConfig(entropy_coef=0.0, kl_coef=1.0),
+        ref_logprobs=ref,
+        **kw,
+    )
     assert kstats.kl == pytest.approx(math.exp(-0.5) + 0.5 - 1.0, rel=1e-5)
     assert float(kl) > float(base)
 

@@ -146,7 +146,8 @@ def test_proofs_cover_every_token_and_verify_against_prefill(backend):
 
 def _policy_dir(path, model, scale):
     path.mkdir()
-    save_file({n: (p.detach() * scale).contiguous() for n, p in model.named_parameters()}, str(path / "model.safetensors"))
+    save_file({n: (p.detach() * scale).contiguous() for n, p in model.named_parameters()},
+              str(path / "model.safetensors"))
     return str(path)
 
 

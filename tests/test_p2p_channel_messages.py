@@ -11,8 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2p.channel import PROTOCOL, ChannelConfig, open_data_channel
-from p2p.channel_messages import (MAX_MESSAGE, ChannelOffer, ChannelRequest, HandshakeBreach, decode_offer,
-                                  decode_request, encode_offer, encode_request)
+from p2p.channel_messages import (
+    MAX_MESSAGE,
+    ChannelOffer,
+    ChannelRequest,
+    HandshakeBreach,
+    decode_offer,
+    decode_request,
+    encode_offer,
+    encode_request,
+)
 from p2p.errors import ChannelError
 from p2p.host import open_host
 

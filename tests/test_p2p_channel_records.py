@@ -113,7 +113,13 @@ def test_split_records_slices_parts_into_fewest_full_records_without_copying():
     assert [len(g) for g in groups] == [2, 1, 2]
     head, big, tail = memoryview(b"h" * 5), memoryview(os.urandom(40)), memoryview(b"t" * 3)
     groups = list(split_records([head, big, tail], limit=16, copy_limit=8))  # a big part is never copied with others
-    assert [[bytes(v) for v in g] for g in groups] == [[b"h" * 5], [bytes(big[:16])], [bytes(big[16:32])], [bytes(big[32:])], [b"ttt"]]
+    assert [[bytes(v) for v in g] for g in groups] == [
+        [b"h" * 5],
+        [bytes(big[:16])],
+        [bytes(big[16:32])],
+        [bytes(big[32:])],
+        [b"ttt"],
+    ]
     assert list(split_records([memoryview(b"")])) == []
 
 
@@ -145,8 +151,12 @@ def test_oversized_or_malformed_headers_are_refused_before_reading_the_body():
 
 async def socket_pair_streams(timeouts=StreamTimeouts()):
     a, b = trio.socket.socketpair()
-    left = SecureChannelStream(trio.SocketStream(a), RecordSealer(KEY, DIALER), RecordOpener(KEY, LISTENER), "L", timeouts)
-    right = SecureChannelStream(trio.SocketStream(b), RecordSealer(KEY, LISTENER), RecordOpener(KEY, DIALER), "R", timeouts)
+    left = SecureChannelStream(
+        trio.SocketStream(a), RecordSealer(KEY, DIALER), RecordOpener(KEY, LISTENER), "L", timeouts
+    )
+    right = SecureChannelStream(
+        trio.SocketStream(b), RecordSealer(KEY, LISTENER), RecordOpener(KEY, DIALER), "R", timeouts
+    )
     return left, right
 
 
@@ -253,7 +263,11 @@ async def raw_pair():
     """A sealed-record reader facing a hostile raw socket that we script byte by byte."""
     a, b = trio.socket.socketpair()
     reader = SecureChannelStream(
-        trio.SocketStream(b), RecordSealer(KEY, LISTENER), RecordOpener(KEY, DIALER), "hostile", StreamTimeouts(record_timeout=5)
+        trio.SocketStream(b),
+        RecordSealer(KEY, LISTENER),
+        RecordOpener(KEY, DIALER),
+        "hostile",
+        StreamTimeouts(record_timeout=5),
     )
     return trio.SocketStream(a), reader
 

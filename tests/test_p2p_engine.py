@@ -288,7 +288,7 @@ def test_late_peer_completes_from_reseeders_after_the_seed_leaves():
     sim = Sim(30, ["seed"], ["p0", "p1", "p2"])
     sim.connect_all()
     sim.run()
-    sim.links = {l for l in sim.links if "seed" not in l}
+    sim.links = {link for link in sim.links if "seed" not in link}
     for p in ("p0", "p1", "p2"):
         sim.handle(p, sim.nodes[p].peer_gone("seed", sim.now))
     late = SwarmEngine(30, bytes(30), rng=random.Random(9))

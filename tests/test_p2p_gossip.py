@@ -9,9 +9,8 @@ import msgpack
 import pytest
 import trio
 
-from p2p.envelope import seal
+from p2p.envelope import KINDS, seal
 from p2p.errors import GossipError
-from p2p.envelope import KINDS
 from p2p.gossip import Gossip, GossipConfig, PublishPacer, open_gossip, topic_for
 from p2p.gossip_admission import AdmissionConfig, KindRate
 from p2p.host import HostConfig, open_host

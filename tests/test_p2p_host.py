@@ -210,11 +210,11 @@ async def test_one_connection_per_peer_even_when_it_listens_on_several_addresses
     """A peer known by several addresses, dialed again, and dialed back from the other side: still one connection
     each way (each extra one costs a Noise handshake and splits the peer's streams). Two dials that cross in flight
     can leave two for a while; py-libp2p trims the extra one past its grace period (docs/limits.md)."""
+    import socket
+
     from libp2p.peer.id import ID
     from libp2p.peer.peerinfo import PeerInfo
     from multiaddr import Multiaddr
-
-    import socket
 
     with socket.socket() as probe:  # a second, fixed port (two port-0 listen addresses are one to py-libp2p)
         probe.bind(("127.0.0.1", 0))

@@ -16,8 +16,17 @@ from p2p.host import open_host
 from p2p.identity import Identity
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
-from p2p.wire import (FrameDecoder, Hello, Piece, Request, message_frame, pack_bits, parse_message, read_frame,
-                      send_buffers)
+from p2p.wire import (
+    FrameDecoder,
+    Hello,
+    Piece,
+    Request,
+    message_frame,
+    pack_bits,
+    parse_message,
+    read_frame,
+    send_buffers,
+)
 from swarm.link_preamble import read_body, read_head, send_preamble
 from swarm.mirror import PolicyMirror
 from swarm.trust import TrainerTrust

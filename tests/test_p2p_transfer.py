@@ -123,7 +123,7 @@ async def test_seed_leaves_after_first_copy_and_a_late_peer_completes(tmp_path, 
     seed_cfg = TransferConfig(engine=EngineConfig(super_seed=True))
     async with trio.open_nursery() as nursery:
         c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
-        seed = await c.add("seed", seed_from=tmp_path / "src", upload_bps=1 * MB, config=seed_cfg)
+        await c.add("seed", seed_from=tmp_path / "src", upload_bps=1 * MB, config=seed_cfg)
         peers = ["p0", "p1", "p2"]
         for p in peers:
             await c.add(p, upload_bps=1 * MB)

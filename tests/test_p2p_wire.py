@@ -136,7 +136,17 @@ def _assert_canonical(msg, num_pieces: int) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.text(max_size=5), st.recursive(st.none() | st.integers(-(2**63), 2**64 - 1) | st.binary(max_size=8), lambda c: st.lists(c, max_size=3), max_leaves=8), max_size=4))
+@given(
+    st.dictionaries(
+        st.text(max_size=5),
+        st.recursive(
+            st.none() | st.integers(-(2**63), 2**64 - 1) | st.binary(max_size=8),
+            lambda c: st.lists(c, max_size=3),
+            max_leaves=8,
+        ),
+        max_size=4,
+    )
+)
 @example({"t": "have", "index": 3})  # accepted shapes too: each must re-encode to itself
 @example({"t": "hello", "manifest_id": b"m" * 32, "bitfield": b"\xff\x80"})
 def test_valid_msgpack_with_arbitrary_shapes_only_raises_frame_error(header):

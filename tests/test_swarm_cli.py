@@ -16,31 +16,53 @@ def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*SWARM, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["peer", "start", "--role", "bogus"], "unknown role bogus"),
-    (["peer", "start", "--bootstrap", "/ip4/not-an-ip"], "is not a valid multiaddr"),
-    (["publish", "/nonexistent/ckpt", "--run", "r", "--key", "/nonexistent/key"], "does not exist"),
-    (["peer", "start", "--quorum", "3", "--replicas", "2"], "quorum 3 must be between 1 and replicas"),
-    (["peer", "start", "--gpu-memory", "1.5"], "gpu_memory 1.5 is outside 0.05..0.95"),
-    (["peer", "start", "--run", "a/b"], "run name 'a/b' must be 1 to 64 letters"),
-    (["peer", "start", "--validator-key", "nokey"], "--validator-key 'nokey' is neither a 64-hex-digit public key"),
-    (["peer", "start", "--validator-key", "12D3KooWbroken"], "--validator-key '12D3KooWbroken' is not a valid peer"),
-    (["peer", "start", "--validator-key", "ab" * 32], "--validator-key lists 1 distinct key(s) but the quorum needs 2 validators"),
-    (["peer", "start", "--role", "inference", "--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
-    (["peer", "start", "--role", "trainer", "--trainer-config", "/nonexistent.toml"], "/nonexistent.toml does not exist"),
-    (["sim", "--task", "nosuchtask"], "unknown task 'nosuchtask': not a reasoning-gym dataset"),
-    (["sim", "--task", "/nonexistent/tasks.jsonl"], "task file /nonexistent/tasks.jsonl does not exist"),
-    (["eval", "--n", "-5"], "--n must be at least 1, got -5"),
-    (["eval", "--temperature", "-1"], "--temperature must be within 0..10"),
-    (["bench", "generate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
-    (["bench", "churn", "--kill-every", "-1"], "--kill-every must be 0 (no kills) up to --seconds"),
-    (["bench", "churn", "--kill-trainer-every", "-2"], "--kill-trainer-every must be 0 (never) or more; got -2"),
-    (["bench", "churn", "--validators", "2", "--quorum", "3"], "need 1 <= --quorum (3) <= --replicas (2)"),
-    (["bench", "churn", "--departures", "-1"], "--departures must be 0 or more; got -1"),
-    (["status", "--run", "r", "--seconds", "0"], "--seconds must be above 0 and at most 600"),
-    (["status", "--run", "r", "--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWBHH8EeSjESdYHEVTPRStjT5dF3xWQxZXTGXL7dfsge33",
-      "--seconds", "1"], "no bootstrap peer answered"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["peer", "start", "--role", "bogus"], "unknown role bogus"),
+        (["peer", "start", "--bootstrap", "/ip4/not-an-ip"], "is not a valid multiaddr"),
+        (["publish", "/nonexistent/ckpt", "--run", "r", "--key", "/nonexistent/key"], "does not exist"),
+        (["peer", "start", "--quorum", "3", "--replicas", "2"], "quorum 3 must be between 1 and replicas"),
+        (["peer", "start", "--gpu-memory", "1.5"], "gpu_memory 1.5 is outside 0.05..0.95"),
+        (["peer", "start", "--run", "a/b"], "run name 'a/b' must be 1 to 64 letters"),
+        (["peer", "start", "--validator-key", "nokey"], "--validator-key 'nokey' is neither a 64-hex-digit public key"),
+        (
+            ["peer", "start", "--validator-key", "12D3KooWbroken"],
+            "--validator-key '12D3KooWbroken' is not a valid peer",
+        ),
+        (
+            ["peer", "start", "--validator-key", "ab" * 32],
+            "--validator-key lists 1 distinct key(s) but the quorum needs 2 validators",
+        ),
+        (["peer", "start", "--role", "inference", "--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
+        (
+            ["peer", "start", "--role", "trainer", "--trainer-config", "/nonexistent.toml"],
+            "/nonexistent.toml does not exist",
+        ),
+        (["sim", "--task", "nosuchtask"], "unknown task 'nosuchtask': not a reasoning-gym dataset"),
+        (["sim", "--task", "/nonexistent/tasks.jsonl"], "task file /nonexistent/tasks.jsonl does not exist"),
+        (["eval", "--n", "-5"], "--n must be at least 1, got -5"),
+        (["eval", "--temperature", "-1"], "--temperature must be within 0..10"),
+        (["bench", "generate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+        (["bench", "churn", "--kill-every", "-1"], "--kill-every must be 0 (no kills) up to --seconds"),
+        (["bench", "churn", "--kill-trainer-every", "-2"], "--kill-trainer-every must be 0 (never) or more; got -2"),
+        (["bench", "churn", "--validators", "2", "--quorum", "3"], "need 1 <= --quorum (3) <= --replicas (2)"),
+        (["bench", "churn", "--departures", "-1"], "--departures must be 0 or more; got -1"),
+        (["status", "--run", "r", "--seconds", "0"], "--seconds must be above 0 and at most 600"),
+        (
+            [
+                "status",
+                "--run",
+                "r",
+                "--bootstrap",
+                "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWBHH8EeSjESdYHEVTPRStjT5dF3xWQxZXTGXL7dfsge33",
+                "--seconds",
+                "1",
+            ],
+            "no bootstrap peer answered",
+        ),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, args, fragment):
     result = run_swarm(*args, "--data-dir", str(tmp_path / "d")) if args[0] == "peer" else run_swarm(*args)
     assert result.returncode == 2
@@ -94,9 +116,12 @@ def test_a_hugging_face_directory_that_cannot_be_published_is_one_line(tmp_path,
     result = run_swarm("publish", str(checkpoint), "--run", "r", "--key", str(tmp_path / "key"),
                        "--data-dir", str(tmp_path / "d"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().startswith(f"swarm: error: cannot publish {checkpoint}: ") and fragment in result.stderr
-    assert not (tmp_path / "d").exists() and sorted(p.name for p in checkpoint.iterdir()) == \
-        sorted(["config.json"] + (["model.safetensors"] if weights else []))
+    assert (
+        result.stderr.strip().startswith(f"swarm: error: cannot publish {checkpoint}: ") and fragment in result.stderr
+    )
+    assert not (tmp_path / "d").exists() and sorted(p.name for p in checkpoint.iterdir()) == sorted(
+        ["config.json"] + (["model.safetensors"] if weights else [])
+    )
 
 
 def test_second_process_on_the_same_data_dir_is_refused(tmp_path):

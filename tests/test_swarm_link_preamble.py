@@ -11,8 +11,7 @@ from p2p.budget import FREE_BYTES, BudgetExhausted, ByteRate, MemoryBudget
 from p2p.identity import Identity
 from p2p.store import PieceStore
 from swarm import mirror as mirror_module
-from swarm.link_preamble import (MAX_SIGNED_BYTES, Preamble, PreambleBreach, decode_head, read_body,
-                                 read_head)
+from swarm.link_preamble import MAX_SIGNED_BYTES, Preamble, PreambleBreach, decode_head, read_body, read_head
 from swarm.mirror import PolicyMirror
 from swarm.trust import TrainerTrust
 

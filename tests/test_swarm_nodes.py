@@ -42,10 +42,22 @@ class Peer:
     """One in-process peer; `node` is set once it runs, `stop()` ends it."""
 
     def __init__(self, tmp: Path, name: str, trainer: Identity, bootstrap=(), identity=None, reseed=True, **config):
-        self.config = load_config(None, {"run": "t", "data_dir": tmp / name, "bootstrap": tuple(bootstrap),
-                                         "trainer_key": trainer.public_bytes.hex(), "reseed": reseed,
-                                         "bootstrap_file": tmp / "none.txt", "status_every_s": 0.5,
-                                         "heartbeat_every_s": 0.5, "peer_silence_s": 1.5, "bootstrap_redial_s": 0.5, **config})
+        self.config = load_config(
+            None,
+            {
+                "run": "t",
+                "data_dir": tmp / name,
+                "bootstrap": tuple(bootstrap),
+                "trainer_key": trainer.public_bytes.hex(),
+                "reseed": reseed,
+                "bootstrap_file": tmp / "none.txt",
+                "status_every_s": 0.5,
+                "heartbeat_every_s": 0.5,
+                "peer_silence_s": 1.5,
+                "bootstrap_redial_s": 0.5,
+                **config,
+            },
+        )
         self.identity = identity or Identity.generate()
         self.trainer = trainer
         self.node = None
@@ -338,12 +350,16 @@ async def test_a_slow_dht_put_is_quiet_until_it_becomes_a_streak(caplog, autojum
             assert trio.current_time() - before <= DHT_PUT_LIMIT_S  # bounded by the put limit
             return sum(r.levelno == logging.WARNING for r in caplog.records)
 
-        assert [await put_and_count_warnings() for _ in range(DHT_PUT_WARN_AFTER + 1)] == [0] * (DHT_PUT_WARN_AFTER - 1) + [1, 1]
+        assert [await put_and_count_warnings() for _ in range(DHT_PUT_WARN_AFTER + 1)] == [0] * (
+            DHT_PUT_WARN_AFTER - 1
+        ) + [1, 1]
         node.dht.stuck = False
         await node._put_latest(record=None)
         assert node.dht_put_misses == 0  # a stored record ends the streak
         node.dht.stuck = True
-        assert [await put_and_count_warnings() for _ in range(DHT_PUT_WARN_AFTER)] == [1] * (DHT_PUT_WARN_AFTER - 1) + [2]
+        assert [await put_and_count_warnings() for _ in range(DHT_PUT_WARN_AFTER)] == [1] * (DHT_PUT_WARN_AFTER - 1) + [
+            2
+        ]
     assert "not stored within" in caplog.text
 
 

@@ -171,6 +171,7 @@ def test_a_trainer_killed_mid_run_restarts_on_its_address_and_finishes(tmp_path)
     assert resumed["step"] >= 1 and resumed["version"] > announced_before
     assert min(e["version"] for e in again.events("published")) > announced_before
     steps = again.events("train_step")
-    assert trained["steps"] == 3 and [e["step"] for e in steps] == list(range(resumed["step"], 3))  # 0-based step numbers
+    # 0-based step numbers
+    assert trained["steps"] == 3 and [e["step"] for e in steps] == list(range(resumed["step"], 3))
     assert all(s["workers"] == [worker_id] for s in steps)  # only quorum-accepted groups of the one worker
     assert not any(p.events("role_failed") for p in peers)

@@ -24,8 +24,8 @@ from swarm.rollout_codec import (
     BlobCache,
     RolloutRefused,
     TransportLimits,
-    decode_blob,
     batch_bodies,
+    decode_blob,
     open_blob,
     pack_group,
     parse_announcement,
@@ -418,7 +418,8 @@ def test_receive_flow_bounds_are_checked():
         ReceiveFlow(concurrent=2, per_sender=3)
 
 
-async def test_an_exception_in_a_rollout_handler_drops_that_message_and_the_role_receives_on(monkeypatch, autojump_clock):
+async def test_an_exception_in_a_rollout_handler_drops_that_message_and_the_role_receives_on(
+        monkeypatch, autojump_clock):
     """Fault injection at the rollout boundary: a RuntimeError raised while one envelope is received or its group
     delivered drops that envelope and scores its sender; receive_groups (and the role running it) goes on."""
     from types import SimpleNamespace

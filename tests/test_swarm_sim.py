@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 
 import pytest
-
 import trio
 
 from swarm.events import EventSink

@@ -69,16 +69,33 @@ def test_the_view_summarises_heartbeats_rollouts_and_votes_and_refuses_what_does
     assert report["refused_messages"] == 2  # the other worker's group, the forged vote
     text = render(report)
     assert "3 peers heard in 5 s; newest policy v4" in text and "fetching v4" in text
-    assert "step 12, reward 0.25, stage long@12" in text and "voted 1 accept / 1 reject" in text and "2 messages refused" in text
+    assert (
+        "step 12, reward 0.25, stage long@12" in text
+        and "voted 1 accept / 1 reject" in text
+        and "2 messages refused" in text
+    )
 
 
-@pytest.mark.parametrize("body", [
-    "not a dict", {"roles": ["validator"], "policies": [[-1, b"x", True], "junk"]}, {"policies": 7},
-    {"roles": "seed"}, {"addrs": 5}, {"policies": {"a": 1}}, {"policies": [[True, bytes(32), 0]]},
-    {"policies": [[1, bytes(32), False]] * 17}, {"progress": {"nested": {"x": 1}}}, {"progress": {"k" * 40: 1}},
-    {"progress": {"note": "x" * 100}}, {"progress": {"step": "1\r\nfake"}}, {"roles": ["seed\n[trainer] step 9"]},
-    {"addrs": ["/ip4/10.0.0.1/tcp/1/p2p/someone-else"]}, {"roles": ["seed"], "extra": 1},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "not a dict",
+        {"roles": ["validator"], "policies": [[-1, b"x", True], "junk"]},
+        {"policies": 7},
+        {"roles": "seed"},
+        {"addrs": 5},
+        {"policies": {"a": 1}},
+        {"policies": [[True, bytes(32), 0]]},
+        {"policies": [[1, bytes(32), False]] * 17},
+        {"progress": {"nested": {"x": 1}}},
+        {"progress": {"k" * 40: 1}},
+        {"progress": {"note": "x" * 100}},
+        {"progress": {"step": "1\r\nfake"}},
+        {"roles": ["seed\n[trainer] step 9"]},
+        {"addrs": ["/ip4/10.0.0.1/tcp/1/p2p/someone-else"]},
+        {"roles": ["seed"], "extra": 1},
+    ],
+)
 def test_a_heartbeat_a_handler_would_have_to_skip_is_refused_whole(body):
     """What the view or the node would have to ignore is refused at decode, so it is never forwarded either."""
     with pytest.raises(EnvelopeError) as refused:

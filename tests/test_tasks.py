@@ -4,8 +4,16 @@ import json
 
 import pytest
 
-from tasks import (DifficultyBand, TaskError, estimate_solve_rates, filter_by_solve_rate, load_tasks,
-                   mean_prompt_length, render_prompt_text, segment)
+from tasks import (
+    DifficultyBand,
+    TaskError,
+    estimate_solve_rates,
+    filter_by_solve_rate,
+    load_tasks,
+    mean_prompt_length,
+    render_prompt_text,
+    segment,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +41,9 @@ def test_other_builtin_tasks_load(name):
 
 def test_difficulty_is_configurable():
     easy = load_tasks("chain_sum", size=20, seed=1, config={"min_terms": 2, "max_terms": 2, "max_digits": 1})
-    hard = load_tasks("chain_sum", size=20, seed=1, config={"min_terms": 5, "max_terms": 5, "min_digits": 3, "max_digits": 3})
+    hard = load_tasks(
+        "chain_sum", size=20, seed=1, config={"min_terms": 5, "max_terms": 5, "min_digits": 3, "max_digits": 3}
+    )
     assert all(e.metadata["num_terms"] == 2 for e in easy) and all(e.metadata["num_terms"] == 5 for e in hard)
     assert mean_prompt_length(hard) > mean_prompt_length(easy)
     assert hard.spec["config"]["max_terms"] == 5

@@ -21,7 +21,9 @@ from trainer.distributed import default_backend, init_data_parallel, init_parall
 from trainer.errors import TrainerError
 from trainer.fsdp import FsdpPrecision, default_precision, shard_plan
 
-LAUNCH = "import sys; sys.path.insert(0, sys.argv[2]); from test_trainer_distributed import run_rank; run_rank(sys.argv[1])"
+LAUNCH = (
+    "import sys; sys.path.insert(0, sys.argv[2]); from test_trainer_distributed import run_rank; run_rank(sys.argv[1])"
+)
 CONFIG = dict(lr=1e-2, warmup_steps=1, micro_batch=3, grad_clip=1.0)
 
 

@@ -75,7 +75,10 @@ def test_restart_resumes_exactly(tmp_path, model_cache):
     run_sync(resumed, FixedSource(), 4)
     a, b = straight.loaded.model.state_dict(), resumed.loaded.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not torch.equal(a["model.embed_tokens.weight"], load_model("tiny", cache_dir=model_cache).model.state_dict()["model.embed_tokens.weight"])
+    assert not torch.equal(
+        a["model.embed_tokens.weight"],
+        load_model("tiny", cache_dir=model_cache).model.state_dict()["model.embed_tokens.weight"],
+    )
     assert resumed.state.consumed == straight.state.consumed  # ids of versions inside the async window only
     assert set(straight.state.consumed.values()) == {3} and len(straight.state.consumed) == 2  # async level 0
     assert [p.name for p in list_checkpoints(tmp_path / "b" / "checkpoints")] == ["step-000002", "step-000004"]

@@ -156,7 +156,8 @@ def test_length_sorted_micro_batches_give_the_one_pass_step(tiny, fused):
         packed = trainer._pack(groups, rows)
         batches = trainer._micro_batches(packed, list(range(len(rows))))
         lengths = packed.lengths()
-        assert [len(b) for b in batches] == [len(c) for c in [rows[i:i + micro_batch] for i in range(0, len(rows), micro_batch)]]
+        assert [len(b) for b in batches] == [len(c) for c in [rows[i:i + micro_batch]
+                                                               for i in range(0, len(rows), micro_batch)]]
         flat = [i for b in batches for i in b]
         prompts = [int(packed.row_prompt[i]) for i in flat]
         runs = [p for k, p in enumerate(prompts) if k == 0 or prompts[k - 1] != p]

@@ -17,9 +17,17 @@ def test_bench_verify_smoke(capsys):
     assert report["summary"]["false_rejects"] == 0
     assert all(r["groups"] == 2 for r in rows.values())
     # int8 and 1e-3 noise are statistical at 8 tokens (see the full bench); these are caught by construction
-    for name in ("other_model_same_shape", "sampled_at_other_temperature", "older_version_replayed",
-                 "smaller_model_completion_reproved", "unassigned_prompt", "4_tokens_replaced_reproved",
-                 "completion_truncated_reproved", "fabricated_reward", "weights_perturbed_1e-3_fp32_same_kernels_toploc"):
+    for name in (
+        "other_model_same_shape",
+        "sampled_at_other_temperature",
+        "older_version_replayed",
+        "smaller_model_completion_reproved",
+        "unassigned_prompt",
+        "4_tokens_replaced_reproved",
+        "completion_truncated_reproved",
+        "fabricated_reward",
+        "weights_perturbed_1e-3_fp32_same_kernels_toploc",
+    ):
         assert rows[name]["rejected"] == 2, (name, rows[name])
     assert report["summary"]["proof_bytes_per_32_tokens"] == [258.0]
 
@@ -53,3 +61,20 @@ def test_bench_verify_history_section_at_the_smallest_size(capsys):
 def test_bench_verify_refuses_a_history_count_below_one(capsys):
     assert main(["bench", "verify", "--attempts", "0"]) == 2
     assert "--attempts must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_config_defaults_match_the_command_line():
+    """A BenchConfig built in code runs the same sizes as a bare `swarm bench verify`."""
+    import argparse
+    import dataclasses
+
+    from swarm.cmd_bench_verify import add_arguments
+    from verify.bench import BenchConfig
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = vars(parser.parse_args([]))
+    defaults = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
+    shared = sorted(set(args) & set(defaults))
+    assert {"honest_groups", "per_worker", "attempts", "history"} <= set(shared)
+    assert {k: args[k] for k in shared} == {k: defaults[k] for k in shared}

@@ -9,8 +9,15 @@ import torch
 
 from tasks.assignment import assign_tasks
 from verify import toploc
-from verify.checks import (CheckConfig, RunContext, check_contract, check_lengths, check_policy, check_stop_tokens,
-                           check_termination)
+from verify.checks import (
+    CheckConfig,
+    RunContext,
+    check_contract,
+    check_lengths,
+    check_policy,
+    check_stop_tokens,
+    check_termination,
+)
 from verify.rollout import Completion, RolloutGroup
 from verify.testing import EOS_ID, GymTasks, honest_group, tiny_model
 from verify.verifier import verify_groups
@@ -65,13 +72,22 @@ def dishonest_variants(group: RolloutGroup, ctx: RunContext) -> dict[str, tuple[
     c0 = group.completions[0]
     swapped = list(c0.tokens)
     swapped[3] = (swapped[3] + 1) % 256 + 3
-    unassigned = next(i for i in ctx.eligible if i not in assign_tasks(ctx.run, group.worker, group.step, ctx.eligible, 2))
+    unassigned = next(
+        i for i in ctx.eligible if i not in assign_tasks(ctx.run, group.worker, group.step, ctx.eligible, 2)
+    )
     return {
-        "stale version": (dataclasses.replace(group, policy_version=VERSION - 3, manifest_id=MANIFESTS[VERSION - 3]), "policy"),
+        "stale version": (
+            dataclasses.replace(group, policy_version=VERSION - 3, manifest_id=MANIFESTS[VERSION - 3]),
+            "policy",
+        ),
         "wrong manifest": (dataclasses.replace(group, manifest_id=MANIFESTS[VERSION - 1]), "policy"),
         "other run": (dataclasses.replace(group, run="run-b"), "policy"),
-        "unassigned prompt": (dataclasses.replace(
-            group, task_index=unassigned, prompt_tokens=tuple(ctx.tasks.prompt_tokens(ctx.dataset, unassigned))), "assignment"),
+        "unassigned prompt": (
+            dataclasses.replace(
+                group, task_index=unassigned, prompt_tokens=tuple(ctx.tasks.prompt_tokens(ctx.dataset, unassigned))
+            ),
+            "assignment",
+        ),
         "edited prompt": (dataclasses.replace(group, prompt_tokens=group.prompt_tokens[:-1] + (40,)), "rendering"),
         "longer limit": (dataclasses.replace(group, max_new_tokens=ctx.max_new_tokens + 1), "max_new_tokens"),
         "token outside vocab": (replace_completion(group, tokens=c0.tokens[:-1] + (100_000,)), "length"),
@@ -101,9 +117,19 @@ def test_another_model_of_the_same_shape_is_caught_by_proof_and_sampling(ctx, ho
 
 def test_hostile_inputs_give_rejecting_verdicts_not_exceptions(model, ctx, honest):
     wire = honest[0].to_wire()
-    nan_logprob = dict(wire, completions=[dict(wire["completions"][0], logprobs=[float("nan")] * len(wire["completions"][0]["tokens"]))])
-    inputs = [b"\x00garbage", {"v": 1}, None, 17, nan_logprob, dict(wire, temperature=float("inf")),
-              dict(wire, completions=[dict(wire["completions"][0], reward=7.0)] + wire["completions"][1:])]
+    nan_logprob = dict(
+        wire,
+        completions=[dict(wire["completions"][0], logprobs=[float("nan")] * len(wire["completions"][0]["tokens"]))],
+    )
+    inputs = [
+        b"\x00garbage",
+        {"v": 1},
+        None,
+        17,
+        nan_logprob,
+        dict(wire, temperature=float("inf")),
+        dict(wire, completions=[dict(wire["completions"][0], reward=7.0)] + wire["completions"][1:]),
+    ]
     verdicts = verify_groups({VERSION: model}, inputs, ctx)
     assert len(verdicts) == len(inputs) and not any(v.accepted for v in verdicts)
     assert all(v.reason for v in verdicts)
@@ -116,18 +142,33 @@ def test_unknown_version_is_a_rejection_with_a_reason(ctx, honest):
 
 
 def make_group(tokens, finish, max_new=8) -> RolloutGroup:
-    completion = Completion(tuple(tokens), tuple([-1.0] * len(tokens)), finish, 0.0, b"\0" * toploc.proof_size(len(tokens)))
-    return RolloutGroup(run="run-a", policy_version=VERSION, manifest_id=MANIFESTS[VERSION], worker="w", step=0,
-                        dataset="basic_arithmetic", task_index=0, prompt_tokens=(1, 5), temperature=1.0,
-                        max_new_tokens=max_new, completions=(completion,))
+    completion = Completion(
+        tuple(tokens), tuple([-1.0] * len(tokens)), finish, 0.0, b"\0" * toploc.proof_size(len(tokens))
+    )
+    return RolloutGroup(
+        run="run-a",
+        policy_version=VERSION,
+        manifest_id=MANIFESTS[VERSION],
+        worker="w",
+        step=0,
+        dataset="basic_arithmetic",
+        task_index=0,
+        prompt_tokens=(1, 5),
+        temperature=1.0,
+        max_new_tokens=max_new,
+        completions=(completion,),
+    )
 
 
-@pytest.mark.parametrize("tokens,finish,p_last,ok", [
-    ([5, 6, EOS_ID], "eos", 0.5, True),
-    ([5, 6, EOS_ID], "eos", 0.05, False),  # INTELLECT-2: EOS must have had probability > 0.1
-    ([5] * 8, "length", 0.0, True),
-    ([5] * 7, "length", 0.0, False),  # truncated below the limit
-])
+@pytest.mark.parametrize(
+    "tokens,finish,p_last,ok",
+    [
+        ([5, 6, EOS_ID], "eos", 0.5, True),
+        ([5, 6, EOS_ID], "eos", 0.05, False),  # INTELLECT-2: EOS must have had probability > 0.1
+        ([5] * 8, "length", 0.0, True),
+        ([5] * 7, "length", 0.0, False),  # truncated below the limit
+    ],
+)
 def test_termination_rule(ctx, tokens, finish, p_last, ok):
     eos_ctx = dataclasses.replace(ctx, eos_ids=(EOS_ID,), max_new_tokens=8)
     result = check_termination(make_group(tokens, finish), [p_last], eos_ctx, CheckConfig())

@@ -34,12 +34,25 @@ def test_vote_signature_round_trip_and_tampering():
     assert not verify_vote(stolen)
 
 
-@pytest.mark.parametrize("wire", [
-    None, {}, {"v": 1}, {"v": 1, "rollout_id": b"x", "validator": b"y" * 32, "accept": True, "checks": [], "sig": b"s" * 64},
-    {"v": 1, "rollout_id": RID, "validator": PUBS[0], "accept": 1, "checks": [], "sig": b"s" * 64},
-    {"v": 1, "rollout_id": RID, "validator": PUBS[0], "accept": True, "checks": [["a", True]], "sig": b"s" * 64},
-    {"v": 1, "rollout_id": RID, "validator": PUBS[0], "accept": True, "checks": [["a", True, "r"]] * 99, "sig": b"s" * 64},
-])
+@pytest.mark.parametrize(
+    "wire",
+    [
+        None,
+        {},
+        {"v": 1},
+        {"v": 1, "rollout_id": b"x", "validator": b"y" * 32, "accept": True, "checks": [], "sig": b"s" * 64},
+        {"v": 1, "rollout_id": RID, "validator": PUBS[0], "accept": 1, "checks": [], "sig": b"s" * 64},
+        {"v": 1, "rollout_id": RID, "validator": PUBS[0], "accept": True, "checks": [["a", True]], "sig": b"s" * 64},
+        {
+            "v": 1,
+            "rollout_id": RID,
+            "validator": PUBS[0],
+            "accept": True,
+            "checks": [["a", True, "r"]] * 99,
+            "sig": b"s" * 64,
+        },
+    ],
+)
 def test_malformed_votes_are_refused(wire):
     with pytest.raises(VoteError):
         Vote.from_wire(wire)

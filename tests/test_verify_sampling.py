@@ -9,7 +9,14 @@ import numpy as np
 import torch
 
 from verify import sampling
-from verify.sampling import SamplingKey, completion_noise, gumbel_noise, gumbel_noise_at, gumbel_noise_batch, stream_seeds
+from verify.sampling import (
+    SamplingKey,
+    completion_noise,
+    gumbel_noise,
+    gumbel_noise_at,
+    gumbel_noise_batch,
+    stream_seeds,
+)
 
 
 def test_noise_has_the_gumbel_moments_and_quantiles():
@@ -39,7 +46,9 @@ def test_a_decoding_batch_draws_the_same_rows_as_the_validator():
         assert all(torch.equal(batch[i], per_completion[i][position]) for i in range(len(keys)))
     seeds = stream_seeds(keys)
     assert seeds.dtype == np.uint64 and len(set(seeds.tolist())) == len(keys)
-    assert torch.equal(gumbel_noise_at(seeds[[2, 2]], [4, 9], 97), torch.stack([per_completion[2][4], per_completion[2][9]]))
+    assert torch.equal(
+        gumbel_noise_at(seeds[[2, 2]], [4, 9], 97), torch.stack([per_completion[2][4], per_completion[2][9]])
+    )
 
 
 def test_the_noise_stream_is_pinned():

@@ -13,7 +13,12 @@ from verify.neartie import GAP_EDGES, NO_NEAR_TIES, NearTies, count_near_ties, n
 from verify.testing import GymTasks, honest_group, tiny_model
 from verify.verifier import Verdict, verify_groups
 from verify.worker_history import (
-    HistoryConfig, WorkerHistory, evidence_row, judge_verdict, log_evidence, parse_evidence_row,
+    HistoryConfig,
+    WorkerHistory,
+    evidence_row,
+    judge_verdict,
+    log_evidence,
+    parse_evidence_row,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -168,7 +168,8 @@ class TrainerConfig:
         if self.generator not in ("process", "thread"):
             raise TrainerError(f"generator must be 'process' or 'thread', got {self.generator!r}")
         if not 0 <= self.generator_prefetch <= max(1, self.async_level):
-            raise TrainerError(f"generator_prefetch must be between 0 and the async level, got {self.generator_prefetch}")
+            raise TrainerError(
+                f"generator_prefetch must be between 0 and the async level, got {self.generator_prefetch}")
         if self.generator_threads < 1 or self.generator_timeout_s <= 0:
             raise TrainerError("generator_threads must be at least 1 and generator_timeout_s positive")
         if not 0.0 < self.eval_fraction < 1.0:

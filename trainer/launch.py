@@ -25,7 +25,9 @@ from trainer.errors import TrainerError
 def check_supported(cfg) -> None:
     """What data-parallel training cannot do yet, in one line (checked before launching and in every rank)."""
     if cfg.async_level and cfg.generator != "process":
-        raise TrainerError("data-parallel async training (--nproc > 1) needs the generator process (--generator process)")
+        raise TrainerError(
+            "data-parallel async training (--nproc > 1) needs the generator process (--generator process)"
+        )
     if cfg.device == "cuda" and cfg.parallel == "ddp":
         raise TrainerError("--device cuda does not apply to --nproc with ddp, which trains on the CPU; use --parallel "
                            "fsdp to train on the GPUs")

@@ -21,8 +21,7 @@ from typing import Protocol
 import trio
 
 from trainer.admission import GenerationContract, Window, refusal
-from trainer.checkpoint import (POLICY_PREFIX, TrainerState, WholeWeights, latest_checkpoint, policy_dir,
-                                publish_policy)
+from trainer.checkpoint import POLICY_PREFIX, TrainerState, WholeWeights, latest_checkpoint, policy_dir, publish_policy
 from trainer.config import TrainerConfig
 from trainer.curriculum import Curriculum
 from trainer.distributed import shard

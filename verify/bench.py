@@ -29,7 +29,9 @@ class BenchConfig:
     max_new_tokens: the stage's limit; temperature: the claimed sampling temperature; tokens_replaced: k of the
     replaced-tokens attack; threads: torch intra-op threads (1 is fastest for tiny models on a busy box);
     min_eos_prob: the termination rule's P(EOS) floor; None means INTELLECT-2's 0.1, except 0.0 for the random-init
-    "tiny" model, whose EOS probability is never concentrated, so an honest EOS is almost always below 0.1."""
+    "tiny" model, whose EOS probability is never concentrated, so an honest EOS is almost always below 0.1.
+    The history section's sizes default to the command line's; its full size is `--honest-groups 2000 --per-worker 100
+    --attempts 100`."""
 
     model: str = "tiny"
     groups: int = 20
@@ -43,9 +45,9 @@ class BenchConfig:
     honest_only: bool = False  # only the honest cases: the cost figures of a model too slow on CPU for every attack
     precision: str = "float32"  # what every worker (honest or not) generates in; validators stay float32
     history: str = "on"  # the worker-history section (verify/bench_history.py): "on", "off" or "only"
-    honest_groups: int = 2000  # honest groups of that section, `per_worker` per worker
-    per_worker: int = 100
-    attempts: int = 100  # attacking workers (or single groups) per class of that section
+    honest_groups: int = 200  # honest groups of that section, `per_worker` per worker
+    per_worker: int = 20
+    attempts: int = 20  # attacking workers (or single groups) per class of that section
 
     def check_config(self) -> CheckConfig:
         floor = self.min_eos_prob

@@ -17,12 +17,11 @@ import numpy as np
 import torch
 
 from tasks.assignment import is_assigned
-from verify.rewards import compute_rewards_many
 from verify.neartie import NearTies, count_near_ties
+from verify.rewards import compute_rewards_many
 from verify.rollout import RolloutGroup
 from verify.sampling import SamplingKey, gumbel_noise_at, perturb_, stream_seeds
 from verify.toploc import ToplocConfig, verify_proofs
-
 
 PRECISIONS = ("float32", "bfloat16")  # what a run's workers may generate in; each has its tolerances
 
@@ -131,7 +130,8 @@ def check_policy(group: RolloutGroup, ctx: RunContext) -> CheckResult:
     if group.run != ctx.run:
         problems.append(f"rollout belongs to run {group.run!r}, not {ctx.run!r}")
     elif not oldest <= group.policy_version <= ctx.current_version:
-        problems.append(f"policy version {group.policy_version} is outside the window [{oldest}, {ctx.current_version}]")
+        problems.append(
+            f"policy version {group.policy_version} is outside the window [{oldest}, {ctx.current_version}]")
     elif ctx.manifest_ids.get(group.policy_version) != group.manifest_id:
         problems.append(f"manifest id does not match the trainer's manifest of version {group.policy_version}")
     return _result("policy", problems)
@@ -197,12 +197,16 @@ def check_stop_tokens(group: RolloutGroup, ctx: RunContext) -> CheckResult:
 def check_lengths(group: RolloutGroup, ctx: RunContext, vocab_size: int) -> CheckResult:
     """Every token inside the model's vocabulary (the run's limits are check_contract's)."""
     problems = []
-    if any(t >= vocab_size for t in group.prompt_tokens) or any(t >= vocab_size for c in group.completions for t in c.tokens):
+    if any(t >= vocab_size for t in group.prompt_tokens) or any(
+        t >= vocab_size for c in group.completions for t in c.tokens
+    ):
         problems.append(f"a token id is outside the vocabulary of {vocab_size}")
     return _result("length", problems)
 
 
-def check_termination(group: RolloutGroup, eos_probs: Sequence[float], ctx: RunContext, config: CheckConfig) -> CheckResult:
+def check_termination(
+    group: RolloutGroup, eos_probs: Sequence[float], ctx: RunContext, config: CheckConfig
+) -> CheckResult:
     """A completion ending with EOS gave it P(EOS) > min_eos_prob there (eos_probs[i]: completion i's last-step
     probability of its last token under softmax(logits / T)); one ending otherwise has exactly the length limit.
     Where the stop tokens sit is check_stop_tokens'."""
@@ -211,7 +215,9 @@ def check_termination(group: RolloutGroup, eos_probs: Sequence[float], ctx: RunC
         if c.finish_reason == "eos" and not p_last > config.min_eos_prob:
             problems.append(f"completion {i} ends with EOS of probability {p_last:.3g} <= {config.min_eos_prob}")
         elif c.finish_reason == "length" and len(c.tokens) != ctx.max_new_tokens:
-            problems.append(f"completion {i} claims the length limit but has {len(c.tokens)} of {ctx.max_new_tokens} tokens")
+            problems.append(
+                f"completion {i} claims the length limit but has {len(c.tokens)} of {ctx.max_new_tokens} tokens"
+            )
     return _result("termination", problems)
 
 
@@ -250,7 +256,9 @@ def _first_sampling_failure(gaps: Sequence[torch.Tensor], config: CheckConfig) -
         worst = float(gap.max())
         if worst > config.near_tie_tol:
             pos = int(gap.argmax())
-            return CheckResult("sampling", False, f"completion {i} token {pos} is not the seeded sample (gap {worst:.3g})")
+            return CheckResult(
+                "sampling", False, f"completion {i} token {pos} is not the seeded sample (gap {worst:.3g})"
+            )
     raise AssertionError("called without a failing completion")
 
 

@@ -9,9 +9,9 @@ Why not Newton's divided differences (the reference's method, kept here as the f
 dependent steps of a few calls each, about 8 ms of pure call overhead per batch, which made proof building 4-5 %
 of the tiny model's generation. `interpolate` instead uses Lagrange's formula in a form made of a few large
 operations (see its docstring), all in float64, which is exact here because every value is an integer below 2^40:
-residues are below 2^16, so a product is below 2^32 and a sum of at most 128 products below 2^39. The longer convolutions
-use float FFTs: for vectors a, b of residues the rounding error of an FFT product of size N = 2^m is at most
-||a||_2 ||b||_2 (about 13 m) 2^-53 (Brent, Percival and Zimmermann's bound), below 0.01 here (||a||_2 <= sqrt(128)
+residues are below 2^16, so a product is below 2^32 and a sum of at most 128 products below 2^39. The longer
+convolutions use float FFTs: for vectors a, b of residues the rounding error of an FFT product of size N = 2^m is at
+most ||a||_2 ||b||_2 (about 13 m) 2^-53 (Brent, Percival and Zimmermann's bound), below 0.01 here (||a||_2 <= sqrt(128)
 x 65497, m <= 8), so rounding to the nearest integer gives the exact product. As a guard against a broken FFT
 library, every FFT output must lie within 1/8 of an integer, else the batch is redone by divided differences.
 """

@@ -124,7 +124,10 @@ def _noise_torch(row_seeds: np.ndarray, vocab_size: int, device: torch.device) -
     """_noise_cpu's noise made on `device` with torch's int64 arithmetic, which gives the same bits (products wrap,
     and a masked arithmetic shift is the logical one): a GPU decoder or validator draws its noise where its logits
     are instead of waiting on a CPU draw and a copy of [N, V] floats over the bus."""
-    z = torch.from_numpy(row_seeds.view(np.int64).copy()).to(device)[:, None] + _counter_offsets_on(vocab_size, device)[None, :]
+    z = (
+        torch.from_numpy(row_seeds.view(np.int64).copy()).to(device)[:, None]
+        + _counter_offsets_on(vocab_size, device)[None, :]
+    )
     for shift, multiplier in ((30, _MIX_1), (27, _MIX_2)):
         z = (z ^ _logical_shift(z, shift)) * int(np.array(multiplier).view(np.int64))
     bits = _logical_shift(z ^ _logical_shift(z, 31), int(_TOP_53))

@@ -104,7 +104,9 @@ def verify_proof(proof: bytes, hidden: torch.Tensor, config: ToplocConfig | None
     return verify_proofs([proof], [hidden], config)[0]
 
 
-def verify_proofs(proofs: list[bytes], hiddens: list[torch.Tensor], config: ToplocConfig | None = None) -> list[ProofResult]:
+def verify_proofs(
+    proofs: list[bytes], hiddens: list[torch.Tensor], config: ToplocConfig | None = None
+) -> list[ProofResult]:
     """verify_proof for many completions: one top-k per chunk size and every chunk's polynomial evaluated in one
     vectorised pass."""
     config = config or ToplocConfig()
@@ -148,7 +150,9 @@ def _parse(proof: bytes, chunks: list[tuple[np.ndarray, np.ndarray]]):
         if isinstance(decoded, str):
             return ProofResult(False, f"chunk {i}: {decoded}")
         if decoded[0] < len(indices):
-            return ProofResult(False, f"chunk {i}: modulus {decoded[0]} cannot be injective over {len(indices)} indices")
+            return ProofResult(
+                False, f"chunk {i}: modulus {decoded[0]} cannot be injective over {len(indices)} indices"
+            )
         moduli[i], coeffs[i] = decoded
     return chunks, moduli, coeffs
 
@@ -179,7 +183,9 @@ def _chunk_topk_many(hiddens: list[torch.Tensor]) -> list[list[tuple[np.ndarray,
         if full:
             by_size.setdefault(CHUNK_TOKENS * width, []).append((n, hidden[: full * CHUNK_TOKENS].reshape(full, -1)))
         if tokens % CHUNK_TOKENS:
-            by_size.setdefault((tokens % CHUNK_TOKENS) * width, []).append((n, hidden[full * CHUNK_TOKENS :].reshape(1, -1)))
+            by_size.setdefault((tokens % CHUNK_TOKENS) * width, []).append(
+                (n, hidden[full * CHUNK_TOKENS :].reshape(1, -1))
+            )
         counts.append(full + (1 if tokens % CHUNK_TOKENS else 0))
     out: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in hiddens]
     for size in sorted(by_size, reverse=True):  # full chunks first, so each completion's chunks stay in order
@@ -227,7 +233,9 @@ def _decode_chunk(data: bytes) -> tuple[int, np.ndarray] | str:
     return modulus, coeffs
 
 
-def _compare(moduli: np.ndarray, coeffs: np.ndarray, chunks: list[tuple[np.ndarray, np.ndarray]]) -> tuple[ChunkStats, ...]:
+def _compare(
+    moduli: np.ndarray, coeffs: np.ndarray, chunks: list[tuple[np.ndarray, np.ndarray]]
+) -> tuple[ChunkStats, ...]:
     """Evaluate every chunk's polynomial at the validator's indices in one vectorised pass, then score each chunk.
 
     A short last chunk is padded with index 0 and its padding masked out of the statistics.

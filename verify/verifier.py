@@ -23,9 +23,21 @@ import blake3
 import torch
 
 from verify.checks import (
-    CheckConfig, CheckResult, RunContext, check_assignment, check_contract, check_lengths, check_logprobs,
-    check_policy, check_proofs_many, check_rendering, check_rewards_many, check_sampling, check_stop_tokens,
-    check_termination, recomputed_logprobs,
+    CheckConfig,
+    CheckResult,
+    RunContext,
+    check_assignment,
+    check_contract,
+    check_lengths,
+    check_logprobs,
+    check_policy,
+    check_proofs_many,
+    check_rendering,
+    check_rewards_many,
+    check_sampling,
+    check_stop_tokens,
+    check_termination,
+    recomputed_logprobs,
 )
 from verify.model_inputs import cache_keyword, left_padded, length_buckets
 from verify.rollout import RolloutGroup, RolloutSchemaError
@@ -62,8 +74,14 @@ LOGITS_BUDGET_BYTES = 256 * 1024 * 1024
 """Most float32 logits one prefill batch may hold: batches are cut to fit (a 49k vocabulary allows ~1,300 tokens)."""
 
 
-def verify_groups(models: Mapping[int, torch.nn.Module], groups: Sequence[RolloutGroup | dict | bytes],
-                  ctx: RunContext, config: CheckConfig | None = None, *, max_batch_tokens: int = 16384) -> list[Verdict]:
+def verify_groups(
+    models: Mapping[int, torch.nn.Module],
+    groups: Sequence[RolloutGroup | dict | bytes],
+    ctx: RunContext,
+    config: CheckConfig | None = None,
+    *,
+    max_batch_tokens: int = 16384,
+) -> list[Verdict]:
     """One Verdict per input, in order; never raises. `models` maps policy version -> HF causal LM (eval mode)."""
     config = config or CheckConfig()
     verdicts: list[Verdict | None] = [None] * len(groups)
@@ -117,7 +135,9 @@ def _parse(raw) -> tuple[RolloutGroup | None, Verdict | None]:
     except RolloutSchemaError as exc:
         return None, Verdict(_raw_id(raw), False, (CheckResult("schema", False, str(exc)),))
     except Exception as exc:  # noqa: BLE001 - hostile input of any shape
-        return None, Verdict(_raw_id(raw), False, (CheckResult("schema", False, f"unparseable ({type(exc).__name__})"),))
+        return None, Verdict(
+            _raw_id(raw), False, (CheckResult("schema", False, f"unparseable ({type(exc).__name__})"),)
+        )
 
 
 def _raw_id(raw) -> bytes:
@@ -132,7 +152,9 @@ def _cheap_checks(i: int, group: RolloutGroup, models, ctx: RunContext) -> tuple
     checks = [CheckResult("schema", True), check_policy(group, ctx)]
     model = models.get(group.policy_version) if checks[-1].ok else None
     if checks[-1].ok and model is None:
-        checks.append(CheckResult("model", False, f"this validator does not hold policy version {group.policy_version}"))
+        checks.append(
+            CheckResult("model", False, f"this validator does not hold policy version {group.policy_version}")
+        )
     if model is not None:
         checks.extend(check_contract(group, ctx))
         checks.append(check_assignment(group, ctx))
@@ -179,8 +201,8 @@ GPU_PASS_COST_TOKENS = 1 << 20
 def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> list[list[torch.Tensor]]:
     """Prompts left-padded in one pass with a KV cache, then every completion's tokens [:-1] right-padded over the
     cache rows of its prompt, in passes of similar lengths (`length_buckets`: in one pass padded to the longest
-    completion, 40 % of SmolLM2's benchmark completion pass was padding). The outputs at position P-1 of the prompt pass,
-    then the completion passes, are each completion's last hidden states (stored in item.hidden) and, through one
+    completion, 40 % of SmolLM2's benchmark completion pass was padding). The outputs at position P-1 of the prompt
+    pass, then the completion passes, are each completion's last hidden states (stored in item.hidden) and, through one
     LM-head call on exactly those positions, its logits [T, V] (returned per item, per completion)."""
     from transformers.cache_utils import DynamicCache
 
