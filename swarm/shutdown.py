@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 
 TEARDOWN_GRACE_S = 20.0
@@ -140,6 +141,10 @@ class Interrupts:
         guard still bounds the interpreter's teardown (torch's alone has taken 14-20 s on a busy machine)."""
         if self.guard is not None:
             self.guard.quiet()
+        # An interrupt can land between a task's coroutine being made and its task being scheduled (trio's
+        # start_soon is not atomic against KeyboardInterrupt): that coroutine never runs, and Python would add a
+        # RuntimeWarning about it to the one line when it is collected.
+        warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
         print(self.line(), file=sys.stderr)
         return self.status()
 
