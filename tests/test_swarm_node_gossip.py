@@ -45,6 +45,7 @@ async def test_hostile_heartbeats_neither_stop_a_peer_nor_start_a_fetch_per_entr
                 rejections = target.node.gossip.rejections
                 await target.node.gossip.wait_for_topic_peer(mallory.node.peer_id, "heartbeat")
                 await mallory.node.gossip.wait_for_topic_peer(target.node.peer_id, "heartbeat")
+                await _until_heard(mallory, inbox)
                 for body in ({"policies": 7, "addrs": 5, "roles": "seed"}, {"policies": {"a": 1}, "addrs": None}):
                     await publish_unpaced(mallory.node.gossip, "heartbeat", body)
                     refusal = await rejections.receive()
@@ -64,6 +65,20 @@ async def test_hostile_heartbeats_neither_stop_a_peer_nor_start_a_fetch_per_entr
                 assert target.node.gossip.stats.rejected == {"bad_body": 2}
             for peer in (target, mallory):
                 peer.stop()
+
+
+async def _until_heard(sender, inbox) -> None:
+    """Publish a well-formed heartbeat (roles `validator`) once a second until the receiver hears one: a pubsub
+    stream can still be opening, or be opened again, after both sides list each other on the topic, and a message
+    sent before it is up is lost. Then wait for the sender's heartbeat allowance to refill."""
+    with trio.fail_after(30):
+        while True:
+            await publish_unpaced(sender.node.gossip, "heartbeat", {"roles": ["validator"]})
+            with trio.move_on_after(1.0):
+                while (await inbox.receive()).sender_peer_id != sender.node.peer_id:
+                    pass
+                break
+    await trio.sleep(0.3)
 
 
 async def test_an_exception_in_any_gossip_handler_drops_one_message_and_the_peer_serves_on(tmp_path, caplog):
