@@ -152,7 +152,6 @@ def load_role_config(peer):
 async def trainer_role(node) -> None:
     """Train on quorum-accepted rollouts until the configured steps are done, publishing every new version."""
     from swarm.rollout_transport import receive_groups
-    from swarm.vote_messages import votes_in
 
     peer = node.config
     cfg, curriculum = load_role_config(peer)
@@ -178,14 +177,8 @@ async def trainer_role(node) -> None:
                              refused=lambda why: gate.count(f"refused:{why}"))
 
     async def votes() -> None:
-        async for env in vote_envelopes:
-            votes, malformed = votes_in(env.body)
-            if malformed:
-                gate.count("vote:malformed", malformed)
-            for vote in votes:
-                if vote.validator != env.sender:
-                    gate.count("vote:not from its validator")
-                    continue
+        async for env in vote_envelopes:  # gossip's validator decoded the batch: every vote parsed, signed and sent
+            for vote in env.message.votes:  # by its own validator (swarm.gossip_bodies.decode_votes)
                 gate.on_vote(vote, trio.current_time())
             for worker, reason in gate.take_new_bans():  # reported once, when its near-ties cross the test
                 node.events.emit("worker_banned", worker=worker, by="near_ties", reason=reason)
