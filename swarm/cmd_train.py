@@ -56,6 +56,7 @@ def add_arguments(parser) -> None:
                         help="one process: where it trains, generates and evaluates (default auto: a CUDA GPU when "
                              "present); with --nproc the parallel mode decides")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    add_report_to(parser)
     parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN_DIR",
                         help="train nothing: compare the reward-vs-wall-time curves of finished runs (sync first) "
                              "into --out/compare.json and compare.png; a directory of runs (one per seed) is "
@@ -79,6 +80,7 @@ def run(args) -> int:
     from trainer.session import train
 
     overrides = {k: getattr(args, k, None) for k in _OVERRIDES}
+    overrides["report_to"] = ",".join(args.report_to) if args.report_to else None
     if overrides.get("out") is not None:
         overrides["out"] = str(overrides["out"])
     loaded = load_config(args.config, overrides)  # a bad config is one line here, not one per rank
@@ -102,6 +104,14 @@ def run(args) -> int:
     if "rank" not in summary:  # with --nproc, rank 0 alone reports
         print(json.dumps(summary))
     return 0
+
+
+def add_report_to(parser) -> None:
+    """`--report-to`, shared by the commands that train (train, peer start, sim)."""
+    parser.add_argument("--report-to", dest="report_to", action="append", metavar="TRACKER",
+                        help="experiment tracking of every step: tensorboard, wandb (offline unless WANDB_MODE is "
+                             "set) or none; repeatable or comma-separated; files under the output directory "
+                             "(default: none)")
 
 
 def missing_directories(path: Path) -> list[Path]:

@@ -22,6 +22,7 @@ from swarm.rollout_gate import RolloutGate
 from swarm.runspec import RunSpec
 from swarm.task_file import place_task_file, snapshot_task_file
 from swarm.trust import parse_public_key
+from trainer.tracking import gate_scalars
 
 log = logging.getLogger(__name__)
 
@@ -213,11 +214,13 @@ async def trainer_role(node) -> None:
             batch = gate.take(cfg.prompts_per_step)
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
+            run.tracker.log(gate_scalars(gate.counts), record["step"] + 1)  # beside the step's own figures
             await _publish_newest(run, publisher, gate)
             if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
                 await _evaluate(node, evaluator, run, heldout, "during")
         final = await trio.to_thread.run_sync(run.finish)
         await _evaluate(node, evaluator, run, heldout, "after")
+        await trio.to_thread.run_sync(run.tracker.close)  # W&B finishes its run: seconds, off the event loop
         node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
                           gate=dict(gate.counts), heldout=heldout,
                           banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned()))
@@ -282,7 +285,7 @@ def _open_evaluator(run, cfg, curriculum):
     from trainer.session import Evaluator, load_task_split
 
     _, heldout = load_task_split(cfg)
-    return Evaluator(run.loaded, heldout, cfg, curriculum)
+    return Evaluator(run.loaded, heldout, cfg, curriculum, on_result=run.tracker.evaluation)
 
 
 async def _evaluate(node, evaluator, run, heldout: dict, when: str) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from trainer.curriculum import Curriculum, curriculum_from_tables, load_curriculum
 from trainer.errors import TrainerError
+from trainer.tracking import parse_report_to
 
 if TYPE_CHECKING:
     from trainer.grpo import LossConfig
@@ -146,6 +147,9 @@ class TrainerConfig:
     (ddp: the CPU; fsdp: each rank's GPU under nccl). The swarm trainer role takes `swarm peer start --device`."""
     out: Path = Path("runs/train")
     """Output directory: checkpoints/, policies/, final/, log.jsonl, reward.png."""
+    report_to: str = "none"
+    """Experiment trackers fed every step's figures (trainer.tracking): "none", "tensorboard", "wandb" or both,
+    comma-separated. Their files go under `out` (tensorboard/, wandb/); W&B runs offline unless WANDB_MODE is set."""
 
     def validate(self) -> "TrainerConfig":
         positive = ("task_size", "steps", "prompts_per_step", "group_size", "micro_batch", "generation_batch_rows",
@@ -172,6 +176,7 @@ class TrainerConfig:
                 f"generator_prefetch must be between 0 and the async level, got {self.generator_prefetch}")
         if self.generator_threads < 1 or self.generator_timeout_s <= 0:
             raise TrainerError("generator_threads must be at least 1 and generator_timeout_s positive")
+        parse_report_to(self.report_to)
         if not 0.0 < self.eval_fraction < 1.0:
             raise TrainerError(f"eval_fraction must be between 0 and 1, got {self.eval_fraction}")
         if self.lr <= 0 or self.grad_clip <= 0 or self.temperature < 0:

@@ -28,6 +28,7 @@ from trainer.distributed import shard
 from trainer.errors import TrainerError
 from trainer.generator_process import GeneratorDied
 from trainer.step import PolicyTrainer, StepReport, TrainGroup
+from trainer.tracking import open_tracker
 from verify.rollout import RolloutGroup
 
 
@@ -85,6 +86,7 @@ class TrainingRun:
         self.on_report = on_report or (lambda report: None)
         self._started = time.perf_counter() if started is None else started  # wall_s counts from here
         self._resume_or_publish_initial()
+        self.tracker = open_tracker(cfg, self.rank)  # TensorBoard / W&B (cfg.report_to); the caller closes it
 
     def wants_step(self, steps: int) -> bool:
         """Whether the runners should train another step: below `steps` and inside the time budget, if any."""
@@ -298,6 +300,7 @@ class TrainingRun:
             self.out.mkdir(parents=True, exist_ok=True)
             with open(self.out / "log.jsonl", "a") as handle:
                 handle.write(json.dumps(record) + "\n")
+        self.tracker.step(record)
         self.on_report(record)
 
     def finish(self) -> Path:

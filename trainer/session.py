@@ -45,10 +45,11 @@ def load_task_split(cfg: TrainerConfig):
 class Evaluator:
     """Held-out accuracy of the trainer's live model, appended to eval.jsonl."""
 
-    def __init__(self, loaded, heldout, cfg: TrainerConfig, curriculum: Curriculum) -> None:
+    def __init__(self, loaded, heldout, cfg: TrainerConfig, curriculum: Curriculum,
+                 on_result: Callable[[dict], None] = lambda record: None) -> None:
         from inference.torch_backend import TorchBackend
 
-        self.loaded, self.heldout, self.cfg = loaded, heldout, cfg
+        self.loaded, self.heldout, self.cfg, self.on_result = loaded, heldout, cfg, on_result
         self.max_new_tokens = max(s.max_new_tokens for s in curriculum.stages)
         self.backend = TorchBackend(loaded, capture_proofs=False, max_batch_rows=64)
         self.results: list[dict] = []
@@ -71,6 +72,7 @@ class Evaluator:
         self.results.append(record)
         with open(Path(self.cfg.out) / "eval.jsonl", "a") as handle:
             handle.write(json.dumps(record) + "\n")
+        self.on_result(record)
         return record
 
 
@@ -166,7 +168,7 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
                       on_report=lambda record: echo(progress_line(record, cfg.steps)))
     if generator is not None:
         prime_generator(run, generator, cfg.steps)  # its first batches are generated during the evaluation
-    evaluator = Evaluator(trainer_model, heldout, cfg, curriculum) if lead else None
+    evaluator = Evaluator(trainer_model, heldout, cfg, curriculum, on_result=run.tracker.evaluation) if lead else None
     started = time.perf_counter()
     weights = run.evaluable()  # every rank: under FSDP gathering the weights is a collective
     if lead:
@@ -190,6 +192,7 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
     if not lead:
         return {"rank": collective.rank, "steps": run.state.step, "versions": run.state.version}
     after = evaluator(run.state.step, weights)
+    run.tracker.close()
     echo(f"held-out accuracy after: {after['accuracy']:.3f} on {after['n']} prompts; final policy in {final}")
     log = read_log(Path(cfg.out) / "log.jsonl")
     plot = plot_rewards(log, evaluator.results, Path(cfg.out) / "reward.png",
