@@ -158,6 +158,7 @@ class Gossip(GossipReceiver):
         await self._wait_for_outbound_room(topic)
         await self.pubsub.publish(topic, data)
         self.stats.published += 1
+        self.stats.bytes_published += len(data)
         return open_envelope(data, self.run, self.clock(), self.config.policy)
 
     def subscribe(self, kind: str) -> trio.MemoryReceiveChannel[Envelope]:
@@ -231,6 +232,7 @@ class Gossip(GossipReceiver):
             if env is None or _origin(msg) == me:
                 continue
             self.stats.delivered += 1
+            self.stats.bytes_delivered += len(msg.data)
             for channel in list(self._channels[kind]):
                 try:
                     channel.send_nowait(env)

@@ -16,6 +16,8 @@ class GossipStats:
 
     published: int = 0
     delivered: int = 0
+    bytes_published: int = 0  # envelope bytes of our own publishes
+    bytes_delivered: int = 0  # envelope bytes of verified messages handed to subscribers
     dropped_slow_consumer: int = 0
     backpressure_waits: int = 0
     rejected: collections.Counter = field(default_factory=collections.Counter)

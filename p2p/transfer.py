@@ -85,6 +85,7 @@ class PeerStats:
     bytes_down: int = 0
     pieces_up: int = 0
     pieces_down: int = 0
+    pieces_corrupt: int = 0  # received pieces whose BLAKE3 did not match the manifest (counted in pieces_down too)
 
 
 @dataclass(frozen=True)
@@ -299,6 +300,7 @@ class SwarmService:
         stats = self.stats[peer]
         stats.bytes_down += len(msg.data)
         stats.pieces_down += 1
+        stats.pieces_corrupt += not ok
         self._dispatch(self.engine.piece_received(peer, msg.index, ok, now), piece=msg)
 
     async def _sender(self, link: _Link) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from swarm.cmd_train import add_report_to
 from swarm.config import BACKENDS, DEVICES, PRECISIONS
 
 
@@ -58,6 +59,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validator-key", action="append", dest="validator_keys", metavar="KEY",
                         help="trainer role: a validator it may name (peer id, hex public key or key file; "
                              "repeatable); default: every peer announcing the validator role")
+    add_report_to(parser)
+    add_metrics_port(parser)
+    parser.add_argument("--metrics-host", dest="metrics_host",
+                        help="address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 for a remote "
+                             "Prometheus)")
+
+
+def add_metrics_port(parser: argparse.ArgumentParser, what: str = "this peer's") -> None:
+    parser.add_argument("--metrics-port", dest="metrics_port", type=int,
+                        help=f"serve {what} Prometheus metrics (pieces, gossip, votes, gate, generation) on this "
+                             "TCP port at /metrics (default 0: off)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         "trainer_config": args.trainer_config, "prompts_per_worker": args.prompts_per_worker,
         "replicas": args.replicas, "quorum": args.quorum,
         "validator_keys": tuple(args.validator_keys) if args.validator_keys else None,
+        "report_to": ",".join(args.report_to) if args.report_to else None, "metrics_port": args.metrics_port,
+        "metrics_host": args.metrics_host,
     }
     config = load_config(args.config, overrides)
     refuse_before_writing(config, args.key)
@@ -87,6 +101,7 @@ def refuse_before_writing(config, key_file: Path | None) -> None:
     """Every check of the peer's settings that needs no network, run before its data directory and identity key
     exist: a refused command leaves nothing behind (a stray key would become that directory's identity later)."""
     from p2p.bootstrap import resolve_bootstrap
+    from swarm.metrics import check_port_free
     from swarm.roles import build_roles
     from swarm.trust import parse_trainer_key
 
@@ -97,3 +112,4 @@ def refuse_before_writing(config, key_file: Path | None) -> None:
         read_key_file(key_file)
     build_roles(config)
     parse_trainer_key(config.trainer_key)
+    check_port_free(config.metrics_host, config.metrics_port)

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from swarm.cmd_peer import add_metrics_port
+from swarm.cmd_train import add_report_to
 from swarm.events import describe
 
 
@@ -29,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--async-level", dest="async_level", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
+    add_report_to(parser)
+    add_metrics_port(parser, "each peer's (the trainer on PORT, the next peers on PORT+1, PORT+2, ...)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,15 +43,18 @@ def run(args: argparse.Namespace) -> int:
     from swarm.gc_warmup import run_freezing_after_warmup
     from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
     from swarm.sim import SimSettings, run_sim, summarize, write_report
+    from trainer.tracking import parse_report_to
 
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
     _check_task(args.task)
+    parse_report_to(args.report_to or ())  # an unknown tracker is one line before any peer starts
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
                            async_level=args.async_level, timeout_s=args.timeout,
-                           task_config="{max_value = 50}" if args.task == "gcd" else "{}")
+                           task_config="{max_value = 50}" if args.task == "gcd" else "{}",
+                           report_to=",".join(args.report_to or ["none"]), metrics_port=args.metrics_port or 0)
     events: list[dict] = []
     sink = EventSink(json_lines=args.json, stream=sys.stdout if args.json else open("/dev/null", "w"))
     sink.listeners.append(events.append)

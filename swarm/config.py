@@ -14,6 +14,8 @@ from pathlib import Path
 
 from swarm.errors import UserError
 from swarm.runspec import PRECISIONS
+from trainer.errors import TrainerError
+from trainer.tracking import parse_report_to
 
 ROLES = ("trainer", "inference", "validator", "seed")
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -99,6 +101,13 @@ class PeerConfig:
     """Seconds a rollout may wait for its votes before it times out unaccepted (trainer role)."""
     exit_when_trained: bool = False
     """Trainer role: stop the peer once the configured steps are done (simulations)."""
+    report_to: str = ""
+    """Trainer role: experiment trackers of its steps (trainer.tracking: tensorboard, wandb, comma-separated, or
+    none), writing under the data directory's training/; empty: what the trainer config says."""
+    metrics_port: int = 0
+    """TCP port of this peer's Prometheus endpoint (swarm.metrics: GET /metrics); 0: no endpoint."""
+    metrics_host: str = "127.0.0.1"
+    """Address the Prometheus endpoint listens on; 0.0.0.0 lets a Prometheus server on another machine scrape it."""
     cheat: str = ""
     """Inference role, for demonstrations and tests only: 'reward' claims reward 1.0 for every completion."""
 
@@ -131,6 +140,12 @@ class PeerConfig:
             raise UserError(f"unknown device {self.device!r}: choose from {', '.join(DEVICES)}")
         if self.cheat not in ("", "reward"):
             raise UserError(f"unknown cheat {self.cheat!r}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise UserError(f"metrics_port {self.metrics_port} is outside 0..65535 (0: no metrics endpoint)")
+        try:
+            parse_report_to(self.report_to)
+        except TrainerError as exc:
+            raise UserError(str(exc)) from None
         if self.upload_mbps < 0:
             raise UserError("upload_mbps must not be negative")
         if self.validator_keys:

@@ -190,6 +190,10 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 built.append(node)
                 share_host_faults(host, gossip)
                 events.listeners.append(node.note_progress)
+                if config.metrics_port:
+                    from swarm.metrics import serve_node_metrics
+
+                    await nursery.start(serve_node_metrics, node)
                 await nursery.start(mirror.run_service)
                 await nursery.start(
                     serve_data_channels,

@@ -60,6 +60,8 @@ async def inference_role(node) -> None:
             continue
         await _publish_groups(node, groups, blobs)
         node.events.emit("generated", version=done, groups=len(groups),
+                         completions=sum(len(g.completions) for g in groups),
+                         tokens=sum(len(c.tokens) for g in groups for c in g.completions),
                          mean_reward=round(sum(c.reward for g in groups for c in g.completions)
                                            / max(1, sum(len(g.completions) for g in groups)), 3))
 

@@ -146,7 +146,8 @@ def load_role_config(peer):
     from trainer.config import load_config as load_trainer_config
 
     loaded = load_trainer_config(peer.trainer_config, {"run": peer.run, "model": peer.model,
-                                                       "out": Path(peer.data_dir) / "training"})
+                                                       "out": Path(peer.data_dir) / "training",
+                                                       "report_to": peer.report_to or None})
     return loaded.config, loaded.curriculum
 
 

@@ -39,6 +39,8 @@ class SimSettings:
     eval_every: int = 0  # held-out evaluations between steps (one before the first and one after the last always)
     timeout_s: float = 900.0
     watch_s: float = 30.0  # the watchdog reports every peer's state after this long without a trainer step
+    report_to: str = "none"  # the trainer's experiment trackers (trainer.tracking), under out/trainer/training
+    metrics_port: int = 0  # > 0: the trainer's Prometheus port; each further peer takes the next one
 
 
 @dataclass
@@ -47,6 +49,7 @@ class SimPeer:
     roles: tuple[str, ...]
     node: object = None
     ready: trio.Event = field(default_factory=trio.Event)
+    metrics_port: int = 0
 
 
 def _trainer_toml(s: SimSettings) -> Path:
@@ -64,7 +67,7 @@ def _trainer_toml(s: SimSettings) -> Path:
         f"group_size = {s.group_size}",
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
         'curriculum = "fastcurl"', "lr = 1e-3", "checkpoint_every = 1000", f"eval_every = {s.eval_every}",
-        f"# {workers} workers",
+        f"report_to = {json.dumps(s.report_to)}", f"# {workers} workers",
     ]) + "\n")
     return path
 
@@ -83,7 +86,8 @@ def _peer_config(s: SimSettings, peer: SimPeer, bootstrap: tuple[str, ...], trai
         "bootstrap_file": s.out / "no-bootstrap.txt", "model": s.model, "trainer_config": trainer_toml,
         "prompts_per_worker": s.prompts_per_worker, "replicas": min(2, max(1, s.validators)),
         "quorum": min(2, max(1, s.validators)), "quorum_timeout_s": 120.0, "exit_when_trained": True,
-        "status_every_s": 3.0, "cheat": cheat, "data_exempt_loopback": True})  # every peer is ours, on 127.0.0.1
+        "status_every_s": 3.0, "cheat": cheat, "data_exempt_loopback": True,  # every peer is ours, on 127.0.0.1
+        "metrics_port": peer.metrics_port})
 
 
 async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict], None] = lambda extra: None) -> dict:
@@ -104,6 +108,8 @@ async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict],
     peers += [SimPeer(f"inference{i}", ("inference",)) for i in range(s.inference)]
     peers += [SimPeer(f"cheater{i}", ("inference",)) for i in range(s.cheaters)]
     peers += [SimPeer(f"seed{i}", ("seed",)) for i in range(s.seeds)]
+    for index, peer in enumerate(peers if s.metrics_port else ()):
+        peer.metrics_port = s.metrics_port + index
     started = time.monotonic()
     watch = Activity()
     sink.listeners.append(watch.on_event)  # every peer's sink copies the listeners: add it before peers start
