@@ -5,12 +5,15 @@ Why a table of lazily imported modules: `swarm --help` and `swarm peer start --r
 exposes `add_arguments(parser)` and `run(args) -> int`. Errors a user can act on are exceptions whose class sets
 `user_facing = True` (each package has one, e.g. `swarm.errors.UserError`); they are printed as one line, never as a
 traceback. Ctrl-C and SIGTERM end every command with one line and status 130 or 143 (swarm.shutdown.Interrupts).
+`-v` / `--log-level`, before or after the command's words, sets the level of the project's own loggers (third-party
+packages such as py-libp2p stay quiet); without them logging stays at WARNING.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 # (command words, module, one-line help)
@@ -47,6 +50,30 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 ]
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+PROJECT_LOGGERS = ("p2p", "verify", "inference", "trainer", "swarm", "tasks")
+"""The project's packages: each module logs under its own name (logging.getLogger(__name__)) below one of these."""
+
+
+def add_logging_flags(parser: argparse.ArgumentParser, default=None) -> None:
+    """-v / --log-level on the top parser (default None: no change) and on every command's (SUPPRESS: a flag given
+    before the command's words is not undone by its absence after them)."""
+    parser.add_argument("-v", "--verbose", action="count", default=default,
+                        help="more log lines from the project's loggers: -v info, -vv debug (default: warnings only)")
+    parser.add_argument("--log-level", dest="log_level", type=str.lower, choices=LOG_LEVELS, default=default,
+                        help="log level of the project's loggers (overrides -v; default warning)")
+
+
+def configure_logging(verbose: int | None, log_level: str | None) -> None:
+    """Set the project's loggers to the level asked for, log lines to stderr; nothing asked, nothing changes."""
+    if log_level is None and not verbose:
+        return
+    level = getattr(logging, log_level.upper()) if log_level else (logging.INFO if verbose == 1 else logging.DEBUG)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    for name in PROJECT_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
 class _LazyCommand:
     """Defers importing a command's module until its parser is actually needed."""
 
@@ -59,6 +86,8 @@ class _LazyCommand:
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm", description=__doc__.split("\n")[0])
+    add_logging_flags(parser)
+    command_words = _after_global_flags(argv)
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {
         (): parser.add_subparsers(dest="cmd0", metavar="COMMAND")
     }
@@ -72,10 +101,20 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
                 groups[prefix] = sub.add_subparsers(dest=f"cmd{depth}", metavar="COMMAND")
         leaf = groups[words[:-1]].add_parser(words[-1], help=help_text, description=help_text)
         leaf.set_defaults(_module=module)
+        add_logging_flags(leaf, argparse.SUPPRESS)
         # Only the invoked command's module is imported, so its flags are known without paying for the others.
-        if list(words) == argv[: len(words)]:
+        if list(words) == command_words[: len(words)]:
             _LazyCommand(module).load().add_arguments(leaf)
     return parser
+
+
+def _after_global_flags(argv: list[str]) -> list[str]:
+    """`argv` from the command's first word on: the top parser's flags (-v, --log-level LEVEL) come first."""
+    rest = list(argv)
+    while rest and rest[0].startswith("-"):
+        if rest.pop(0) == "--log-level" and rest:
+            rest.pop(0)
+    return rest
 
 
 def user_facing_error(exc: BaseException) -> BaseException | None:
@@ -110,6 +149,7 @@ def _run_command(argv: list[str], interrupts) -> int:
         parser.print_help()
         return 2
     args._argv = argv  # a command that re-launches itself (swarm train --nproc) needs its own words
+    configure_logging(args.verbose, args.log_level)
     try:
         status = int(importlib.import_module(module).run(args) or 0)
     except BaseException as exc:  # only interrupts and user-facing errors end here; bugs re-raise below
