@@ -128,6 +128,8 @@ def _narrate(e: dict) -> None:
     elif kind == "stalled":
         line = (f"no trainer step for {e['seconds']:.0f} s: knows v{e['knows']}, holds v{e['holds']}, "
                 f"connected to {e['connected']} peers, last: {e['last']}{' (STOPPED)' if e['stopped'] else ''}")
+    elif kind == "metrics_listening":
+        line = e["message"]
     elif kind == "complete" and who.startswith("seed"):
         line = f"mirrored policy v{e['version']}"
     elif kind == "listening" and who == "trainer" and e.get("addrs"):
