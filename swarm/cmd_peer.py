@@ -59,15 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validator-key", action="append", dest="validator_keys", metavar="KEY",
                         help="trainer role: a validator it may name (peer id, hex public key or key file; "
                              "repeatable); default: every peer announcing the validator role")
-    add_report_to(parser)
+    add_report_to(parser, "trainer role: ")
     add_metrics_port(parser)
-    parser.add_argument("--metrics-host", dest="metrics_host",
+    parser.add_argument("--metrics-host", dest="metrics_host", metavar="HOST",
                         help="address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 for a remote "
                              "Prometheus)")
 
 
 def add_metrics_port(parser: argparse.ArgumentParser, what: str = "this peer's") -> None:
-    parser.add_argument("--metrics-port", dest="metrics_port", type=int,
+    parser.add_argument("--metrics-port", dest="metrics_port", type=int, metavar="PORT",
                         help=f"serve {what} Prometheus metrics (pieces, gossip, votes, gate, generation) on this "
                              "TCP port at /metrics (default 0: off)")
 

@@ -106,12 +106,12 @@ def run(args) -> int:
     return 0
 
 
-def add_report_to(parser) -> None:
+def add_report_to(parser, prefix: str = "") -> None:
     """`--report-to`, shared by the commands that train (train, peer start, sim)."""
     parser.add_argument("--report-to", dest="report_to", action="append", metavar="TRACKER",
-                        help="experiment tracking of every step: tensorboard, wandb (offline unless WANDB_MODE is "
-                             "set) or none; repeatable or comma-separated; files under the output directory "
-                             "(default: none)")
+                        help=f"{prefix}experiment tracking of every step: tensorboard, wandb (offline unless "
+                             "WANDB_MODE is set) or none; repeatable or comma-separated; files under the output "
+                             "directory (default: none)")
 
 
 def missing_directories(path: Path) -> list[Path]:
