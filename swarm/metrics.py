@@ -11,12 +11,12 @@ time, connections are capped, and whatever it sends costs that connection only.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import socket
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import partial
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -199,7 +199,9 @@ def _connection_counts(node) -> dict[str, int]:
     return {str(k): int(v) for k, v in counts.items() if isinstance(v, int)}
 
 
+@functools.cache
 def software_version() -> str:
+    """The installed rl-swarm distribution's version (read once: the metadata lookup walks sys.path)."""
     try:
         return importlib.metadata.version("rl-swarm")
     except importlib.metadata.PackageNotFoundError:
@@ -292,5 +294,6 @@ async def serve_node_metrics(node, *, task_status=trio.TASK_STATUS_IGNORED) -> N
     node.events.emit("metrics_listening", url=f"http://{host}:{port}/metrics",
                      message=f"Prometheus metrics at http://{host}:{port}/metrics")
     task_status.started(port)
-    handler = partial(handle_scrape, partial(generate_latest, registry), trio.CapacityLimiter(MAX_SCRAPES))
+    render = functools.partial(generate_latest, registry)
+    handler = functools.partial(handle_scrape, render, trio.CapacityLimiter(MAX_SCRAPES))
     await trio.serve_listeners(handler, listeners)
