@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
     _check_task(args.task)
     parse_report_to(args.report_to or ())  # an unknown tracker is one line before any peer starts
+    _check_metrics_ports(args)
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
@@ -92,6 +93,21 @@ def _check_task(task: str) -> None:
         from tasks.errors import TaskError
 
         raise TaskError(f"unknown task {task!r}: not a reasoning-gym dataset and not a .jsonl/.parquet file")
+
+
+def _check_metrics_ports(args: argparse.Namespace) -> None:
+    """Every peer's metrics port (the trainer's --metrics-port and the next ones) is valid and free before any peer
+    starts: one taken port would otherwise stop the simulation halfway through starting its peers."""
+    from swarm.errors import UserError
+    from swarm.metrics import check_port_free
+
+    if not args.metrics_port:
+        return
+    peers = 1 + args.validators + args.inference + args.cheaters + args.seeds
+    if not 0 < args.metrics_port <= 65536 - peers:
+        raise UserError(f"--metrics-port {args.metrics_port} leaves no room for {peers} peers' ports below 65536")
+    for port in range(args.metrics_port, args.metrics_port + peers):
+        check_port_free("127.0.0.1", port)
 
 
 SIM_MARKER = ".swarm-sim"

@@ -23,6 +23,7 @@ from p2p.errors import P2PError
 from swarm.config import PeerConfig
 from swarm.errors import usable_directory
 from swarm.events import EventSink
+from swarm.metrics import serve_node_metrics
 from swarm.mirror import PolicyMirror
 from swarm.shutdown import HARD_EXIT_AFTER_S, TEARDOWN_GRACE_S, ExitGuard, report_stuck_tasks, short_path
 
@@ -191,8 +192,6 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 share_host_faults(host, gossip)
                 events.listeners.append(node.note_progress)
                 if config.metrics_port:
-                    from swarm.metrics import serve_node_metrics
-
                     await nursery.start(serve_node_metrics, node)
                 await nursery.start(mirror.run_service)
                 await nursery.start(

@@ -115,3 +115,17 @@ def test_sim_refuses_an_unknown_tracker_before_it_starts(tmp_path, capsys):
     assert main(["sim", "--out", str(tmp_path / "sim"), "--report-to", "tensorboard,mlflow"]) == 2
     assert "unknown report_to target 'mlflow'" in capsys.readouterr().err
     assert not (tmp_path / "sim").exists()
+
+
+def test_sim_refuses_metrics_ports_it_cannot_have_before_it_starts(tmp_path, capsys):
+    sim = ["sim", "--out", str(tmp_path / "sim"), "--inference", "1", "--validators", "1", "--seeds", "0",
+           "--cheaters", "0"]
+    assert main([*sim, "--metrics-port", "65534"]) == 2
+    assert "--metrics-port 65534 leaves no room for 3 peers' ports" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main([*sim, "--metrics-port", str(port - 2)]) == 2  # the worker's port (trainer + 2) is taken
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert not (tmp_path / "sim").exists()
