@@ -7,8 +7,8 @@ import os
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from swarm.rollout_gate import RolloutGate
-from swarm.runspec import RunSpec
+from swarm.policy.runspec import RunSpec
+from swarm.roles.gate import RolloutGate
 from verify.checks import CheckResult
 from verify.rollout import Completion, RolloutGroup
 from verify.votes import assign_validators, public_key_of, sign_vote
@@ -138,7 +138,7 @@ def test_groups_that_aged_out_while_waiting_expire_instead_of_filling_a_batch():
 
 
 def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_reported_meanwhile():
-    from swarm.batch_wait import BatchWait
+    from swarm.roles.batch_wait import BatchWait
 
     validators = keys(2)
     gate = gate_with(validators)
@@ -162,7 +162,7 @@ def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_repor
 
 
 def test_a_trainer_with_nothing_to_train_on_and_nothing_coming_is_starved_until_it_waits_afresh():
-    from swarm.batch_wait import BatchWait
+    from swarm.roles.batch_wait import BatchWait
 
     validators = keys(2)
     gate = gate_with(validators)
@@ -187,7 +187,7 @@ def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_aroun
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.trainer import SwarmPublisher
 
     validators = keys(2)
     node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path, validator_keys=()))
@@ -211,8 +211,8 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.batch_wait import BatchWait, why_publish_now
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.batch_wait import BatchWait, why_publish_now
+    from swarm.roles.trainer import SwarmPublisher
 
     validators = keys(3)
     node = SimpleNamespace(peer_roles={"12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7": ("inference",)},
@@ -251,8 +251,8 @@ def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.batch_wait import BatchWait, why_publish_now
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.batch_wait import BatchWait, why_publish_now
+    from swarm.roles.trainer import SwarmPublisher
 
     validators = keys(2)
     worker = "12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"
@@ -311,7 +311,7 @@ async def test_the_trainer_publishes_no_version_until_a_quorum_of_validators_is_
     import trio
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.trainer import SwarmPublisher
 
     emitted = []
     node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path, validator_keys=()),
@@ -352,7 +352,7 @@ def test_rollouts_waiting_on_a_validator_that_left_time_out_when_it_is_no_longer
 def test_a_peer_that_also_validates_is_never_assigned_its_own_rollouts():
     """Otherwise its accepting vote counted toward the quorum of rollouts it generated itself."""
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_validator import assigned_to_me
+    from swarm.roles.validator import assigned_to_me
 
     validators = keys(2)
     both = peer_id_from_public_bytes(public_key_of(validators[0]))  # generates and validates under one key
@@ -369,7 +369,7 @@ def test_a_peer_that_also_validates_is_never_assigned_its_own_rollouts():
     assert gate.on_vote(vote(validators[1], g), 1.0) == "counted" and gate.accepted == [g]
     strict = gate_with(validators)  # quorum 2 of the one other validator: refused, and nobody blamed
     assert strict.on_rollout(group(worker=both, task=99), 0.0) == "fewer validators than the quorum"
-    from swarm.role_inference import unanswerable
+    from swarm.roles.inference import unanswerable
 
     assert "its quorum needs 2 other than this peer" in unanswerable(version, both, 1)  # so it does not generate
     assert unanswerable(version, "12D3KooWother", 1) == ""
@@ -379,7 +379,7 @@ def test_a_trainer_given_validator_keys_names_only_those_and_reports_the_others_
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.trainer import SwarmPublisher
 
     listed, stranger = [public_key_of(k) for k in keys(2)]
     emitted = []

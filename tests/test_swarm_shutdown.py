@@ -9,7 +9,7 @@ import trio
 
 import p2p.gossip
 from p2p.identity import Identity
-from swarm import node as node_module
+import swarm.node.node as node_module
 from swarm.shutdown import ExitGuard
 from tests.test_swarm_nodes import Peer
 
@@ -37,7 +37,7 @@ def test_a_peer_whose_gossip_never_finishes_closing_still_returns(tmp_path, monk
                                                      [stop_once_running], peer.trainer.public_bytes,
                                                      stopping.append)
 
-    with caplog.at_level(logging.WARNING, logger="swarm.node"):
+    with caplog.at_level(logging.WARNING, logger="swarm.node.node"):
         assert trio.run(main) == 0
     assert len(stopping) == 1 and stopping[0].done.is_set()
     assert "closing the network took over" in caplog.text
