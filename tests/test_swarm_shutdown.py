@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 import trio
 
 import p2p.gossip
-from p2p.identity import Identity
 import swarm.node.node as node_module
+from p2p.identity import Identity
 from swarm.shutdown import ExitGuard
 from tests.test_swarm_nodes import Peer
 

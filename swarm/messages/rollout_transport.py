@@ -42,6 +42,7 @@ from swarm.messages.rollout_codec import (
     pack_group,
     parse_items,
 )
+from swarm.node.ports import HostPort, PeerNetwork
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ DEFAULT_FETCH = FetchConfig()
 
 # ---- worker side -------------------------------------------------------------------------------------------------
 
-def serve_rollout_blobs(host: Any, cache: BlobCache | None = None, max_concurrent: int = 4,
+def serve_rollout_blobs(host: HostPort, cache: BlobCache | None = None, max_concurrent: int = 4,
                         timeout_s: float = 120.0) -> BlobCache:
     """Serve the blobs of `cache` (a new one by default) on PROTOCOL and return the cache.
 
@@ -107,7 +108,7 @@ def serve_rollout_blobs(host: Any, cache: BlobCache | None = None, max_concurren
     return cache
 
 
-async def publish_groups(node: Any, groups: list, cache: BlobCache, limits: TransportLimits = DEFAULT_LIMITS,
+async def publish_groups(node: PeerNetwork, groups: list, cache: BlobCache, limits: TransportLimits = DEFAULT_LIMITS,
                          skipped: Callable[[Any, RolloutRefused], None] | None = None) -> list[str]:
     """Gossip a worker's groups of one version in as few messages as fit: each inline (plain or compressed) or,
     when too large, its blob kept in `cache` and its announcement gossiped.
@@ -143,7 +144,7 @@ def within_containers(body: dict, limit: int = DEFAULT_POLICY.max_containers["ro
     return within_containers({"batch": items[:half]}, limit) + within_containers({"batch": items[half:]}, limit)
 
 
-async def _packed(node: Any, group: Any, cache: BlobCache, limits: TransportLimits) -> tuple[dict, str]:
+async def _packed(node: PeerNetwork, group: Any, cache: BlobCache, limits: TransportLimits) -> tuple[dict, str]:
     """(gossip body, how it goes out) for one group; RolloutRefused (not hostile) when it cannot be published."""
     out = await trio.to_thread.run_sync(pack_group, group, tuple(node.host.multiaddrs), limits)
     if out.announcement is not None:
@@ -177,7 +178,7 @@ class ReceiveFlow:
 DEFAULT_FLOW = ReceiveFlow()
 
 
-async def receive_groups(node: Any, envelopes: Any, deliver: Callable[[Any], None],
+async def receive_groups(node: PeerNetwork, envelopes: Any, deliver: Callable[[Any], None],
                          refused: Callable[[str], None] | None = None, limits: TransportLimits = DEFAULT_LIMITS,
                          fetch: FetchConfig = DEFAULT_FETCH, wanted: Callable[[Announcement], bool] | None = None,
                          flow: ReceiveFlow = DEFAULT_FLOW) -> None:
@@ -220,7 +221,7 @@ async def receive_groups(node: Any, envelopes: Any, deliver: Callable[[Any], Non
             nursery.start_soon(one, env)
 
 
-async def receive_envelope(node: Any, env: Any, refused: Callable[[str], None] | None = None,
+async def receive_envelope(node: PeerNetwork, env: Any, refused: Callable[[str], None] | None = None,
                            limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH,
                            wanted: Callable[[Announcement], bool] | None = None) -> list:
     """The RolloutGroups a "rollout" envelope carries or announces (one, or a batch's), less those refused or not
@@ -276,7 +277,7 @@ def _without_traceback(exc):
     return exc
 
 
-async def _receive_item(node: Any, sender: str, item, refused, limits: TransportLimits, fetch: FetchConfig,
+async def _receive_item(node: PeerNetwork, sender: str, item, refused, limits: TransportLimits, fetch: FetchConfig,
                         wanted, unserved: list[bool] | None = None) -> Any:
     """One parsed item of an envelope (a group, an announcement or its refusal) as a checked group, or None."""
     try:
@@ -300,7 +301,7 @@ async def _receive_item(node: Any, sender: str, item, refused, limits: Transport
         return _refuse(node, sender, RolloutRefused("error", str(exc), hostile=False), refused)
 
 
-def _refuse(node: Any, sender: str, exc: RolloutRefused, refused: Callable[[str], None] | None,
+def _refuse(node: PeerNetwork, sender: str, exc: RolloutRefused, refused: Callable[[str], None] | None,
             score: bool = True) -> None:
     """Log, score (a lie costs like a forged envelope, an unserved announcement less) and report one refusal."""
     log.info("refused a rollout from %s: %s (%s)", sender, exc, exc.reason)
@@ -311,7 +312,7 @@ def _refuse(node: Any, sender: str, exc: RolloutRefused, refused: Callable[[str]
     return None
 
 
-async def fetch_group(host: Any, peer: str, ann: Announcement, limits: TransportLimits = DEFAULT_LIMITS,
+async def fetch_group(host: HostPort, peer: str, ann: Announcement, limits: TransportLimits = DEFAULT_LIMITS,
                       fetch: FetchConfig = DEFAULT_FETCH):
     """Fetch, verify and decode the announced group from `peer`; RolloutRefused when it lies or never serves."""
     last = "no attempt"
@@ -334,7 +335,7 @@ async def fetch_group(host: Any, peer: str, ann: Announcement, limits: Transport
                          f"({fetch.attempts} tries at most): {last}", hostile=False)
 
 
-async def fetch_blob(host: Any, peer: str, ann: Announcement, timeout: float) -> bytes | None:
+async def fetch_blob(host: HostPort, peer: str, ann: Announcement, timeout: float) -> bytes | None:
     """The blob `ann` names, as `peer` sends it (unverified), or None if it does not hold it.
 
     HostError on a transport failure or when dialing, opening and reading together pass `timeout`; RolloutRefused
@@ -377,7 +378,7 @@ async def _request(stream: Any, peer: str, ann: Announcement) -> bytes | None:
     return await read_exactly(stream, length, "rollout blob stream")
 
 
-def _score_down(node: Any, peer: str, reason: str) -> None:
+def _score_down(node: PeerNetwork, peer: str, reason: str) -> None:
     """Count a lie against the sender as gossip counts a bad envelope (bans past the threshold)."""
     gossip = getattr(node, "gossip", None)
     if gossip is None:

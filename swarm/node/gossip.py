@@ -9,7 +9,7 @@ use a message raises p2p.gossip.Ignored, which costs the sender the same way.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from libp2p.peer.id import ID
@@ -19,7 +19,11 @@ from p2p.gossip import Ignored
 from p2p.host import HANDLER_FAULT
 from swarm.messages.gossip_bodies import MAX_ADDRS, Heartbeat, ManifestAnnouncement, sendable_progress
 from swarm.node.parts import dial_any, run_part
+from swarm.node.ports import GossipPort, HostPort
 from swarm.policy.manifest_protocol import fetch_manifest
+
+if TYPE_CHECKING:
+    from swarm.node.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +43,12 @@ def announcement_body(signed: bytes, manifest: Any) -> dict:
     return body
 
 
-async def receive_manifests(node: Any) -> None:
+async def receive_manifests(node: Node) -> None:
 
     await node.gossip.serve("manifest", lambda env: on_manifest(node, env, fetch_manifest))
 
 
-def on_manifest(node: Any, env: Any, fetch_manifest) -> None:
+def on_manifest(node: Node, env: Any, fetch_manifest) -> None:
     """Adopt an inline manifest, or fetch an announced one in the background (fetched in line, ten announcements
     of ids nobody serves held up the next real manifest for 150 s)."""
     ann: ManifestAnnouncement = env.message
@@ -60,7 +64,7 @@ def on_manifest(node: Any, env: Any, fetch_manifest) -> None:
         raise Ignored("ignored", "the announced manifest was refused")
 
 
-def fetch_manifest_soon(node: Any, peer: str, manifest_id: bytes, fetch) -> None:
+def fetch_manifest_soon(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
     """Fetch and adopt a manifest a peer named, in the background: one fetch per id at a time and at most
     MAX_MANIFEST_FETCHES in all (a flood of announcements must not start a fetch for each)."""
 
@@ -68,7 +72,7 @@ def fetch_manifest_soon(node: Any, peer: str, manifest_id: bytes, fetch) -> None
         return
     node.fetching.add(manifest_id)
 
-    async def fetch_once(node: Any) -> None:
+    async def fetch_once(node: Node) -> None:
         try:
             await fetch_and_adopt(node, peer, manifest_id, fetch)
         finally:
@@ -77,7 +81,7 @@ def fetch_manifest_soon(node: Any, peer: str, manifest_id: bytes, fetch) -> None
     node.nursery.start_soon(run_part, node, fetch_once)
 
 
-async def fetch_and_adopt(node: Any, peer: str, manifest_id: bytes, fetch) -> None:
+async def fetch_and_adopt(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
     try:
         signed = await fetch(node.host, peer, manifest_id)
     except P2PError as exc:
@@ -87,7 +91,7 @@ async def fetch_and_adopt(node: Any, peer: str, manifest_id: bytes, fetch) -> No
         node.mirror.adopt(signed)
 
 
-def share_host_faults(host: Any, gossip: Any) -> None:
+def share_host_faults(host: HostPort, gossip: GossipPort) -> None:
     """A peer whose streams make this host's handlers fail pays for it in gossip too (p2p.host's fault listeners):
     one accountability, so a peer the host is about to ban for faulting streams is not also relayed and forwarded
     at a clean gossip score. Three faults, which ban it from the host, ban it from gossip as well."""
@@ -99,7 +103,7 @@ def share_host_faults(host: Any, gossip: Any) -> None:
     host.fault_listeners.append(on_fault)
 
 
-def heartbeat_body(node: Any) -> dict:
+def heartbeat_body(node: Node) -> dict:
     """What this peer says about itself, within what receivers accept
     (swarm.messages.gossip_bodies.decode_heartbeat)."""
     policies = []
@@ -113,7 +117,7 @@ def heartbeat_body(node: Any) -> dict:
     return body
 
 
-async def send_heartbeats(node: Any) -> None:
+async def send_heartbeats(node: Node) -> None:
     while True:
         try:
             await node.gossip.publish("heartbeat", heartbeat_body(node))
@@ -124,14 +128,14 @@ async def send_heartbeats(node: Any) -> None:
         await trio.sleep(node.config.heartbeat_every_s)
 
 
-async def receive_heartbeats(node: Any) -> None:
+async def receive_heartbeats(node: Node) -> None:
     """Learn peers (dial their announced addresses) and manifests we have not seen yet."""
 
     dialed: dict[str, float] = {}  # peers a heartbeat made us dial -> when
     await node.gossip.serve("heartbeat", lambda env: on_heartbeat(node, env, dialed, fetch_manifest))
 
 
-def on_heartbeat(node: Any, env: Any, dialed: dict[str, float], fetch_manifest) -> None:
+def on_heartbeat(node: Node, env: Any, dialed: dict[str, float], fetch_manifest) -> None:
 
     beat: Heartbeat = env.message
     sender = env.sender_peer_id

@@ -26,6 +26,7 @@ from p2p.errors import P2PError
 from p2p.gossip import GossipConfig, open_gossip
 from p2p.gossip_admission import AdmissionConfig
 from p2p.host import HostConfig, open_host
+from p2p.identity import Identity
 from p2p.store import PieceStore
 from p2p.transfer import TransferConfig
 from swarm.config import PeerConfig
@@ -41,6 +42,7 @@ from swarm.node.gossip import (
     share_host_faults,
 )
 from swarm.node.parts import dial_any, run_part
+from swarm.node.ports import DhtPort, GossipPort, HostPort
 from swarm.policy.manifest_protocol import fetch_manifest, install_manifest_server
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.trust import TrainerTrust
@@ -58,12 +60,12 @@ class Node:
     """A running peer; role tasks receive it and use its parts."""
 
     config: PeerConfig
-    host: Any
-    gossip: Any
+    host: HostPort
+    gossip: GossipPort
     mirror: PolicyMirror
     events: EventSink
     nursery: trio.Nursery
-    dht: Any = None
+    dht: DhtPort | None = None
     peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
     peer_heard: dict[str, float] = field(default_factory=dict)  # peer id -> when its last heartbeat came (trio)
     done: trio.Event = field(default_factory=trio.Event)
@@ -77,7 +79,7 @@ class Node:
         return self.host.peer_id
 
     @property
-    def identity(self) -> Any:
+    def identity(self) -> Identity:
         return self.host.identity
 
     def heard_from(self, peer: str, roles: tuple[str, ...], now: float) -> None:
@@ -107,7 +109,7 @@ class Node:
             self.progress.update({k: record.get(k) for k in ("checked", "accepted", "rejected")})
 
     def connected_peers(self) -> list[str]:
-        return sorted(str(p) for p in self.host.libp2p.get_connected_peers())
+        return self.host.connected_peers()
 
     async def announce_policy(self, signed: bytes, manifest: Any) -> None:
         """Tell the run about a new version: gossip (inline when small, by id otherwise) and the DHT record that

@@ -21,13 +21,14 @@ import trio
 from p2p.errors import HostError
 from p2p.host import peer_went_away, read_exactly
 from p2p.manifest import MAX_MANIFEST_BYTES
+from swarm.node.ports import HostPort
 
 PROTOCOL = "/rl-swarm/manifest/1.0.0"
 _LEN = struct.Struct(">I")
 _MAX_RESPONSE = MAX_MANIFEST_BYTES + 4096
 
 
-def install_manifest_server(host: Any, lookup: Callable[[bytes], bytes | None]) -> None:
+def install_manifest_server(host: HostPort, lookup: Callable[[bytes], bytes | None]) -> None:
     """Answer manifest requests from `lookup(id) -> signed bytes or None`."""
 
     async def handle(stream: Any) -> None:
@@ -39,7 +40,7 @@ def install_manifest_server(host: Any, lookup: Callable[[bytes], bytes | None]) 
     host.set_guarded_handler(PROTOCOL, handle, timeout=30.0)
 
 
-async def fetch_manifest(host: Any, peer_id: str, manifest_id: bytes, timeout: float = 15.0) -> bytes | None:
+async def fetch_manifest(host: HostPort, peer_id: str, manifest_id: bytes, timeout: float = 15.0) -> bytes | None:
     """The signed manifest `manifest_id` from `peer_id`, or None if it does not have it; HostError on failure."""
     stream = await host.new_stream(peer_id, PROTOCOL)
     try:
