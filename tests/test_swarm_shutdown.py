@@ -23,7 +23,7 @@ def test_a_peer_whose_gossip_never_finishes_closing_still_returns(tmp_path, monk
             yield gossip
             await trio.sleep_forever()  # a close that waits for ever (cancellable: the grace period ends it)
 
-    monkeypatch.setattr(p2p.gossip, "open_gossip", hanging_gossip)
+    monkeypatch.setattr(node_module, "open_gossip", hanging_gossip)
     monkeypatch.setattr(node_module, "TEARDOWN_GRACE_S", 0.5)
     peer = Peer(tmp_path, "a", Identity.generate())
     stopping: list = []

@@ -20,7 +20,7 @@ import trio
 from swarm.policy.runspec import RunSpec
 from swarm.policy.task_file import place_task_file, snapshot_task_file
 from swarm.policy.trust import parse_public_key
-from swarm.roles.batch_wait import BatchWait, answered_in_full, newest_in_swarm, why_publish_now
+from swarm.roles.batch_wait import BatchWait, GateCounts, SwarmFacts, why_publish_now
 from swarm.roles.gate import RolloutGate
 
 log = logging.getLogger(__name__)
@@ -202,11 +202,11 @@ async def trainer_role(node) -> None:
         nursery.start_soon(ticks)
         while run.state.step < cfg.steps:
             waiting = BatchWait(cfg.prompts_per_step, trio.current_time())
-            # decisions read what ready() just counted (a stale count once published instead of training)
-            while not waiting.ready(gate, trio.current_time(), answered_in_full(gate, publisher)):
-                await _publish_when_stuck(node, run, publisher, gate, waiting)
+            # decisions read what was just counted (a stale count once published instead of training)
+            while not waiting.ready(counts := gate_counts(gate, publisher.known_workers()), trio.current_time()):
+                await _publish_when_stuck(node, run, publisher, gate, waiting, counts)
                 if waiting.should_report(trio.current_time()):
-                    node.events.emit("trainer_waiting", **waiting.status(gate, trio.current_time()))
+                    node.events.emit("trainer_waiting", **waiting.status(counts, trio.current_time()))
                 with trio.move_on_after(1.0):
                     await progress.wait()
                     progress = trio.Event()
@@ -323,12 +323,13 @@ async def _resumed(node, run) -> None:
         f"weights go out again as v{run.state.version}"))
 
 
-async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait) -> None:
+async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait,
+                              counts: GateCounts) -> None:
     """Publish a new version now when the newest one cannot bring the next batch
     (swarm.roles.batch_wait.why_publish_now).
     The same weights sent again cost the swarm a manifest: their files have the same roots, which every peer already
     holds."""
-    why = why_publish_now(node, run, publisher, gate, waiting, trio.current_time())
+    why = why_publish_now(counts, swarm_facts(node, run, publisher, gate), waiting, trio.current_time())
     if why is None:
         return
     if (held := newest_in_swarm(node)) > gate.newest:
@@ -368,3 +369,28 @@ async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> 
         gate.newest = version
 
     await publisher.publish(version, policy_dir(run.policies, version), before_announce=register)
+
+
+def gate_counts(gate: RolloutGate, workers: set[str]) -> GateCounts:
+    """The gate's state as the batch wait's plain values, after expiring what fell out of the async window."""
+    ready = gate.expire()
+    spec = gate.specs.get(gate.newest)
+    return GateCounts(ready=ready, awaiting_votes=len(gate.pending), async_level=gate.async_level, newest=gate.newest,
+                      prompts_per_worker=spec.prompts_per_worker if spec is not None else 0,
+                      answered_in_full=gate.answered_in_full(gate.newest, workers), tally=dict(gate.counts))
+
+
+def swarm_facts(node, run, publisher: SwarmPublisher, gate: RolloutGate) -> SwarmFacts:
+    """What the trainer hears of its peers now, as the batch wait's plain values."""
+    spec = gate.specs.get(gate.newest)
+    return SwarmFacts(
+        quorum_here=len(publisher.known_validators()) >= node.config.quorum,
+        workers_known=publisher.workers_known(),
+        validators_departed=publisher.validators_departed(spec) if spec is not None else 0,
+        validators_changed=publisher.validators_changed(spec) if spec is not None else False,
+        newest_held=newest_in_swarm(node), trained_since_publish=run.trained_since_publish)
+
+
+def newest_in_swarm(node) -> int:
+    """The newest version among the manifests this peer adopted (only the run key's are adopted), or -1."""
+    return max((p.manifest.version for p in node.mirror.policies.values()), default=-1)
