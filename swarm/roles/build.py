@@ -36,9 +36,9 @@ def build_roles(config: PeerConfig) -> list[RoleTask]:
     for role in config.roles:
         if role == "seed":
             continue
-        from swarm.roles.build import registry as swarm_roles
+        from swarm.roles import registry
 
-        tasks.append(swarm_roles.ROLE_TASKS[role])
+        tasks.append(registry.ROLE_TASKS[role])
     return tasks
 
 
