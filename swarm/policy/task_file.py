@@ -15,7 +15,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from p2p.manifest import file_entry, is_safe_file_name
 from swarm.errors import UserError
+from tasks.loading import is_task_file
 
 
 @dataclass(frozen=True)
@@ -29,9 +31,6 @@ class RunTaskFile:
 
 def snapshot_task_file(task: str, into: Path, piece_size: int) -> RunTaskFile | None:
     """Copy the task file `task` into `into` (None for a built-in task set) and compute its manifest root."""
-    from p2p.manifest import file_entry, is_safe_file_name
-    from tasks.loading import is_task_file
-
     if not is_task_file(task):
         return None
     source = Path(task)
