@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from swarm.errors import UserError
-from swarm.runspec import PRECISIONS
+from swarm.policy.runspec import PRECISIONS
 from trainer.errors import TrainerError
 from trainer.tracking import parse_report_to
 
@@ -105,7 +105,7 @@ class PeerConfig:
     """Trainer role: experiment trackers of its steps (trainer.tracking: tensorboard, wandb, comma-separated, or
     none), writing under the data directory's training/; empty: what the trainer config says."""
     metrics_port: int = 0
-    """TCP port of this peer's Prometheus endpoint (swarm.metrics: GET /metrics); 0: no endpoint."""
+    """TCP port of this peer's Prometheus endpoint (swarm.node.metrics: GET /metrics); 0: no endpoint."""
     metrics_host: str = "127.0.0.1"
     """Address the Prometheus endpoint listens on; 0.0.0.0 lets a Prometheus server on another machine scrape it."""
     cheat: str = ""
@@ -149,7 +149,7 @@ class PeerConfig:
         if self.upload_mbps < 0:
             raise UserError("upload_mbps must not be negative")
         if self.validator_keys:
-            from swarm.trust import parse_public_key
+            from swarm.policy.trust import parse_public_key
 
             listed = {parse_public_key(text, "--validator-key") for text in self.validator_keys}
             if len(listed) < self.quorum:

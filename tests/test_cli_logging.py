@@ -12,7 +12,7 @@ import time
 import pytest
 
 from p2p.identity import Identity
-from swarm.cli import PROJECT_LOGGERS, build_parser, configure_logging, main
+from swarm.cli.main import PROJECT_LOGGERS, build_parser, configure_logging, main
 
 
 @pytest.fixture(autouse=True)

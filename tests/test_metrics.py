@@ -18,8 +18,8 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from p2p.identity import Identity, write_key_file
-from swarm.cli import main
-from swarm.metrics import MAX_REQUEST_BYTES, MAX_SCRAPES, PieceTotals, RoleCounters, answer, handle_scrape
+from swarm.cli.main import main
+from swarm.node.metrics import MAX_REQUEST_BYTES, MAX_SCRAPES, PieceTotals, RoleCounters, answer, handle_scrape
 from tests.test_swarm_nodes import Peer, make_checkpoint, signed_checkpoint
 
 

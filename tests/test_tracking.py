@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from swarm.cli import main
+from swarm.cli.main import main
 from trainer.errors import TrainerError
 from trainer.tracking import gate_scalars, parse_report_to, step_scalars
 

@@ -12,9 +12,9 @@ import urllib.request
 import pytest
 import trio
 
-from swarm.cli import main
+from swarm.cli.main import main
 from swarm.events import EventSink
-from swarm.sim import SimSettings, run_sim, summarize
+from swarm.sim.run import SimSettings, run_sim, summarize
 from tests.test_metrics import parse, value
 
 

@@ -140,7 +140,7 @@ def step_scalars(record: dict) -> dict[str, float]:
 
 
 def gate_scalars(counts: dict[str, int]) -> dict[str, float]:
-    """The swarm trainer's gate (swarm.rollout_gate counts): groups accepted and rejected by a quorum, timed out,
+    """The swarm trainer's gate (swarm.roles.gate counts): groups accepted and rejected by a quorum, timed out,
     and refused before any vote."""
     refused = sum(n for what, n in counts.items() if what.startswith("refused:"))
     return {"swarm/groups_accepted": float(counts.get("accepted", 0)),
