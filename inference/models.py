@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +51,10 @@ def check_model_spec(spec: str) -> None:
         raise InferenceError(f"model {spec!r} is neither 'tiny', 'smollm2' nor an existing directory")
 
 
-def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None) -> LoadedModel:
-    """Load "tiny", "smollm2" or a local HF directory as float32 (or `dtype`) on the CPU, in eval mode."""
+def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None,
+               on_step: Callable[[str], None] = lambda step: None) -> LoadedModel:
+    """Load "tiny", "smollm2" or a local HF directory as float32 (or `dtype`) on the CPU, in eval mode.
+    `on_step(name)` hears each long step as it starts (a first use converts SmolLM2's GGUF: minutes on 2 cores)."""
     import torch
 
     dtype = dtype or torch.float32
@@ -60,11 +63,14 @@ def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None) -> Lo
         from inference.tiny import TINY_VERSION, build_tiny
 
         directory = _cached(cache / TINY_VERSION, build_tiny)
+        on_step("loading the model")
         return load_directory(directory, dtype, name="tiny")
     if spec == "smollm2":
-        directory = _cached(cache / SMOLLM2_DIRNAME, convert_smollm2)
+        directory = _cached(cache / SMOLLM2_DIRNAME, lambda tmp: convert_smollm2(tmp, on_step))
+        on_step("loading the model")
         return load_directory(directory, dtype, name="smollm2")
     check_model_spec(spec)
+    on_step("loading the model")
     return load_directory(Path(spec), dtype)
 
 
@@ -96,7 +102,7 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def convert_smollm2(directory: Path) -> None:
+def convert_smollm2(directory: Path, on_step: Callable[[str], None] = lambda step: None) -> None:
     """Dequantise SmolLM2-135M-Instruct's GGUF into float32 safetensors + config + tokenizer in `directory`.
 
     Goes through transformers' own GGUF reader (config, tokenizer, tensor-name mapping) but builds the model
@@ -107,9 +113,11 @@ def convert_smollm2(directory: Path) -> None:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     gguf = smollm2_gguf_path()
+    on_step("converting SmolLM2's GGUF: tokenizer and config")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    on_step("converting SmolLM2's GGUF: dequantising the weights")
     tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
     result = model.load_state_dict(
         {k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors.items()}, strict=False
@@ -118,6 +126,7 @@ def convert_smollm2(directory: Path) -> None:
     if missing or result.unexpected_keys:
         raise InferenceError(f"{gguf} does not map onto {type(model).__name__}: missing {missing[:3]}")
     model.tie_weights()
+    on_step("converting SmolLM2's GGUF: writing float32 safetensors")
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
