@@ -173,10 +173,11 @@ def _spread_section(line: dict) -> str:
         color = PALETTE[int(version) % len(PALETTE)]
         for peer, (start, until) in held.items():
             x0, x1 = frame.x(start), frame.x(end if until is None else until)
+            shown_until = "" if until is None else until
             parts.append(f'<rect class="held" x="{x0}" y="{TOP + row * peers.index(peer) + 3}" '
                          f'width="{round(max(1.0, x1 - x0), 1)}" height="{row - 6}" fill="{color}" '
                          f'fill-opacity="0.55" stroke="{color}" data-version="{escape(version)}" '
-                         f'data-peer="{escape(peer)}" data-from="{start}" data-until="{"" if until is None else until}">'
+                         f'data-peer="{escape(peer)}" data-from="{start}" data-until="{shown_until}">'
                          f'<title>{escape(peer)} held v{escape(version)} from {start} s to '
                          f'{"the end" if until is None else f"{until} s"}</title></rect>')
     for ban in line.get("bans", []):

@@ -55,9 +55,12 @@ def _peer_cells(row: dict) -> list[Text]:
         held += " (fetching " + ",".join(f"v{v}" for v in row["fetching"]) + ")"
     heard = "-" if row["heard_s_ago"] is None else f"{row['heard_s_ago']:g} s ago"
     progress = ", ".join(f"{k} {v}" for k, v in row.get("progress", {}).items())
-    groups = "" if "groups" not in row else f"{row['groups']} (claims {row['claimed_mean_reward']})"
+    groups = str(row.get("groups", ""))
+    if row.get("claimed_mean_reward") is not None:
+        groups += f" (claims {row['claimed_mean_reward']})"
     votes = "" if "votes" not in row else f"{row['votes']['accept']} accept / {row['votes']['reject']} reject"
-    judged = "" if "judged" not in row else f"{row['judged']['accepted']} accepted / {row['judged']['rejected']} rejected"
+    judged = row.get("judged")
+    judged = "" if judged is None else f"{judged['accepted']} accepted / {judged['rejected']} rejected"
     if row.get("banned"):
         judged += " BANNED"
     cells = [row["peer"][-PEER_ID_SHOWN:], "+".join(row["roles"]) or "(no heartbeat)", held, heard, progress,
