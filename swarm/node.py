@@ -382,10 +382,13 @@ def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> in
     """Entry point of `swarm peer start`: build the roles, run until interrupted."""
     from p2p.identity import load_or_create_identity
     from swarm.gc_warmup import run_freezing_after_warmup
+    from swarm.progress import DownloadBars, bar_console
     from swarm.roles import build_roles
     from swarm.trust import parse_trainer_key
 
-    events = EventSink(json_lines=json_events)
+    bars = DownloadBars(bar_console(json_events))
+    events = EventSink(json_lines=json_events, hidden=bars.drawn_kinds)
+    events.listeners.append(bars.on_event)
     events.configure_logging()
     usable_directory(config.data_dir, "data directory")
     if key_file is not None:
@@ -399,8 +402,11 @@ def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> in
     if "trainer" in config.roles:
         trust_key = identity.public_bytes  # the trainer's identity is the run's key
     guard = ExitGuard(HARD_EXIT_AFTER_S)
-    status = trio.run(run_freezing_after_warmup, open_node_parts, config, identity, events, roles, trust_key,
-                      lambda node: guard.arm(1 if node.failed else 0))
+    try:
+        status = trio.run(run_freezing_after_warmup, open_node_parts, config, identity, events, roles, trust_key,
+                          lambda node: guard.arm(1 if node.failed else 0))
+    finally:
+        bars.close()
     guard.disarm()
     return status
 

@@ -83,3 +83,46 @@ class BarMaker:
     def bar(self, description: str, total: float | None = None) -> Bar:
         self.bars.append(Bar(self.progress, description, total))
         return self.bars[-1]
+
+
+class DownloadBars:
+    """A peer's policy downloads as bars, one per version, driven by its events (an EventSink listener): a bar
+    opens when a version is adopted, moves with each `progress` event (pieces verified, peers, download rate),
+    ends when the copy is complete and goes when the version is dropped. Without a console it draws nothing and
+    hides nothing. `drawn_kinds`: the events whose text lines the bars replace (swarm.events.EventSink.hidden)."""
+
+    def __init__(self, console: Console | None) -> None:
+        self.console = console
+        self.drawn_kinds = frozenset({"progress"}) if console is not None else frozenset()
+        self.progress: Progress | None = None
+        self.bars: dict[object, int] = {}  # version -> its task in `progress`
+
+    def on_event(self, record: dict) -> None:
+        if self.console is None:
+            return
+        kind, version = record.get("event"), record.get("version")
+        if kind in ("adopted", "progress") and version not in self.bars:
+            self.bars[version] = self._started().add_task(f"policy v{version}", total=record.get("pieces") if
+                                                          kind == "adopted" else record.get("total"))
+        if kind == "progress" and version in self.bars:
+            self.progress.update(self.bars[version], completed=record.get("pieces", 0), total=record.get("total"),
+                                 description=f"policy v{version} ({record.get('peers', 0)} peers, "
+                                             f"{record.get('down_mib_s', 0):.1f} MiB/s down)")
+        elif kind == "complete" and version in self.bars:
+            total = self.progress.tasks[self.bars[version]].total
+            self.progress.update(self.bars[version], completed=total, description=f"policy v{version} complete")
+        elif kind == "dropped" and version in self.bars:
+            self.progress.remove_task(self.bars.pop(version))
+        if self.progress is not None:
+            self.progress.refresh()  # each event drawn as it comes (a status period apart), not only the latest
+
+    def _started(self) -> Progress:
+        if self.progress is None:
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("pieces"), TimeElapsedColumn(), console=self.console)
+            self.progress.start()
+        return self.progress
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
