@@ -14,6 +14,8 @@ import contextlib
 import logging
 
 MAX_SECONDS = 600.0
+MANIFEST_RETRY_S = 30.0
+"""With --watch: how long after a newest version's holders did not answer they are asked again."""
 MIN_EVERY_S = 0.2
 """The shortest --every: a refresh recomputes the whole view."""
 OBSERVER_HEARTBEAT_S = 0.25
@@ -114,21 +116,35 @@ async def watch(run: str, bootstrap: tuple[str, ...], every_s: float, show, trai
     import trio
 
     async def forever(host, identity, view) -> None:
-        started, manifest_of, shown = trio.current_time(), {}, 0
+        started, shown, newest = trio.current_time(), 0, NewestManifest(trainer_key)
         async with _listening(host, identity, run, view) as gossip:
             while refreshes is None or shown < refreshes:
                 await trio.sleep(every_s)
                 watched = trio.current_time() - started
-                report = _report(view, gossip, watched)
-                if report["newest_version"] not in manifest_of:
-                    manifest_of = {report["newest_version"]: await _with_newest_manifest(host, view, dict(report),
-                                                                                         trainer_key)}
-                report.update({k: v for k, v in manifest_of[report["newest_version"]].items()
-                               if k in ("newest_version", "newest_manifest", "manifest")})
+                report = await newest.fill(host, view, _report(view, gossip, watched), trio.current_time())
                 show(report, watched)
                 shown += 1
 
     await _joined(bootstrap, forever)
+
+
+class NewestManifest:
+    """The newest manifest for a watch: fetched again when the newest version changes, or when no holder answered
+    (at most every MANIFEST_RETRY_S, so a silent holder does not hold up every refresh)."""
+
+    def __init__(self, trainer_key: bytes | None) -> None:
+        self.trainer_key = trainer_key
+        self.claimed: object = ()  # the newest version claimed at the last fetch (() before the first)
+        self.found: dict = {}
+        self.retry_at = 0.0
+
+    async def fill(self, host, view, report: dict, now: float) -> dict:
+        missing = self.found.get("manifest") is None and now >= self.retry_at
+        if report["newest_version"] != self.claimed or missing:
+            self.claimed, self.retry_at = report["newest_version"], now + MANIFEST_RETRY_S
+            found = await _with_newest_manifest(host, view, dict(report), self.trainer_key)
+            self.found = {k: v for k, v in found.items() if k in ("newest_version", "newest_manifest", "manifest")}
+        return {**report, **self.found}
 
 
 async def _joined(bootstrap: tuple[str, ...], listen):
@@ -191,6 +207,8 @@ async def _with_newest_manifest(host, view, report: dict, trainer_key: bytes | N
             report["manifest"] = manifest
         if manifest is not None and "REFUSED" not in str(manifest.get("signature")):
             report.update(newest_version=version, newest_manifest=view.versions[version].hex(), manifest=manifest)
+            if trainer_key is not None and manifest.get("validator_ids"):  # checked against the run's own key
+                view.run_validators = frozenset(manifest["validator_ids"])
             break
     return report
 
@@ -251,12 +269,14 @@ async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) 
 
 def _manifest_summary(manifest, signer: bytes, trainer_key: bytes | None) -> dict:
     """What `swarm status` shows of a verified manifest: size, stage, generation settings, task, validators."""
+    from p2p.identity import peer_id_from_public_bytes
     from swarm.runspec import RunSpec
 
     try:
         spec = RunSpec.from_model(manifest.model)
+        validator_ids = [peer_id_from_public_bytes(key) for key in spec.validator_keys()]
     except Exception:  # noqa: BLE001 - a manifest not published by a swarm trainer still has its settings
-        spec = None
+        spec, validator_ids = None, []
     gen = manifest.generation
     return {
         "version": manifest.version, "mib": round(manifest.total_size / 2**20, 2),
@@ -264,6 +284,7 @@ def _manifest_summary(manifest, signer: bytes, trainer_key: bytes | None) -> dic
         "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature,
         "task": spec.task if spec else "?", "validators": len(spec.validators) if spec else 0,
         "quorum": spec.quorum if spec else 0, "replicas": spec.replicas if spec else 0,
+        "validator_ids": validator_ids,
         "signature": ("signed by the run's trainer key" if trainer_key else
                       f"signed by {signer.hex()[:16]}... (not checked against a run key: give --trainer-key)"),
     }

@@ -83,6 +83,15 @@ def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else escape(str(value))
 
 
+def _step_ticks(steps: list[int], most: int = 12) -> list[int]:
+    """Every step when there are few, else about `most` of them evenly spread (labels must not overlap)."""
+    steps = sorted(set(steps))
+    if len(steps) <= most:
+        return steps
+    stride = -(-len(steps) // most)
+    return steps[::stride]
+
+
 def _ticks(low: float, high: float, count: int = 5) -> list[float]:
     if high <= low:
         return [low]
@@ -125,7 +134,7 @@ def _reward_section(line: dict) -> str:
     ys = [y for _, y in rewards + heldout]
     frame = Frame((min(xs), max(xs)), (min(0.0, min(ys)), max(1.0, max(ys))))
     body = (frame.axes("trainer step", "reward / accuracy", _ticks(frame.y0, frame.y1),
-                       sorted(set(int(x) for x in xs)))
+                       _step_ticks([int(x) for x in xs]))
             + _series(frame, rewards, "reward", PALETTE[0], "reward")
             + _series(frame, heldout, "heldout", PALETTE[2], "held-out accuracy")
             + _legend([("reward on the trained groups", PALETTE[0]), ("held-out accuracy (greedy)", PALETTE[2])]))
@@ -149,7 +158,7 @@ def _groups_section(line: dict) -> str:
                         f'height="{round(frame.y(0) - y, 1)}" fill="{color}" data-step="{_number(s["step"])}" '
                         f'data-value="{s[key]}"><title>step {_number(s["step"])}: {s[key]} {key}</title></rect>')
     body = (frame.axes("trainer step", "groups settled", _ticks(0, top, min(5, top + 1)),
-                       list(range(len(steps))))
+                       _step_ticks(list(range(len(steps)))))
             + "".join(bars) + _legend([("accepted by the quorum", PALETTE[2]), ("rejected", PALETTE[3])]))
     return ('<section id="groups"><h2>Accepted and rejected groups per step</h2>'
             f'{_svg(body, "groups accepted and rejected per trainer step")}</section>')

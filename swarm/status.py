@@ -56,7 +56,8 @@ class SwarmView:
         return {v: max(ids, key=lambda i: (len(ids[i]), i)) for v, ids in self.claims.items()}
     rollout_versions: dict[int, int] = field(default_factory=dict)  # policy version -> groups generated with it
     rejected_checks: dict[str, int] = field(default_factory=dict)  # failed check -> rejecting votes naming it
-    verdicts: dict[bytes, list[bool]] = field(default_factory=dict)  # rollout id -> votes seen
+    verdicts: dict[bytes, dict[str, bool]] = field(default_factory=dict)  # rollout id -> voter -> its verdict
+    run_validators: frozenset[str] | None = None  # peer ids the newest verified manifest names; None: not known
     refused: int = 0  # messages refused here (rollouts of another worker, votes not signed by their sender)
     worker_of: dict[bytes, str] = field(default_factory=dict)  # rollout id -> the worker that sent it
     recent: deque = field(default_factory=lambda: deque(maxlen=MAX_RECENT))  # (time heard, "group" or "vote")
@@ -115,8 +116,8 @@ class SwarmView:
                     if not passed:
                         self.rejected_checks[name] = self.rejected_checks.get(name, 0) + 1
             if vote.rollout_id not in self.verdicts:
-                _bounded_put(self.verdicts, vote.rollout_id, [], MAX_ROLLOUTS_KEPT)
-            self.verdicts[vote.rollout_id].append(bool(vote.accept))
+                _bounded_put(self.verdicts, vote.rollout_id, {}, MAX_ROLLOUTS_KEPT)
+            self.verdicts[vote.rollout_id][sender] = bool(vote.accept)  # a voter's latest word on it counts once
 
     def judged_workers(self) -> tuple[dict[str, dict[str, int]], list[str]]:
         """Per worker, its rollouts most votes heard here accepted or rejected, and the workers the trainer's
@@ -124,10 +125,13 @@ class SwarmView:
 
         Why replayed here: no message says who is banned, and the view must not take a peer's word for it; the
         trainer settles each rollout on its assigned validators' quorum, which the majority of the votes heard
-        here approximates (a tie counts for neither)."""
+        here approximates (a tie counts for neither). Any key can sign a vote, so once a verified manifest names
+        the run's validators (`run_validators`) only theirs count: a crowd of made-up voters bans no one."""
         reputation, tally = Reputation(), {}
-        for rollout_id, verdicts in self.verdicts.items():
+        for rollout_id, by_voter in self.verdicts.items():
             worker = self.worker_of.get(rollout_id)
+            verdicts = [accept for voter, accept in by_voter.items()
+                        if self.run_validators is None or voter in self.run_validators]
             accepts = sum(verdicts)
             if worker is None or 2 * accepts == len(verdicts):
                 continue
@@ -170,7 +174,7 @@ class SwarmView:
             "newest_manifest": self.versions[newest].hex() if newest is not None else None,
             "groups_by_version": {str(v): n for v, n in sorted(self.rollout_versions.items())},
             "rollouts_voted": len(self.verdicts),
-            "rollouts_with_a_rejecting_vote": sum(not all(v) for v in self.verdicts.values()),
+            "rollouts_with_a_rejecting_vote": sum(not all(v.values()) for v in self.verdicts.values()),
             "rejecting_votes_by_check": dict(sorted(self.rejected_checks.items())),
             "refused_messages": self.refused,
             "throughput": self.throughput(now, window_s),

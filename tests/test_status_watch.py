@@ -207,3 +207,40 @@ def _drain(fd: int) -> None:
         pass
     finally:
         os.close(fd)
+
+
+async def test_a_watch_asks_for_the_newest_manifest_when_the_version_changes_or_its_holders_were_silent(monkeypatch):
+    from swarm import cmd_status
+
+    asked: list[object] = []
+    answers = {3: None, 4: {"version": 4, "signature": "signed by the run's trainer key"}}
+
+    async def newest(host, view, report, trainer_key):
+        asked.append(report["newest_version"])
+        return {**report, "manifest": answers[report["newest_version"]]}
+
+    monkeypatch.setattr(cmd_status, "_with_newest_manifest", newest)
+    cache = cmd_status.NewestManifest(None)
+    for version, now in ((3, 0.0), (3, 2.0), (3, cmd_status.MANIFEST_RETRY_S + 1), (4, 40.0), (4, 42.0),
+                         (4, 500.0)):
+        shown = await cache.fill(None, None, {"newest_version": version, "peers": []}, now)
+    assert asked == [3, 3, 4]  # v3 again only after the retry delay; v4, answered, never again
+    assert shown["manifest"]["version"] == 4 and shown["peers"] == []
+
+
+def test_once_the_run_names_its_validators_a_crowd_of_other_voters_bans_no_one():
+    """Any key can sign a vote: ten made-up voters rejecting an honest worker's rollouts outvote its one real
+    validator, until a manifest checked against the run's key names the validators; then only theirs count. A
+    voter repeating itself on one rollout counts once."""
+    real, crowd = Identity.generate(), [Identity.generate() for _ in range(10)]
+    view = SwarmView()
+    for i in range(4):
+        rollout_id = bytes([i]) * 32
+        view.on_rollouts("honest", [announced("honest", 1, rollout_id)], now=1.0)
+        view.on_votes(real.peer_id, [vote(real, rollout_id, True)], voter_of, now=1.0)
+        for liar in crowd:
+            for _ in range(2):
+                view.on_votes(liar.peer_id, [vote(liar, rollout_id, False)], voter_of, now=1.0)
+    assert view.judged_workers() == ({"honest": {"accepted": 0, "rejected": 4}}, ["honest"])
+    view.run_validators = frozenset({real.peer_id})
+    assert view.judged_workers() == ({"honest": {"accepted": 4, "rejected": 0}}, [])
