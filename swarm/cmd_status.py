@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the run's trainer public key (hex or key file): the newest manifest is checked against it",
     )
     parser.add_argument(
-        "--seconds", type=float, default=15.0, help="how long to listen (peers heartbeat every 6 s by default)"
+        "--seconds", type=float, default=15.0,
+        help="how long to listen before the one report (peers heartbeat every 6 s by default); not with --watch"
     )
     parser.add_argument("--watch", action="store_true",
                         help="keep listening and redraw the view until Ctrl-C (JSON lines when not on a terminal)")
@@ -60,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if not bootstrap:
         raise UserError("give --bootstrap MULTIADDR (a peer of the run), or list one in bootstrap_peers.txt")
     trainer_key = parse_trainer_key(args.trainer_key)
+    import libp2p  # noqa: F401 - its import resets its logger's level, so it comes before the level is set
+
     logging.getLogger("p2p").setLevel(logging.ERROR)  # an unreachable bootstrap peer is the error below, once
-    logging.getLogger("libp2p").setLevel(logging.CRITICAL)
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL)  # a peer that stops answering is not the user's error
     if args.watch:
         return _watch(args, tuple(bootstrap), trainer_key)
     report = trio.run(observe, args.run, tuple(bootstrap), args.seconds, trainer_key)
