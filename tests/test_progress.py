@@ -57,7 +57,7 @@ def test_eval_shows_its_bars_on_a_terminal(tmp_path):
 def test_eval_through_a_pipe_with_json_prints_its_result_and_no_bar(tmp_path, monkeypatch, capfd):
     """In-process (the command as `swarm` runs it, minus a second interpreter's start): stdout and stderr are
     captured files here, not a terminal."""
-    from swarm.cli import main
+    from swarm.cli.main import main
 
     monkeypatch.setenv("SWARM_MODEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)  # put back as it was after the test

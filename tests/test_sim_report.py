@@ -9,9 +9,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from swarm.sim import summarize
-from swarm.sim_report_html import render_html
-from swarm.sim_timeline import timeline
+from swarm.sim.report_html import render_html
+from swarm.sim.run import summarize
+from swarm.sim.timeline import timeline
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

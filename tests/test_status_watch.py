@@ -16,11 +16,11 @@ import pytest
 import trio
 from rich.console import Console
 
+import swarm.cli.status_view as status
 from p2p.identity import Identity, peer_id_from_public_bytes
-from swarm import status
-from swarm.gossip_bodies import decode_heartbeat
-from swarm.status import SwarmView
-from swarm.status_live import live_renderable
+from swarm.cli.status_live import live_renderable
+from swarm.cli.status_view import SwarmView
+from swarm.messages.gossip_bodies import decode_heartbeat
 from tests.test_swarm_nodes import signed_checkpoint, start_seeding
 from verify.votes import sign_vote, verify_vote
 
@@ -210,7 +210,7 @@ def _drain(fd: int) -> None:
 
 
 async def test_a_watch_asks_for_the_newest_manifest_when_the_version_changes_or_its_holders_were_silent(monkeypatch):
-    from swarm import cmd_status
+    import swarm.cli.status as cmd_status
 
     asked: list[object] = []
     answers = {3: None, 4: {"version": 4, "signature": "signed by the run's trainer key"}}
