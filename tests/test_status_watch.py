@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import trio
+import trio.testing
 from rich.console import Console
 
 import swarm.cli.status_view as status
@@ -221,11 +222,37 @@ async def test_a_watch_asks_for_the_newest_manifest_when_the_version_changes_or_
 
     monkeypatch.setattr(cmd_status, "_with_newest_manifest", newest)
     cache = cmd_status.NewestManifest(None)
-    for version, now in ((3, 0.0), (3, 2.0), (3, cmd_status.MANIFEST_RETRY_S + 1), (4, 40.0), (4, 42.0),
-                         (4, 500.0)):
-        shown = await cache.fill(None, None, {"newest_version": version, "peers": []}, now)
+    async with trio.open_nursery() as nursery:
+        for version, now in ((3, 0.0), (3, 2.0), (3, cmd_status.MANIFEST_RETRY_S + 1), (4, 40.0), (4, 42.0),
+                             (4, 500.0)):
+            cache.refresh(nursery, None, None, {"newest_version": version}, now)
+            await trio.testing.wait_all_tasks_blocked()
     assert asked == [3, 3, 4]  # v3 again only after the retry delay; v4, answered, never again
-    assert shown["manifest"]["version"] == 4 and shown["peers"] == []
+    assert cache.overlay({"newest_version": 4, "peers": []}) == {"newest_version": 4, "peers": [],
+                                                                  "manifest": answers[4]}
+    assert cache.overlay({"newest_version": 5}) == {"newest_version": 5}  # v4's manifest is not v5's
+
+
+async def test_a_holder_slow_to_answer_does_not_hold_up_the_watch(monkeypatch):
+    """While a fetch waits, refreshes go on without a manifest and start no second fetch."""
+    import swarm.cli.status as cmd_status
+
+    answered, asked = trio.Event(), []
+
+    async def slow(host, view, report, trainer_key):
+        asked.append(report["newest_version"])
+        await answered.wait()
+        return {**report, "manifest": {"version": 2}}
+
+    monkeypatch.setattr(cmd_status, "_with_newest_manifest", slow)
+    cache = cmd_status.NewestManifest(None)
+    async with trio.open_nursery() as nursery:
+        for now in (0.0, 1.0, 2.0):
+            cache.refresh(nursery, None, None, {"newest_version": 2}, now)
+            await trio.testing.wait_all_tasks_blocked()
+            assert cache.overlay({"newest_version": 2}) == {"newest_version": 2}
+        answered.set()
+    assert asked == [2] and cache.overlay({"newest_version": 2})["manifest"] == {"version": 2}
 
 
 def test_once_the_run_names_its_validators_a_crowd_of_other_voters_bans_no_one():

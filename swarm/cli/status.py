@@ -116,39 +116,56 @@ async def observe(run: str, bootstrap: tuple[str, ...], seconds: float, trainer_
 async def watch(run: str, bootstrap: tuple[str, ...], every_s: float, show, trainer_key: bytes | None = None,
                 refreshes: int | None = None) -> None:
     """Listen to `run` until cancelled (or `refreshes` reports), calling `show(report, seconds watched)` every
-    `every_s`. The newest manifest is fetched again only when the newest version changes."""
+    `every_s`; the newest manifest comes from NewestManifest."""
     import trio
 
     async def forever(host, identity, view) -> None:
         started, shown, newest = trio.current_time(), 0, NewestManifest(trainer_key)
-        async with _listening(host, identity, run, view) as gossip:
+        async with _listening(host, identity, run, view) as gossip, trio.open_nursery() as fetches:
             while refreshes is None or shown < refreshes:
                 await trio.sleep(every_s)
                 watched = trio.current_time() - started
-                report = await newest.fill(host, view, _report(view, gossip, watched), trio.current_time())
-                show(report, watched)
+                report = _report(view, gossip, watched)
+                newest.refresh(fetches, host, view, report, trio.current_time())
+                show(newest.overlay(report), watched)
                 shown += 1
+            fetches.cancel_scope.cancel()
 
     await _joined(bootstrap, forever)
 
 
 class NewestManifest:
-    """The newest manifest for a watch: fetched again when the newest version changes, or when no holder answered
-    (at most every MANIFEST_RETRY_S, so a silent holder does not hold up every refresh)."""
+    """The newest manifest for a watch, fetched in the background so that a holder slow to answer never freezes
+    the view: again when the newest version changes, or when no holder answered (at most every MANIFEST_RETRY_S).
+    A report shows it only while it is the manifest of the version the report calls the newest."""
 
     def __init__(self, trainer_key: bytes | None) -> None:
         self.trainer_key = trainer_key
         self.claimed: object = ()  # the newest version claimed at the last fetch (() before the first)
         self.found: dict = {}
+        self.found_for: object = ()  # the claim `found` answers
         self.retry_at = 0.0
+        self.fetching = False
 
-    async def fill(self, host, view, report: dict, now: float) -> dict:
-        missing = self.found.get("manifest") is None and now >= self.retry_at
-        if report["newest_version"] != self.claimed or missing:
-            self.claimed, self.retry_at = report["newest_version"], now + MANIFEST_RETRY_S
-            found = await _with_newest_manifest(host, view, dict(report), self.trainer_key)
+    def refresh(self, nursery, host, view, report: dict, now: float) -> None:
+        """Start a fetch when the claim changed or its holders were silent, unless one is under way."""
+        changed = report["newest_version"] != self.claimed
+        silent = self.found.get("manifest") is None and now >= self.retry_at
+        if self.fetching or not (changed or silent):
+            return
+        self.claimed, self.retry_at, self.fetching = report["newest_version"], now + MANIFEST_RETRY_S, True
+        nursery.start_soon(self._fetch, host, view, dict(report))
+
+    async def _fetch(self, host, view, report: dict) -> None:
+        try:
+            found = await _with_newest_manifest(host, view, report, self.trainer_key)
             self.found = {k: v for k, v in found.items() if k in ("newest_version", "newest_manifest", "manifest")}
-        return {**report, **self.found}
+            self.found_for = report["newest_version"]
+        finally:
+            self.fetching = False
+
+    def overlay(self, report: dict) -> dict:
+        return {**report, **self.found} if self.found_for == report["newest_version"] else report
 
 
 async def _joined(bootstrap: tuple[str, ...], listen):
