@@ -20,7 +20,7 @@ from pathlib import Path
 import blake3
 
 from inference.errors import InferenceError
-from tasks.hub_cache import NotCached, cached_snapshot, fetch_hint, hub_cache_dir, parse_reference
+from tasks.hub_cache import NotCached, cached_snapshot, fetch_hint, hub_cache_dir, parse_reference, snapshot_repo_id
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct-q4_1"
@@ -196,7 +196,8 @@ def tokenizer_id(directory: Path) -> str:
 
 def describe_files(directory: Path) -> dict:
     """The description `describe` gives a plain Hugging Face directory (config.json, tokenizer files, no
-    model.json), read from its JSON files alone: what publishing it needs, without loading its weights."""
+    model.json), read from its JSON files alone: what publishing it needs, without loading its weights. A hub
+    snapshot is named by its repo id, not by its commit hash."""
     directory = Path(directory)
     config = _json_object(directory / "config.json")
     eos: set[int] = set()
@@ -213,7 +214,8 @@ def describe_files(directory: Path) -> dict:
                and str(i).isdigit())
     if not eos:
         raise InferenceError(f"{directory} names no end-of-sequence token (config or tokenizer eos_token_id)")
-    return {"name": directory.name, "architecture": config, "tokenizer_id": tokenizer_id(directory),
+    name = snapshot_repo_id(directory) or directory.name
+    return {"name": name, "architecture": config, "tokenizer_id": tokenizer_id(directory),
             "eos_token_ids": sorted(eos), "source": str(directory)}
 
 

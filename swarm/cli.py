@@ -21,6 +21,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("sim",), "swarm.cmd_sim", "run a local multi-peer simulation of the whole swarm in one command"),
     (("train",), "swarm.cmd_train", "run the single-machine RL loop (no network)"),
     (("eval",), "swarm.cmd_eval", "measure a policy's accuracy on held-out prompts"),
+    (("tasks",), "swarm.cmd_tasks", "list the built-in tasks with their descriptions and difficulty settings"),
     (("keygen",), "swarm.cmd_keygen", "create an Ed25519 key file (a run's trainer key or a peer identity)"),
     (("bench", "broadcast"), "swarm.cmd_bench_broadcast", "benchmark policy broadcast against the Kumar-Ross bound"),
     (("bench", "transfer"), "swarm.cmd_bench_transfer", "benchmark one piece-protocol stream against raw TCP"),

@@ -40,13 +40,14 @@ def run(args) -> int:
     require_at_least_one(n=args.n, max_new_tokens=args.max_new_tokens, batch=args.batch)
     require_temperature(args.temperature)
 
-    from inference.models import load_model
+    from inference.models import check_model_spec, load_model
     from trainer.config import load_config
     from trainer.evaluate import evaluate
     from trainer.session import load_task_split
     overrides = {"model": args.model, "task": args.task, "seed": args.seed, "task_size": args.size,
                  "eval_fraction": args.eval_fraction, "prompt_key": args.prompt_key, "answer_key": args.answer_key}
     cfg = load_config(args.config, overrides).config  # flags given override the config's values, defaults do not
+    check_model_spec(cfg.model)  # before the task set is built: a missing model is one line at once
     _, heldout = load_task_split(cfg)
     loaded = load_model(cfg.model)
     started = time.perf_counter()

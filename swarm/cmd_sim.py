@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--steps", type=int, default=16, help="trainer steps (one policy version each; 4 per FastCuRL stage)"
     )
-    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF directory")
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2, a local HF directory or a cached hub id")
     parser.add_argument(
         "--task",
         default="gcd",
@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import trio
 
+    from inference.models import check_model_spec
     from swarm.errors import UserError
     from swarm.events import EventSink
     from swarm.gc_warmup import run_freezing_after_warmup
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
     _check_task(args.task)
+    check_model_spec(args.model)  # a model that is not there is one line, not a report of zero steps
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
@@ -77,10 +79,10 @@ def _check_task(task: str) -> None:
     """A task file that does not load, or a name no reasoning-gym dataset has, is one line before any peer starts:
     otherwise the whole swarm would start, fail inside the trainer's role and end in a report of zero steps."""
     from tasks.builtin import builtin_names
-    from tasks.loading import is_task_file, load_tasks
+    from tasks.loading import is_builtin_task, load_tasks
 
-    if is_task_file(task):
-        load_tasks(task)  # TaskError names the file and the line
+    if not is_builtin_task(task):
+        load_tasks(task)  # TaskError names the file and the line, or the dataset missing from the cache
     elif task not in builtin_names():
         from tasks.errors import TaskError
 

@@ -68,9 +68,10 @@ def add_arguments(parser) -> None:
                         help="with --compare: the 5-step mean reward to reach (default: the first run's final)")
 
 
-_OVERRIDES = ("model", "task", "prompt_key", "answer_key", "async_level", "curriculum", "steps", "out", "seed", "lr", "group_size",
-              "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads", "generator",
-              "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel", "device")
+_OVERRIDES = ("model", "task", "prompt_key", "answer_key", "async_level", "curriculum", "steps", "out", "seed", "lr",
+              "group_size", "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads",
+              "generator", "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel",
+              "device")
 
 
 def run(args) -> int:

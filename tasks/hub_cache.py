@@ -85,6 +85,15 @@ def cached_snapshot(reference: HubReference, repo_type: str, cache: Path | None 
     return snapshot
 
 
+def snapshot_repo_id(directory: Path, repo_type: str = "model") -> str | None:
+    """The repo id whose cached snapshot `directory` is (ids hold no '--', so the folder name reverses), else None."""
+    directory = Path(directory)
+    folder, prefix = directory.parent.parent.name, f"{repo_type}s--"
+    if directory.parent.name != "snapshots" or not folder.startswith(prefix):
+        return None
+    return folder[len(prefix):].replace("--", "/")
+
+
 def fetch_hint(reference: HubReference, repo_type: str) -> str:
     """The command that puts the repository into a cache, to run on a machine with network."""
     kind = " --repo-type dataset" if repo_type == "dataset" else ""
