@@ -62,8 +62,8 @@ def resolve_model_dir(spec: str) -> Path:
         return Path(spec)
     reference = parse_reference(spec)
     if reference is None:
-        raise InferenceError(f"model {spec!r} is neither 'tiny', 'smollm2', an existing directory nor a Hugging Face "
-                             f"hub id (ORG/NAME)")
+        raise InferenceError(f"model {spec!r} is neither 'tiny', 'smollm2' nor an existing directory, and not a "
+                             f"Hugging Face hub id (ORG/NAME)")
     try:
         snapshot = cached_snapshot(reference, "model")
     except NotCached:
