@@ -158,8 +158,9 @@ def load_directory(directory: Path, dtype, name: str | None = None) -> LoadedMod
     hf_logging.disable_progress_bar()  # per-load progress bars flood peer logs
     directory = Path(directory)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory)
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+        # local_files_only: a directory names every file it needs; nothing may reach for the network from here
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any loader failure means this directory is not a usable model
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise InferenceError(f"model directory {directory} does not load: {reason}") from None

@@ -78,15 +78,12 @@ def run(args: argparse.Namespace) -> int:
 def _check_task(task: str) -> None:
     """A task file that does not load, or a name no reasoning-gym dataset has, is one line before any peer starts:
     otherwise the whole swarm would start, fail inside the trainer's role and end in a report of zero steps."""
-    from tasks.builtin import builtin_names
-    from tasks.loading import is_builtin_task, load_tasks
+    from tasks.loading import check_builtin_name, is_builtin_task, load_tasks
 
     if not is_builtin_task(task):
         load_tasks(task)  # TaskError names the file and the line, or the dataset missing from the cache
-    elif task not in builtin_names():
-        from tasks.errors import TaskError
-
-        raise TaskError(f"unknown task {task!r}: not a reasoning-gym dataset and not a .jsonl/.parquet file")
+    else:
+        check_builtin_name(task)
 
 
 SIM_MARKER = ".swarm-sim"

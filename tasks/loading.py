@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 
-from tasks.builtin import load_builtin
+from tasks.builtin import builtin_names, load_builtin
 from tasks.errors import TaskError
 from tasks.hub_data import load_hub_dataset, parse_hub_dataset
 from tasks.taskset import TaskSet
@@ -29,6 +30,17 @@ def parse_hub_dataset_quietly(name: str):
         return name
 
 
+def check_builtin_name(name: str) -> None:
+    """Refuse, in one sentence with the nearest names, a task name that no source knows."""
+    known = builtin_names()
+    if name in known:
+        return
+    near = difflib.get_close_matches(name, known, n=3)
+    hint = f"did you mean {', '.join(near)}? " if near else ""
+    raise TaskError(f"unknown task {name!r}: not a reasoning-gym dataset ({hint}`swarm tasks` lists them), a task file "
+                    f"({', '.join(TASK_FILE_SUFFIXES)}) nor a hub dataset (ORG/NAME)")
+
+
 def load_tasks(name: str, *, size: int | None = None, seed: int = 0, config: Mapping | None = None,
                reward_fn: str = "math", prompt_key: str = "prompt", answer_key: str = "answer") -> TaskSet:
     """Load a task set.
@@ -42,6 +54,7 @@ def load_tasks(name: str, *, size: int | None = None, seed: int = 0, config: Map
     """
     columns = {"reward_fn": reward_fn, "prompt_key": prompt_key, "answer_key": answer_key}
     if is_builtin_task(name):
+        check_builtin_name(name)
         if size is None:
             raise TaskError(f"built-in task {name!r} needs a size")
         return load_builtin(name, size=size, seed=seed, config=config)

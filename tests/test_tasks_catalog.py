@@ -34,3 +34,10 @@ def test_an_unknown_task_name_is_one_sentence_with_the_nearest_names(capsys):
     assert main(["tasks", "gcdd"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "swarm: error: 'gcdd' is not a built-in task (did you mean gcd?); `swarm tasks` lists them all"
+
+
+def test_a_task_name_no_source_knows_is_one_sentence_naming_every_kind_of_source(capsys):
+    assert main(["eval", "--task", "gcdd"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("swarm: error: unknown task 'gcdd': not a reasoning-gym dataset (did you mean gcd? `swarm tasks` "
+                   "lists them), a task file (.jsonl, .json, .parquet, .csv) nor a hub dataset (ORG/NAME)")
