@@ -20,6 +20,7 @@ from pathlib import Path
 _PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]{0,94}[A-Za-z0-9_])?"
 _REPO_ID = re.compile(rf"(?:{_PART}/)?{_PART}")
 _REVISION = re.compile(r"[A-Za-z0-9_.\-/]{1,128}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")  # a snapshot directory is named by its full commit hash
 
 
 class NotCached(Exception):
@@ -80,7 +81,7 @@ def cached_snapshot(reference: HubReference, repo_type: str, cache: Path | None 
         except (OSError, UnicodeDecodeError):
             raise NotCached(str(reference)) from None
     snapshot = folder / "snapshots" / commit
-    if not commit or "/" in commit or not snapshot.is_dir():
+    if not _COMMIT.fullmatch(commit) or not snapshot.is_dir():
         raise NotCached(str(reference))
     return snapshot
 

@@ -125,9 +125,10 @@ def test_hub_ids_follow_huggingface_hubs_rule_and_paths_are_never_taken_for_one(
 def test_a_revision_is_looked_up_by_its_ref_and_a_ref_cannot_leave_the_repository(empty_cache):
     write_snapshot(parse_reference("org/name@v1"), "model", {"config.json": b"{}"}, empty_cache, commit="c" * 40)
     assert cached_snapshot(parse_reference("org/name@v1"), "model").name == "c" * 40
-    (empty_cache / "models--org--name" / "refs" / "main").write_text("../../../etc")  # a tampered ref
-    with pytest.raises(NotCached, match="org/name"):
-        cached_snapshot(parse_reference("org/name"), "model")
+    for tampered in ("../../../etc", "..", "c" * 39):  # a ref naming anything but a snapshot of this repository
+        (empty_cache / "models--org--name" / "refs" / "main").write_text(tampered)
+        with pytest.raises(NotCached, match="org/name"):
+            cached_snapshot(parse_reference("org/name"), "model")
 
 
 def test_publish_seeds_a_hub_model_from_the_cache_named_by_its_id(hub_cache, tmp_path):
