@@ -151,3 +151,17 @@ def test_a_swarm_runs_task_snapshot_holds_the_standard_columns_so_peers_need_no_
     copied = snapshot_task_file(str(plain), tmp_path / "run2", 1 << 20)
     assert copied.path.read_bytes() == plain.read_bytes()  # a standard file travels byte for byte
     assert snapshot_task_file("gcd", tmp_path / "run3", 1 << 20) is None
+
+
+def test_sim_checks_a_mapped_task_file_before_any_peer_starts_and_hands_its_trainer_the_mapping(tmp_path, capsys):
+    from swarm.sim import SimSettings, _trainer_toml
+    from trainer.config import load_config
+
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_bytes(_jsonl(GSM8K_ROWS))
+    line = _one_line_refusal(capsys, ["sim", "--task", str(data), "--out", str(tmp_path / "sim")])
+    assert "row 0 has no 'prompt' column (its columns: question, answer)" in line
+    assert not (tmp_path / "sim").exists()
+    toml = _trainer_toml(SimSettings(out=tmp_path / "sim2", task=str(data), prompt_key="question"))
+    config = load_config(toml).config
+    assert (config.task, config.prompt_key, config.answer_key) == (str(data), "question", "answer")
