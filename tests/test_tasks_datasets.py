@@ -165,3 +165,18 @@ def test_sim_checks_a_mapped_task_file_before_any_peer_starts_and_hands_its_trai
     toml = _trainer_toml(SimSettings(out=tmp_path / "sim2", task=str(data), prompt_key="question"))
     config = load_config(toml).config
     assert (config.task, config.prompt_key, config.answer_key) == (str(data), "question", "answer")
+
+
+@pytest.mark.parametrize("task", ["openai/gsm8k", "hf://datasets/openai/gsm8k/main", "/etc/tasks.jsonl",
+                                  "tasks.csv", "a/b/c"])
+def test_a_manifest_naming_a_task_set_each_peer_would_read_from_its_own_disk_is_refused(task):
+    """Without a task file travelling with the policy, a run spec may name only a built-in task: a hub dataset or
+    a path would be read from each peer's own cache or disk, whose copies differ, so honest work would look
+    dishonest."""
+    from swarm.errors import UserError
+    from swarm.runspec import RunSpec
+
+    raw = RunSpec(task, 64, "{}", 0, 0.2, "all", 2, 1, 1, 1, ("ab" * 32,)).to_dict()
+    with pytest.raises(UserError, match="neither built in nor sent with it"):
+        RunSpec.from_model({"run_spec": raw})
+    assert RunSpec.from_model({"run_spec": {**raw, "task": "gcd"}}).task == "gcd"
