@@ -4,7 +4,7 @@ Why: after its last step one `swarm sim` run sat for minutes with its trio loop 
 its report never written (twice in about thirty runs; the first was taken for a stuck generation thread). Which
 close never finished was not recorded, so it is not known yet; py-libp2p does some of its cleanup inside shielded
 cancel scopes, which no cancellation reaches. So teardown gets three things: `TEARDOWN_GRACE_S` after which every
-cancellable wait is cancelled (swarm.node), `report_stuck_tasks`, which logs where every task still waits halfway
+cancellable wait is cancelled (swarm.node.node), `report_stuck_tasks`, which logs where every task still waits halfway
 through that grace, and, for the command-line entry points only, `ExitGuard`, a timer thread that ends the
 process once the work is saved and the network has had `HARD_EXIT_AFTER_S` to close. Nothing is lost by it:
 checkpoints and policy files are written by rename, and the operating system drops the data directory's flock with

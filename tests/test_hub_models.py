@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.cli import main
+from swarm.cli.main import main
 from tasks.hub_cache import NotCached, cached_snapshot, parse_reference, write_snapshot
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

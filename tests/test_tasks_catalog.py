@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from swarm.cli import main
+from swarm.cli.main import main
 
 
 def test_swarm_tasks_lists_each_builtin_task_with_the_settings_a_run_gets(capsys):

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from swarm.cli import main
-from swarm.task_file import snapshot_task_file
+from swarm.cli.main import main
+from swarm.policy.task_file import snapshot_task_file
 from tasks import TaskError, load_tasks
 from tasks.hub_cache import parse_reference, write_snapshot
 
@@ -154,7 +154,7 @@ def test_a_swarm_runs_task_snapshot_holds_the_standard_columns_so_peers_need_no_
 
 
 def test_sim_checks_a_mapped_task_file_before_any_peer_starts_and_hands_its_trainer_the_mapping(tmp_path, capsys):
-    from swarm.sim import SimSettings, _trainer_toml
+    from swarm.sim.run import SimSettings, _trainer_toml
     from trainer.config import load_config
 
     data = tmp_path / "gsm8k.jsonl"
@@ -174,7 +174,7 @@ def test_a_manifest_naming_a_task_set_each_peer_would_read_from_its_own_disk_is_
     a path would be read from each peer's own cache or disk, whose copies differ, so honest work would look
     dishonest."""
     from swarm.errors import UserError
-    from swarm.runspec import RunSpec
+    from swarm.policy.runspec import RunSpec
 
     raw = RunSpec(task, 64, "{}", 0, 0.2, "all", 2, 1, 1, 1, ("ab" * 32,)).to_dict()
     with pytest.raises(UserError, match="neither built in nor sent with it"):
