@@ -21,6 +21,8 @@ import threading
 import warnings
 from collections.abc import Callable
 
+import trio
+
 TEARDOWN_GRACE_S = 20.0
 HARD_EXIT_AFTER_S = 45.0
 INTERRUPTED_EXIT_AFTER_S = 10.0
@@ -161,8 +163,6 @@ async def report_stuck_tasks(after_s: float, closed, logger) -> None:
     """Unless `closed` (a trio.Event) is set within `after_s`, log where every task still alive waits. Run as a
     trio system task once teardown starts, so it outlives a peer whose teardown it watches. Why: the hang this
     module bounds was seen without a trace of which close never finished."""
-    import trio
-
     with trio.move_on_after(after_s):
         await closed.wait()
         return
@@ -174,8 +174,6 @@ async def report_stuck_tasks(after_s: float, closed, logger) -> None:
 def waiting_tasks() -> list[str]:
     """One line per task of this trio run that waits on something other than its own children: its name and
     where it waits (a task parked at the end of a nursery block only waits for the tasks listed beside it)."""
-    import trio
-
     out: list[str] = []
     pending = [trio.lowlevel.current_root_task()]
     while pending:

@@ -20,6 +20,10 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from p2p.errors import EnvelopeError
+from p2p.manifest import decode_signed
+from swarm.messages.rollout_transport import items_or_refusal
+from swarm.messages.votes import MAX_VOTES
+from verify.votes import Vote, VoteError, verify_vote
 
 ID_BYTES = 32
 MAX_ROLES = 4
@@ -166,9 +170,6 @@ def decode_manifest_announcement(env: Any) -> ManifestAnnouncement:
 def decode_votes(env: Any) -> VoteBatch:
     """Every vote must parse, be signed by its validator and that validator must be the sender: the trainer
     would drop anything else, so nothing else is forwarded."""
-    from swarm.messages.votes import MAX_VOTES
-    from verify.votes import Vote, VoteError, verify_vote
-
     body = _fields(env.body, ("votes", "vote"), "vote")
     wires = [body["vote"]] if set(body) == {"vote"} else body.get("votes")  # {"vote": wire}: one vote alone
     if not isinstance(wires, list) or not 0 < len(wires) <= MAX_VOTES:
@@ -189,8 +190,6 @@ def decode_rollouts(env: Any) -> RolloutMessage:
     """swarm.messages.rollout_codec's items of the body; any refused item, one of another worker, or two items for one
     slot (an honest worker answers a slot once) refuse the message. The refusal keeps no traceback (its frames hold the
     inflated buffers of compressed groups)."""
-    from swarm.messages.rollout_transport import items_or_refusal
-
     items, refusal = items_or_refusal(env.body)
     if refusal is not None:
         raise _refuse(f"a rollout item is refused: {refusal}")
@@ -216,8 +215,6 @@ def run_decoders(trainer_key: Callable[[], bytes | None]) -> Mapping[str, Any]:
 
 
 def _signer(signed: bytes) -> bytes | None:
-    from p2p.manifest import decode_signed
-
     try:
         return decode_signed(signed).public_key
     except Exception:  # noqa: BLE001 - whatever a hostile wrapper makes the decoder raise, it names no signer

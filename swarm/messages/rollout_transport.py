@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+from libp2p.peer.id import ID
 
 from p2p.envelope import DEFAULT_POLICY, count_containers
 from p2p.errors import HostError
@@ -383,7 +384,6 @@ def _score_down(node: PeerNetwork, peer: str, reason: str) -> None:
     gossip = getattr(node, "gossip", None)
     if gossip is None:
         return
-    from libp2p.peer.id import ID
 
     try:
         gossip.penalize(ID.from_base58(peer), reason)

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import trio
 
+from swarm.errors import UserError
+from swarm.policy.runspec import version_tasks
+
 
 class PolicyLeftWindow(Exception):
     """The version left the mirrored window before it could be reassembled: skip it, a newer one is there."""
@@ -41,9 +44,6 @@ async def open_version(node, spec, policy) -> AsyncIterator[tuple[Path, object]]
     inference peers and validators both need; raises VersionUnusable instead of failing the role.
 
     The version is held inside the block, so its files stay on disk while the caller loads them."""
-    from swarm.errors import UserError
-    from swarm.policy.runspec import version_tasks
-
     with node.mirror.holding(policy):
         try:
             directory = await materialize(node, policy)

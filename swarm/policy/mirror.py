@@ -28,6 +28,7 @@ import trio
 from p2p.budget import BudgetExhausted, ByteRate, MemoryBudget
 from p2p.channel_messages import HandshakeBreach
 from p2p.errors import P2PError
+from p2p.identity import peer_id_from_public_bytes
 from p2p.manifest import PolicyManifest, decode_signed, verify_manifest
 from p2p.ratelimit import TokenBucket
 from p2p.store import PieceStore
@@ -160,7 +161,6 @@ class PolicyMirror(OutboundLinks):
         newest = self.latest()
         if newest is not None and manifest.version <= newest.manifest.version - self.keep:
             return None
-        from p2p.identity import peer_id_from_public_bytes
 
         policy = MirroredPolicy(manifest, signed, peer_id_from_public_bytes(outer.public_key),
                                 adopted_at=trio.current_time())

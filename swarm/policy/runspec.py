@@ -8,11 +8,18 @@ manifest it signs, so inference peers and validators take them from the only sou
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from p2p.identity import peer_id_from_public_bytes
+from p2p.manifest import is_safe_file_name
 from swarm.errors import UserError
+from tasks import load_tasks
+from tasks.errors import TaskError
+from tasks.loading import is_builtin_task, is_task_file
+from tasks.segments import segment
 
 PRECISIONS = ("float32", "bfloat16")  # verify.checks.PRECISIONS (named here too: seed peers never import torch)
 
@@ -79,19 +86,12 @@ class RunSpec:
 
 @lru_cache(maxsize=1024)
 def _peer_id_of(public_key: bytes) -> str:
-    from p2p.identity import peer_id_from_public_bytes
-
     return peer_id_from_public_bytes(public_key)
 
 
 @lru_cache(maxsize=4)
 def training_tasks(task: str, task_size: int, task_config: str, task_seed: int, eval_fraction: float):
     """The run's training split, identical on every peer (held-out prompts are never assigned)."""
-    import json
-
-    from tasks import load_tasks
-    from tasks.loading import is_task_file
-
     config = json.loads(task_config) or None
     tasks = load_tasks(task, size=None if is_task_file(task) else task_size, seed=task_seed, config=config)
     train, _heldout = tasks.split(eval_fraction, seed=task_seed)
@@ -100,8 +100,6 @@ def training_tasks(task: str, task_size: int, task_config: str, task_seed: int, 
 
 def eligible_indices(spec: RunSpec, directory: Path | str | None = None) -> list[int]:
     """The sorted prompt indices a version's workers are assigned from (the stage's segment of the train split)."""
-    from tasks.segments import segment
-
     train = spec_tasks(spec, directory)
     return segment(train, spec.segment) or sorted(train.indices())
 
@@ -138,8 +136,6 @@ class VersionTasks:
 def version_tasks(spec: RunSpec, manifest, directory: Path | str) -> VersionTasks:
     """Blocking: a version's tasks, read from its directory when its task file travels with it; raises one
     user-facing line when that file is not among the version's files or cannot be read."""
-    from tasks.errors import TaskError
-
     problem = task_file_problem(spec, manifest.files)
     if problem:
         raise UserError(problem)
@@ -195,13 +191,10 @@ def _is_hex_root(text: str) -> bool:
 
 
 def _is_builtin_task(name: str) -> bool:
-    from tasks.loading import is_builtin_task
-
+    """A name only a built-in task set can have: no file suffix, no hub id and no path of any depth."""
     return is_builtin_task(name) and "/" not in name
 
 
 def _is_task_file_name(name: str) -> bool:
     """A bare file name a manifest may carry, ending in a task file suffix: never a path."""
-    from p2p.manifest import is_safe_file_name
-
     return is_safe_file_name(name) and name.endswith((".jsonl", ".parquet"))

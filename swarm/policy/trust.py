@@ -12,6 +12,7 @@ import logging
 import re
 from pathlib import Path
 
+from p2p.identity import IdentityError, public_bytes_from_peer_id, read_key_file
 from swarm.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,6 @@ def parse_public_key(text: str, flag: str) -> bytes:
     """A raw 32-byte Ed25519 public key from 64 hex digits, a peer id (what every peer prints) or a key file."""
     if _HEX_KEY.match(text):
         return bytes.fromhex(text)
-    from p2p.identity import IdentityError, public_bytes_from_peer_id, read_key_file
 
     if text.startswith("12D3KooW"):
         try:
