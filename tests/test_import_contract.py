@@ -30,17 +30,16 @@ LIBRARIES = ("verify", "tasks", "inference", "trainer")
 NO_MODELS_IN = ("p2p", "tasks")
 MODEL_LIBRARIES = frozenset({"torch", "transformers", "vllm"})
 HEAVY_OPTIONAL = frozenset({"vllm", "transformers", "reasoning_gym", "math_verify", "gguf", "wandb", "tensorboard",
-                            "pyarrow", "matplotlib"})
+                            "pyarrow", "matplotlib", "libp2p"})
 """Imported inside the function that needs them. pyarrow (user parquet files) and matplotlib (plots) are optional
-too: a missing one is one clear sentence when that file or plot is asked for, never an error on import."""
+too: a missing one is one clear sentence when that file or plot is asked for, never an error on import. libp2p is
+not optional but takes seconds to import: swarm.events quiets its loggers without making `swarm train` load it."""
 LAZY_ROOMS = ("swarm/cli/", "swarm/roles/", "swarm/bench/")
 MAX_LINES = 450
 PENDING_IN_SWARM = frozenset({
     "swarm/config.py imports swarm.policy.trust.parse_public_key",
     "swarm/config.py imports p2p.bootstrap.parse_bootstrap_lines",
     "swarm/config.py imports p2p.errors.BootstrapError",
-    "swarm/events.py imports libp2p",
-    "swarm/policy/files.py imports inference.models.load_model",
     "swarm/sim/run.py imports tasks.loading.is_task_file",
     "swarm/sim/run.py imports torch",
     "swarm/sim/run.py imports p2p.identity.load_or_create_identity",
