@@ -12,15 +12,11 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trainer.curriculum import Curriculum, curriculum_from_tables, load_curriculum
 from trainer.errors import TrainerError
+from trainer.loss_config import LossConfig
 from trainer.tracking import parse_report_to
-
-if TYPE_CHECKING:
-    from trainer.grpo import LossConfig
-
 
 PARALLEL_MODES = ("ddp", "fsdp")
 """How data-parallel ranks split the trainer (TrainerConfig.parallel); trainer.distributed builds each."""
@@ -29,9 +25,15 @@ PARALLEL_MODES = ("ddp", "fsdp")
 @dataclass(frozen=True)
 class TrainerConfig:
     model: str = "tiny"
-    """Model to start from: "tiny", "smollm2" or a local directory (e.g. a published policy)."""
+    """Model to start from: "tiny", "smollm2", a local directory (e.g. a published policy) or a Hugging Face hub id
+    in the local Hugging Face cache (e.g. Qwen/Qwen2.5-0.5B-Instruct)."""
     task: str = "basic_arithmetic"
-    """Task set: a built-in reasoning-gym name or a .jsonl/.parquet file."""
+    """Task set: a built-in reasoning-gym name (`swarm tasks` lists them), a .jsonl/.json/.parquet/.csv file, or a
+    hub dataset in the local Hugging Face cache (ORG/NAME for its train split, hf://datasets/ORG/NAME/PATH)."""
+    prompt_key: str = "prompt"
+    """Column of a task file or hub dataset holding the prompt (GSM8K: question)."""
+    answer_key: str = "answer"
+    """Column holding the reference answer (a GSM8K answer "... #### 72" is read as 72)."""
     task_config: dict = field(default_factory=dict)
     """Difficulty overrides for a built-in task (reasoning-gym config fields, e.g. {max_value = 20})."""
     task_size: int = 512
@@ -185,9 +187,7 @@ class TrainerConfig:
             raise TrainerError("clipping needs 0 <= eps_low < 1, eps_high >= 0 and clip_delta > 1 + eps_high")
         return self
 
-    def loss_config(self) -> "LossConfig":
-        from trainer.grpo import LossConfig  # torch; the config itself loads without it
-
+    def loss_config(self) -> LossConfig:
         return LossConfig(self.clip_delta, self.eps_low, self.eps_high, self.entropy_coef, self.kl_coef,
                           decoupled=self.off_policy_loss == "decoupled")
 

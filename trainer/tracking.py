@@ -13,6 +13,7 @@ step count it ran after (0 = before training), so the held-out curve lines up wi
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Protocol
@@ -55,16 +56,22 @@ def parse_report_to(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]
 
 
 class TensorBoardSink:
-    """Event files under `out`/tensorboard, flushed at every step so a live `tensorboard --logdir` sees each one."""
+    """Event files under `out`/tensorboard, flushed at every step so a live `tensorboard --logdir` sees each one.
+
+    Why tensorboard's own event writer and scalar protos (what torch's SummaryWriter wraps): no torch import, and
+    one event per step holding every scalar of it."""
 
     def __init__(self, out: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self.writer = SummaryWriter(log_dir=str(Path(out) / "tensorboard"))
+        self.writer = EventFileWriter(str(Path(out) / "tensorboard"))
 
     def log(self, scalars: dict[str, float], step: int) -> None:
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, step)
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
+        self.writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
         self.writer.flush()
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from swarm.node.gc_warmup import run_freezing_after_warmup
 from swarm.node.metrics import check_port_free
 from swarm.node.node import open_node_parts
 from swarm.policy.trust import parse_trainer_key
+from swarm.progress import DownloadBars, bar_console
 from swarm.roles.build import build_roles
 from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
 
@@ -53,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json-events", dest="json_events", action="store_true",
                         help="print machine-readable JSON event lines instead of progress text")
     parser.add_argument("--key", type=Path, help="identity key file (the trainer's run key; default: data dir's)")
-    parser.add_argument("--model", help="base model of trainer/inference/validator roles: tiny, smollm2 or a dir")
+    parser.add_argument("--model", help="base model of trainer/inference/validator roles: tiny, smollm2, a dir or a "
+                                        "cached Hugging Face hub id")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="inference role: generation backend, torch (CPU) or vllm (GPU, the gpu extra)")
     parser.add_argument("--gpu-memory", dest="gpu_memory", type=float,
@@ -120,7 +122,9 @@ def refuse_before_writing(config, key_file: Path | None) -> None:
 
 def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> int:
     """Entry point of `swarm peer start`: build the roles, run until interrupted."""
-    events = EventSink(json_lines=json_events)
+    bars = DownloadBars(bar_console(json_events))
+    events = EventSink(json_lines=json_events, hidden=bars.drawn_kinds)
+    events.listeners.append(bars.on_event)
     events.configure_logging()
     usable_directory(config.data_dir, "data directory")
     if key_file is not None:
@@ -132,7 +136,10 @@ def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> in
     if "trainer" in config.roles:
         trust_key = identity.public_bytes  # the trainer's identity is the run's key
     guard = ExitGuard(HARD_EXIT_AFTER_S)
-    status = trio.run(run_freezing_after_warmup, open_node_parts, config, identity, events, roles, trust_key,
-                      lambda node: guard.arm(1 if node.failed else 0))
+    try:
+        status = trio.run(run_freezing_after_warmup, open_node_parts, config, identity, events, roles, trust_key,
+                          lambda node: guard.arm(1 if node.failed else 0))
+    finally:
+        bars.close()
     guard.disarm()
     return status
