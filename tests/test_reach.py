@@ -1,0 +1,103 @@
+"""Reachability on loopback: the dial-back verdict, relayed connections between private peers, relay limits.
+
+The same over real network stacks (firewalls, NAT, hole punching) is tests/test_reach_netns.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import trio
+
+from p2p.errors import HostError
+from p2p.host import HostConfig, open_host
+from p2p.reach import Reachability, ReachConfig, decode_port, probe_listener, verdict
+from p2p.relay import RelayLimits, _bucket, _PacedStream
+
+ECHO = "/test/echo/1"
+
+
+def test_one_yes_makes_a_peer_public_and_only_noes_make_it_private():
+    assert verdict([False, True, None]) is Reachability.PUBLIC
+    assert verdict([False, None]) is Reachability.PRIVATE
+    assert verdict([None, None]) is Reachability.UNKNOWN
+    assert verdict([]) is Reachability.UNKNOWN
+
+
+def test_a_dial_back_request_is_two_bytes_naming_a_real_port():
+    assert decode_port(b"\x0f\xa1") == 4001
+    for bad in (b"", b"\x00\x00", b"\x01\x02\x03"):
+        with pytest.raises(HostError):
+            decode_port(bad)
+
+
+def test_configs_refuse_nonsense_in_one_sentence():
+    with pytest.raises(HostError, match="auto, public or private"):
+        ReachConfig(mode="sometimes")
+    with pytest.raises(HostError, match="at least 1"):
+        RelayLimits(max_reservations=0)
+    with pytest.raises(HostError, match="bandwidth"):
+        RelayLimits(circuit_mbps=-1)
+    assert RelayLimits(circuit_mbps=8).circuit_bytes_per_s == 1e6
+
+
+async def test_a_relay_paces_what_it_forwards(autojump_clock):
+    written = []
+
+    class Sink:
+        async def write(self, data):
+            written.append((trio.current_time(), len(data)))
+
+    paced = _PacedStream(Sink(), [_bucket(8.0), _bucket(0)])  # 1 MB/s per circuit, no total cap
+    start = trio.current_time()
+    for _ in range(5):
+        await paced.write(b"x" * 1_000_000)
+    assert trio.current_time() - start == pytest.approx(5.0)  # 5 MB at 1 MB/s: the relay holds each back
+
+
+async def test_a_port_without_a_libp2p_listener_is_not_reachable():
+    async def silent(stream):
+        await stream.send_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        assert not await probe_listener("127.0.0.1", port, 2.0)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_host_on_loopback_is_told_it_is_public_by_its_bootstrap_peer():
+    async with open_host(HostConfig()) as first:
+        assert first.reach.status is Reachability.UNKNOWN  # nobody to ask: it serves as a relay anyway
+        async with open_host(HostConfig(bootstrap=(first.multiaddrs[0],))) as second:
+            assert second.reach.status is Reachability.PUBLIC
+            assert "/p2p-circuit" not in second.multiaddrs[0]
+
+
+async def _echo(stream):
+    data = await stream.read(64)
+    await stream.write(data[::-1])
+    await stream.close()
+
+
+async def test_private_peers_announce_relayed_addresses_and_are_dialed_through_them():
+    async with open_host(HostConfig()) as relay:
+        private = HostConfig(bootstrap=(relay.multiaddrs[0],), reach=ReachConfig(mode="private", hole_punch=False))
+        async with open_host(private) as a, open_host(private) as b:
+            assert b.multiaddrs == [f"{relay.multiaddrs[0]}/p2p-circuit/p2p/{b.peer_id}"]
+            b.set_guarded_handler(ECHO, _echo)
+            assert await a.connect(b.multiaddrs[0]) == b.peer_id
+            stream = await a.new_stream(b.peer_id, ECHO)
+            await stream.write(b"through the relay")
+            assert await stream.read(64) == b"yaler eht hguorht"
+            assert a.reach.kinds(a.libp2p)[b.peer_id] == "relayed"
+            assert a.reach.kinds(a.libp2p)[relay.peer_id] == "direct"
+
+
+async def test_a_relay_that_does_not_serve_grants_no_reservation():
+    no_relay = ReachConfig(relay=RelayLimits(serve=False))
+    async with open_host(HostConfig(reach=no_relay)) as public:
+        private = HostConfig(bootstrap=(public.multiaddrs[0],), reach=ReachConfig(mode="private", hole_punch=False))
+        async with open_host(private) as a:
+            assert a.reach.relayed_addrs == []
