@@ -26,7 +26,7 @@ from typing import Any
 import blake3
 import trio
 
-from p2p.channel_addresses import is_loopback, listen_ip, remote_ip
+from p2p.channel_addresses import is_loopback, listen_ip, remote_ip, socket_reachable
 from p2p.channel_messages import (
     MAX_MESSAGE, TOKEN_BYTES, ChannelOffer, ChannelRequest, HandshakeBreach, decode_offer, decode_request,
     encode_offer, encode_request,
@@ -370,7 +370,7 @@ async def serve_data_channels(
 
 async def open_data_channel(host: Any, peer_id: str, config: ChannelConfig = ChannelConfig()) -> Any:
     """A byte stream to `peer_id`: the fast data socket, or the libp2p stream when the socket is unreachable."""
-    if config.use_socket:
+    if config.use_socket and socket_reachable(host, peer_id):
         try:
             return await _open_socket_channel(host, peer_id, config)
         except _SocketUnreachable as exc:

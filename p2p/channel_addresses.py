@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 import trio
 
@@ -32,3 +33,13 @@ def listen_ip(multiaddrs: list[str]) -> str:
         if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
             return parts[2]
     raise HostError("the host has no IP listen address to put a data socket on")
+
+
+def socket_reachable(host: Any, peer_id: str) -> bool:
+    """Whether a data socket to `peer_id` can be tried: not over a relay (the connection's address is the relay's),
+    nor over a hole-punched connection (the hole is for libp2p's port only; the data port stays closed behind NAT,
+    and each try would cost the connect timeout). A host without the reachability service (tests' fakes): True."""
+    reach = getattr(host, "reach", None)
+    if reach is None:
+        return True
+    return reach.kinds(host.libp2p).get(peer_id, "direct") == "direct"

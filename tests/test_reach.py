@@ -101,3 +101,55 @@ async def test_a_relay_that_does_not_serve_grants_no_reservation():
         private = HostConfig(bootstrap=(public.multiaddrs[0],), reach=ReachConfig(mode="private", hole_punch=False))
         async with open_host(private) as a:
             assert a.reach.relayed_addrs == []
+
+
+async def test_a_data_channel_to_a_relayed_peer_takes_the_libp2p_stream_without_trying_a_socket():
+    from p2p.channel import open_data_channel, serve_data_channels
+    from p2p.channel_addresses import socket_reachable
+
+    received = []
+
+    async def keep(peer, channel):
+        received.append(await channel.receive_some(64))
+
+    async with open_host(HostConfig()) as relay:
+        private = HostConfig(bootstrap=(relay.multiaddrs[0],), reach=ReachConfig(mode="private", hole_punch=False))
+        async with open_host(private) as a, open_host(private) as b, trio.open_nursery() as nursery:
+            await nursery.start(serve_data_channels, b, keep)
+            await nursery.start(serve_data_channels, relay, keep)
+            await a.connect(b.multiaddrs[0])
+            assert not socket_reachable(a, b.peer_id)  # no socket tried: its address would be the relay's
+            assert socket_reachable(a, relay.peer_id)
+            channel = await open_data_channel(a, b.peer_id)
+            assert channel.transport == "libp2p-stream"
+            await channel.send_all(b"piece bytes")
+            await channel.aclose()
+            direct = await open_data_channel(a, relay.peer_id)
+            assert direct.transport == "data-socket"
+            await direct.aclose()
+            with trio.fail_after(5):
+                while len(received) < 2:
+                    await trio.sleep(0.05)
+            assert b"piece bytes" in received
+            nursery.cancel_scope.cancel()
+
+
+def test_no_data_socket_is_tried_over_a_hole_punched_connection():
+    from p2p.channel_addresses import socket_reachable
+
+    class Reach:
+        def __init__(self, kind):
+            self.kind = kind
+
+        def kinds(self, libp2p):
+            return {"peer": self.kind}
+
+    class Host:
+        libp2p = None
+
+        def __init__(self, kind):
+            self.reach = Reach(kind)
+
+    assert socket_reachable(Host("direct"), "peer")
+    assert not socket_reachable(Host("hole-punched"), "peer")  # the NAT opened libp2p's port, not the data port
+    assert not socket_reachable(Host("relayed"), "peer")
