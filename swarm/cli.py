@@ -23,6 +23,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("eval",), "swarm.cmd_eval", "measure a policy's accuracy on held-out prompts"),
     (("keygen",), "swarm.cmd_keygen", "create an Ed25519 key file (a run's trainer key or a peer identity)"),
     (("bench", "broadcast"), "swarm.cmd_bench_broadcast", "benchmark policy broadcast against the Kumar-Ross bound"),
+    (("bench", "reach"), "swarm.cmd_bench_reach", "benchmark a broadcast to private peers behind relays and NAT"),
     (("bench", "transfer"), "swarm.cmd_bench_transfer", "benchmark one piece-protocol stream against raw TCP"),
     (("bench", "verify"), "swarm.cmd_bench_verify", "benchmark rollout validation on honest and attacked groups"),
     (("bench", "generate"), "swarm.cmd_bench_generate", "benchmark generation throughput and proof overhead"),

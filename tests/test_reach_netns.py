@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import PUBLIC_IP, Testbed, available
+from swarm.netns import PUBLIC_IP, Testbed, available
 
 pytestmark = pytest.mark.timeout(60)
 PEER = str(Path(__file__).with_name("netns_peer.py"))

@@ -24,6 +24,17 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+_ENTER = ("import ctypes, os, runpy, sys; ns = sys.argv.pop(1); fd = os.open('/run/netns/' + ns, os.O_RDONLY); "
+          "assert ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) == 0, 'cannot enter ' + ns; os.close(fd); "
+          "sys.argv[0] = sys.argv.pop(1); runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def python_argv(ns: str, module: str, *args: str) -> list[str]:
+    """Arguments for `python` that run `python -m module args` inside namespace `ns` (for callers that start the
+    interpreter themselves, like swarm.bench_broadcast.EventProcess); the process joins the namespace first."""
+    return ["-c", _ENTER, ns, module, *args]
+
+
 PUBLIC_IP = "10.0.0.2"
 """The public namespace's one address: every bootstrap, relay and trainer multiaddr names it."""
 _COMMAND_TIMEOUT = 10.0
