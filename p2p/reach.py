@@ -51,6 +51,10 @@ class ReachConfig:
     """A dial-back that has not reached the asker within this counts as "not reachable" (firewalls drop silently)."""
     dial_backs_per_s: float = 4.0
     """Dial-backs this peer performs for others per second (bursts of 8); past it a request is refused."""
+    recheck_s: float = 10.0
+    """How often a peer that could ask nobody at start (its bootstrap peers unreachable then) asks again once one is
+    connected: a bootstrap dial that timed out under load otherwise left a private peer announcing an address
+    nobody can dial, for good."""
     max_relays: int = 2
     """Relays a private peer holds a reservation on (each gives it one relayed address)."""
     hole_punch: bool = True
@@ -61,8 +65,8 @@ class ReachConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "public", "private"):
             raise HostError(f"reachability mode must be auto, public or private, got {self.mode!r}")
-        if self.dial_back_timeout_s <= 0 or self.dial_backs_per_s <= 0 or self.max_relays < 0:
-            raise HostError("dial-back timeout and rate must be positive, max_relays at least 0")
+        if min(self.dial_back_timeout_s, self.dial_backs_per_s, self.recheck_s) <= 0 or self.max_relays < 0:
+            raise HostError("dial-back timeout, rate and recheck time must be positive, max_relays at least 0")
 
 
 def verdict(answers: Sequence[bool | None]) -> Reachability:

@@ -92,12 +92,21 @@ async def _reserve(host: Any, relaying: Relaying, config: ReachConfig, nursery: 
 
 
 async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: trio.Nursery) -> None:
-    """Note relayed connections; a private peer whose relay connection closed redials it and reserves again.
+    """Note relayed connections; ask again when nobody could be asked at start; a private peer whose relay
+    connection closed redials it and reserves again.
 
-    Why: DCUtR closes the relayed connection to a peer once the hole-punched one holds, and the relay's own
+    Why redial: DCUtR closes the relayed connection to a peer once the hole-punched one holds, and the relay's own
     connection went with it in these tests; without a reservation the peer is unreachable to anyone new."""
+    next_check = trio.current_time() + config.recheck_s
     while True:
         state.note_relayed(host.libp2p)
+        if (state.status is Reachability.UNKNOWN and config.mode == "auto" and trio.current_time() >= next_check
+                and _connected_bootstrap(host)):
+            next_check = trio.current_time() + config.recheck_s
+            state.status = await check_reachability(host, config)
+            if state.status is Reachability.PRIVATE:
+                await _reserve(host, state.relaying, config, nursery)
+                log.info("reachability: private, relayed through %d relay(s)", len(state.relaying.reservations))
         if state.status is Reachability.PRIVATE:
             connected = {str(p) for p in host.libp2p.get_connected_peers()}
             for relay, addr in list(state.relaying.reservations.items()):

@@ -153,3 +153,22 @@ def test_no_data_socket_is_tried_over_a_hole_punched_connection():
     assert socket_reachable(Host("direct"), "peer")
     assert not socket_reachable(Host("hole-punched"), "peer")  # the NAT opened libp2p's port, not the data port
     assert not socket_reachable(Host("relayed"), "peer")
+
+
+async def test_a_peer_whose_bootstrap_peer_came_up_late_asks_again_once_connected():
+    from p2p.identity import Identity
+    from p2p.reach_service import _listen_port
+
+    async with open_host(HostConfig()) as probe:
+        port = _listen_port(probe)  # a free port, released when the probe closes
+    relay_identity = Identity.generate()
+    relay_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{relay_identity.peer_id}"
+    late = HostConfig(bootstrap=(relay_addr,), dial_timeout=2, reach=ReachConfig(recheck_s=0.2))
+    async with open_host(late) as peer:
+        assert peer.reach.status is Reachability.UNKNOWN  # nobody to ask
+        async with open_host(HostConfig(identity=relay_identity, listen=(f"/ip4/127.0.0.1/tcp/{port}",))):
+            await peer.redial(relay_addr)
+            with trio.fail_after(10):
+                while peer.reach.status is Reachability.UNKNOWN:
+                    await trio.sleep(0.1)
+            assert peer.reach.status is Reachability.PUBLIC
