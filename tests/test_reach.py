@@ -134,7 +134,7 @@ async def test_a_data_channel_to_a_relayed_peer_takes_the_libp2p_stream_without_
             nursery.cancel_scope.cancel()
 
 
-def test_no_data_socket_is_tried_over_a_hole_punched_connection():
+async def test_no_data_socket_is_tried_over_a_hole_punched_connection():
     from p2p.channel_addresses import socket_reachable
 
     class Reach:
@@ -146,6 +146,7 @@ def test_no_data_socket_is_tried_over_a_hole_punched_connection():
 
     class Host:
         libp2p = None
+        peer_id = "me"
 
         def __init__(self, kind):
             self.reach = Reach(kind)
@@ -172,3 +173,16 @@ async def test_a_peer_whose_bootstrap_peer_came_up_late_asks_again_once_connecte
                 while peer.reach.status is Reachability.UNKNOWN:
                     await trio.sleep(0.1)
             assert peer.reach.status is Reachability.PUBLIC
+
+
+async def test_a_peer_whose_data_socket_failed_is_not_tried_again_for_a_while(autojump_clock):
+    from p2p.channel_addresses import UNREACHABLE_FOR_S, note_socket_unreachable, socket_reachable
+
+    class Host:
+        peer_id = "me"
+
+    note_socket_unreachable(Host(), "private-peer")
+    assert not socket_reachable(Host(), "private-peer")  # no second connect timeout for each channel
+    assert socket_reachable(Host(), "another-peer")
+    await trio.sleep(UNREACHABLE_FOR_S + 1)
+    assert socket_reachable(Host(), "private-peer")  # tried again: it may have opened a port since
