@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 DIALBACK_PROTOCOL = "/rl-swarm/dialback/1.0.0"
 MULTISTREAM = b"\x13/multistream/1.0.0\n"
 """What a libp2p TCP listener answers first (the varint length, then the multistream-select header)."""
-_YES, _NO = b"\x01", b"\x00"
+_YES, _NO, _REFUSED = b"\x01", b"\x00", b"\x02"
+"""A refusal (out of dial-backs, or a relayed asker) is no verdict: a stranger spending a server's dial-backs must
+not make honest peers believe they are private."""
 
 
 class Reachability(enum.Enum):
@@ -128,7 +130,7 @@ class DialBackServer:
         if (not remote or connection_kind(stream.muxed_conn) == "relayed"
                 or not self._allowance.take(1, trio.current_time())):
             self.refused += 1
-            await stream.write(_NO)  # no observed IP to dial (a relayed asker) or out of dial-backs: no verdict
+            await stream.write(_REFUSED)
             await stream.close()
             return
         ok = await probe_listener(remote[0], port, self.config.dial_back_timeout_s)
@@ -149,5 +151,5 @@ async def ask_dial_back(host, peer: str, port: int, timeout: float) -> bool | No
         except Exception as exc:  # noqa: BLE001 - a peer without the protocol, or gone: no answer
             log.debug("no dial-back answer from %s: %s", peer, exc)
             return None
-        return answer == _YES
+        return {_YES: True, _NO: False}.get(answer)  # anything else (a refusal) is no verdict
     return None

@@ -19,6 +19,7 @@ from p2p.reach import DIALBACK_PROTOCOL, DialBackServer, Reachability, ReachConf
 from p2p.relay import Relaying, connection_kind, is_circuit, open_relaying
 
 log = logging.getLogger(__name__)
+MAX_REMEMBERED = 4096
 WATCH_EVERY_S = 0.5
 """How often connections are looked at to tell a hole-punched connection (relayed first) from a direct one."""
 
@@ -30,8 +31,9 @@ class ReachState:
     status: Reachability
     relaying: Relaying
     dcutr: Any = None
-    ever_relayed: set[str] = field(default_factory=set)
-    """Peers once connected through a relay: a direct connection to one of them now is a hole-punched one."""
+    ever_relayed: dict[str, None] = field(default_factory=dict)
+    """Peers once connected through a relay (oldest first, at most MAX_REMEMBERED): a direct connection to one of
+    them now is a hole-punched one."""
 
     @property
     def relayed_addrs(self) -> list[str]:
@@ -52,7 +54,9 @@ class ReachState:
     def note_relayed(self, libp2p_host: Any) -> None:
         for peer, conns in libp2p_host.get_network().connections.items():
             if any(connection_kind(c) == "relayed" for c in (conns if isinstance(conns, list) else [conns])):
-                self.ever_relayed.add(str(peer))
+                self.ever_relayed[str(peer)] = None
+        while len(self.ever_relayed) > MAX_REMEMBERED:  # identities are free: the table must not grow with them
+            del self.ever_relayed[next(iter(self.ever_relayed))]
 
 
 def _listen_port(host: Any) -> int:
@@ -97,7 +101,7 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
 
     Why redial: DCUtR closes the relayed connection to a peer once the hole-punched one holds, and the relay's own
     connection went with it in these tests; without a reservation the peer is unreachable to anyone new."""
-    next_check = trio.current_time() + config.recheck_s
+    next_check = next_redial = trio.current_time() + config.recheck_s
     while True:
         state.note_relayed(host.libp2p)
         if (state.status is Reachability.UNKNOWN and config.mode == "auto" and trio.current_time() >= next_check
@@ -107,7 +111,8 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
             if state.status is Reachability.PRIVATE:
                 await _reserve(host, state.relaying, config, nursery)
                 log.info("reachability: private, relayed through %d relay(s)", len(state.relaying.reservations))
-        if state.status is Reachability.PRIVATE:
+        if state.status is Reachability.PRIVATE and trio.current_time() >= next_redial:
+            next_redial = trio.current_time() + WATCH_EVERY_S * 4
             connected = {str(p) for p in host.libp2p.get_connected_peers()}
             for relay, addr in list(state.relaying.reservations.items()):
                 if relay not in connected:

@@ -186,3 +186,15 @@ async def test_a_peer_whose_data_socket_failed_is_not_tried_again_for_a_while(au
     assert socket_reachable(Host(), "another-peer")
     await trio.sleep(UNREACHABLE_FOR_S + 1)
     assert socket_reachable(Host(), "private-peer")  # tried again: it may have opened a port since
+
+
+async def test_a_server_out_of_dial_backs_refuses_without_calling_the_asker_private():
+    from p2p.reach import ask_dial_back
+    from p2p.reach_service import _listen_port
+
+    async with open_host(HostConfig(reach=ReachConfig(dial_backs_per_s=0.001))) as server, \
+            open_host(HostConfig(bootstrap=(server.multiaddrs[0],))) as asker:
+        port = _listen_port(asker)
+        answers = [await ask_dial_back(asker, server.peer_id, port, 5.0) for _ in range(7)]  # the rest of the burst
+        assert answers == [True] * 7  # the asker's own start-up check took the first
+        assert await ask_dial_back(asker, server.peer_id, port, 5.0) is None  # refused: no verdict, not "private"
