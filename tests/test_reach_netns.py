@@ -85,7 +85,7 @@ def test_a_broadcast_reaches_every_private_peer_verified_with_pieces_moving_betw
     assert result["t"] >= relay_bound(2 * 2**20, 4e6 / 8, 200e6 / 8, 2) * 0.9
 
 
-@pytest.mark.timeout(280)
+@pytest.mark.timeout(480)
 def test_a_short_training_run_completes_with_the_validator_and_the_inference_peer_private(tmp_path):
     """tests/test_swarm_processes.py's run, with only the trainer public: the validator and the worker reach it,
     and each other, through the trainer's relay."""
@@ -106,7 +106,7 @@ def test_a_short_training_run_completes_with_the_validator_and_the_inference_pee
     peers: list[EventProcess] = []
     with Testbed(private=2, nat=False) as net:
         try:
-            deadline = time.monotonic() + 240  # three processes load torch: as long as the loopback run's
+            deadline = time.monotonic() + 420  # three processes load torch on a shared 2-core machine
             trainer = start(net.public, "trainer", PUBLIC_IP, "--role", "trainer", "--role", "seed",
                             "--trainer-config", str(tmp_path / "trainer.toml"), "--key", str(tmp_path / "run.key"),
                             "--replicas", "1", "--quorum", "1", "--prompts-per-worker", "4", "--exit-when-trained")
