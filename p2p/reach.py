@@ -25,7 +25,8 @@ import trio
 
 from p2p.errors import HostError
 from p2p.ratelimit import Allowance
-from p2p.relay import RelayLimits
+from p2p.relay_limits import RelayLimits, connection_kind
+from p2p.stream_guard import read_exactly
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +123,6 @@ class DialBackServer:
         self.refused = 0
 
     async def handle(self, stream) -> None:
-        from p2p.relay import connection_kind
-        from p2p.stream_guard import read_exactly
-
         port = decode_port(await read_exactly(stream, 2))
         remote = stream.get_remote_address()
         if (not remote or connection_kind(stream.muxed_conn) == "relayed"
@@ -140,8 +138,6 @@ class DialBackServer:
 
 async def ask_dial_back(host, peer: str, port: int, timeout: float) -> bool | None:
     """Ask `peer` to dial us back on `port`; its answer, or None when it gave none in time."""
-    from p2p.stream_guard import read_exactly
-
     with trio.move_on_after(timeout):
         try:
             stream = await host.new_stream(peer, DIALBACK_PROTOCOL)

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.tools.anyio_service import background_trio_service
 
 from p2p.bootstrap import peer_id_of
 from p2p.reach import DIALBACK_PROTOCOL, DialBackServer, Reachability, ReachConfig, ask_dial_back, verdict
@@ -132,13 +135,10 @@ async def _hole_punching(host: Any, enabled: bool) -> AsyncIterator[Any]:
     if not enabled:
         yield None
         return
-    from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID, DCUtRProtocol
-    from libp2p.tools.anyio_service import background_trio_service
-
     dcutr = DCUtRProtocol(host.libp2p)
     async with background_trio_service(dcutr):
         await dcutr.event_started.wait()
-        host.set_guarded_handler(PROTOCOL_ID, dcutr._handle_dcutr_stream, timeout=None)
+        host.set_guarded_handler(DCUTR_PROTOCOL, dcutr._handle_dcutr_stream, timeout=None)
         yield dcutr
 
 

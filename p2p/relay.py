@@ -18,42 +18,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from libp2p.peer.id import ID
+from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID, STOP_PROTOCOL_ID, CircuitV2Protocol
+from libp2p.relay.circuit_v2.resources import RelayLimits as Libp2pLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
 
-from p2p.errors import HostError
 from p2p.ratelimit import TokenBucket, acquire_all
+from p2p.relay_limits import RelayLimits, connection_kind, is_circuit
+
+__all__ = ["RelayLimits", "Relaying", "connection_kind", "is_circuit", "open_relaying", "relay_protocol"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RelayLimits:
-    """What this peer grants others when it serves as a relay (only when it is publicly reachable)."""
-
-    serve: bool = True
-    """Serve as a relay when this peer is publicly reachable (a private peer never does)."""
-    max_reservations: int = 32
-    """Private peers that may hold a reservation (a relayed address) on this relay at once."""
-    max_circuits_per_peer: int = 16
-    """Relayed connections open at once to one reserved peer."""
-    circuit_duration_s: int = 3600
-    """A relayed connection is cut after this long (hole punching usually replaces it within seconds)."""
-    circuit_mb: int = 4096
-    """Bytes (MiB) one relayed connection may carry, both directions together, before it is cut."""
-    circuit_mbps: float = 80.0
-    """Bandwidth cap of one relayed connection, Mbit/s (0: none)."""
-    total_mbps: float = 400.0
-    """Bandwidth cap of all relayed connections of this relay together, Mbit/s (0: none)."""
-
-    def __post_init__(self) -> None:
-        if min(self.max_reservations, self.max_circuits_per_peer, self.circuit_duration_s, self.circuit_mb) < 1:
-            raise HostError("relay limits (reservations, circuits, duration, MiB) must be at least 1")
-        if self.circuit_mbps < 0 or self.total_mbps < 0:
-            raise HostError("relay bandwidth caps must be 0 (none) or positive")
-
-    @property
-    def circuit_bytes_per_s(self) -> float:
-        """The per-circuit cap in bytes per second (inf without one): what a Kumar-Ross bound over relays uses."""
-        return self.circuit_mbps * 1e6 / 8 if self.circuit_mbps else math.inf
 
 
 def _bucket(mbps: float) -> TokenBucket:
@@ -78,9 +56,6 @@ class _PacedStream:
 
 def relay_protocol(libp2p_host: Any, limits: RelayLimits, hop: bool) -> Any:
     """py-libp2p's CircuitV2Protocol with our limits; `hop`: serve as a relay (else only accept circuits)."""
-    from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
-    from libp2p.relay.circuit_v2.resources import RelayLimits as Libp2pLimits
-
     total = _bucket(limits.total_mbps)
 
     class PacedRelay(CircuitV2Protocol):
@@ -107,9 +82,6 @@ class Relaying:
 
     async def reserve(self, relay_addr: str, relay_peer: str, nursery: trio.Nursery, timeout: float) -> bool:
         """Ask `relay_peer` (already connected) for a reservation; True when it granted one."""
-        from libp2p.peer.id import ID
-        from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID
-
         peer = ID.from_base58(relay_peer)
         with trio.move_on_after(timeout):
             try:
@@ -125,8 +97,6 @@ class Relaying:
 
     async def dial(self, circuit_addr: str) -> None:
         """Connect through a relay: `circuit_addr` is /.../p2p/<relay>/p2p-circuit/p2p/<peer>."""
-        from multiaddr import Multiaddr
-
         await self.transport.dial(Multiaddr(circuit_addr))
 
 
@@ -135,11 +105,6 @@ async def open_relaying(host: Any, limits: RelayLimits, hop: bool) -> AsyncItera
     """The relay protocol (hop: serving others) and the circuit transport (dialing and accepting circuits) of our
     `host` (p2p.host.P2PHost), running until the context exits. Its handlers are re-installed guarded: an
     exception escaping one would kill the host."""
-    from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
-    from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID, STOP_PROTOCOL_ID
-    from libp2p.relay.circuit_v2.transport import CircuitV2Transport
-    from libp2p.tools.anyio_service import background_trio_service
-
     protocol = relay_protocol(host.libp2p, limits, hop)
     roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if hop else RelayRole(0))
     config = RelayConfig(roles=roles, limits=protocol.limits)
@@ -150,17 +115,3 @@ async def open_relaying(host: Any, limits: RelayLimits, hop: bool) -> AsyncItera
         if hop:
             host.set_guarded_handler(PROTOCOL_ID, protocol._handle_hop_stream, timeout=None)
         yield Relaying(protocol, transport)
-
-
-def is_circuit(multiaddr: str) -> bool:
-    """Whether a multiaddr goes through a relay."""
-    return "/p2p-circuit" in multiaddr
-
-
-def connection_kind(conn: Any) -> str:
-    """"relayed" for a connection through a relay, else "direct"."""
-    try:
-        addrs = conn.get_transport_addresses()
-    except Exception:  # noqa: BLE001 - a connection closing under us: call it direct, it is not relayed anymore
-        return "direct"
-    return "relayed" if any(is_circuit(str(a)) for a in addrs or ()) else "direct"

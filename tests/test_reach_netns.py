@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from swarm.bench_reach import broadcast, relay_bound
-from swarm.netns import PUBLIC_IP, Testbed, available
+from swarm.bench.netns import PUBLIC_IP, Testbed, available
+from swarm.bench.reach import broadcast, relay_bound
 
 pytestmark = pytest.mark.timeout(60)
 PEER = str(Path(__file__).with_name("netns_peer.py"))
@@ -67,7 +67,7 @@ def test_a_broadcast_reaches_every_private_peer_verified_with_pieces_moving_betw
     """`swarm peer start` processes in firewalled namespaces with no route between them: everything they exchange
     crosses the relay, which is the publishing seed itself."""
     from p2p.identity import Identity, write_key_file
-    from swarm.bench_broadcast import _make_checkpoint
+    from swarm.bench.broadcast import _make_checkpoint
 
     _make_checkpoint(tmp_path / "ckpt", 2)
     key = Identity.generate()
@@ -90,8 +90,8 @@ def test_a_short_training_run_completes_with_the_validator_and_the_inference_pee
     """tests/test_swarm_processes.py's run, with only the trainer public: the validator and the worker reach it,
     and each other, through the trainer's relay."""
     from p2p.identity import Identity, write_key_file
-    from swarm.bench_broadcast import EventProcess
-    from swarm.netns import python_argv
+    from swarm.bench.broadcast import EventProcess
+    from swarm.bench.netns import python_argv
     from tests.test_swarm_processes import TRAINER_TOML
 
     key = Identity.generate()
