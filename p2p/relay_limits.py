@@ -25,9 +25,9 @@ class RelayLimits:
     circuit_mb: int = 4096
     """Bytes (MiB) one relayed connection may carry, both directions together, before it is cut."""
     circuit_mbps: float = 80.0
-    """Bandwidth cap of one relayed connection, Mbit/s (0: none)."""
+    """Bandwidth cap of one relayed connection in each direction, Mbit/s (0: none)."""
     total_mbps: float = 400.0
-    """Bandwidth cap of all relayed connections of this relay together, Mbit/s (0: none)."""
+    """Bandwidth cap of all relayed connections of this relay together, both directions, Mbit/s (0: none)."""
 
     def __post_init__(self) -> None:
         if min(self.max_reservations, self.max_circuits_per_peer, self.circuit_duration_s, self.circuit_mb) < 1:

@@ -50,7 +50,7 @@ class PeerConfig:
     relay_max_reservations: int = 32
     """Private peers that may hold a relayed address on this relay at once."""
     relay_circuit_mbps: float = 80.0
-    """Bandwidth cap of one relayed connection through this relay, Mbit/s (0: none)."""
+    """Bandwidth cap of one relayed connection through this relay, each direction, Mbit/s (0: none)."""
     relay_total_mbps: float = 400.0
     """Bandwidth cap of all relayed connections through this relay together, Mbit/s (0: none)."""
     relay_circuit_duration_s: int = 3600
