@@ -56,7 +56,7 @@ class ReachConfig:
     """Dial-backs this peer performs for others per second (bursts of 8); past it a request is refused."""
     recheck_s: float = 10.0
     """How often a peer that could ask nobody at start (its bootstrap peers unreachable then) asks again once one is
-    connected: a bootstrap dial that timed out under load otherwise left a private peer announcing an address
+    connected: without it, a bootstrap dial that times out under load leaves a private peer announcing an address
     nobody can dial, for good."""
     max_relays: int = 2
     """Relays a private peer holds a reservation on (each gives it one relayed address)."""

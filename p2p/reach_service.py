@@ -103,7 +103,8 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
     connection closed redials it and reserves again.
 
     Why redial: DCUtR closes the relayed connection to a peer once the hole-punched one holds, and the relay's own
-    connection went with it in these tests; without a reservation the peer is unreachable to anyone new."""
+    connection can go with it (seen behind NAT in tests/test_reach_netns.py); without a reservation the peer is
+    unreachable to anyone new."""
     next_check = next_redial = trio.current_time() + config.recheck_s
     while True:
         state.note_relayed(host.libp2p)
