@@ -23,7 +23,7 @@ from p2p.relay import Relaying, connection_kind, is_circuit, open_relaying
 
 log = logging.getLogger(__name__)
 MAX_REMEMBERED = 4096
-WATCH_EVERY_S = 0.5
+WATCH_EVERY_S = 1.0
 """How often connections are looked at to tell a hole-punched connection (relayed first) from a direct one."""
 
 
