@@ -26,7 +26,7 @@ from typing import Any
 import blake3
 import trio
 
-from p2p.channel_addresses import is_loopback, listen_ip, remote_ip
+from p2p.channel_addresses import is_loopback, listen_ip, note_socket_unreachable, remote_ip, socket_reachable
 from p2p.channel_messages import (
     MAX_MESSAGE, TOKEN_BYTES, ChannelOffer, ChannelRequest, HandshakeBreach, decode_offer, decode_request,
     encode_offer, encode_request,
@@ -370,10 +370,14 @@ async def serve_data_channels(
 
 async def open_data_channel(host: Any, peer_id: str, config: ChannelConfig = ChannelConfig()) -> Any:
     """A byte stream to `peer_id`: the fast data socket, or the libp2p stream when the socket is unreachable."""
-    if config.use_socket:
+    try_socket = config.use_socket and socket_reachable(host, peer_id)
+    if config.use_socket and not try_socket and not config.allow_fallback:
+        raise ChannelError(f"data socket of {peer_id} is unreachable (relayed, hole-punched or failed lately)")
+    if try_socket:
         try:
             return await _open_socket_channel(host, peer_id, config)
         except _SocketUnreachable as exc:
+            note_socket_unreachable(host, peer_id)
             if not config.allow_fallback:
                 raise ChannelError(f"data socket of {peer_id} is unreachable: {exc}") from exc
             if peer_id not in _fallback_logged:

@@ -40,6 +40,9 @@ from p2p.bootstrap import peer_id_of
 from p2p.errors import HostError
 from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import tune_yamux
+from p2p.reach import ReachConfig
+from p2p.reach_service import open_reach
+from p2p.relay import is_circuit
 from p2p.scores import PeerScores, ScoreConfig, Verdict
 from p2p.stream_guard import (
     StreamHandler,
@@ -91,6 +94,8 @@ class HostConfig:
     """Limit on opening one stream (including protocol negotiation)."""
     handler_timeout: float | None = 60.0
     """Default limit on one inbound stream handler; a handler may ask for another or None (it then owns timeouts)."""
+    reach: ReachConfig = ReachConfig()
+    """Reachability check, relaying for others and through others, hole punching (p2p/reach.py)."""
 
     def __post_init__(self) -> None:
         if not self.listen:
@@ -195,6 +200,8 @@ class P2PHost:
     """Scores of the peers whose streams made a guarded handler fail unexpectedly; a banned peer is refused."""
     fault_listeners: list[Callable[[str, str], None]] = field(default_factory=list)
     """Called with (peer id, protocol) on each such fault, e.g. to fold it into the node's own peer scores."""
+    reach: Any = None
+    """The reachability service's state (p2p.reach_service.ReachState) once the host is open."""
     _interface_ips: dict[str, list[str]] | None = None  # looked up once, on first use of `multiaddrs`
 
     @property
@@ -207,6 +214,8 @@ class P2PHost:
         listen addresses with an unspecified IP expanded to this machine's (p2p.addresses), loopback last."""
         if self.config.announce:
             return [self._with_id(a) for a in self.config.announce]
+        if self.reach is not None and self.reach.relayed_addrs:  # private: only relays reach us
+            return [self._with_id(a) for a in self.reach.relayed_addrs]
         if self._interface_ips is None:
             self._interface_ips = interface_ips()
         return [self._with_id(a) for a in dialable(self.bound_multiaddrs, self._interface_ips)]
@@ -219,6 +228,8 @@ class P2PHost:
 
     def _with_id(self, addr: str) -> str:
         suffix = f"/p2p/{self.peer_id}"
+        if is_circuit(addr):  # /.../p2p/<relay>/p2p-circuit: the relay's id stays
+            return addr if addr.endswith(suffix) else addr + suffix
         base = addr.split("/p2p/")[0]
         return base + suffix
 
@@ -232,7 +243,10 @@ class P2PHost:
             raise HostError(f"{multiaddr!r} lacks a usable /p2p/<peer id> part ({exc})") from exc
         try:
             with trio.fail_after(self.config.dial_timeout):
-                await self.libp2p.connect(info)
+                if is_circuit(multiaddr) and self.reach is not None:
+                    await self.reach.relaying.dial(multiaddr)
+                else:
+                    await self.libp2p.connect(info)
         except trio.TooSlowError as exc:
             raise HostError(f"dialing {multiaddr} timed out after {self.config.dial_timeout:g} s") from exc
         except Exception as exc:  # noqa: BLE001 - libp2p raises a zoo of dial errors; one sentence for the user
@@ -380,6 +394,7 @@ async def open_host(
             async with trio.open_nursery() as dials:
                 for addr in config.bootstrap:
                     dials.start_soon(_dial_bootstrap, host, addr)
+            host.reach = await stack.enter_async_context(open_reach(host))
             try:
                 yield host
             finally:

@@ -12,6 +12,9 @@ import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from p2p.errors import HostError
+from p2p.reach import ReachConfig
+from p2p.relay_limits import RelayLimits
 from swarm.errors import UserError
 from swarm.policy.runspec import PRECISIONS
 from trainer.errors import TrainerError
@@ -42,6 +45,24 @@ class PeerConfig:
     announce: tuple[str, ...] = ()
     """Multiaddrs to give other peers instead of the listen addresses (e.g. the public address of a NAT port
     forward); empty: the listen addresses, /ip4/0.0.0.0 expanded to this machine's interface addresses."""
+    reach: str = "auto"
+    """Reachability: "auto" asks the bootstrap peers to dial back; "public" or "private" says it (p2p/reach.py)."""
+    relay_serve: bool = True
+    """Serve as a relay for private peers when this peer is publicly reachable."""
+    relay_max_reservations: int = 32
+    """Private peers that may hold a relayed address on this relay at once."""
+    relay_circuit_mbps: float = 80.0
+    """Bandwidth cap of one relayed connection through this relay, each direction, Mbit/s (0: none)."""
+    relay_total_mbps: float = 400.0
+    """Bandwidth cap of all relayed connections through this relay together, Mbit/s (0: none)."""
+    relay_circuit_duration_s: int = 3600
+    """A relayed connection through this relay is cut after this many seconds."""
+    relay_circuit_mb: int = 4096
+    """MiB one relayed connection may carry before it is cut."""
+    max_relays: int = 2
+    """Relays a private peer reserves a slot on (one relayed address each)."""
+    hole_punch: bool = True
+    """Upgrade relayed connections to direct ones by hole punching (DCUtR) where the NATs allow it."""
     bootstrap_file: Path = Path("bootstrap_peers.txt")
     """File of bootstrap multiaddrs, one per line, '#' comments."""
     keep_versions: int = 3
@@ -156,9 +177,21 @@ class PeerConfig:
             if len(listed) < self.quorum:
                 raise UserError(f"--validator-key lists {len(listed)} distinct key(s) but the quorum needs "
                                 f"{self.quorum} validators: no rollout could ever be accepted")
+        try:
+            self.reach_config()
+        except HostError as exc:
+            raise UserError(str(exc)) from None
         if not _RUN_NAME.fullmatch(self.run):
             raise UserError(f"run name {self.run!r} must be 1 to 64 letters, digits, '.', '_' or '-'")
         return self
+
+
+    def reach_config(self) -> ReachConfig:
+        """The host's reachability settings (p2p.reach.ReachConfig) from this config's plain fields."""
+        limits = RelayLimits(serve=self.relay_serve, max_reservations=self.relay_max_reservations,
+                             circuit_mbps=self.relay_circuit_mbps, total_mbps=self.relay_total_mbps,
+                             circuit_duration_s=self.relay_circuit_duration_s, circuit_mb=self.relay_circuit_mb)
+        return ReachConfig(mode=self.reach, max_relays=self.max_relays, hole_punch=self.hole_punch, relay=limits)
 
 
 _TUPLE_FIELDS = {"roles", "listen", "bootstrap", "announce", "validator_keys"}

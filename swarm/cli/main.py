@@ -27,6 +27,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("tasks",), "swarm.cli.tasks", "list the built-in tasks with their descriptions and difficulty settings"),
     (("keygen",), "swarm.cli.keygen", "create an Ed25519 key file (a run's trainer key or a peer identity)"),
     (("bench", "broadcast"), "swarm.bench.broadcast", "benchmark policy broadcast against the Kumar-Ross bound"),
+    (("bench", "reach"), "swarm.bench.reach", "benchmark a broadcast to private peers behind relays and NAT"),
     (("bench", "transfer"), "swarm.bench.transfer", "benchmark one piece-protocol stream against raw TCP"),
     (("bench", "verify"), "swarm.bench.verify", "benchmark rollout validation on honest and attacked groups"),
     (("bench", "generate"), "swarm.bench.generate", "benchmark generation throughput and proof overhead"),

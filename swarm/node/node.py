@@ -182,7 +182,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
         upload = config.upload_mbps * 1e6 / 8 if config.upload_mbps > 0 else math.inf
         transfer = TransferConfig(upload_bps=upload)
         async with open_host(HostConfig(identity=identity, data_dir=config.data_dir, listen=config.listen,
-                                        announce=config.announce,
+                                        announce=config.announce, reach=config.reach_config(),
                                         bootstrap=bootstrap)) as host:
             for addr, why in host.bootstrap_failures.items():
                 events.emit("bootstrap_unreachable", address=addr, reason=why)

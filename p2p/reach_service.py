@@ -1,0 +1,168 @@
+"""A host's reachability service: the dial-back check, relaying, reservations and hole punching, run together.
+
+p2p.host opens it once the bootstrap peers are dialed, so what a peer announces (`P2PHost.multiaddrs`) already
+says how to reach it when the node starts gossiping. See p2p/reach.py for the decisions, p2p/relay.py for relaying.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.tools.anyio_service import background_trio_service
+
+from p2p.bootstrap import peer_id_of
+from p2p.reach import DIALBACK_PROTOCOL, DialBackServer, Reachability, ReachConfig, ask_dial_back, verdict
+from p2p.relay import Relaying, connection_kind, is_circuit, open_relaying
+
+log = logging.getLogger(__name__)
+MAX_REMEMBERED = 4096
+WATCH_EVERY_S = 1.0
+"""How often connections are looked at to tell a hole-punched connection (relayed first) from a direct one."""
+
+
+@dataclass
+class ReachState:
+    """What a host knows about its own reachability and how each peer is connected."""
+
+    status: Reachability
+    relaying: Relaying
+    dcutr: Any = None
+    ever_relayed: dict[str, None] = field(default_factory=dict)
+    """Peers once connected through a relay (oldest first, at most MAX_REMEMBERED): a direct connection to one of
+    them now is a hole-punched one."""
+
+    @property
+    def relayed_addrs(self) -> list[str]:
+        """`<relay addr>/p2p-circuit` for each relay holding our reservation (the host appends /p2p/<me>)."""
+        return [f"{addr}/p2p-circuit" for addr in self.relaying.reservations.values()]
+
+    def kinds(self, libp2p_host: Any) -> dict[str, str]:
+        """Peer id -> "direct", "relayed" or "hole-punched" (direct now, relayed before) for each connected peer."""
+        self.note_relayed(libp2p_host)
+        out: dict[str, str] = {}
+        for peer, conns in libp2p_host.get_network().connections.items():
+            kinds = {connection_kind(c) for c in (conns if isinstance(conns, list) else [conns])}
+            direct = "direct" in kinds
+            peer = str(peer)
+            out[peer] = ("hole-punched" if peer in self.ever_relayed else "direct") if direct else "relayed"
+        return out
+
+    def note_relayed(self, libp2p_host: Any) -> None:
+        for peer, conns in libp2p_host.get_network().connections.items():
+            if any(connection_kind(c) == "relayed" for c in (conns if isinstance(conns, list) else [conns])):
+                self.ever_relayed[str(peer)] = None
+        while len(self.ever_relayed) > MAX_REMEMBERED:  # identities are free: the table must not grow with them
+            del self.ever_relayed[next(iter(self.ever_relayed))]
+
+
+def _listen_port(host: Any) -> int:
+    for addr in host.bound_multiaddrs:
+        parts = addr.split("/")
+        if "tcp" in parts:
+            return int(parts[parts.index("tcp") + 1])
+    return 0
+
+
+def _connected_bootstrap(host: Any) -> list[str]:
+    connected = {str(p) for p in host.libp2p.get_connected_peers()}
+    return [a for a in host.config.bootstrap if not is_circuit(a) and peer_id_of(a) in connected]
+
+
+async def check_reachability(host: Any, config: ReachConfig) -> Reachability:
+    """Ask every connected bootstrap peer at once to dial us back; the verdict of p2p.reach.verdict."""
+    if config.mode != "auto":
+        return Reachability(config.mode)
+    answers: list[bool | None] = []
+    port = _listen_port(host)
+
+    async def ask(peer: str) -> None:
+        answers.append(await ask_dial_back(host, peer, port, config.dial_back_timeout_s + 2))
+
+    async with trio.open_nursery() as nursery:
+        for addr in _connected_bootstrap(host):
+            nursery.start_soon(ask, peer_id_of(addr))
+    return verdict(answers)
+
+
+async def _reserve(host: Any, relaying: Relaying, config: ReachConfig, nursery: trio.Nursery) -> None:
+    for addr in _connected_bootstrap(host):
+        if len(relaying.reservations) >= config.max_relays:
+            return
+        await relaying.reserve(addr, peer_id_of(addr), nursery, config.dial_back_timeout_s + 2)
+
+
+async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: trio.Nursery) -> None:
+    """Note relayed connections; ask again when nobody could be asked at start; a private peer whose relay
+    connection closed redials it and reserves again.
+
+    Why redial: DCUtR closes the relayed connection to a peer once the hole-punched one holds, and the relay's own
+    connection can go with it (seen behind NAT in tests/test_reach_netns.py); without a reservation the peer is
+    unreachable to anyone new."""
+    next_check = next_redial = trio.current_time() + config.recheck_s
+    while True:
+        state.note_relayed(host.libp2p)
+        if (state.status is Reachability.UNKNOWN and config.mode == "auto" and trio.current_time() >= next_check
+                and _connected_bootstrap(host)):
+            next_check = trio.current_time() + config.recheck_s
+            state.status = await check_reachability(host, config)
+            if state.status is Reachability.PRIVATE:
+                await _reserve(host, state.relaying, config, nursery)
+                log.info("reachability: private, relayed through %d relay(s)", len(state.relaying.reservations))
+        if state.status is Reachability.PRIVATE and trio.current_time() >= next_redial:
+            next_redial = trio.current_time() + WATCH_EVERY_S * 4
+            connected = {str(p) for p in host.libp2p.get_connected_peers()}
+            for relay, addr in list(state.relaying.reservations.items()):
+                if relay not in connected:
+                    del state.relaying.reservations[relay]
+                    try:
+                        await host.redial(addr)
+                    except Exception as exc:  # noqa: BLE001 - HostError mostly; tried again next time
+                        log.debug("relay %s unreachable: %s", relay, exc)
+                        state.relaying.reservations[relay] = addr
+                        continue
+                    await state.relaying.reserve(addr, relay, nursery, config.dial_back_timeout_s + 2)
+        await trio.sleep(WATCH_EVERY_S)
+
+
+@asynccontextmanager
+async def _hole_punching(host: Any, enabled: bool) -> AsyncIterator[Any]:
+    if not enabled:
+        yield None
+        return
+    dcutr = DCUtRProtocol(host.libp2p)
+    async with background_trio_service(dcutr):
+        await dcutr.event_started.wait()
+        host.set_guarded_handler(DCUTR_PROTOCOL, dcutr._handle_dcutr_stream, timeout=None)
+        yield dcutr
+
+
+@asynccontextmanager
+async def open_reach(host: Any) -> AsyncIterator[ReachState]:
+    """Serve dial-backs, learn our reachability, relay for others when public, reserve relays when private, punch
+    holes; undone on exit."""
+    config: ReachConfig = host.config.reach
+    server = DialBackServer(config)
+    host.set_guarded_handler(DIALBACK_PROTOCOL, server.handle, timeout=config.dial_back_timeout_s + 5)
+    status = await check_reachability(host, config)
+    hop = status is not Reachability.PRIVATE and config.relay.serve
+    async with open_relaying(host, config.relay, hop) as relaying, \
+            _hole_punching(host, config.hole_punch) as dcutr, trio.open_nursery() as nursery:
+        state = ReachState(status, relaying, dcutr)
+        if status is Reachability.PRIVATE:
+            await _reserve(host, relaying, config, nursery)
+            if not relaying.reservations:
+                log.warning("this peer is not reachable and no bootstrap peer granted it a relay reservation")
+        log.info("reachability: %s%s", status.value,
+                 f", relayed through {len(relaying.reservations)} relay(s)" if relaying.reservations else "")
+        nursery.start_soon(_watch, state, host, config, nursery)
+        try:
+            yield state
+        finally:
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,55 @@
+"""What a public peer grants private ones when it serves as a relay, and how a relayed address or connection is
+told: plain settings and string checks, no networking (a config imports them without loading libp2p)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from p2p.errors import HostError
+
+
+@dataclass(frozen=True)
+class RelayLimits:
+    """What this peer grants others when it serves as a relay (only when it is publicly reachable)."""
+
+    serve: bool = True
+    """Serve as a relay when this peer is publicly reachable (a private peer never does)."""
+    max_reservations: int = 32
+    """Private peers that may hold a reservation (a relayed address) on this relay at once."""
+    max_circuits_per_peer: int = 16
+    """Relayed connections open at once to one reserved peer."""
+    circuit_duration_s: int = 3600
+    """A relayed connection is cut after this long (hole punching usually replaces it within seconds)."""
+    circuit_mb: int = 4096
+    """Bytes (MiB) one relayed connection may carry, both directions together, before it is cut."""
+    circuit_mbps: float = 80.0
+    """Bandwidth cap of one relayed connection in each direction, Mbit/s (0: none)."""
+    total_mbps: float = 400.0
+    """Bandwidth cap of all relayed connections of this relay together, both directions, Mbit/s (0: none)."""
+
+    def __post_init__(self) -> None:
+        if min(self.max_reservations, self.max_circuits_per_peer, self.circuit_duration_s, self.circuit_mb) < 1:
+            raise HostError("relay limits (reservations, circuits, duration, MiB) must be at least 1")
+        if self.circuit_mbps < 0 or self.total_mbps < 0:
+            raise HostError("relay bandwidth caps must be 0 (none) or positive")
+
+    @property
+    def circuit_bytes_per_s(self) -> float:
+        """The per-circuit cap in bytes per second (inf without one): what a Kumar-Ross bound over relays uses."""
+        return self.circuit_mbps * 1e6 / 8 if self.circuit_mbps else math.inf
+
+
+def is_circuit(multiaddr: str) -> bool:
+    """Whether a multiaddr goes through a relay."""
+    return "/p2p-circuit" in multiaddr
+
+
+def connection_kind(conn: Any) -> str:
+    """"relayed" for a connection through a relay, else "direct"."""
+    try:
+        addrs = conn.get_transport_addresses()
+    except Exception:  # noqa: BLE001 - a connection closing under us: call it direct, it is not relayed anymore
+        return "direct"
+    return "relayed" if any(is_circuit(str(a)) for a in addrs or ()) else "direct"

@@ -1,0 +1,93 @@
+"""One peer of tests/test_reach_netns.py, run inside a namespace: `python tests/netns_peer.py ROLE IP WORK NAME N`.
+
+ROLE "relay": a public host; writes its multiaddr to WORK/relay.addr and serves until terminated.
+ROLE "private": a host bootstrapped from the relay; writes its announced multiaddr to WORK/NAME.addr, waits for the
+N private peers' addresses, dials each peer named after it (so each pair is dialed once, through the relay), sends
+every connected private peer 1 MiB and checks the BLAKE3 digest it answers, waits for hole punching to settle, and
+writes WORK/NAME.json: its reachability, how it is connected to each peer, and how many blobs were verified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import blake3
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from p2p.host import HostConfig, open_host, read_exactly  # noqa: E402
+
+BLOB = "/test/blob/1"
+BLOB_BYTES = 1 << 20
+SETTLE_S = 12.0
+"""How long a private peer waits after its transfers for relayed connections to be upgraded (DCUtR drives every
+2 s, and a punch takes a round trip over the relay plus the simultaneous open)."""
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+async def _answer_blob(stream) -> None:
+    data = await read_exactly(stream, BLOB_BYTES, "blob")
+    await stream.write(blake3.blake3(data).digest())
+    await stream.close()
+
+
+async def _send_blob(host, peer: str) -> bool:
+    data = os.urandom(BLOB_BYTES)
+    with trio.fail_after(20):
+        stream = await host.new_stream(peer, BLOB)
+        await stream.write(data)
+        return await read_exactly(stream, 32, "digest") == blake3.blake3(data).digest()
+
+
+async def _wait_for(paths: list[Path], timeout: float) -> list[str]:
+    with trio.fail_after(timeout):
+        while not all(p.exists() for p in paths):
+            await trio.sleep(0.1)
+    return [p.read_text() for p in paths]
+
+
+async def private(ip: str, work: Path, name: str, count: int) -> None:
+    (relay_addr,) = await _wait_for([work / "relay.addr"], 20)
+    config = HostConfig(listen=(f"/ip4/{ip}/tcp/4001",), bootstrap=(relay_addr,))
+    async with open_host(config) as host:
+        host.set_guarded_handler(BLOB, _answer_blob)
+        _write(work / f"{name}.addr", host.multiaddrs[0])
+        names = [f"p{i}" for i in range(1, count + 1)]
+        addrs = dict(zip(names, await _wait_for([work / f"{n}.addr" for n in names], 30), strict=True))
+        peers = {n: a.rsplit("/p2p/", 1)[-1] for n, a in addrs.items() if n != name}
+        for other in names[names.index(name) + 1:]:
+            await host.connect(addrs[other])
+        with trio.move_on_after(10):
+            while not set(peers.values()) <= {str(p) for p in host.libp2p.get_connected_peers()}:
+                await trio.sleep(0.1)
+        verified = sum([await _send_blob(host, p) for p in peers.values()])
+        await trio.sleep(SETTLE_S)
+        kinds = host.reach.kinds(host.libp2p)
+        result = {"status": host.reach.status.value, "addr": host.multiaddrs[0], "verified": verified,
+                  "kinds": {n: kinds.get(p, "none") for n, p in peers.items()}}
+        _write(work / f"{name}.json", json.dumps(result))
+        _write(work / f"{name}.done", "")
+        await _wait_for([work / f"{n}.done" for n in names], 30)  # the others may still punch through us
+
+
+async def relay(ip: str, work: Path) -> None:
+    async with open_host(HostConfig(listen=(f"/ip4/{ip}/tcp/4001",))) as host:
+        _write(work / "relay.addr", host.multiaddrs[0])
+        await trio.sleep_forever()
+
+
+if __name__ == "__main__":
+    role, ip, work_dir, who, total = sys.argv[1:6]
+    if role == "relay":
+        trio.run(relay, ip, Path(work_dir))
+    else:
+        trio.run(private, ip, Path(work_dir), who, int(total))
