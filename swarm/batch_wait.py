@@ -93,7 +93,7 @@ def _why_at_once(node, publisher: SwarmPublisher, gate: RolloutGate, waiting: Ba
     a batch does not wait `patience_s` for more; it trains on that part at once when synchronous, where a new
     version would expire it (see BatchWait.ready)."""
     newest = gate.specs[gate.newest]
-    quorum_here = len(publisher.known_validators()) >= node.config.quorum
+    quorum_here = len(publisher.known_validators()) >= node.config.trainer.quorum
     keeps_ready = gate.async_level > 0 or not gate.accepted  # synchronous, a new version expires what is ready
     if gate.pending or not (quorum_here and keeps_ready and publisher.workers_known()):
         return None

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import time
 
+from trainer.typed_config import add_set_flag
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", help="tiny, smollm2 or a policy directory, e.g. OUT/final (default: the config's, "
                                          "else tiny)")
     parser.add_argument("--task", help="reasoning-gym task name or .jsonl/.parquet file (default: the config's, "
-                                       "else basic_arithmetic)")
+                                       "else the trainer's default, gcd)")
     parser.add_argument("--n", type=int, default=200, help="held-out prompts to score")
     parser.add_argument("--seed", type=int, help="seed of the task set and its held-out split (default: the "
                                                  "config's, else 0)")
@@ -24,6 +26,7 @@ def add_arguments(parser) -> None:
                         help="held-out share (default: the trainer's)")
     parser.add_argument("--config", default=None,
                         help="trainer TOML whose model, task, task_config, seed, task_size and eval_fraction to reuse")
+    add_set_flag(parser, "trainer.task_config={max_value=50}")
     parser.add_argument("--max-new-tokens", type=int, default=64, dest="max_new_tokens", help="generation limit")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--batch", type=int, default=32, help="prompts per generate call")
@@ -42,7 +45,7 @@ def run(args) -> int:
     from trainer.session import load_task_split
     overrides = {"model": args.model, "task": args.task, "seed": args.seed, "task_size": args.size,
                  "eval_fraction": args.eval_fraction}
-    cfg = load_config(args.config, overrides).config  # flags given override the config's values, defaults do not
+    cfg = load_config(args.config, overrides, args.set).config  # only flags given override the config's values
     _, heldout = load_task_split(cfg)
     loaded = load_model(cfg.model)
     started = time.perf_counter()
