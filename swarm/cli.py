@@ -23,7 +23,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("train",), "swarm.cmd_train", "run the single-machine RL loop (no network)"),
     (("eval",), "swarm.cmd_eval", "measure a policy's accuracy on held-out prompts"),
     (("keygen",), "swarm.cmd_keygen", "create an Ed25519 key file (a run's trainer key or a peer identity)"),
-    (("config", "show"), "swarm.cmd_config", "print the effective trainer or peer config as TOML, each field described"),
+    (("config", "show"), "swarm.cmd_config", "print the effective trainer or peer config as described TOML"),
     (("bench", "broadcast"), "swarm.cmd_bench_broadcast", "benchmark policy broadcast against the Kumar-Ross bound"),
     (("bench", "transfer"), "swarm.cmd_bench_transfer", "benchmark one piece-protocol stream against raw TCP"),
     (("bench", "verify"), "swarm.cmd_bench_verify", "benchmark rollout validation on honest and attacked groups"),
