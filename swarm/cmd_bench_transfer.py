@@ -44,7 +44,8 @@ _DIGEST_AND_CPU = struct.Struct(">32sd")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size-mb", type=int, default=256, help="MiB sent per run (default 256)")
-    parser.add_argument("--repeats", dest="repeat", type=int, default=5, help="runs per path; medians are reported")
+    parser.add_argument("--repeats", dest="repeat", type=int, default=5, metavar="N",
+                        help="runs per path; medians are reported")
     parser.add_argument("--repeat", dest="repeat", type=int, default=5, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
     parser.add_argument(

@@ -64,13 +64,14 @@ def dotted_keys(sections: Sections) -> list[str]:
 
 
 def did_you_mean(key: str, sections: Sections) -> str:
-    """"; did you mean 'x.y'?" for the closest known key (by the whole name, else by its last word), or ""."""
-    known = dotted_keys(sections)
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    """"; did you mean 'x.y'?" for the closest known key, or "": a field of the key's own section first, then one
+    of any section (a bare `lr`, or a field put in the wrong section)."""
+    section, _, field = key.rpartition(".")
+    own = list(sections[section].model_fields) if section in sections else []
+    close = [f"{section}.{word}" for word in difflib.get_close_matches(field, own, n=1, cutoff=0.6)]
     if not close:
-        by_field = {name.split(".", 1)[1]: name for name in known}
-        words = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(by_field), n=1, cutoff=0.6)
-        close = [by_field[words[0]]] if words else []
+        by_field = {name.split(".", 1)[1]: name for name in reversed(dotted_keys(sections))}
+        close = [by_field[word] for word in difflib.get_close_matches(field, list(by_field), n=1, cutoff=0.6)]
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
