@@ -19,6 +19,7 @@ from p2p.errors import BootstrapError
 from swarm.errors import UserError
 from swarm.runspec import PRECISIONS
 from swarm.trust import parse_public_key
+from trainer.config import TrainerConfig
 from trainer.typed_config import (
     ConfigPath,
     ConfigSection,
@@ -225,11 +226,21 @@ def load_config(path: Path | None, overrides: dict, sets: list[str] | tuple = ()
              if value is not None and value != ()}
     settings += [(key, value, "the command line") for key, value in given.items()]
     for text in sets:
+        _refuse_trainer_setting(text)
         key, value, origin = parse_assignment(text, SECTIONS, UserError)
         if key in given:
             raise UserError(f"{key} is given twice, by its own flag and by --set: give it once")
         settings.append((key, value, origin))
     return PeerConfig(**build_sections(SECTIONS, settings, UserError))
+
+
+def _refuse_trainer_setting(text: str) -> None:
+    """`--set trainer.lr=...` on a peer names the trainer's own config (a file of its own), not the trainer role's
+    section: say where it goes instead of only "unknown"."""
+    section, _, field = text.partition("=")[0].strip().partition(".")
+    if section == "trainer" and field in TrainerConfig.model_fields and field not in TrainerRoleSection.model_fields:
+        raise UserError(f"trainer.{field} is a setting of the trainer's own config, not of the peer: put it in the "
+                        "TOML file that --trainer-config names (`swarm config show --role trainer` prints one)")
 
 
 def _dotted(key: str, origin: str) -> str:

@@ -51,6 +51,10 @@ def test_set_reaches_any_field_of_either_config(capsys):
     (["--set", "trainer.filter_zero_advantage=1"], "config key trainer.filter_zero_advantage in "
                                                    "--set trainer.filter_zero_advantage=1 takes true or false, got 1"),
     (["--set", "trainer.steps"], "--set takes SECTION.FIELD=VALUE, got 'trainer.steps'"),
+    (["--set", "trainer.lr=nan"], "config key trainer.lr in --set trainer.lr=nan takes a finite number, got nan"),
+    (["--role", "peer", "--set", "trainer.lr=1e-4"], "trainer.lr is a setting of the trainer's own config, not of "
+                                                     "the peer: put it in the TOML file that --trainer-config names "
+                                                     "(`swarm config show --role trainer` prints one)"),
     (["--set", "trainer.steps=0"], "steps must be at least 1, got 0"),
     (["--role", "peer", "--set", "trainer.quorm=1"], "unknown config key 'trainer.quorm' in --set trainer.quorm=1; "
                                                      "did you mean 'trainer.quorum'?"),

@@ -33,7 +33,7 @@ Setting = tuple[str, object, str]
 class ConfigSection(BaseModel):
     """One [section] of a config: frozen, strict, unknown keys refused."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _one_or_many(value: object) -> object:
@@ -123,7 +123,8 @@ def _one_sentence(exc: ValidationError, section: str, cls: type[ConfigSection], 
         return f"config section [{section}]: {first['msg']}"
     key = f"{section}.{field}"
     where = f" in {origins[key]}" if key in origins else ""
-    return f"config key {key}{where} takes {kind_of(cls.model_fields[field].annotation)}, got {values.get(field)!r}"
+    kind = "a finite number" if first["type"] == "finite_number" else kind_of(cls.model_fields[field].annotation)
+    return f"config key {key}{where} takes {kind}, got {values.get(field)!r}"
 
 
 _KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", Path: "a path",
