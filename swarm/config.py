@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from p2p.bootstrap import parse_bootstrap_lines
 from p2p.errors import BootstrapError
 from swarm.errors import UserError
-from swarm.runspec import PRECISIONS
-from swarm.trust import parse_public_key
+from swarm.policy.runspec import PRECISIONS
+from swarm.policy.trust import parse_public_key
 from trainer.config import TrainerConfig
 from trainer.typed_config import (
     ConfigPath,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from swarm.cli import build_parser, main
+from swarm.cli.main import build_parser, main
 from trainer.config import TrainerConfig
 
 
@@ -69,8 +69,8 @@ def test_old_flag_names_still_parse_but_help_shows_only_the_one_name(capsys, wor
 
 
 def test_train_sim_and_the_config_share_task_async_level_and_learning_rate(tmp_path):
-    from swarm.cmd_sim import SIM_ASYNC_LEVEL
-    from swarm.sim import SimSettings, _trainer_toml
+    from swarm.cli.sim import SIM_ASYNC_LEVEL
+    from swarm.sim.run import SimSettings, _trainer_toml
     from trainer.config import load_config
 
     defaults = TrainerConfig()

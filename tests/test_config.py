@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.cli import main
+from swarm.cli.main import main
 from swarm.config import PeerConfig
 from swarm.config import load_config as load_peer_config
 from trainer.config import TrainerConfig
