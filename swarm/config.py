@@ -77,7 +77,6 @@ class PeerSection(ConfigSection):
         "A peer not heard from (no heartbeat) this long is forgotten: its roles no longer count, so a trainer "
         "stops naming a validator that left in the versions it publishes."))
 
-
     @model_validator(mode="after")
     def _check_ranges(self) -> "PeerSection":
         unknown = [r for r in self.roles if r not in ROLES]
@@ -108,7 +107,6 @@ class MirrorSection(ConfigSection):
     exit_when_complete: bool = Field(False, description=(
         "Exit once the newest policy is complete (benchmarks); normally peers seed until stopped."))
 
-
     @model_validator(mode="after")
     def _check_ranges(self) -> "MirrorSection":
         if self.keep_versions < 1:
@@ -129,7 +127,6 @@ class LimitsSection(ConfigSection):
         "for a simulation or benchmark that runs every peer on loopback (`swarm sim` sets it); a peer that other "
         "local users can reach keeps it off, or local strangers can push honest local peers off the fast data "
         "path."))
-
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "LimitsSection":
@@ -159,7 +156,6 @@ class TrainerRoleSection(ConfigSection):
         "Seconds a rollout may wait for its votes before it times out unaccepted (trainer role)."))
     exit_when_trained: bool = Field(False, description=(
         "Trainer role: stop the peer once the configured steps are done (simulations)."))
-
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "TrainerRoleSection":
@@ -200,7 +196,10 @@ class InferenceSection(ConfigSection):
 
 
 class PeerConfig(BaseModel):
-    """Every setting of one peer process, by section."""
+    """Every setting of one peer process, by section. A new setting is one field, with its description and default,
+    in the section of the role that reads it (a new section: a ConfigSection class and one field here); its dotted
+    name, `--set`, `swarm config show` and the flat-file mapping follow from that. Field names stay unique across
+    sections, so a flat [peer] table still finds each key's section."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -177,3 +177,10 @@ def test_a_flat_peer_file_loads_each_key_into_its_section(tmp_path):
         assert config.trainer.config == Path("trainer/configs/tiny_gcd.toml")
         assert (config.trainer.replicas, config.trainer.quorum, config.trainer.quorum_timeout_s) == (3, 2, 30.0)
         assert (config.inference.backend, config.inference.gpu_memory) == ("torch", 0.4)
+
+
+def test_peer_field_names_are_unique_across_sections_so_flat_files_find_each_key():
+    from swarm.config import FLAT_NAMES, SECTIONS
+
+    names = [field for section in SECTIONS.values() for field in section.model_fields]
+    assert len(names) == len(set(names)) == len(FLAT_NAMES) - 1  # and trainer_config, the old name of trainer.config
