@@ -61,7 +61,8 @@ class PeerSection(ConfigSection):
         "Multiaddrs to give other peers instead of the listen addresses (e.g. the public address of a NAT port "
         "forward); empty: the listen addresses, /ip4/0.0.0.0 expanded to this machine's interface addresses."))
     model: str = Field("tiny", description=(
-        "Base model of the trainer, inference and validator roles: tiny, smollm2 or a local HF directory."))
+        "Base model of the trainer, inference and validator roles: tiny, smollm2, a local HF directory or a Hugging "
+        "Face hub id in the local Hugging Face cache (HF_HUB_CACHE)."))
     device: str = Field("auto", description=(
         "Where the validator role prefills and the trainer role trains: auto (a CUDA GPU when torch sees one, "
         "else the CPU), cpu or cuda."))

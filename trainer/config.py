@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import Field, model_validator
 
 from trainer.curriculum import Curriculum, curriculum_from_tables, load_curriculum
 from trainer.errors import TrainerError
+from trainer.loss_config import LossConfig
 from trainer.typed_config import (
     ConfigPath,
     ConfigSection,
@@ -31,10 +31,6 @@ from trainer.typed_config import (
     toml_value,
 )
 
-if TYPE_CHECKING:
-    from trainer.grpo import LossConfig
-
-
 PARALLEL_MODES = ("ddp", "fsdp")
 """How data-parallel ranks split the trainer (TrainerConfig.parallel); trainer.distributed builds each."""
 
@@ -43,10 +39,17 @@ class TrainerConfig(ConfigSection):
     """Every setting of the RL loop, on one machine (`swarm train`) or as a swarm's trainer role."""
 
     model: str = Field("tiny", description=(
-        "Model to start from: \"tiny\", \"smollm2\" or a local directory (e.g. a published policy)."))
+        "Model to start from: \"tiny\", \"smollm2\", a local directory (e.g. a published policy) or a Hugging Face "
+        "hub id in the local Hugging Face cache (e.g. Qwen/Qwen2.5-0.5B-Instruct)."))
     task: str = Field("gcd", description=(
-        "Task set: a built-in reasoning-gym name or a .jsonl/.parquet file (gcd: a task the default tiny model "
-        "learns; task_config sets its difficulty)."))
+        "Task set: a built-in reasoning-gym name (`swarm tasks` lists them), a .jsonl/.json/.parquet/.csv file, "
+        "or a hub dataset in the local Hugging Face cache (ORG/NAME for its train split, "
+        "hf://datasets/ORG/NAME/PATH). gcd by default: a task the default tiny model learns (task_config sets its "
+        "difficulty)."))
+    prompt_key: str = Field("prompt", description=(
+        "Column of a task file or hub dataset holding the prompt (GSM8K: question)."))
+    answer_key: str = Field("answer", description=(
+        "Column holding the reference answer (a GSM8K answer \"... #### 72\" is read as 72)."))
     task_config: dict = Field(default_factory=dict, description=(
         "Difficulty overrides for a built-in task (reasoning-gym config fields, e.g. {max_value = 20})."))
     task_size: int = Field(512, description="How many prompts to generate for a built-in task set (train + held-out).")
@@ -189,9 +192,7 @@ class TrainerConfig(ConfigSection):
             raise TrainerError("clipping needs 0 <= eps_low < 1, eps_high >= 0 and clip_delta > 1 + eps_high")
         return self
 
-    def loss_config(self) -> "LossConfig":
-        from trainer.grpo import LossConfig  # torch; the config itself loads without it
-
+    def loss_config(self) -> LossConfig:
         return LossConfig(self.clip_delta, self.eps_low, self.eps_high, self.entropy_coef, self.kl_coef,
                           decoupled=self.off_policy_loss == "decoupled")
 

@@ -2,7 +2,9 @@
 
 The held-out prompts are the same split `swarm train` sets aside for the same --task, --seed, --size and
 --eval-fraction, so a policy is never scored on a prompt it was trained on. With --config the model, task, task
-settings, seed, size and held-out share are the trainer TOML's (each flag given overrides its value).
+settings, seed, size and held-out share are the trainer TOML's (each flag given overrides its value). On a terminal,
+bars on stderr show the model's conversion and loading and the prompts scored (swarm.progress); --json and pipes
+get none.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from trainer.typed_config import add_set_flag
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", help="tiny, smollm2 or a policy directory, e.g. OUT/final (default: the config's, "
-                                         "else tiny)")
-    parser.add_argument("--task", help="reasoning-gym task name or .jsonl/.parquet file (default: the config's, "
-                                       "else the trainer's default, gcd)")
+    parser.add_argument("--model", help="tiny, smollm2, a policy directory (e.g. OUT/final) or a cached Hugging Face "
+                                         "hub id (default: the config's, else tiny)")
+    parser.add_argument("--task", help="reasoning-gym task name, .jsonl/.json/.parquet/.csv file or cached hub dataset "
+                                       "ORG/NAME (default: the config's, else the trainer's default, gcd)")
+    parser.add_argument("--prompt-key", dest="prompt_key", help="task file column holding the prompt (default: the "
+                                                                "config's, else prompt)")
+    parser.add_argument("--answer-key", dest="answer_key", help="task file column holding the answer (default: the "
+                                                                "config's, else answer)")
     parser.add_argument("--n", type=int, default=200, help="held-out prompts to score")
     parser.add_argument("--seed", type=int, help="seed of the task set and its held-out split (default: the "
                                                  "config's, else 0)")
@@ -35,22 +41,28 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from swarm.errors import require_at_least_one, require_temperature
+    from swarm.progress import bar_console, progress_bars
 
     require_at_least_one(n=args.n, max_new_tokens=args.max_new_tokens, batch=args.batch)
     require_temperature(args.temperature)
 
-    from inference.models import load_model
+    from inference.models import check_model_spec, load_model
     from trainer.config import load_config
     from trainer.evaluate import evaluate
     from trainer.session import load_task_split
     overrides = {"model": args.model, "task": args.task, "seed": args.seed, "task_size": args.size,
-                 "eval_fraction": args.eval_fraction}
+                 "eval_fraction": args.eval_fraction, "prompt_key": args.prompt_key, "answer_key": args.answer_key}
     cfg = load_config(args.config, overrides, args.set).config  # only flags given override the config's values
+    check_model_spec(cfg.model)  # before the task set is built: a missing model is one line at once
     _, heldout = load_task_split(cfg)
-    loaded = load_model(cfg.model)
-    started = time.perf_counter()
-    result = evaluate(loaded, heldout, n=args.n, seed=cfg.seed, max_new_tokens=args.max_new_tokens,
-                      temperature=args.temperature, batch=args.batch)
+    with progress_bars(bar_console(args.json)) as bars:
+        model_bar = bars.bar(f"model {cfg.model}")
+        loaded = load_model(cfg.model, on_step=model_bar.step)
+        model_bar.finish()
+        started = time.perf_counter()
+        eval_bar = bars.bar(f"scoring held-out prompts of {cfg.task}")
+        result = evaluate(loaded, heldout, n=args.n, seed=cfg.seed, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, batch=args.batch, on_progress=eval_bar.update)
     out = {"model": cfg.model, "task": cfg.task, "accuracy": result.accuracy, "mean_reward": result.mean_reward,
            "n": result.n, "mean_tokens": result.mean_tokens, "temperature": args.temperature, "seed": cfg.seed,
            "seconds": round(time.perf_counter() - started, 1)}

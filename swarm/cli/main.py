@@ -22,6 +22,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("sim",), "swarm.cli.sim", "run a local multi-peer simulation of the whole swarm in one command"),
     (("train",), "swarm.cli.train", "run the single-machine RL loop (no network)"),
     (("eval",), "swarm.cli.eval", "measure a policy's accuracy on held-out prompts"),
+    (("tasks",), "swarm.cli.tasks", "list the built-in tasks with their descriptions and difficulty settings"),
     (("keygen",), "swarm.cli.keygen", "create an Ed25519 key file (a run's trainer key or a peer identity)"),
     (("config", "show"), "swarm.cli.config", "print the effective trainer or peer config as described TOML"),
     (("bench", "broadcast"), "swarm.bench.broadcast", "benchmark policy broadcast against the Kumar-Ross bound"),
@@ -119,8 +120,10 @@ def user_facing_error(exc: BaseException) -> BaseException | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from swarm.progress import silence_library_bars
     from swarm.shutdown import Interrupts
 
+    silence_library_bars()  # before any command imports transformers: the commands draw their own bars
     with Interrupts().installed() as interrupts:
         return _run_command(list(sys.argv[1:] if argv is None else argv), interrupts)
 

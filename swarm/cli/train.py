@@ -36,9 +36,10 @@ def add_arguments(parser) -> None:
                         help="with --compare: the 5-step mean reward to reach (default: the first run's final)")
 
 
-OWN_FLAGS = ("model", "task", "async_level", "curriculum", "steps", "out", "seed", "lr", "group_size",
-             "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads", "generator",
-             "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel", "device")
+OWN_FLAGS = ("model", "task", "prompt_key", "answer_key", "async_level", "curriculum", "steps", "out", "seed", "lr",
+             "group_size", "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads",
+             "generator", "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel",
+             "device")
 """The fields with a flag of their own (`--async-level`); every field is also `--set trainer.FIELD=VALUE`."""
 
 _CHOICES = {"generator": {"choices": ("process", "thread")}, "old_logprobs": {"choices": ("recompute", "generator")},

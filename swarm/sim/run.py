@@ -18,6 +18,8 @@ import trio
 
 from swarm.config import load_config
 from swarm.events import EventSink
+from swarm.sim.report_html import render_html
+from swarm.sim.timeline import timeline
 from trainer.config import TrainerConfig
 
 
@@ -36,7 +38,9 @@ class SimSettings:
     model: str = "tiny"
     task: str = TrainerConfig.model_fields["task"].default
     task_config: str = "{}"  # TOML inline table of the task's difficulty settings
-    async_level: int = 1  # cmd_sim.SIM_ASYNC_LEVEL: the one trainer default the simulation overrides
+    prompt_key: str = "prompt"  # the task file's or hub dataset's prompt column
+    answer_key: str = "answer"  # ... and its answer column
+    async_level: int = 1  # cli.sim.SIM_ASYNC_LEVEL: the one trainer default the simulation overrides
     eval_every: int = 0  # held-out evaluations between steps (one before the first and one after the last always)
     timeout_s: float = 900.0
     watch_s: float = 30.0  # the watchdog reports every peer's state after this long without a trainer step
@@ -57,7 +61,8 @@ def _trainer_toml(s: SimSettings) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join([
         "[trainer]", f'model = "{s.model}"', f"task = {json.dumps(_task_reference(s.task))}",
-        f"task_config = {s.task_config}",
+        f"task_config = {s.task_config}", f"prompt_key = {json.dumps(s.prompt_key)}",
+        f"answer_key = {json.dumps(s.answer_key)}",
         "task_size = 400", f"steps = {s.steps}", "temperature = 1.0", "grad_clip = 1.0", "threads = 1",
         f"prompts_per_step = {s.prompts_per_step or max(1, (s.inference * s.prompts_per_worker) // 2)}",
         f"group_size = {s.group_size}",
@@ -208,12 +213,14 @@ def summarize(events: list[dict], extra: dict) -> dict:
         "gate": trained["gate"] if trained else (steps[-1]["gate"] if steps else {}),
         "banned_workers": trained["banned"] if trained else [], "final_policy": trained["final"] if trained else None,
         "heldout_accuracy": trained.get("heldout", {}) if trained else {},
+        "timeline": timeline(events),  # what report.html draws: steps, evaluations, versions held, bans in time
     }
 
 
 def write_report(out: Path, report: dict, events: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "report.html").write_text(render_html(report))
     with open(out / "events.jsonl", "w") as f:
         for e in events:
             f.write(json.dumps(e, default=str) + "\n")
