@@ -37,9 +37,6 @@ not optional but takes seconds to import: swarm.events quiets its loggers withou
 LAZY_ROOMS = ("swarm/cli/", "swarm/roles/", "swarm/bench/")
 MAX_LINES = 450
 PENDING_IN_SWARM = frozenset({
-    "swarm/config.py imports swarm.policy.trust.parse_public_key",
-    "swarm/config.py imports p2p.bootstrap.parse_bootstrap_lines",
-    "swarm/config.py imports p2p.errors.BootstrapError",
     "swarm/sim/run.py imports tasks.loading.is_task_file",
     "swarm/sim/run.py imports torch",
     "swarm/sim/run.py imports p2p.identity.load_or_create_identity",

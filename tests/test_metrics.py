@@ -57,7 +57,7 @@ async def test_counters_of_both_peers_move_with_a_transfer(tmp_path):
             seed = Peer(tmp_path, "seed", trainer, identity=trainer, metrics_port=free_port())
             nursery.start_soon(seed.run)
             await seed.ready.wait()
-            before = await scrape(seed.config.metrics_port)
+            before = await scrape(seed.config.peer.metrics_port)
             assert value(before, "rlswarm_pieces_total", direction="served") == 0
             assert value(before, "rlswarm_policy_version") == -1
             seed.node.mirror.adopt(signed, local_dir=tmp_path / "ckpt")
@@ -68,7 +68,7 @@ async def test_counters_of_both_peers_move_with_a_transfer(tmp_path):
             await fetcher.wait_complete(manifest.id)
             while fetcher.node.gossip.stats.delivered == 0:  # a heartbeat of the seed has come (every 0.5 s)
                 await trio.sleep(0.05)
-            got, served = await scrape(fetcher.config.metrics_port), await scrape(seed.config.metrics_port)
+            got, served = await scrape(fetcher.config.peer.metrics_port), await scrape(seed.config.peer.metrics_port)
             seed.stop()
             fetcher.stop()
     pieces = manifest.num_pieces

@@ -99,7 +99,7 @@ def test_a_short_training_run_completes_with_the_validator_and_the_inference_pee
     (tmp_path / "trainer.toml").write_text(TRAINER_TOML.replace("steps = 2\n", "steps = 1\n"))  # one step is a run
 
     def start(ns: str, name: str, ip: str, *flags: str) -> EventProcess:
-        argv = python_argv(ns, "swarm", "peer", "start", "--json-events", "--run", "ns", "--listen",
+        argv = python_argv(ns, "swarm", "peer", "start", "--json", "--run", "ns", "--listen",
                            f"/ip4/{ip}/tcp/4001", "--data-dir", str(tmp_path / name), *flags)
         return EventProcess(argv, tmp_path / f"{name}.log")
 
@@ -108,7 +108,7 @@ def test_a_short_training_run_completes_with_the_validator_and_the_inference_pee
         try:
             deadline = time.monotonic() + 420  # three processes load torch on a shared 2-core machine
             trainer = start(net.public, "trainer", PUBLIC_IP, "--role", "trainer", "--role", "seed",
-                            "--trainer-config", str(tmp_path / "trainer.toml"), "--key", str(tmp_path / "run.key"),
+                            "--trainer-config", str(tmp_path / "trainer.toml"), "--identity-key", str(tmp_path / "run.key"),
                             "--replicas", "1", "--quorum", "1", "--prompts-per-worker", "4", "--exit-when-trained")
             peers.append(trainer)
             joined = ["--bootstrap", trainer.wait_for("listening", deadline)["addrs"][0],

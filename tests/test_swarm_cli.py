@@ -247,12 +247,12 @@ def test_an_exception_group_of_user_facing_errors_is_one_line_and_a_bug_in_one_i
 
 
 @pytest.mark.parametrize("toml, message", [
-    ('upload_mbps = "fast"', "config key upload_mbps takes a number, got 'fast'"),
-    ('reseed = "no"', "config key reseed takes true or false, got 'no'"),
-    ("max_peers = 2.5", "config key max_peers takes a whole number, got 2.5"),
-    ("max_peers = true", "config key max_peers takes a whole number, got True"),
-    ("bootstrap = [1, 2]", "config key bootstrap takes a string or a list of strings, got [1, 2]"),
-    ("data_dir = 3", "config key data_dir takes a path, got 3"),
+    ('upload_mbps = "fast"', "config key limits.upload_mbps in {} takes a number, got 'fast'"),
+    ('reseed = "no"', "config key mirror.reseed in {} takes true or false, got 'no'"),
+    ("max_peers = 2.5", "config key limits.max_peers in {} takes a whole number, got 2.5"),
+    ("max_peers = true", "config key limits.max_peers in {} takes a whole number, got True"),
+    ("bootstrap = [1, 2]", "config key peer.bootstrap in {} takes a string or a list of strings, got [1, 2]"),
+    ("data_dir = 3", "config key peer.data_dir in {} takes a path, got 3"),
 ])
 def test_a_config_value_of_the_wrong_type_names_its_key(tmp_path, toml, message):
     """A TOML string where a number belongs failed as "'<' not supported between instances of 'str' and 'int'"."""
@@ -263,8 +263,8 @@ def test_a_config_value_of_the_wrong_type_names_its_key(tmp_path, toml, message)
     path.write_text(f"[peer]\n{toml}\n")
     with pytest.raises(UserError) as caught:
         load_config(path, {})
-    assert str(caught.value) == message
-    assert load_config(None, {"upload_mbps": 8, "listen": "/ip4/127.0.0.1/tcp/0"}).upload_mbps == 8.0  # ints do
+    assert str(caught.value) == message.format(f"config file {path}")
+    assert load_config(None, {"upload_mbps": 8, "listen": "/ip4/127.0.0.1/tcp/0"}).limits.upload_mbps == 8.0
 
 
 def test_a_config_files_bootstrap_entry_is_checked_named_by_its_file_and_overridden_by_the_flag(tmp_path):
@@ -280,5 +280,5 @@ def test_a_config_files_bootstrap_entry_is_checked_named_by_its_file_and_overrid
         load_config(path, {})
     assert str(caught.value).startswith(f"config file {path}, bootstrap line 2: '/ip4/10.0.0.1/tcp/1' lacks")
     path.write_text(f'[peer]\nbootstrap = "{good}"\n')
-    assert load_config(path, {}).bootstrap == (good,)
-    assert load_config(path, {"bootstrap": (flag,)}).bootstrap == (flag,)  # the flag wins over the file
+    assert load_config(path, {}).peer.bootstrap == (good,)
+    assert load_config(path, {"bootstrap": (flag,)}).peer.bootstrap == (flag,)  # the flag wins over the file

@@ -15,6 +15,14 @@ from verify.rollout import Completion, RolloutGroup
 from verify.votes import assign_validators, public_key_of, sign_vote
 
 
+def peer_config(data_dir, validator_keys, quorum=2):
+    """The parts of a peer's config that SwarmPublisher reads."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(peer=SimpleNamespace(data_dir=data_dir),
+                           trainer=SimpleNamespace(validator_keys=validator_keys, quorum=quorum))
+
+
 def keys(n):
     return [Ed25519PrivateKey.generate().private_bytes_raw() for _ in range(n)]
 
@@ -199,7 +207,7 @@ def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_aroun
     from swarm.roles.trainer import SwarmPublisher
 
     validators = keys(2)
-    node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path, validator_keys=()))
+    node = SimpleNamespace(peer_roles={}, config=peer_config(tmp_path, ()))
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     nobody = spec([])
     assert not publisher.validators_changed(nobody)  # none known: a new version would name none either
@@ -225,8 +233,7 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
 
     validators = keys(3)
     node = SimpleNamespace(peer_roles={"12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7": ("inference",)},
-                           config=SimpleNamespace(data_dir=tmp_path, validator_keys=(), quorum=2),
-                           mirror=SimpleNamespace(policies={}))
+                           config=peer_config(tmp_path, (), quorum=2), mirror=SimpleNamespace(policies={}))
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     for k in validators[:2]:  # the third stopped sending heartbeats
         node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
@@ -268,7 +275,7 @@ def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_
     validators = keys(2)
     worker = "12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"
     node = SimpleNamespace(peer_roles={worker: ("inference",)}, mirror=SimpleNamespace(policies={}),
-                           config=SimpleNamespace(data_dir=tmp_path, validator_keys=(), quorum=2))
+                           config=peer_config(tmp_path, (), quorum=2))
     for k in validators:
         node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
@@ -331,7 +338,7 @@ async def test_the_trainer_publishes_no_version_until_a_quorum_of_validators_is_
     from swarm.roles.trainer import SwarmPublisher
 
     emitted = []
-    node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path, validator_keys=()),
+    node = SimpleNamespace(peer_roles={}, config=peer_config(tmp_path, ()),
                            events=SimpleNamespace(emit=lambda kind, **f: emitted.append((kind, f))))
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     validators = [peer_id_from_public_bytes(public_key_of(k)) for k in keys(2)]
@@ -401,8 +408,8 @@ def test_a_trainer_given_validator_keys_names_only_those_and_reports_the_others_
     listed, stranger = [public_key_of(k) for k in keys(2)]
     emitted = []
     node = SimpleNamespace(peer_roles={}, events=SimpleNamespace(emit=lambda kind, **f: emitted.append(f["peer"])),
-                           config=SimpleNamespace(data_dir=tmp_path, validator_keys=(
-                               peer_id_from_public_bytes(listed),)))  # a peer id, as every peer prints its own
+                           config=peer_config(tmp_path, (peer_id_from_public_bytes(listed),)))  # a peer id, as
+    # every peer prints its own
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     for key in (listed, stranger):
         node.peer_roles[peer_id_from_public_bytes(key)] = ("validator",)

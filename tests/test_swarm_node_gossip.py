@@ -135,7 +135,8 @@ async def test_throwaway_ids_fill_the_heartbeat_dial_limit_only_for_a_while(auto
 
     started = []
     node = SimpleNamespace(
-        peer_id="z" * 52, config=SimpleNamespace(max_peers=4, keep_versions=3), connected_peers=lambda: [],
+        peer_id="z" * 52, config=SimpleNamespace(limits=SimpleNamespace(max_peers=4),
+                                                mirror=SimpleNamespace(keep_versions=3)), connected_peers=lambda: [],
         heard_from=lambda *args: None, mirror=SimpleNamespace(latest=lambda: None, policies={}),
         nursery=SimpleNamespace(start_soon=lambda fn, node, part, peer, addrs: started.append(peer)))
 

@@ -39,7 +39,8 @@ class JitteringBackend:
 
 
 def worker(tmp_path):
-    return SimpleNamespace(config=SimpleNamespace(run="run1", data_dir=tmp_path, cheat=None), peer_id="12D3KooWworker")
+    config = SimpleNamespace(peer=SimpleNamespace(run="run1", data_dir=tmp_path), inference=SimpleNamespace(cheat=""))
+    return SimpleNamespace(config=config, peer_id="12D3KooWworker")
 
 
 def policy(version: int):

@@ -149,7 +149,8 @@ def test_a_peer_keeps_its_roles_latest_milestones_for_its_heartbeats():
     from swarm.node.gossip import heartbeat_body as _heartbeat_body
     from swarm.node.node import Node
 
-    node = Node(config=SimpleNamespace(roles=("trainer",)), host=SimpleNamespace(multiaddrs=["/ip4/127.0.0.1/tcp/1"]),
+    node = Node(config=SimpleNamespace(peer=SimpleNamespace(roles=("trainer",))),
+                host=SimpleNamespace(multiaddrs=["/ip4/127.0.0.1/tcp/1"]),
                 gossip=None, mirror=SimpleNamespace(policies={}), events=None, nursery=None)
     assert "progress" not in _heartbeat_body(node)
     for event in ({"event": "train_step", "step": 3, "reward": 0.5, "stage": "short@4", "groups": 4},

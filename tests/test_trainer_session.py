@@ -65,7 +65,7 @@ def test_cli_rejects_unknown_config_keys_in_one_line(tmp_path, capsys):
     config.write_text("learning_rate = 1\n")
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("swarm: error: unknown trainer config key 'learning_rate'") and "\n" not in err
+    assert err.startswith("swarm: error: unknown config key 'trainer.learning_rate' in config file") and "\n" not in err
 
 
 def test_fastcurl_stages_drive_what_the_local_worker_generates(tmp_path):

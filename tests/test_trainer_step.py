@@ -151,7 +151,7 @@ def test_length_sorted_micro_batches_give_the_one_pass_step(tiny, fused):
     results = []
     for micro_batch in (3, 1000):
         trainer = _trainer(tiny, weights, fused)
-        trainer.cfg = dataclasses.replace(trainer.cfg, micro_batch=micro_batch)
+        trainer.cfg = trainer.cfg.model_copy(update={"micro_batch": micro_batch})
         rows = [(g, c) for g in range(len(groups)) for c in range(len(groups[g].completions))]
         packed = trainer._pack(groups, rows)
         batches = trainer._micro_batches(packed, list(range(len(rows))))

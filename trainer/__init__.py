@@ -4,7 +4,8 @@ Map (each module holds one idea):
   grpo.py         pure loss math: group advantages, two-sided clip, constant normaliser, k3 KL, entropy, filters
   loss_config.py  LossConfig, the loss's hyper-parameters (no torch: the config builds it)
   curriculum.py   FastCuRL stages as data; stage_at(step) fixes the generation settings of each published policy
-  config.py       TrainerConfig (TOML + flags, every field documented)
+  config.py       TrainerConfig (TOML + flags + --set, every field documented once, with its default)
+  typed_config.py pydantic config sections: one-sentence errors with did-you-mean, --set, TOML out (the peer's too)
   step.py         PolicyTrainer: one optimizer step; old logprobs from the generating version (importance weights),
                   taken from the training forward itself when every row is on-policy
   admission.py    which rollout groups the trainer accepts (run, known version, async window, its version's

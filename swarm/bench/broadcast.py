@@ -200,7 +200,7 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
         for i in range(args.peers):
             flags = ["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
                      key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
-                     "--json-events", *[f for addr in known for f in ("--bootstrap", addr)]]
+                     "--json", *[f for addr in known for f in ("--bootstrap", addr)]]
             peers.append(EventProcess(flags + ([] if reseed else ["--no-reseed"]), work / f"{tag}-peer{i}.log"))
             known.append(peers[-1].wait_for("listening", time.monotonic() + args.timeout)["addrs"][0])
         warm = _warm_up([pub] + peers, time.monotonic() + args.warmup)

@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the trainer's async window (default 0: synchronous)")
     parser.add_argument("--validators", type=int, default=2)
     parser.add_argument("--inference", type=int, default=2)
-    parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
+    parser.add_argument("--seed-peers", dest="seeds", type=int, default=1, help="seed-only peers")
+    parser.add_argument("--seeds", dest="seeds", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--seed", dest="draw_seed", type=int, default=1, help="seed of the draw of whom to kill")
     parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep data and logs here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -115,12 +116,12 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
 
     def start(name: str, *flags: str, listen: str = "/ip4/127.0.0.1/tcp/0") -> EventProcess:
         started[name] = started.get(name, 0) + 1
-        argv = ["-m", "swarm", "peer", "start", "--json-events", "--run", "churn", "--listen", listen,
+        argv = ["-m", "swarm", "peer", "start", "--json", "--run", "churn", "--listen", listen,
                 "--data-dir", str(work / name), *flags]
         return EventProcess(argv, work / f"{name}.{started[name]}.log")
 
     # The trainer keeps one address, as a machine that reboots does: every other peer bootstraps from it.
-    trainer = ["--role", "trainer", "--role", "seed", "--trainer-config", str(work / "trainer.toml"), "--key",
+    trainer = ["--role", "trainer", "--role", "seed", "--trainer-config", str(work / "trainer.toml"), "--identity-key",
                str(work / "run.key"), "--replicas", str(args.replicas), "--quorum", str(args.quorum),
                "--prompts-per-worker", "2"]
     trainer_listen = f"/ip4/127.0.0.1/tcp/{_free_port()}"

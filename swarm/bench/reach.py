@@ -102,7 +102,7 @@ def relay_bound(file_bytes: int, seed_bps: float, peer_bps: float, peers: int) -
 
 def _private_peer(net, i: int, work: Path, args, key_hex: str, bootstrap: str):
     flags = ["peer", "start", "--role", "seed", "--run", RUN, "--trainer-key", key_hex, "--data-dir",
-             str(work / f"reach-peer{i - 1}"), "--upload-mbps", str(args.upload_mbps), "--json-events",
+             str(work / f"reach-peer{i - 1}"), "--upload-mbps", str(args.upload_mbps), "--json",
              "--listen", f"/ip4/{net.private_ip(i)}/tcp/{PORT}", "--bootstrap", bootstrap]
     return EventProcess(python_argv(net.private_ns(i), "swarm", *flags), work / f"reach-peer{i - 1}.log")
 

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--identities, --channels and --declared-mib must be at least 1, --hold positive and "
                         "--settle not negative")
     with tempfile.TemporaryDirectory() as tmp:
-        target = EventProcess(["-m", "swarm", "peer", "start", "--json-events", "--run", "attack", "--role", "seed",
+        target = EventProcess(["-m", "swarm", "peer", "start", "--json", "--run", "attack", "--role", "seed",
                                "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(Path(tmp) / "target")],
                               Path(tmp) / "target.log")
         try:

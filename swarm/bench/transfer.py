@@ -44,7 +44,9 @@ _DIGEST_AND_CPU = struct.Struct(">32sd")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size-mb", type=int, default=256, help="MiB sent per run (default 256)")
-    parser.add_argument("--repeat", type=int, default=5, help="runs per path; medians are reported (default 5)")
+    parser.add_argument("--repeats", dest="repeat", type=int, default=5, metavar="N",
+                        help="runs per path; medians are reported")
+    parser.add_argument("--repeat", dest="repeat", type=int, default=5, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
     parser.add_argument(
         "--with-stream", action="store_true", help="also measure the libp2p-stream fallback (mib_s_p2p_stream)"
@@ -77,7 +79,7 @@ class BenchPlan:
         if not 1 <= self.size_mb <= 16384:
             raise UserError(f"--size-mb must be between 1 and 16384, got {self.size_mb}")
         if not 1 <= self.repeat <= 100:
-            raise UserError(f"--repeat must be between 1 and 100, got {self.repeat}")
+            raise UserError(f"--repeats must be between 1 and 100, got {self.repeat}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import time
 
+from trainer.typed_config import add_set_flag
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", help="tiny, smollm2, a policy directory (e.g. OUT/final) or a cached Hugging Face "
                                          "hub id (default: the config's, else tiny)")
     parser.add_argument("--task", help="reasoning-gym task name, .jsonl/.json/.parquet/.csv file or cached hub dataset "
-                                       "ORG/NAME (default: the config's, else basic_arithmetic)")
+                                       "ORG/NAME (default: the config's, else the trainer's default, gcd)")
     parser.add_argument("--prompt-key", dest="prompt_key", help="task file column holding the prompt (default: the "
                                                                 "config's, else prompt)")
     parser.add_argument("--answer-key", dest="answer_key", help="task file column holding the answer (default: the "
@@ -30,6 +32,7 @@ def add_arguments(parser) -> None:
                         help="held-out share (default: the trainer's)")
     parser.add_argument("--config", default=None,
                         help="trainer TOML whose model, task, task_config, seed, task_size and eval_fraction to reuse")
+    add_set_flag(parser, "trainer.task_config={max_value=50}")
     parser.add_argument("--max-new-tokens", type=int, default=64, dest="max_new_tokens", help="generation limit")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--batch", type=int, default=32, help="prompts per generate call")
@@ -49,7 +52,7 @@ def run(args) -> int:
     from trainer.session import load_task_split
     overrides = {"model": args.model, "task": args.task, "seed": args.seed, "task_size": args.size,
                  "eval_fraction": args.eval_fraction, "prompt_key": args.prompt_key, "answer_key": args.answer_key}
-    cfg = load_config(args.config, overrides).config  # flags given override the config's values, defaults do not
+    cfg = load_config(args.config, overrides, args.set).config  # only flags given override the config's values
     check_model_spec(cfg.model)  # before the task set is built: a missing model is one line at once
     _, heldout = load_task_split(cfg)
     with progress_bars(bar_console(args.json)) as bars:

@@ -15,6 +15,7 @@ import argparse
 import importlib
 import logging
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 # (command words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -26,6 +27,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("eval",), "swarm.cli.eval", "measure a policy's accuracy on held-out prompts"),
     (("tasks",), "swarm.cli.tasks", "list the built-in tasks with their descriptions and difficulty settings"),
     (("keygen",), "swarm.cli.keygen", "create an Ed25519 key file (a run's trainer key or a peer identity)"),
+    (("config", "show"), "swarm.cli.config", "print the effective trainer or peer config as described TOML"),
     (("bench", "broadcast"), "swarm.bench.broadcast", "benchmark policy broadcast against the Kumar-Ross bound"),
     (("bench", "reach"), "swarm.bench.reach", "benchmark a broadcast to private peers behind relays and NAT"),
     (("bench", "transfer"), "swarm.bench.transfer", "benchmark one piece-protocol stream against raw TCP"),
@@ -86,10 +88,23 @@ class _LazyCommand:
         return importlib.import_module(self.module)
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default after its help, unless the help already names it or there is none to show
+    (a flag whose absence means "the config's value" defaults to None and names the config's default itself)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (action.default in (None, False, [], argparse.SUPPRESS) or not action.option_strings
+                or "default" in text.lower()):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm", description=__doc__.split("\n")[0])
     add_logging_flags(parser)
     command_words = _after_global_flags(argv)
+    parser.add_argument("--version", action="version", version=f"swarm {_version()}")
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {
         (): parser.add_subparsers(dest="cmd0", metavar="COMMAND")
     }
@@ -99,14 +114,17 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             prefix = words[:depth]
             if prefix not in parents:
                 sub = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
+                sub.set_defaults(_group=prefix)
                 parents[prefix] = sub
                 groups[prefix] = sub.add_subparsers(dest=f"cmd{depth}", metavar="COMMAND")
-        leaf = groups[words[:-1]].add_parser(words[-1], help=help_text, description=help_text)
+        leaf = groups[words[:-1]].add_parser(words[-1], help=help_text, description=help_text,
+                                             formatter_class=DefaultsHelpFormatter)
         leaf.set_defaults(_module=module)
         add_logging_flags(leaf, argparse.SUPPRESS)
         # Only the invoked command's module is imported, so its flags are known without paying for the others.
         if list(words) == command_words[: len(words)]:
             _LazyCommand(module).load().add_arguments(leaf)
+    parser.set_defaults(_parents=parents)
     return parser
 
 
@@ -117,6 +135,13 @@ def _after_global_flags(argv: list[str]) -> list[str]:
         if rest.pop(0) == "--log-level" and rest:
             rest.pop(0)
     return rest
+
+
+def _version() -> str:
+    try:
+        return version("rl-swarm")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def user_facing_error(exc: BaseException) -> BaseException | None:
@@ -149,8 +174,8 @@ def _run_command(argv: list[str], interrupts) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     module = getattr(args, "_module", None)
-    if module is None:
-        parser.print_help()
+    if module is None:  # a command group alone (`swarm peer`) prints its own commands, `swarm` alone all of them
+        args._parents[getattr(args, "_group", ())].print_help()
         return 2
     args._argv = argv  # a command that re-launches itself (swarm train --nproc) needs its own words
     configure_logging(args.verbose, args.log_level)

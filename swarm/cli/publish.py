@@ -25,18 +25,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory with *.safetensors and model.json (swarm train's OUT/final), a plain "
                              "Hugging Face model directory, or a hub id in the local Hugging Face cache")
     parser.add_argument("--run", required=True, help="run name")
-    parser.add_argument("--key", required=True, type=Path, help="the run's trainer key file (swarm keygen)")
+    parser.add_argument("--run-key", dest="run_key", type=Path, metavar="PATH",
+                        help="the run's trainer key file, which signs the version (swarm keygen); required")
+    parser.add_argument("--key", dest="run_key", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--version", type=int,
                         help="policy version (default: one past the newest this data dir holds or the swarm knows)")
-    parser.add_argument("--data-dir", dest="data_dir", type=Path, default=Path("./swarm-publisher"))
-    parser.add_argument("--listen", action="append", metavar="MULTIADDR")
-    parser.add_argument("--bootstrap", action="append", metavar="MULTIADDR")
-    parser.add_argument("--piece-kb", dest="piece_kb", type=int, default=1024)
+    parser.add_argument("--data-dir", dest="data_dir", type=Path, default=Path("./swarm-publisher"),
+                        help="the publisher's identity, piece store and lock")
+    parser.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen multiaddr (repeatable)")
+    parser.add_argument("--bootstrap", action="append", metavar="MULTIADDR",
+                        help="bootstrap peer multiaddr (repeatable); default: bootstrap_peers.txt")
+    parser.add_argument("--piece-kb", dest="piece_kb", type=int, default=1024, help="piece size in KiB")
     parser.add_argument("--upload-mbps", dest="upload_mbps", type=float, default=0.0,
                         help="upload cap in Mbit/s over every version served (0 = none)")
     parser.add_argument("--announce-after-peers", dest="announce_after", type=int, default=0,
                         help="wait until this many peers are connected before announcing (benchmarks)")
-    parser.add_argument("--json-events", dest="json_events", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON event lines")
+    parser.add_argument("--json-events", dest="json", action="store_true", help=argparse.SUPPRESS)
 
 
 def _generation(checkpoint: Path):
@@ -159,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
     from swarm.events import EventSink
     from swarm.node.node import open_node_parts
 
+    if args.run_key is None:
+        raise UserError("swarm publish needs --run-key FILE, the run's trainer key that signs the version")
     args.checkpoint_dir = _checkpoint_dir(args.checkpoint_dir)
     if not MIN_PIECE_SIZE <= args.piece_kb * 1024 <= MAX_PIECE_SIZE:
         raise UserError(f"--piece-kb must be between {MIN_PIECE_SIZE // 1024} and {MAX_PIECE_SIZE // 1024}")
@@ -170,19 +177,19 @@ def run(args: argparse.Namespace) -> int:
             check_weights(args.checkpoint_dir)
     except ManifestError as exc:
         raise UserError(f"cannot publish {args.checkpoint_dir}: {exc}") from None
-    key = read_key_file(args.key)
+    key = read_key_file(args.run_key)
     config = load_config(None, {"roles": ("seed",), "run": args.run, "data_dir": args.data_dir,
                                 "listen": tuple(args.listen or ()), "bootstrap": tuple(args.bootstrap or ()),
                                 "upload_mbps": args.upload_mbps, "piece_kb": args.piece_kb,
                                 "trainer_key": key.public_bytes.hex()})
-    events = EventSink(json_lines=args.json_events)
+    events = EventSink(json_lines=args.json)
     events.configure_logging()
     generation = _generation(args.checkpoint_dir)
 
     async def publish(node) -> None:
         version = args.version if args.version is not None else await next_version(node, args.run, key.public_bytes)
         policy_dir = args.checkpoint_dir if hf_description is None else stage_hf_directory(
-            args.checkpoint_dir, hf_description, config.data_dir / "staged" / f"{args.run}-v{version}")
+            args.checkpoint_dir, hf_description, config.peer.data_dir / "staged" / f"{args.run}-v{version}")
         manifest = build_manifest(policy_dir, run=args.run, version=version,
                                   parent_version=version - 1 if version > 0 else None, created_at=time.time(),
                                   generation=generation, piece_size=args.piece_kb * 1024)

@@ -10,13 +10,19 @@ from pathlib import Path
 from swarm.cli.peer import add_metrics_port
 from swarm.cli.train import add_report_to
 from swarm.events import describe
+from trainer.config import TrainerConfig
+
+SIM_ASYNC_LEVEL = 1
+"""The one trainer default the simulation overrides (the trainer's own is 0, synchronous): a swarm's point is that
+workers generate the next version's rollouts while the trainer steps, and the simulation shows that window."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/sim"), help="where peers keep data and the report")
     parser.add_argument("--inference", type=int, default=2, help="honest inference peers")
-    parser.add_argument("--validators", type=int, default=2)
-    parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
+    parser.add_argument("--validators", type=int, default=2, help="validator peers")
+    parser.add_argument("--seed-peers", dest="seeds", type=int, default=1, help="seed-only peers")
+    parser.add_argument("--seeds", dest="seeds", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
     parser.add_argument(
         "--steps", type=int, default=16, help="trainer steps (one policy version each; 4 per FastCuRL stage)"
@@ -24,15 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="tiny, smollm2, a local HF directory or a cached hub id")
     parser.add_argument(
         "--task",
-        default="gcd",
-        help="reasoning-gym task (default: gcd up to 50, which tiny learns), a .jsonl/.json/.parquet/.csv "
-        "task file or a cached hub dataset ORG/NAME (the trainer reads it; the other peers receive it with every "
-        "policy)",
+        default=TrainerConfig.model_fields["task"].default,
+        help="reasoning-gym task, a .jsonl/.json/.parquet/.csv task file or a cached hub dataset ORG/NAME (the "
+        "trainer reads it; the other peers receive it with every policy); default: the trainer's, gcd, here of "
+        "numbers up to 50, which tiny learns in 16 steps",
     )
     parser.add_argument("--prompt-key", dest="prompt_key", default="prompt", help="task file column of the prompt")
     parser.add_argument("--answer-key", dest="answer_key", default="answer", help="task file column of the answer")
-    parser.add_argument("--async-level", dest="async_level", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--async-level", dest="async_level", type=int, default=SIM_ASYNC_LEVEL,
+                        help="max policy lag of a rollout (the trainer's default is 0; the simulation shows the "
+                             "swarm's asynchronous window, where workers generate while the trainer steps)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the simulation is stopped")
     parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
     add_report_to(parser)
     add_metrics_port(parser, "each peer's (the trainer on PORT, the next peers on PORT+1, PORT+2, ...)")

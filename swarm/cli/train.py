@@ -15,50 +15,18 @@ import json
 import sys
 from pathlib import Path
 
+from trainer.config import PARALLEL_MODES, TrainerConfig
+from trainer.typed_config import add_field_flag, add_set_flag
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", help="tiny, smollm2, a policy directory or a cached Hugging Face hub id "
-                                        "(default: tiny)")
-    parser.add_argument("--task", help="reasoning-gym task name (swarm tasks), a .jsonl/.json/.parquet/.csv file or a "
-                                       "cached hub dataset ORG/NAME (default: basic_arithmetic)")
-    parser.add_argument("--prompt-key", dest="prompt_key", help="task file column holding the prompt (default: prompt)")
-    parser.add_argument("--answer-key", dest="answer_key", help="task file column holding the answer (default: answer)")
-    parser.add_argument("--config", type=Path, help="trainer TOML file (flags override it)")
-    parser.add_argument(
-        "--async-level", type=int, dest="async_level", help="max policy lag of a rollout; 0 = synchronous"
-    )
-    parser.add_argument("--curriculum", help="fastcurl, none or a TOML file of [[stage]] tables")
-    parser.add_argument("--steps", type=int, help="optimizer steps")
-    parser.add_argument("--out", type=Path, help="output directory (resumes when it holds a checkpoint)")
-    parser.add_argument("--seed", type=int, help="seed of data split, prompt order, sampling and init")
-    parser.add_argument("--lr", type=float, help="peak learning rate")
-    parser.add_argument("--group-size", type=int, dest="group_size", help="completions per prompt")
-    parser.add_argument("--prompts-per-step", type=int, dest="prompts_per_step", help="groups per optimizer step")
-    parser.add_argument("--max-new-tokens", type=int, dest="max_new_tokens", help="generation context (middle stage)")
-    parser.add_argument("--temperature", type=float, help="sampling temperature")
-    parser.add_argument("--eval-every", type=int, dest="eval_every", help="steps between held-out evaluations")
-    parser.add_argument("--eval-n", type=int, dest="eval_n", help="held-out prompts per evaluation")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads")
-    parser.add_argument("--time-limit-min", type=float, dest="time_limit_min",
-                        help="stop stepping after this many minutes of the session (final policy and eval follow)")
-    parser.add_argument("--generator", choices=("process", "thread"),
-                        help="async mode: generate in its own process (default) or in a thread of the trainer's")
-    parser.add_argument("--generator-threads", type=int, dest="generator_threads",
-                        help="torch threads of the generator process (default 1)")
-    parser.add_argument("--old-logprobs", choices=("recompute", "generator"), dest="old_logprobs",
-                        help="off-policy rollouts: recompute old logprobs (default) or use the local generator's")
-    parser.add_argument("--off-policy-loss", choices=("coupled", "decoupled"), dest="off_policy_loss",
-                        help="stale rollouts: clip against their generating policy (coupled, INTELLECT-2, default) "
-                             "or clip this step's move and weight staleness (decoupled)")
+    parser.add_argument("--config", type=Path, help="trainer TOML file (flags and --set override it)")
+    for field in OWN_FLAGS:
+        add_field_flag(parser, TrainerConfig, field, **_CHOICES.get(field, {}))
+    add_set_flag(parser, "trainer.lr=1e-4")
     parser.add_argument("--nproc", type=int, default=1,
                         help="data-parallel trainer processes on this machine (torchrun; gloo on CPUs, nccl on GPUs); "
-                             "rank 0 generates, every rank trains on its share of each batch (default 1)")
-    parser.add_argument("--parallel", choices=("ddp", "fsdp"),
-                        help="with --nproc: all-reduce whole-model replicas (ddp, default) or shard weights, "
-                             "gradients and optimizer state across the ranks (fsdp)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"),
-                        help="one process: where it trains, generates and evaluates (default auto: a CUDA GPU when "
-                             "present); with --nproc the parallel mode decides")
+                             "rank 0 generates, every rank trains on its share of each batch")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     add_report_to(parser)
     parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN_DIR",
@@ -69,10 +37,15 @@ def add_arguments(parser) -> None:
                         help="with --compare: the 5-step mean reward to reach (default: the first run's final)")
 
 
-_OVERRIDES = ("model", "task", "prompt_key", "answer_key", "async_level", "curriculum", "steps", "out", "seed", "lr",
-              "group_size", "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads",
-              "generator", "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel",
-              "device")
+OWN_FLAGS = ("model", "task", "prompt_key", "answer_key", "async_level", "curriculum", "steps", "out", "seed", "lr",
+             "group_size", "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads",
+             "generator", "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel",
+             "device")
+"""The fields with a flag of their own (`--async-level`); every field is also `--set trainer.FIELD=VALUE`."""
+
+_CHOICES = {"generator": {"choices": ("process", "thread")}, "old_logprobs": {"choices": ("recompute", "generator")},
+            "off_policy_loss": {"choices": ("coupled", "decoupled")}, "parallel": {"choices": PARALLEL_MODES},
+            "device": {"choices": ("auto", "cpu", "cuda")}}
 
 
 def run(args) -> int:
@@ -84,11 +57,11 @@ def run(args) -> int:
     from trainer.launch import check_supported, launch_ranks, world_size
     from trainer.session import train
 
-    overrides = {k: getattr(args, k, None) for k in _OVERRIDES}
+    overrides = {k: getattr(args, k, None) for k in OWN_FLAGS}
     overrides["report_to"] = ",".join(args.report_to) if args.report_to else None
     if overrides.get("out") is not None:
         overrides["out"] = str(overrides["out"])
-    loaded = load_config(args.config, overrides)  # a bad config is one line here, not one per rank
+    loaded = load_config(args.config, overrides, args.set)  # a bad config is one line here, not one per rank
     if args.nproc < 1:
         raise TrainerError(f"--nproc must be at least 1, got {args.nproc}")
     if loaded.config.parallel == "fsdp" and max(args.nproc, world_size()) == 1:

@@ -60,7 +60,7 @@ def on_manifest(node: Node, env: Any, fetch_manifest) -> None:
     if policy is not None and (policy.manifest.id, policy.manifest.version) != (ann.manifest_id, ann.version):
         raise Ignored("ignored", "the announced manifest id or version is not the signed manifest's")
     newest = node.mirror.latest()
-    if policy is None and (newest is None or ann.version > newest.manifest.version - node.config.keep_versions):
+    if policy is None and (newest is None or ann.version > newest.manifest.version - node.config.mirror.keep_versions):
         raise Ignored("ignored", "the announced manifest was refused")
 
 
@@ -110,7 +110,7 @@ def heartbeat_body(node: Node) -> dict:
     for p in list(node.mirror.policies.values())[-16:]:
         done = p.service is not None and p.service.completed.is_set()
         policies.append([p.manifest.version, p.manifest.id, done])
-    body = {"roles": list(node.config.roles)[:4], "addrs": node.host.multiaddrs[:MAX_ADDRS], "policies": policies}
+    body = {"roles": list(node.config.peer.roles)[:4], "addrs": node.host.multiaddrs[:MAX_ADDRS], "policies": policies}
     progress = sendable_progress(node.progress)
     if progress:
         body["progress"] = progress
@@ -125,7 +125,7 @@ async def send_heartbeats(node: Node) -> None:
             log.debug("heartbeat not sent: %s", exc)
         # Not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and seven peers
         # heartbeating each second in one simulated process starved its streams. See PeerConfig.heartbeat_every_s.
-        await trio.sleep(node.config.heartbeat_every_s)
+        await trio.sleep(node.config.peer.heartbeat_every_s)
 
 
 async def receive_heartbeats(node: Node) -> None:
@@ -147,11 +147,11 @@ def on_heartbeat(node: Node, env: Any, dialed: dict[str, float], fetch_manifest)
     # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
     # collide under one-connection-per-peer and the streams opened on the losing connection hang.
     if (sender < node.peer_id and sender not in connected and sender not in dialed
-            and len(dialed) < node.config.max_peers and beat.addrs):
+            and len(dialed) < node.config.limits.max_peers and beat.addrs):
         dialed[sender] = now
         node.nursery.start_soon(run_part, node, dial_any, sender, list(beat.addrs[:4]))
     newest = node.mirror.latest()
     for held in beat.policies:
         if held.manifest_id not in node.mirror.policies and (
-                newest is None or held.version > newest.manifest.version - node.config.keep_versions):
+                newest is None or held.version > newest.manifest.version - node.config.mirror.keep_versions):
             fetch_manifest_soon(node, sender, held.manifest_id, fetch_manifest)

@@ -169,8 +169,8 @@ class NodeCollector:
     def _peer(self):
         node = self.node
         info = InfoMetricFamily("rlswarm_peer", "This peer: its id, run, roles and software version")
-        info.add_metric([], {"peer_id": str(node.peer_id), "run": node.config.run,
-                             "roles": ",".join(node.config.roles), "version": software_version()})
+        info.add_metric([], {"peer_id": str(node.peer_id), "run": node.config.peer.run,
+                             "roles": ",".join(node.config.peer.roles), "version": software_version()})
         yield info
         newest = node.mirror.latest()
         yield GaugeMetricFamily("rlswarm_policy_version", "Newest complete policy version this peer holds (-1: none)",
@@ -284,7 +284,7 @@ def check_port_free(host: str, port: int) -> None:
 
 async def serve_node_metrics(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve `node`'s metrics on its config's metrics_host:metrics_port until cancelled; started() gets the port."""
-    host, port = node.config.metrics_host, node.config.metrics_port
+    host, port = node.config.peer.metrics_host, node.config.peer.metrics_port
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:

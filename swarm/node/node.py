@@ -92,7 +92,7 @@ class Node:
         """Forget peers not heard from for `peer_silence_s`; returns them with their roles. Why: roles were kept
         for ever, so a validator that left stayed in every version's validator set, and the rollouts assigned to it
         waited out the quorum timeout, every version; with a quorum as large as the set, none was accepted again."""
-        silent = [p for p, at in self.peer_heard.items() if now - at > self.config.peer_silence_s]
+        silent = [p for p, at in self.peer_heard.items() if now - at > self.config.peer.peer_silence_s]
         for peer in silent:
             self.peer_heard.pop(peer)
         return {peer: self.peer_roles.pop(peer, ()) for peer in silent}
@@ -117,7 +117,7 @@ class Node:
         names the run's latest manifest (signed by this peer, which must hold the trainer key)."""
 
         await self.gossip.publish("manifest", announcement_body(signed, manifest))
-        record = LatestManifest.sign(self.config.run, manifest.id, manifest.version, self.identity)
+        record = LatestManifest.sign(self.config.peer.run, manifest.id, manifest.version, self.identity)
         # In the background: a DHT put waits on the slowest of its peers (10-17 s per version measured in the
         # simulation, a third of each step); the trainer must not wait for it before training on.
         self.nursery.start_soon(run_part, self, Node._put_latest, record)
@@ -158,9 +158,9 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
     closing the network still waits after TEARDOWN_GRACE_S is cancelled."""
 
     bootstrap = resolve_bootstrap(
-        config.bootstrap or None, None, config.bootstrap_file if config.bootstrap_file.exists() else None
+        config.peer.bootstrap or None, None, config.peer.bootstrap_file if config.peer.bootstrap_file.exists() else None
     )
-    usable_directory(config.data_dir, "data directory")
+    usable_directory(config.peer.data_dir, "data directory")
     built: list[Node] = []  # the node once it exists: its `failed` flag is the exit status
     closed = trio.Event()
     try:
@@ -177,20 +177,20 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                  built: list, teardown: trio.CancelScope, closed: trio.Event,
                  on_stopping: Callable[[Node], None]) -> None:
     """open_node_parts' body; `teardown` is the scope whose deadline bounds closing, `closed` is set once closed."""
-    with PieceStore(config.data_dir / "store", keep_versions=config.keep_versions) as store:
-        trust = TrainerTrust(config.run, trust_key, config.data_dir)
-        upload = config.upload_mbps * 1e6 / 8 if config.upload_mbps > 0 else math.inf
+    with PieceStore(config.peer.data_dir / "store", keep_versions=config.mirror.keep_versions) as store:
+        trust = TrainerTrust(config.peer.run, trust_key, config.peer.data_dir)
+        upload = config.limits.upload_mbps * 1e6 / 8 if config.limits.upload_mbps > 0 else math.inf
         transfer = TransferConfig(upload_bps=upload)
-        async with open_host(HostConfig(identity=identity, data_dir=config.data_dir, listen=config.listen,
-                                        announce=config.announce, reach=config.reach_config(),
+        async with open_host(HostConfig(identity=identity, data_dir=config.peer.data_dir, listen=config.peer.listen,
+                                        announce=config.peer.announce, reach=config.reach_config(),
                                         bootstrap=bootstrap)) as host:
             for addr, why in host.bootstrap_failures.items():
                 events.emit("bootstrap_unreachable", address=addr, reason=why)
-            mirror = PolicyMirror(store, host.peer_id, trust, run=config.run, transfer=transfer,
-                                  reseed=config.reseed, keep=config.keep_versions, on_event=events.emit,
-                                  copies_dir=config.data_dir / "policies")
-            admission = AdmissionConfig(heartbeat_interval_s=config.heartbeat_every_s / 2)
-            async with open_gossip(host, config.run, identity, kinds=tuple(DECODERS),
+            mirror = PolicyMirror(store, host.peer_id, trust, run=config.peer.run, transfer=transfer,
+                                  reseed=config.mirror.reseed, keep=config.mirror.keep_versions, on_event=events.emit,
+                                  copies_dir=config.peer.data_dir / "policies")
+            admission = AdmissionConfig(heartbeat_interval_s=config.peer.heartbeat_every_s / 2)
+            async with open_gossip(host, config.peer.run, identity, kinds=tuple(DECODERS),
                                    decoders=run_decoders(lambda: trust.key),
                                    config=GossipConfig(admission=admission)) as gossip, open_dht(host) as dht, \
                     trio.open_nursery() as nursery:
@@ -198,19 +198,19 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 built.append(node)
                 share_host_faults(host, gossip)
                 events.listeners.append(node.note_progress)
-                if config.metrics_port:
+                if config.peer.metrics_port:
                     await nursery.start(serve_node_metrics, node)
                 await nursery.start(mirror.run_service)
                 await nursery.start(
                     serve_data_channels,
                     host,
                     mirror.accept_link,
-                    ChannelConfig(exempt_loopback=config.data_exempt_loopback),
+                    ChannelConfig(exempt_loopback=config.limits.data_exempt_loopback),
                 )
                 install_manifest_server(
                     host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None
                 )
-                events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.roles))
+                events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.peer.roles))
                 for part, *args in [(receive_manifests,), (receive_heartbeats,), (send_heartbeats,),
                                     (_forget_silent_peers,), (_keep_bootstrap_links, tuple(bootstrap)),
                                     (_reconcile_links, open_data_channel), (_report_progress,), (_provide_held,),
@@ -234,7 +234,7 @@ async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:
 
     wanted = {addr: peer_id_of(addr) for addr in bootstrap}
     while True:
-        await trio.sleep(node.config.bootstrap_redial_s)
+        await trio.sleep(node.config.peer.bootstrap_redial_s)
         for addr, peer in wanted.items():
             if peer == node.peer_id or peer in node.connected_peers():
                 continue
@@ -248,10 +248,10 @@ async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:
 
 async def _forget_silent_peers(node: Node) -> None:
     while True:
-        await trio.sleep(node.config.status_every_s)
+        await trio.sleep(node.config.peer.status_every_s)
         for peer, roles in node.forget_silent(trio.current_time()).items():
             node.events.emit("peer_gone", peer=peer, roles=list(roles), message=(
-                f"{', '.join(roles) or 'peer'} {peer} sent no heartbeat for {node.config.peer_silence_s:g} s; "
+                f"{', '.join(roles) or 'peer'} {peer} sent no heartbeat for {node.config.peer.peer_silence_s:g} s; "
                 f"its roles no longer count"))
 
 
@@ -306,7 +306,7 @@ async def _adopt_latest_from_dht(node: Node) -> None:
 
     newest = node.mirror.latest()
     try:
-        record = await node.dht.get_latest_manifest(node.config.run, node.mirror.trust.key)
+        record = await node.dht.get_latest_manifest(node.config.peer.run, node.mirror.trust.key)
         if record is None or record.manifest_id in node.mirror.policies or (
                 newest is not None and record.version <= newest.manifest.version):
             return
@@ -327,21 +327,21 @@ async def _reconcile_links(node: Node, open_data_channel) -> None:
         return await open_data_channel(node.host, peer)
 
     while True:
-        await node.mirror.reconcile(node.connected_peers(), dial, node.config.max_peers)
+        await node.mirror.reconcile(node.connected_peers(), dial, node.config.limits.max_peers)
         await trio.sleep(0.25)
 
 
 async def _report_progress(node: Node) -> None:
     last: dict[bytes, tuple[int, int, float]] = {}
     while True:
-        await trio.sleep(node.config.status_every_s)
+        await trio.sleep(node.config.peer.status_every_s)
         now = trio.current_time()
         for mid, p in list(node.mirror.policies.items()):
             if p.service is None:
                 continue
             prog = p.service.progress()
             up, down = sum(prog.bytes_up.values()), sum(prog.bytes_down.values())
-            prev_up, prev_down, prev_t = last.get(mid, (0, 0, now - node.config.status_every_s))
+            prev_up, prev_down, prev_t = last.get(mid, (0, 0, now - node.config.peer.status_every_s))
             dt = max(1e-6, now - prev_t)
             last[mid] = (up, down, now)
             node.events.emit("progress", version=p.manifest.version, pieces=prog.pieces_done,

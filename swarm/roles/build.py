@@ -14,26 +14,26 @@ def build_roles(config: PeerConfig) -> list[RoleTask]:
     """The role tasks of `config`, after the checks that need the machine or the files it names (a GPU that is not
     there, a model that does not exist, a trainer config that does not load fail here, in one line, before the peer
     joins a swarm it could not serve)."""
-    if set(config.roles) & {"trainer", "inference", "validator"}:
+    if set(config.peer.roles) & {"trainer", "inference", "validator"}:
         from inference.models import check_model_spec
 
-        check_model_spec(config.model)
-    if "trainer" in config.roles:
+        check_model_spec(config.peer.model)
+    if "trainer" in config.peer.roles:
         from swarm.roles.trainer import load_role_config
 
         load_role_config(config)
-    if "validator" in config.roles or "trainer" in config.roles:
+    if "validator" in config.peer.roles or "trainer" in config.peer.roles:
         from inference.select import resolve_device
 
-        resolve_device(config.device)
-    if "inference" in config.roles:
+        resolve_device(config.peer.device)
+    if "inference" in config.peer.roles:
         from inference.select import require_backend
 
-        require_backend(config.backend)
+        require_backend(config.inference.backend)
     tasks: list[RoleTask] = []
-    if config.exit_when_complete:
+    if config.mirror.exit_when_complete:
         tasks.append(exit_when_newest_complete)
-    for role in config.roles:
+    for role in config.peer.roles:
         if role == "seed":
             continue
         from swarm.roles import registry

@@ -28,7 +28,7 @@ async def inference_role(node) -> None:
 
     published = PublishedSlots.load(published_slots_path(node.config))  # before anything: an unreadable one stops
     blobs = serve_rollout_blobs(node.host)  # groups too large for gossip are announced and served from here
-    loaded = await load_base_model(node.config.model)
+    loaded = await load_base_model(node.config.peer.model)
     backend = None  # opened with the first version: the run's manifest names the precision to generate in
     done = -1
     while True:
@@ -44,8 +44,8 @@ async def inference_role(node) -> None:
             node.events.emit("skipped", version=done, message=why)
             continue
         if backend is None:  # vLLM takes minutes to start
-            backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision,
-                                                    node.config.gpu_memory)
+            backend = await trio.to_thread.run_sync(open_backend, node.config.inference.backend, loaded, spec.precision,
+                                                    node.config.inference.gpu_memory)
         try:
             async with open_version(node, spec, policy) as (directory, tasks):
                 # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
@@ -78,8 +78,8 @@ def unanswerable(spec: RunSpec, worker: str, version: int) -> str:
 
 
 def published_slots_path(config) -> Path:
-    """Where a worker keeps the slots it published in `config.run` (inference.published)."""
-    return Path(config.data_dir) / f"published-slots-{config.run}.json"
+    """Where a worker keeps the slots it published in `config.peer.run` (inference.published)."""
+    return Path(config.peer.data_dir) / f"published-slots-{config.peer.run}.json"
 
 
 def _generate(node, backend, loaded, policy, tasks, directory, published, async_level: int) -> list:
@@ -91,7 +91,7 @@ def _generate(node, backend, loaded, policy, tasks, directory, published, async_
     from verify.rollout import Slot
 
     manifest = policy.manifest
-    run, worker, step = node.config.run, node.peer_id, manifest.version
+    run, worker, step = node.config.peer.run, node.peer_id, manifest.version
     assigned = [tasks.train[i] for i in assign_tasks(run, worker, step, tasks.eligible, tasks.prompts_per_worker)]
     slot_of = {e.index: Slot(run, manifest.version, worker, step, e.dataset, e.index) for e in assigned}
     fresh = published.unpublished(list(slot_of.values()))
@@ -105,7 +105,7 @@ def _generate(node, backend, loaded, policy, tasks, directory, published, async_
     results = backend.generate(requests)
     groups = [build_rollout_group(r, e, loaded.tokenizer, run=run, worker=worker, step=step)
               for r, e in zip(results, entries)]
-    if node.config.cheat == "reward":
+    if node.config.inference.cheat == "reward":
         groups = [replace(g, completions=tuple(replace(c, reward=1.0) for c in g.completions)) for g in groups]
     published.record([g.slot() for g in groups], floor=manifest.version - async_level)
     return groups

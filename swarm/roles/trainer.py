@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import trio
@@ -33,9 +32,9 @@ class SwarmPublisher:
     def __init__(self, node, identity, cfg, piece_kb: int, task_file=None) -> None:
         self.node, self.identity, self.cfg, self.piece_kb = node, identity, cfg, piece_kb
         self.task_file = task_file  # swarm.policy.task_file.RunTaskFile: the run's task file, listed in every manifest
-        self.root = Path(node.config.data_dir) / "swarm-policies"
+        self.root = Path(node.config.peer.data_dir) / "swarm-policies"
         self.published: set[int] = set()
-        keys = node.config.validator_keys
+        keys = node.config.trainer.validator_keys
         self.allowed = {parse_public_key(k, "--validator-key") for k in keys} if keys else None
         self.ignored: set[str] = set()  # heard-from validators outside `allowed`, reported once
 
@@ -98,11 +97,12 @@ class SwarmPublisher:
             await trio.sleep(0.2)
 
     def spec_for(self, segment: str) -> RunSpec:
-        cfg, peer, task_file = self.cfg, self.node.config, self.task_file
+        cfg, config, task_file = self.cfg, self.node.config, self.task_file
         return RunSpec(task_file.name if task_file else cfg.task, cfg.task_size,
                        json.dumps(cfg.task_config, sort_keys=True), cfg.seed, cfg.eval_fraction, segment,
-                       peer.prompts_per_worker, cfg.async_level, peer.replicas, peer.quorum, self.known_validators(),
-                       peer.precision, task_file.root if task_file else "")
+                       config.trainer.prompts_per_worker, cfg.async_level, config.trainer.replicas,
+                       config.trainer.quorum, self.known_validators(), config.trainer.precision,
+                       task_file.root if task_file else "")
 
     async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
         from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
@@ -120,7 +120,7 @@ class SwarmPublisher:
         settings = GenerationSettings(int(generation["group_size"]), float(generation["temperature"]),
                                       int(generation["max_new_tokens"]), int(generation["stage_index"]))
         manifest = await trio.to_thread.run_sync(lambda: build_manifest(
-            target, run=self.node.config.run, version=version, parent_version=version - 1 if version else None,
+            target, run=self.node.config.peer.run, version=version, parent_version=version - 1 if version else None,
             created_at=time.time(), generation=settings, piece_size=self.piece_kb * 1024,
             data_files=(self.task_file.name,) if self.task_file else ()))
         signed = sign_manifest(manifest, self.identity.sign, self.identity.public_bytes).to_bytes()
@@ -133,24 +133,25 @@ class SwarmPublisher:
         return spec
 
 
-def _with_task_file_snapshot(cfg, peer):
+def _with_task_file_snapshot(cfg, config):
     """(cfg, RunTaskFile or None): with a task file, the run's snapshot of it, and a config that trains on those
     very bytes, which every version carries to the peers (swarm.policy.task_file)."""
-    task_file = snapshot_task_file(cfg.task, Path(peer.data_dir) / "swarm-policies" / "task-file", peer.piece_kb * 1024,
-                                   cfg.prompt_key, cfg.answer_key)
+    task_file = snapshot_task_file(cfg.task, Path(config.peer.data_dir) / "swarm-policies" / "task-file",
+                                   config.mirror.piece_kb * 1024, cfg.prompt_key, cfg.answer_key)
     if task_file is None:
         return cfg, None
-    return replace(cfg, task=str(task_file.path), prompt_key="prompt", answer_key="answer"), task_file
+    update = {"task": str(task_file.path), "prompt_key": "prompt", "answer_key": "answer"}
+    return cfg.model_copy(update=update), task_file
 
 
-def load_role_config(peer):
+def load_role_config(config):
     """(TrainerConfig, curriculum) of the trainer role: its --trainer-config file with the peer's run, model and
     data directory filled in."""
     from trainer.config import load_config as load_trainer_config
 
-    loaded = load_trainer_config(peer.trainer_config, {"run": peer.run, "model": peer.model,
-                                                       "out": Path(peer.data_dir) / "training",
-                                                       "report_to": peer.report_to or None})
+    loaded = load_trainer_config(config.trainer.config, {"run": config.peer.run, "model": config.peer.model,
+                                                         "out": Path(config.peer.data_dir) / "training",
+                                                         "report_to": config.trainer.report_to or None})
     return loaded.config, loaded.curriculum
 
 
@@ -158,12 +159,13 @@ async def trainer_role(node) -> None:
     """Train on quorum-accepted rollouts until the configured steps are done, publishing every new version."""
     from swarm.messages.rollout_transport import receive_groups
 
-    peer = node.config
-    cfg, curriculum = load_role_config(peer)
-    cfg, task_file = await trio.to_thread.run_sync(_with_task_file_snapshot, cfg, peer)
+    config = node.config
+    cfg, curriculum = load_role_config(config)
+    cfg, task_file = await trio.to_thread.run_sync(_with_task_file_snapshot, cfg, config)
     run = await _start_training_run(node, cfg, curriculum)
-    publisher = SwarmPublisher(node, node.identity, cfg, peer.piece_kb, task_file)
-    gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)
+    publisher = SwarmPublisher(node, node.identity, cfg, config.mirror.piece_kb, task_file)
+    gate = RolloutGate(config.peer.run, config.trainer.replicas, config.trainer.quorum,
+                       config.trainer.quorum_timeout_s, async_level=cfg.async_level)
     rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
     evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
@@ -240,7 +242,7 @@ async def trainer_role(node) -> None:
                           gate=dict(gate.counts), heldout=heldout,
                           banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned()))
         nursery.cancel_scope.cancel()
-    if peer.exit_when_trained:
+    if config.trainer.exit_when_trained:
         node.done.set()
 
 
@@ -289,7 +291,7 @@ async def _first_version(node, run, publisher: SwarmPublisher, gate: RolloutGate
     scoring only reads the weights, and no step runs before it ends)."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_evaluate, node, evaluator, run, heldout, "before")
-        await publisher.wait_for_validators(node.config.quorum, node.config.replicas)
+        await publisher.wait_for_validators(node.config.trainer.quorum, node.config.trainer.replicas)
         await _number_past_the_swarm(node, run, publisher)
         await _publish_newest(run, publisher, gate)
 
@@ -322,7 +324,7 @@ async def _start_training_run(node, cfg, curriculum):
     from swarm.policy.files import load_base_model
 
     loaded = await load_base_model(cfg.model)
-    device = resolve_device(node.config.device)
+    device = resolve_device(node.config.peer.device)
     await trio.to_thread.run_sync(loaded.model.to, device)  # it only trains: no CPU generator shares it here
     node.events.emit("trainer_device", device=str(device), message=f"training on {device}")
     run = await trio.to_thread.run_sync(_open_training_run, loaded, cfg, curriculum)
@@ -380,7 +382,7 @@ async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> 
     version = run.state.version
     if version in publisher.published:
         return
-    await publisher.wait_for_quorum(publisher.node.config.quorum)
+    await publisher.wait_for_quorum(publisher.node.config.trainer.quorum)
 
     def register(spec: RunSpec) -> None:
         gate.specs[version] = spec
@@ -402,7 +404,7 @@ def swarm_facts(node, run, publisher: SwarmPublisher, gate: RolloutGate) -> Swar
     """What the trainer hears of its peers now, as the batch wait's plain values."""
     spec = gate.specs.get(gate.newest)
     return SwarmFacts(
-        quorum_here=len(publisher.known_validators()) >= node.config.quorum,
+        quorum_here=len(publisher.known_validators()) >= node.config.trainer.quorum,
         workers_known=publisher.workers_known(),
         validators_departed=publisher.validators_departed(spec) if spec is not None else 0,
         validators_changed=publisher.validators_changed(spec) if spec is not None else False,

@@ -81,7 +81,7 @@ def _context(node, models: VersionModels, version: int, loaded):
     spec, policy, tasks = models.specs[version], models.policies[version], models.tasks[version]
     train = tasks.train
     return RunContext(
-        run=node.config.run, current_version=max(models.models), async_window=spec.async_level,
+        run=node.config.peer.run, current_version=max(models.models), async_window=spec.async_level,
         manifest_ids={v: p.manifest.id for v, p in models.policies.items()},
         max_new_tokens=policy.manifest.generation.max_new_tokens, dataset=train.name,
         eligible=tasks.eligible, prompts_per_step=tasks.prompts_per_worker, eos_ids=loaded.eos_token_ids,
@@ -181,8 +181,8 @@ async def validator_role(node) -> None:
     # with three processes: a validator that joined late held up the version's rollouts for the 120 s quorum
     # timeout). The channel holds them until the model is ready.
     rollouts = node.gossip.subscribe("rollout")
-    device = resolve_device(node.config.device)
-    loaded = await load_base_model(node.config.model)
+    device = resolve_device(node.config.peer.device)
+    loaded = await load_base_model(node.config.peer.model)
     models = VersionModels(loaded, device)
     node.events.emit("validator_device", device=str(device), message=f"prefills run on {device}")
     my_key = node.identity.public_bytes

@@ -20,6 +20,7 @@ from swarm.config import load_config
 from swarm.events import EventSink
 from swarm.sim.report_html import render_html
 from swarm.sim.timeline import timeline
+from trainer.config import TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,11 @@ class SimSettings:
     group_size: int = 16
     max_new_tokens: int = 8
     model: str = "tiny"
-    task: str = "gcd"
+    task: str = TrainerConfig.model_fields["task"].default
     task_config: str = "{}"  # TOML inline table of the task's difficulty settings
     prompt_key: str = "prompt"  # the task file's or hub dataset's prompt column
     answer_key: str = "answer"  # ... and its answer column
-    async_level: int = 1
+    async_level: int = 1  # cli.sim.SIM_ASYNC_LEVEL: the one trainer default the simulation overrides
     eval_every: int = 0  # held-out evaluations between steps (one before the first and one after the last always)
     timeout_s: float = 900.0
     watch_s: float = 30.0  # the watchdog reports every peer's state after this long without a trainer step
@@ -57,9 +58,7 @@ class SimPeer:
 
 
 def _trainer_toml(s: SimSettings) -> Path:
-    """The trainer's config. lr 1e-3: on this task set (seed 0) the last four steps' reward averaged 0.27 over
-    eight sampling-noise draws (worst 0.14) against 0.14 (worst 0.00) at 3e-3, which locked the policy onto one
-    token in some runs (docs/benchmarks.md#the-whole-swarm)."""
+    """The trainer's config: the trainer's defaults (its learning rate among them), sized to the simulation."""
     workers = s.inference + s.cheaters
     path = s.out / "trainer.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +70,7 @@ def _trainer_toml(s: SimSettings) -> Path:
         f"prompts_per_step = {s.prompts_per_step or max(1, (s.inference * s.prompts_per_worker) // 2)}",
         f"group_size = {s.group_size}",
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
-        'curriculum = "fastcurl"', "lr = 1e-3", "checkpoint_every = 1000", f"eval_every = {s.eval_every}",
+        'curriculum = "fastcurl"', "checkpoint_every = 1000", f"eval_every = {s.eval_every}",
         f"report_to = {json.dumps(s.report_to)}", f"# {workers} workers",
     ]) + "\n")
     return path
@@ -121,8 +120,8 @@ async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict],
 
     async def start(nursery, peer: SimPeer, bootstrap: tuple[str, ...]) -> None:
         config = _peer_config(s, peer, bootstrap, trainer_toml, "reward" if peer.name.startswith("cheater") else "")
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        identity = load_or_create_identity(config.data_dir)
+        config.peer.data_dir.mkdir(parents=True, exist_ok=True)
+        identity = load_or_create_identity(config.peer.data_dir)
 
         async def capture(node) -> None:
             peer.node = node
