@@ -19,7 +19,7 @@ import trio
 from p2p.gossip import open_gossip
 from p2p.host import HostConfig, open_host
 from p2p.identity import Identity
-from swarm.rollout_codec import (
+from swarm.messages.rollout_codec import (
     Announcement,
     BlobCache,
     RolloutRefused,
@@ -32,7 +32,7 @@ from swarm.rollout_codec import (
     parse_body,
     parse_items,
 )
-from swarm.rollout_transport import (
+from swarm.messages.rollout_transport import (
     PROTOCOL,
     FetchConfig,
     publish_groups,
@@ -335,7 +335,7 @@ async def test_a_lying_or_silent_announcer_is_refused_and_scored_down():
 
             # A batch of such announcements costs one deadline, not one per item (64 of them held a receive slot
             # for 40 minutes), and only the first one scores the sender down.
-            from swarm.rollout_codec import batch_bodies
+            from swarm.messages.rollout_codec import batch_bodies
 
             bodies = [pack_group(make_group(other.host.peer_id, 2, 256, seed=10 + i), limits=SMALL).body
                       for i in range(6)]
@@ -364,7 +364,7 @@ class Envelope:
 async def _receive_all(monkeypatch, envelopes: list[Envelope], flow, stall: dict[str, float]):
     """receive_groups over `envelopes` with receive_envelope replaced by one that takes stall[sender] seconds;
     returns (delivered (time, body), the most envelopes of one sender in progress at once)."""
-    import swarm.rollout_transport as transport
+    import swarm.messages.rollout_transport as transport
 
     running: dict[str, int] = {}
     most = {}
@@ -388,7 +388,7 @@ async def _receive_all(monkeypatch, envelopes: list[Envelope], flow, stall: dict
 
 
 async def test_a_slow_announcer_holds_up_only_its_own_groups(monkeypatch, autojump_clock):
-    from swarm.rollout_transport import ReceiveFlow
+    from swarm.messages.rollout_transport import ReceiveFlow
 
     slow = [Envelope("slow", f"slow-{i}") for i in range(5)]
     envelopes = slow + [Envelope("fast", "fast-0"), Envelope("fast", None), Envelope("other", "other-0")]
@@ -403,7 +403,7 @@ async def test_a_slow_announcer_holds_up_only_its_own_groups(monkeypatch, autoju
 
 
 async def test_a_flood_beyond_the_pending_bound_is_dropped(monkeypatch, autojump_clock):
-    from swarm.rollout_transport import ReceiveFlow
+    from swarm.messages.rollout_transport import ReceiveFlow
 
     flood = [Envelope(f"peer-{i}", f"group-{i}") for i in range(10)]
     delivered, _ = await _receive_all(monkeypatch, flood, ReceiveFlow(concurrent=2, per_sender=1, pending=3),
@@ -412,7 +412,7 @@ async def test_a_flood_beyond_the_pending_bound_is_dropped(monkeypatch, autojump
 
 
 def test_receive_flow_bounds_are_checked():
-    from swarm.rollout_transport import ReceiveFlow
+    from swarm.messages.rollout_transport import ReceiveFlow
 
     with pytest.raises(ValueError):
         ReceiveFlow(concurrent=2, per_sender=3)
@@ -424,7 +424,7 @@ async def test_an_exception_in_a_rollout_handler_drops_that_message_and_the_role
     delivered drops that envelope and scores its sender; receive_groups (and the role running it) goes on."""
     from types import SimpleNamespace
 
-    import swarm.rollout_transport as transport
+    import swarm.messages.rollout_transport as transport
 
     scored = []
     monkeypatch.setattr(transport, "_score_down", lambda node, peer, reason: scored.append((peer, reason)))
