@@ -36,9 +36,7 @@ from p2p.picker import Picker, RarestFirstPicker
 from p2p.upload_ledger import UploadLedger
 from p2p.wire import Cancel, Have, Reject, Request
 
-BUSY = "busy"  # the reason of a Reject that only means "ask someone else for now"
-
-__all__ = ["BUSY", "Action", "Completed", "DropPeer", "EngineConfig", "PeerState", "Send", "SendPiece", "StorePiece",
+__all__ = ["Action", "Completed", "DropPeer", "EngineConfig", "PeerState", "Send", "SendPiece", "StorePiece",
            "SwarmEngine", "as_flags"]
 
 # ---------------------------------------------------------------------------------------------- config
@@ -50,8 +48,6 @@ class EngineConfig:
 
     pipeline_depth: int = 8  # requests in flight per peer
     upload_slots: int = 4  # pieces being uploaded at once, over all peers
-    upload_backlog: int = 4  # requests queued beyond the slots; past it a request is refused as busy (see below)
-    busy_backoff: float = 0.2  # seconds a requester leaves a peer that refused it as busy
     max_queued_requests: int = 256  # requests of one peer not yet served, duplicates included; past it: a flood
     random_first: int = 4  # pieces picked at random before rarest-first
     endgame: bool = True  # duplicate the last requests across holders
@@ -66,8 +62,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if min(self.pipeline_depth, self.upload_slots, self.max_queued_requests, self.super_seed_reveal) < 1:
             raise ValueError("engine depths, slots and queue sizes must be at least 1")
-        if self.upload_backlog < 0 or self.busy_backoff < 0:
-            raise ValueError("upload_backlog and busy_backoff must not be negative")
         if self.request_timeout <= 0 or self.stall_timeout <= 0:
             raise ValueError("engine timeouts must be positive")
         if self.upload_factor < 1 or self.earn_per_piece < 0:
@@ -90,7 +84,6 @@ class PeerState:
     forgiven: set[int] = field(default_factory=set)  # delivered pieces it cancelled once (one re-request allowed)
     revealed: set[int] = field(default_factory=set)  # super-seed: pieces announced to it and not yet sent
     last_piece_at: float = 0.0  # last piece received, or when it last started owing us pieces
-    busy_until: float = float("-inf")  # it refused a request as busy: ask it nothing before this
 
 
 # ---------------------------------------------------------------------------------------------- engine
@@ -202,17 +195,14 @@ class SwarmEngine:
             out += self._reveal(peer)
         return out
 
-    def peer_reject(self, peer: str, index: int, now: float, busy: bool = False) -> list[Action]:
-        """The peer will not serve `index`: stop believing it holds it, and ask elsewhere; when it is only `busy`,
-        it keeps the piece and is left alone for `busy_backoff`."""
+    def peer_reject(self, peer: str, index: int, now: float) -> list[Action]:
+        """The peer will not serve `index`: stop believing it holds it, and ask elsewhere."""
         state = self.peers.get(peer)
         if state is None or index not in state.requested:
             return []
         del state.requested[index]
         self._unpend(index, peer)
-        if busy:
-            state.busy_until = now + self.config.busy_backoff
-        elif state.bits[index]:
+        if state.bits[index]:
             state.bits[index] = False
             state.held -= 1
             self.availability[index] -= 1
@@ -266,8 +256,6 @@ class SwarmEngine:
         out: list[Action] = []
         if not state.requested:  # the stall clock starts when the peer starts owing us pieces
             state.last_piece_at = now
-        if now < state.busy_until:
-            return out
         room = self.config.pipeline_depth - len(state.requested)
         picks = self.picker.pick(self, state, room) if room > 0 and self.missing else []
         for index in picks:
@@ -332,21 +320,9 @@ class SwarmEngine:
         if self.ledger.exhausted(peer):
             return self._drop(peer, f"took {self.ledger.sent(peer)} pieces of a {self.num_pieces}-piece version "
                                     "without serving enough back", now)
-        if index in state.queue or index in state.sending:
-            return []
-        if self._overloaded():
-            state.open_requests -= 1
-            return [Send(peer, Reject(index, BUSY))]
-        state.queue.append(index)
+        if index not in state.queue and index not in state.sending:
+            state.queue.append(index)
         return self._schedule_uploads()
-
-    def _overloaded(self) -> bool:
-        """Whether our upload queue is full: a request queued behind many others would pin its piece to us while
-        the peers that received it meanwhile sit idle (every neighbour asks the first holder of a new piece), so
-        the requester is told to ask another holder. A super-seed queues everything: it sends each piece once."""
-        if self.super_seeding or self._uploads_active < self.config.upload_slots:
-            return False
-        return sum(len(s.queue) for s in self.peers.values()) >= self.config.upload_backlog
 
     def peer_cancel(self, peer: str, index: int, now: float) -> list[Action]:
         """Forget a queued request. A super-seed also withdraws the piece's promise to that peer: a promise the

@@ -27,10 +27,11 @@ from safetensors.numpy import save_file
 
 from p2p.engine import EngineConfig
 from p2p.errors import StoreError
-from p2p.kumar_ross import min_distribution_time
 from p2p.manifest import MIN_PIECE_SIZE, GenerationSettings, PolicyManifest, build_manifest
-from p2p.memnet import BroadcastResult, MemoryNetwork
+from p2p.memnet import MemoryNetwork
 from p2p.transfer import SwarmService, TransferConfig
+from swarm.bench.broadcast_sim import BroadcastResult
+from swarm.bench.kumar_ross import min_distribution_time
 
 MB = 1 << 20
 
