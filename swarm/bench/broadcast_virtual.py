@@ -148,9 +148,10 @@ async def simulate_virtual_broadcast(manifest: PolicyManifest, policy_dir: Path,
     return BroadcastResult(manifest.total_size, shape.peers, max(done.values()), bound, seed_up, done)
 
 
-def run_virtual(size_bytes: int, shape: VirtualSwarm, work_dir: Path) -> BroadcastResult:
+def run_virtual(size_bytes: int, shape: VirtualSwarm, work_dir: Path,
+                piece_size: int = MIN_PIECE_SIZE) -> BroadcastResult:
     """One virtual broadcast of a fresh random policy of `size_bytes` (files under `work_dir`)."""
-    manifest = make_virtual_policy(Path(work_dir) / "policy", size_bytes)
+    manifest = make_virtual_policy(Path(work_dir) / "policy", size_bytes, piece_size)
     return trio.run(simulate_virtual_broadcast, manifest, Path(work_dir) / "policy", shape,
                     clock=trio.testing.MockClock(autojump_threshold=0))
 
