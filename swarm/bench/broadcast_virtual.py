@@ -128,8 +128,9 @@ async def simulate_virtual_broadcast(manifest: PolicyManifest, policy_dir: Path,
         is_seed = name == "seed"
         net.add_node(name, upload_bps=shape.seed_upload_bps if is_seed else shape.peer_upload_bps)
         config = EngineConfig(**{**base.__dict__, "super_seed": True}) if is_seed else base
+        rng = random.Random(f"{shape.rng_seed}{name}")  # per node: peers that do not all pick alike
         services[name] = SwarmService(manifest, MemoryPieceStore(pieces, complete=is_seed),
-                                      config=TransferConfig(engine=config), rng=random.Random(f"{shape.rng_seed}{name}"))
+                                      config=TransferConfig(engine=config), rng=rng)
     done: dict[str, float] = {}
     async with trio.open_nursery() as nursery:
         for service in services.values():
