@@ -216,12 +216,15 @@ def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target:
 
 
 def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addrs: list[str], deadline: float):
-    """Start peers until `target` run; each bootstraps from the publisher and the three peers started last."""
-    while len(procs) - 1 < target:
-        i = len(procs) - 1
-        argv = ["-c", _PEER, "bench-scale", key_hex, str(work / f"peer{i}"), addrs[0], *addrs[1:][-3:]]
-        procs.append(EventProcess(argv, work / f"peer{i}.log"))
-        addrs.append(procs[-1].wait_for("listening", deadline)["addrs"][0])
+    """Start peers until `target` run, all at once; each bootstraps from the publisher and the three peers that
+    joined last before this step (joining together, as a flash crowd does)."""
+    known = [addrs[0], *addrs[1:][-3:]]
+    started = []
+    for i in range(len(procs) - 1, target):
+        argv = ["-c", _PEER, "bench-scale", key_hex, str(work / f"peer{i}"), *known]
+        started.append(EventProcess(argv, work / f"peer{i}.log"))
+    procs.extend(started)
+    addrs.extend(p.wait_for("listening", deadline)["addrs"][0] for p in started)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -247,8 +250,7 @@ def run(args: argparse.Namespace) -> int:
                 _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout)
                 time.sleep(args.settle)
                 measured.append(_summary(n, _measure(procs[1:], args.window)))
-                if not args.json:
-                    print(json.dumps(measured[-1]), file=sys.stderr)
+                print(json.dumps(measured[-1]), file=sys.stderr, flush=True)  # each size as it is measured
         finally:
             for p in procs:
                 p.stop()
