@@ -27,6 +27,7 @@ from pathlib import Path
 
 import blake3
 
+from swarm.bench.broadcast_virtual import VirtualSwarm, run_virtual
 from swarm.errors import UserError
 
 
@@ -254,8 +255,6 @@ def _verify(work: Path, tag: str, peers: int, manifest_hex: str) -> bool:
 
 def run_virtual_bench(args: argparse.Namespace) -> int:
     """`--virtual`: the same broadcast in virtual time, every peer a real SwarmService on memnet."""
-    from swarm.bench.broadcast_virtual import VirtualSwarm, run_virtual
-
     if args.degree < 2 or args.latency_ms < 0 or not 256 <= args.piece_kb <= 4096:
         raise UserError("--degree must be at least 2, --latency-ms not negative, --piece-kb within 256..4096")
     shape = VirtualSwarm(peers=args.peers, degree=args.degree, seed_upload_bps=args.seed_upload_mbps * 1e6 / 8,

@@ -29,9 +29,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import trio
+
+from p2p.identity import Identity, read_key_file, write_key_file
+from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.bench.broadcast import EventProcess, _make_checkpoint
 from swarm.bench.heartbeat_sim import run_heartbeat_sim
+from swarm.config import load_config
 from swarm.errors import UserError
+from swarm.events import EventSink
+from swarm.node.node import open_node_parts
 
 BUDGET_CPU_SHARE = 0.02
 BUDGET_BYTES_PER_S = 100_000
@@ -55,16 +62,12 @@ _PEER = "import sys; from swarm.bench.scale import peer_main; sys.exit(peer_main
 
 
 def _node_config(run: str, data_dir: str, bootstrap: list[str], trainer_key: str):
-    from swarm.config import load_config
-
     return load_config(None, {"roles": ("seed",), "run": run, "data_dir": Path(data_dir),
                               "bootstrap": tuple(bootstrap), "trainer_key": trainer_key, "piece_kb": 256})
 
 
 async def report_gossip(node) -> None:
     """A role task of the bench's processes: the node's gossip counters every second, as an event."""
-    import trio
-
     while True:
         node.events.emit("gossip_stats", delivered=node.gossip.stats.delivered, published=node.gossip.stats.published,
                          peers_known=len(node.peer_heard), connected=len(node.connected_peers()))
@@ -74,13 +77,6 @@ async def report_gossip(node) -> None:
 def publisher_main(argv: list[str]) -> int:
     """The publisher: a seed holding the trainer key that announces version 1, 2, ... every `every` seconds.
     argv: checkpoint dir, run, key file, data dir, seconds between versions."""
-    import trio
-
-    from p2p.identity import read_key_file
-    from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
-    from swarm.events import EventSink
-    from swarm.node.node import open_node_parts
-
     ckpt, run, key_file, data_dir, every = argv
     key = read_key_file(Path(key_file))
     events = EventSink(json_lines=True)
@@ -104,12 +100,6 @@ def publisher_main(argv: list[str]) -> int:
 def peer_main(argv: list[str]) -> int:
     """A light seed-only peer that also reports its gossip counters. argv: run, trainer key hex, data dir, bootstrap
     multiaddrs..."""
-    import trio
-
-    from p2p.identity import Identity
-    from swarm.events import EventSink
-    from swarm.node.node import open_node_parts
-
     run, key_hex, data_dir, *bootstrap = argv
     events = EventSink(json_lines=True)
     events.configure_logging()
@@ -228,8 +218,6 @@ def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addr
 
 
 def run(args: argparse.Namespace) -> int:
-    from p2p.identity import Identity, write_key_file
-
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     if not sizes or sizes[0] < 1 or args.window <= 0 or args.settle < 0 or args.version_every <= 0:
         raise UserError("--sizes must list positive peer counts; --window, --settle and --version-every positive")
