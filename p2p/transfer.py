@@ -29,6 +29,7 @@ from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, Store
 from p2p.errors import ChannelError, CorruptPieceError, FrameError, StoreError
 from p2p.link_errors import first_leaf, is_breach, link_failure
 from p2p.manifest import PolicyManifest
+from p2p.outbox import Outbox
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.store import PieceStore
 from p2p.wire import (
@@ -111,8 +112,7 @@ class _Opened:
 class _Link:
     peer: str
     stream: Stream
-    outbox_send: trio.MemorySendChannel
-    outbox_recv: trio.MemoryReceiveChannel
+    outbox: Outbox
     bucket: TokenBucket
     lease: BudgetLease
     scope: trio.CancelScope | None = None
@@ -215,8 +215,7 @@ class SwarmService:
         if peer in self._links or peer in self.banned:  # one link per peer (have-maps are per peer), none if banned
             await trio.aclose_forcefully(stream)
             return
-        send, recv = trio.open_memory_channel(math.inf)
-        link = _Link(peer, stream, send, recv, TokenBucket(self.config.peer_upload_bps),
+        link = _Link(peer, stream, Outbox(), TokenBucket(self.config.peer_upload_bps),
                      self._budget.lease("a piece frame"))
         self._links[peer] = link
         self.stats.setdefault(peer, PeerStats())
@@ -304,13 +303,15 @@ class SwarmService:
         self._dispatch(self.engine.piece_received(peer, msg.index, ok, now), piece=msg)
 
     async def _sender(self, link: _Link) -> None:
-        """Drain the link's outbox in order; pieces are read from the store just before they are sent."""
-        async for item in link.outbox_recv:
-            if isinstance(item, SendPiece):
-                await self._send_piece(link, item.index)
-            else:
+        """Drain the link's outbox, control messages first and together (p2p/outbox.py); pieces are read from the
+        store just before they are sent."""
+        while True:
+            control, piece = await link.outbox.take()
+            if control:
                 with trio.fail_after(self.config.send_timeout):
-                    await _send_message(link.stream, item)
+                    await send_buffers(link.stream, [b"".join(b for msg in control for b in message_frame(msg))])
+            if piece is not None:
+                await self._send_piece(link, piece.index)
 
     async def _send_piece(self, link: _Link, index: int) -> None:
         try:
@@ -341,11 +342,14 @@ class SwarmService:
                 link = self._links.get(act.peer)
                 if link is None:
                     continue
-                if link.outbox_send.statistics().current_buffer_used >= MAX_OUTBOX:
+                if len(link.outbox) >= MAX_OUTBOX:
                     self._dispatch(self.engine.peer_gone(act.peer, trio.current_time()))
                     self._dispatch([DropPeer(act.peer, "does not read what we send", hostile=False)])
                     continue
-                link.outbox_send.send_nowait(act.message if isinstance(act, Send) else act)
+                if isinstance(act, Send):
+                    link.outbox.put_control(act.message)
+                else:
+                    link.outbox.put_piece(act)
             elif isinstance(act, StorePiece):
                 assert piece is not None and piece.index == act.index
                 self.store.write_piece(self.manifest, act.index, piece.data, verify=False)  # hashed in _on_piece

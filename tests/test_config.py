@@ -183,4 +183,5 @@ def test_peer_field_names_are_unique_across_sections_so_flat_files_find_each_key
     from swarm.config import FLAT_NAMES, SECTIONS
 
     names = [field for section in SECTIONS.values() for field in section.model_fields]
-    assert len(names) == len(set(names)) == len(FLAT_NAMES) - 1  # and trainer_config, the old name of trainer.config
+    # and two old names: trainer_config (trainer.config) and reach (reach.mode)
+    assert len(names) == len(set(names)) == len(FLAT_NAMES) - 2

@@ -108,7 +108,8 @@ def test_a_short_training_run_completes_with_the_validator_and_the_inference_pee
         try:
             deadline = time.monotonic() + 420  # three processes load torch on a shared 2-core machine
             trainer = start(net.public, "trainer", PUBLIC_IP, "--role", "trainer", "--role", "seed",
-                            "--trainer-config", str(tmp_path / "trainer.toml"), "--identity-key", str(tmp_path / "run.key"),
+                            "--trainer-config", str(tmp_path / "trainer.toml"),
+                            "--identity-key", str(tmp_path / "run.key"),
                             "--replicas", "1", "--quorum", "1", "--prompts-per-worker", "4", "--exit-when-trained")
             peers.append(trainer)
             joined = ["--bootstrap", trainer.wait_for("listening", deadline)["addrs"][0],

@@ -49,6 +49,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
         "swarm.bench.churn",
         "keep killing and restarting peers of a training run; count its steps",
     ),
+    (("bench", "scale"), "swarm.bench.scale", "benchmark per-peer protocol cost as the swarm grows; estimate at 1,000"),
     (("bench", "fuzz"), "swarm.bench.fuzz", "fuzz every decoder of network input for N seconds; report failures"),
     (("bench", "device"), "swarm.bench.device", "check every GPU path against its CPU twin (prepared GPU check)"),
 ]

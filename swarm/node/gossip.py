@@ -33,6 +33,21 @@ MAX_MANIFEST_FETCHES = 8
 """Manifest fetches in flight at once; more ids are skipped (heartbeats name each held version again)."""
 HEARTBEAT_REDIAL_S = 30.0
 """A peer a heartbeat made us dial counts against max_peers this long, then only while it stays connected."""
+FULL_RATE_PEERS = 24
+"""Up to this many known peers, each heartbeats every `heartbeat_every_s`; past it, every peer stretches its period
+(and the silence after which others forget it) in proportion, so the whole run sends about FULL_RATE_PEERS /
+heartbeat_every_s heartbeats per second (4 by default) however large it grows. Why: a heartbeat floods the whole
+run, so at a fixed period what each peer receives grows with N: at N = 1,000 and 6 s that is 167 messages a second
+per peer, several times the 2 %-of-a-core budget of protocol overhead (see swarm.bench.scale)."""
+MAX_KNOWN_PEERS = 4096
+"""Peers whose heartbeats a node remembers (roles, when last heard); past it the least recently heard is forgotten.
+Identities are free, so the table is bounded; the stretch counts at most this many peers, so a flood of fresh
+identities can slow heartbeats by at most MAX_KNOWN_PEERS / FULL_RATE_PEERS."""
+
+
+def heartbeat_stretch(peers_known: int) -> float:
+    """How much longer than `heartbeat_every_s` (and `peer_silence_s`) a peer waits, knowing `peers_known` others."""
+    return max(1.0, (min(peers_known, MAX_KNOWN_PEERS) + 1) / FULL_RATE_PEERS)
 
 
 def announcement_body(signed: bytes, manifest: Any) -> dict:
@@ -124,8 +139,9 @@ async def send_heartbeats(node: Node) -> None:
         except P2PError as exc:
             log.debug("heartbeat not sent: %s", exc)
         # Not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and seven peers
-        # heartbeating each second in one simulated process starved its streams. See PeerConfig.heartbeat_every_s.
-        await trio.sleep(node.config.peer.heartbeat_every_s)
+        # heartbeating each second in one simulated process starved its streams. See PeerConfig.heartbeat_every_s;
+        # in a large run, longer still (heartbeat_stretch).
+        await trio.sleep(node.config.peer.heartbeat_every_s * heartbeat_stretch(len(node.peer_heard)))
 
 
 async def receive_heartbeats(node: Node) -> None:
@@ -146,8 +162,11 @@ def on_heartbeat(node: Node, env: Any, dialed: dict[str, float], fetch_manifest)
         del dialed[peer]  # gone or never reached: its place is free (throwaway ids once filled them for good)
     # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
     # collide under one-connection-per-peer and the streams opened on the losing connection hang.
+    # And only while this peer has room: in a large run every peer is heard from, and dialing each would open a
+    # connection to all of them.
     if (sender < node.peer_id and sender not in connected and sender not in dialed
-            and len(dialed) < node.config.limits.max_peers and beat.addrs):
+            and len(dialed) < node.config.limits.max_peers and len(connected) < node.config.limits.max_peers
+            and beat.addrs):
         dialed[sender] = now
         node.nursery.start_soon(run_part, node, dial_any, sender, list(beat.addrs[:4]))
     newest = node.mirror.latest()

@@ -34,8 +34,10 @@ from swarm.errors import usable_directory
 from swarm.events import EventSink
 from swarm.messages.gossip_bodies import DECODERS, run_decoders
 from swarm.node.gossip import (
+    MAX_KNOWN_PEERS,
     announcement_body,
     fetch_and_adopt,
+    heartbeat_stretch,
     receive_heartbeats,
     receive_manifests,
     send_heartbeats,
@@ -84,15 +86,22 @@ class Node:
         return self.host.identity
 
     def heard_from(self, peer: str, roles: tuple[str, ...], now: float) -> None:
-        """A heartbeat from `peer` came at `now`: it is alive and plays `roles`."""
-        self.peer_roles[peer] = roles
+        """A heartbeat from `peer` came at `now`: it is alive and plays `roles`. The tables stay in order of last
+        heard and hold at most MAX_KNOWN_PEERS: the least recently heard goes first."""
+        self.peer_heard.pop(peer, None)
         self.peer_heard[peer] = now
+        self.peer_roles[peer] = roles
+        while len(self.peer_heard) > MAX_KNOWN_PEERS:
+            oldest = next(iter(self.peer_heard))
+            del self.peer_heard[oldest]
+            self.peer_roles.pop(oldest, None)
 
     def forget_silent(self, now: float) -> dict[str, tuple[str, ...]]:
         """Forget peers not heard from for `peer_silence_s`; returns them with their roles. Why: roles were kept
         for ever, so a validator that left stayed in every version's validator set, and the rollouts assigned to it
         waited out the quorum timeout, every version; with a quorum as large as the set, none was accepted again."""
-        silent = [p for p, at in self.peer_heard.items() if now - at > self.config.peer.peer_silence_s]
+        window = self.config.peer.peer_silence_s * heartbeat_stretch(len(self.peer_heard))  # as heartbeats stretch
+        silent = [p for p, at in self.peer_heard.items() if now - at > window]
         for peer in silent:
             self.peer_heard.pop(peer)
         return {peer: self.peer_roles.pop(peer, ()) for peer in silent}

@@ -1,0 +1,253 @@
+"""`swarm bench scale`: what one peer's protocol costs as the run grows, measured on loopback, estimated at 1,000.
+
+Separate processes, as `swarm bench broadcast` runs them: a publisher that signs and announces a new policy
+version every `--version-every` seconds (what a trainer does between steps), and light seed-only peers, each a
+`swarm` node with its own host, gossip, DHT and mirror. The swarm grows in steps (8, 16, 32, 64 peers by default:
+new peers join the running ones), and at each size every peer is measured over `--window` seconds:
+
+- cpu_share: CPU seconds (user + system, /proc/<pid>/stat) per wall second: one core is 1.0;
+- rss_mb: resident memory (/proc/<pid>/status VmRSS);
+- gossip_delivered_per_s: gossip messages handed to the node (its own GossipStats, reported as an event);
+- recv_kb_per_s / sent_kb_per_s: TCP payload bytes its sockets received and sent (`ss -tinp` counters, summed
+  over its sockets; a connection that closes within the window takes its counts with it);
+- sockets: open socket descriptors (connections, listeners, the data channel's);
+- peers_known: peers the node heard heartbeats from.
+
+The estimate at 1,000 peers: CPU and bytes per peer are fitted as a fixed part plus a cost per gossip delivery
+(least squares over the sizes measured), and the deliveries a peer gets at 1,000 come from the heartbeat counts of
+a virtual-time run of the real heartbeat loop (swarm.bench.heartbeat_sim) plus the measured non-heartbeat traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from p2p.identity import Identity, read_key_file, write_key_file
+from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+from swarm.bench.broadcast import EventProcess, _make_checkpoint
+from swarm.bench.heartbeat_sim import run_heartbeat_sim
+from swarm.config import load_config
+from swarm.errors import UserError
+from swarm.events import EventSink
+from swarm.node.node import open_node_parts
+
+BUDGET_CPU_SHARE = 0.02
+BUDGET_BYTES_PER_S = 100_000
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default="8,16,32,64", help="swarm sizes measured, in growing order")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds measured at each size")
+    parser.add_argument("--settle", type=float, default=15.0, help="seconds after peers join before measuring")
+    parser.add_argument("--version-every", dest="version_every", type=float, default=20.0,
+                        help="seconds between the publisher's policy versions")
+    parser.add_argument("--estimate-peers", dest="estimate_peers", type=int, default=1000)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a peer may take to start")
+    parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep files here (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+
+
+_PUBLISHER = "import sys; from swarm.bench.scale import publisher_main; sys.exit(publisher_main(sys.argv[1:]))"
+_PEER = "import sys; from swarm.bench.scale import peer_main; sys.exit(peer_main(sys.argv[1:]))"
+
+
+def _node_config(run: str, data_dir: str, bootstrap: list[str], trainer_key: str):
+    return load_config(None, {"roles": ("seed",), "run": run, "data_dir": Path(data_dir),
+                              "bootstrap": tuple(bootstrap), "trainer_key": trainer_key, "piece_kb": 256})
+
+
+async def report_gossip(node) -> None:
+    """A role task of the bench's processes: the node's gossip counters every second, as an event."""
+    while True:
+        node.events.emit("gossip_stats", delivered=node.gossip.stats.delivered, published=node.gossip.stats.published,
+                         peers_known=len(node.peer_heard), connected=len(node.connected_peers()))
+        await trio.sleep(1.0)
+
+
+def publisher_main(argv: list[str]) -> int:
+    """The publisher: a seed holding the trainer key that announces version 1, 2, ... every `every` seconds.
+    argv: checkpoint dir, run, key file, data dir, seconds between versions."""
+    ckpt, run, key_file, data_dir, every = argv
+    key = read_key_file(Path(key_file))
+    events = EventSink(json_lines=True)
+    events.configure_logging()
+
+    async def publish(node) -> None:
+        for version in range(1, 1_000_000):
+            manifest = build_manifest(Path(ckpt), run=run, version=version, parent_version=version - 1 or None,
+                                      created_at=time.time(), generation=GenerationSettings(8, 0.6, 256, 0),
+                                      piece_size=256 * 1024)
+            signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
+            node.mirror.adopt(signed, local_dir=Path(ckpt))
+            await node.announce_policy(signed, manifest)
+            events.emit("published", version=version)
+            await trio.sleep(float(every))
+
+    config = _node_config(run, data_dir, [], key.public_bytes.hex())
+    return trio.run(open_node_parts, config, key, events, [publish, report_gossip], key.public_bytes)
+
+
+def peer_main(argv: list[str]) -> int:
+    """A light seed-only peer that also reports its gossip counters. argv: run, trainer key hex, data dir, bootstrap
+    multiaddrs..."""
+    run, key_hex, data_dir, *bootstrap = argv
+    events = EventSink(json_lines=True)
+    events.configure_logging()
+    config = _node_config(run, data_dir, bootstrap, key_hex)
+    return trio.run(open_node_parts, config, Identity.generate(), events, [report_gossip], bytes.fromhex(key_hex))
+
+
+def _socket_bytes() -> dict[int, tuple[int, int]]:
+    """pid -> (bytes sent, bytes received) over its TCP sockets, from one `ss -tinpH` listing."""
+    try:
+        text = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    totals: dict[int, tuple[int, int]] = {}
+    pid = None
+    for line in text.splitlines():
+        if "pid=" in line:
+            pid = int(line.split("pid=", 1)[1].split(",", 1)[0])
+            continue
+        if pid is None:
+            continue
+        fields = dict(f.split(":", 1) for f in line.split() if f.startswith(("bytes_sent:", "bytes_received:")))
+        sent, got = totals.get(pid, (0, 0))
+        totals[pid] = (sent + int(fields.get("bytes_sent", 0)), got + int(fields.get("bytes_received", 0)))
+        pid = None
+    return totals
+
+
+class _Sample:
+    """/proc and socket counters of one process at one moment, plus its latest gossip counters."""
+
+    def __init__(self, proc: EventProcess, sockets: dict[int, tuple[int, int]]) -> None:
+        pid = proc.popen.pid
+        self.t = time.monotonic()
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        self.cpu_s = (int(stat[11]) + int(stat[12])) / _CLK_TCK
+        self.sent, self.received = sockets.get(pid, (0, 0))
+        status = Path(f"/proc/{pid}/status").read_text()
+        self.rss_mb = next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
+        self.sockets = sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+                           for fd in os.listdir(f"/proc/{pid}/fd") if _is_link(f"/proc/{pid}/fd/{fd}"))
+        stats = proc.events("gossip_stats")
+        self.gossip = stats[-1] if stats else {"delivered": 0, "peers_known": 0, "connected": 0}
+
+
+def _is_link(path: str) -> bool:
+    try:
+        os.readlink(path)
+    except OSError:
+        return False
+    return True
+
+
+def _measure(procs: list[EventProcess], window: float) -> list[dict]:
+    listing = _socket_bytes()
+    before = [_Sample(p, listing) for p in procs]
+    time.sleep(window)
+    listing = _socket_bytes()
+    rows = []
+    for proc, a in zip(procs, before):
+        b = _Sample(proc, listing)
+        dt = b.t - a.t
+        rows.append({"cpu_share": (b.cpu_s - a.cpu_s) / dt, "rss_mb": b.rss_mb,
+                     "gossip_delivered_per_s": (b.gossip["delivered"] - a.gossip["delivered"]) / dt,
+                     "recv_kb_per_s": max(0, b.received - a.received) / dt / 1000,
+                     "sent_kb_per_s": max(0, b.sent - a.sent) / dt / 1000,
+                     "sockets": b.sockets, "peers_known": b.gossip["peers_known"], "connected": b.gossip["connected"]})
+    return rows
+
+
+def _summary(n: int, rows: list[dict]) -> dict:
+    def mean(key: str) -> float:
+        return round(sum(r[key] for r in rows) / len(rows), 4)
+
+    return {"peers": n, **{k: mean(k) for k in rows[0]},
+            "cpu_share_max": round(max(r["cpu_share"] for r in rows), 4),
+            "rss_mb_max": round(max(r["rss_mb"] for r in rows), 1)}
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys over xs; slope 0 when xs do not vary."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
+    return my - slope * mx, max(0.0, slope)
+
+
+def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target: int) -> dict:
+    """Per-peer cost at `target` peers: a fixed part plus a cost per delivery, the deliveries there being the
+    measured non-heartbeat traffic plus the heartbeats the virtual-time run counts at that size."""
+    xs = [s["gossip_delivered_per_s"] for s in sizes]
+    cpu0, cpu_per = _fit(xs, [s["cpu_share"] for s in sizes])
+    bytes0, bytes_per = _fit(xs, [(s["recv_kb_per_s"] + s["sent_kb_per_s"]) * 1000 for s in sizes])
+    largest = sizes[-1]
+    other = max(0.0, largest["gossip_delivered_per_s"] - heartbeats_per_peer_s[largest["peers"]])
+    deliveries = other + heartbeats_per_peer_s[target]
+    cpu, traffic = cpu0 + cpu_per * deliveries, bytes0 + bytes_per * deliveries
+    return {"peers": target, "gossip_delivered_per_s": round(deliveries, 3),
+            "heartbeats_received_per_s": round(heartbeats_per_peer_s[target], 3),
+            "cpu_share": round(cpu, 4), "bytes_per_s": round(traffic), "cpu_s_per_delivery": round(cpu_per, 6),
+            "bytes_per_delivery": round(bytes_per), "fixed_cpu_share": round(cpu0, 4),
+            "fixed_bytes_per_s": round(bytes0),
+            "within_budget": cpu < BUDGET_CPU_SHARE and traffic < BUDGET_BYTES_PER_S}
+
+
+def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addrs: list[str], deadline: float):
+    """Start peers until `target` run, all at once; each bootstraps from the publisher and the three peers that
+    joined last before this step (joining together, as a flash crowd does)."""
+    known = [addrs[0], *addrs[1:][-3:]]
+    started = []
+    for i in range(len(procs) - 1, target):
+        argv = ["-c", _PEER, "bench-scale", key_hex, str(work / f"peer{i}"), *known]
+        started.append(EventProcess(argv, work / f"peer{i}.log"))
+    procs.extend(started)
+    addrs.extend(p.wait_for("listening", deadline)["addrs"][0] for p in started)
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    if not sizes or sizes[0] < 1 or args.window <= 0 or args.settle < 0 or args.version_every <= 0:
+        raise UserError("--sizes must list positive peer counts; --window, --settle and --version-every positive")
+    measured: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="swarm-bench-scale-") as tmp:
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        _make_checkpoint(work / "ckpt", 1)
+        key = Identity.generate()
+        write_key_file(work / "trainer.key", key)
+        pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), "bench-scale", str(work / "trainer.key"),
+                            str(work / "publisher"), str(args.version_every)], work / "publisher.log",
+                           stdin=subprocess.DEVNULL)
+        procs = [pub]
+        try:
+            addrs = [pub.wait_for("listening", time.monotonic() + args.timeout)["addrs"][0]]
+            for n in sizes:
+                _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout)
+                time.sleep(args.settle)
+                measured.append(_summary(n, _measure(procs[1:], args.window)))
+                print(json.dumps(measured[-1]), file=sys.stderr, flush=True)  # each size as it is measured
+        finally:
+            for p in procs:
+                p.stop()
+    wanted = sorted({*sizes, args.estimate_peers})
+    heartbeats = {n: run_heartbeat_sim(n, warmup_s=300.0, seconds=300.0).received_per_peer_s for n in wanted}
+    result = {"mode": "separate processes on loopback", "version_every_s": args.version_every,
+              "window_s": args.window, "sizes": measured,
+              "heartbeats_received_per_peer_s_virtual": {str(n): round(v, 3) for n, v in heartbeats.items()},
+              "estimate": estimate(measured, heartbeats, args.estimate_peers),
+              "budget": {"cpu_share": BUDGET_CPU_SHARE, "bytes_per_s": BUDGET_BYTES_PER_S}}
+    print(json.dumps(result))
+    return 0

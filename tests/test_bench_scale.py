@@ -1,0 +1,51 @@
+"""`swarm bench scale`: the estimate's arithmetic, the socket counters it reads, and a tiny run end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from swarm.bench import scale
+
+
+def test_the_estimate_adds_a_cost_per_delivery_to_a_fixed_part():
+    sizes = [{"peers": n, "gossip_delivered_per_s": d, "cpu_share": 0.005 + 0.001 * d,
+              "recv_kb_per_s": (2000 + 500 * d) / 2000, "sent_kb_per_s": (2000 + 500 * d) / 2000}
+             for n, d in ((8, 1.5), (16, 3.0), (32, 4.5))]
+    heartbeats = {8: 1.2, 16: 2.5, 32: 4.0, 1000: 4.0}  # what the virtual-time run counts
+    est = scale.estimate(sizes, heartbeats, 1000)
+    assert est["cpu_s_per_delivery"] == pytest.approx(0.001) and est["bytes_per_delivery"] == 500
+    assert est["gossip_delivered_per_s"] == pytest.approx(4.5)  # 0.5 of other gossip + 4.0 heartbeats
+    assert est["cpu_share"] == pytest.approx(0.0095) and est["bytes_per_s"] == pytest.approx(2000 + 500 * 4.5)
+    assert est["within_budget"] is True
+    heartbeats[1000] = 200.0  # heartbeats that flood at a fixed period: 1,000 peers / 6 s, and some
+    assert scale.estimate(sizes, heartbeats, 1000)["within_budget"] is False
+
+
+def test_socket_bytes_are_summed_per_process(monkeypatch):
+    listing = (
+        'ESTAB 0 0 127.0.0.1:1 127.0.0.1:2 users:(("python",pid=11,fd=3))\n'
+        "\t bbr bytes_sent:100 bytes_acked:100 bytes_received:40 segs_out:3\n"
+        'ESTAB 0 0 127.0.0.1:3 127.0.0.1:4 users:(("python",pid=11,fd=4))\n'
+        "\t bbr bytes_sent:5 bytes_received:7\n"
+        'ESTAB 0 0 127.0.0.1:5 127.0.0.1:6 users:(("python",pid=12,fd=9))\n'
+        "\t bbr rto:204\n"
+    )
+    monkeypatch.setattr(scale.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
+    assert scale._socket_bytes() == {11: (105, 47), 12: (0, 0)}
+
+
+def test_a_tiny_scale_run_reports_every_figure(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "swarm", "bench", "scale", "--sizes", "1,2", "--window", "2",
+                          "--settle", "1", "--version-every", "2", "--estimate-peers", "30", "--json",
+                          "--work-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert [s["peers"] for s in result["sizes"]] == [1, 2]
+    for size in result["sizes"]:
+        assert 0 <= size["cpu_share"] < 2 and 0 < size["rss_mb"] < 400 and size["sockets"] >= 1
+    assert result["estimate"]["peers"] == 30 and "within_budget" in result["estimate"]
+    assert result["heartbeats_received_per_peer_s_virtual"]["30"] > 0

@@ -1,0 +1,73 @@
+"""Per-peer heartbeat cost stays flat as the run grows, and what heartbeats feed still works (virtual time)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from swarm.bench.heartbeat_sim import simulate_heartbeats
+from swarm.messages.gossip_bodies import Heartbeat
+from swarm.node.gossip import FULL_RATE_PEERS, MAX_KNOWN_PEERS, heartbeat_stretch, on_heartbeat
+from swarm.node.node import Node
+
+
+def test_small_runs_keep_the_configured_period_and_large_ones_stretch_it_in_proportion():
+    assert heartbeat_stretch(0) == heartbeat_stretch(FULL_RATE_PEERS - 1) == 1.0
+    assert heartbeat_stretch(10 * FULL_RATE_PEERS - 1) == pytest.approx(10.0)
+    # a flood of fresh identities stretches heartbeats by a bounded factor only
+    assert heartbeat_stretch(10**9) == heartbeat_stretch(MAX_KNOWN_PEERS)
+
+
+@pytest.mark.parametrize("peers", [12, 150])
+async def test_each_peer_receives_about_the_same_heartbeats_per_second_at_any_size(peers, autojump_clock):
+    counts = await simulate_heartbeats(peers, warmup_s=200.0, seconds=400.0, start_spread_s=20.0)
+    full_rate = FULL_RATE_PEERS / 6.0  # what the whole run sends once it is larger than FULL_RATE_PEERS
+    assert counts.received_per_peer_s <= 1.1 * full_rate  # a fixed 6 s period gave 150 / 6 = 25 a second here
+    # and nothing heartbeats feed is lost: every peer knows every other, none forgets a live one
+    assert counts.known_min == peers - 1 and counts.forgotten_alive == 0
+    validators = len([i for i in range(1, peers) if i % 10 == 1])
+    assert counts.roles_known_by_trainer == {"validator": validators, "inference": peers - 1 - validators}
+
+
+async def test_a_peer_that_stops_is_forgotten_within_the_stretched_silence(autojump_clock):
+    node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, None, None, None)
+    others = [f"peer{i}" for i in range(10 * FULL_RATE_PEERS - 1)]  # 240 known: a stretch of 10.04, 301.25 s
+    for peer in others:
+        node.heard_from(peer, ("inference",), now=0.0)
+    node.heard_from("validator-a", ("validator",), now=0.0)
+    for t in (100.0, 200.0, 290.0):
+        for peer in others:
+            node.heard_from(peer, ("inference",), now=t)
+        assert node.forget_silent(t) == {}  # 290 s of silence is less than 10 stretched 30 s windows
+    for peer in others:
+        node.heard_from(peer, ("inference",), now=302.0)
+    assert node.forget_silent(302.0) == {"validator-a": ("validator",)}
+
+
+def test_the_peer_tables_are_bounded_and_forget_the_least_recently_heard_first():
+    node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, None, None, None)
+    node.heard_from("trainer", ("trainer",), now=0.0)
+    for i in range(MAX_KNOWN_PEERS + 10):
+        node.heard_from(f"sybil{i}", ("validator",), now=1.0)
+        if i == MAX_KNOWN_PEERS // 2:
+            node.heard_from("trainer", ("trainer",), now=1.0)  # heard again: it moves to the fresh end
+    assert len(node.peer_heard) == len(node.peer_roles) == MAX_KNOWN_PEERS
+    assert "trainer" in node.peer_roles and "sybil0" not in node.peer_roles
+
+
+async def test_a_heartbeat_dials_no_one_once_the_peer_holds_max_peers_connections(autojump_clock):
+    started = []
+    node = SimpleNamespace(
+        peer_id="z" * 52, config=SimpleNamespace(limits=SimpleNamespace(max_peers=2),
+                                                  mirror=SimpleNamespace(keep_versions=3)),
+        connected_peers=lambda: ["a" * 52, "b" * 52], heard_from=lambda *args: None,
+        mirror=SimpleNamespace(latest=lambda: None, policies={}),
+        nursery=SimpleNamespace(start_soon=lambda fn, node, part, peer, addrs: started.append(peer)))
+    sender = "c" * 52
+    beat = SimpleNamespace(sender_peer_id=sender, message=Heartbeat((), (f"/ip4/10.0.0.1/tcp/1/p2p/{sender}",), (), ()))
+    on_heartbeat(node, beat, {}, None)
+    assert started == []
+    node.connected_peers = lambda: ["a" * 52]
+    on_heartbeat(node, beat, {}, None)
+    assert started == [sender]
