@@ -28,6 +28,11 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "generate"), "swarm.cmd_bench_generate", "benchmark generation throughput and proof overhead"),
     (("bench", "noise"), "swarm.cmd_bench_noise", "benchmark the seeded Gumbel noise draw per element"),
     (
+        ("bench", "curriculum"),
+        "swarm.cmd_bench_curriculum",
+        "compare FastCuRL's curriculum with a fixed context at one budget of generated tokens, over seeds",
+    ),
+    (
         ("bench", "gossip-flood"),
         "swarm.cmd_bench_gossip_flood",
         "measure what a hostile gossip peer (floods, inflating envelopes) costs a target process",
