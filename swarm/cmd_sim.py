@@ -17,8 +17,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
     parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
     parser.add_argument(
-        "--steps", type=int, default=16, help="trainer steps (one policy version each; 4 per FastCuRL stage)"
+        "--steps", type=int, default=16, help="trainer steps (one policy version each)"
     )
+    parser.add_argument("--curriculum", default="none",
+                        help="none (one context, the default: it learns in every run; swarm bench curriculum), "
+                        "fastcurl (4 stages over the steps) or a TOML file of [[stage]] tables")
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF directory")
     parser.add_argument(
         "--task",
@@ -43,10 +46,12 @@ def run(args: argparse.Namespace) -> int:
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
     _check_task(args.task)
+    curriculum = _curriculum(args.curriculum)
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
                            async_level=args.async_level, timeout_s=args.timeout,
+                           curriculum=curriculum,
                            task_config="{max_value = 50}" if args.task == "gcd" else "{}")
     events: list[dict] = []
     sink = EventSink(json_lines=args.json, stream=sys.stdout if args.json else open("/dev/null", "w"))
@@ -85,6 +90,19 @@ def _check_task(task: str) -> None:
         from tasks.errors import TaskError
 
         raise TaskError(f"unknown task {task!r}: not a reasoning-gym dataset and not a .jsonl/.parquet file")
+
+
+def _curriculum(spec: str) -> str:
+    """A preset name as given, a [[stage]] file by its absolute path (the trainer peer reads it from its own
+    directory); anything else is one line before any peer starts."""
+    from trainer.curriculum import PRESETS
+    from trainer.errors import TrainerError
+
+    if spec in PRESETS:
+        return spec
+    if not Path(spec).is_file():
+        raise TrainerError(f"--curriculum {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a TOML file")
+    return str(Path(spec).resolve())
 
 
 SIM_MARKER = ".swarm-sim"

@@ -32,6 +32,7 @@ class SimSettings:
     prompts_per_step: int = 0  # 0: half of what the honest workers answer per version
     group_size: int = 16
     max_new_tokens: int = 8
+    curriculum: str = "none"  # or "fastcurl" or a [[stage]] TOML file: see _trainer_toml for why none
     model: str = "tiny"
     task: str = "gcd"
     task_config: str = "{}"  # TOML inline table of the task's difficulty settings
@@ -52,7 +53,13 @@ class SimPeer:
 def _trainer_toml(s: SimSettings) -> Path:
     """The trainer's config. lr 1e-3: on this task set (seed 0) the last four steps' reward averaged 0.27 over
     eight sampling-noise draws (worst 0.14) against 0.14 (worst 0.00) at 3e-3, which locked the policy onto one
-    token in some runs (docs/benchmarks.md#the-whole-swarm)."""
+    token in some runs (docs/benchmarks.md#the-whole-swarm).
+
+    One fixed context, no FastCuRL stages: the tiny model never learns to stop within these steps, so its answer is
+    the last number of a completion that runs to the limit, and every change of context moves where that is. A
+    policy that had learned to end 8 tokens on a lone "2" continued it as "22222222" when a stage allowed 12, and
+    the held-out accuracy of such runs ended at 0 (`swarm bench curriculum`: 2 of 8 FastCuRL seeds against 0 of 8
+    at a fixed context of 8 for the same tokens)."""
     workers = s.inference + s.cheaters
     path = s.out / "trainer.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +70,8 @@ def _trainer_toml(s: SimSettings) -> Path:
         f"prompts_per_step = {s.prompts_per_step or max(1, (s.inference * s.prompts_per_worker) // 2)}",
         f"group_size = {s.group_size}",
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
-        'curriculum = "fastcurl"', "lr = 1e-3", "checkpoint_every = 1000", f"eval_every = {s.eval_every}",
+        f"curriculum = {json.dumps(s.curriculum)}", "lr = 1e-3", "checkpoint_every = 1000",
+        f"eval_every = {s.eval_every}",
         f"# {workers} workers",
     ]) + "\n")
     return path

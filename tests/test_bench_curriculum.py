@@ -12,7 +12,8 @@ def test_the_target_is_reached_when_the_window_mean_first_gets_there():
     rewards = [0.0, 0.5, 0.0, 0.3, 0.4, 0.4]
     tokens = [10, 10, 20, 20, 20, 20]
     got = reach(rewards, tokens, target=0.3, window=2)
-    assert (got.reached, got.steps, got.tokens) == (True, 5, 80)  # the 0.5 of step 2 averages 0.25 with either neighbour
+    # the 0.5 of step 2 averages 0.25 with either neighbour; steps 4 and 5 average 0.35
+    assert (got.reached, got.steps, got.tokens) == (True, 5, 80)
 
 
 def test_a_run_that_never_reaches_the_target_counts_all_it_spent():
@@ -76,7 +77,8 @@ def test_a_bad_task_config_is_one_sentence(capsys):
 
 
 def test_a_small_real_benchmark_reports_both_arms(capsys):
-    """Four fixed-context steps of tokens per arm on the tiny model: each arm trains, stays inside its budget, evaluates."""
+    """Four fixed-context steps of tokens per arm on the tiny model: each arm trains, keeps to its budget,
+    evaluates."""
     assert main(["bench", "curriculum", "--json", "--seeds", "1", "--token-budget", "256", "--eval-n", "4",
                  "--group-size", "4", "--prompts-per-step", "2"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -2,8 +2,14 @@
 
 import pytest
 
-from trainer.curriculum import fastcurl, load_curriculum, no_curriculum, step_token_bound, steps_within_budget, \
-    worst_case_tokens
+from trainer.curriculum import (
+    fastcurl,
+    load_curriculum,
+    no_curriculum,
+    step_token_bound,
+    steps_within_budget,
+    worst_case_tokens,
+)
 
 
 def test_a_step_costs_its_stages_prompts_times_group_times_context():

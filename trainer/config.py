@@ -43,7 +43,7 @@ class TrainerConfig:
     """Run name, part of every sampling key."""
     steps: int = 40
     """Optimizer steps to train for (the curriculum's stages split these)."""
-    curriculum: str = "fastcurl"
+    curriculum: str = "none"
     """"fastcurl", "none" or a TOML file of [[stage]] tables (or put [[stage]] tables in this config file)."""
     lr: float = 1e-5
     """Peak AdamW learning rate (INTELLECT-2: 3e-7 for 32B; raised for small models)."""
