@@ -55,11 +55,13 @@ def _trainer_toml(s: SimSettings) -> Path:
     eight sampling-noise draws (worst 0.14) against 0.14 (worst 0.00) at 3e-3, which locked the policy onto one
     token in some runs (docs/benchmarks.md#the-whole-swarm).
 
-    One fixed context, no FastCuRL stages: the tiny model never learns to stop within these steps, so its answer is
-    the last number of a completion that runs to the limit, and every change of context moves where that is. A
-    policy that had learned to end 8 tokens on a lone "2" continued it as "22222222" when a stage allowed 12, and
-    the held-out accuracy of such runs ended at 0 (`swarm bench curriculum`: 2 of 8 FastCuRL seeds against 0 of 8
-    at a fixed context of 8 for the same tokens)."""
+    One fixed context, no FastCuRL stages. The tiny model does not learn to stop within these steps (its
+    completions run to the limit), so its answer is the last number in them and what it learns is to end on a
+    common divisor. For the same generated tokens FastCuRL's schedule left 2 of 8 seeds at held-out accuracy 0
+    against none of 8 at one context (`swarm bench curriculum`): its stage switches move that target mid-run (its
+    context switches alone, and its data switches alone, each also left 2 of 8 at 0), its costlier stages leave
+    fewer steps (13 against 16), and a policy caught between them greedily repeats its digit ("22222222" is not 2).
+    """
     workers = s.inference + s.cheaters
     path = s.out / "trainer.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
