@@ -28,7 +28,8 @@ from p2p.errors import ChannelError
 DEFAULT_LIMIT = 64 << 20
 """Bytes of records and piece frames not yet verified a node holds at most: a few dozen pieces in flight at once,
 far above what honest peers need at any moment (a piece or a record per link, briefly). With the preambles' own
-32 MiB (swarm.link_preamble) a node holds at most 96 MiB of unverified input, under the 150 MiB it may grow by."""
+32 MiB (swarm.policy.link_preamble) a node holds at most 96 MiB of unverified input, under the 150 MiB it may grow
+by."""
 FREE_BYTES = 64 * 1024
 """Bytes each lease holds without charge: control frames (requests, haves, a hello) must flow even while
 strangers keep the budget full, or honest links would starve. Every channel owns buffers of this size anyway,

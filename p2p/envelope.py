@@ -50,7 +50,7 @@ DEFAULT_MAX_BYTES: Mapping[str, int] = MappingProxyType({
     "have": 64 * 1024,  # a have-map bitfield: 64 KiB covers 512k pieces
     "rollout": GOSSIP_MAX_BYTES,  # anything bigger goes out as a rollout_ann and is fetched by hash
     "rollout_ann": 4 * 1024,  # a hash, a size and a few ids
-    "vote": 64 * 1024,  # a validator batch's votes with their per-check results (swarm.vote_messages: 48 KiB)
+    "vote": 64 * 1024,  # a validator batch's votes with their per-check results (swarm.messages.votes: 48 KiB)
     "heartbeat": 8 * 1024,  # role, versions held, load
 })
 

@@ -326,8 +326,8 @@ async def open_gossip(
     `identity` signs our envelopes (default: the host's key). `clock` gives wall-clock seconds for envelope
     timestamps and freshness checks (peers compare them, so it must be real time in production; tests inject
     trio's clock). All topics in `kinds` are subscribed at once and drained continuously. `decoders` gives a
-    typed decoder per kind (swarm.gossip_bodies): what one refuses is dropped before delivery and forwarding and
-    costs its sender; a kind without one delivers any well-formed body.
+    typed decoder per kind (swarm.messages.gossip_bodies): what one refuses is dropped before delivery and forwarding
+    and costs its sender; a kind without one delivers any well-formed body.
     """
     from libp2p.tools.anyio_service import background_trio_service
 

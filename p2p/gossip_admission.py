@@ -57,7 +57,7 @@ class AdmissionConfig:
 
     heartbeat_interval_s: float = 3.0
     """Shortest long-run spacing of one peer's heartbeats (two may come back to back). Peers heartbeat every
-    `heartbeat_every_s` (6 s by default; swarm.node sets this to half of it), so an honest peer never meets it."""
+    `heartbeat_every_s` (6 s by default; swarm.node.node sets this to half of it), so an honest peer never meets it."""
     rates: Mapping[str, KindRate] = field(default_factory=lambda: DEFAULT_RATES)
     """Messages per origin per kind; the heartbeat entry is replaced by `heartbeat_interval_s`."""
     sender_bytes_per_s: float = 2 * 1024 * 1024

@@ -321,6 +321,10 @@ class P2PHost:
         """Stop serving `protocol` (peers are told it is not supported; see `_HandlerTable` for the race)."""
         self.libp2p.remove_stream_handler(protocol)
 
+    def connected_peers(self) -> list[str]:
+        """The ids of the peers with an open connection, sorted."""
+        return sorted(str(p) for p in self.libp2p.get_connected_peers())
+
     def remote_peer_id(self, stream: Any) -> str:
         """The authenticated (Noise) peer id at the other end of a libp2p stream."""
         return str(stream.muxed_conn.peer_id)

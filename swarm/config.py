@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from swarm.errors import UserError
-from swarm.runspec import PRECISIONS
+from swarm.policy.runspec import PRECISIONS
 
 ROLES = ("trainer", "inference", "validator", "seed")
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -134,7 +134,7 @@ class PeerConfig:
         if self.upload_mbps < 0:
             raise UserError("upload_mbps must not be negative")
         if self.validator_keys:
-            from swarm.trust import parse_public_key
+            from swarm.policy.trust import parse_public_key
 
             listed = {parse_public_key(text, "--validator-key") for text in self.validator_keys}
             if len(listed) < self.quorum:

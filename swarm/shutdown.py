@@ -4,7 +4,7 @@ Why: after its last step one `swarm sim` run sat for minutes with its trio loop 
 its report never written (twice in about thirty runs; the first was taken for a stuck generation thread). Which
 close never finished was not recorded, so it is not known yet; py-libp2p does some of its cleanup inside shielded
 cancel scopes, which no cancellation reaches. So teardown gets three things: `TEARDOWN_GRACE_S` after which every
-cancellable wait is cancelled (swarm.node), `report_stuck_tasks`, which logs where every task still waits halfway
+cancellable wait is cancelled (swarm.node.node), `report_stuck_tasks`, which logs where every task still waits halfway
 through that grace, and, for the command-line entry points only, `ExitGuard`, a timer thread that ends the
 process once the work is saved and the network has had `HARD_EXIT_AFTER_S` to close. Nothing is lost by it:
 checkpoints and policy files are written by rename, and the operating system drops the data directory's flock with
@@ -20,6 +20,8 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+
+import trio
 
 TEARDOWN_GRACE_S = 20.0
 HARD_EXIT_AFTER_S = 45.0
@@ -161,8 +163,6 @@ async def report_stuck_tasks(after_s: float, closed, logger) -> None:
     """Unless `closed` (a trio.Event) is set within `after_s`, log where every task still alive waits. Run as a
     trio system task once teardown starts, so it outlives a peer whose teardown it watches. Why: the hang this
     module bounds was seen without a trace of which close never finished."""
-    import trio
-
     with trio.move_on_after(after_s):
         await closed.wait()
         return
@@ -174,8 +174,6 @@ async def report_stuck_tasks(after_s: float, closed, logger) -> None:
 def waiting_tasks() -> list[str]:
     """One line per task of this trio run that waits on something other than its own children: its name and
     where it waits (a task parked at the end of a nursery block only waits for the tasks listed beside it)."""
-    import trio
-
     out: list[str] = []
     pending = [trio.lowlevel.current_root_task()]
     while pending:

@@ -1,6 +1,6 @@
 """`swarm bench churn --departures`: which peers may leave for good without ending the run."""
 
-from swarm.cmd_bench_churn import _may_leave
+from swarm.bench.churn import _may_leave
 
 
 def roles(validators: int, workers: int, seeds: int) -> dict[str, list[str]]:

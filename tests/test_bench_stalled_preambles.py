@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from swarm.cli import main
+from swarm.cli.main import main
 
 
 def test_a_tiny_run_prints_the_targets_cost_as_json_and_the_target_survives(capsys):

@@ -11,7 +11,7 @@ from verify.sampling import SamplingKey, gumbel_noise, sample_tokens
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys; from swarm.cli import main\ntry:\n main(['--help'])\nexcept SystemExit: pass\n"
+    code = ("import sys; from swarm.cli.main import main\ntry:\n main(['--help'])\nexcept SystemExit: pass\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"

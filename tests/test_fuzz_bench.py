@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from swarm import fuzz_targets
-from swarm.cli import main
-from swarm.fuzz_targets import FuzzTarget
+from swarm.bench import fuzz_targets
+from swarm.bench.fuzz_targets import FuzzTarget
+from swarm.cli.main import main
 
 
 def test_a_two_second_run_tries_every_target_and_finds_nothing(capsys):

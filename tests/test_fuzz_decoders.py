@@ -1,7 +1,7 @@
-"""Property-based fuzzing of every decoder of network input (the registry in swarm.fuzz_targets).
+"""Property-based fuzzing of every decoder of network input (the registry in swarm.bench.fuzz_targets).
 
 Property: for any input, a decoder returns a value or raises the errors its target lists; nothing else. Inputs
-are valid encodings mutated by swarm.fuzz_mutations, driven by hypothesis's random (replayable), plus raw bytes.
+are valid encodings mutated by swarm.bench.fuzz_mutations, driven by hypothesis's random (replayable), plus raw bytes.
 Bounded examples and no deadline keep the whole file under a minute on two cores; `swarm bench fuzz` runs longer.
 """
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm.fuzz_mutations import mutate, mutate_tree, place_value, splice
-from swarm.fuzz_targets import BY_NAME, TARGETS, FuzzTarget, failure_of
+from swarm.bench.fuzz_mutations import mutate, mutate_tree, place_value, splice
+from swarm.bench.fuzz_targets import BY_NAME, TARGETS, FuzzTarget, failure_of
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -98,7 +98,7 @@ def _breaks_on_wrong_tensor_file(data: bytes) -> object:
 def test_the_mutations_reach_inside_a_tensor_entry_and_the_property_catches_the_crash():
     """The fuzzing can fail: given the decoder bug of the attack, seeded mutations find it within 3,000 inputs."""
     from p2p.errors import ManifestError
-    from swarm.cmd_bench_fuzz import fuzz
+    from swarm.bench.fuzz import fuzz
 
     buggy = FuzzTarget("buggy_manifest", _breaks_on_wrong_tensor_file, BY_NAME["manifest"].samples,
                        (ManifestError, msgpack.UnpackException, ValueError))

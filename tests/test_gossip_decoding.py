@@ -16,10 +16,10 @@ from p2p.envelope import DEFAULT_POLICY, open_envelope, seal
 from p2p.errors import EnvelopeError
 from p2p.gossip_admission import AdmissionConfig, GossipAdmission
 from p2p.identity import Identity
-from swarm.bench_gossip_flood import inflating_envelope
-from swarm.gossip_bodies import decode_manifest_announcement, decode_rollouts, decode_votes
-from swarm.rollout_transport import items_or_refusal
-from swarm.vote_messages import vote_bodies
+from swarm.bench.gossip_flood import inflating_envelope
+from swarm.messages.gossip_bodies import decode_manifest_announcement, decode_rollouts, decode_votes
+from swarm.messages.rollout_transport import items_or_refusal
+from swarm.messages.votes import vote_bodies
 from verify.votes import sign_vote
 
 ALICE = Identity(bytes([7]) * 32)
@@ -198,7 +198,7 @@ def test_event_lines_are_strict_json_even_for_numbers_that_are_not_finite():
 
 
 def test_a_node_refuses_an_inline_manifest_signed_by_another_key_than_the_runs_before_forwarding_it(tmp_path):
-    from swarm.gossip_bodies import run_decoders
+    from swarm.messages.gossip_bodies import run_decoders
     from tests.test_swarm_nodes import signed_checkpoint
 
     trainer, forger = Identity.generate(), Identity.generate()
@@ -232,7 +232,7 @@ def test_own_pace_keeps_an_honest_burst_within_what_receivers_admit():
 
 def test_a_publisher_splits_or_refuses_what_receivers_would_refuse_for_its_maps_and_arrays():
     from p2p.envelope import count_containers
-    from swarm.rollout_transport import within_containers
+    from swarm.messages.rollout_transport import within_containers
 
     with pytest.raises(EnvelopeError) as refused:
         seal("heartbeat", "run1", {"x": [[]] * 200}, ALICE, NOW, 1)  # 202 containers: a heartbeat holds 128
@@ -244,7 +244,7 @@ def test_a_publisher_splits_or_refuses_what_receivers_would_refuse_for_its_maps_
 
 
 def test_a_nodes_own_progress_is_sent_only_as_receivers_accept_it():
-    from swarm.gossip_bodies import decode_heartbeat, sendable_progress
+    from swarm.messages.gossip_bodies import decode_heartbeat, sendable_progress
 
     progress = {"step": 3, "reward": float("nan"), "stage": "x" * 50, "nested": {"a": 1}, "accepted": 2}
     assert sendable_progress(progress) == {"step": 3, "accepted": 2}
@@ -256,7 +256,7 @@ def test_a_nodes_own_progress_is_sent_only_as_receivers_accept_it():
 from hypothesis import given, settings  # noqa: E402 - the fuzz section's own imports
 from hypothesis import strategies as st  # noqa: E402
 
-from swarm.gossip_bodies import DECODERS, decode_heartbeat  # noqa: E402
+from swarm.messages.gossip_bodies import DECODERS, decode_heartbeat  # noqa: E402
 
 _leaf = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False)
          | st.text(max_size=12) | st.binary(max_size=40))

@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from swarm.cli import main
+from swarm.cli.main import main
 
 
 def bench_report(capsys, *argv: str) -> dict:

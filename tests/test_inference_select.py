@@ -35,7 +35,7 @@ def test_backends_by_name(tiny, monkeypatch):
 
 def test_a_validator_asking_for_a_missing_gpu_is_refused_before_it_joins(monkeypatch):
     from swarm.config import load_config
-    from swarm.roles import build_roles
+    from swarm.roles.build import build_roles
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(InferenceError, match="device cuda was asked for") as caught:
@@ -48,7 +48,7 @@ def test_a_validator_asking_for_a_missing_gpu_is_refused_before_it_joins(monkeyp
 
 def test_an_inference_peer_without_vllm_is_refused_before_it_joins(monkeypatch):
     from swarm.config import load_config
-    from swarm.roles import build_roles
+    from swarm.roles.build import build_roles
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without the gpu extra
     with pytest.raises(InferenceError, match="the vLLM backend needs the gpu extra"):

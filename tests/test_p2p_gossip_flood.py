@@ -1,7 +1,7 @@
 """A hostile peer against real py-libp2p hosts on loopback: inflating envelopes and a heartbeat flood.
 
 Line topology mallory - target - witness: whatever the target forwards, the witness receives. The target runs the
-run's typed decoders (swarm.gossip_bodies) as a node does. Counts only; the CPU and memory figures come from
+run's typed decoders (swarm.messages.gossip_bodies) as a node does. Counts only; the CPU and memory figures come from
 `swarm bench gossip-flood` (a benchmark, not a timed test)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import trio
 from p2p.gossip import Gossip, open_gossip, topic_for
 from p2p.host import HostConfig, open_host
 from p2p.identity import Identity
-from swarm.bench_gossip_flood import heartbeat_envelope, inflating_envelope
-from swarm.gossip_bodies import DECODERS
+from swarm.bench.gossip_flood import heartbeat_envelope, inflating_envelope
+from swarm.messages.gossip_bodies import DECODERS
 
 RUN = "run-flood"
 LIMIT = 40

@@ -12,8 +12,8 @@ from libp2p.network.stream.exceptions import StreamError
 
 from p2p.errors import HostError
 from p2p.host import open_host
-from swarm import manifest_protocol
-from swarm.manifest_protocol import fetch_manifest, install_manifest_server
+from swarm.policy import manifest_protocol
+from swarm.policy.manifest_protocol import fetch_manifest, install_manifest_server
 
 ECHO = "/test/echo/1"
 FRAGILE = "/test/fragile/1"

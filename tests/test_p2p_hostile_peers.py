@@ -27,9 +27,9 @@ from p2p.wire import (
     read_frame,
     send_buffers,
 )
-from swarm.link_preamble import read_body, read_head, send_preamble
-from swarm.mirror import PolicyMirror
-from swarm.trust import TrainerTrust
+from swarm.policy.link_preamble import read_body, read_head, send_preamble
+from swarm.policy.mirror import PolicyMirror
+from swarm.policy.trust import TrainerTrust
 from tests.test_p2p_transfer import MB, make_policy
 from tests.test_swarm_mirror import signed_version
 

@@ -118,7 +118,7 @@ def test_a_decoded_manifest_is_read_only_down_to_its_model_description(tmp_path)
         manifest.model.update(extra=1)
     assert isinstance(manifest.model, dict) and copy.deepcopy(manifest.model) == manifest.model
     assert decode_manifest(manifest.encode()).id == model_id == manifest.id
-    from swarm.fuzz_targets import sample_manifest
+    from swarm.bench.fuzz_targets import sample_manifest
 
     nested = decode_manifest(sample_manifest().encode()).model
     with pytest.raises(TypeError, match="read-only"):

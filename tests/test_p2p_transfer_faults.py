@@ -13,8 +13,8 @@ from p2p.errors import ChannelError
 from p2p.identity import Identity
 from p2p.store import PieceStore
 from p2p.transfer import TransferConfig
-from swarm.mirror import PolicyMirror
-from swarm.trust import TrainerTrust
+from swarm.policy.mirror import PolicyMirror
+from swarm.policy.trust import TrainerTrust
 from tests.test_p2p_transfer import MB, Cluster, make_policy
 from tests.test_swarm_mirror import signed_version
 

@@ -104,7 +104,7 @@ def test_token_bucket_refuses_a_nonpositive_rate():
 
 
 async def test_simulated_broadcast_never_beats_the_physical_bound(tmp_path, autojump_clock):
-    from p2p.memnet import simulate_broadcast
+    from swarm.bench.broadcast_sim import simulate_broadcast
     from tests.test_p2p_transfer import make_policy
 
     manifest = make_policy(tmp_path / "src", 2 * MB)
@@ -117,7 +117,7 @@ async def test_simulated_broadcast_never_beats_the_physical_bound(tmp_path, auto
 
 
 def test_kumar_ross_bound_in_each_regime():
-    from p2p.kumar_ross import min_distribution_time
+    from swarm.bench.kumar_ross import min_distribution_time
 
     assert min_distribution_time(100, seed_upload=10, peer_upload=10, num_peers=8) == 10  # seed-bound: F/U
     assert min_distribution_time(100, seed_upload=100, peer_upload=1, num_peers=10) == pytest.approx(1000 / 110)

@@ -213,7 +213,7 @@ def test_a_refused_train_creates_no_output_directory(tmp_path, flags, fragment):
 
 def test_sim_clears_only_a_directory_an_earlier_simulation_wrote(tmp_path):
     """`swarm sim` starts fresh by deleting --out: pointed at a directory of other files it must refuse, not wipe."""
-    from swarm.cmd_sim import SIM_MARKER, _clear_previous_run
+    from swarm.cli.sim import SIM_MARKER, _clear_previous_run
     from swarm.errors import UserError
 
     project = tmp_path / "project"
@@ -236,7 +236,7 @@ def test_sim_clears_only_a_directory_an_earlier_simulation_wrote(tmp_path):
 
 
 def test_an_exception_group_of_user_facing_errors_is_one_line_and_a_bug_in_one_is_not_hidden():
-    from swarm.cli import user_facing_error
+    from swarm.cli.main import user_facing_error
     from swarm.errors import UserError
 
     first, second = UserError("cannot listen on X"), UserError("other")

@@ -7,8 +7,9 @@ import os
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from swarm.rollout_gate import RolloutGate
-from swarm.runspec import RunSpec
+from swarm.policy.runspec import RunSpec
+from swarm.roles.gate import RolloutGate
+from swarm.roles.trainer import gate_counts
 from verify.checks import CheckResult
 from verify.rollout import Completion, RolloutGroup
 from verify.votes import assign_validators, public_key_of, sign_vote
@@ -99,6 +100,11 @@ def test_unvoted_rollouts_time_out_and_rejected_workers_get_banned():
     assert gate.on_rollout(group(worker="cheat", task=99), 50.0) == "worker banned"
 
 
+def counts(gate, workers=()):
+    """The gate as the batch wait reads it: plain values (swarm.roles.trainer.gate_counts)."""
+    return gate_counts(gate, set(workers))
+
+
 def accept(gate, validators, g, now=0.0):
     assert gate.on_rollout(g, now) == "opened"
     for k in assigned(validators, g):
@@ -138,47 +144,50 @@ def test_groups_that_aged_out_while_waiting_expire_instead_of_filling_a_batch():
 
 
 def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_reported_meanwhile():
-    from swarm.batch_wait import BatchWait
+    from swarm.roles.batch_wait import BatchWait
 
     validators = keys(2)
     gate = gate_with(validators)
     wait = BatchWait(wanted=4, since=100.0, patience_s=30.0, report_every_s=20.0)
     for task in range(3):  # the fourth group of this version was lost: no worker will send another
         accept(gate, validators, group(task=task))
-    assert not wait.ready(gate, 110.0) and not wait.should_report(110.0)
+    assert not wait.ready(counts(gate), 110.0) and not wait.should_report(110.0)
     assert wait.should_report(121.0) and not wait.should_report(130.0)
-    assert wait.status(gate, 130.0)["ready"] == 3 and wait.status(gate, 130.0)["waited_s"] == 30.0
+    assert wait.status(counts(gate), 130.0)["ready"] == 3 and wait.status(counts(gate), 130.0)["waited_s"] == 30.0
     pending = group(task=7)
     gate.on_rollout(pending, 135.0)  # a quorum still open: its group may yet complete the batch
-    assert not wait.ready(gate, 150.0)
+    assert not wait.ready(counts(gate), 150.0)
     for k in assigned(validators, pending):
         gate.on_vote(vote(k, pending), 151.0)
-    assert wait.ready(gate, 151.0) and len(gate.take(4)) == 4
+    assert wait.ready(counts(gate), 151.0) and len(gate.take(4)) == 4
     for task in range(3):
         accept(gate, validators, group(task=10 + task))
-    assert not wait.ready(gate, 160.0) and not wait.ready(gate, 189.0)  # 30 s since the last group arrived
-    assert wait.ready(gate, 191.0) and len(gate.take(4)) == 3
-    assert not BatchWait(wanted=4, since=0.0).ready(gate, 1000.0)  # nothing to train on: keep waiting
+    assert not wait.ready(counts(gate), 160.0)
+    assert not wait.ready(counts(gate), 189.0)  # 30 s since the last group arrived
+    assert wait.ready(counts(gate), 191.0) and len(gate.take(4)) == 3
+    assert not BatchWait(wanted=4, since=0.0).ready(counts(gate), 1000.0)  # nothing to train on: keep waiting
 
 
 def test_a_trainer_with_nothing_to_train_on_and_nothing_coming_is_starved_until_it_waits_afresh():
-    from swarm.batch_wait import BatchWait
+    from swarm.roles.batch_wait import BatchWait
 
     validators = keys(2)
     gate = gate_with(validators)
     wait = BatchWait(wanted=4, since=100.0, patience_s=30.0)
-    assert not wait.ready(gate, 120.0) and not wait.starved(gate, 120.0)
+    assert not wait.ready(counts(gate), 120.0) and not wait.starved(counts(gate), 120.0)
     pending = group(task=7)
     gate.on_rollout(pending, 125.0)
-    assert not wait.ready(gate, 140.0) and not wait.starved(gate, 140.0)  # a quorum is still open
+    assert not wait.ready(counts(gate), 140.0) and not wait.starved(counts(gate), 140.0)  # a quorum is still open
     gate.tick(136.0)  # its votes never came: the quorum times out (10 s)
-    assert not gate.pending and not wait.ready(gate, 141.0) and wait.starved(gate, 141.0)  # time to publish early
-    assert not wait.starved_long(gate, 141.0) and wait.starved_long(gate, 100.0 + wait.retry_after_s)
+    assert not gate.pending and not wait.ready(counts(gate), 141.0)
+    assert wait.starved(counts(gate), 141.0)  # time to publish early
+    assert not wait.starved_long(counts(gate), 141.0) and wait.starved_long(counts(gate), 100.0 + wait.retry_after_s)
     wait.restart(141.0)
-    assert not wait.starved(gate, 160.0) and wait.starved(gate, 171.0)
-    assert not wait.starved_long(gate, 171.0) and wait.starved_long(gate, 141.0 + wait.retry_after_s)
+    assert not wait.starved(counts(gate), 160.0) and wait.starved(counts(gate), 171.0)
+    assert not wait.starved_long(counts(gate), 171.0) and wait.starved_long(counts(gate), 141.0 + wait.retry_after_s)
     accept(gate, validators, group(task=1))
-    assert not wait.ready(gate, 172.0) and not wait.starved(gate, 300.0) and wait.ready(gate, 300.0)
+    assert not wait.ready(counts(gate), 172.0) and not wait.starved(counts(gate), 300.0)
+    assert wait.ready(counts(gate), 300.0)
 
 
 def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_around(tmp_path):
@@ -187,7 +196,7 @@ def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_aroun
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.trainer import SwarmPublisher
 
     validators = keys(2)
     node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path, validator_keys=()))
@@ -211,12 +220,13 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.batch_wait import BatchWait, why_publish_now
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.batch_wait import BatchWait, why_publish_now
+    from swarm.roles.trainer import SwarmPublisher, swarm_facts
 
     validators = keys(3)
     node = SimpleNamespace(peer_roles={"12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7": ("inference",)},
-                           config=SimpleNamespace(data_dir=tmp_path, validator_keys=(), quorum=2), mirror=None)
+                           config=SimpleNamespace(data_dir=tmp_path, validator_keys=(), quorum=2),
+                           mirror=SimpleNamespace(policies={}))
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     for k in validators[:2]:  # the third stopped sending heartbeats
         node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
@@ -225,7 +235,8 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
     run = SimpleNamespace(trained_since_publish=False)
 
     def why(now=1.0):
-        return why_publish_now(node, run, publisher, gate, waiting, now)
+        return why_publish_now(counts(gate, publisher.known_workers()), swarm_facts(node, run, publisher, gate),
+                               waiting, now)
 
     assert publisher.validators_departed(gate.specs[1]) == 1
     assert "1 of the validators it names left" in why()  # 1 s in: no patience waited out
@@ -251,12 +262,12 @@ def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.batch_wait import BatchWait, why_publish_now
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.batch_wait import BatchWait, why_publish_now
+    from swarm.roles.trainer import SwarmPublisher, swarm_facts
 
     validators = keys(2)
     worker = "12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"
-    node = SimpleNamespace(peer_roles={worker: ("inference",)}, mirror=None,
+    node = SimpleNamespace(peer_roles={worker: ("inference",)}, mirror=SimpleNamespace(policies={}),
                            config=SimpleNamespace(data_dir=tmp_path, validator_keys=(), quorum=2))
     for k in validators:
         node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
@@ -269,22 +280,28 @@ def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_
         for k in assigned(validators, g):
             gate.on_vote(vote(k, g), 1.0)
 
+    def why(now):
+        return why_publish_now(counts(gate, publisher.known_workers()), swarm_facts(node, run, publisher, gate),
+                               waiting, now)
+
     first = group(worker=worker, task=1)
     gate.on_rollout(first, 0.5)
     settle(first)
     assert not gate.answered_in_full(1, publisher.known_workers())
-    assert not waiting.ready(gate, 1.0, False) and why_publish_now(node, run, publisher, gate, waiting, 1.0) is None
+    assert not waiting.ready(counts(gate), 1.0) and why(1.0) is None
     gate.on_rollout(first, 1.5)  # a resent group is not a second answer
     assert not gate.answered_in_full(1, publisher.known_workers())
     second = group(worker=worker, task=2)
     gate.on_rollout(second, 1.5)
     assert gate.answered_in_full(1, publisher.known_workers())
-    assert why_publish_now(node, run, publisher, gate, waiting, 2.0) is None  # its votes are still awaited
+    assert why(2.0) is None  # its votes are still awaited
     settle(second)
-    assert not waiting.ready(gate, 2.0, True)  # async: two of four, and a new version keeps them
-    assert "every inference peer sent its 2 groups" in why_publish_now(node, run, publisher, gate, waiting, 2.0)
+    # async: two of four, and a new version keeps them
+    assert not waiting.ready(counts(gate, publisher.known_workers()), 2.0)
+    assert "every inference peer sent its 2 groups" in why(2.0)
     gate.async_level = 0
-    assert waiting.ready(gate, 2.0, True)  # synchronous: train on the two now instead of after patience_s
+    # synchronous: train on the two now instead of after patience_s
+    assert waiting.ready(counts(gate, publisher.known_workers()), 2.0)
     gate.async_level = 1
     assert not gate.answered_in_full(1, publisher.known_workers() | {"another-worker"})  # it has not answered
     for _ in range(4):
@@ -311,7 +328,7 @@ async def test_the_trainer_publishes_no_version_until_a_quorum_of_validators_is_
     import trio
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.trainer import SwarmPublisher
 
     emitted = []
     node = SimpleNamespace(peer_roles={}, config=SimpleNamespace(data_dir=tmp_path, validator_keys=()),
@@ -352,7 +369,7 @@ def test_rollouts_waiting_on_a_validator_that_left_time_out_when_it_is_no_longer
 def test_a_peer_that_also_validates_is_never_assigned_its_own_rollouts():
     """Otherwise its accepting vote counted toward the quorum of rollouts it generated itself."""
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_validator import assigned_to_me
+    from swarm.roles.validator import assigned_to_me
 
     validators = keys(2)
     both = peer_id_from_public_bytes(public_key_of(validators[0]))  # generates and validates under one key
@@ -369,7 +386,7 @@ def test_a_peer_that_also_validates_is_never_assigned_its_own_rollouts():
     assert gate.on_vote(vote(validators[1], g), 1.0) == "counted" and gate.accepted == [g]
     strict = gate_with(validators)  # quorum 2 of the one other validator: refused, and nobody blamed
     assert strict.on_rollout(group(worker=both, task=99), 0.0) == "fewer validators than the quorum"
-    from swarm.role_inference import unanswerable
+    from swarm.roles.inference import unanswerable
 
     assert "its quorum needs 2 other than this peer" in unanswerable(version, both, 1)  # so it does not generate
     assert unanswerable(version, "12D3KooWother", 1) == ""
@@ -379,7 +396,7 @@ def test_a_trainer_given_validator_keys_names_only_those_and_reports_the_others_
     from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
-    from swarm.role_trainer import SwarmPublisher
+    from swarm.roles.trainer import SwarmPublisher
 
     listed, stranger = [public_key_of(k) for k in keys(2)]
     emitted = []
@@ -462,3 +479,30 @@ def test_slots_differ_by_worker_task_version_and_step_only():
                   dataclasses.replace(g, run="other"), dataclasses.replace(g, dataset="chain_sum")):
         assert other.slot().key() != g.slot().key()
 
+
+
+def test_the_decision_to_publish_early_is_pure_over_plain_values():
+    """why_publish_now reads plain values only (what the gate holds, what the trainer hears of its swarm, the time),
+    so every branch is checked here without a gate, a node or a clock."""
+    from swarm.roles.batch_wait import BatchWait, GateCounts, SwarmFacts, why_publish_now
+
+    facts = SwarmFacts(quorum_here=True, workers_known=True, validators_departed=0, validators_changed=False,
+                       newest_held=2, trained_since_publish=False)
+    gate = GateCounts(ready=0, awaiting_votes=0, async_level=1, newest=2, prompts_per_worker=2)
+    waiting = BatchWait(wanted=4, since=0.0, patience_s=30.0, retry_after_s=120.0)
+    assert why_publish_now(gate, facts, waiting, 10.0) is None  # nothing wrong, and not starved yet
+    assert why_publish_now(gate, facts, waiting, 31.0) is None  # starved, but nothing says a new version helps
+    assert "peers hold v3" in why_publish_now(gate, dataclasses.replace(facts, newest_held=3), waiting, 31.0)
+    assert "answered it" in why_publish_now(gate, dataclasses.replace(facts, trained_since_publish=True), waiting, 31.0)
+    assert "other validators" in why_publish_now(gate, dataclasses.replace(facts, validators_changed=True), waiting,
+                                                 31.0)
+    assert "lost" in why_publish_now(gate, facts, waiting, 120.0)
+    assert why_publish_now(dataclasses.replace(gate, awaiting_votes=1), facts, waiting, 120.0) is None  # votes due
+    left = dataclasses.replace(facts, validators_departed=1)
+    assert "1 of the validators it names left" in why_publish_now(gate, left, waiting, 1.0)  # at once
+    assert why_publish_now(gate, dataclasses.replace(left, quorum_here=False), waiting, 1.0) is None
+    assert why_publish_now(dataclasses.replace(gate, ready=1, async_level=0), left, waiting, 1.0) is None
+    full = dataclasses.replace(gate, answered_in_full=True)
+    assert "sent its 2 groups" in why_publish_now(full, facts, waiting, 1.0)
+    assert waiting.ready(dataclasses.replace(full, ready=2, async_level=0), 1.0)  # synchronous: train on what it has
+    assert not waiting.ready(dataclasses.replace(full, ready=2), 1.0)  # async: a new version keeps the two

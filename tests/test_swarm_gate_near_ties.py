@@ -10,8 +10,8 @@ import random
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from swarm.rollout_gate import RolloutGate
-from swarm.runspec import RunSpec
+from swarm.policy.runspec import RunSpec
+from swarm.roles.gate import RolloutGate
 from verify.checks import CheckResult
 from verify.neartie import NO_NEAR_TIES, NearTies
 from verify.rollout import Completion, RolloutGroup

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from swarm.errors import UserError
-from swarm.gc_warmup import run_freezing_after_warmup
+from swarm.node.gc_warmup import run_freezing_after_warmup
 
 
 class Node:

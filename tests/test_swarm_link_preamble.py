@@ -10,10 +10,10 @@ import trio.testing
 from p2p.budget import FREE_BYTES, BudgetExhausted, ByteRate, MemoryBudget
 from p2p.identity import Identity
 from p2p.store import PieceStore
-from swarm import mirror as mirror_module
-from swarm.link_preamble import MAX_SIGNED_BYTES, Preamble, PreambleBreach, decode_head, read_body, read_head
-from swarm.mirror import PolicyMirror
-from swarm.trust import TrainerTrust
+from swarm.policy import mirror as mirror_module
+from swarm.policy.link_preamble import MAX_SIGNED_BYTES, Preamble, PreambleBreach, decode_head, read_body, read_head
+from swarm.policy.mirror import PolicyMirror
+from swarm.policy.trust import TrainerTrust
 
 ROUTE = bytes(range(32))
 KIB = 1024

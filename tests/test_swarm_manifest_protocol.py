@@ -12,7 +12,7 @@ import trio
 
 from p2p.errors import HostError
 from p2p.host import open_host, read_exactly
-from swarm.manifest_protocol import PROTOCOL, fetch_manifest, install_manifest_server
+from swarm.policy.manifest_protocol import PROTOCOL, fetch_manifest, install_manifest_server
 
 KNOWN = b"k" * 32
 

@@ -13,8 +13,8 @@ from safetensors.numpy import save_file
 from p2p.identity import Identity
 from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 from p2p.store import PieceStore
-from swarm.mirror import PolicyMirror
-from swarm.trust import TrainerTrust
+from swarm.policy.mirror import PolicyMirror
+from swarm.policy.trust import TrainerTrust
 
 
 def signed_version(tmp, key: Identity, version: int) -> bytes:
@@ -87,7 +87,7 @@ async def test_a_version_being_reassembled_is_held_out_of_garbage_collection(tmp
     the store closed and deleted its files under the reading thread. Held, it stays (files included) until read."""
     from types import SimpleNamespace
 
-    from swarm.policy_files import PolicyLeftWindow, materialize
+    from swarm.policy.files import PolicyLeftWindow, materialize
 
     key = Identity.generate()
     with PieceStore(tmp_path / "store", keep_versions=2) as store:
@@ -116,7 +116,7 @@ async def test_reassembled_copies_go_with_their_versions_but_not_while_held(tmp_
     at start."""
     from types import SimpleNamespace
 
-    from swarm.policy_files import open_version
+    from swarm.policy.files import open_version
 
     key = Identity.generate()
     copies = tmp_path / "peer" / "policies"
@@ -132,7 +132,7 @@ async def test_reassembled_copies_go_with_their_versions_but_not_while_held(tmp_
             assert list(copies.iterdir()) == []
             versions = [mirror.adopt(signed_version(tmp_path, key, v), local_dir=tmp_path / f"v{v}") for v in (0, 1)]
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr("swarm.runspec.version_tasks", lambda spec, manifest, directory: "tasks")
+                patch.setattr("swarm.policy.runspec.version_tasks", lambda spec, manifest, directory: "tasks")
                 async with open_version(node, spec, versions[0]) as (directory, tasks):
                     assert (directory / "model.safetensors").is_file() and tasks == "tasks"
                     mirror.adopt(signed_version(tmp_path, key, 2), local_dir=tmp_path / "v2")
@@ -245,7 +245,7 @@ async def test_channels_naming_an_unknown_manifest_count_against_the_peers_waiti
     """A channel keeps its place in the waiting limit while it waits for its manifest, not only until its preamble
     is read: otherwise one peer keeps 200 channels open at once, each naming an id nobody knows, for the whole
     adoption wait."""
-    from swarm.mirror import MAX_WAITING_PER_PEER
+    from swarm.policy.mirror import MAX_WAITING_PER_PEER
 
     key = Identity.generate()
     with PieceStore(tmp_path / "store") as store:
@@ -278,6 +278,6 @@ async def test_with_a_pinned_key_another_signers_manifest_is_refused_before_it_i
 
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
-            monkeypatch.setattr("swarm.mirror.verify_manifest", must_not_decode)
+            monkeypatch.setattr("swarm.policy.mirror.verify_manifest", must_not_decode)
             assert mirror.adopt(signed_version(tmp_path, mallory, 0)) is None
             nursery.cancel_scope.cancel()

@@ -1,5 +1,5 @@
 """A node's own gossip on loopback and in isolation: hostile heartbeats, fault injection at each handler, and the
-heartbeat dial limit (swarm.node_gossip)."""
+heartbeat dial limit (swarm.node.gossip)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ async def test_hostile_heartbeats_neither_stop_a_peer_nor_start_a_fetch_per_entr
     """A heartbeat with `"policies": 7` must not end the peer, nor one listing an id 16 times start 16 fetches
     of it. Mistyped bodies are refused by gossip's validator (scored, not delivered), a
     well-formed one listing an id 16 times starts one fetch, and the peer goes on hearing others."""
-    from swarm import node_gossip
+    import swarm.node.gossip as node_gossip
 
     trainer = Identity.generate()
     fetches: list[bytes] = []
@@ -85,7 +85,7 @@ async def test_an_exception_in_any_gossip_handler_drops_one_message_and_the_peer
     """Fault injection at each of a node's gossip handler boundaries (heartbeats, manifest announcements): a
     RuntimeError raised for a message drops it, costs its sender and logs one line; the node keeps running and
     handles the next message."""
-    from swarm import node_gossip
+    import swarm.node.gossip as node_gossip
 
     trainer = Identity.generate()
     handled: list[str] = []
@@ -129,9 +129,9 @@ async def test_throwaway_ids_fill_the_heartbeat_dial_limit_only_for_a_while(auto
     identities heartbeating once kept every later peer from being dialed."""
     from types import SimpleNamespace
 
-    from swarm.gossip_bodies import Heartbeat
-    from swarm.node_gossip import HEARTBEAT_REDIAL_S
-    from swarm.node_gossip import on_heartbeat as _on_heartbeat
+    from swarm.messages.gossip_bodies import Heartbeat
+    from swarm.node.gossip import HEARTBEAT_REDIAL_S
+    from swarm.node.gossip import on_heartbeat as _on_heartbeat
 
     started = []
     node = SimpleNamespace(
@@ -154,7 +154,7 @@ async def test_throwaway_ids_fill_the_heartbeat_dial_limit_only_for_a_while(auto
 
 
 async def test_a_peer_whose_streams_fault_the_host_pays_in_gossip_too_and_three_faults_ban_it_there(tmp_path):
-    """One accountability (swarm.node_gossip.share_host_faults): each stream that makes a node's handler fail
+    """One accountability (swarm.node.gossip.share_host_faults): each stream that makes a node's handler fail
     costs its peer gossip score, and the three faults that ban it from the host ban it from gossip as well."""
     from libp2p.network.stream.exceptions import StreamError
 

@@ -17,7 +17,7 @@ from p2p.identity import Identity, write_key_file
 from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.config import load_config
 from swarm.events import EventSink
-from swarm.node import open_node_parts
+from swarm.node.node import open_node_parts
 
 
 def make_checkpoint(path: Path, floats: int = 300_000) -> bytes:
@@ -193,7 +193,7 @@ async def test_a_peer_that_missed_every_announcement_finds_the_newest_policy_thr
 async def test_swarm_publish_from_a_fresh_data_dir_numbers_its_checkpoint_past_the_runs_newest_version(tmp_path):
     """A publisher on a fresh data directory asks the swarm (the DHT's signed record) for the newest version first:
     numbered v1, its checkpoint would be dropped by every peer of a run already at v3 as older than its window."""
-    from swarm.cmd_publish import next_version
+    from swarm.cli.publish import next_version
 
     trainer = Identity.generate()
     _, manifest, signed = signed_checkpoint(tmp_path, trainer, version=3)
@@ -331,7 +331,7 @@ async def test_a_slow_dht_put_is_quiet_until_it_becomes_a_streak(caplog, autojum
     """One latest-manifest put that times out is routine (the DHT re-puts it); a streak of them is one warning."""
     import logging
 
-    from swarm.node import DHT_PUT_LIMIT_S, DHT_PUT_WARN_AFTER, Node
+    from swarm.node.node import DHT_PUT_LIMIT_S, DHT_PUT_WARN_AFTER, Node
 
     class StuckDht:
         stuck = True
@@ -342,7 +342,7 @@ async def test_a_slow_dht_put_is_quiet_until_it_becomes_a_streak(caplog, autojum
 
     async with trio.open_nursery() as nursery:
         node = Node(config=None, host=None, gossip=None, mirror=None, events=None, nursery=nursery, dht=StuckDht())
-        caplog.set_level(logging.DEBUG, logger="swarm.node")
+        caplog.set_level(logging.DEBUG, logger="swarm.node.node")
 
         async def put_and_count_warnings() -> int:
             before = trio.current_time()
@@ -366,7 +366,7 @@ async def test_a_slow_dht_put_is_quiet_until_it_becomes_a_streak(caplog, autojum
 def test_a_peer_is_forgotten_once_its_heartbeats_stop_and_remembered_while_they_come():
     from types import SimpleNamespace
 
-    from swarm.node import Node
+    from swarm.node.node import Node
 
     node = Node(SimpleNamespace(peer_silence_s=30.0), None, None, None, None, None)
     node.heard_from("validator-a", ("validator",), now=0.0)

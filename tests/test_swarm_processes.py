@@ -12,7 +12,7 @@ import socket
 import time
 
 from p2p.identity import Identity, write_key_file
-from swarm.bench_broadcast import EventProcess
+from swarm.bench.broadcast import EventProcess
 
 TRAINER_TOML = """\
 model = "tiny"

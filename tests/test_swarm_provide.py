@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import trio
 
-from swarm.node import _provide_held, held_keys
+from swarm.node.node import _provide_held, held_keys
 
 
 def policy(version: int, task_root: bytes = b"task") -> SimpleNamespace:

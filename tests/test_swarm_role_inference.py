@@ -11,9 +11,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from inference import TorchBackend
 from inference.published import PublishedSlots, PublishedSlotsUnreadable
-from swarm.role_inference import _generate, published_slots_path
-from swarm.rollout_gate import SLOT_TAKEN, RolloutGate
-from swarm.runspec import RunSpec, VersionTasks
+from swarm.policy.runspec import RunSpec, VersionTasks
+from swarm.roles.gate import SLOT_TAKEN, RolloutGate
+from swarm.roles.inference import _generate, published_slots_path
 from tasks import load_tasks
 from verify.votes import public_key_of
 

@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 import trio
 
 import p2p.gossip
+import swarm.node.node as node_module
 from p2p.identity import Identity
-from swarm import node as node_module
 from swarm.shutdown import ExitGuard
 from tests.test_swarm_nodes import Peer
 
@@ -23,7 +23,7 @@ def test_a_peer_whose_gossip_never_finishes_closing_still_returns(tmp_path, monk
             yield gossip
             await trio.sleep_forever()  # a close that waits for ever (cancellable: the grace period ends it)
 
-    monkeypatch.setattr(p2p.gossip, "open_gossip", hanging_gossip)
+    monkeypatch.setattr(node_module, "open_gossip", hanging_gossip)
     monkeypatch.setattr(node_module, "TEARDOWN_GRACE_S", 0.5)
     peer = Peer(tmp_path, "a", Identity.generate())
     stopping: list = []
@@ -37,7 +37,7 @@ def test_a_peer_whose_gossip_never_finishes_closing_still_returns(tmp_path, monk
                                                      [stop_once_running], peer.trainer.public_bytes,
                                                      stopping.append)
 
-    with caplog.at_level(logging.WARNING, logger="swarm.node"):
+    with caplog.at_level(logging.WARNING, logger="swarm.node.node"):
         assert trio.run(main) == 0
     assert len(stopping) == 1 and stopping[0].done.is_set()
     assert "closing the network took over" in caplog.text

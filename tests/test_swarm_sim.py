@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from swarm.events import EventSink
-from swarm.sim import SimSettings, run_sim, summarize
+from swarm.sim.run import SimSettings, run_sim, summarize
 
 
 @pytest.mark.timeout(280)

@@ -11,10 +11,10 @@ import trio
 
 from p2p.errors import EnvelopeError
 from p2p.identity import Identity, peer_id_from_public_bytes
-from swarm.cmd_status import observe
-from swarm.gossip_bodies import decode_heartbeat
-from swarm.status import SwarmView, render, to_json
-from swarm.vote_messages import vote_bodies
+from swarm.cli.status import observe
+from swarm.cli.status_view import SwarmView, render, to_json
+from swarm.messages.gossip_bodies import decode_heartbeat
+from swarm.messages.votes import vote_bodies
 from tests.test_swarm_nodes import Peer, signed_checkpoint, start_seeding
 from verify.votes import sign_vote, verify_vote
 
@@ -146,8 +146,8 @@ async def test_an_observer_sees_the_peers_their_versions_and_votes_and_checks_th
 
 
 def test_a_peer_keeps_its_roles_latest_milestones_for_its_heartbeats():
-    from swarm.node import Node
-    from swarm.node_gossip import heartbeat_body as _heartbeat_body
+    from swarm.node.gossip import heartbeat_body as _heartbeat_body
+    from swarm.node.node import Node
 
     node = Node(config=SimpleNamespace(roles=("trainer",)), host=SimpleNamespace(multiaddrs=["/ip4/127.0.0.1/tcp/1"]),
                 gossip=None, mirror=SimpleNamespace(policies={}), events=None, nursery=None)
@@ -161,7 +161,7 @@ def test_a_peer_keeps_its_roles_latest_milestones_for_its_heartbeats():
 
 
 def test_the_simulation_says_how_to_watch_it(capsys):
-    from swarm.cmd_sim import _narrate
+    from swarm.cli.sim import _narrate
 
     _narrate({"event": "listening", "peer": "trainer", "addrs": ["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx"]})
     _narrate({"event": "listening", "peer": "validator0", "addrs": ["/ip4/127.0.0.1/tcp/4002/p2p/12D3KooWy"]})
@@ -198,7 +198,7 @@ async def test_no_peer_input_ends_the_observer_and_its_report_stays_strict_json(
     """Fault injection at the observer's boundaries: every heartbeat makes the view raise, and the newest
     manifest's check raises (as for a manifest with a field of the wrong type). The observer
     still returns its report, and the report is strict JSON."""
-    from swarm import cmd_status
+    import swarm.cli.status as cmd_status
 
     def broken_view(self, sender, beat, now):
         raise RuntimeError("injected fault in the heartbeat view")

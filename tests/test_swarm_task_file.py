@@ -8,10 +8,10 @@ import json
 import pytest
 
 from p2p.manifest import MIN_PIECE_SIZE, file_entry
-from swarm import runspec
 from swarm.errors import UserError
-from swarm.runspec import RunSpec, spec_tasks, training_tasks, version_tasks
-from swarm.task_file import place_task_file, snapshot_task_file
+from swarm.policy import runspec
+from swarm.policy.runspec import RunSpec, spec_tasks, training_tasks, version_tasks
+from swarm.policy.task_file import place_task_file, snapshot_task_file
 from tests.test_p2p_manifest import build, make_policy
 
 ROWS = [{"prompt": f"What is {i} + {i % 7}?", "answer": str(i + i % 7)} for i in range(60)]

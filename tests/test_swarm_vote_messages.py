@@ -7,7 +7,7 @@ import msgpack
 
 from p2p.envelope import DEFAULT_MAX_BYTES, seal
 from p2p.identity import Identity
-from swarm.vote_messages import MAX_VOTES, VOTE_BYTES, vote_bodies, votes_in
+from swarm.messages.votes import MAX_VOTES, VOTE_BYTES, vote_bodies, votes_in
 from verify.checks import CheckResult
 from verify.votes import MAX_CHECKS, MAX_REASON, sign_vote, verify_vote
 

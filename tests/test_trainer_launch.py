@@ -92,7 +92,7 @@ def test_two_fsdp_ranks_train_and_resume_like_one_process(single_run, tmp_path):
 
 
 def test_fsdp_needs_several_ranks(tmp_path, capsys):
-    from swarm.cli import main
+    from swarm.cli.main import main
 
     assert main([*TRAIN, "--parallel", "fsdp", "--out", str(tmp_path)]) == 2
     assert "--nproc 2 or more" in capsys.readouterr().err
@@ -109,7 +109,7 @@ def test_two_ranks_train_asynchronously_with_rank_0s_generator_process(single_ru
 
 
 def test_a_generator_thread_cannot_serve_several_ranks(tmp_path, capsys):
-    from swarm.cli import main
+    from swarm.cli.main import main
 
     assert main([*TRAIN, "--nproc", "2", "--async-level", "1", "--generator", "thread", "--out", str(tmp_path)]) == 2
     assert "needs the generator process" in capsys.readouterr().err

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from swarm.cli import main
+from swarm.cli.main import main
 from trainer.config import load_config
 from trainer.report import read_log
 from trainer.session import train

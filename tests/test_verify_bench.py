@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from swarm.cli import main
+from swarm.cli.main import main
 
 
 def test_bench_verify_smoke(capsys):
@@ -68,8 +68,8 @@ def test_bench_config_defaults_match_the_command_line():
     import argparse
     import dataclasses
 
-    from swarm.cmd_bench_verify import add_arguments
-    from verify.bench import BenchConfig
+    from swarm.bench.verify import add_arguments
+    from swarm.bench.verify_harness import BenchConfig
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 VERSION = 4
 MANIFESTS = {v: bytes([v + 1]) * 32 for v in range(6)}
-CONFIG = CheckConfig(min_eos_prob=0.0)  # as validators run (swarm.role_validator.check_config)
+CONFIG = CheckConfig(min_eos_prob=0.0)  # as validators run (swarm.roles.validator.check_config)
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import dataclasses
 
 import pytest
 
+from swarm.bench.verify_harness import BenchConfig, Harness
 from swarm.errors import UserError
-from swarm.role_validator import check_config
-from swarm.runspec import RunSpec
-from verify.bench import BenchConfig, Harness
+from swarm.policy.runspec import RunSpec
+from swarm.roles.validator import check_config
 from verify.checks import CheckConfig
 
 

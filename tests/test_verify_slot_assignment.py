@@ -6,8 +6,8 @@ import os
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from swarm.rollout_gate import RolloutGate
-from swarm.runspec import RunSpec
+from swarm.policy.runspec import RunSpec
+from swarm.roles.gate import RolloutGate
 from verify.rollout import Completion, RolloutGroup
 from verify.votes import assign_validators, public_key_of
 
@@ -40,8 +40,8 @@ def assigned(keys_, g):
 
 
 def announced(g: RolloutGroup):
-    """The announcement a worker makes for `g` when it is too large for gossip (swarm.rollout_codec)."""
-    from swarm.rollout_codec import Announcement
+    """The announcement a worker makes for `g` when it is too large for gossip (swarm.messages.rollout_codec)."""
+    from swarm.messages.rollout_codec import Announcement
 
     return Announcement(b"b" * 32, 10, 20, g.worker, g.rollout_id(), g.policy_version, (), g.run, g.step, g.dataset,
                         g.task_index)
@@ -50,7 +50,7 @@ def announced(g: RolloutGroup):
 def test_the_validators_of_a_rollout_follow_its_slot_never_its_bytes():
     """A worker that jitters its group's bytes until colluding validators are drawn draws the same ones every time:
     the gate's quorum, a validator's filter for inline groups and for announced ones all key on the slot."""
-    from swarm.role_validator import assigned_to_me
+    from swarm.roles.validator import assigned_to_me
     from verify.quorum import QuorumConfig, QuorumTracker
 
     validators = keys(6)
@@ -80,7 +80,7 @@ def test_the_gate_draws_for_a_group_the_validators_of_its_slot():
 def test_a_validator_fetches_only_announced_groups_assigned_to_it_and_not_from_workers_it_banned():
     from types import SimpleNamespace
 
-    from swarm.role_validator import VersionModels, assigned_to_me, wants_announced
+    from swarm.roles.validator import VersionModels, assigned_to_me, wants_announced
     from verify.reputation import Reputation
 
     keys = [bytes([k]) * 32 for k in range(1, 6)]

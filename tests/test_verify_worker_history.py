@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from verify import attacks
+from swarm.bench import attacks
 from verify.checks import CheckConfig, CheckResult, RunContext
 from verify.neartie import GAP_EDGES, NO_NEAR_TIES, NearTies, count_near_ties, near_ties_of
 from verify.testing import GymTasks, honest_group, tiny_model
@@ -125,7 +125,7 @@ def test_a_banned_workers_group_is_rejected_with_the_named_reason():
 def test_the_validator_bans_through_its_history_and_reports_once():
     from types import SimpleNamespace
 
-    from swarm.role_validator import NearTieHistories, VersionModels
+    from swarm.roles.validator import NearTieHistories, VersionModels
     from verify.reputation import Reputation
 
     emitted = []

@@ -84,7 +84,7 @@ def generate_group(model, prompt: list[int], keys: list[SamplingKey], temperatur
 
     hidden[t] is the final-norm output at the position whose logits sampled token t (see verify.toploc).
     choose(logits [B, V], noise [B, V], temperature, live [B] bool) -> (tokens [B], logprobs [B]) picks each
-    step's tokens: the seeded sampler by default, a cheating worker's rule in verify/attacks.py.
+    step's tokens: the seeded sampler by default, a cheating worker's rule in swarm/bench/attacks.py.
     """
     n = len(keys)
     vocab = model.config.vocab_size

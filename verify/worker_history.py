@@ -29,13 +29,13 @@ and an honest rate above p0 is still safe only up to the smallest alternative's 
 m = 4), beyond which the evidence drifts up.
 
 Where this state lives, and why spreading groups over validators does not help a cheater. Each validator keeps
-one (this module is pure state; swarm/role_validator.py feeds it every verdict it reaches, rejects a banned
+one (this module is pure state; swarm/roles/validator.py feeds it every verdict it reaches, rejects a banned
 worker's group with the reason `near_ties` and fetches none of its later groups). That alone is not enough: with
 r replicas out of V validators each sees about r / V of a worker's groups, and the validators of a group follow
 from its rollout id by rendezvous hashing (verify/votes.py), which a worker can steer by grinding the group's
 bytes (a jittered logprob) as long as the id is the bytes. So every vote carries the group's evidence (the
 `near_ties` check row, `evidence_row`: flips and tokens), and the trainer's gate sums a worker's evidence over
-every group it settles with the same test (swarm/gate_evidence.py: per group the lower median of the settling
+every group it settles with the same test (swarm/roles/gate_evidence.py: per group the lower median of the settling
 votes' rows), so a worker gains nothing by spreading its groups, and one lying validator cannot frame an honest
 worker. `VoteEvidence` does the same for a peer that reads every vote without settling quorums (it waits for all
 `replicas` votes of a rollout, so with three replicas one liar can hide no cheater's flips either).

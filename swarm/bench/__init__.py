@@ -1,0 +1,1 @@
+"""Every `swarm bench` command and what only benchmarks use (attack generators, simulations, bounds, fuzz targets)."""

@@ -1,0 +1,286 @@
+"""`swarm bench broadcast`: a seed and N real peers (separate `swarm` processes on loopback) share one policy.
+
+What is measured, in one run so the ratios are fair on a noisy machine:
+- t_swarm_s: from the publisher's announcement to the last peer holding every verified piece, peers re-seeding;
+- t_single_origin_s: the same peers and caps, each fetching from the seed alone (`--no-reseed`);
+- t_min_s: the Kumar-Ross bound max(F/U0, N*F/(U0 + N*u)) for those caps;
+- seed_upload_ratio: bytes the seed uploaded (its own counter, reported after the last peer completed) / file size;
+- all_verified: after the peers exit, every peer's store is reassembled and compared (BLAKE3) with the original;
+- peer_max_rss_mb: the largest peak RSS of a peer process (seed-only peers never load whole files), with
+  peer_upload_mb (what each peer served to the others) and seed_rss_mb (the publishing seed's peak RSS).
+Process start-up is not counted: the publisher announces once every pair of processes holds a warm data channel
+(`warm_links` says how many pairs were warm when the clock started; see `_warm_up`). The publisher is this module's
+`publisher_main`, `swarm publish` with an announce trigger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import blake3
+
+from swarm.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--peers", type=int, default=8)
+    parser.add_argument("--size-mb", dest="size_mb", type=float, default=32)
+    parser.add_argument("--upload-mbps", dest="upload_mbps", type=float, default=32, help="each peer's upload cap")
+    parser.add_argument("--seed-upload-mbps", dest="seed_upload_mbps", type=float, default=32)
+    parser.add_argument("--piece-kb", dest="piece_kb", type=int, default=256)
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the single-origin run")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a phase is abandoned")
+    parser.add_argument("--warmup", type=float, default=60.0,
+                        help="seconds to wait for warm data channels between all processes before publishing")
+    parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep files here (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+
+
+def _make_checkpoint(path: Path, size_mb: float) -> bytes:
+    """A safetensors file of `size_mb` MiB of random float32 values plus model.json; returns its BLAKE3."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    n = max(1, int(size_mb * 2**20 / 4))
+    save_file(
+        {"weight": np.random.default_rng(0).standard_normal(n, dtype=np.float32)}, str(path / "model.safetensors")
+    )
+    (path / "model.json").write_text(json.dumps({"architecture": "bench", "tokenizer": "none"}))
+    return blake3.blake3((path / "model.safetensors").read_bytes()).digest()
+
+
+class EventProcess:
+    """A child process whose JSON event lines a thread collects as they come.
+
+    Why a thread per process: a child whose stdout pipe is not drained blocks in its next print (and with it its
+    whole trio loop, uploads included); reading processes one after another stalled the ones not being read.
+    """
+
+    def __init__(self, argv: list[str], log_path: Path, stdin: int | None = None) -> None:
+        self.log = open(log_path, "w")
+        self.popen = subprocess.Popen([sys.executable, *argv], stdin=stdin, stdout=subprocess.PIPE, stderr=self.log,
+                                      text=True, bufsize=1)
+        self.seen: list[dict] = []
+        self.ended = False
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.popen.stdout:
+            self.log.write(line)
+            self.log.flush()
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            with self._cond:
+                self.seen.append(event)
+                self._cond.notify_all()
+        with self._cond:
+            self.ended = True
+            self._cond.notify_all()
+
+    def events(self, kind: str) -> list[dict]:
+        with self._cond:
+            return [e for e in self.seen if e.get("event") == kind]
+
+    def wait_for(self, kind: str, deadline: float, after: float = -math.inf, **match) -> dict:
+        """The first event of `kind`, stamped after `after`, whose fields equal `match`; UserError if the process
+        exits or time runs out first."""
+        with self._cond:
+            while True:
+                for event in self.seen:
+                    if (event.get("event") == kind and event["t"] > after
+                            and all(event.get(k) == v for k, v in match.items())):
+                        return event
+                if self.ended:
+                    raise UserError(f"a benchmark process exited before '{kind}'; see {self.log.name}")
+                if not self._cond.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    raise UserError(f"no '{kind}' event before the deadline; see {self.log.name}")
+
+    def peak_rss_mb(self) -> float:
+        """Peak resident memory of the running process (Linux /proc; 0 where unavailable)."""
+        try:
+            for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+        except OSError:
+            pass
+        return 0.0
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._reader.join(5)
+        self.log.close()
+
+
+def _warm_up(procs: list[EventProcess], deadline: float) -> tuple[int, int]:
+    """Wait until every pair of processes holds a warm data channel (a mirror's 'spare' event); returns (pairs
+    warm, pairs in all). Why: a run's peers live for many versions, so a new version finds its links open; a
+    cold start would measure libp2p start-up (connections, then several seconds per data-channel dial) instead."""
+    ids = {p.wait_for("listening", deadline)["peer_id"] for p in procs}
+    wanted = len(ids) * (len(ids) - 1) // 2
+    while True:
+        warm = set()
+        for p in procs:
+            me = p.events("listening")[0]["peer_id"]
+            warm |= {frozenset((me, e["peer"])) for e in p.events("spare") if e["peer"] in ids}
+        if len(warm) >= wanted or time.monotonic() > deadline:
+            return len(warm), wanted
+        time.sleep(0.2)
+
+
+_PUBLISHER = "import sys; from swarm.bench.broadcast import publisher_main; sys.exit(publisher_main(sys.argv[1:]))"
+
+
+def publisher_main(argv: list[str]) -> int:
+    """The bench's publisher: what `swarm publish` does, except that it announces when told (a line on stdin), so
+    the bench can start the clock on a warm swarm. argv: checkpoint, run, key file, data dir, piece KiB, Mbit/s."""
+    import trio
+
+    from p2p.identity import read_key_file
+    from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+    from swarm.config import load_config
+    from swarm.events import EventSink
+    from swarm.node.node import open_node_parts
+
+    ckpt, run, key_file, data_dir, piece_kb, upload_mbps = argv
+    key = read_key_file(Path(key_file))
+    config = load_config(None, {"roles": ("seed",), "run": run, "data_dir": Path(data_dir), "listen": (),
+                                "bootstrap": (), "upload_mbps": float(upload_mbps), "piece_kb": int(piece_kb),
+                                "trainer_key": key.public_bytes.hex()})
+    events = EventSink(json_lines=True)
+    events.configure_logging()
+
+    async def publish(node) -> None:
+        manifest = build_manifest(Path(ckpt), run=run, version=1, parent_version=None, created_at=time.time(),
+                                  generation=GenerationSettings(8, 0.6, 256, 0), piece_size=int(piece_kb) * 1024)
+        signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
+        await trio.wrap_file(sys.stdin).readline()
+        node.mirror.adopt(signed, local_dir=Path(ckpt))
+        events.emit("published", version=1, id=manifest.id.hex(), bytes=manifest.total_size)
+        await node.announce_policy(signed, manifest)
+
+    return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)
+
+
+def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
+    """One distribution: peers stay up and keep re-seeding until the LAST one holds every piece.
+
+    Why peers do not exit on completion: a finished peer that leaves stops uploading, so the stragglers fall back on
+    the seed (measured: 2.5x the file uploaded by the seed, 3x the bound); the bound assumes every peer uploads
+    until the distribution is over, and so do the peers of a run.
+    """
+    tag = "swarm" if reseed else "single"
+    start_deadline = time.monotonic() + args.timeout
+    pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
+                 str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps)], work / f"{tag}-seed.log",
+                stdin=subprocess.PIPE)
+    peers: list[EventProcess] = []
+    try:
+        # every peer bootstraps from the seed and from all peers started before it (a tracker's peer list), so the
+        # swarm is fully connected without waiting for heartbeat discovery
+        known = [pub.wait_for("listening", start_deadline)["addrs"][0]]
+        for i in range(args.peers):
+            flags = ["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
+                     key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
+                     "--json-events", *[f for addr in known for f in ("--bootstrap", addr)]]
+            peers.append(EventProcess(flags + ([] if reseed else ["--no-reseed"]), work / f"{tag}-peer{i}.log"))
+            known.append(peers[-1].wait_for("listening", time.monotonic() + args.timeout)["addrs"][0])
+        warm = _warm_up([pub] + peers, time.monotonic() + args.warmup)
+        pub.popen.stdin.write("go\n")
+        pub.popen.stdin.flush()
+        published = pub.wait_for("published", time.monotonic() + args.timeout)
+        deadline = time.monotonic() + args.timeout
+        done = [p.wait_for("complete", deadline, id=published["id"]) for p in peers]
+        t_done = max(d["t"] for d in done)
+        # the seed's own counter, from its first progress report after the last peer completed
+        seed_report = pub.wait_for("progress", deadline, after=t_done, version=published["version"])
+        # what each peer served by then: the memory figure must cover serving, not only fetching
+        uploads = [p.wait_for("progress", deadline, after=t_done, version=published["version"])["up_bytes"]
+                   for p in peers]
+        rss = max(p.peak_rss_mb() for p in peers)
+        seed_rss = pub.peak_rss_mb()
+    finally:
+        for p in peers + [pub]:
+            p.stop()
+    return {
+        "t": t_done - published["t"],
+        "seed_upload_bytes": seed_report["up_bytes"],
+        "max_rss_mb": rss,
+        "seed_rss_mb": seed_rss,
+        "peer_upload_bytes": uploads,
+        "warm": warm,
+        "manifest_id": published["id"],
+        "verified": _verify(work, tag, args.peers, published["id"]),
+    }
+
+
+def _verify(work: Path, tag: str, peers: int, manifest_hex: str) -> bool:
+    """Reassemble every peer's copy from its store and compare it with the original file."""
+    from p2p.store import PieceStore
+
+    original = blake3.blake3((work / "ckpt" / "model.safetensors").read_bytes()).digest()
+    for i in range(peers):
+        with PieceStore(work / f"{tag}-peer{i}" / "store") as store:
+            manifest = store.manifest(bytes.fromhex(manifest_hex))
+            if manifest is None or not store.is_complete(manifest):
+                return False
+            out = store.reassemble(manifest, work / f"{tag}-peer{i}" / "out")
+            if blake3.blake3((out / "model.safetensors").read_bytes()).digest() != original:
+                return False
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    from p2p.identity import Identity, write_key_file
+    from swarm.bench.kumar_ross import min_distribution_time
+
+    if args.peers < 1 or args.size_mb <= 0 or args.upload_mbps <= 0 or args.seed_upload_mbps <= 0:
+        raise UserError("peers, size and upload caps must be positive")
+    with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        _make_checkpoint(work / "ckpt", args.size_mb)
+        key = Identity.generate()
+        if not (work / "trainer.key").exists():
+            write_key_file(work / "trainer.key", key)
+        from p2p.identity import read_key_file
+
+        key_hex = read_key_file(work / "trainer.key").public_bytes.hex()
+        file_bytes = (work / "ckpt" / "model.safetensors").stat().st_size
+        swarm = _phase(work, args, key_hex, reseed=True)
+        single = _phase(work, args, key_hex, reseed=False) if args.baseline else None
+    t_min = min_distribution_time(file_bytes, args.seed_upload_mbps * 1e6 / 8, args.upload_mbps * 1e6 / 8, args.peers)
+    result = {
+        "peers": args.peers, "size_mb": args.size_mb, "piece_kb": args.piece_kb,
+        "upload_mbps": args.upload_mbps, "seed_upload_mbps": args.seed_upload_mbps,
+        "t_swarm_s": round(swarm["t"], 3), "t_min_s": round(t_min, 3),
+        "t_swarm_over_t_min": round(swarm["t"] / t_min, 3),
+        "t_single_origin_s": round(single["t"], 3) if single else None,
+        "single_origin_over_swarm": round(single["t"] / swarm["t"], 3) if single else None,
+        "seed_upload_ratio": round(swarm["seed_upload_bytes"] / file_bytes, 3),
+        "all_verified": swarm["verified"] and (single is None or single["verified"]),
+        "peer_max_rss_mb": swarm["max_rss_mb"],
+        "peer_upload_mb": [round(b / 2**20, 1) for b in swarm["peer_upload_bytes"]],
+        "seed_rss_mb": swarm["seed_rss_mb"],
+        "warm_links": "{}/{}".format(*swarm["warm"]),
+    }
+    print(json.dumps(result))
+    return 0

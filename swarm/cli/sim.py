@@ -1,0 +1,177 @@
+"""`swarm sim`: simulate a whole swarm locally (see swarm/sim/run.py). Defaults finish in a few minutes on 2 cores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from swarm.events import describe
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("runs/sim"), help="where peers keep data and the report")
+    parser.add_argument("--inference", type=int, default=2, help="honest inference peers")
+    parser.add_argument("--validators", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=1, help="seed-only peers")
+    parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
+    parser.add_argument(
+        "--steps", type=int, default=16, help="trainer steps (one policy version each)"
+    )
+    parser.add_argument("--curriculum", default="none",
+                        help="none (one context, the default: it learns in every run; swarm bench curriculum), "
+                        "fastcurl (4 stages over the steps) or a TOML file of [[stage]] tables")
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF directory")
+    parser.add_argument(
+        "--task",
+        default="gcd",
+        help="reasoning-gym task (default: gcd up to 50, which tiny learns) or a .jsonl/.parquet "
+        "task file (the trainer reads it; the other peers receive it with every policy)",
+    )
+    parser.add_argument("--async-level", dest="async_level", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
+
+
+def run(args: argparse.Namespace) -> int:
+    import trio
+
+    from swarm.errors import UserError
+    from swarm.events import EventSink
+    from swarm.node.gc_warmup import run_freezing_after_warmup
+    from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
+    from swarm.sim.run import SimSettings, run_sim, summarize, write_report
+
+    if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
+        raise UserError("a simulation needs at least one inference peer, one validator and one step")
+    _check_task(args.task)
+    curriculum = _curriculum(args.curriculum)
+    _clear_previous_run(args.out)  # a simulation always starts a fresh run
+    settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
+                           cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
+                           async_level=args.async_level, timeout_s=args.timeout,
+                           curriculum=curriculum,
+                           task_config="{max_value = 50}" if args.task == "gcd" else "{}")
+    events: list[dict] = []
+    sink = EventSink(json_lines=args.json, stream=sys.stdout if args.json else open("/dev/null", "w"))
+    sink.listeners.append(events.append)
+    if not args.json:
+        sink.listeners.append(_narrate)
+    sink.configure_logging()
+
+    def finish(extra: dict) -> int:
+        report = summarize(events, extra)
+        write_report(args.out, report, events)
+        print(json.dumps(report) if args.json else _render(report, args.out), flush=True)
+        return 1 if extra["timed_out"] or any(e["event"] == "role_failed" for e in events) else 0
+
+    stopped: dict = {}
+    guard = ExitGuard(HARD_EXIT_AFTER_S, before_exit=lambda: finish(stopped))
+
+    def stopping(extra: dict) -> None:  # the work is done: from here on only the peers' network closes
+        stopped.update(extra)
+        guard.arm(0)
+
+    extra = trio.run(run_freezing_after_warmup, run_sim, settings, sink, stopping)
+    guard.disarm()
+    return finish(extra)
+
+
+def _check_task(task: str) -> None:
+    """A task file that does not load, or a name no reasoning-gym dataset has, is one line before any peer starts:
+    otherwise the whole swarm would start, fail inside the trainer's role and end in a report of zero steps."""
+    from tasks.builtin import builtin_names
+    from tasks.loading import is_task_file, load_tasks
+
+    if is_task_file(task):
+        load_tasks(task)  # TaskError names the file and the line
+    elif task not in builtin_names():
+        from tasks.errors import TaskError
+
+        raise TaskError(f"unknown task {task!r}: not a reasoning-gym dataset and not a .jsonl/.parquet file")
+
+
+def _curriculum(spec: str) -> str:
+    """A preset name as given, a [[stage]] file by its absolute path (the trainer peer reads it from its own
+    directory); anything else is one line before any peer starts."""
+    from trainer.curriculum import PRESETS
+    from trainer.errors import TrainerError
+
+    if spec in PRESETS:
+        return spec
+    if not Path(spec).is_file():
+        raise TrainerError(f"--curriculum {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a TOML file")
+    return str(Path(spec).resolve())
+
+
+SIM_MARKER = ".swarm-sim"
+"""Written into --out when a simulation starts: only a directory holding it (or an earlier run's report) is cleared."""
+
+
+def _clear_previous_run(out: Path) -> None:
+    """Delete an earlier simulation's directory, and nothing else: `--out ~/project` must not wipe a project."""
+    import shutil
+
+    from swarm.errors import UserError, usable_directory
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not ((out / SIM_MARKER).exists() or (out / "report.json").exists()):
+            raise UserError(f"--out {out} holds files that are not a simulation's; give an empty or new directory")
+        shutil.rmtree(out)
+    usable_directory(out, "--out directory")
+    (out / SIM_MARKER).write_text("a swarm sim run: `swarm sim` deletes this directory when it starts again\n")
+
+
+_NARRATED = ("published", "train_step", "trainer_waiting", "role_failed", "dht_found", "generated", "rejected_rollout",
+             "evaluated")
+
+
+def _narrate(e: dict) -> None:
+    """The simulation's story: role milestones in the words a peer uses (swarm.events.describe), each prefixed by
+    the peer's name, plus the watchdog's stall reports and the seed-only peer's copies."""
+    kind, who = e["event"], e.get("peer", "?")
+    line = None
+    if kind in _NARRATED:
+        line = describe(e)
+    elif kind == "stalled":
+        line = (f"no trainer step for {e['seconds']:.0f} s: knows v{e['knows']}, holds v{e['holds']}, "
+                f"connected to {e['connected']} peers, last: {e['last']}{' (STOPPED)' if e['stopped'] else ''}")
+    elif kind == "complete" and who.startswith("seed"):
+        line = f"mirrored policy v{e['version']}"
+    elif kind == "listening" and who == "trainer" and e.get("addrs"):
+        line = (
+            f"listening on {e['addrs'][0]} "
+            f"(watch the run from another shell: swarm status --run sim --bootstrap {e['addrs'][0]})"
+        )
+    if line:
+        print(f"[{who}] {line}", flush=True)
+
+
+def _render(report: dict, out: Path) -> str:
+    return "\n".join(
+        [
+            "",
+            f"simulation finished in {report['wall_s']} s{' (TIMED OUT)' if report['timed_out'] else ''}",
+            f"  trainer steps: {report['steps']}, rewards per step: {report['rewards']}",
+            f"  policy versions published: {report['versions_published']}, "
+            f"copies completed by peers: {report['policy_copies_completed']}",
+            f"  rollout groups generated: {report['groups_generated']}, "
+            f"rejecting votes: {report['votes_rejecting']} {report['rejection_reasons']}",
+            f"  trainer gate: {report['gate']}",
+            f"  banned workers: {report['banned_workers']}",
+            f"  final policy: {report['final_policy']}",
+            *_heldout_line(report.get("heldout_accuracy")),
+            f"  report: {out / 'report.json'}",
+        ]
+    )
+
+
+def _heldout_line(accuracy: dict | None) -> list[str]:
+    """The trainer's held-out evaluations (swarm.roles.trainer._evaluate): before its first step and after its last."""
+    if not accuracy or "before" not in accuracy or "after" not in accuracy:
+        return []
+    return [f"  held-out accuracy (greedy, prompts never trained on): before {accuracy['before']:.3f} -> "
+            f"after {accuracy['after']:.3f}"]

@@ -1,0 +1,230 @@
+"""The typed gossip bodies of a run: one decoder per kind, run by gossip's validator before delivery or forwarding.
+
+Rules of this module: a verified envelope in (p2p.envelope has already bounded its size, its maps and arrays and
+refused NaN and infinities), a frozen typed value out, or EnvelopeError("bad_body") naming the first problem; no
+IO, no clock. Handlers read only these values, never the raw maps. Strict on purpose: an unknown field, a list
+longer than the bound or a mistyped entry refuses the whole message, because what a handler would have to skip is
+exactly what must not be forwarded to the rest of the run, and it costs the sender (p2p.scores "bad_body").
+
+Kinds: heartbeat (Heartbeat), manifest (ManifestAnnouncement), vote (VoteBatch: every vote parsed, signed by the
+sender), rollout (RolloutMessage: swarm.messages.rollout_codec's items, every one usable, each naming its own slot).
+DECODERS maps each to its decoder; a node subscribes to these kinds only, so a message on any other topic of the
+run is never forwarded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from p2p.errors import EnvelopeError
+from p2p.manifest import decode_signed
+from swarm.messages.rollout_transport import items_or_refusal
+from swarm.messages.votes import MAX_VOTES
+from verify.votes import Vote, VoteError, verify_vote
+
+ID_BYTES = 32
+MAX_ROLES = 4
+MAX_ROLE_CHARS = 32
+MAX_ADDRS = 8
+MAX_ADDR_CHARS = 256
+MAX_POLICIES = 16
+MAX_PROGRESS = 8
+MAX_PROGRESS_KEY = 32
+MAX_PROGRESS_TEXT = 40
+REASON = "bad_body"
+
+
+def _refuse(what: str) -> EnvelopeError:
+    return EnvelopeError(REASON, what)
+
+
+@dataclass(frozen=True)
+class PolicyHeld:
+    """One policy version a peer says it holds (complete) or is fetching."""
+
+    version: int
+    """Policy version, >= 0."""
+    manifest_id: bytes
+    """BLAKE3 of the version's manifest (32 bytes)."""
+    complete: bool
+    """True once every piece is held and verified."""
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a peer says about itself every `heartbeat_every_s`: roles, where it listens, what it holds."""
+
+    roles: tuple[str, ...]
+    """Up to MAX_ROLES printable names."""
+    addrs: tuple[str, ...]
+    """Up to MAX_ADDRS multiaddrs, each ending in /p2p/<the sender's id>."""
+    policies: tuple[PolicyHeld, ...]
+    """Up to MAX_POLICIES versions held or being fetched."""
+    progress: tuple[tuple[str, Any], ...]
+    """Up to MAX_PROGRESS (name, value) milestones of its roles; values None, bool, int, finite float or short
+    printable text (swarm.node.node.Node.note_progress)."""
+
+
+@dataclass(frozen=True)
+class ManifestAnnouncement:
+    """A new policy version: its manifest id and version, and the signed manifest when it fits in gossip."""
+
+    manifest_id: bytes
+    version: int
+    signed: bytes | None
+    """The signed manifest bytes, or None: then it is fetched by id from the sender (swarm.policy.manifest_protocol)."""
+
+
+@dataclass(frozen=True)
+class VoteBatch:
+    """A validator's votes of one batch, each parsed and signed by the envelope's sender."""
+
+    votes: tuple
+
+
+@dataclass(frozen=True)
+class RolloutMessage:
+    """The rollout groups and announcements one message carries, each parsed, checked, the sender's own and of a
+    slot of its own. An announcement names its group's slot (swarm.messages.rollout_codec.Announcement.slot), which is
+    what a validator needs to know whether the group is assigned to it before fetching it."""
+
+    items: tuple
+
+
+def printable(value: object, limit: int) -> bool:
+    """A short string without control characters (a peer's newlines and terminal escapes would draw fake lines)."""
+    return isinstance(value, str) and len(value) <= limit and value.isprintable()
+
+
+def _fields(body: object, allowed: tuple[str, ...], what: str) -> dict:
+    if not isinstance(body, dict) or not set(body) <= set(allowed):
+        raise _refuse(f"a {what} body must be a map of at most the fields {', '.join(allowed)}")
+    return body
+
+
+def _bounded_list(value: object, limit: int, what: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > limit:
+        raise _refuse(f"a heartbeat's {what} must be a list of at most {limit} entries")
+    return value
+
+
+def decode_heartbeat(env: Any) -> Heartbeat:
+    body = _fields(env.body, ("roles", "addrs", "policies", "progress"), "heartbeat")
+    sender = env.sender_peer_id
+    roles = _bounded_list(body.get("roles"), MAX_ROLES, "roles")
+    if not all(printable(r, MAX_ROLE_CHARS) for r in roles):
+        raise _refuse(f"heartbeat roles must be printable names of at most {MAX_ROLE_CHARS} characters")
+    addrs = _bounded_list(body.get("addrs"), MAX_ADDRS, "addrs")
+    if not all(printable(a, MAX_ADDR_CHARS) and a.endswith(f"/p2p/{sender}") for a in addrs):
+        raise _refuse("heartbeat addresses must be short multiaddrs ending in the sender's own /p2p/ id")
+    policies = tuple(_policy(entry) for entry in _bounded_list(body.get("policies"), MAX_POLICIES, "policies"))
+    return Heartbeat(tuple(roles), tuple(addrs), policies, _progress(body.get("progress")))
+
+
+def _policy(entry: object) -> PolicyHeld:
+    if not (isinstance(entry, list) and len(entry) == 3 and type(entry[0]) is int and entry[0] >= 0
+            and isinstance(entry[1], bytes) and len(entry[1]) == ID_BYTES and type(entry[2]) is bool):
+        raise _refuse("a heartbeat policy entry must be [version >= 0, 32-byte manifest id, complete flag]")
+    return PolicyHeld(entry[0], entry[1], entry[2])
+
+
+def _progress(raw: object) -> tuple[tuple[str, Any], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or len(raw) > MAX_PROGRESS:
+        raise _refuse(f"heartbeat progress must be a map of at most {MAX_PROGRESS} fields")
+    for key, value in raw.items():
+        if not printable(key, MAX_PROGRESS_KEY) or not (
+                value is None or type(value) in (bool, int, float) or printable(value, MAX_PROGRESS_TEXT)):
+            raise _refuse("heartbeat progress holds a field that is not a short name with a plain value")
+    return tuple(sorted(raw.items()))
+
+
+def sendable_progress(progress: Mapping[str, Any]) -> dict:
+    """The part of a node's own progress that receivers accept (decode_heartbeat): a reward that became NaN, a
+    long stage name or an odd value is left out rather than getting every heartbeat of the peer refused."""
+    out = {}
+    for key, value in progress.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        if printable(key, MAX_PROGRESS_KEY) and (
+                value is None or type(value) in (bool, int, float) or printable(value, MAX_PROGRESS_TEXT)):
+            out[key] = value
+    return dict(list(out.items())[:MAX_PROGRESS])
+
+
+def decode_manifest_announcement(env: Any) -> ManifestAnnouncement:
+    body = _fields(env.body, ("id", "version", "signed"), "manifest announcement")
+    manifest_id, version, signed = body.get("id"), body.get("version"), body.get("signed")
+    if not (isinstance(manifest_id, bytes) and len(manifest_id) == ID_BYTES and type(version) is int
+            and version >= 0 and (signed is None or isinstance(signed, bytes))):
+        raise _refuse("a manifest announcement needs a 32-byte id, a version >= 0 and, if any, signed bytes")
+    return ManifestAnnouncement(manifest_id, version, signed)
+
+
+def decode_votes(env: Any) -> VoteBatch:
+    """Every vote must parse, be signed by its validator and that validator must be the sender: the trainer
+    would drop anything else, so nothing else is forwarded."""
+    body = _fields(env.body, ("votes", "vote"), "vote")
+    wires = [body["vote"]] if set(body) == {"vote"} else body.get("votes")  # {"vote": wire}: one vote alone
+    if not isinstance(wires, list) or not 0 < len(wires) <= MAX_VOTES:
+        raise _refuse(f"a vote body must list 1 to {MAX_VOTES} votes")
+    votes = []
+    for wire in wires:
+        try:
+            vote = Vote.from_wire(wire)
+        except VoteError as exc:
+            raise _refuse(f"a vote does not parse: {exc}") from None
+        if vote.validator != env.sender or not verify_vote(vote):
+            raise _refuse("a vote is not signed by the peer that sent it")
+        votes.append(vote)
+    return VoteBatch(tuple(votes))
+
+
+def decode_rollouts(env: Any) -> RolloutMessage:
+    """swarm.messages.rollout_codec's items of the body; any refused item, one of another worker, or two items for one
+    slot (an honest worker answers a slot once) refuse the message. The refusal keeps no traceback (its frames hold the
+    inflated buffers of compressed groups)."""
+    items, refusal = items_or_refusal(env.body)
+    if refusal is not None:
+        raise _refuse(f"a rollout item is refused: {refusal}")
+    sender = env.sender_peer_id
+    if any(getattr(item, "worker", None) != sender for item in items):
+        raise _refuse("a rollout item names another worker than its sender")
+    if len({item.slot().key() for item in items}) < len(items):
+        raise _refuse("a rollout message carries two items for one slot")
+    return RolloutMessage(tuple(items))
+
+
+def run_decoders(trainer_key: Callable[[], bytes | None]) -> Mapping[str, Any]:
+    """DECODERS for a node that knows (or will learn) its run's trainer key: an inline manifest signed by any other
+    key is refused before it is forwarded. `trainer_key()` is read per message (a first-use key is pinned later)."""
+    def decode_announcement(env: Any) -> ManifestAnnouncement:
+        ann = decode_manifest_announcement(env)
+        key = trainer_key()
+        if ann.signed is not None and key is not None and _signer(ann.signed) != key:
+            raise _refuse("the announced manifest is not signed by the run's trainer key")
+        return ann
+
+    return MappingProxyType({**DECODERS, "manifest": decode_announcement})
+
+
+def _signer(signed: bytes) -> bytes | None:
+    try:
+        return decode_signed(signed).public_key
+    except Exception:  # noqa: BLE001 - whatever a hostile wrapper makes the decoder raise, it names no signer
+        return None
+
+
+DECODERS: Mapping[str, Any] = MappingProxyType({
+    "heartbeat": decode_heartbeat,
+    "manifest": decode_manifest_announcement,
+    "vote": decode_votes,
+    "rollout": decode_rollouts,
+})
+"""A run's gossip kinds and their decoders (p2p.gossip.open_gossip's `decoders`; its `kinds` are these keys)."""

@@ -1,0 +1,157 @@
+"""A node's own gossip: heartbeats out, and heartbeats and manifest announcements in.
+
+Every received message arrives as a typed value (swarm.messages.gossip_bodies, decoded by gossip's validator before it
+was delivered or forwarded) and is handled in a scope of its own (p2p.gossip.Gossip.serve): whatever one message makes
+a handler raise drops that message, costs its sender and logs one line; the node goes on. A handler that cannot
+use a message raises p2p.gossip.Ignored, which costs the sender the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+from libp2p.peer.id import ID
+
+from p2p.errors import P2PError
+from p2p.gossip import Ignored
+from p2p.host import HANDLER_FAULT
+from swarm.messages.gossip_bodies import MAX_ADDRS, Heartbeat, ManifestAnnouncement, sendable_progress
+from swarm.node.parts import dial_any, run_part
+from swarm.node.ports import GossipPort, HostPort
+from swarm.policy.manifest_protocol import fetch_manifest
+
+if TYPE_CHECKING:
+    from swarm.node.node import Node
+
+log = logging.getLogger(__name__)
+
+GOSSIP_INLINE_MANIFEST = 512 * 1024
+"""Largest signed manifest carried inside its announcement; larger ones are fetched by id."""
+MAX_MANIFEST_FETCHES = 8
+"""Manifest fetches in flight at once; more ids are skipped (heartbeats name each held version again)."""
+HEARTBEAT_REDIAL_S = 30.0
+"""A peer a heartbeat made us dial counts against max_peers this long, then only while it stays connected."""
+
+
+def announcement_body(signed: bytes, manifest: Any) -> dict:
+    """The manifest announcement's body: inline when small, by id otherwise (swarm.messages.gossip_bodies)."""
+    body = {"id": manifest.id, "version": manifest.version}
+    if len(signed) <= GOSSIP_INLINE_MANIFEST:
+        body["signed"] = signed
+    return body
+
+
+async def receive_manifests(node: Node) -> None:
+
+    await node.gossip.serve("manifest", lambda env: on_manifest(node, env, fetch_manifest))
+
+
+def on_manifest(node: Node, env: Any, fetch_manifest) -> None:
+    """Adopt an inline manifest, or fetch an announced one in the background (fetched in line, ten announcements
+    of ids nobody serves held up the next real manifest for 150 s)."""
+    ann: ManifestAnnouncement = env.message
+    if ann.signed is None:
+        if ann.manifest_id not in node.mirror.policies:
+            fetch_manifest_soon(node, env.sender_peer_id, ann.manifest_id, fetch_manifest)
+        return
+    policy = node.mirror.adopt(ann.signed)
+    if policy is not None and (policy.manifest.id, policy.manifest.version) != (ann.manifest_id, ann.version):
+        raise Ignored("ignored", "the announced manifest id or version is not the signed manifest's")
+    newest = node.mirror.latest()
+    if policy is None and (newest is None or ann.version > newest.manifest.version - node.config.keep_versions):
+        raise Ignored("ignored", "the announced manifest was refused")
+
+
+def fetch_manifest_soon(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
+    """Fetch and adopt a manifest a peer named, in the background: one fetch per id at a time and at most
+    MAX_MANIFEST_FETCHES in all (a flood of announcements must not start a fetch for each)."""
+
+    if manifest_id in node.fetching or len(node.fetching) >= MAX_MANIFEST_FETCHES:
+        return
+    node.fetching.add(manifest_id)
+
+    async def fetch_once(node: Node) -> None:
+        try:
+            await fetch_and_adopt(node, peer, manifest_id, fetch)
+        finally:
+            node.fetching.discard(manifest_id)
+
+    node.nursery.start_soon(run_part, node, fetch_once)
+
+
+async def fetch_and_adopt(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
+    try:
+        signed = await fetch(node.host, peer, manifest_id)
+    except P2PError as exc:
+        log.debug("manifest fetch from %s failed: %s", peer, exc)
+        return
+    if signed is not None:
+        node.mirror.adopt(signed)
+
+
+def share_host_faults(host: HostPort, gossip: GossipPort) -> None:
+    """A peer whose streams make this host's handlers fail pays for it in gossip too (p2p.host's fault listeners):
+    one accountability, so a peer the host is about to ban for faulting streams is not also relayed and forwarded
+    at a clean gossip score. Three faults, which ban it from the host, ban it from gossip as well."""
+
+
+    def on_fault(peer: str, protocol: str) -> None:
+        gossip.penalize(ID.from_base58(peer), HANDLER_FAULT)
+
+    host.fault_listeners.append(on_fault)
+
+
+def heartbeat_body(node: Node) -> dict:
+    """What this peer says about itself, within what receivers accept
+    (swarm.messages.gossip_bodies.decode_heartbeat)."""
+    policies = []
+    for p in list(node.mirror.policies.values())[-16:]:
+        done = p.service is not None and p.service.completed.is_set()
+        policies.append([p.manifest.version, p.manifest.id, done])
+    body = {"roles": list(node.config.roles)[:4], "addrs": node.host.multiaddrs[:MAX_ADDRS], "policies": policies}
+    progress = sendable_progress(node.progress)
+    if progress:
+        body["progress"] = progress
+    return body
+
+
+async def send_heartbeats(node: Node) -> None:
+    while True:
+        try:
+            await node.gossip.publish("heartbeat", heartbeat_body(node))
+        except P2PError as exc:
+            log.debug("heartbeat not sent: %s", exc)
+        # Not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and seven peers
+        # heartbeating each second in one simulated process starved its streams. See PeerConfig.heartbeat_every_s.
+        await trio.sleep(node.config.heartbeat_every_s)
+
+
+async def receive_heartbeats(node: Node) -> None:
+    """Learn peers (dial their announced addresses) and manifests we have not seen yet."""
+
+    dialed: dict[str, float] = {}  # peers a heartbeat made us dial -> when
+    await node.gossip.serve("heartbeat", lambda env: on_heartbeat(node, env, dialed, fetch_manifest))
+
+
+def on_heartbeat(node: Node, env: Any, dialed: dict[str, float], fetch_manifest) -> None:
+
+    beat: Heartbeat = env.message
+    sender = env.sender_peer_id
+    now = trio.current_time()
+    node.heard_from(sender, beat.roles, now)
+    connected = node.connected_peers()
+    for peer in [p for p, at in dialed.items() if now - at > HEARTBEAT_REDIAL_S and p not in connected]:
+        del dialed[peer]  # gone or never reached: its place is free (throwaway ids once filled them for good)
+    # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
+    # collide under one-connection-per-peer and the streams opened on the losing connection hang.
+    if (sender < node.peer_id and sender not in connected and sender not in dialed
+            and len(dialed) < node.config.max_peers and beat.addrs):
+        dialed[sender] = now
+        node.nursery.start_soon(run_part, node, dial_any, sender, list(beat.addrs[:4]))
+    newest = node.mirror.latest()
+    for held in beat.policies:
+        if held.manifest_id not in node.mirror.policies and (
+                newest is None or held.version > newest.manifest.version - node.config.keep_versions):
+            fetch_manifest_soon(node, sender, held.manifest_id, fetch_manifest)

@@ -1,0 +1,352 @@
+"""One peer: a libp2p host, the run's gossip, data channels and a policy mirror, plus the roles it plays.
+
+The node owns the IO; decisions live in the sans-IO parts it drives (the swarm engine, the quorum, the
+curriculum). Tasks, all in one nursery: announcements in (manifests, heartbeats) and heartbeats out (roles, held
+versions, listen addresses: this is how peers that joined through different bootstrap peers find each other; all
+in swarm.node.gossip), the link reconciler, progress reports, and one task per role. Gossip carries the run's
+kinds only (swarm.messages.gossip_bodies), each typed and checked before it is delivered or forwarded, a peer's
+heartbeats at most one per half `heartbeat_every_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from p2p.bootstrap import peer_id_of, resolve_bootstrap
+from p2p.channel import ChannelConfig, open_data_channel, serve_data_channels
+from p2p.dht import LatestManifest, open_dht
+from p2p.errors import P2PError
+from p2p.gossip import GossipConfig, open_gossip
+from p2p.gossip_admission import AdmissionConfig
+from p2p.host import HostConfig, open_host
+from p2p.identity import Identity
+from p2p.store import PieceStore
+from p2p.transfer import TransferConfig
+from swarm.config import PeerConfig
+from swarm.errors import usable_directory
+from swarm.events import EventSink
+from swarm.messages.gossip_bodies import DECODERS, run_decoders
+from swarm.node.gossip import (
+    announcement_body,
+    fetch_and_adopt,
+    receive_heartbeats,
+    receive_manifests,
+    send_heartbeats,
+    share_host_faults,
+)
+from swarm.node.parts import dial_any, run_part
+from swarm.node.ports import DhtPort, GossipPort, HostPort
+from swarm.policy.manifest_protocol import fetch_manifest, install_manifest_server
+from swarm.policy.mirror import PolicyMirror
+from swarm.policy.trust import TrainerTrust
+from swarm.shutdown import TEARDOWN_GRACE_S, report_stuck_tasks
+
+log = logging.getLogger(__name__)
+RoleTask = Callable[["Node"], Awaitable[None]]
+DHT_PUT_LIMIT_S = 15.0  # larger manifests are announced by id and fetched by the manifest protocol
+DHT_PUT_WARN_AFTER = 3
+"""Versions in a row whose latest-manifest record the DHT did not store before that is worth a warning."""
+
+
+@dataclass
+class Node:
+    """A running peer; role tasks receive it and use its parts."""
+
+    config: PeerConfig
+    host: HostPort
+    gossip: GossipPort
+    mirror: PolicyMirror
+    events: EventSink
+    nursery: trio.Nursery
+    dht: DhtPort | None = None
+    peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
+    peer_heard: dict[str, float] = field(default_factory=dict)  # peer id -> when its last heartbeat came (trio)
+    done: trio.Event = field(default_factory=trio.Event)
+    failed: bool = False
+    dht_put_misses: int = 0  # latest-manifest puts in a row that did not complete
+    progress: dict[str, Any] = field(default_factory=dict)  # what its roles did, carried by heartbeats (status view)
+    fetching: set[bytes] = field(default_factory=set)  # manifest ids being fetched now (fetch_manifest_soon)
+
+    @property
+    def peer_id(self) -> str:
+        return self.host.peer_id
+
+    @property
+    def identity(self) -> Identity:
+        return self.host.identity
+
+    def heard_from(self, peer: str, roles: tuple[str, ...], now: float) -> None:
+        """A heartbeat from `peer` came at `now`: it is alive and plays `roles`."""
+        self.peer_roles[peer] = roles
+        self.peer_heard[peer] = now
+
+    def forget_silent(self, now: float) -> dict[str, tuple[str, ...]]:
+        """Forget peers not heard from for `peer_silence_s`; returns them with their roles. Why: roles were kept
+        for ever, so a validator that left stayed in every version's validator set, and the rollouts assigned to it
+        waited out the quorum timeout, every version; with a quorum as large as the set, none was accepted again."""
+        silent = [p for p, at in self.peer_heard.items() if now - at > self.config.peer_silence_s]
+        for peer in silent:
+            self.peer_heard.pop(peer)
+        return {peer: self.peer_roles.pop(peer, ()) for peer in silent}
+
+    def note_progress(self, record: dict) -> None:
+        """Keep the roles' latest milestones (an event listener) for heartbeats, so `swarm status` can show a
+        trainer's step and reward, a worker's groups and a validator's verdicts without asking anyone."""
+        kind = record.get("event")
+        if kind == "train_step":
+            self.progress.update(step=record.get("step"), reward=record.get("reward"), stage=record.get("stage"))
+        elif kind == "generated":
+            self.progress["groups_sent"] = self.progress.get("groups_sent", 0) + int(record.get("groups") or 0)
+            self.progress["answered"] = record.get("version")
+        elif kind == "validated":
+            self.progress.update({k: record.get(k) for k in ("checked", "accepted", "rejected")})
+
+    def connected_peers(self) -> list[str]:
+        return self.host.connected_peers()
+
+    async def announce_policy(self, signed: bytes, manifest: Any) -> None:
+        """Tell the run about a new version: gossip (inline when small, by id otherwise) and the DHT record that
+        names the run's latest manifest (signed by this peer, which must hold the trainer key)."""
+
+        await self.gossip.publish("manifest", announcement_body(signed, manifest))
+        record = LatestManifest.sign(self.config.run, manifest.id, manifest.version, self.identity)
+        # In the background: a DHT put waits on the slowest of its peers (10-17 s per version measured in the
+        # simulation, a third of each step); the trainer must not wait for it before training on.
+        self.nursery.start_soon(run_part, self, Node._put_latest, record)
+
+    async def _put_latest(self, record: Any) -> None:
+        miss = None
+        try:
+            with trio.move_on_after(DHT_PUT_LIMIT_S) as scope:
+                await self.dht.put_latest_manifest(record)
+            if scope.cancelled_caught:
+                miss = f"not stored within {DHT_PUT_LIMIT_S:g} s"
+        except P2PError as exc:
+            miss = f"not stored: {exc}"
+        self.note_dht_put(miss)
+
+    def note_dht_put(self, miss: str | None) -> None:
+        """Count a latest-manifest put that did not complete (`miss` says how), or reset on success.
+
+        One miss is routine when the DHT's peers are slow: the DHT re-puts the record, and gossip and heartbeats
+        carry the version meanwhile. A streak means late joiners cannot find the run's newest policy through the
+        DHT, which is worth one warning per streak.
+        """
+        if miss is None:
+            self.dht_put_misses = 0
+            return
+        self.dht_put_misses += 1
+        level = logging.WARNING if self.dht_put_misses == DHT_PUT_WARN_AFTER else logging.DEBUG
+        log.log(level, "latest-manifest record %s (%d versions in a row); the DHT re-puts it later", miss,
+                self.dht_put_misses)
+
+
+async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask],
+                          trust_key: bytes | None = None,
+                          on_stopping: Callable[[Node], None] = lambda node: None) -> int:
+    """Build host, gossip, store and mirror, run until cancelled, `done` or a role finishes; returns exit status.
+
+    Teardown is bounded (swarm.shutdown): `on_stopping` is called once the peer's work is over, and whatever of
+    closing the network still waits after TEARDOWN_GRACE_S is cancelled."""
+
+    bootstrap = resolve_bootstrap(
+        config.bootstrap or None, None, config.bootstrap_file if config.bootstrap_file.exists() else None
+    )
+    usable_directory(config.data_dir, "data directory")
+    built: list[Node] = []  # the node once it exists: its `failed` flag is the exit status
+    closed = trio.Event()
+    try:
+        with trio.CancelScope() as teardown:
+            await _serve(config, identity, events, roles, trust_key, bootstrap, built, teardown, closed, on_stopping)
+    finally:
+        closed.set()
+    if teardown.cancelled_caught:
+        log.warning("closing the network took over %.0f s; stopped waiting for it", TEARDOWN_GRACE_S)
+    return 1 if not built or built[0].failed else 0
+
+
+async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask], trust_key, bootstrap,
+                 built: list, teardown: trio.CancelScope, closed: trio.Event,
+                 on_stopping: Callable[[Node], None]) -> None:
+    """open_node_parts' body; `teardown` is the scope whose deadline bounds closing, `closed` is set once closed."""
+    with PieceStore(config.data_dir / "store", keep_versions=config.keep_versions) as store:
+        trust = TrainerTrust(config.run, trust_key, config.data_dir)
+        upload = config.upload_mbps * 1e6 / 8 if config.upload_mbps > 0 else math.inf
+        transfer = TransferConfig(upload_bps=upload)
+        async with open_host(HostConfig(identity=identity, data_dir=config.data_dir, listen=config.listen,
+                                        announce=config.announce,
+                                        bootstrap=bootstrap)) as host:
+            for addr, why in host.bootstrap_failures.items():
+                events.emit("bootstrap_unreachable", address=addr, reason=why)
+            mirror = PolicyMirror(store, host.peer_id, trust, run=config.run, transfer=transfer,
+                                  reseed=config.reseed, keep=config.keep_versions, on_event=events.emit,
+                                  copies_dir=config.data_dir / "policies")
+            admission = AdmissionConfig(heartbeat_interval_s=config.heartbeat_every_s / 2)
+            async with open_gossip(host, config.run, identity, kinds=tuple(DECODERS),
+                                   decoders=run_decoders(lambda: trust.key),
+                                   config=GossipConfig(admission=admission)) as gossip, open_dht(host) as dht, \
+                    trio.open_nursery() as nursery:
+                node = Node(config, host, gossip, mirror, events, nursery, dht=dht)
+                built.append(node)
+                share_host_faults(host, gossip)
+                events.listeners.append(node.note_progress)
+                await nursery.start(mirror.run_service)
+                await nursery.start(
+                    serve_data_channels,
+                    host,
+                    mirror.accept_link,
+                    ChannelConfig(exempt_loopback=config.data_exempt_loopback),
+                )
+                install_manifest_server(
+                    host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None
+                )
+                events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.roles))
+                for part, *args in [(receive_manifests,), (receive_heartbeats,), (send_heartbeats,),
+                                    (_forget_silent_peers,), (_keep_bootstrap_links, tuple(bootstrap)),
+                                    (_reconcile_links, open_data_channel), (_report_progress,), (_provide_held,),
+                                    (_find_latest_on_dht,), *((role,) for role in roles)]:
+                    nursery.start_soon(run_part, node, part, *args)
+                await node.done.wait()
+                on_stopping(node)
+                trio.lowlevel.spawn_system_task(report_stuck_tasks, TEARDOWN_GRACE_S / 2, closed, log)
+                teardown.deadline = trio.current_time() + TEARDOWN_GRACE_S
+                nursery.cancel_scope.cancel()
+
+
+async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:
+    """Redial, every `bootstrap_redial_s`, each bootstrap peer this peer is not connected to.
+
+    Why: the bootstrap peer is often the trainer, and a trainer restarts (a crash, an upgrade) on its address.
+    Nothing dialed it back: with three processes, its validator and workers found it again only when the DHT
+    refreshed its routing table about a minute later, and until then it heard no validator and published nothing.
+    A peer started before its bootstrap peer was up stayed alone for good the same way.
+    """
+
+    wanted = {addr: peer_id_of(addr) for addr in bootstrap}
+    while True:
+        await trio.sleep(node.config.bootstrap_redial_s)
+        for addr, peer in wanted.items():
+            if peer == node.peer_id or peer in node.connected_peers():
+                continue
+            try:
+                await node.host.redial(addr)
+            except P2PError as exc:
+                log.debug("bootstrap peer %s still unreachable: %s", addr, exc, exc_info=True)
+            else:
+                node.events.emit("bootstrap_reconnected", address=addr, message=f"connected to bootstrap peer {addr}")
+
+
+async def _forget_silent_peers(node: Node) -> None:
+    while True:
+        await trio.sleep(node.config.status_every_s)
+        for peer, roles in node.forget_silent(trio.current_time()).items():
+            node.events.emit("peer_gone", peer=peer, roles=list(roles), message=(
+                f"{', '.join(roles) or 'peer'} {peer} sent no heartbeat for {node.config.peer_silence_s:g} s; "
+                f"its roles no longer count"))
+
+
+async def _provide_held(node: Node) -> None:
+    """Announce on the DHT every manifest id and file root we mirror, and stop re-announcing those of versions we
+    dropped: the DHT re-announces every key it was given at each re-provide, so without the second half a long run
+    announced every version it ever held, ever more of them, long after their files were deleted."""
+    provided: set[bytes] = set()
+    while True:
+        changed = node.mirror.changed  # taken first: a change while we announce wakes the next wait at once
+        held = held_keys(node.mirror.policies.values())
+        for key in provided - set(held):
+            node.dht.unprovide(key)
+            provided.discard(key)
+        for key in held:
+            if key not in provided:
+                provided.add(key)
+                try:
+                    await node.dht.provide(key)
+                except P2PError as exc:
+                    log.debug("provide failed: %s", exc)
+        await changed.wait()
+
+
+def held_keys(policies) -> list[bytes]:
+    """The DHT keys of the policies we mirror: each manifest id and file root, once (versions share the roots of
+    unchanged files, such as the run's task file), in the policies' order."""
+    keys: dict[bytes, None] = {}
+    for policy in policies:
+        keys.update(dict.fromkeys((policy.manifest.id, *(f.root for f in policy.manifest.files))))
+    return list(keys)
+
+
+async def _find_latest_on_dht(node: Node, every_s: float = 10.0, quiet_s: float = 20.0) -> None:
+    """Ask the DHT for the run's latest manifest whenever no new version has arrived for a while.
+
+    Why besides gossip and heartbeats: a peer whose bootstrap node knows nothing of the run (or whose gossip mesh
+    has not formed) still finds the newest policy and its providers through the DHT; and a peer that missed a new
+    version's announcement (gossip streams time out on a loaded machine, and a simulation once sat for minutes
+    with every peer a version behind the trainer) finds it here instead of waiting for ever.
+    """
+    while True:
+        wait = every_s if node.mirror.latest() is None else quiet_s
+        with trio.move_on_after(wait) as quiet:
+            await node.mirror.changed.wait()
+        if quiet.cancelled_caught and node.mirror.trust.key is not None:
+            with trio.move_on_after(DHT_PUT_LIMIT_S):
+                await _adopt_latest_from_dht(node)
+
+
+async def _adopt_latest_from_dht(node: Node) -> None:
+
+    newest = node.mirror.latest()
+    try:
+        record = await node.dht.get_latest_manifest(node.config.run, node.mirror.trust.key)
+        if record is None or record.manifest_id in node.mirror.policies or (
+                newest is not None and record.version <= newest.manifest.version):
+            return
+        providers = await node.dht.find_providers(record.manifest_id)
+    except P2PError as exc:
+        log.debug("DHT lookup failed: %s", exc)
+        return
+    node.events.emit("dht_found", version=record.version, providers=len(providers))
+    for provider in providers[:4]:
+        await dial_any(node, provider.peer_id, list(provider.multiaddrs)[:4])
+        await fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
+        if record.manifest_id in node.mirror.policies:
+            break
+
+
+async def _reconcile_links(node: Node, open_data_channel) -> None:
+    async def dial(peer: str):
+        return await open_data_channel(node.host, peer)
+
+    while True:
+        await node.mirror.reconcile(node.connected_peers(), dial, node.config.max_peers)
+        await trio.sleep(0.25)
+
+
+async def _report_progress(node: Node) -> None:
+    last: dict[bytes, tuple[int, int, float]] = {}
+    while True:
+        await trio.sleep(node.config.status_every_s)
+        now = trio.current_time()
+        for mid, p in list(node.mirror.policies.items()):
+            if p.service is None:
+                continue
+            prog = p.service.progress()
+            up, down = sum(prog.bytes_up.values()), sum(prog.bytes_down.values())
+            prev_up, prev_down, prev_t = last.get(mid, (0, 0, now - node.config.status_every_s))
+            dt = max(1e-6, now - prev_t)
+            last[mid] = (up, down, now)
+            node.events.emit("progress", version=p.manifest.version, pieces=prog.pieces_done,
+                             total=prog.pieces_total, up_mib_s=round((up - prev_up) / dt / 2**20, 2),
+                             down_mib_s=round((down - prev_down) / dt / 2**20, 2), peers=len(p.service.peers),
+                             up_bytes=up, down_bytes=down)
+
+
+def wall_clock() -> float:
+    """Monotonic seconds comparable across processes on one machine (for benchmark timestamps)."""
+    return time.monotonic()

@@ -1,0 +1,84 @@
+"""The narrow views of a peer's networking that the rest of swarm/ uses: its host, its gossip and its DHT.
+
+Why Protocols instead of the concrete classes of p2p/: a role or a message transport needs a handful of calls (open
+a stream, publish a body, look up a record), and naming exactly those keeps each of them testable with a small
+fake, keeps p2p/'s internals (libp2p objects, the pubsub router) out of swarm/, and shows at a glance what a part
+of the peer can do to the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import trio
+
+from p2p.dht import LatestManifest, Provider
+from p2p.envelope import Envelope
+from p2p.identity import Identity
+
+StreamHandler = Callable[[Any], Awaitable[None]]
+
+
+class HostPort(Protocol):
+    """What swarm/ asks of a libp2p host (p2p.host.P2PHost)."""
+
+    identity: Identity
+    bootstrap_failures: dict[str, str]
+    fault_listeners: list[Callable[[str, str], None]]
+
+    @property
+    def peer_id(self) -> str: ...
+
+    @property
+    def multiaddrs(self) -> list[str]: ...
+
+    def connected_peers(self) -> list[str]: ...
+
+    async def connect(self, multiaddr: str) -> str: ...
+
+    async def redial(self, multiaddr: str) -> str: ...
+
+    async def new_stream(self, peer_id: str, protocol: str) -> Any: ...
+
+    def set_guarded_handler(self, protocol: str, handler: StreamHandler, timeout: Any = ..., *,
+                            idle_streams: bool = False) -> None: ...
+
+    def remote_peer_id(self, stream: Any) -> str: ...
+
+
+class GossipPort(Protocol):
+    """What swarm/ asks of the run's gossip (p2p.gossip.Gossip): signed, typed bodies by kind."""
+
+    async def publish(self, kind: str, body: Any) -> Envelope: ...
+
+    def subscribe(self, kind: str) -> trio.MemoryReceiveChannel[Envelope]: ...
+
+    async def serve(self, kind: str, handle: Callable[[Envelope], Any]) -> None: ...
+
+    def penalize(self, peer: Any, reason: str) -> None: ...
+
+    def banned_peers(self) -> list[str]: ...
+
+    async def wait_for_mesh(self, peer_id: str, kind: str, timeout: float = 10.0) -> None: ...
+
+
+class DhtPort(Protocol):
+    """What swarm/ asks of the Kademlia DHT (p2p.dht.DHT): who holds a version, and the run's newest manifest."""
+
+    async def provide(self, key: bytes) -> bool: ...
+
+    def unprovide(self, key: bytes) -> None: ...
+
+    async def find_providers(self, key: bytes) -> list[Provider]: ...
+
+    async def put_latest_manifest(self, record: LatestManifest) -> None: ...
+
+    async def get_latest_manifest(self, run: str, trainer_key: bytes) -> LatestManifest | None: ...
+
+
+class PeerNetwork(Protocol):
+    """A peer's host and gossip together: what a message transport needs (swarm.messages.rollout_transport)."""
+
+    host: HostPort
+    gossip: GossipPort

@@ -1,0 +1,412 @@
+"""Following a run's policy versions: one piece-protocol service per manifest inside the window.
+
+Every role holds a PolicyMirror. It admits only manifests signed by the run's trainer key (swarm.policy.trust), keeps
+the newest `keep` versions and garbage-collects older ones, and routes data channels to the right manifest's service.
+
+Link rules (why): data channels are per (peer, manifest). The dialer writes the 32-byte manifest id first, so the
+acceptor can route the link without guessing. For each pair of peers only the one with the smaller peer id dials,
+so two peers never open crossing duplicate links; it also keeps one spare channel open to each such peer, so a new
+version's link does not wait seconds for a dial (see `reconcile`). A peer with the larger id that holds a version
+first announces it over its own spare; the smaller peer then dials the link over that same channel by writing its
+preamble back. A peer that does not re-seed (the single-origin baseline) links only with the manifest's origin, the
+trainer's peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2p.budget import BudgetExhausted, ByteRate, MemoryBudget
+from p2p.channel_messages import HandshakeBreach
+from p2p.errors import P2PError
+from p2p.identity import peer_id_from_public_bytes
+from p2p.manifest import PolicyManifest, decode_signed, verify_manifest
+from p2p.ratelimit import TokenBucket
+from p2p.store import PieceStore
+from p2p.transfer import SwarmService, TransferConfig
+from swarm.policy.link_preamble import PREAMBLE_BUDGET, PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
+from swarm.policy.mirror_dial import _DIAL_ERRORS, OutboundLinks
+from swarm.policy.trust import TrainerTrust
+
+log = logging.getLogger(__name__)
+MAX_WAITING_PER_PEER = 4  # inbound data channels of one peer still waiting for their manifest id
+MAX_WAITING = 64
+"""Inbound data channels waiting for their preamble, over all peers: identities are free, so the per-peer limit
+alone bounds nothing. When all are taken, the oldest one that has not started its preamble makes room."""
+MAX_BANNED = 4096  # peers remembered as hostile (a liar can make new identities; this only bounds the memory)
+
+
+@dataclass
+class MirroredPolicy:
+    """One policy version this peer follows."""
+
+    manifest: PolicyManifest
+    signed: bytes
+    origin: str  # peer id of the trainer that signed it
+    service: SwarmService | None = None
+    scope: trio.CancelScope | None = None
+    dialing: set[str] = field(default_factory=set)
+    failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
+    announced: set[str] = field(default_factory=set)  # smaller peers we handed the manifest to (they dial us)
+    announced_complete: bool = False
+    adopted_at: float = 0.0  # trio time this peer adopted it
+
+
+class PolicyMirror(OutboundLinks):
+    """The set of policy versions a peer mirrors, and the piece services that move them."""
+
+    def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
+                 transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
+                 on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
+                 spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0,
+                 copies_dir: Path | None = None, budget: MemoryBudget = PREAMBLE_BUDGET,
+                 preamble_rate: ByteRate = PREAMBLE_RATE) -> None:
+        self.store = store
+        # where versions are reassembled into loadable files (swarm.policy.files); each copy goes with its version
+        self.copies_dir = copies_dir
+        self.my_id = my_id
+        self.trust = trust
+        self.run = run
+        self.transfer = transfer
+        # one upload cap for the node: each version's service had its own bucket, so a peer serving three versions
+        # uploaded up to three times what --upload-mbps allowed
+        self.upload_bucket = TokenBucket(transfer.upload_bps)
+        self.reseed = reseed
+        self.keep = keep
+        self.on_event = on_event
+        # a data-channel dial takes seconds on a loaded machine, but a libp2p stream open that hangs waits 30 s:
+        # give up sooner and retry, since a missing link leaves its peer to the seed
+        self.dial_timeout = dial_timeout
+        # gossip delivered a manifest up to 21 s after another peer (measured, 5 processes on a loaded machine): an
+        # inbound link for a manifest not adopted yet waits this long, and our own links wait as long for a hello
+        self.adoption_wait = adoption_wait
+        self.spare_ttl = spare_ttl  # a spare data channel older than this is closed and dialed anew
+        # a smaller peer that has not dialed a version's link this long after we adopted it is told of the version
+        # (gossip reached some peers 5-21 s late under load); sooner, most announcements crossed the peer's own link
+        self.announce_after = announce_after
+        self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel with no manifest yet, opened at)
+        self._spare_dialing: set[str] = set()
+        self._spare_failures: dict[str, tuple[float, float]] = {}  # peer -> (retry at, pause)
+        self._max_links = math.inf  # links per version, as the last reconcile was told
+        self._waiting: dict[str, int] = {}
+        # inbound channels waiting for a preamble's head, oldest first: the scope that ends the wait of each
+        self._idle_waits: dict[int, trio.CancelScope] = {}
+        self._budget = budget  # bytes of preamble manifests not yet verified, held node-wide
+        self._preamble_rate = preamble_rate  # bytes of preambles read per second, node-wide
+        self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
+        self.banned: dict[str, str] = {}  # peer -> the protocol breach (a corrupt piece...) it is never linked for
+        self._gone: set[str] = set()  # peers whose departure was reported and that have not linked since
+        self.policies: dict[bytes, MirroredPolicy] = {}
+        self.changed = trio.Event()  # set (and replaced) whenever a version is adopted or completes
+        self._nursery: trio.Nursery | None = None
+
+    # ---------------------------------------------------------------- service lifetime
+
+    async def run_service(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for signed in self._stored_signed():
+                self.adopt(signed)
+            self._prune_copies()  # copies an earlier process left of versions no longer held
+            task_status.started(self)
+            await trio.sleep_forever()
+
+    def _stored_signed(self) -> list[bytes]:
+        out = []
+        for m in self.store.manifests():
+            try:
+                out.append(self.store.signed_manifest_bytes(m.id))
+            except P2PError:
+                continue
+        return out
+
+    # ---------------------------------------------------------------- adopting versions
+
+    def latest(self) -> MirroredPolicy | None:
+        return max(self.policies.values(), key=lambda p: p.manifest.version, default=None)
+
+    def complete_versions(self) -> list[MirroredPolicy]:
+        return sorted((p for p in self.policies.values() if p.service is not None and p.service.completed.is_set()),
+                      key=lambda p: p.manifest.version)
+
+    def adopt(self, signed: bytes, local_dir: Path | None = None) -> MirroredPolicy | None:
+        """Verify a signed manifest and start mirroring it; None when refused (logged) or outside the window."""
+        try:
+            outer = decode_signed(signed)
+            if self.trust.key is not None and outer.public_key != self.trust.key:  # refused before any decoding
+                raise P2PError("policy manifest is not signed by this run's trainer key")
+            # verified against its own signer and checked for our run BEFORE a first-use key is trusted: forged
+            # bytes or another run's manifest pinned on disk would have every real one refused
+            manifest = verify_manifest(signed, outer.public_key)
+            if manifest.run != self.run:
+                log.warning("refused a manifest of run %r (this peer follows %r)", manifest.run, self.run)
+                return None
+            if not self.trust.accept(outer.public_key):
+                raise P2PError("policy manifest is not signed by this run's trainer key")
+        except P2PError as exc:
+            log.warning("refused a policy manifest: %s", exc)
+            self.on_event("refused", {"reason": str(exc)})
+            return None
+        if manifest.id in self.policies:
+            return self.policies[manifest.id]
+        newest = self.latest()
+        if newest is not None and manifest.version <= newest.manifest.version - self.keep:
+            return None
+
+        policy = MirroredPolicy(manifest, signed, peer_id_from_public_bytes(outer.public_key),
+                                adopted_at=trio.current_time())
+        if local_dir is not None:
+            self.store.add_local_policy(manifest, local_dir, signed)
+        else:
+            self.store.add_manifest(manifest, signed)
+        self.policies[manifest.id] = policy
+        self._start_service(policy)
+        self._collect_garbage()
+        self.on_event("adopted", {"version": manifest.version, "id": manifest.id.hex(),
+                                  "bytes": manifest.total_size, "pieces": manifest.num_pieces})
+        self._signal()
+        return policy
+
+    def _start_service(self, policy: MirroredPolicy) -> None:
+        assert self._nursery is not None, "run_service must be started first"
+        config = replace(self.transfer, handshake_timeout=max(self.transfer.handshake_timeout, self.adoption_wait + 5))
+        if policy.origin == self.my_id:
+            # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice
+            # while another has never gone out (docs/reference.md#torrent-mechanics).
+            config = replace(config, engine=replace(config.engine, super_seed=True))
+        policy.service = SwarmService(policy.manifest, self.store, config=config, upload_bucket=self.upload_bucket,
+                                      on_drop=lambda peer, why, hostile: self._dropped(policy, peer, why, hostile))
+        policy.scope = trio.CancelScope()
+
+        async def serve() -> None:
+            with policy.scope:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(policy.service.run)
+                    nursery.start_soon(self._watch_completion, policy)
+
+        self._nursery.start_soon(serve)
+
+    def _dropped(self, policy: MirroredPolicy, peer: str, why: str, hostile: bool) -> None:
+        """A version's service dropped `peer`: say so, and ban a hostile peer from every version.
+
+        Why across versions: a peer that served a corrupt piece once would otherwise be linked again at once, for
+        this version and each next one, costing a piece download each time; a peer that merely left or stalled
+        may be linked again when it is back."""
+        if hostile:
+            self._ban(peer, why)
+        else:
+            if peer in self._gone:  # a peer that left ends the links of every version at once: say it once
+                return
+            self._gone.add(peer)
+        self.on_event("peer_dropped", {"version": policy.manifest.version, "dropped": peer, "reason": why,
+                                       "banned": hostile})
+
+    def _ban(self, peer: str, why: str) -> None:
+        """Never link `peer` again, and close our spare channel to it."""
+        if peer in self.banned or len(self.banned) >= MAX_BANNED:
+            return
+        self.banned[peer] = why
+        spare = self._spares.pop(peer, None)
+        if spare is not None:
+            self._nursery.start_soon(trio.aclose_forcefully, spare[0])
+
+    def _linked(self, policy: MirroredPolicy, peer: str, **info: Any) -> None:
+        self._gone.discard(peer)  # back: its next departure is news again
+        self.on_event("link", {"peer": peer, "version": policy.manifest.version, **info})
+
+    async def _watch_completion(self, policy: MirroredPolicy) -> None:
+        await policy.service.completed.wait()
+        policy.announced_complete = True
+        self.on_event("complete", {"version": policy.manifest.version, "id": policy.manifest.id.hex()})
+        self._signal()
+
+    @contextmanager
+    def holding(self, policy: MirroredPolicy) -> Iterator[None]:
+        """Keep `policy` and its files out of garbage collection while a worker thread reads them.
+
+        Why: the trainer publishes a version every few seconds, and a validator reassembling one right after its
+        restart saw the store close and delete that version's files under the reading thread (its role failed)."""
+        mid = policy.manifest.id
+        self._held[mid] = self._held.get(mid, 0) + 1
+        try:
+            yield
+        finally:
+            self._held[mid] -= 1
+            if not self._held[mid]:
+                del self._held[mid]
+
+    def _collect_garbage(self) -> None:
+        newest = self.latest()
+        if newest is None:
+            return
+        for mid, policy in list(self.policies.items()):
+            if mid in self._held:  # dropped by the next collection, once its reader is done
+                continue
+            if policy.manifest.version <= newest.manifest.version - self.keep:
+                if policy.scope is not None:
+                    policy.scope.cancel()
+                del self.policies[mid]
+                self.on_event("dropped", {"version": policy.manifest.version})
+        self.store.gc(self.keep, pinned=set(self.policies))
+        self._prune_copies()
+
+    def copy_dir(self, policy: MirroredPolicy) -> Path:
+        """Where `policy` is reassembled into files a model loads (they go when the version leaves the window)."""
+        if self.copies_dir is None:
+            raise RuntimeError("this mirror was built without a copies_dir")
+        return self.copies_dir / f"v{policy.manifest.version}-{policy.manifest.id.hex()[:12]}"
+
+    def _prune_copies(self) -> None:
+        """Delete reassembled copies of versions no longer mirrored (held ones stay mirrored until released).
+
+        Why: each version an inference peer or validator used stayed on disk as a full copy of the model, so a
+        long run filled the disk one policy at a time while the piece store kept only the window."""
+        if self.copies_dir is None or not self.copies_dir.is_dir():
+            return
+        wanted = {self.copy_dir(p).name for p in self.policies.values()}
+        for entry in self.copies_dir.iterdir():
+            if entry.name in wanted:
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    def _signal(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    # ---------------------------------------------------------------- links
+
+    def _may_link(self, policy: MirroredPolicy, peer: str) -> bool:
+        """Whether this pair may share `policy`: never with a banned peer (checked again once a dial or a preamble
+        wait is over, since the ban may have come meanwhile); without re-seeding, only with the origin."""
+        if peer in self.banned:
+            return False
+        return self.reseed or peer == policy.origin or self.my_id == policy.origin
+
+    async def accept_link(self, peer: str, stream: Any) -> None:
+        """Serve an inbound data channel: read the preamble (manifest id + signed manifest), then run the link.
+
+        The preamble may come much later (a warm spare, see `reconcile`), so the wait is long but bounded, and each
+        peer may keep only a few channels waiting, the node only MAX_WAITING. A manifest we do not know yet is
+        adopted from the preamble (it is verified like any other): gossip delivered manifests 5 s late or never
+        under load, and the links must not wait for it. A preamble from a peer with the larger id announces a
+        version whose link is ours to dial: we dial it over that same channel (`_link_over_announcement`).
+        A breach of the preamble format bans the peer; a full budget of unverified input drops the channel only.
+        """
+        if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER or peer in self.banned or not self._room_to_wait():
+            return
+        self._waiting[peer] = self._waiting.get(peer, 0) + 1
+        try:
+            preamble = await self._read_preamble(stream)
+            if preamble is not None and not preamble.signed and peer < self.my_id:
+                # the wait for a manifest gossip has not brought yet counts as waiting too: released after the
+                # preamble alone, one peer kept 200 channels open at once, each naming an id nobody knows
+                await self._adopted(preamble.route, self.adoption_wait)
+        except HandshakeBreach as exc:
+            log.warning("banned peer %s: %s", peer, exc)
+            self._ban(peer, f"broke the data channel preamble: {exc}")
+            return
+        except BudgetExhausted as exc:  # counted by the budget; a line each would cost the CPU the budget saves
+            log.debug("dropped a data channel of %s: %s", peer, exc)
+            return
+        finally:
+            self._waiting[peer] -= 1
+            if not self._waiting[peer]:
+                del self._waiting[peer]
+        if preamble is not None:
+            await self._route(peer, stream, preamble.route, preamble.signed, wait=0.0)
+
+    def _room_to_wait(self) -> bool:
+        """Whether one more inbound channel may wait for its preamble: past MAX_WAITING, the oldest channel still
+        waiting for its head is ended to make room (a stranger's idle channels cannot lock honest peers out)."""
+        if sum(self._waiting.values()) < MAX_WAITING:
+            return True
+        if not self._idle_waits:
+            return False
+        oldest = next(iter(self._idle_waits))
+        self._idle_waits.pop(oldest).cancel()
+        return True
+
+    async def _route(self, peer: str, stream: Any, route: bytes, signed: bytes, wait: float | None = None) -> None:
+        """Serve the link a preamble names; from a peer with the larger id it is an announcement, answered below.
+        A manifest not adopted yet is waited for `wait` seconds (default: the adoption wait)."""
+        if route not in self.policies and signed:
+            adopted = self.adopt(signed)
+            if adopted is None or adopted.manifest.id != route:
+                return
+        if peer > self.my_id:
+            await self._link_over_announcement(peer, stream, route)
+            return
+        policy = await self._adopted(route, self.adoption_wait if wait is None else wait)
+        if policy is None or policy.service is None or not self._may_link(policy, peer):
+            return  # unknown manifest, or one this peer does not share with `peer`: the dialer retries later
+        self._linked(policy, peer, dir="in")
+        await policy.service.serve_link(peer, stream)
+
+    async def _link_over_announcement(self, peer: str, stream: Any, route: bytes) -> None:
+        """Dial the announced version's link over the announcing channel itself: write our preamble back on it.
+
+        Why: the link of this pair is ours to dial, and the channel is already open. Dialing anew took one of our
+        spares, then a fresh dial to replace it: 119 of the 308 data channels a 6-step `swarm sim` opened. If we
+        already have or are dialing that link, or want no more links, we just return (the caller closes it).
+        """
+        policy = self.policies.get(route)
+        if (policy is None or policy.service is None or not self.is_mirrored(policy) or not self._may_link(policy, peer)
+                or peer in policy.service.peers or peer in policy.dialing
+                or len(policy.service.peers) >= self._max_links):
+            return
+        policy.dialing.add(peer)
+        try:
+            with trio.fail_after(self.dial_timeout):
+                await send_preamble(stream, policy.manifest.id, policy.signed)
+        except _DIAL_ERRORS as exc:
+            policy.failures[peer] = trio.current_time()
+            log.debug("answering an announcement of %s failed: %s", peer, exc)
+            return
+        finally:
+            policy.dialing.discard(peer)
+        # serve_link registers the link before it first waits, so reconcile never sees this pair unlinked and idle
+        self._linked(policy, peer, dir="out", via="announcement")
+        await policy.service.serve_link(peer, stream)
+
+    async def _read_preamble(self, stream: Any, wait: float | None = None) -> Preamble | None:
+        """The preamble of a data channel, None if it ends or stalls first (or another channel needed its place
+        while it had not started); a manifest we hold is not buffered (swarm.policy.link_preamble).
+
+        By default we wait as long as a dialer may keep a spare channel before using it."""
+        wait = self.spare_ttl + self.transfer.handshake_timeout if wait is None else wait
+        with trio.CancelScope() as idle:
+            self._idle_waits[id(idle)] = idle
+            try:
+                head = await read_head(stream, wait)
+            finally:
+                self._idle_waits.pop(id(idle), None)
+        if idle.cancelled_caught or head is None:
+            return None
+        return await read_body(stream, head, self.transfer.handshake_timeout, self._budget,
+                               lambda route: route in self.policies, self._preamble_rate)
+
+    async def _adopted(self, manifest_id: bytes, wait: float) -> MirroredPolicy | None:
+        with trio.move_on_after(wait):
+            while manifest_id not in self.policies:
+                await self.changed.wait()
+        return self.policies.get(manifest_id)
+
+    def is_mirrored(self, policy: MirroredPolicy) -> bool:
+        """Whether `policy` is still mirrored (a newer version may have pushed it out of the window meanwhile).
+
+        Why: handing a link to a dropped version's service raised "Nursery is closed to new arrivals" and ended
+        a whole simulation at step 7 (versions turn over every few seconds once the trainer steps quickly).
+        """
+        return self.policies.get(policy.manifest.id) is policy and not (policy.scope and policy.scope.cancel_called)

@@ -1,0 +1,170 @@
+"""The policy mirror's outbound links: spare channels kept warm, links dialed, versions announced.
+
+A mixin of swarm.policy.mirror.PolicyMirror (its state lives there: policies, spares, failures, the nursery); see that
+module's docstring for the link rules. Every task started here runs inside `_contained`, so nothing a peer sends
+(a malformed offer, a broken preamble) and no bug in handling it can end the mirror's nursery, and with it the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from p2p.channel_messages import HandshakeBreach
+from p2p.errors import P2PError
+from swarm.policy.link_preamble import send_preamble
+
+if TYPE_CHECKING:
+    from swarm.policy.mirror import MirroredPolicy
+
+log = logging.getLogger("swarm.policy.mirror")
+SPARE_RETRY = 2.0
+"""Seconds before a failed spare dial to a peer is tried again; doubled after each failure in a row."""
+SPARE_RETRY_MAX = 30.0
+"""The longest pause between spare dials to a peer that keeps failing them (links still dial every 2 s)."""
+_DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
+Dialer = Callable[[str], Awaitable[Any]]
+
+
+class OutboundLinks:
+    """Dialing side of PolicyMirror: `reconcile` opens what this peer should dial."""
+
+    async def _contained(self, peer: str, task: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run one of the mirror's tasks with `peer`: whatever it raises costs that peer (a handshake breach bans
+        it, anything else backs its dials off), never the mirror's nursery, whose end would stop the node (a peer
+        answering an offer with a field of the wrong type could otherwise stop every node it connects to)."""
+        try:
+            await task(*args)
+        except HandshakeBreach as exc:
+            log.warning("banned peer %s: %s", peer, exc)
+            self._ban(peer, f"broke the data channel handshake: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one peer's input or our bug with it: that peer's task ends
+            self._spare_failed(peer)
+            log.warning("data channel task with %s failed: %s: %s", peer, type(exc).__name__, exc)
+            log.debug("data channel task traceback", exc_info=True)
+
+    async def reconcile(self, peers: list[str], dial: Dialer, max_links: int) -> None:
+        """Open the links this peer should dial: smaller peer id dials, failed dials back off.
+
+        Why spares: opening a data channel costs a few libp2p round trips, measured at 2.5-4.6 s per dial on a
+        loaded machine with several peers starting, longer than the whole transfer of a small policy. So every
+        peer we dial keeps one channel open ahead of need, and a new version's link takes it and only writes its
+        manifest id.
+        """
+        now = trio.current_time()
+        self._max_links = max_links
+        peers = [peer for peer in peers if peer not in self.banned]
+        for policy in list(self.policies.values()):
+            service = policy.service
+            if service is None or service._nursery is None:
+                continue
+            for peer in peers:
+                if (peer == self.my_id or peer in service.peers or peer in policy.dialing
+                        or peer in self._spare_dialing  # about to be there: a second dial would only compete
+                        or not self._may_link(policy, peer) or len(service.peers) >= max_links
+                        or now - policy.failures.get(peer, -math.inf) < 2.0):
+                    continue
+                if peer < self.my_id:  # its link is the peer's to dial: tell it about the manifest, once, if it is late
+                    late = peer not in policy.announced and now - policy.adopted_at >= self.announce_after
+                    spare = self._take_spare(peer, now) if late else None
+                    if spare is not None:
+                        policy.announced.add(peer)
+                        self._nursery.start_soon(self._contained, peer, self._announce, policy, peer, spare)
+                    continue
+                policy.dialing.add(peer)
+                self._nursery.start_soon(self._contained, peer, self._dial_link, policy, peer, dial,
+                                         self._take_spare(peer, now))
+        self._keep_spares(peers, dial, max_links, now)
+
+    def _take_spare(self, peer: str, now: float) -> Any:
+        spare = self._spares.pop(peer, None)
+        if spare is None:
+            return None
+        if now - spare[1] > self.spare_ttl:  # the acceptor stopped waiting for it: close it cleanly, not by GC
+            self._nursery.start_soon(trio.aclose_forcefully, spare[0])
+            return None
+        return spare[0]
+
+    def _keep_spares(self, peers: list[str], dial: Dialer, max_links: int, now: float) -> None:
+        for peer, (stream, opened_at) in list(self._spares.items()):
+            # only age retires a spare (the acceptor stops waiting soon after); a dead one fails when used and is
+            # dialed anew, while closing spares of peers missing from one connection listing left pairs cold
+            if now - opened_at > self.spare_ttl:
+                del self._spares[peer]
+                self._nursery.start_soon(trio.aclose_forcefully, stream)
+        for peer in peers:
+            if (peer == self.my_id or peer in self._spares or peer in self._spare_dialing
+                    or len(self._spares) + len(self._spare_dialing) >= max_links
+                    or now < self._spare_failures.get(peer, (-math.inf, 0.0))[0]):
+                continue
+            self._spare_dialing.add(peer)
+            self._nursery.start_soon(self._contained, peer, self._dial_spare, peer, dial)
+
+    def _spare_failed(self, peer: str) -> None:
+        """Back off spare dials to `peer`, doubling the pause from SPARE_RETRY up to SPARE_RETRY_MAX.
+
+        Why: each spare dial to a peer that never accepts a data channel (a stranger without the protocol, or one
+        refusing us) costs a libp2p stream and a protocol negotiation; at one every 2 s, sixteen such identities
+        took about an eighth of the CPU a target spent under attack. A success resets the pause."""
+        delay = min(SPARE_RETRY_MAX, 2 * self._spare_failures.get(peer, (0.0, SPARE_RETRY / 2))[1])
+        self._spare_failures[peer] = (trio.current_time() + delay, delay)
+
+    async def _dial_spare(self, peer: str, dial: Dialer) -> None:
+        try:
+            with trio.fail_after(self.dial_timeout):
+                stream = await dial(peer)
+            self._spares[peer] = (stream, trio.current_time())
+            self._spare_failures.pop(peer, None)
+            self.on_event("spare", {"peer": peer})
+        except _DIAL_ERRORS as exc:
+            _raise_breach(exc)
+            self._spare_failed(peer)
+            log.debug("spare data channel to %s failed: %s", peer, exc)
+        finally:
+            self._spare_dialing.discard(peer)
+
+    async def _announce(self, policy: MirroredPolicy, peer: str, stream: Any) -> None:
+        """Hand a signed manifest to a peer over our spare channel to it; the peer dials the link, over this very
+        channel when it can (its preamble comes back on it, see `_link_over_announcement`), else it closes it."""
+        try:
+            with trio.fail_after(self.dial_timeout):
+                await send_preamble(stream, policy.manifest.id, policy.signed)
+            answer = await self._read_preamble(stream, self.dial_timeout + self.transfer.handshake_timeout)
+            if answer is not None:
+                await self._route(peer, stream, answer.route, answer.signed)
+        except _DIAL_ERRORS as exc:
+            _raise_breach(exc)
+            log.debug("announcing a manifest failed: %s", exc)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _dial_link(self, policy: MirroredPolicy, peer: str, dial: Dialer, spare: Any = None) -> None:
+        started = trio.current_time()
+        try:
+            with trio.fail_after(self.dial_timeout):
+                stream = spare if spare is not None else await dial(peer)
+                await send_preamble(stream, policy.manifest.id, policy.signed)
+            # garbage-collected while we dialed, the peer banned meanwhile, or its service stopped (the node is
+            # shutting down): no new links
+            if (not self.is_mirrored(policy) or not self._may_link(policy, peer)
+                    or not policy.service.add_link(peer, stream)):
+                await trio.aclose_forcefully(stream)
+                return
+            self._linked(policy, peer, dir="out", dial_s=round(trio.current_time() - started, 3),
+                         spare=spare is not None)
+        except _DIAL_ERRORS as exc:
+            _raise_breach(exc)
+            policy.failures[peer] = trio.current_time()
+            log.debug("data channel to %s failed: %s", peer, exc)
+        finally:
+            policy.dialing.discard(peer)
+
+
+def _raise_breach(exc: BaseException) -> None:
+    """A failed dial is routine unless the peer broke the handshake: that one goes on up, to ban the peer."""
+    if isinstance(exc, HandshakeBreach):
+        raise exc

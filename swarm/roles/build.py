@@ -1,0 +1,58 @@
+"""The roles a peer can play, as tasks that run beside the node's networking.
+
+Every role mirrors the run's policies (that is the node itself); `seed` adds nothing else: seed-only mode is the
+node alone, and never imports torch. The trainer, inference and validator roles import their packages lazily.
+"""
+
+from __future__ import annotations
+
+from swarm.config import PeerConfig
+from swarm.node.node import Node, RoleTask
+
+
+def build_roles(config: PeerConfig) -> list[RoleTask]:
+    """The role tasks of `config`, after the checks that need the machine or the files it names (a GPU that is not
+    there, a model that does not exist, a trainer config that does not load fail here, in one line, before the peer
+    joins a swarm it could not serve)."""
+    if set(config.roles) & {"trainer", "inference", "validator"}:
+        from inference.models import check_model_spec
+
+        check_model_spec(config.model)
+    if "trainer" in config.roles:
+        from swarm.roles.trainer import load_role_config
+
+        load_role_config(config)
+    if "validator" in config.roles or "trainer" in config.roles:
+        from inference.select import resolve_device
+
+        resolve_device(config.device)
+    if "inference" in config.roles:
+        from inference.select import require_backend
+
+        require_backend(config.backend)
+    tasks: list[RoleTask] = []
+    if config.exit_when_complete:
+        tasks.append(exit_when_newest_complete)
+    for role in config.roles:
+        if role == "seed":
+            continue
+        from swarm.roles import registry
+
+        tasks.append(registry.ROLE_TASKS[role])
+    return tasks
+
+
+async def exit_when_newest_complete(node: Node) -> None:
+    """Stop the peer once the newest policy it knows is complete (benchmarks and scripted runs)."""
+    import resource
+
+    while True:
+        newest = node.mirror.latest()
+        if newest is not None and newest.service is not None and newest.service.completed.is_set():
+            rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            prog = newest.service.progress()
+            node.events.emit("finished", version=newest.manifest.version, max_rss_mb=round(rss_mb, 1),
+                             down_from=prog.bytes_down, up_to=prog.bytes_up)
+            node.done.set()
+            return
+        await node.mirror.changed.wait()

@@ -1,0 +1,217 @@
+"""The trainer's rollout gate: rollouts and votes in, quorum-accepted groups out, the rest refused with a reason.
+
+Sans-IO (swarm.roles.trainer moves the bytes), so every decision is tested without sockets. One slot, one rollout
+(verify.slots): the gate opens a quorum for the first group of a slot and refuses every other group for it.
+A worker's history decides what one group cannot (swarm.roles.gate_evidence): the near-tie rows of the votes that
+settle each group add up per worker, and a worker the sequential test bans has its groups refused (`near_ties`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swarm.policy.runspec import RunSpec
+from swarm.roles.gate_evidence import NEAR_TIES, GateEvidence
+
+SLOT_TAKEN = "another group for an answered slot"
+
+
+@dataclass
+class RolloutGate:
+    """Admits rollouts to the quorum and releases those a quorum accepted; refuses the rest with a reason."""
+
+    run: str
+    replicas: int
+    quorum: int
+    timeout_s: float = 120.0
+    specs: dict[int, RunSpec] = field(default_factory=dict)  # version -> spec it was published with
+    newest: int = -1
+    async_level: int = 2
+    pending: dict[bytes, object] = field(default_factory=dict)  # rollout id -> RolloutGroup awaiting votes
+    accepted: list = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from verify.quorum import QuorumConfig, QuorumTracker
+        from verify.reputation import Reputation
+        from verify.slots import SlotLedger
+
+        self.tracker = QuorumTracker(QuorumConfig(self.replicas, self.quorum, self.timeout_s))
+        self.reputation = Reputation()
+        self.slots = SlotLedger()  # the slots opened, for versions inside the async window: one rollout each
+        self.present: set[bytes] = set()  # validators heard from at the last on_validators
+        self.answers: dict[int, dict[str, set[bytes]]] = {}  # version -> worker -> slots of its groups received
+        self._pruned_below: int | None = None  # the window floor forget_old last pruned to
+        self.evidence = GateEvidence(self.replicas)  # each worker's near-tie flips over the groups settled here
+        self.new_bans: list[tuple[str, str]] = []  # (worker, reason) banned by its near-ties, not yet reported
+
+    def is_banned(self, worker: str) -> bool:
+        """Banned for its rejected rollouts (reputation) or for its near-tie flips (evidence)."""
+        return self.reputation.is_banned(worker) or self.evidence.is_banned(worker)
+
+    def take_new_bans(self) -> list[tuple[str, str]]:
+        """The (worker, reason) pairs the near-tie test banned since the last call: each is reported once."""
+        bans, self.new_bans = self.new_bans, []
+        return bans
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Add to one of the gate's counters (refusals, votes, outcomes): the trainer's report shows them all."""
+        self.counts[what] = self.counts.get(what, 0) + n
+
+    def on_rollout(self, group, now: float) -> str:
+        """Open a quorum for a well-formed, in-window rollout; returns 'opened' or why it was refused.
+
+        One slot, one rollout: a second group for a slot already opened is refused whatever its bytes, and unless
+        it is the very same bytes again (a gossip echo) it counts against its worker, as a rejected rollout does.
+        """
+        rid = group.rollout_id()
+        reason = self._refusal(group, rid)
+        if group.run == self.run and group.policy_version in self.specs:  # a banned worker's answer counts too
+            self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set()).add(group.slot().key())
+        if reason:
+            self.count(f"refused:{reason}")
+            if reason == SLOT_TAKEN:
+                self.reputation.record(group.worker, False)
+            return reason
+        self.slots.record(group, rid)
+        self.pending[rid] = group
+        validators = self.specs[group.policy_version].validators_for(group.worker)
+        _, settlements = self.tracker.open(rid, group.slot().key(), validators, now)
+        self.count("opened")
+        for s in settlements:
+            self._settle(s)
+        return "opened"
+
+    def _refusal(self, group, rid: bytes) -> str:
+        from verify.slots import ECHO, RESUBMITTED
+
+        if group.run != self.run:
+            return "wrong run"
+        seen = self.slots.classify(group, rid)
+        if seen == ECHO:
+            return "duplicate"
+        if self.reputation.is_banned(group.worker):
+            return "worker banned"
+        if self.evidence.is_banned(group.worker):
+            return NEAR_TIES
+        if seen == RESUBMITTED:
+            return SLOT_TAKEN
+        if group.policy_version < self.newest - self.async_level:
+            return "too stale"
+        if group.policy_version not in self.specs:
+            return "unknown policy version"
+        if group.step != group.policy_version:
+            return "assignment step differs from the policy version"
+        if not self.specs[group.policy_version].quorum_reachable(group.worker):
+            return "fewer validators than the quorum"  # not the worker's fault: no penalty
+        return ""
+
+    def answered_in_full(self, version: int, workers: set[str]) -> bool:
+        """Whether each of `workers` sent all its groups for `version` (the spec's prompts per worker): then that
+        version brings nothing more, and waiting for it to go quiet only stalls the trainer."""
+        workers = {w for w in workers if not self.is_banned(w)}  # all banned: never answered in full
+        spec, answers = self.specs.get(version), self.answers.get(version, {})
+        return bool(workers) and spec is not None and all(
+            len(answers.get(worker, ())) >= spec.prompts_per_worker for worker in workers)
+
+    def on_vote(self, vote, now: float) -> str:
+        if vote.validator not in self._validators():
+            # any key could sign votes for rollouts not seen yet, and their flood evicted the honest early votes
+            # from the tracker's bounded buffer, so accepted rollouts timed out
+            self.count("vote:not a validator of the run")
+            return "not a validator"
+        status, settlement = self.tracker.on_vote(vote, now)
+        self.count(f"vote:{status}")
+        if status in ("counted", "early"):  # signed, and (once its rollout opens) by an assigned validator
+            self.evidence.on_vote(vote)
+        if settlement is not None:
+            self._settle(settlement)
+        return status
+
+    def _validators(self) -> set[bytes]:
+        """The keys any version inside the window names as its validators."""
+        return {key for spec in self.specs.values() for key in spec.validator_keys()}
+
+    def tick(self, now: float) -> None:
+        for s in self.tracker.tick(now):
+            self._settle(s)
+
+    def forget_old(self, now: float) -> None:
+        """Forget what no longer decides anything: slots, answers and specs of versions behind the async window
+        (their rollouts are refused as too stale before a slot check could matter) and settlements older than two
+        quorum timeouts (they only answer late duplicate votes). Why: each grows by every rollout, which over a
+        run of days is memory without bound."""
+        floor = self.newest - self.async_level
+        if floor != self._pruned_below:  # slots and specs only age out when a new version moves the window
+            self.slots.forget_below(floor)
+            for version in [v for v in self.specs if v < floor]:
+                del self.specs[version]
+            self.answers = {v: by_worker for v, by_worker in self.answers.items() if v >= floor}
+            self._pruned_below = floor
+        self.tracker.forget_settled(now - 2 * self.timeout_s)
+
+    def on_validators(self, present: set[bytes], now: float) -> None:
+        """The validators heard from now: rollouts only departed ones could settle time out at once (see
+        QuorumTracker.validator_gone); one heard from again owes its votes once more."""
+        for key in self.present - present:
+            for s in self.tracker.validator_gone(key, now):
+                self._settle(s)
+        for key in present - self.present:
+            self.tracker.validator_back(key)
+        self.present = present
+
+    def _settle(self, settlement) -> None:
+        from verify.quorum import Outcome
+
+        group = self.pending.pop(settlement.rollout_id, None)
+        if group is None:
+            return
+        self.reputation.settle(settlement, group.worker)
+        self.count(settlement.outcome.value)
+        self._weigh_near_ties(settlement, group)
+        if settlement.outcome is Outcome.ACCEPTED:
+            if self.evidence.is_banned(group.worker):
+                self.count(f"refused:{NEAR_TIES}")
+            else:
+                self.accepted.append(group)
+
+    def _weigh_near_ties(self, settlement, group) -> None:
+        """Add the settled group's near-ties to its worker's history; a worker this bans loses its accepted groups
+        not yet trained on (they are refused with `near_ties`) and is reported once (take_new_bans)."""
+        spec = self.specs.get(group.policy_version)
+        if spec is None:  # its version left the window: no precision to judge it by, and nothing to train
+            return
+        judgement = self.evidence.on_settled(settlement, group.worker, spec.precision)
+        if judgement is None or not judgement.newly_banned:
+            return
+        self.new_bans.append((group.worker, judgement.reason))
+        kept = [g for g in self.accepted if g.worker != group.worker]
+        if len(kept) < len(self.accepted):
+            self.count(f"refused:{NEAR_TIES}", len(self.accepted) - len(kept))
+        self.accepted = kept
+
+    def expire(self) -> int:
+        """Drop accepted groups the newest version has left behind; returns how many in-window groups remain.
+
+        Why: a group is in the async window when its quorum opens, but it may wait in `accepted` while the trainer
+        publishes newer versions. The training run refuses such a group (trainer.admission), so handing it out
+        would waste a step; in the simulation every batch from the fourth step on consisted of such groups.
+        """
+        floor = self.newest - self.async_level
+        kept = [g for g in self.accepted if g.policy_version >= floor]
+        if len(kept) < len(self.accepted):
+            self.count("expired", len(self.accepted) - len(kept))
+        self.accepted = kept
+        return len(kept)
+
+    def take(self, n: int) -> list:
+        """The `n` freshest accepted groups inside the async window (arrival order among equals).
+
+        Why freshest first: workers together answer more prompts per version than one step consumes, so a
+        first-in-first-out queue grows by the difference every step and its head ages past the async window;
+        the freshest groups are the most on-policy ones, and the leftovers expire instead of piling up.
+        """
+        self.expire()
+        ranked = sorted(self.accepted, key=lambda g: -g.policy_version)  # stable: arrival order among equals
+        batch, self.accepted = ranked[:n], ranked[n:]
+        return batch

@@ -1,0 +1,124 @@
+"""The inference role: follow the newest policy, answer the prompts the run assigns this peer, publish rollouts.
+
+Assignment step = policy version: for every version it holds, a worker answers exactly the prompts
+`assign_tasks(run, its peer id, version, eligible, prompts_per_worker)` names, sampling with the seeded Gumbel-max
+keys validators re-derive, and attaches a TOPLOC proof to every completion. It then waits for a newer version
+(async: the trainer may already be training on an older one). A slot it published before a restart is never
+answered again (inference.published): a second group for a slot costs its worker, whatever its bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import trio
+
+from swarm.policy.files import VersionUnusable, load_base_model, newest_complete, open_version
+from swarm.policy.runspec import RunSpec
+
+log = logging.getLogger(__name__)
+
+
+async def inference_role(node) -> None:
+    from inference.published import PublishedSlots
+    from inference.select import open_backend
+    from swarm.messages.rollout_transport import serve_rollout_blobs
+
+    published = PublishedSlots.load(published_slots_path(node.config))  # before anything: an unreadable one stops
+    blobs = serve_rollout_blobs(node.host)  # groups too large for gossip are announced and served from here
+    loaded = await load_base_model(node.config.model)
+    backend = None  # opened with the first version: the run's manifest names the precision to generate in
+    done = -1
+    while True:
+        policy = await newest_complete(node, done)
+        done = policy.manifest.version
+        try:
+            spec = RunSpec.from_model(policy.manifest.model)
+        except Exception as exc:  # noqa: BLE001 - a malformed spec skips this version, it does not stop the peer
+            node.events.emit("skipped", version=done, message=str(exc))
+            continue
+        why = unanswerable(spec, node.peer_id, done)
+        if why:
+            node.events.emit("skipped", version=done, message=why)
+            continue
+        if backend is None:  # vLLM takes minutes to start
+            backend = await trio.to_thread.run_sync(open_backend, node.config.backend, loaded, spec.precision,
+                                                    node.config.gpu_memory)
+        try:
+            async with open_version(node, spec, policy) as (directory, tasks):
+                # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
+                node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
+                groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, tasks, directory,
+                                                       published, spec.async_level)
+        except VersionUnusable as exc:  # skipped, not fatal
+            node.events.emit("skipped", version=done, message=str(exc))
+            continue
+        if not groups:
+            node.events.emit("skipped", version=done, message="every slot of this version was published before")
+            continue
+        await _publish_groups(node, groups, blobs)
+        node.events.emit("generated", version=done, groups=len(groups),
+                         mean_reward=round(sum(c.reward for g in groups for c in g.completions)
+                                           / max(1, sum(len(g.completions) for g in groups)), 3))
+
+
+def unanswerable(spec: RunSpec, worker: str, version: int) -> str:
+    """Why this worker's rollouts of `version` could never be accepted (then it does not generate them), or "".
+
+    The trainer never publishes a version naming fewer validators than its quorum, but a peer that also validates
+    is never assigned its own rollouts, so for it a version may still be one validator short."""
+    if spec.quorum_reachable(worker):
+        return ""
+    return (f"v{version} names {len(spec.validators)} validators and its quorum needs {spec.quorum} other than this "
+            f"peer (no peer validates its own rollouts): its rollouts could not be accepted, so it skips the version")
+
+
+def published_slots_path(config) -> Path:
+    """Where a worker keeps the slots it published in `config.run` (inference.published)."""
+    return Path(config.data_dir) / f"published-slots-{config.run}.json"
+
+
+def _generate(node, backend, loaded, policy, tasks, directory, published, async_level: int) -> list:
+    """Blocking: swap weights, generate this worker's assigned groups it has not published yet, with proofs, and
+    record their slots in `published` before they are returned for publishing (a crash after this loses the
+    groups' work, never answers a slot twice)."""
+    from inference.rollouts import build_rollout_group, make_request
+    from tasks.assignment import assign_tasks
+    from verify.rollout import Slot
+
+    manifest = policy.manifest
+    run, worker, step = node.config.run, node.peer_id, manifest.version
+    assigned = [tasks.train[i] for i in assign_tasks(run, worker, step, tasks.eligible, tasks.prompts_per_worker)]
+    slot_of = {e.index: Slot(run, manifest.version, worker, step, e.dataset, e.index) for e in assigned}
+    fresh = published.unpublished(list(slot_of.values()))
+    entries = [e for e in assigned if slot_of[e.index] in fresh]
+    if not entries:
+        return []
+    backend.load_policy(str(directory), version=manifest.version, manifest_id=manifest.id)
+    gen = manifest.generation
+    requests = [make_request(loaded.tokenizer, e, run=run, worker=worker, step=step, group_size=gen.group_size,
+                             temperature=gen.temperature, max_new_tokens=gen.max_new_tokens) for e in entries]
+    results = backend.generate(requests)
+    groups = [build_rollout_group(r, e, loaded.tokenizer, run=run, worker=worker, step=step)
+              for r, e in zip(results, entries)]
+    if node.config.cheat == "reward":
+        groups = [replace(g, completions=tuple(replace(c, reward=1.0) for c in g.completions)) for g in groups]
+    published.record([g.slot() for g in groups], floor=manifest.version - async_level)
+    return groups
+
+
+async def _publish_groups(node, groups, blobs) -> None:
+    """Gossip this version's groups, several to a message: inline (compressed when that helps) or announced by hash
+    and served from `blobs`."""
+    from p2p.errors import P2PError
+    from swarm.messages.rollout_transport import publish_groups
+
+    def skipped(group, exc) -> None:
+        node.events.emit("skipped", message=f"rollout group for task {group.task_index} not published: {exc}")
+
+    try:
+        await publish_groups(node, groups, blobs, skipped=skipped)
+    except P2PError as exc:
+        log.warning("rollouts not published: %s", exc)

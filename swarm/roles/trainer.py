@@ -1,0 +1,396 @@
+"""The trainer role: quorum-accepted rollouts in, GRPO steps, every new policy version signed and seeded.
+
+The trainer's node identity is the run's trainer key, so the manifests it signs name it as their origin. What the
+network decides lives in `RolloutGate` (swarm.roles.gate), a sans-IO object (rollouts and votes in, accepted
+groups out) tested without sockets; this module only moves data between gossip, the gate and the training run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import trio
+
+from swarm.policy.runspec import RunSpec
+from swarm.policy.task_file import place_task_file, snapshot_task_file
+from swarm.policy.trust import parse_public_key
+from swarm.roles.batch_wait import BatchWait, GateCounts, SwarmFacts, why_publish_now
+from swarm.roles.gate import RolloutGate
+
+log = logging.getLogger(__name__)
+
+
+class SwarmPublisher:
+    """Turns the training run's newest policy directory into a signed, seeded manifest with the run spec."""
+
+    def __init__(self, node, identity, cfg, piece_kb: int, task_file=None) -> None:
+        self.node, self.identity, self.cfg, self.piece_kb = node, identity, cfg, piece_kb
+        self.task_file = task_file  # swarm.policy.task_file.RunTaskFile: the run's task file, listed in every manifest
+        self.root = Path(node.config.data_dir) / "swarm-policies"
+        self.published: set[int] = set()
+        keys = node.config.validator_keys
+        self.allowed = {parse_public_key(k, "--validator-key") for k in keys} if keys else None
+        self.ignored: set[str] = set()  # heard-from validators outside `allowed`, reported once
+
+    def known_validators(self) -> tuple[str, ...]:
+        """Public keys (hex, sorted) of the validators this peer hears heartbeats from (only those of
+        --validator-key when it is given; another is reported once and ignored)."""
+        from p2p.identity import public_bytes_from_peer_id
+
+        heard = {p: public_bytes_from_peer_id(p) for p, roles in self.node.peer_roles.items() if "validator" in roles}
+        if self.allowed is None:
+            return tuple(sorted(k.hex() for k in heard.values()))
+        for peer in [p for p, k in heard.items() if k not in self.allowed and p not in self.ignored]:
+            self.ignored.add(peer)
+            self.node.events.emit("validator_ignored", peer=peer, message=(
+                f"validator {peer} is not among --validator-key; its votes will not count"))
+        return tuple(sorted(k.hex() for k in heard.values() if k in self.allowed))
+
+    def workers_known(self) -> bool:
+        """Whether any inference peer is heard from: a new version only helps if someone will answer it."""
+        return bool(self.known_workers())
+
+    def known_workers(self) -> set[str]:
+        """Peer ids of the inference peers this peer hears heartbeats from."""
+        return {peer for peer, roles in self.node.peer_roles.items() if "inference" in roles}
+
+    def validators_changed(self, spec: RunSpec) -> bool:
+        """Whether validators are known now and differ from those `spec` names (some joined late, some left)."""
+        known = set(self.known_validators())
+        return bool(known) and known != set(spec.validators)
+
+    def validators_departed(self, spec: RunSpec) -> int:
+        """How many of the validators `spec` names are no longer heard from (their heartbeats stopped)."""
+        return len(set(spec.validators) - set(self.known_validators()))
+
+    async def wait_for_validators(self, quorum: int, replicas: int, grace_s: float = 30.0) -> None:
+        """Before the first version: wait for `quorum` validators, then give the rest of `replicas` `grace_s` to
+        announce themselves (every validator a version names shares its rollouts' prefills)."""
+        await self.wait_for_quorum(quorum)
+        with trio.move_on_after(grace_s):
+            while len(self.known_validators()) < replicas:
+                await trio.sleep(0.2)
+
+    async def wait_for_quorum(self, quorum: int, report_every_s: float = 20.0) -> None:
+        """Block until `quorum` validators are heard from, saying every `report_every_s` what it waits for.
+
+        Why block: a version names its validators for good, and one naming fewer than the quorum could never have
+        a rollout accepted. Published anyway, it would cost every worker a round of generation for nothing (the
+        gate refuses such rollouts without blaming the workers; before it did, each was settled as rejected and an
+        honest worker was banned within four groups)."""
+        since = reported = trio.current_time()
+        while (known := len(self.known_validators())) < quorum:
+            now = trio.current_time()
+            if now - reported >= report_every_s:
+                reported = now
+                self.node.events.emit("waiting_for_validators", known=known, quorum=quorum,
+                                      waited_s=round(now - since, 1), message=(
+                                          f"the quorum needs {quorum} validators and {known} are heard from"
+                                          f"{'' if self.allowed is None else ' (of those --validator-key lists)'}: "
+                                          f"no version goes out until enough join ({now - since:.0f} s so far)"))
+            await trio.sleep(0.2)
+
+    def spec_for(self, segment: str) -> RunSpec:
+        cfg, peer, task_file = self.cfg, self.node.config, self.task_file
+        return RunSpec(task_file.name if task_file else cfg.task, cfg.task_size,
+                       json.dumps(cfg.task_config, sort_keys=True), cfg.seed, cfg.eval_fraction, segment,
+                       peer.prompts_per_worker, cfg.async_level, peer.replicas, peer.quorum, self.known_validators(),
+                       peer.precision, task_file.root if task_file else "")
+
+    async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
+        from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+
+        generation = json.loads((source / "generation.json").read_text())
+        spec = self.spec_for(generation["data"])
+        target = self.root / f"v{version}"
+        target.mkdir(parents=True, exist_ok=True)
+        if not (target / "model.safetensors").exists():
+            os.link(source / "model.safetensors", target / "model.safetensors")
+        if self.task_file:
+            place_task_file(self.task_file, target)
+        model = json.loads((source / "model.json").read_text())
+        (target / "model.json").write_text(json.dumps({**model, "run_spec": spec.to_dict()}, sort_keys=True))
+        settings = GenerationSettings(int(generation["group_size"]), float(generation["temperature"]),
+                                      int(generation["max_new_tokens"]), int(generation["stage_index"]))
+        manifest = await trio.to_thread.run_sync(lambda: build_manifest(
+            target, run=self.node.config.run, version=version, parent_version=version - 1 if version else None,
+            created_at=time.time(), generation=settings, piece_size=self.piece_kb * 1024,
+            data_files=(self.task_file.name,) if self.task_file else ()))
+        signed = sign_manifest(manifest, self.identity.sign, self.identity.public_bytes).to_bytes()
+        self.node.mirror.adopt(signed, local_dir=target)
+        before_announce(spec)  # the gate must know the version before any worker can answer it
+        await self.node.announce_policy(signed, manifest)
+        self.published.add(version)
+        self.node.events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
+                              validators=len(spec.validators), stage=generation["stage"])
+        return spec
+
+
+def _with_task_file_snapshot(cfg, peer):
+    """(cfg, RunTaskFile or None): with a task file, the run's snapshot of it, and a config that trains on those
+    very bytes, which every version carries to the peers (swarm.policy.task_file)."""
+    task_file = snapshot_task_file(cfg.task, Path(peer.data_dir) / "swarm-policies" / "task-file", peer.piece_kb * 1024)
+    return (replace(cfg, task=str(task_file.path)) if task_file else cfg), task_file
+
+
+def load_role_config(peer):
+    """(TrainerConfig, curriculum) of the trainer role: its --trainer-config file with the peer's run, model and
+    data directory filled in."""
+    from trainer.config import load_config as load_trainer_config
+
+    loaded = load_trainer_config(peer.trainer_config, {"run": peer.run, "model": peer.model,
+                                                       "out": Path(peer.data_dir) / "training"})
+    return loaded.config, loaded.curriculum
+
+
+async def trainer_role(node) -> None:
+    """Train on quorum-accepted rollouts until the configured steps are done, publishing every new version."""
+    from swarm.messages.rollout_transport import receive_groups
+
+    peer = node.config
+    cfg, curriculum = load_role_config(peer)
+    cfg, task_file = await trio.to_thread.run_sync(_with_task_file_snapshot, cfg, peer)
+    run = await _start_training_run(node, cfg, curriculum)
+    publisher = SwarmPublisher(node, node.identity, cfg, peer.piece_kb, task_file)
+    gate = RolloutGate(peer.run, peer.replicas, peer.quorum, peer.quorum_timeout_s, async_level=cfg.async_level)
+    rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
+    # the first version goes out: nothing its workers and validators send may pass before the trainer listens
+    evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
+    heldout: dict[str, float] = {}
+    await _first_version(node, run, publisher, gate, evaluator, heldout)
+    progress = trio.Event()
+
+    def on_rollout(group) -> None:
+        """A received group (inline, compressed, or announced and fetched); refusals (a group of another worker
+        than its sender included) never get here: receive_groups counts and logs them."""
+        gate.on_rollout(group, trio.current_time())
+        progress.set()
+
+    async def rollouts() -> None:
+        await receive_groups(node, rollout_envelopes, on_rollout,
+                             refused=lambda why: gate.count(f"refused:{why}"))
+
+    async def votes() -> None:
+        async for env in vote_envelopes:  # gossip's validator decoded the batch: every vote parsed, signed and sent
+            for vote in env.message.votes:  # by its own validator (swarm.messages.gossip_bodies.decode_votes)
+                gate.on_vote(vote, trio.current_time())
+            for worker, reason in gate.take_new_bans():  # reported once, when its near-ties cross the test
+                node.events.emit("worker_banned", worker=worker, by="near_ties", reason=reason)
+            progress.set()
+
+    async def ticks() -> None:
+        last = None
+        while True:
+            await trio.sleep(1.0)
+            gate.on_validators({bytes.fromhex(k) for k in publisher.known_validators()}, trio.current_time())
+            gate.tick(trio.current_time())
+            gate.forget_old(trio.current_time())
+            progress.set()
+            if gate.counts != last:  # what the gate has seen so far, for the status view and the report
+                last = dict(gate.counts)
+                node.events.emit("gate", waiting=len(gate.pending), ready=len(gate.accepted), counts=last)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rollouts)
+        nursery.start_soon(votes)
+        nursery.start_soon(ticks)
+        while run.state.step < cfg.steps:
+            waiting = BatchWait(cfg.prompts_per_step, trio.current_time())
+            # decisions read what was just counted (a stale count once published instead of training)
+            while not waiting.ready(counts := gate_counts(gate, publisher.known_workers()), trio.current_time()):
+                await _publish_when_stuck(node, run, publisher, gate, waiting, counts)
+                if waiting.should_report(trio.current_time()):
+                    node.events.emit("trainer_waiting", **waiting.status(counts, trio.current_time()))
+                with trio.move_on_after(1.0):
+                    await progress.wait()
+                    progress = trio.Event()
+            batch = gate.take(cfg.prompts_per_step)
+            record = await trio.to_thread.run_sync(run.step, batch)
+            node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
+            await _publish_newest(run, publisher, gate)
+            if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
+                await _evaluate(node, evaluator, run, heldout, "during")
+        final = await trio.to_thread.run_sync(run.finish)
+        await _evaluate(node, evaluator, run, heldout, "after")
+        node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
+                          gate=dict(gate.counts), heldout=heldout,
+                          banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned()))
+        nursery.cancel_scope.cancel()
+    if peer.exit_when_trained:
+        node.done.set()
+
+
+def _step_event(record: dict, batch: list, gate: RolloutGate, tokenizer) -> dict:
+    """The train_step event: what the step trained on, so a flat reward can be told from an empty batch."""
+    from collections import Counter
+
+    completions = [c for g in batch for c in g.completions]
+    rewards = [[round(c.reward, 3) for c in g.completions] for g in batch]
+    return {
+        "step": record["step"], "reward": record.get("reward") if record.get("groups") else None,
+        "stage": record["stage"], "version": record["version"], "groups": len(batch), "refused": record["refused"],
+        "trained_groups": record.get("groups_trained"), "zero_advantage_groups": sum(
+            len(set(r)) < 2 for r in rewards), "lags": dict(Counter(gate.newest - g.policy_version for g in batch)),
+        "group_rewards": [round(sum(r) / len(r), 3) for r in rewards if r],
+        "mean_tokens": round(sum(len(c.tokens) for c in completions) / max(1, len(completions)), 1),
+        "hit_length": sum(c.finish_reason == "length" for c in completions), "completions": len(completions),
+        "entropy": round(record.get("entropy", 0.0), 3), "skipped": record.get("skipped", ""),
+        "workers": sorted({g.worker for g in batch}), "gate": dict(gate.counts),
+        "sample": _sample_text(batch, tokenizer),
+    }
+
+
+def _sample_text(batch: list, tokenizer) -> str:
+    """What the policy writes: the best-rewarded completion of the batch, decoded as its reward was computed."""
+    from tasks.prompts import decode_completion
+
+    best = max((c for g in batch for c in g.completions), key=lambda c: c.reward, default=None)
+    return "" if best is None else decode_completion(tokenizer, best.tokens)[:80]
+
+
+def _open_training_run(loaded, cfg, curriculum):
+    import torch
+
+    from trainer.loop import TrainingRun
+    from trainer.session import seed_everything
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    return TrainingRun(loaded, cfg, curriculum, trusted_source=False)  # workers' logprobs are claims: recompute
+
+
+async def _first_version(node, run, publisher: SwarmPublisher, gate: RolloutGate, evaluator, heldout: dict) -> None:
+    """Publish the first version once a quorum of validators is heard, scoring the starting policy meanwhile (the
+    scoring only reads the weights, and no step runs before it ends)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_evaluate, node, evaluator, run, heldout, "before")
+        await publisher.wait_for_validators(node.config.quorum, node.config.replicas)
+        await _number_past_the_swarm(node, run, publisher)
+        await _publish_newest(run, publisher, gate)
+
+
+def _open_evaluator(run, cfg, curriculum):
+    """The local loop's held-out evaluation for the swarm trainer: the split `swarm train` and `swarm eval` set
+    aside (the run spec's training prompts never include it), greedy, `eval_n` prompts, written to eval.jsonl."""
+    from trainer.session import Evaluator, load_task_split
+
+    _, heldout = load_task_split(cfg)
+    return Evaluator(run.loaded, heldout, cfg, curriculum)
+
+
+async def _evaluate(node, evaluator, run, heldout: dict, when: str) -> None:
+    """Score the trainer's live policy on held-out prompts (before training, every `eval_every` steps, after).
+
+    Why in the swarm trainer too: a step's reward is measured on the few groups it trains on, so only held-out
+    accuracy tells a run's owner whether the swarm is teaching the policy anything. It runs in a worker thread, so
+    the peer keeps serving and gossiping; no training step runs meanwhile (it is awaited between steps)."""
+    record = await trio.to_thread.run_sync(evaluator, run.state.step)
+    heldout[when] = record["accuracy"]
+    node.events.emit("evaluated", when=when, step=record["step"], accuracy=record["accuracy"], n=record["n"],
+                     message=f"held-out accuracy {when} training (step {record['step']}): {record['accuracy']:.3f} "
+                             f"on {record['n']} prompts never trained on")
+
+
+async def _start_training_run(node, cfg, curriculum):
+    """Load the base model onto the peer's device and open the training run (resuming it from its checkpoint)."""
+    from inference.select import resolve_device
+    from swarm.policy.files import load_base_model
+
+    loaded = await load_base_model(cfg.model)
+    device = resolve_device(node.config.device)
+    await trio.to_thread.run_sync(loaded.model.to, device)  # it only trains: no CPU generator shares it here
+    node.events.emit("trainer_device", device=str(device), message=f"training on {device}")
+    run = await trio.to_thread.run_sync(_open_training_run, loaded, cfg, curriculum)
+    if run.state.step > 0:
+        await _resumed(node, run)
+    return run
+
+
+async def _resumed(node, run) -> None:
+    """A trainer resumed from its checkpoint: its workers answered the newest version already, to the process that
+    stopped, so the same weights go out under a new version number."""
+    resumed_at = run.state.version
+    await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
+    node.events.emit("resumed", step=run.state.step, version=run.state.version, message=(
+        f"resumed at step {run.state.step}; the rollouts of v{resumed_at} went with the previous process, so its "
+        f"weights go out again as v{run.state.version}"))
+
+
+async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait,
+                              counts: GateCounts) -> None:
+    """Publish a new version now when the newest one cannot bring the next batch
+    (swarm.roles.batch_wait.why_publish_now).
+    The same weights sent again cost the swarm a manifest: their files have the same roots, which every peer already
+    holds."""
+    why = why_publish_now(counts, swarm_facts(node, run, publisher, gate), waiting, trio.current_time())
+    if why is None:
+        return
+    if (held := newest_in_swarm(node)) > gate.newest:
+        run.number_past(held)  # workers answer the newest version they hold: one below it would go unanswered
+    await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
+    node.events.emit("publishing_early", version=run.state.version, message=(
+        f"v{gate.newest} cannot bring the next batch: {why}; so the weights of step {run.state.step} go out as "
+        f"v{run.state.version}"))
+    await _publish_newest(run, publisher, gate)
+    waiting.restart(trio.current_time())
+
+
+async def _number_past_the_swarm(node, run, publisher: SwarmPublisher) -> None:
+    """Before the first version goes out: when peers hold a version at least as new as the one about to be
+    published (an earlier process of this run published it, and its data directory or checkpoint is gone), the
+    weights go out past it. Why: workers answer the newest version they hold, so a trainer that published below
+    it would wait for rollouts nobody sends."""
+    held = newest_in_swarm(node)
+    if held < run.state.version or run.state.version in publisher.published:
+        return
+    run.number_past(held)
+    await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
+    node.events.emit("numbered_past", held=held, version=run.state.version, message=(
+        f"peers hold v{held} from an earlier process of this run; its weights go out as v{run.state.version}"))
+
+
+async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> None:
+    from trainer.checkpoint import policy_dir
+
+    version = run.state.version
+    if version in publisher.published:
+        return
+    await publisher.wait_for_quorum(publisher.node.config.quorum)
+
+    def register(spec: RunSpec) -> None:
+        gate.specs[version] = spec
+        gate.newest = version
+
+    await publisher.publish(version, policy_dir(run.policies, version), before_announce=register)
+
+
+def gate_counts(gate: RolloutGate, workers: set[str]) -> GateCounts:
+    """The gate's state as the batch wait's plain values, after expiring what fell out of the async window."""
+    ready = gate.expire()
+    spec = gate.specs.get(gate.newest)
+    return GateCounts(ready=ready, awaiting_votes=len(gate.pending), async_level=gate.async_level, newest=gate.newest,
+                      prompts_per_worker=spec.prompts_per_worker if spec is not None else 0,
+                      answered_in_full=gate.answered_in_full(gate.newest, workers), tally=dict(gate.counts))
+
+
+def swarm_facts(node, run, publisher: SwarmPublisher, gate: RolloutGate) -> SwarmFacts:
+    """What the trainer hears of its peers now, as the batch wait's plain values."""
+    spec = gate.specs.get(gate.newest)
+    return SwarmFacts(
+        quorum_here=len(publisher.known_validators()) >= node.config.quorum,
+        workers_known=publisher.workers_known(),
+        validators_departed=publisher.validators_departed(spec) if spec is not None else 0,
+        validators_changed=publisher.validators_changed(spec) if spec is not None else False,
+        newest_held=newest_in_swarm(node), trained_since_publish=run.trained_since_publish)
+
+
+def newest_in_swarm(node) -> int:
+    """The newest version among the manifests this peer adopted (only the run key's are adopted), or -1."""
+    return max((p.manifest.version for p in node.mirror.policies.values()), default=-1)

@@ -1,0 +1,1 @@
+"""`swarm sim`: the whole swarm on one machine."""

@@ -1,0 +1,230 @@
+"""`swarm sim`: the whole swarm on one machine, every peer a real libp2p host on loopback, in one process.
+
+One trainer (it holds the run key), inference peers, validators and a seed-only peer join through the trainer's
+multiaddr, exactly as separate machines would. The trainer trains only on rollouts a quorum of validators accepted;
+an optional cheating worker (it claims reward 1.0 for every completion) shows the quorum refusing its rollouts and
+reputation banning it. Torch work runs in worker threads, so the networking of every peer stays live.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from swarm.config import load_config
+from swarm.events import EventSink
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    out: Path
+    inference: int = 2
+    validators: int = 2
+    seeds: int = 1
+    cheaters: int = 0
+    steps: int = 16
+    prompts_per_worker: int = 4
+    prompts_per_step: int = 0  # 0: half of what the honest workers answer per version
+    group_size: int = 16
+    max_new_tokens: int = 8
+    curriculum: str = "none"  # or "fastcurl" or a [[stage]] TOML file: see _trainer_toml for why none
+    model: str = "tiny"
+    task: str = "gcd"
+    task_config: str = "{}"  # TOML inline table of the task's difficulty settings
+    async_level: int = 1
+    eval_every: int = 0  # held-out evaluations between steps (one before the first and one after the last always)
+    timeout_s: float = 900.0
+    watch_s: float = 30.0  # the watchdog reports every peer's state after this long without a trainer step
+
+
+@dataclass
+class SimPeer:
+    name: str
+    roles: tuple[str, ...]
+    node: object = None
+    ready: trio.Event = field(default_factory=trio.Event)
+
+
+def _trainer_toml(s: SimSettings) -> Path:
+    """The trainer's config. lr 1e-3: on this task set (seed 0) the last four steps' reward averaged 0.27 over
+    eight sampling-noise draws (worst 0.14) against 0.14 (worst 0.00) at 3e-3, which locked the policy onto one
+    token in some runs (docs/benchmarks.md#the-whole-swarm).
+
+    One fixed context, no FastCuRL stages. The tiny model does not learn to stop within these steps (its
+    completions run to the limit), so its answer is the last number in them and what it learns is to end on a
+    common divisor. For the same generated tokens FastCuRL's schedule left 2 of 8 seeds at held-out accuracy 0
+    against none of 8 at one context (`swarm bench curriculum`): its stage switches move that target mid-run (its
+    context switches alone, and its data switches alone, each also left 2 of 8 at 0), its costlier stages leave
+    fewer steps (13 against 16), and a policy caught between them greedily repeats its digit ("22222222" is not 2).
+    """
+    workers = s.inference + s.cheaters
+    path = s.out / "trainer.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([
+        "[trainer]", f'model = "{s.model}"', f"task = {json.dumps(_task_reference(s.task))}",
+        f"task_config = {s.task_config}",
+        "task_size = 400", f"steps = {s.steps}", "temperature = 1.0", "grad_clip = 1.0", "threads = 1",
+        f"prompts_per_step = {s.prompts_per_step or max(1, (s.inference * s.prompts_per_worker) // 2)}",
+        f"group_size = {s.group_size}",
+        f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
+        f"curriculum = {json.dumps(s.curriculum)}", "lr = 1e-3", "checkpoint_every = 1000",
+        f"eval_every = {s.eval_every}",
+        f"# {workers} workers",
+    ]) + "\n")
+    return path
+
+
+def _task_reference(task: str) -> str:
+    """A task file by its absolute path (the trainer reads it; the other peers get it with every policy), a
+    built-in task set by name."""
+    from tasks.loading import is_task_file
+
+    return str(Path(task).resolve()) if is_task_file(task) else task
+
+
+def _peer_config(s: SimSettings, peer: SimPeer, bootstrap: tuple[str, ...], trainer_toml: Path, cheat: str):
+    return load_config(None, {
+        "roles": peer.roles, "run": "sim", "data_dir": s.out / peer.name, "bootstrap": bootstrap,
+        "bootstrap_file": s.out / "no-bootstrap.txt", "model": s.model, "trainer_config": trainer_toml,
+        "prompts_per_worker": s.prompts_per_worker, "replicas": min(2, max(1, s.validators)),
+        "quorum": min(2, max(1, s.validators)), "quorum_timeout_s": 120.0, "exit_when_trained": True,
+        "status_every_s": 3.0, "cheat": cheat, "data_exempt_loopback": True})  # every peer is ours, on 127.0.0.1
+
+
+async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict], None] = lambda extra: None) -> dict:
+    """Run every peer until the trainer is done (or `timeout_s`); returns {timed_out, wall_s}. `on_stopping` gets
+    that dict once the work is over and the peers start closing (swarm.shutdown bounds how long that may take)."""
+    import torch
+
+    from p2p.identity import load_or_create_identity
+    from swarm.node.node import open_node_parts
+    from swarm.roles.registry import ROLE_TASKS
+
+    torch.set_num_threads(1)
+    import transformers  # noqa: F401 - resolve its lazy classes in this thread before role threads race for them
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+    trainer_toml = _trainer_toml(s)
+    peers = [SimPeer("trainer", ("trainer",))]
+    peers += [SimPeer(f"validator{i}", ("validator",)) for i in range(s.validators)]
+    peers += [SimPeer(f"inference{i}", ("inference",)) for i in range(s.inference)]
+    peers += [SimPeer(f"cheater{i}", ("inference",)) for i in range(s.cheaters)]
+    peers += [SimPeer(f"seed{i}", ("seed",)) for i in range(s.seeds)]
+    started = time.monotonic()
+    watch = Activity()
+    sink.listeners.append(watch.on_event)  # every peer's sink copies the listeners: add it before peers start
+
+    async def start(nursery, peer: SimPeer, bootstrap: tuple[str, ...]) -> None:
+        config = _peer_config(s, peer, bootstrap, trainer_toml, "reward" if peer.name.startswith("cheater") else "")
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        identity = load_or_create_identity(config.data_dir)
+
+        async def capture(node) -> None:
+            peer.node = node
+            peer.ready.set()
+
+        def tag(record: dict) -> None:
+            record["peer"] = peer.name
+
+        peer_sink = EventSink(json_lines=sink.json_lines, stream=sink.stream)
+        peer_sink.listeners += [tag, *sink.listeners]
+        roles = [capture] + [ROLE_TASKS[r] for r in peer.roles if r in ROLE_TASKS]
+        trust = identity.public_bytes if "trainer" in peer.roles else peers[0].node.identity.public_bytes
+        nursery.start_soon(open_node_parts, config, identity, peer_sink, roles, trust)
+        await peer.ready.wait()
+
+    with trio.move_on_after(s.timeout_s) as scope:
+        async with trio.open_nursery() as nursery:
+            await start(nursery, peers[0], ())
+            bootstrap = (peers[0].node.host.multiaddrs[0],)
+            for peer in peers[1:]:
+                await start(nursery, peer, bootstrap)
+            watchdog = trio.CancelScope()
+            nursery.start_soon(_watch, peers, watch, watchdog, s.watch_s)
+            await peers[0].node.done.wait()
+            watchdog.cancel()
+            on_stopping({"timed_out": False, "wall_s": round(time.monotonic() - started, 1)})
+            for peer in peers[1:]:
+                peer.node.done.set()
+    return {"timed_out": scope.cancelled_caught, "wall_s": round(time.monotonic() - started, 1)}
+
+
+@dataclass
+class Activity:
+    """What each peer did last (its role's latest milestone event) and how many steps the trainer has taken."""
+
+    MILESTONES = ("published", "train_step", "generating", "generated", "validated", "complete", "role_failed",
+                  "dht_found")
+    steps: int = 0
+    last: dict[str, tuple[str, object, float]] = field(default_factory=dict)  # peer -> (event, version, time)
+
+    def on_event(self, e: dict) -> None:
+        if e.get("event") == "train_step":
+            self.steps += 1
+        if e.get("event") in self.MILESTONES:
+            self.last[e.get("peer", "?")] = (e["event"], e.get("version"), time.monotonic())
+
+    def describe(self, peer: str) -> str:
+        if peer not in self.last:
+            return "nothing yet"
+        kind, version, at = self.last[peer]
+        return f"{kind}{'' if version is None else f' v{version}'} {time.monotonic() - at:.0f} s ago"
+
+
+async def _watch(peers: list[SimPeer], activity: Activity, scope: trio.CancelScope, every_s: float) -> None:
+    """Progress watchdog: when the trainer has not stepped for `every_s`, say what every peer holds and did last.
+
+    Why: one default run sat after publishing a version with nothing on screen until the 900 s limit (and one
+    sat for minutes with every inference peer holding v0 and none generating). A stall must be impossible to
+    miss, and the peer states (versions known and held, connections, last milestone) say where the chain
+    trainer -> policy -> rollouts -> votes -> trainer broke.
+    """
+    with scope:
+        last = -1
+        while True:
+            await trio.sleep(every_s)
+            if activity.steps != last:
+                last = activity.steps
+                continue
+            for peer in peers:
+                peer.node.events.emit("stalled", seconds=every_s, last=activity.describe(peer.name),
+                                      **_peer_state(peer.node))
+
+
+def _peer_state(node) -> dict:
+    known = sorted(p.manifest.version for p in node.mirror.policies.values())
+    held = [p.manifest.version for p in node.mirror.complete_versions()]
+    return {"knows": known[-1] if known else None, "holds": held[-1] if held else None,
+            "connected": len(node.connected_peers()), "stopped": node.done.is_set()}
+
+
+def summarize(events: list[dict], extra: dict) -> dict:
+    steps = [e for e in events if e["event"] == "train_step"]
+    trained = next((e for e in events if e["event"] == "trained"), None)
+    rejected = [e for e in events if e["event"] == "rejected_rollout"]
+    reasons: dict[str, int] = {}
+    for e in rejected:
+        key = e.get("reason", "").split(":")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    return {
+        **extra, "steps": len(steps), "rewards": [round(e["reward"], 3) for e in steps if e.get("reward") is not None],
+        "versions_published": sum(e["event"] == "published" for e in events),
+        "policy_copies_completed": sum(e["event"] == "complete" for e in events),
+        "groups_generated": sum(e["groups"] for e in events if e["event"] == "generated"),
+        "votes_rejecting": len(rejected), "rejection_reasons": reasons,
+        "gate": trained["gate"] if trained else (steps[-1]["gate"] if steps else {}),
+        "banned_workers": trained["banned"] if trained else [], "final_policy": trained["final"] if trained else None,
+        "heldout_accuracy": trained.get("heldout", {}) if trained else {},
+    }
+
+
+def write_report(out: Path, report: dict, events: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    with open(out / "events.jsonl", "w") as f:
+        for e in events:
+            f.write(json.dumps(e, default=str) + "\n")

@@ -1,7 +1,0 @@
-"""The role tasks a peer can run beside its networking (imported lazily: seed-only peers never load torch)."""
-
-from swarm.role_inference import inference_role
-from swarm.role_trainer import trainer_role
-from swarm.role_validator import validator_role
-
-ROLE_TASKS = {"trainer": trainer_role, "inference": inference_role, "validator": validator_role}
