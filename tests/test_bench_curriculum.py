@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from swarm.cli import main
-from swarm.curriculum_stats import bootstrap_mean, paired_difference, reach, summarize_arm
+from swarm.bench.curriculum_stats import bootstrap_mean, paired_difference, reach, summarize_arm
+from swarm.cli.main import main
 
 
 def test_the_target_is_reached_when_the_window_mean_first_gets_there():

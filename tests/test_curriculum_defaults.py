@@ -1,10 +1,10 @@
 """Which curriculum runs when none is named: one fixed context (`swarm bench curriculum` measured it learning in
-every seed, where FastCuRL's context changes left 2 of 8 tiny-model seeds at held-out accuracy 0)."""
+every seed, where FastCuRL's stage switches left 2 of 8 tiny-model seeds at held-out accuracy 0)."""
 
 from pathlib import Path
 
-from swarm.cli import main
-from swarm.sim import SimSettings, _trainer_toml
+from swarm.cli.main import main
+from swarm.sim.run import SimSettings, _trainer_toml
 from trainer.config import TrainerConfig, load_config
 
 

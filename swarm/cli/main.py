@@ -29,7 +29,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "noise"), "swarm.bench.noise", "benchmark the seeded Gumbel noise draw per element"),
     (
         ("bench", "curriculum"),
-        "swarm.cmd_bench_curriculum",
+        "swarm.bench.curriculum",
         "compare FastCuRL's curriculum with a fixed context at one budget of generated tokens, over seeds",
     ),
     (

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.curriculum_stats import paired_difference, summarize_arm
+    from swarm.bench.curriculum_stats import paired_difference, summarize_arm
     from swarm.errors import UserError
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
