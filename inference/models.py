@@ -1,8 +1,11 @@
-"""Loading a policy model: "tiny", "smollm2" or any local Hugging Face directory (a trainer's policy included).
+"""Loading a policy model: "tiny", "smollm2", any local Hugging Face directory (a trainer's policy included) or a
+Hugging Face hub id (`Qwen/Qwen2.5-0.5B-Instruct`) found in the local Hugging Face cache.
 
 Why a cache directory: the tiny model is rebuilt from code and SmolLM2 is dequantised from GGUF (about 20 s);
 both are written once as safetensors + config + tokenizer, the same layout a trainer publishes, so every later
 load is the fast local-directory path and `load_policy` can hot-swap weights from files of the same shape.
+Why a hub id is only looked up, never downloaded: peers run offline (or must not stall on a download halfway
+through joining a swarm), so a model missing from the cache is one sentence saying how to fetch it.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from pathlib import Path
 import blake3
 
 from inference.errors import InferenceError
+from tasks.hub_cache import NotCached, cached_snapshot, fetch_hint, hub_cache_dir, parse_reference, snapshot_repo_id
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct-q4_1"
+BUILT_IN_MODELS = ("tiny", "smollm2")
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,35 @@ def default_cache_dir() -> Path:
 
 def check_model_spec(spec: str) -> None:
     """Refuse, in one sentence, a model that `load_model` could not find (cheap: nothing is loaded)."""
-    if spec not in ("tiny", "smollm2") and not Path(spec).is_dir():
-        raise InferenceError(f"model {spec!r} is neither 'tiny', 'smollm2' nor an existing directory")
+    if spec not in BUILT_IN_MODELS:
+        resolve_model_dir(spec)
+
+
+def resolve_model_dir(spec: str) -> Path:
+    """The local directory a model name means: the directory itself, or a hub id's snapshot in the local Hugging
+    Face cache (HF_HUB_CACHE). Raises one sentence when it is neither; built-in names are not directories."""
+    if Path(spec).is_dir():
+        return Path(spec)
+    reference = parse_reference(spec)
+    if reference is None:
+        raise InferenceError(f"model {spec!r} is neither 'tiny', 'smollm2' nor an existing directory, and not a "
+                             f"Hugging Face hub id (ORG/NAME)")
+    try:
+        snapshot = cached_snapshot(reference, "model")
+    except NotCached:
+        raise InferenceError(
+            f"model {spec!r} is not an existing directory and not in the local Hugging Face cache "
+            f"({hub_cache_dir()}): fetch it with `{fetch_hint(reference, 'model')}` on a machine with network "
+            f"and copy that cache here (or point HF_HUB_CACHE at it)") from None
+    if not (snapshot / "config.json").is_file():
+        raise InferenceError(f"model {spec!r} is only partly in the local Hugging Face cache ({snapshot} has no "
+                             f"config.json): fetch it whole with `{fetch_hint(reference, 'model')}`")
+    return snapshot
 
 
 def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None) -> LoadedModel:
-    """Load "tiny", "smollm2" or a local HF directory as float32 (or `dtype`) on the CPU, in eval mode."""
+    """Load "tiny", "smollm2", a local HF directory or a cached hub id as float32 (or `dtype`) on the CPU, in eval
+    mode. A hub id's model is named by its id (model.json's name), not by its snapshot's commit hash."""
     import torch
 
     dtype = dtype or torch.float32
@@ -64,8 +92,8 @@ def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None) -> Lo
     if spec == "smollm2":
         directory = _cached(cache / SMOLLM2_DIRNAME, convert_smollm2)
         return load_directory(directory, dtype, name="smollm2")
-    check_model_spec(spec)
-    return load_directory(Path(spec), dtype)
+    directory = resolve_model_dir(spec)
+    return load_directory(directory, dtype, name=None if directory == Path(spec) else spec)
 
 
 def _cached(directory: Path, build) -> Path:
@@ -130,8 +158,9 @@ def load_directory(directory: Path, dtype, name: str | None = None) -> LoadedMod
     hf_logging.disable_progress_bar()  # per-load progress bars flood peer logs
     directory = Path(directory)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory)
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+        # local_files_only: a directory names every file it needs; nothing may reach for the network from here
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any loader failure means this directory is not a usable model
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise InferenceError(f"model directory {directory} does not load: {reason}") from None
@@ -168,7 +197,8 @@ def tokenizer_id(directory: Path) -> str:
 
 def describe_files(directory: Path) -> dict:
     """The description `describe` gives a plain Hugging Face directory (config.json, tokenizer files, no
-    model.json), read from its JSON files alone: what publishing it needs, without loading its weights."""
+    model.json), read from its JSON files alone: what publishing it needs, without loading its weights. A hub
+    snapshot is named by its repo id, not by its commit hash."""
     directory = Path(directory)
     config = _json_object(directory / "config.json")
     eos: set[int] = set()
@@ -185,7 +215,8 @@ def describe_files(directory: Path) -> dict:
                and str(i).isdigit())
     if not eos:
         raise InferenceError(f"{directory} names no end-of-sequence token (config or tokenizer eos_token_id)")
-    return {"name": directory.name, "architecture": config, "tokenizer_id": tokenizer_id(directory),
+    name = snapshot_repo_id(directory) or directory.name
+    return {"name": name, "architecture": config, "tokenizer_id": tokenizer_id(directory),
             "eos_token_ids": sorted(eos), "source": str(directory)}
 
 

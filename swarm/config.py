@@ -71,7 +71,8 @@ class PeerConfig:
     """A peer not heard from (no heartbeat) this long is forgotten: its roles no longer count, so a trainer stops
     naming a validator that left in the versions it publishes."""
     model: str = "tiny"
-    """Base model of the trainer, inference and validator roles: tiny, smollm2 or a local HF directory."""
+    """Base model of the trainer, inference and validator roles: tiny, smollm2, a local HF directory or a Hugging
+    Face hub id in the local Hugging Face cache (HF_HUB_CACHE)."""
     backend: str = "torch"
     """Generation backend of the inference role: torch (CPU, any machine) or vllm (GPU; `./install.sh --gpu`)."""
     gpu_memory: float = 0.3

@@ -1,5 +1,6 @@
-"""tasks: the prompts a run trains on — built-in reasoning-gym tasks and user JSONL/parquet datasets, chat-template
-rendering with one answer format, FastCuRL length segments, held-out splits and offline difficulty filtering.
+"""tasks: the prompts a run trains on — built-in reasoning-gym tasks, user task files (JSONL, JSON, parquet, CSV)
+and Hugging Face hub datasets from the local cache, with their columns mapped; chat-template rendering with one
+answer format, FastCuRL length segments, held-out splits and offline difficulty filtering.
 
 Never imports a model or p2p: the solve-rate estimator for difficulty filtering is injected by the caller.
 """

@@ -28,9 +28,15 @@ PARALLEL_MODES = ("ddp", "fsdp")
 @dataclass(frozen=True)
 class TrainerConfig:
     model: str = "tiny"
-    """Model to start from: "tiny", "smollm2" or a local directory (e.g. a published policy)."""
+    """Model to start from: "tiny", "smollm2", a local directory (e.g. a published policy) or a Hugging Face hub id
+    in the local Hugging Face cache (e.g. Qwen/Qwen2.5-0.5B-Instruct)."""
     task: str = "basic_arithmetic"
-    """Task set: a built-in reasoning-gym name or a .jsonl/.parquet file."""
+    """Task set: a built-in reasoning-gym name (`swarm tasks` lists them), a .jsonl/.json/.parquet/.csv file, or a
+    hub dataset in the local Hugging Face cache (ORG/NAME for its train split, hf://datasets/ORG/NAME/PATH)."""
+    prompt_key: str = "prompt"
+    """Column of a task file or hub dataset holding the prompt (GSM8K: question)."""
+    answer_key: str = "answer"
+    """Column holding the reference answer (a GSM8K answer "... #### 72" is read as 72)."""
     task_config: dict = field(default_factory=dict)
     """Difficulty overrides for a built-in task (reasoning-gym config fields, e.g. {max_value = 20})."""
     task_size: int = 512

@@ -32,10 +32,11 @@ def seed_everything(seed: int) -> None:
 def load_task_split(cfg: TrainerConfig):
     """(train, heldout) task sets: the held-out split is never offered to the generator."""
     from tasks import load_tasks
-    from tasks.loading import is_task_file
+    from tasks.loading import is_builtin_task
 
-    size = None if is_task_file(cfg.task) else cfg.task_size
-    tasks = load_tasks(cfg.task, size=size, seed=cfg.seed, config=cfg.task_config or None)
+    size = cfg.task_size if is_builtin_task(cfg.task) else None
+    tasks = load_tasks(cfg.task, size=size, seed=cfg.seed, config=cfg.task_config or None,
+                       prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
     train_set, heldout = tasks.split(cfg.eval_fraction, seed=cfg.seed)
     if len(train_set) == 0 or len(heldout) == 0:
         raise TrainerError(f"task set {cfg.task!r} is too small to split into train and held-out prompts")

@@ -12,10 +12,14 @@ import time
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", help="tiny, smollm2 or a policy directory, e.g. OUT/final (default: the config's, "
-                                         "else tiny)")
-    parser.add_argument("--task", help="reasoning-gym task name or .jsonl/.parquet file (default: the config's, "
-                                       "else basic_arithmetic)")
+    parser.add_argument("--model", help="tiny, smollm2, a policy directory (e.g. OUT/final) or a cached Hugging Face "
+                                         "hub id (default: the config's, else tiny)")
+    parser.add_argument("--task", help="reasoning-gym task name, .jsonl/.json/.parquet/.csv file or cached hub dataset "
+                                       "ORG/NAME (default: the config's, else basic_arithmetic)")
+    parser.add_argument("--prompt-key", dest="prompt_key", help="task file column holding the prompt (default: the "
+                                                                "config's, else prompt)")
+    parser.add_argument("--answer-key", dest="answer_key", help="task file column holding the answer (default: the "
+                                                                "config's, else answer)")
     parser.add_argument("--n", type=int, default=200, help="held-out prompts to score")
     parser.add_argument("--seed", type=int, help="seed of the task set and its held-out split (default: the "
                                                  "config's, else 0)")
@@ -36,13 +40,14 @@ def run(args) -> int:
     require_at_least_one(n=args.n, max_new_tokens=args.max_new_tokens, batch=args.batch)
     require_temperature(args.temperature)
 
-    from inference.models import load_model
+    from inference.models import check_model_spec, load_model
     from trainer.config import load_config
     from trainer.evaluate import evaluate
     from trainer.session import load_task_split
     overrides = {"model": args.model, "task": args.task, "seed": args.seed, "task_size": args.size,
-                 "eval_fraction": args.eval_fraction}
+                 "eval_fraction": args.eval_fraction, "prompt_key": args.prompt_key, "answer_key": args.answer_key}
     cfg = load_config(args.config, overrides).config  # flags given override the config's values, defaults do not
+    check_model_spec(cfg.model)  # before the task set is built: a missing model is one line at once
     _, heldout = load_task_split(cfg)
     loaded = load_model(cfg.model)
     started = time.perf_counter()

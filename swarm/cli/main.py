@@ -21,6 +21,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("sim",), "swarm.cli.sim", "run a local multi-peer simulation of the whole swarm in one command"),
     (("train",), "swarm.cli.train", "run the single-machine RL loop (no network)"),
     (("eval",), "swarm.cli.eval", "measure a policy's accuracy on held-out prompts"),
+    (("tasks",), "swarm.cli.tasks", "list the built-in tasks with their descriptions and difficulty settings"),
     (("keygen",), "swarm.cli.keygen", "create an Ed25519 key file (a run's trainer key or a peer identity)"),
     (("bench", "broadcast"), "swarm.bench.broadcast", "benchmark policy broadcast against the Kumar-Ross bound"),
     (("bench", "transfer"), "swarm.bench.transfer", "benchmark one piece-protocol stream against raw TCP"),

@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json-events", dest="json_events", action="store_true",
                         help="print machine-readable JSON event lines instead of progress text")
     parser.add_argument("--key", type=Path, help="identity key file (the trainer's run key; default: data dir's)")
-    parser.add_argument("--model", help="base model of trainer/inference/validator roles: tiny, smollm2 or a dir")
+    parser.add_argument("--model", help="base model of trainer/inference/validator roles: tiny, smollm2, a dir or a "
+                                        "cached Hugging Face hub id")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="inference role: generation backend, torch (CPU) or vllm (GPU, the gpu extra)")
     parser.add_argument("--gpu-memory", dest="gpu_memory", type=float,

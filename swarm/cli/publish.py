@@ -2,8 +2,9 @@
 
 The checkpoint directory holds *.safetensors files and a model.json model description (what `swarm train` writes
 into OUT/final and a trainer peer into each version), or is a plain Hugging Face model directory (config.json,
-safetensors, tokenizer files): its model.json is then written from those files into the publisher's data directory,
-beside links to its weights, and the user's directory is never written to. An optional generation.json gives the
+safetensors, tokenizer files; a hub id names its snapshot in the local Hugging Face cache): its model.json is
+then written from those files into the publisher's data directory, beside links to its weights, and the user's
+directory is never written to. An optional generation.json gives the
 generation settings in force (group_size, temperature, max_new_tokens, and the curriculum stage: its index, as
 stage_index beside the stage's name, or as stage). The publisher's host uses the trainer key as its identity, so
 peers see the manifest's signer as the origin. It prints its multiaddr (hand it to others as --bootstrap) and live
@@ -21,8 +22,8 @@ import trio
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint_dir", type=Path,
-                        help="directory with *.safetensors and model.json (swarm train's OUT/final), or a plain "
-                             "Hugging Face model directory")
+                        help="directory with *.safetensors and model.json (swarm train's OUT/final), a plain "
+                             "Hugging Face model directory, or a hub id in the local Hugging Face cache")
     parser.add_argument("--run", required=True, help="run name")
     parser.add_argument("--key", required=True, type=Path, help="the run's trainer key file (swarm keygen)")
     parser.add_argument("--version", type=int,
@@ -70,6 +71,20 @@ def _hf_description(checkpoint: Path) -> dict | None:
         return describe_files(checkpoint)
     except InferenceError as exc:
         raise UserError(f"cannot publish {checkpoint}: {exc}") from None
+
+
+def _checkpoint_dir(path: Path) -> Path:
+    """The directory to publish: `path` itself, or a Hugging Face hub id's snapshot in the local cache."""
+    from swarm.errors import UserError
+    from tasks.hub_cache import parse_reference
+
+    if path.is_dir():
+        return path
+    if parse_reference(str(path)) is None:
+        raise UserError(f"checkpoint directory {path} does not exist")
+    from inference.models import resolve_model_dir
+
+    return resolve_model_dir(str(path))
 
 
 def check_weights(checkpoint: Path) -> None:
@@ -144,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
     from swarm.events import EventSink
     from swarm.node.node import open_node_parts
 
-    if not args.checkpoint_dir.is_dir():
-        raise UserError(f"checkpoint directory {args.checkpoint_dir} does not exist")
+    args.checkpoint_dir = _checkpoint_dir(args.checkpoint_dir)
     if not MIN_PIECE_SIZE <= args.piece_kb * 1024 <= MAX_PIECE_SIZE:
         raise UserError(f"--piece-kb must be between {MIN_PIECE_SIZE // 1024} and {MAX_PIECE_SIZE // 1024}")
     hf_description = _hf_description(args.checkpoint_dir)

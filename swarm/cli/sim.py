@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from swarm.events import describe
+from trainer.curriculum import PRESETS
+from trainer.errors import TrainerError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +24,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--curriculum", default="none",
                         help="none (one context, the default: it learns in every run; swarm bench curriculum), "
                         "fastcurl (4 stages over the steps) or a TOML file of [[stage]] tables")
-    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local HF directory")
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2, a local HF directory or a cached hub id")
     parser.add_argument(
         "--task",
         default="gcd",
-        help="reasoning-gym task (default: gcd up to 50, which tiny learns) or a .jsonl/.parquet "
-        "task file (the trainer reads it; the other peers receive it with every policy)",
+        help="reasoning-gym task (default: gcd up to 50, which tiny learns), a .jsonl/.json/.parquet/.csv "
+        "task file or a cached hub dataset ORG/NAME (the trainer reads it; the other peers receive it with every "
+        "policy)",
     )
+    parser.add_argument("--prompt-key", dest="prompt_key", default="prompt", help="task file column of the prompt")
+    parser.add_argument("--answer-key", dest="answer_key", default="answer", help="task file column of the answer")
     parser.add_argument("--async-level", dest="async_level", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
@@ -37,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import trio
 
+    from inference.models import check_model_spec
     from swarm.errors import UserError
     from swarm.events import EventSink
     from swarm.node.gc_warmup import run_freezing_after_warmup
@@ -45,13 +51,14 @@ def run(args: argparse.Namespace) -> int:
 
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
-    _check_task(args.task)
+    _check_task(args.task, args.prompt_key, args.answer_key)
+    check_model_spec(args.model)  # a model that is not there is one line, not a report of zero steps
     curriculum = _curriculum(args.curriculum)
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
-                           async_level=args.async_level, timeout_s=args.timeout,
-                           curriculum=curriculum,
+                           async_level=args.async_level, timeout_s=args.timeout, prompt_key=args.prompt_key,
+                           answer_key=args.answer_key, curriculum=curriculum,
                            task_config="{max_value = 50}" if args.task == "gcd" else "{}")
     events: list[dict] = []
     sink = EventSink(json_lines=args.json, stream=sys.stdout if args.json else open("/dev/null", "w"))
@@ -78,26 +85,21 @@ def run(args: argparse.Namespace) -> int:
     return finish(extra)
 
 
-def _check_task(task: str) -> None:
+def _check_task(task: str, prompt_key: str, answer_key: str) -> None:
     """A task file that does not load, or a name no reasoning-gym dataset has, is one line before any peer starts:
     otherwise the whole swarm would start, fail inside the trainer's role and end in a report of zero steps."""
-    from tasks.builtin import builtin_names
-    from tasks.loading import is_task_file, load_tasks
+    from tasks.loading import check_builtin_name, is_builtin_task, load_tasks
 
-    if is_task_file(task):
-        load_tasks(task)  # TaskError names the file and the line
-    elif task not in builtin_names():
-        from tasks.errors import TaskError
-
-        raise TaskError(f"unknown task {task!r}: not a reasoning-gym dataset and not a .jsonl/.parquet file")
+    if not is_builtin_task(task):
+        load_tasks(task, prompt_key=prompt_key, answer_key=answer_key)  # TaskError: the file and line, the
+        # column missing, or the dataset missing from the cache
+    else:
+        check_builtin_name(task)
 
 
 def _curriculum(spec: str) -> str:
     """A preset name as given, a [[stage]] file by its absolute path (the trainer peer reads it from its own
     directory); anything else is one line before any peer starts."""
-    from trainer.curriculum import PRESETS
-    from trainer.errors import TrainerError
-
     if spec in PRESETS:
         return spec
     if not Path(spec).is_file():

@@ -17,8 +17,12 @@ from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", help="tiny, smollm2 or a policy directory (default: tiny)")
-    parser.add_argument("--task", help="reasoning-gym task name or a .jsonl/.parquet file (default: basic_arithmetic)")
+    parser.add_argument("--model", help="tiny, smollm2, a policy directory or a cached Hugging Face hub id "
+                                        "(default: tiny)")
+    parser.add_argument("--task", help="reasoning-gym task name (swarm tasks), a .jsonl/.json/.parquet/.csv file or a "
+                                       "cached hub dataset ORG/NAME (default: basic_arithmetic)")
+    parser.add_argument("--prompt-key", dest="prompt_key", help="task file column holding the prompt (default: prompt)")
+    parser.add_argument("--answer-key", dest="answer_key", help="task file column holding the answer (default: answer)")
     parser.add_argument("--config", type=Path, help="trainer TOML file (flags override it)")
     parser.add_argument(
         "--async-level", type=int, dest="async_level", help="max policy lag of a rollout; 0 = synchronous"
@@ -64,9 +68,10 @@ def add_arguments(parser) -> None:
                         help="with --compare: the 5-step mean reward to reach (default: the first run's final)")
 
 
-_OVERRIDES = ("model", "task", "async_level", "curriculum", "steps", "out", "seed", "lr", "group_size",
-              "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads", "generator",
-              "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel", "device")
+_OVERRIDES = ("model", "task", "prompt_key", "answer_key", "async_level", "curriculum", "steps", "out", "seed", "lr",
+              "group_size", "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads",
+              "generator", "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel",
+              "device")
 
 
 def run(args) -> int:

@@ -18,7 +18,7 @@ from p2p.manifest import is_safe_file_name
 from swarm.errors import UserError
 from tasks import load_tasks
 from tasks.errors import TaskError
-from tasks.loading import is_task_file
+from tasks.loading import is_builtin_task, is_task_file
 from tasks.segments import segment
 
 PRECISIONS = ("float32", "bfloat16")  # verify.checks.PRECISIONS (named here too: seed peers never import torch)
@@ -61,6 +61,8 @@ class RunSpec:
             raise UserError(f"the manifest's run_spec is malformed (no {exc})") from None
         if spec.task_root and not (_is_hex_root(spec.task_root) and _is_task_file_name(spec.task)):
             raise UserError("the manifest's run_spec names a task file by a malformed name or root")
+        if not spec.task_root and not _is_builtin_task(spec.task):  # a path or hub id each peer would read its own
+            raise UserError("the manifest's run_spec names a task set that is neither built in nor sent with it")
         if spec.segment not in ("short", "all", "long") or not 1 <= spec.quorum <= spec.replicas:
             raise UserError("the manifest's run_spec names an unknown segment or an impossible quorum")
         if spec.precision not in PRECISIONS:
@@ -186,6 +188,11 @@ def _validators(raw: dict) -> tuple[str, ...]:
 
 def _is_hex_root(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def _is_builtin_task(name: str) -> bool:
+    """A name only a built-in task set can have: no file suffix, no hub id and no path of any depth."""
+    return is_builtin_task(name) and "/" not in name
 
 
 def _is_task_file_name(name: str) -> bool:

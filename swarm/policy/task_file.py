@@ -10,6 +10,7 @@ reassembled from pieces verified against the signed manifest (swarm.policy.runsp
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from p2p.manifest import file_entry, is_safe_file_name
 from swarm.errors import UserError
-from tasks.loading import is_task_file
+from tasks.loading import is_builtin_task, is_task_file, load_tasks
 
 
 @dataclass(frozen=True)
@@ -29,26 +30,44 @@ class RunTaskFile:
     root: str  # hex BLAKE3 root over its pieces at the run's piece size, as every manifest lists it
 
 
-def snapshot_task_file(task: str, into: Path, piece_size: int) -> RunTaskFile | None:
-    """Copy the task file `task` into `into` (None for a built-in task set) and compute its manifest root."""
-    if not is_task_file(task):
+def snapshot_task_file(task: str, into: Path, piece_size: int, prompt_key: str = "prompt",
+                       answer_key: str = "answer") -> RunTaskFile | None:
+    """Snapshot the run's task file into `into` (None for a built-in task set) and compute its manifest root.
+
+    A .jsonl or .parquet file with the standard columns is copied byte for byte; any other source (a .json or
+    .csv file, a hub dataset, columns named by prompt_key/answer_key) is written as a JSONL file of the standard
+    columns, so every peer reads it with no column mapping and no Hugging Face cache of its own."""
+    if is_builtin_task(task):
         return None
-    source = Path(task)
-    if not is_safe_file_name(source.name):
-        raise UserError(f"the task file name {source.name!r} must be up to 128 letters, digits, '.', '_' or '-', "
+    plain = is_task_file(task) and task.endswith((".jsonl", ".parquet")) and (prompt_key, answer_key) == (
+        "prompt", "answer")
+    taskset = None if plain else load_tasks(task, prompt_key=prompt_key, answer_key=answer_key)
+    name = Path(task).name if plain else f"{taskset.name}.jsonl"
+    if not is_safe_file_name(name):
+        raise UserError(f"the task file name {name!r} must be up to 128 letters, digits, '.', '_' or '-', "
                         f"starting with a letter or digit: it travels with every policy version under that name")
-    if not source.is_file():
-        raise UserError(f"task file {source} does not exist")
+    if is_task_file(task) and not Path(task).is_file():
+        raise UserError(f"task file {task} does not exist")
     into.mkdir(parents=True, exist_ok=True)
-    snapshot, partial = into / source.name, into / f".{source.name}.partial"
+    snapshot, partial = into / name, into / f".{name}.partial"
     try:
-        shutil.copyfile(source, partial)
+        if plain:
+            shutil.copyfile(task, partial)
+        else:
+            partial.write_text(standard_jsonl(taskset), encoding="utf-8")
         os.replace(partial, snapshot)
     except OSError as exc:
         partial.unlink(missing_ok=True)
-        raise UserError(f"task file {source} could not be copied into the run's data directory "
+        raise UserError(f"task file {task} could not be copied into the run's data directory "
                         f"({exc.strerror or exc})") from None
-    return RunTaskFile(source.name, snapshot, file_entry(snapshot, piece_size).root.hex())
+    return RunTaskFile(name, snapshot, file_entry(snapshot, piece_size).root.hex())
+
+
+def standard_jsonl(taskset) -> str:
+    """A task set as JSONL rows of prompt, answer, metadata and reward_fn, in index order."""
+    rows = [{"prompt": e.prompt, "answer": e.answer, "metadata": dict(e.metadata), "reward_fn": e.reward_fn}
+            for e in taskset]
+    return "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in rows)
 
 
 def place_task_file(task_file: RunTaskFile, directory: Path) -> None:

@@ -135,8 +135,11 @@ class SwarmPublisher:
 def _with_task_file_snapshot(cfg, peer):
     """(cfg, RunTaskFile or None): with a task file, the run's snapshot of it, and a config that trains on those
     very bytes, which every version carries to the peers (swarm.policy.task_file)."""
-    task_file = snapshot_task_file(cfg.task, Path(peer.data_dir) / "swarm-policies" / "task-file", peer.piece_kb * 1024)
-    return (replace(cfg, task=str(task_file.path)) if task_file else cfg), task_file
+    task_file = snapshot_task_file(cfg.task, Path(peer.data_dir) / "swarm-policies" / "task-file", peer.piece_kb * 1024,
+                                   cfg.prompt_key, cfg.answer_key)
+    if task_file is None:
+        return cfg, None
+    return replace(cfg, task=str(task_file.path), prompt_key="prompt", answer_key="answer"), task_file
 
 
 def load_role_config(peer):

@@ -36,6 +36,8 @@ class SimSettings:
     model: str = "tiny"
     task: str = "gcd"
     task_config: str = "{}"  # TOML inline table of the task's difficulty settings
+    prompt_key: str = "prompt"  # the task file's or hub dataset's prompt column
+    answer_key: str = "answer"  # ... and its answer column
     async_level: int = 1
     eval_every: int = 0  # held-out evaluations between steps (one before the first and one after the last always)
     timeout_s: float = 900.0
@@ -67,7 +69,8 @@ def _trainer_toml(s: SimSettings) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join([
         "[trainer]", f'model = "{s.model}"', f"task = {json.dumps(_task_reference(s.task))}",
-        f"task_config = {s.task_config}",
+        f"task_config = {s.task_config}", f"prompt_key = {json.dumps(s.prompt_key)}",
+        f"answer_key = {json.dumps(s.answer_key)}",
         "task_size = 400", f"steps = {s.steps}", "temperature = 1.0", "grad_clip = 1.0", "threads = 1",
         f"prompts_per_step = {s.prompts_per_step or max(1, (s.inference * s.prompts_per_worker) // 2)}",
         f"group_size = {s.group_size}",
