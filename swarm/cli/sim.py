@@ -21,9 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--steps", type=int, default=16, help="trainer steps (one policy version each)"
     )
-    parser.add_argument("--curriculum", default="none",
-                        help="none (one context, the default: it learned in more seeds of swarm bench curriculum), "
-                        "fastcurl (4 stages over the steps) or a TOML file of [[stage]] tables")
+    parser.add_argument("--curriculum", default="fastcurl",
+                        help="fastcurl (4 stages over the steps, the default), none (one context) or a TOML file "
+                        "of [[stage]] tables")
     parser.add_argument("--model", default="tiny", help="tiny, smollm2, a local HF directory or a cached hub id")
     parser.add_argument(
         "--task",

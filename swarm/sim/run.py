@@ -32,7 +32,7 @@ class SimSettings:
     prompts_per_step: int = 0  # 0: half of what the honest workers answer per version
     group_size: int = 16
     max_new_tokens: int = 8
-    curriculum: str = "none"  # or "fastcurl" or a [[stage]] TOML file: see _trainer_toml for why none
+    curriculum: str = "fastcurl"  # or "none" or a [[stage]] TOML file: see _trainer_toml for why fastcurl
     model: str = "tiny"
     task: str = "gcd"
     task_config: str = "{}"  # TOML inline table of the task's difficulty settings
@@ -57,12 +57,11 @@ def _trainer_toml(s: SimSettings) -> Path:
     eight sampling-noise draws (worst 0.14) against 0.14 (worst 0.00) at 3e-3, which locked the policy onto one
     token in some runs (docs/benchmarks.md#the-whole-swarm).
 
-    One fixed context, no FastCuRL stages. The tiny model does not learn to stop within these steps (its
-    completions run to the limit), so its answer is the last number in them and what it learns is to end on a
-    common divisor. For the same generated tokens FastCuRL's schedule left 2 of 8 seeds at held-out accuracy 0
-    against none of 8 at one context (`swarm bench curriculum`): its stage switches move that target mid-run (its
-    context switches alone, and its data switches alone, each also left 2 of 8 at 0), its costlier stages leave
-    fewer steps (13 against 16), and a policy caught between them greedily repeats its digit ("22222222" is not 2).
+    FastCuRL's stages, although `swarm bench curriculum` (offline, synchronous, the same tokens) found one fixed
+    context better (held-out 0 in 0 of 8 seeds against 2 of 8): in this swarm the fixed context ended at held-out 0
+    in 2 of its 3 runs, FastCuRL in 1 of the 12 on record. Either way the tiny model does not learn to stop in 16
+    steps, its answer is the last number of a completion that runs to the limit, and greedy evaluation of a policy
+    whose samples earn 0.3-0.5 can still read eight junk bytes or a repeated digit ("3111111" is not 1).
     """
     workers = s.inference + s.cheaters
     path = s.out / "trainer.toml"
