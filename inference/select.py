@@ -13,6 +13,8 @@ import torch
 from inference.backend import GenerationBackend
 from inference.errors import InferenceError
 from inference.models import LoadedModel
+from inference.torch_backend import TorchBackend
+from inference.vllm_backend import VllmBackend
 
 
 def open_backend(name: str, loaded: LoadedModel, precision: str = "float32",
@@ -22,11 +24,7 @@ def open_backend(name: str, loaded: LoadedModel, precision: str = "float32",
     at most `gpu_memory` of the GPU."""
     require_backend(name)
     if name == "torch":
-        from inference.torch_backend import TorchBackend
-
         return TorchBackend(loaded)
-    from inference.vllm_backend import VllmBackend
-
     return VllmBackend(loaded, dtype=precision, gpu_memory_utilization=gpu_memory)
 
 

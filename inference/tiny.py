@@ -10,6 +10,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 TINY_VERSION = "tiny-v2"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -53,7 +56,6 @@ def training_corpus(lines: int = 600) -> list[str]:
 
 def build_tokenizer():
     """A byte-level BPE tokenizer (any text encodes) with ChatML special tokens and chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
@@ -68,7 +70,6 @@ def build_tokenizer():
 
 def build_tiny(directory: Path) -> None:
     """Write the tiny model (safetensors + config + tokenizer) into `directory`."""
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_tokenizer()

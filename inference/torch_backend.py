@@ -22,13 +22,12 @@ from inference.models import LoadedModel
 from inference.weights import load_weights_in_place
 from verify.model_inputs import cache_keyword, left_padded
 from verify.sampling import SamplingKey, gumbel_noise_at, sample_tokens, stream_seeds
+from verify.toploc import build_proofs
 
 ProofFn = Callable[[list[torch.Tensor]], list[bytes]]  # hidden [T, H] per completion -> TOPLOC proof bytes each
 
 
 def default_proof_fn() -> ProofFn:
-    from verify.toploc import build_proofs
-
     return build_proofs
 
 

@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from inference.backend import BASE_MANIFEST_ID, CompletionResult, GenerationRequest, GroupResult
 from inference.errors import InferenceError
 from inference.models import LoadedModel
 from inference.weights import safetensors_files
 from verify.sampling import SamplingKey, gumbel_noise_at
+from verify.toploc import build_proofs
 
 EXTRA_KEY = "swarm"
 
@@ -167,8 +169,6 @@ class SwarmWorkerExtension:
         """Tokens, logprobs and proofs of finished completions. The per-position records are device scalars: they
         are stacked per completion and copied to the host in one transfer each (reading them one by one would
         synchronise the GPU once per token), and the proofs' top-k runs where the hidden states already are."""
-        from verify.toploc import build_proofs
-
         records = [_WORKER.records.pop(uid, {}) for uid in uids]
         ordered = [[rec[p] for p in sorted(rec)] for rec in records]
         lengths = [len(entries) for entries in ordered]
@@ -190,8 +190,6 @@ class SwarmWorkerExtension:
         return out
 
     def swarm_load_policy(self, paths: list[str]) -> int:
-        from safetensors import safe_open
-
         def weights():
             for path in paths:
                 with safe_open(path, framework="pt", device="cpu") as f:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+
 from inference.errors import InferenceError
 
 
@@ -25,9 +28,6 @@ def load_weights_in_place(model, directory: str | Path) -> int:
     Every parameter must be covered (tied weights count once) and every file tensor must name a parameter of the
     same shape, otherwise nothing is half-applied: all checks run before the first copy.
     """
-    import torch
-    from safetensors.torch import load_file
-
     targets = dict(model.state_dict(keep_vars=True))
     incoming: dict[str, torch.Tensor] = {}
     for path in safetensors_files(directory):

@@ -10,7 +10,10 @@ those is the public address: `--announce` replaces them with what the operator k
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Sequence
+
+import psutil
 
 UNSPECIFIED = {"ip4": "0.0.0.0", "ip6": "::"}
 
@@ -18,10 +21,6 @@ UNSPECIFIED = {"ip4": "0.0.0.0", "ip6": "::"}
 def interface_ips() -> dict[str, list[str]]:
     """The machine's IPv4 and IPv6 addresses ({"ip4": [...], "ip6": [...]}), loopback last, link-local IPv6 left
     out (it needs a zone to dial)."""
-    import socket
-
-    import psutil
-
     found: dict[str, list[str]] = {"ip4": [], "ip6": []}
     for addrs in psutil.net_if_addrs().values():
         for a in addrs:

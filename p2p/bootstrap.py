@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from multiaddr import Multiaddr
+
 from p2p.errors import BootstrapError
 
 DEFAULT_BOOTSTRAP_FILE = Path("bootstrap_peers.txt")
@@ -17,8 +19,6 @@ DEFAULT_BOOTSTRAP_FILE = Path("bootstrap_peers.txt")
 
 def validate_multiaddr(text: str, where: str) -> str:
     """Return `text` stripped if it is a dialable multiaddr ending in /p2p/<peer id>; else a BootstrapError."""
-    from multiaddr import Multiaddr
-
     addr = text.strip()
     try:
         parsed = Multiaddr(addr)

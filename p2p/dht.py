@@ -33,6 +33,10 @@ from typing import Any, TypeVar
 import blake3
 import msgpack
 import trio
+from libp2p.kad_dht.common import PROTOCOL_ID
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.records.validator import NamespacedValidator, Validator
 
 from p2p.errors import DHTError
 from p2p.gossip import PublishPacer
@@ -153,26 +157,27 @@ def best_record(records: Sequence[LatestManifest]) -> LatestManifest | None:
     return max(records, key=lambda r: (r.version, r.manifest_id), default=None)
 
 
-def _record_validator():
-    """Our namespace's validator in py-libp2p's interface (imported lazily: `swarm --help` must not load libp2p)."""
-    from libp2p.records.validator import Validator
+class LatestManifestValidator(Validator):
+    """Our namespace's validator in py-libp2p's interface: a record is kept only if it decodes, and of several the
+    highest version wins (ties broken by manifest id, as `best_record` does)."""
 
-    class LatestManifestValidator(Validator):
-        def validate(self, key: str, value: bytes) -> None:
-            LatestManifest.decode(value, key)
+    def validate(self, key: str, value: bytes) -> None:
+        LatestManifest.decode(value, key)
 
-        def select(self, key: str, values: list[bytes]) -> int:
-            ranked = []
-            for index, value in enumerate(values):
-                try:
-                    record = LatestManifest.decode(value, key)
-                except DHTError:
-                    continue
-                ranked.append(((record.version, record.manifest_id), index))
-            if not ranked:
-                raise DHTError("no valid latest-manifest record to select from")
-            return max(ranked)[1]
+    def select(self, key: str, values: list[bytes]) -> int:
+        ranked = []
+        for index, value in enumerate(values):
+            try:
+                record = LatestManifest.decode(value, key)
+            except DHTError:
+                continue
+            ranked.append(((record.version, record.manifest_id), index))
+        if not ranked:
+            raise DHTError("no valid latest-manifest record to select from")
+        return max(ranked)[1]
 
+
+def _record_validator() -> LatestManifestValidator:
     return LatestManifestValidator()
 
 
@@ -338,8 +343,6 @@ class DHT:
         while (wait := self._pacer.delay("provide", trio.current_time())) > 0:
             await trio.sleep(wait)
         self._pacer.record("provide", trio.current_time())
-        from libp2p.peer.peerinfo import PeerInfo
-
         self.kad.provider_store.add_provider(key, PeerInfo(self._me, self.host.libp2p.get_addrs()))
         sent = await self._send_to_closest(key, lambda peer: self.kad.provider_store._send_add_provider(peer, key))
         if not sent:
@@ -432,10 +435,6 @@ def _valid_records(values: Sequence[bytes], key: str) -> list[LatestManifest]:
 async def open_dht(host: Any, config: DHTConfig | None = None) -> AsyncIterator[DHT]:
     """Run a Kademlia node (server mode) on a started host (p2p.host.P2PHost), bootstrapped from the peers the
     host is connected to; maintenance (refresh, re-provide) runs until the context exits."""
-    from libp2p.kad_dht.common import PROTOCOL_ID
-    from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
-    from libp2p.records.validator import NamespacedValidator
-
     validator = NamespacedValidator({NAMESPACE: _record_validator()}, strict_validation=True)
     kad = KadDHT(host.libp2p, DHTMode.SERVER, validator=validator, strict_validation=True)
     host.set_guarded_handler(PROTOCOL_ID, kad.handle_stream, timeout=30.0, idle_streams=True)

@@ -26,12 +26,12 @@ Policy, following the torrent practice for a cooperative flash crowd (docs/refer
 from __future__ import annotations
 
 import random
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from p2p.engine_actions import Action, Completed, DropPeer, Send, SendPiece, StorePiece
+from p2p.peer_state import PeerState
 from p2p.picker import Picker, RarestFirstPicker
 from p2p.upload_ledger import UploadLedger
 from p2p.wire import Cancel, Have, Reject, Request
@@ -66,24 +66,6 @@ class EngineConfig:
             raise ValueError("engine timeouts must be positive")
         if self.upload_factor < 1 or self.earn_per_piece < 0:
             raise ValueError("upload_factor must be at least 1 (one copy) and earn_per_piece not negative")
-
-
-@dataclass
-class PeerState:
-    """What the engine knows about one connected peer."""
-
-    bits: np.ndarray  # bool per piece: the peer holds it (as far as it told us)
-    timed_out: np.ndarray  # bool per piece: a request for it timed out; ask this peer again only as the sole holder
-    held: int = 0
-    requested: dict[int, float] = field(default_factory=dict)  # our requests to it -> when sent
-    cancelled: set[int] = field(default_factory=set)  # requests we cancelled (a piece may still arrive)
-    queue: deque[int] = field(default_factory=deque)  # its requests to us
-    open_requests: int = 0  # its requests not yet served or cancelled, duplicates and refused ones included
-    sending: set[int] = field(default_factory=set)  # our SendPiece actions in progress to it
-    delivered: set[int] = field(default_factory=set)  # pieces sent to it on this link: asking again is a breach
-    forgiven: set[int] = field(default_factory=set)  # delivered pieces it cancelled once (one re-request allowed)
-    revealed: set[int] = field(default_factory=set)  # super-seed: pieces announced to it and not yet sent
-    last_piece_at: float = 0.0  # last piece received, or when it last started owing us pieces
 
 
 # ---------------------------------------------------------------------------------------------- engine

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import msgpack
 
 from p2p.errors import EnvelopeError
-from p2p.identity import Identity
+from p2p.identity import Identity, peer_id_from_public_bytes
 from p2p.replay import ReplayFilter
 
 VERSION = 1
@@ -125,9 +125,7 @@ class Envelope:
 
     @property
     def sender_peer_id(self) -> str:
-        """The libp2p peer id of the signer (imports libp2p lazily)."""
-        from p2p.identity import peer_id_from_public_bytes
-
+        """The libp2p peer id of the signer."""
         return peer_id_from_public_bytes(self.sender)
 
 

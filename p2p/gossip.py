@@ -28,8 +28,8 @@ py-libp2p 0.8.1 pitfalls handled here (docs/reference.md#py-libp2p-pitfalls):
 - pubsub's stream handler is installed unguarded: we re-install it behind the host's guard;
 - small messages cost about 140 ms of CPU per publish among 6 fully meshed hosts (IDONTWANT for every message,
   a signed peer record verified twice on every RPC): past the CPU a process gets, streams between its hosts stop
-  opening. p2p.libp2p_compat.lean_pubsub_classes sends IDONTWANT only for messages of 1 KiB and more and the
-  record once per stream.
+  opening. p2p.libp2p_compat's LeanGossipSub sends IDONTWANT only for messages of 1 KiB and more, and its
+  LeanPubsub the record once per stream.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import trio
+from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12
+from libp2p.tools.anyio_service import background_trio_service
 
 from p2p.envelope import (
     DEFAULT_POLICY,
@@ -59,7 +62,7 @@ from p2p.gossip_parts import GossipStats, PublishPacer, Rejection, _BoundedMap, 
 from p2p.gossip_receive import BodyDecoder, GossipReceiver, Ignored
 from p2p.host import reset_quietly
 from p2p.identity import Identity
-from p2p.libp2p_compat import BufferedInboundStream, lean_pubsub_classes
+from p2p.libp2p_compat import BufferedInboundStream, LeanGossipSub, LeanPubsub
 from p2p.scores import PeerScores, ScoreConfig
 
 __all__ = ["BodyDecoder", "Gossip", "GossipConfig", "GossipStats", "Ignored", "PublishPacer", "Rejection",
@@ -180,15 +183,11 @@ class Gossip(GossipReceiver):
     async def wait_for_topic_peer(self, peer_id: str, kind: str, timeout: float = 10.0) -> None:
         """Return once `peer_id` has subscribed to `kind` (enough for our own publishes to reach it);
         trio.TooSlowError after `timeout`."""
-        from libp2p.peer.id import ID
-
         await self.pubsub.wait_for_subscription(ID.from_base58(peer_id), topic_for(self.run, kind), timeout)
 
     async def wait_for_mesh(self, peer_id: str, kind: str, timeout: float = 10.0) -> None:
         """Return once `peer_id` is in our mesh for `kind` (from then on we also forward others' messages to it
         at once, not only by gossip at the next heartbeat); trio.TooSlowError after `timeout`."""
-        from libp2p.peer.id import ID
-
         await self.pubsub.wait_for_mesh(ID.from_base58(peer_id), topic_for(self.run, kind), timeout)
 
     def banned_peers(self) -> list[str]:
@@ -287,16 +286,11 @@ class Gossip(GossipReceiver):
 
 
 def _origin(msg: Any) -> str:
-    from libp2p.peer.id import ID
-
     return str(ID(bytes(msg.from_id)))
 
 
 def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:
-    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12
-
-    GossipSub, Pubsub = lean_pubsub_classes()  # noqa: N806 - classes; py-libp2p's, minus the CPU that starved streams
-    router = GossipSub(
+    router = LeanGossipSub(  # py-libp2p's router and pubsub, minus the CPU that starved streams
         protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
         degree=config.degree,
         degree_low=max(1, config.degree - 2),
@@ -310,7 +304,7 @@ def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:
     window = config.policy.max_age_s + config.policy.max_future_s
     # seen_ttl covers our freshness window, so honest re-deliveries are dropped as duplicates by pubsub itself and
     # only a deliberately re-published envelope ever reaches our replay filter (and costs its forwarder).
-    pubsub = Pubsub(host.libp2p, router, seen_ttl=int(window) + 1, strict_signing=True)
+    pubsub = LeanPubsub(host.libp2p, router, seen_ttl=int(window) + 1, strict_signing=True)
     pubsub.validation_cache = _NoValidationCache()
     return pubsub, router
 
@@ -329,8 +323,6 @@ async def open_gossip(
     typed decoder per kind (swarm.messages.gossip_bodies): what one refuses is dropped before delivery and forwarding
     and costs its sender; a kind without one delivers any well-formed body.
     """
-    from libp2p.tools.anyio_service import background_trio_service
-
     unknown = set(kinds) - set(KINDS)
     if unknown or not kinds:
         raise GossipError(f"unknown gossip kinds {sorted(unknown)}; expected some of {', '.join(KINDS)}")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+from libp2p.peer.id import ID
 
 from p2p.envelope import Envelope, open_envelope
 from p2p.errors import EnvelopeError
@@ -85,8 +86,6 @@ class GossipReceiver:
     def _check(self, kind: str, forwarder: Any, msg: Any) -> Envelope | None:
         """The verified envelope with its typed message, in the order of their cost: the sender's allowance
         before a byte is decoded, the envelope, then the kind's typed body. Refused (a reason code) otherwise."""
-        from libp2p.peer.id import ID
-
         origin = ID(bytes(msg.from_id))
         if origin == self.host.libp2p.get_id():
             return None  # our own publish: sealed by us, delivered to nobody here
@@ -121,8 +120,6 @@ class GossipReceiver:
         another matter: a relay can hold back an honest origin's messages and release them at once, late or in a
         burst, so rates, budgets, staleness and replays cost the origin only when it handed the message over
         itself, and never cost a relay."""
-        from libp2p.peer.id import ID
-
         self.stats.rejected[reason] += 1
         if reason in ("node_busy", "relay_busy"):
             return  # shared budgets (the node's, a relay's): honest traffic may be caught in them, nobody is to blame
@@ -178,8 +175,6 @@ class GossipReceiver:
 
     def contain(self, env: Envelope, exc: BaseException) -> None:
         """Drop what `env` caused: penalise its sender and log one line (no traceback is kept)."""
-        from libp2p.peer.id import ID
-
         reason = exc.reason if isinstance(exc, Ignored) else "handler_error"
         sender = env.sender_peer_id
         log.warning("dropped a %s message from %s: %s", env.kind, sender,

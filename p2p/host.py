@@ -16,6 +16,7 @@ Other packages (gossip, DHT) reach the raw libp2p host through `P2PHost.libp2p`.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -23,7 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from libp2p import new_host
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from multiaddr import Multiaddr
 
+from p2p.addresses import dialable, interface_ips
+from p2p.bootstrap import peer_id_of
 from p2p.errors import HostError
 from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import tune_yamux
@@ -106,9 +119,7 @@ def _resolve_identity(config: HostConfig) -> Identity:
     return Identity.generate()
 
 
-def _parse_multiaddr(text: str):
-    from multiaddr import Multiaddr
-
+def _parse_multiaddr(text: str) -> Multiaddr:
     try:
         return Multiaddr(text)
     except Exception as exc:  # noqa: BLE001 - the multiaddr library raises many types for bad input
@@ -123,8 +134,6 @@ def check_listen_ports_free(listen: Sequence[str], timeout: float = 0.5) -> None
     the peer-id check. Why a connection and not a bind probe: py-libp2p's outgoing connections use the listen port
     too, and a restarted peer must not be refused because its predecessor's connections still linger on it.
     """
-    import socket
-
     for text in listen:
         addr = _parse_multiaddr(text)
         protocols = {p.name for p in addr.protocols()}
@@ -143,14 +152,6 @@ def check_listen_ports_free(listen: Sequence[str], timeout: float = 0.5) -> None
 
 def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Sequence[Any] | None = None):
     """A BasicHost with Noise-only security (own X25519 key), Yamux-only muxing and one connection per peer."""
-    from libp2p import new_host
-    from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
-    from libp2p.network.config import ConnectionConfig
-    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
-    from libp2p.security.noise.transport import Transport as NoiseTransport
-    from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
-    from libp2p.stream_muxer.yamux.yamux import Yamux
-
     # The TCP transport logs every refused dial at ERROR, several times per retry; our one-line
     # "bootstrap peer unreachable" warning replaces that noise.
     logging.getLogger("libp2p.transport.tcp.tcp").setLevel(logging.CRITICAL)
@@ -204,13 +205,9 @@ class P2PHost:
     def multiaddrs(self) -> list[str]:
         """Addresses to hand to another peer, each ending in /p2p/<peer id>: the `announce` addresses, else the
         listen addresses with an unspecified IP expanded to this machine's (p2p.addresses), loopback last."""
-        from p2p.addresses import dialable
-
         if self.config.announce:
             return [self._with_id(a) for a in self.config.announce]
         if self._interface_ips is None:
-            from p2p.addresses import interface_ips
-
             self._interface_ips = interface_ips()
         return [self._with_id(a) for a in dialable(self.bound_multiaddrs, self._interface_ips)]
 
@@ -227,8 +224,6 @@ class P2PHost:
 
     async def connect(self, multiaddr: str) -> str:
         """Dial `multiaddr` (which must end in /p2p/<id>) and return the remote peer id; HostError on failure."""
-        from libp2p.peer.peerinfo import info_from_p2p_addr
-
         try:
             info = info_from_p2p_addr(_parse_multiaddr(multiaddr))
         except HostError:
@@ -250,10 +245,6 @@ class P2PHost:
         Why: py-libp2p refuses for 60 s every dial to a peer whose addresses all failed once (its negative cache).
         A bootstrap peer redialed on purpose (it restarted, or was not up yet) would be refused for that minute.
         """
-        from libp2p.peer.id import ID
-
-        from p2p.bootstrap import peer_id_of
-
         peer = peer_id_of(multiaddr)
         try:
             self.libp2p.get_network().unblock_peer(ID.from_base58(peer))
@@ -263,8 +254,6 @@ class P2PHost:
 
     async def new_stream(self, peer_id: str, protocol: str):
         """Open a stream to a connected (or known) peer on `protocol`; HostError on failure or timeout."""
-        from libp2p.peer.id import ID
-
         try:
             with trio.fail_after(self.config.stream_timeout):
                 return await self.libp2p.new_stream(ID.from_base58(peer_id), [protocol])
@@ -309,8 +298,6 @@ class P2PHost:
             self.nursery.start_soon(self._disconnect, peer)
 
     async def _disconnect(self, peer: str) -> None:
-        from libp2p.peer.id import ID
-
         with trio.move_on_after(self.config.stream_timeout):
             try:
                 await self.libp2p.disconnect(ID.from_base58(peer))

@@ -16,6 +16,10 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from libp2p.crypto.ed25519 import Ed25519PublicKey as Libp2pPublicKey
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
+from libp2p.peer.id import ID
 
 from p2p.errors import IdentityError
 
@@ -47,9 +51,8 @@ class Identity:
         return _public_bytes(self.seed)
 
     @property
-    def key_pair(self):  # -> libp2p.crypto.keys.KeyPair (imported lazily: keygen must not load libp2p)
-        from libp2p.crypto.ed25519 import create_new_key_pair
-
+    def key_pair(self) -> KeyPair:
+        """This identity as py-libp2p's key pair, which a host signs its Noise handshakes with."""
         return create_new_key_pair(self.seed)
 
     @property
@@ -93,16 +96,11 @@ def _peer_id(seed: bytes) -> str:
 
 def peer_id_from_public_bytes(public_bytes: bytes) -> str:
     """The libp2p peer id of a raw Ed25519 public key (lets C map envelope senders to peers)."""
-    from libp2p.crypto.ed25519 import Ed25519PublicKey as Libp2pPublicKey
-    from libp2p.peer.id import ID
-
     return str(ID.from_pubkey(Libp2pPublicKey.from_bytes(bytes(public_bytes))))
 
 
 def public_bytes_from_peer_id(peer_id: str) -> bytes:
     """The raw Ed25519 public key embedded in an Ed25519 peer id (identity multihash); error otherwise."""
-    from libp2p.peer.id import ID
-
     try:
         key = ID.from_base58(peer_id).extract_public_key()
     except Exception as exc:  # noqa: BLE001 - any decoding failure means the id is unusable

@@ -1,6 +1,6 @@
 """Adapters from py-libp2p streams to the trio-style byte-stream contract, plus the measured Yamux tuning
 (docs/reference.md#py-libp2p-pitfalls) and the pubsub subclasses that keep gossip's CPU cost from starving every other
-stream (`lean_pubsub_classes`).
+stream (`LeanGossipSub`, `LeanPubsub`).
 
 The contract (p2p/wire.py's `Stream`): `send_all(data)`, `receive_some(max_bytes) -> bytes` (b"" at EOF),
 `aclose()`. A libp2p stream is the fallback transport of the data channel when a peer's data socket cannot be
@@ -9,7 +9,6 @@ reached (relays, NAT): slower (about 0.25x of raw TCP) but always available.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -17,6 +16,11 @@ import weakref
 from typing import Any
 
 import trio
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.stream_muxer.yamux import yamux
 
 from p2p.errors import ChannelError
 
@@ -43,58 +47,52 @@ def tune_yamux() -> None:
       which every Yamux peer accepts.
     """
     os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
-    from libp2p.stream_muxer.yamux import yamux
-
     if yamux.MAX_MESSAGE_SIZE > NOISE_SIZED_YAMUX_FRAME:
         yamux.MAX_MESSAGE_SIZE = NOISE_SIZED_YAMUX_FRAME
 
 
-@functools.cache
-def lean_pubsub_classes() -> tuple[type, type]:
-    """(GossipSub, Pubsub) subclasses that cut py-libp2p 0.8.1's CPU per gossip message by more than half.
+class LeanGossipSub(GossipSub):
+    """py-libp2p 0.8.1's GossipSub minus most of its CPU per gossip message (with LeanPubsub: less than half).
 
     Why: every RPC costs about 2.5 ms of CPU in py-libp2p, and all hosts of a process share one trio thread. With
     6 fully meshed hosts each publishing one small heartbeat a second, py-libp2p spent about 140 ms of CPU per
     publish (55 RPCs: 25 forwards and 30 IDONTWANTs, each carrying a signed peer record that the receiver verifies
     twice). Past the CPU the process gets, inbound bytes pile up in the sockets and a new stream's SYN and
     protocol negotiation wait behind that backlog: opening any stream took 8-10 s, then timed out.
-    - IDONTWANT is sent for every message received, whatever its size: only for messages of IDONTWANT_MIN_BYTES
-      and more here, as go-libp2p does (large rollout messages keep the saving);
-    - a signed peer record rides on every RPC and is verified twice on arrival: sent once per stream here (its
-      first RPC, the subscription hello), which keeps the peer's certified address book fed.
+    IDONTWANT is sent for every message received, whatever its size: only for messages of IDONTWANT_MIN_BYTES
+    and more here, as go-libp2p does (large rollout messages keep the saving).
     """
-    from libp2p.pubsub.gossipsub import GossipSub
-    from libp2p.pubsub.pb import rpc_pb2
-    from libp2p.pubsub.pubsub import Pubsub
 
-    class LeanGossipSub(GossipSub):
-        async def _emit_idontwant_for_message(self, msg_id: bytes, topic_ids: Any) -> None:
-            message = self.mcache.get(msg_id)  # put there just before, under the same (from, seqno) id
-            if message is not None and len(message.data) < IDONTWANT_MIN_BYTES:
-                return
-            await super()._emit_idontwant_for_message(msg_id, topic_ids)
+    async def _emit_idontwant_for_message(self, msg_id: bytes, topic_ids: Any) -> None:
+        message = self.mcache.get(msg_id)  # put there just before, under the same (from, seqno) id
+        if message is not None and len(message.data) < IDONTWANT_MIN_BYTES:
+            return
+        await super()._emit_idontwant_for_message(msg_id, topic_ids)
 
-    class LeanPubsub(Pubsub):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._record_sent: weakref.WeakSet[Any] = weakref.WeakSet()
 
-        async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
-            if rpc_msg.HasField("senderRecord"):
-                if stream in self._record_sent:
-                    slim = rpc_pb2.RPC()
-                    slim.CopyFrom(rpc_msg)  # the same RPC object goes to other peers: never edit it in place
-                    slim.ClearField("senderRecord")
-                    rpc_msg = slim
-                else:
-                    self._record_sent.add(stream)
-            return await super().write_msg(stream, rpc_msg)
+class LeanPubsub(Pubsub):
+    """py-libp2p's Pubsub that sends its signed peer record once per stream (its first RPC, the subscription
+    hello), which keeps the peer's certified address book fed, instead of on every RPC, where the receiver
+    verifies it twice (LeanGossipSub says what that cost)."""
 
-        def _next_seqno(self) -> bytes:
-            self.counter = next_seqno(self.counter, time.time())
-            return self.counter.to_bytes(8, "big")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._record_sent: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    return LeanGossipSub, LeanPubsub
+    async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
+        if rpc_msg.HasField("senderRecord"):
+            if stream in self._record_sent:
+                slim = rpc_pb2.RPC()
+                slim.CopyFrom(rpc_msg)  # the same RPC object goes to other peers: never edit it in place
+                slim.ClearField("senderRecord")
+                rpc_msg = slim
+            else:
+                self._record_sent.add(stream)
+        return await super().write_msg(stream, rpc_msg)
+
+    def _next_seqno(self) -> bytes:
+        self.counter = next_seqno(self.counter, time.time())
+        return self.counter.to_bytes(8, "big")
 
 
 class BufferedInboundStream:
@@ -176,8 +174,6 @@ class Libp2pByteStream:
         if self._eof:
             return b""
         limit = self._read_chunk if max_bytes is None else max(1, min(max_bytes, self._read_chunk))
-        from libp2p.network.stream.exceptions import StreamEOF
-
         try:
             data = await self._stream.read(limit)
         except StreamEOF:

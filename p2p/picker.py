@@ -7,20 +7,39 @@ oracle: both must complete the same swarms under the same invariants.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from p2p.engine import PeerState, SwarmEngine
+from p2p.peer_state import PeerState
+
+
+class SwarmView(Protocol):
+    """What a picker reads of the engine (p2p.engine.SwarmEngine): per-piece flags and counts, and the peers."""
+
+    @property
+    def num_pieces(self) -> int: ...
+    @property
+    def held(self) -> int: ...  # pieces we hold
+    @property
+    def have(self) -> np.ndarray: ...  # bool per piece: we hold it
+    @property
+    def pending_mask(self) -> np.ndarray: ...  # bool per piece: already requested of some peer
+    @property
+    def availability(self) -> np.ndarray: ...  # connected peers holding each piece
+    @property
+    def rank(self) -> np.ndarray: ...  # random tie-break between equally rare pieces
+    @property
+    def peers(self) -> Mapping[str, PeerState]: ...
 
 
 class Picker(Protocol):
-    def pick(self, engine: SwarmEngine, peer: PeerState, count: int) -> list[int]:
+    def pick(self, engine: SwarmView, peer: PeerState, count: int) -> list[int]:
         """Up to `count` pieces, best first, that we lack, nobody has been asked for, and `peer` holds."""
 
 
-def _candidates(engine: SwarmEngine, peer: PeerState) -> np.ndarray:
+def _candidates(engine: SwarmView, peer: PeerState) -> np.ndarray:
     """A piece whose request to this peer timed out is asked of it again only when no other holder is left that
     has not timed out on it too: a super-seed is the only holder of the pieces it reveals, and when every holder's
     request had timed out (a loaded machine) each was avoided for the other's sake and the piece never came."""
@@ -38,7 +57,7 @@ def _candidates(engine: SwarmEngine, peer: PeerState) -> np.ndarray:
 class NaivePicker:
     """Lowest index first: the reference oracle (correct, but piles every peer onto the same pieces)."""
 
-    def pick(self, engine: SwarmEngine, peer: PeerState, count: int) -> list[int]:
+    def pick(self, engine: SwarmView, peer: PeerState, count: int) -> list[int]:
         return _candidates(engine, peer)[:count].tolist()
 
 
@@ -53,7 +72,7 @@ class RarestFirstPicker:
     def __init__(self, random_first: int = 4) -> None:
         self.random_first = random_first
 
-    def pick(self, engine: SwarmEngine, peer: PeerState, count: int) -> list[int]:
+    def pick(self, engine: SwarmView, peer: PeerState, count: int) -> list[int]:
         idx = _candidates(engine, peer)
         if idx.size == 0 or count < 1:
             return []

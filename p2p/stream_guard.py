@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+from libp2p.network.stream.exceptions import StreamError
+from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
 
 from p2p.errors import StreamEndedEarly
 
@@ -92,9 +94,6 @@ async def reset_quietly(stream: Any) -> None:
 def peer_went_away(exc: BaseException) -> bool:
     """Whether `exc` only says that the other end closed, reset or dropped the stream: routine on a network (a
     requester that gave up, a peer that left), so no warning, unlike a failure of the handler itself."""
-    from libp2p.network.stream.exceptions import StreamError
-    from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
-
     return isinstance(exc, (StreamError, MuxedStreamError, MuxedConnError, StreamEndedEarly, EOFError,
                             ConnectionError, trio.BrokenResourceError, trio.ClosedResourceError))
 

@@ -25,9 +25,12 @@ class EventSink:
     rollouts, votes) and piece progress when it changes or moves, not the same idle line every status period.
     """
 
-    def __init__(self, json_lines: bool = False, stream=None) -> None:
+    def __init__(self, json_lines: bool = False, stream=None, hidden: frozenset[str] = frozenset()) -> None:
+        """hidden: kinds whose text line is not printed, because something else shows them (swarm.progress's
+        download bars); JSON lines always carry every event."""
         self.json_lines = json_lines
         self.stream = stream or sys.stdout
+        self.hidden = hidden
         self.listeners: list = []
         self._last_progress: dict[object, tuple[int, int, float]] = {}  # version -> (pieces, peers, printed at)
 
@@ -51,7 +54,7 @@ class EventSink:
             self._last_progress.pop(record.get("version"), None)
         if self.json_lines:
             print(json_line(record), file=self.stream, flush=True)
-        elif kind != "progress" or self._progress_worth_printing(record):
+        elif kind not in self.hidden and (kind != "progress" or self._progress_worth_printing(record)):
             text = _describe_safely(record)
             if text:
                 print(text, file=self.stream, flush=True)

@@ -10,6 +10,7 @@ the same directory.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -107,8 +108,6 @@ def write_snapshot(reference: HubReference, repo_type: str, files: dict[str, byt
     """Lay `files` (relative name -> bytes) out as huggingface_hub does after a download: blobs named by content,
     snapshot entries linking to them, and refs/REVISION naming the commit. For tests, and for putting a model into
     a cache by hand on a machine that cannot download it."""
-    import hashlib
-
     folder = repo_folder(reference, repo_type, cache)
     snapshot = folder / "snapshots" / commit
     for name, data in files.items():

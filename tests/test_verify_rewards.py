@@ -9,7 +9,8 @@ import reasoning_gym
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verify.rewards import compute_reward, extract_answer, is_known, parse_number
+from verify.reward_fns import extract_answer, is_known, parse_number
+from verify.rewards import compute_reward
 
 
 @pytest.mark.parametrize("text,answer", [

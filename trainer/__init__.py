@@ -2,6 +2,7 @@
 
 Map (each module holds one idea):
   grpo.py         pure loss math: group advantages, two-sided clip, constant normaliser, k3 KL, entropy, filters
+  loss_config.py  LossConfig, the loss's hyper-parameters (no torch: the config builds it)
   curriculum.py   FastCuRL stages as data; stage_at(step) fixes the generation settings of each published policy
   config.py       TrainerConfig (TOML + flags, every field documented)
   step.py         PolicyTrainer: one optimizer step; old logprobs from the generating version (importance weights),
@@ -14,31 +15,12 @@ Map (each module holds one idea):
   generator_process.py  the spawned generator process: policies in, rollout groups out, bounded and always reaped
   local_source.py the inference role in-process, following published policy files like a swarm worker
   evaluate.py     greedy held-out accuracy;  session.py: a whole `swarm train` session;  report.py: log + plot
+  session_setup.py  seeding and the train/held-out split, shared by a session and its generator process
   distributed.py  data parallelism over torch.distributed (gloo tested; nccl guarded); init_parallel("ddp"|"fsdp")
+  collectives.py  the step's collectives: gradients all-reduced (ddp), or already reduced by FSDP
   fsdp.py         FSDP2 sharding plan, precision and gathering full weights for policies and checkpoints
   fsdp_step.py    the GRPO step over a sharded model, every rank in lockstep (tested on two gloo ranks)
 
 Never imports p2p: the swarm hands the trainer plain RolloutGroups and takes published directories back.
+Import the module you need: this package imports nothing, so `trainer.config` loads without torch.
 """
-
-import importlib
-
-# Names are imported on first use (PEP 562): `trainer.config` must load without torch, so that `swarm train` can
-# start its generator process before the trainer's own 2-3 s of torch and transformers imports.
-_EXPORTS = {
-    "Window": "admission", "refusal": "admission",
-    "TrainerState": "checkpoint", "latest_checkpoint": "checkpoint", "policy_dir": "checkpoint",
-    "publish_policy": "checkpoint",
-    "LoadedConfig": "config", "TrainerConfig": "config", "load_config": "config",
-    "Curriculum": "curriculum", "Stage": "curriculum", "load_curriculum": "curriculum",
-    "TrainerError": "errors",
-    "PublishedPolicy": "loop", "TrainingRun": "loop", "run_async": "loop", "run_async_process": "loop",
-    "run_sync": "loop",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"trainer.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

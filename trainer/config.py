@@ -12,14 +12,10 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trainer.curriculum import Curriculum, curriculum_from_tables, load_curriculum
 from trainer.errors import TrainerError
-
-if TYPE_CHECKING:
-    from trainer.grpo import LossConfig
-
+from trainer.loss_config import LossConfig
 
 PARALLEL_MODES = ("ddp", "fsdp")
 """How data-parallel ranks split the trainer (TrainerConfig.parallel); trainer.distributed builds each."""
@@ -186,9 +182,7 @@ class TrainerConfig:
             raise TrainerError("clipping needs 0 <= eps_low < 1, eps_high >= 0 and clip_delta > 1 + eps_high")
         return self
 
-    def loss_config(self) -> "LossConfig":
-        from trainer.grpo import LossConfig  # torch; the config itself loads without it
-
+    def loss_config(self) -> LossConfig:
         return LossConfig(self.clip_delta, self.eps_low, self.eps_high, self.entropy_coef, self.kl_coef,
                           decoupled=self.off_policy_loss == "decoupled")
 

@@ -4,7 +4,7 @@ Why a sum and not a mean: the GRPO loss is already divided by the *global* const
 max tokens, agreed with `all_sum`/`all_max`), so summing per-rank gradients gives exactly the full-batch gradient,
 whatever the split; AdamW then takes the same step on every rank and the weights stay identical.
 
-Two modes: "ddp" keeps the whole model on every rank and all-reduces the gradients once per step (this module);
+Two modes: "ddp" keeps the whole model on every rank and all-reduces the gradients once per step (trainer.collectives);
 "fsdp" shards weights, gradients and optimizer state across ranks (trainer.fsdp, trainer.fsdp_step), for models
 whose training state does not fit one device. Backends: "gloo" on CPUs (both modes tested with two processes),
 "nccl" for FSDP on GPUs (one process per GPU launched by torchrun; chosen automatically when CUDA is available;
@@ -19,46 +19,19 @@ from collections.abc import Sequence
 
 import torch
 
+# torch._dynamo is imported here, before any process group exists, so that `destroy_process_group` really ends the
+# group: imported after the group started (transformers' model loading and FSDP both import it), it keeps
+# references to the default group (ten, in torch 2.13), and `destroy_process_group` then only forgets the group:
+# its gloo threads live on into interpreter shutdown, where tearing them down can abort a rank ("terminate called
+# without an active exception", SIGABRT) after a run that has finished well. tests/test_trainer_distributed.py
+# checks that no gloo thread outlives the group. Under FSDP the group still outlives its destruction: DTensor's
+# sharding caches (torch internals, no public way to clear them) hold its device mesh.
+import torch._dynamo  # noqa: F401 - imported for its side effect on what it captures
+import torch.distributed as dist
+
+from trainer.collectives import FsdpCollective, TorchCollective
 from trainer.config import PARALLEL_MODES
 from trainer.errors import TrainerError
-
-
-class TorchCollective:
-    """The `Collective` of trainer.step over an initialised default process group."""
-
-    def __init__(self) -> None:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            raise TrainerError("data parallelism needs torch.distributed to be initialised first")
-        self.dist = dist
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-
-    def _reduce(self, value: float, op) -> float:
-        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
-        self.dist.all_reduce(tensor, op=op)
-        return float(tensor.item())
-
-    def all_sum(self, value: float) -> float:
-        return self._reduce(value, self.dist.ReduceOp.SUM)
-
-    def all_max(self, value: float) -> float:
-        return self._reduce(value, self.dist.ReduceOp.MAX)
-
-    def reduce_gradients(self, parameters: Sequence[torch.nn.Parameter]) -> None:
-        """Sum every gradient across ranks in one flat buffer (a rank with no rows contributes zeros)."""
-        params = [p for p in parameters if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        self.dist.all_reduce(flat, op=self.dist.ReduceOp.SUM)
-        offset = 0
-        for p in params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
 
 
 def default_backend(mode: str) -> str:
@@ -69,8 +42,6 @@ def default_backend(mode: str) -> str:
 
 def init_data_parallel(backend: str | None = None, mode: str = "ddp") -> TorchCollective:
     """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
-    import torch.distributed as dist
-
     backend = backend or default_backend(mode)
     if backend not in ("gloo", "nccl"):
         raise TrainerError(f"unknown distributed backend {backend!r}: choose gloo (CPU) or nccl (GPU)")
@@ -85,29 +56,12 @@ def init_data_parallel(backend: str | None = None, mode: str = "ddp") -> TorchCo
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        import_before_group()
         dist.init_process_group(backend=backend)
     return TorchCollective()
 
 
-def import_before_group() -> None:
-    """Import torch._dynamo now, before the process group exists, so that `destroy_process_group` really ends it.
-
-    Why: torch._dynamo, imported after the group started (transformers' model loading and FSDP both import it),
-    keeps references to the default group (ten, in torch 2.13). `destroy_process_group` then only forgets the group:
-    its gloo threads live on into interpreter shutdown, where tearing them down can abort a rank
-    ("terminate called without an active exception", SIGABRT) after a run that has finished well.
-    tests/test_trainer_distributed.py checks that no gloo thread outlives the group. Under FSDP the group still
-    outlives its destruction: DTensor's sharding caches (torch internals, no public way to clear them) hold its
-    device mesh; no FSDP run has aborted that way so far.
-    """
-    import torch._dynamo  # noqa: F401 - imported for its side effect on what it captures
-
-
 def end_data_parallel() -> None:
     """Destroy the default process group (every rank, once its last collective is done)."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -120,8 +74,6 @@ def init_parallel(mode: str = "ddp", backend: str | None = None) -> TorchCollect
     init_data_parallel(backend, mode)
     if mode == "ddp":
         return TorchCollective()
-    from trainer.fsdp_step import FsdpCollective
-
     return FsdpCollective()
 
 

@@ -7,6 +7,7 @@ The held-out split comes from TaskSet.split (seeded by index, never overlapping 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from inference.backend import GenerationRequest
@@ -33,11 +34,14 @@ def pick_prompts(heldout, n: int, seed: int) -> list[int]:
 
 
 def evaluate(loaded, heldout, *, n: int, seed: int, max_new_tokens: int, temperature: float = 0.0,
-             batch: int = 32, backend: TorchBackend | None = None) -> EvalResult:
-    """Accuracy of `loaded`'s model (or `backend`'s) on `n` held-out prompts, `batch` prompts per generate call."""
+             batch: int = 32, backend: TorchBackend | None = None,
+             on_progress: Callable[[int, int], None] = lambda done, total: None) -> EvalResult:
+    """Accuracy of `loaded`'s model (or `backend`'s) on `n` held-out prompts, `batch` prompts per generate call;
+    `on_progress(prompts scored, prompts in all)` hears each batch (a CPU evaluation takes minutes)."""
     backend = backend or TorchBackend(loaded, capture_proofs=False, max_batch_rows=batch)
     indices = pick_prompts(heldout, n, seed)
     rewards, lengths = [], []
+    on_progress(0, len(indices))
     for start in range(0, len(indices), batch):
         chunk = indices[start:start + batch]
         requests = [GenerationRequest(tuple(render_prompt_tokens(loaded.tokenizer, heldout[i])),
@@ -49,6 +53,7 @@ def evaluate(loaded, heldout, *, n: int, seed: int, max_new_tokens: int, tempera
             entry = heldout[index]
             rewards.append(compute_reward(entry.reward_fn, text, entry.to_dict()))
             lengths.append(len(tokens))
+        on_progress(len(rewards), len(indices))
     n_done = max(len(rewards), 1)
     return EvalResult(accuracy=sum(r >= SOLVED for r in rewards) / n_done, mean_reward=sum(rewards) / n_done,
                       n=len(rewards), mean_tokens=sum(lengths) / n_done)

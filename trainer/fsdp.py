@@ -23,7 +23,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
+from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.errors import TrainerError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -79,10 +89,6 @@ def apply_fsdp(model, precision: FsdpPrecision | None = None, mesh=None):
 
     Build the optimizer AFTER this call: sharding replaces every parameter with a DTensor shard.
     """
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     if not dist.is_initialized():
         raise TrainerError("FSDP needs torch.distributed to be initialised first")
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
@@ -113,8 +119,6 @@ def _settle_root(model, device_type: str) -> None:
 
 
 def is_sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
     return isinstance(model, FSDPModule)
 
 
@@ -124,8 +128,6 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
 
     For a model that is not sharded it is a detached CPU copy of state_dict(), so callers need no branch.
     """
-    from torch.distributed.tensor import DTensor
-
     out = {}
     for name, value in model.state_dict().items():
         full = value.full_tensor() if isinstance(value, DTensor) else value
@@ -189,16 +191,12 @@ class CheckpointView:
 
     def scatter_into(self, model, optimizer) -> None:
         """Load the full weights and optimizer state into the sharded model and optimizer (every rank)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
         set_state_dict(model, optimizer, model_state_dict=self.model.state_dict(),
                        optim_state_dict=self.optimizer.state, options=StateDictOptions(full_state_dict=True))
 
 
 def gather_checkpoint(model, optimizer) -> CheckpointView:
     """Full weights and full optimizer state on every rank (a collective), ready for save_checkpoint on rank 0."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
     optim = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
     return CheckpointView(unsharded_copy(model), OptimizerState(_to_cpu(optim)))
 
@@ -238,15 +236,11 @@ class ShardedWeights:
 
     def save(self, root, model, optimizer, scheduler, state, *, write: bool):
         """Gather the weights and AdamW state on every rank; rank 0 (`write`) writes them as one checkpoint."""
-        from trainer.checkpoint import save_checkpoint
-
         view = gather_checkpoint(model, optimizer)
         return save_checkpoint(root, view.model, view.optimizer, scheduler, state) if write else None
 
     def load(self, path, model, optimizer, scheduler):
         """Every rank reads the full checkpoint and keeps its own shards of the weights and AdamW state."""
-        from trainer.checkpoint import load_checkpoint
-
         view = empty_checkpoint(model)
         state = load_checkpoint(path, view.model, view.optimizer, scheduler)
         view.scatter_into(model, optimizer)

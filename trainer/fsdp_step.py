@@ -15,19 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
-from trainer.distributed import TorchCollective
+from trainer.collectives import FsdpCollective
 from trainer.errors import TrainerError
 from trainer.fsdp import full_state_dict, is_sharded
 from trainer.step import PolicyTrainer, TrainGroup, _chunks, completion_logits, pack_rows
-
-
-class FsdpCollective(TorchCollective):
-    """The collective of a sharded model: FSDP's reduce-scatter already summed the gradients during backward."""
-
-    lockstep = True  # read by trainer.step: every rank must enter each pass phase, even with no rows of its own
-
-    def reduce_gradients(self, parameters: Sequence[torch.nn.Parameter]) -> None:
-        return None
 
 
 class FsdpPolicyTrainer(PolicyTrainer):

@@ -23,17 +23,21 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import sys
+import time
 from collections import deque
 
+import torch
+
+from inference.models import load_model
 from trainer.config import TrainerConfig
-from trainer.errors import TrainerError
+from trainer.errors import GeneratorDied
+from trainer.local_source import LocalRolloutSource
+from trainer.session_setup import load_task_split, seed_everything
+from verify.rewards import start_scorer
 
 POLL_S = 0.2  # how often a waiting trainer checks that the generator is still alive
 JOIN_S = 10.0  # how long a stopping generator may take before it is terminated, then killed
-
-
-class GeneratorDied(TrainerError):
-    """The generator process failed or exited; the message says how (its error sentence or its exit code)."""
 
 
 def build_local_source(cfg: TrainerConfig, preloaded=None):
@@ -41,11 +45,6 @@ def build_local_source(cfg: TrainerConfig, preloaded=None):
 
     preloaded: (loaded model, train set) inherited by a forked generator (its own copy-on-write copies of the
     trainer's at the fork); else the task set is split and the model loaded here, as the trainer does."""
-    from inference.models import load_model
-    from trainer.local_source import LocalRolloutSource
-    from trainer.session import load_task_split, seed_everything
-    from verify.rewards import start_scorer
-
     seed_everything(cfg.seed)
     loaded, train_set = preloaded if preloaded is not None else (None, load_task_split(cfg)[0])
     start_scorer({entry.reward_fn for entry in train_set})  # now: its start overlaps the model load or the evaluation
@@ -57,8 +56,6 @@ def generator_main(cfg: TrainerConfig, requests, results, preloaded=None) -> Non
     answer generate requests with the newest known policy."""
     code = 0
     try:
-        import torch
-
         if cfg.generator_own_session:
             os.setsid()
         torch.set_num_threads(cfg.generator_threads)
@@ -118,12 +115,8 @@ def fork_is_safe() -> bool:
     of its own by then (trio runs later); verify.rewards makes a forked child start its own scorer rather than share
     the trainer's.
     """
-    import sys
-
     if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
         return False
-    import torch
-
     return not torch.cuda.is_initialized()
 
 
@@ -207,8 +200,6 @@ class GeneratorProcess:
 
     def receive(self, timeout: float | None = None):
         """Blocking (step, groups) within `timeout` seconds (default cfg.generator_timeout_s)."""
-        import time
-
         limit = self.cfg.generator_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + limit
         while (remaining := deadline - time.monotonic()) > 0:

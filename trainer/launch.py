@@ -19,6 +19,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+import torch.distributed as dist
+
 from trainer.errors import TrainerError
 
 
@@ -67,8 +69,6 @@ def launch_ranks(nproc: int, argv: Sequence[str]) -> int:
 
 def broadcast_batch(collective, groups: list | None) -> list:
     """Rank 0's batch on every rank (the others pass None)."""
-    import torch.distributed as dist
-
     box = [groups if collective.rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]

@@ -14,6 +14,7 @@ from dataclasses import replace
 import blake3
 
 from inference.backend import GenerationRequest
+from inference.models import load_model
 from inference.torch_backend import TorchBackend
 from tasks import decode_completion, render_prompt_tokens, segment
 from tasks.assignment import assign_tasks
@@ -44,8 +45,6 @@ class LocalRolloutSource:
         """The source `swarm train` generates with, in-process or in its generator process: a fresh copy of
         cfg.model (its weights follow the published policies), the run's name, the step's prompt count and how many
         completions it decodes together."""
-        from inference.models import load_model
-
         return cls.from_loaded(cfg, load_model(cfg.model), train_set)
 
     @classmethod

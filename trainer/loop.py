@@ -11,22 +11,26 @@ channel between them); either way the rollouts' policy is at most `async_level` 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections import ChainMap
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+import torch.distributed as dist
 import trio
+from safetensors.torch import load_file
 
 from trainer.admission import GenerationContract, Window, refusal
 from trainer.checkpoint import POLICY_PREFIX, TrainerState, WholeWeights, latest_checkpoint, policy_dir, publish_policy
 from trainer.config import TrainerConfig
 from trainer.curriculum import Curriculum
 from trainer.distributed import shard
-from trainer.errors import TrainerError
-from trainer.generator_process import GeneratorDied
+from trainer.errors import GeneratorDied, TrainerError
+from trainer.fsdp import ShardedWeights, is_sharded
+from trainer.fsdp_step import FsdpPolicyTrainer
 from trainer.step import PolicyTrainer, StepReport, TrainGroup
 from verify.rollout import RolloutGroup
 
@@ -199,8 +203,6 @@ class TrainingRun:
         KL reference, and the version the newest checkpoint names, which a restart resumes from (a swarm trainer
         publishes early whenever its workers run dry, so versions can outrun checkpoints by more than the window:
         a trainer killed then could not restart, its checkpoint naming a version already deleted)."""
-        import shutil
-
         for v in sorted(self.published):
             kept = (v == self.first_version and self.cfg.kl_coef > 0) or v == self._checkpointed_version
             if v < newest - self.cfg.async_level - 1 and not kept:
@@ -218,8 +220,6 @@ class TrainingRun:
                                f"its rollouts cannot be trained with its own settings") from None
 
     def _load_version(self, version: int) -> dict | None:
-        from safetensors.torch import load_file
-
         path = policy_dir(self.policies, version) / "model.safetensors"
         return load_file(str(path)) if path.is_file() else None
 
@@ -313,8 +313,6 @@ class TrainingRun:
     def evaluable(self):
         """The loaded model with weights an evaluation may run alone on rank 0: the live model, or under FSDP a
         gathered plain copy (a collective: every rank calls this at the same points)."""
-        from dataclasses import replace
-
         module, _ = self._publishable()
         return self.loaded if module is self.loaded.model else replace(self.loaded, model=module)
 
@@ -330,15 +328,8 @@ class TrainingRun:
 
 def _trainer_for(model) -> tuple[type, object]:
     """(PolicyTrainer class, weights I/O) for a whole model or one sharded by trainer.fsdp.apply_fsdp."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():  # only then can the model be sharded (spares the import)
-        from trainer.fsdp import ShardedWeights, is_sharded
-
-        if is_sharded(model):
-            from trainer.fsdp_step import FsdpPolicyTrainer
-
-            return FsdpPolicyTrainer, ShardedWeights()
+    if dist.is_available() and dist.is_initialized() and is_sharded(model):  # only in a group can it be sharded
+        return FsdpPolicyTrainer, ShardedWeights()
     return PolicyTrainer, WholeWeights()
 
 

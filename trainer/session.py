@@ -10,45 +10,35 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+import trio
+
+from inference.models import load_model
+from inference.select import resolve_device
+from inference.torch_backend import TorchBackend
 from trainer.config import TrainerConfig
 from trainer.curriculum import Curriculum
-from trainer.errors import TrainerError
-
-
-def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def load_task_split(cfg: TrainerConfig):
-    """(train, heldout) task sets: the held-out split is never offered to the generator."""
-    from tasks import load_tasks
-    from tasks.loading import is_builtin_task
-
-    size = cfg.task_size if is_builtin_task(cfg.task) else None
-    tasks = load_tasks(cfg.task, size=size, seed=cfg.seed, config=cfg.task_config or None,
-                       prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
-    train_set, heldout = tasks.split(cfg.eval_fraction, seed=cfg.seed)
-    if len(train_set) == 0 or len(heldout) == 0:
-        raise TrainerError(f"task set {cfg.task!r} is too small to split into train and held-out prompts")
-    return train_set, heldout
+from trainer.distributed import end_data_parallel, init_parallel
+from trainer.evaluate import evaluate
+from trainer.fsdp import apply_fsdp
+from trainer.generator_process import GeneratorProcess, fork_is_safe
+from trainer.launch import broadcast_batch, check_supported, world_size
+from trainer.local_source import LocalRolloutSource
+from trainer.loop import TrainingRun, keep_requesting, prime_generator, run_async, run_async_process, run_sync
+from trainer.report import plot_rewards, progress_line, read_log
+from trainer.session_setup import load_task_split, seed_everything
+from verify.rewards import start_scorer
 
 
 class Evaluator:
     """Held-out accuracy of the trainer's live model, appended to eval.jsonl."""
 
     def __init__(self, loaded, heldout, cfg: TrainerConfig, curriculum: Curriculum) -> None:
-        from inference.torch_backend import TorchBackend
-
         self.loaded, self.heldout, self.cfg = loaded, heldout, cfg
         self.max_new_tokens = max(s.max_new_tokens for s in curriculum.stages)
         self.backend = TorchBackend(loaded, capture_proofs=False, max_batch_rows=64)
@@ -56,11 +46,6 @@ class Evaluator:
 
     def __call__(self, step: int, loaded=None) -> dict:
         """Evaluate the live model, or `loaded` (a gathered copy of a sharded one, see TrainingRun.evaluable)."""
-        import torch
-
-        from inference.torch_backend import TorchBackend
-        from trainer.evaluate import evaluate
-
         loaded = loaded or self.loaded
         backend = self.backend if loaded.model is self.loaded.model else TorchBackend(
             loaded, capture_proofs=False, max_batch_rows=self.backend.max_batch_rows)  # a copy: a backend of its own
@@ -83,14 +68,9 @@ def train(cfg: TrainerConfig, curriculum: Curriculum, *, echo: Callable[[str], N
     first evaluation, so it generates while the trainer evaluates; every log record's wall_s counts from this
     function's start in both modes.
     """
-    from trainer.generator_process import GeneratorProcess, fork_is_safe
-    from trainer.launch import world_size
-
     session_started = time.perf_counter()
     if world_size() > 1:
         return _train_data_parallel(cfg, curriculum, echo, session_started)
-    from inference.select import resolve_device
-
     resolve_device(cfg.device)  # a GPU asked for and missing is one line now, not after the model has loaded
     wants_process = bool(cfg.async_level) and cfg.generator == "process"
     with contextlib.ExitStack() as stack:
@@ -111,10 +91,6 @@ def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Calla
                          session_started: float) -> dict:
     """One rank of `swarm train --nproc N` (trainer.launch): rank 0 generates (or owns the generator process)
     and evaluates."""
-    from trainer.distributed import end_data_parallel, init_parallel
-    from trainer.generator_process import GeneratorProcess
-    from trainer.launch import check_supported
-
     check_supported(cfg)
     collective = init_parallel(cfg.parallel)
     lead = collective.rank == 0
@@ -133,13 +109,6 @@ def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Calla
 
 def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], None], session_started: float,
            start_generator: Callable, collective=None) -> dict:
-    import torch
-
-    from inference.models import load_model
-    from trainer.loop import TrainingRun, prime_generator
-    from trainer.report import plot_rewards, progress_line, read_log
-    from verify.rewards import start_scorer
-
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -152,13 +121,9 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
     if collective is not None:
         _broadcast_weights(trainer_model.model)
         if cfg.parallel == "fsdp":
-            from trainer.fsdp import apply_fsdp
-
             apply_fsdp(trainer_model.model)  # before TrainingRun builds the optimizer over the shards
     generator = start_generator(trainer_model, train_set)  # None when synchronous or with a generator thread
     if collective is None:  # after the fork: a generator process keeps its CPU copy, and CUDA must not precede fork
-        from inference.select import resolve_device
-
         device = resolve_device(cfg.device)
         if device.type != "cpu":
             trainer_model.model.to(device)
@@ -208,9 +173,6 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
 def _broadcast_weights(model) -> None:
     """Every rank starts from rank 0's weights (a model built from a config with random init could differ). The
     model is still on the CPU here; under nccl each tensor travels through this rank's GPU."""
-    import torch
-    import torch.distributed as dist
-
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     for tensor in model.state_dict().values():
         if device is None:
@@ -226,10 +188,6 @@ def _run_data_parallel(cfg: TrainerConfig, run, train_set, collective, generator
     """Rank 0 takes each batch (from its generator process when async, else generating it here) and broadcasts it
     (None: stop, so the step count and the time budget are rank 0's decision alone); every rank then takes the same
     step on its share (TrainingRun.step shards)."""
-    from trainer.launch import broadcast_batch
-    from trainer.local_source import LocalRolloutSource
-    from trainer.loop import keep_requesting
-
     lead = collective.rank == 0
     source = LocalRolloutSource.for_config(cfg, train_set) if lead and generator is None else None
     while True:
@@ -251,11 +209,6 @@ def _run_data_parallel(cfg: TrainerConfig, run, train_set, collective, generator
 
 def _run_loop(cfg: TrainerConfig, run, train_set, generator, between: Callable[[], None]) -> None:
     """Sync (in-process generator), async with the generator process, or async with a generator thread."""
-    import trio
-
-    from trainer.local_source import LocalRolloutSource
-    from trainer.loop import run_async, run_async_process, run_sync
-
     if generator is not None:
         trio.run(run_async_process, run, generator, cfg.steps, between)
         return

@@ -5,7 +5,10 @@ Modules (import the one you need; this package imports nothing heavy, so seed-on
   rollout      RolloutGroup wire schema and bounds (lead's contract)
   toploc       build_proof(s) / verify_proof(s): TOPLOC proofs, byte-identical to the reference toploc 0.1.6
   ndd          polynomial interpolation and evaluation modulo 65497, vectorised over chunks
-  rewards      compute_reward(reward_fn, text, entry) in [0, 1]; extract_answer; scorer process with a deadline
+  reward_fns   the reward functions (exact, numeric, math, rg:<dataset>) and extract_answer
+  rewards      compute_reward(reward_fn, text, entry) in [0, 1]: the slow ones in a scorer process (scorer_worker)
+               under a deadline
+  verdicts     CheckResult and Verdict: what the checks conclude, free of torch
   checks       pure checks (policy, the run's generation settings, assignment, rendering, length, stop tokens,
                termination, sampling, logprobs, reward, toploc)
   slots        SlotLedger: one rollout per slot (run, version, worker, step, task) for gates and validators

@@ -17,24 +17,14 @@ import numpy as np
 import torch
 
 from tasks.assignment import is_assigned
-from verify.neartie import NearTies, count_near_ties
+from verify.neartie import count_near_ties
 from verify.rewards import compute_rewards_many
 from verify.rollout import RolloutGroup
 from verify.sampling import SamplingKey, gumbel_noise_at, perturb_, stream_seeds
 from verify.toploc import ToplocConfig, verify_proofs
+from verify.verdicts import CheckResult
 
 PRECISIONS = ("float32", "bfloat16")  # what a run's workers may generate in; each has its tolerances
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """name: which check; ok: passed; reason: why it failed, in one sentence ('' when ok); near_ties: the
-    sampling check's flips and gaps (verify/neartie.py), which a worker's history sums across its groups."""
-
-    name: str
-    ok: bool
-    reason: str = ""
-    near_ties: NearTies | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -1,123 +1,30 @@
-"""Reward functions shared by inference (claimed rewards) and validators (recomputed rewards).
+"""Rewards of completions, shared by inference (claimed rewards) and validators (recomputed rewards): where each
+reward function of verify/reward_fns.py runs, and what a failure costs.
 
-Why shared: a validator recomputes every claimed reward with exactly the code the worker should have run, so the
-two sides must agree bit for bit; every function returns a float in [0, 1] and never raises, whatever a hostile
-completion holds (the validator runs it on untrusted text).
-
-Answer extraction rule (`extract_answer`), first that applies, on the completion's last 4,000 characters:
-  1. the content of the last balanced \\boxed{...};
-  2. the text after the last "Answer:" (case-insensitive), up to the end of its line;
-  3. the last number (integer, decimal or fraction, optional sign, thousands commas allowed);
-  4. the last non-empty line.
-The extracted answer is capped at 256 characters before any parser sees it, which bounds the parser's work.
-
-Registry names: "exact" (normalised string equality), "numeric" (numbers equal within 1e-6 relative), "math"
-(math-verify equivalence), "rg:<name>" (the reasoning-gym dataset's own scorer).
+"exact" and "numeric" (pure Python, bounded work) run in the caller's process; "math" and "rg:*" run in one scorer
+process (verify/scorer_worker.py) under a deadline. Whatever happens (an unknown function, a scorer that raises,
+hangs or dies, a non-finite score), a completion scores a float in [0, 1] and nothing raises.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-import re
+import pickle
+import select
+import struct
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from fractions import Fraction
+from collections.abc import Sequence
+from pathlib import Path
 
-_TAIL_CHARS = 4000
-_ANSWER_CAP = 256
+from verify.reward_fns import REGISTRY, score_direct
+from verify.scorer_worker import ForkedScorer, fork_is_safe
+
 _SCORER_TIMEOUT_S = 5.0
 _SCORER_START_S = 120.0
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|[-+]?\.\d+")
-_ANSWER_TAG = re.compile(r"answer\s*:", re.IGNORECASE)
-
-RewardFn = Callable[[str, dict], float]
-
-
-def extract_answer(text: str) -> str:
-    """The final answer of a completion by the rule in the module docstring ('' when there is none)."""
-    if not isinstance(text, str):
-        return ""
-    tail = text[-_TAIL_CHARS:]
-    for rule in (_last_boxed, _after_answer_tag, _last_number, _last_line):
-        found = rule(tail)
-        if found:
-            return found.strip()[:_ANSWER_CAP]
-    return ""
-
-
-def _last_boxed(text: str) -> str:
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return ""
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-    return ""
-
-
-def _after_answer_tag(text: str) -> str:
-    matches = list(_ANSWER_TAG.finditer(text))
-    if not matches:
-        return ""
-    return text[matches[-1].end() :].split("\n", 1)[0].strip()
-
-
-def _last_number(text: str) -> str:
-    numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else ""
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
-def _normalise(text: str) -> str:
-    return " ".join(str(text).strip().strip(".").split()).lower()
-
-
-def parse_number(text: str) -> Fraction | None:
-    """An exact rational from '1,234', '-3.5', '7/2', '$12' or '12.' (None when it is not one number)."""
-    cleaned = str(text).strip().strip("$").rstrip(".").replace(",", "").replace(" ", "")
-    if not cleaned or len(cleaned) > 64:
-        return None
-    try:
-        return Fraction(cleaned)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def reward_exact(completion: str, entry: dict) -> float:
-    return float(_normalise(extract_answer(completion)) == _normalise(entry.get("answer", "")))
-
-
-def reward_numeric(completion: str, entry: dict) -> float:
-    got, want = parse_number(extract_answer(completion)), parse_number(entry.get("answer", ""))
-    if got is None or want is None:
-        return 0.0
-    return float(abs(got - want) <= Fraction(1, 10**6) * max(1, abs(want)))
-
-
-def reward_math(completion: str, entry: dict) -> float:
-    """math-verify equivalence of the extracted answer and the task's answer (run it through compute_reward, which
-    isolates it in the scorer process)."""
-    import math_verify
-
-    answer = extract_answer(completion)
-    gold = str(entry.get("answer", ""))[:_ANSWER_CAP]
-    if not answer or not gold:
-        return 0.0
-    parsed_gold = math_verify.parse(f"${gold}$", parsing_timeout=1)
-    parsed = math_verify.parse(f"${answer}$", parsing_timeout=1)
-    return float(bool(math_verify.verify(parsed_gold, parsed, timeout_seconds=1)))
 
 
 class _ScorerWorker:
@@ -174,9 +81,6 @@ class _ScorerWorker:
     def _exchange(self, jobs: list[tuple[str, list[str], dict]]) -> list[float] | None:
         """One frame of (reward_fn, completions, entry) jobs out, every completion's score back, in order; None
         when the deadline passes or the scorer fails (it is then stopped, and relaunched by the next call)."""
-        import pickle
-        import struct
-
         count = sum(len(completions) for _, completions, _ in jobs)
         try:
             self._launch_if_needed()
@@ -195,9 +99,6 @@ class _ScorerWorker:
 
     def _read(self, n: int, timeout_s: float) -> bytes | None:
         """n bytes from the scorer within timeout_s (select on the pipe), else None."""
-        import os
-        import select
-
         fd, data = self._process.stdout.fileno(), b""
         deadline = time.monotonic() + timeout_s
         while len(data) < n:
@@ -218,12 +119,6 @@ class _ScorerWorker:
 
     @staticmethod
     def _launch():
-        import subprocess
-        import sys
-        from pathlib import Path
-
-        from verify.scorer_worker import ForkedScorer, fork_is_safe
-
         if fork_is_safe():
             return ForkedScorer()
 
@@ -258,43 +153,8 @@ _SCORER = _ScorerWorker(timeout_s=_SCORER_TIMEOUT_S)
 os.register_at_fork(after_in_child=_SCORER.forget_after_fork)
 
 
-@functools.lru_cache(maxsize=64)
-def _rg_dataset(name: str):
-    import reasoning_gym
-
-    return reasoning_gym.create_dataset(name, size=1, seed=0)
-
-
-def reward_reasoning_gym(name: str, completion: str, entry: dict) -> float:
-    """The named reasoning-gym dataset's scorer on the extracted answer (its entry: question, answer, metadata)."""
-    rg_entry = {"question": entry.get("prompt", entry.get("question", "")), "answer": entry.get("answer", ""),
-                "metadata": entry.get("metadata") or {}}
-    return float(_rg_dataset(name).score_answer(extract_answer(completion), rg_entry))
-
-
-REGISTRY: dict[str, RewardFn] = {"exact": reward_exact, "numeric": reward_numeric, "math": reward_math}
 # Pure-Python scorers with bounded work (inputs capped at 256 characters) run in the caller's process.
 _IN_PROCESS = frozenset({"exact", "numeric"})
-
-
-def is_known(reward_fn: str) -> bool:
-    """True for a registry name or 'rg:<dataset>' naming an installed reasoning-gym dataset."""
-    if reward_fn in REGISTRY:
-        return True
-    if isinstance(reward_fn, str) and reward_fn.startswith("rg:"):
-        try:
-            _rg_dataset(reward_fn[3:])
-            return True
-        except Exception:  # noqa: BLE001 - an unknown dataset name is just unknown
-            return False
-    return False
-
-
-def _score_direct(reward_fn: str, completion: str, entry: dict) -> float:
-    if reward_fn.startswith("rg:"):
-        return reward_reasoning_gym(reward_fn[3:], completion, entry)
-    fn = REGISTRY.get(reward_fn)
-    return fn(completion, entry) if fn is not None else 0.0
 
 
 def start_scorer(reward_fns) -> None:
@@ -351,7 +211,7 @@ def compute_rewards_many(jobs: Sequence[tuple[str, Sequence[str], dict]]) -> lis
 
 def _direct_or_zero(reward_fn: str, text: str, entry: dict) -> float:
     try:
-        return _score_direct(reward_fn, text, entry)
+        return score_direct(reward_fn, text, entry)
     except Exception:  # noqa: BLE001 - hostile text must never crash a validator
         return 0.0
 

@@ -15,6 +15,9 @@ import pickle
 import signal
 import struct
 import sys
+import threading
+
+from verify.reward_fns import score_direct
 
 
 def _read_exact(stream, n: int) -> bytes | None:
@@ -32,9 +35,7 @@ def main(inp=None, out=None) -> None:
     import math_verify  # noqa: F401 - imported before signalling ready, so no request pays for it
     import reasoning_gym  # noqa: F401
 
-    from verify.rewards import _score_direct
-
-    _score_direct("math", "\\boxed{1}", {"answer": "1"})  # warm math-verify's lazy grammar up before ready
+    score_direct("math", "\\boxed{1}", {"answer": "1"})  # warm math-verify's lazy grammar up before ready
     inp = inp or sys.stdin.buffer
     out = out or sys.stdout.buffer
     out.write(b"R")
@@ -50,7 +51,7 @@ def main(inp=None, out=None) -> None:
             jobs = [(str(fn), list(completions), entry) for fn, completions, entry in pickle.loads(body)]
         except Exception:  # noqa: BLE001 - cannot happen with our own parent; end rather than guess a count
             return
-        out.write(b"".join(struct.pack(">d", _score_one(_score_direct, fn, c, entry))
+        out.write(b"".join(struct.pack(">d", _score_one(score_direct, fn, c, entry))
                            for fn, completions, entry in jobs for c in completions))
         out.flush()
 
@@ -67,8 +68,6 @@ def fork_is_safe() -> bool:
     thread, so a lock another thread held stays locked in the child) and no CUDA context."""
     if not sys.platform.startswith("linux"):
         return False
-    import threading
-
     torch = sys.modules.get("torch")
     return threading.active_count() == 1 and not (torch is not None and torch.cuda.is_initialized())
 

@@ -16,6 +16,7 @@ ledger holds at most the slots of `async_level + 1` versions.
 from __future__ import annotations
 
 from verify.rollout import RolloutGroup
+from verify.verdicts import CheckResult, Verdict
 
 NEW, ECHO, RESUBMITTED = "new", "echo", "resubmitted"
 
@@ -58,9 +59,6 @@ def first_answers(ledger: SlotLedger, groups: list[RolloutGroup]) -> tuple[list[
     """A validator's split of a batch: (groups whose slot is new or whose bytes it checked before, rejecting
     verdicts of the rest). A second group for a slot, whatever its bytes, gets a `slot` verdict without a prefill;
     the first one for a slot is recorded here, so a batch holding two groups of one slot checks only the first."""
-    from verify.checks import CheckResult
-    from verify.verifier import Verdict
-
     fresh, refused = [], []
     for group in groups:
         rid = group.rollout_id()

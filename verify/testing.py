@@ -16,7 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tasks.assignment import assign_tasks
 from verify import sampling
+from verify.rewards import compute_reward
+from verify.rollout import Completion, RolloutGroup
 from verify.sampling import SamplingKey, gumbel_noise_batch, sample_tokens
 from verify.toploc import build_proofs
 
@@ -152,10 +155,6 @@ def honest_group(model, ctx, *, worker: str, step: int, version: int, group_size
                  pick: int = 0, choose=None):
     """Generate the `pick`-th prompt assigned to `worker` at `step` honestly (or with generate_group's `choose`)
     and wrap it as a RolloutGroup."""
-    from tasks.assignment import assign_tasks
-    from verify.rewards import compute_reward
-    from verify.rollout import Completion, RolloutGroup
-
     index = assign_tasks(ctx.run, worker, step, ctx.eligible, ctx.prompts_per_step)[pick]
     prompt = list(ctx.tasks.prompt_tokens(ctx.dataset, index))
     keys = [SamplingKey(ctx.run, worker, step, index, i) for i in range(group_size)]

@@ -41,21 +41,7 @@ from verify.checks import (
 )
 from verify.model_inputs import cache_keyword, left_padded, length_buckets
 from verify.rollout import RolloutGroup, RolloutSchemaError
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """rollout_id: BLAKE3 of the group's canonical bytes; accepted: every check passed; checks: in the order run."""
-
-    rollout_id: bytes
-    accepted: bool
-    checks: tuple[CheckResult, ...]
-
-    @property
-    def reason(self) -> str:
-        """The first failed check as 'name: reason' ('' when accepted)."""
-        failed = [c for c in self.checks if not c.ok]
-        return f"{failed[0].name}: {failed[0].reason}" if failed else ""
+from verify.verdicts import Verdict
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import blake3
 import msgpack
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 VOTE_VERSION = 1
@@ -82,8 +83,6 @@ class Vote:
 
 def public_key_of(private_key: bytes) -> bytes:
     """The raw 32-byte public key of a raw 32-byte Ed25519 private key."""
-    from cryptography.hazmat.primitives import serialization
-
     key = Ed25519PrivateKey.from_private_bytes(private_key).public_key()
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 

@@ -50,7 +50,8 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from verify.neartie import NO_NEAR_TIES, NearTies
+from verify.neartie import NO_NEAR_TIES, NearTies, near_ties_of
+from verify.verdicts import CheckResult, Verdict
 
 EVIDENCE_ROW = "near_ties"
 
@@ -181,10 +182,6 @@ def judge_verdict(history: WorkerHistory, worker: str, verdict):
     sampling evidence: a passing row carrying the evidence (`evidence_row`), or, once the worker is banned, a
     failing row naming why, which rejects the group. Returns (verdict, judgement or None when the group carried
     no evidence: it was never prefilled)."""
-    from verify.checks import CheckResult
-    from verify.neartie import near_ties_of
-    from verify.verifier import Verdict
-
     record = near_ties_of(verdict)
     judgement = history.observe(worker, record) if record is not None else None
     if history.is_banned(worker):

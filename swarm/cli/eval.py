@@ -2,7 +2,9 @@
 
 The held-out prompts are the same split `swarm train` sets aside for the same --task, --seed, --size and
 --eval-fraction, so a policy is never scored on a prompt it was trained on. With --config the model, task, task
-settings, seed, size and held-out share are the trainer TOML's (each flag given overrides its value).
+settings, seed, size and held-out share are the trainer TOML's (each flag given overrides its value). On a terminal,
+bars on stderr show the model's conversion and loading and the prompts scored (swarm.progress); --json and pipes
+get none.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from swarm.errors import require_at_least_one, require_temperature
+    from swarm.progress import bar_console, progress_bars
 
     require_at_least_one(n=args.n, max_new_tokens=args.max_new_tokens, batch=args.batch)
     require_temperature(args.temperature)
@@ -49,10 +52,14 @@ def run(args) -> int:
     cfg = load_config(args.config, overrides).config  # flags given override the config's values, defaults do not
     check_model_spec(cfg.model)  # before the task set is built: a missing model is one line at once
     _, heldout = load_task_split(cfg)
-    loaded = load_model(cfg.model)
-    started = time.perf_counter()
-    result = evaluate(loaded, heldout, n=args.n, seed=cfg.seed, max_new_tokens=args.max_new_tokens,
-                      temperature=args.temperature, batch=args.batch)
+    with progress_bars(bar_console(args.json)) as bars:
+        model_bar = bars.bar(f"model {cfg.model}")
+        loaded = load_model(cfg.model, on_step=model_bar.step)
+        model_bar.finish()
+        started = time.perf_counter()
+        eval_bar = bars.bar(f"scoring held-out prompts of {cfg.task}")
+        result = evaluate(loaded, heldout, n=args.n, seed=cfg.seed, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, batch=args.batch, on_progress=eval_bar.update)
     out = {"model": cfg.model, "task": cfg.task, "accuracy": result.accuracy, "mean_reward": result.mean_reward,
            "n": result.n, "mean_tokens": result.mean_tokens, "temperature": args.temperature, "seed": cfg.seed,
            "seconds": round(time.perf_counter() - started, 1)}

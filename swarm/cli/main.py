@@ -100,8 +100,10 @@ def user_facing_error(exc: BaseException) -> BaseException | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from swarm.progress import silence_library_bars
     from swarm.shutdown import Interrupts
 
+    silence_library_bars()  # before any command imports transformers: the commands draw their own bars
     with Interrupts().installed() as interrupts:
         return _run_command(list(sys.argv[1:] if argv is None else argv), interrupts)
 

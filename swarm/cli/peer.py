@@ -19,6 +19,7 @@ from swarm.events import EventSink
 from swarm.node.gc_warmup import run_freezing_after_warmup
 from swarm.node.node import open_node_parts
 from swarm.policy.trust import parse_trainer_key
+from swarm.progress import DownloadBars, bar_console
 from swarm.roles.build import build_roles
 from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
 
@@ -105,7 +106,9 @@ def refuse_before_writing(config, key_file: Path | None) -> None:
 
 def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> int:
     """Entry point of `swarm peer start`: build the roles, run until interrupted."""
-    events = EventSink(json_lines=json_events)
+    bars = DownloadBars(bar_console(json_events))
+    events = EventSink(json_lines=json_events, hidden=bars.drawn_kinds)
+    events.listeners.append(bars.on_event)
     events.configure_logging()
     usable_directory(config.data_dir, "data directory")
     if key_file is not None:
@@ -117,7 +120,10 @@ def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> in
     if "trainer" in config.roles:
         trust_key = identity.public_bytes  # the trainer's identity is the run's key
     guard = ExitGuard(HARD_EXIT_AFTER_S)
-    status = trio.run(run_freezing_after_warmup, open_node_parts, config, identity, events, roles, trust_key,
-                      lambda node: guard.arm(1 if node.failed else 0))
+    try:
+        status = trio.run(run_freezing_after_warmup, open_node_parts, config, identity, events, roles, trust_key,
+                          lambda node: guard.arm(1 if node.failed else 0))
+    finally:
+        bars.close()
     guard.disarm()
     return status

@@ -141,6 +141,8 @@ def _narrate(e: dict) -> None:
     elif kind == "stalled":
         line = (f"no trainer step for {e['seconds']:.0f} s: knows v{e['knows']}, holds v{e['holds']}, "
                 f"connected to {e['connected']} peers, last: {e['last']}{' (STOPPED)' if e['stopped'] else ''}")
+    elif kind == "worker_banned":
+        line = f"banned worker {e.get('worker')} ({e.get('by', 'near_ties')}): {e.get('reason')}"
     elif kind == "complete" and who.startswith("seed"):
         line = f"mirrored policy v{e['version']}"
     elif kind == "listening" and who == "trainer" and e.get("addrs"):
@@ -166,7 +168,7 @@ def _render(report: dict, out: Path) -> str:
             f"  banned workers: {report['banned_workers']}",
             f"  final policy: {report['final_policy']}",
             *_heldout_line(report.get("heldout_accuracy")),
-            f"  report: {out / 'report.json'}",
+            f"  report: {out / 'report.json'} (pictures: {out / 'report.html'})",
         ]
     )
 

@@ -3,15 +3,21 @@
 The observer joins through a bootstrap peer with a fresh, throw-away identity, announces no role and fetches no
 policy: it only listens to heartbeats, rollouts and votes, then asks a peer holding the newest version for its
 signed manifest (the stage, the task, the validators it names) and checks the signature, against the run's key
-when one is given. Imports no torch.
+when one is given. With --watch it keeps listening and redraws the same view every few seconds until Ctrl-C: a
+live table on a terminal (swarm.cli.status_live), one JSON object per line otherwise. Imports no torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 
 MAX_SECONDS = 600.0
+MANIFEST_RETRY_S = 30.0
+"""With --watch: how long after a newest version's holders did not answer they are asked again."""
+MIN_EVERY_S = 0.2
+"""The shortest --every: a refresh recomputes the whole view."""
 OBSERVER_HEARTBEAT_S = 0.25
 """Shortest long-run spacing of one peer's heartbeats the observer accepts (p2p.gossip_admission)."""
 
@@ -27,9 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the run's trainer public key (hex or key file): the newest manifest is checked against it",
     )
     parser.add_argument(
-        "--seconds", type=float, default=15.0, help="how long to listen (peers heartbeat every 6 s by default)"
+        "--seconds", type=float, default=15.0,
+        help="how long to listen before the one report (peers heartbeat every 6 s by default); not with --watch"
     )
-    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.add_argument("--watch", action="store_true",
+                        help="keep listening and redraw the view until Ctrl-C (JSON lines when not on a terminal)")
+    parser.add_argument("--every", type=float, default=2.0,
+                        help="with --watch: seconds between refreshes (default: 2)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as one JSON object (with --watch: one JSON line per refresh)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,69 +54,182 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.seconds <= MAX_SECONDS:
         raise UserError(f"--seconds must be above 0 and at most {MAX_SECONDS:g}, got {args.seconds:g}")
+    if not MIN_EVERY_S <= args.every <= MAX_SECONDS:
+        raise UserError(f"--every must be between {MIN_EVERY_S:g} and {MAX_SECONDS:g} seconds, got {args.every:g}")
     bootstrap = resolve_bootstrap(args.bootstrap or None, None,
                                   DEFAULT_BOOTSTRAP_FILE if DEFAULT_BOOTSTRAP_FILE.exists() else None)
     if not bootstrap:
         raise UserError("give --bootstrap MULTIADDR (a peer of the run), or list one in bootstrap_peers.txt")
     trainer_key = parse_trainer_key(args.trainer_key)
+    import libp2p  # noqa: F401 - its import resets its logger's level, so it comes before the level is set
+
     logging.getLogger("p2p").setLevel(logging.ERROR)  # an unreachable bootstrap peer is the error below, once
-    logging.getLogger("libp2p").setLevel(logging.CRITICAL)
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL)  # a peer that stops answering is not the user's error
+    if args.watch:
+        return _watch(args, tuple(bootstrap), trainer_key)
     report = trio.run(observe, args.run, tuple(bootstrap), args.seconds, trainer_key)
     print(to_json(report) if args.json else render(report))
+    return 0
+
+
+def _watch(args: argparse.Namespace, bootstrap: tuple[str, ...], trainer_key: bytes | None) -> int:
+    """Redraw the view every `--every` seconds until Ctrl-C (which ends in swarm.cli.main's one line, status 130): a
+    live rich view on a terminal, one JSON line per refresh when stdout is a pipe or with --json."""
+    import sys
+
+    import trio
+    from rich.console import Console
+    from rich.live import Live
+
+    from swarm.cli.status_live import live_renderable
+    from swarm.cli.status_view import to_json
+
+    console = Console(file=sys.stdout)
+    if args.json or not console.is_terminal:
+        def show(report: dict, watched_s: float) -> None:
+            print(to_json(report), flush=True)
+
+        trio.run(watch, args.run, bootstrap, args.every, show, trainer_key)
+        return 0
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        def draw(report: dict, watched_s: float) -> None:
+            live.update(live_renderable(report, watched_s), refresh=True)
+
+        trio.run(watch, args.run, bootstrap, args.every, draw, trainer_key)
     return 0
 
 
 async def observe(run: str, bootstrap: tuple[str, ...], seconds: float, trainer_key: bytes | None = None) -> dict:
     """Listen to `run` for `seconds` through `bootstrap`; the report of swarm.cli.status_view plus the newest
     manifest."""
+    import trio
+
+    async def once(host, identity, view) -> dict:
+        async with _listening(host, identity, run, view) as gossip:
+            await trio.sleep(seconds)
+            report = _report(view, gossip, seconds)
+        return await _with_newest_manifest(host, view, report, trainer_key)
+
+    return await _joined(bootstrap, once)
+
+
+async def watch(run: str, bootstrap: tuple[str, ...], every_s: float, show, trainer_key: bytes | None = None,
+                refreshes: int | None = None) -> None:
+    """Listen to `run` until cancelled (or `refreshes` reports), calling `show(report, seconds watched)` every
+    `every_s`; the newest manifest comes from NewestManifest."""
+    import trio
+
+    async def forever(host, identity, view) -> None:
+        started, shown, newest = trio.current_time(), 0, NewestManifest(trainer_key)
+        async with _listening(host, identity, run, view) as gossip, trio.open_nursery() as fetches:
+            while refreshes is None or shown < refreshes:
+                await trio.sleep(every_s)
+                watched = trio.current_time() - started
+                report = _report(view, gossip, watched)
+                newest.refresh(fetches, host, view, report, trio.current_time())
+                show(newest.overlay(report), watched)
+                shown += 1
+            fetches.cancel_scope.cancel()
+
+    await _joined(bootstrap, forever)
+
+
+class NewestManifest:
+    """The newest manifest for a watch, fetched in the background so that a holder slow to answer never freezes
+    the view: again when the newest version changes, or when no holder answered (at most every MANIFEST_RETRY_S).
+    A report shows it only while it is the manifest of the version the report calls the newest."""
+
+    def __init__(self, trainer_key: bytes | None) -> None:
+        self.trainer_key = trainer_key
+        self.claimed: object = ()  # the newest version claimed at the last fetch (() before the first)
+        self.found: dict = {}
+        self.found_for: object = ()  # the claim `found` answers
+        self.retry_at = 0.0
+        self.fetching = False
+
+    def refresh(self, nursery, host, view, report: dict, now: float) -> None:
+        """Start a fetch when the claim changed or its holders were silent, unless one is under way."""
+        changed = report["newest_version"] != self.claimed
+        silent = self.found.get("manifest") is None and now >= self.retry_at
+        if self.fetching or not (changed or silent):
+            return
+        self.claimed, self.retry_at, self.fetching = report["newest_version"], now + MANIFEST_RETRY_S, True
+        nursery.start_soon(self._fetch, host, view, dict(report))
+
+    async def _fetch(self, host, view, report: dict) -> None:
+        try:
+            found = await _with_newest_manifest(host, view, report, self.trainer_key)
+            self.found = {k: v for k, v in found.items() if k in ("newest_version", "newest_manifest", "manifest")}
+            self.found_for = report["newest_version"]
+        finally:
+            self.fetching = False
+
+    def overlay(self, report: dict) -> dict:
+        return {**report, **self.found} if self.found_for == report["newest_version"] else report
+
+
+async def _joined(bootstrap: tuple[str, ...], listen):
+    """Join through `bootstrap` with a throw-away identity and run `listen(host, identity, view)`."""
     from p2p.host import HostConfig, open_host
     from p2p.identity import Identity
     from swarm.cli.status_view import SwarmView
     from swarm.errors import UserError
 
     identity = Identity.generate()
-    view = SwarmView()
     unreachable = ""
-    report: dict = {}
+    result = None
     async with open_host(HostConfig(identity=identity, bootstrap=bootstrap)) as host:
         if len(host.bootstrap_failures) == len(bootstrap):  # said outside the host's nursery: one line, no group
             unreachable = "; ".join(host.bootstrap_failures.values())
         else:
-            report = await _listen_to(host, identity, run, view, seconds, trainer_key)
+            result = await listen(host, identity, SwarmView())
     if unreachable:
         raise UserError(f"no bootstrap peer answered ({unreachable})")
-    return report
+    return result
 
 
-async def _listen_to(host, identity, run: str, view, seconds: float, trainer_key: bytes | None) -> dict:
-    """Listen on the run's gossip for `seconds`, then summarise (with the newest manifest)."""
+@contextlib.asynccontextmanager
+async def _listening(host, identity, run: str, view):
+    """The run's gossip feeding `view` while the block runs (each message in a scope of its own: no peer can end
+    the view); yields the gossip service, whose validator's refusals count in the report."""
     import trio
 
     from p2p.gossip import GossipConfig, open_gossip
     from p2p.gossip_admission import AdmissionConfig
     from swarm.messages.gossip_bodies import DECODERS
 
-    handlers = _handlers(view)
     # The observer does not know the run's heartbeat period (peers may be configured faster than the default),
     # so it lets each peer heartbeat up to OBSERVER_HEARTBEAT_S apart; the byte budgets still bound its CPU.
     config = GossipConfig(admission=AdmissionConfig(heartbeat_interval_s=OBSERVER_HEARTBEAT_S))
     async with open_gossip(host, run, identity, kinds=tuple(DECODERS), decoders=DECODERS, config=config) as gossip, \
             trio.open_nursery() as nursery:
-        for kind, handle in handlers.items():  # each message in a scope of its own: a peer cannot end the view
+        for kind, handle in _handlers(view).items():
             nursery.start_soon(gossip.serve, kind, handle)
-        await trio.sleep(seconds)
+        yield gossip
         nursery.cancel_scope.cancel()
-        refused_by_gossip = sum(gossip.stats.rejected.values())
-    view.refused += refused_by_gossip  # what gossip's validator dropped: malformed, mistyped, forged, floods
-    report = view.report(trio.current_time(), seconds)
-    # the newest version whose manifest a holder serves and that verifies: a liar's heartbeat claiming a huge
-    # version hid the real newest one behind "nobody answered"; the top claim's outcome is kept if none verifies
+
+
+def _report(view, gossip, window_s: float) -> dict:
+    """The view's report, counting what gossip's validator dropped (malformed, mistyped, forged, floods)."""
+    import trio
+
+    report = view.report(trio.current_time(), window_s)
+    report["refused_messages"] += sum(gossip.stats.rejected.values())
+    return report
+
+
+async def _with_newest_manifest(host, view, report: dict, trainer_key: bytes | None) -> dict:
+    """`report` with the newest version whose manifest a holder serves and that verifies: a liar's heartbeat
+    claiming a huge version hid the real newest one behind "nobody answered"; the top claim's outcome is kept if
+    none verifies."""
     for version in sorted(view.versions, reverse=True)[:4]:
         manifest = await _checked_manifest(host, view, version, trainer_key)
         if version == report["newest_version"]:
             report["manifest"] = manifest
         if manifest is not None and "REFUSED" not in str(manifest.get("signature")):
             report.update(newest_version=version, newest_manifest=view.versions[version].hex(), manifest=manifest)
+            if trainer_key is not None and manifest.get("validator_ids"):  # checked against the run's own key
+                view.run_validators = frozenset(manifest["validator_ids"])
             break
     return report
 
@@ -118,10 +243,11 @@ def _handlers(view) -> dict:
         view.on_heartbeat(env.sender_peer_id, env.message, trio.current_time())
 
     def rollout(env) -> None:
-        view.on_rollouts(env.sender_peer_id, list(env.message.items))
+        view.on_rollouts(env.sender_peer_id, list(env.message.items), trio.current_time())
 
     def vote(env) -> None:  # every vote's signature and voter were checked by gossip's validator
-        view.on_votes(env.sender_peer_id, list(env.message.votes), lambda v: peer_id_from_public_bytes(v.validator))
+        view.on_votes(env.sender_peer_id, list(env.message.votes), lambda v: peer_id_from_public_bytes(v.validator),
+                      trio.current_time())
 
     return {"heartbeat": heartbeat, "rollout": rollout, "vote": vote}
 
@@ -164,12 +290,14 @@ async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) 
 
 def _manifest_summary(manifest, signer: bytes, trainer_key: bytes | None) -> dict:
     """What `swarm status` shows of a verified manifest: size, stage, generation settings, task, validators."""
+    from p2p.identity import peer_id_from_public_bytes
     from swarm.policy.runspec import RunSpec
 
     try:
         spec = RunSpec.from_model(manifest.model)
+        validator_ids = [peer_id_from_public_bytes(key) for key in spec.validator_keys()]
     except Exception:  # noqa: BLE001 - a manifest not published by a swarm trainer still has its settings
-        spec = None
+        spec, validator_ids = None, []
     gen = manifest.generation
     return {
         "version": manifest.version, "mib": round(manifest.total_size / 2**20, 2),
@@ -177,6 +305,7 @@ def _manifest_summary(manifest, signer: bytes, trainer_key: bytes | None) -> dic
         "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature,
         "task": spec.task if spec else "?", "validators": len(spec.validators) if spec else 0,
         "quorum": spec.quorum if spec else 0, "replicas": spec.replicas if spec else 0,
+        "validator_ids": validator_ids,
         "signature": ("signed by the run's trainer key" if trainer_key else
                       f"signed by {signer.hex()[:16]}... (not checked against a run key: give --trainer-key)"),
     }

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import trio
 
+from inference.models import load_model
 from swarm.errors import UserError
 from swarm.policy.runspec import version_tasks
 
@@ -76,8 +77,6 @@ async def load_base_model(spec: str):
     """
 
     def load():
-        from inference.models import load_model
-
         with _LOAD_LOCK:
             return load_model(spec)
 

@@ -168,11 +168,21 @@ async def trainer_role(node) -> None:
     heldout: dict[str, float] = {}
     await _first_version(node, run, publisher, gate, evaluator, heldout)
     progress = trio.Event()
+    reported_bans: set[str] = set()
+
+    def report_reputation_bans() -> None:
+        """A worker the reputation rule banned (its rollouts rejected by the quorum) is reported once, with why."""
+        for worker in sorted({w for w in gate.reputation.banned() if isinstance(w, str)} - reported_bans):
+            reported_bans.add(worker)
+            node.events.emit("worker_banned", worker=worker, by="reputation", reason=(
+                f"the validators' quorum rejected its rollouts until its reputation fell to "
+                f"{gate.reputation.score(worker):.1f} (banned at {gate.reputation.config.ban_below:g} or below)"))
 
     def on_rollout(group) -> None:
         """A received group (inline, compressed, or announced and fetched); refusals (a group of another worker
         than its sender included) never get here: receive_groups counts and logs them."""
         gate.on_rollout(group, trio.current_time())
+        report_reputation_bans()  # a second group for a taken slot counts against its worker too
         progress.set()
 
     async def rollouts() -> None:
@@ -183,6 +193,7 @@ async def trainer_role(node) -> None:
         async for env in vote_envelopes:  # gossip's validator decoded the batch: every vote parsed, signed and sent
             for vote in env.message.votes:  # by its own validator (swarm.messages.gossip_bodies.decode_votes)
                 gate.on_vote(vote, trio.current_time())
+            report_reputation_bans()
             for worker, reason in gate.take_new_bans():  # reported once, when its near-ties cross the test
                 node.events.emit("worker_banned", worker=worker, by="near_ties", reason=reason)
             progress.set()

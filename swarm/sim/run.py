@@ -18,6 +18,8 @@ import trio
 
 from swarm.config import load_config
 from swarm.events import EventSink
+from swarm.sim.report_html import render_html
+from swarm.sim.timeline import timeline
 
 
 @dataclass(frozen=True)
@@ -221,12 +223,14 @@ def summarize(events: list[dict], extra: dict) -> dict:
         "gate": trained["gate"] if trained else (steps[-1]["gate"] if steps else {}),
         "banned_workers": trained["banned"] if trained else [], "final_policy": trained["final"] if trained else None,
         "heldout_accuracy": trained.get("heldout", {}) if trained else {},
+        "timeline": timeline(events),  # what report.html draws: steps, evaluations, versions held, bans in time
     }
 
 
 def write_report(out: Path, report: dict, events: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "report.html").write_text(render_html(report))
     with open(out / "events.jsonl", "w") as f:
         for e in events:
             f.write(json.dumps(e, default=str) + "\n")

@@ -1,0 +1,143 @@
+"""report.html of `swarm sim`: the timeline read back from the events, the page drawn from it, and a real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+
+from swarm.sim.report_html import render_html
+from swarm.sim.run import summarize
+from swarm.sim.timeline import timeline
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class Page(HTMLParser):
+    """What a browser would build from the page, reduced to what the tests look at."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.open: list[str] = []
+        self.sections: list[str] = []
+        self.text: list[str] = []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append((tag, attrs))
+        if tag == "section":
+            self.sections.append(attrs.get("id"))
+        if tag != "meta":  # the one void tag of the page; self-closed ones come as handle_startendtag
+            self.open.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag):
+        assert self.open and self.open[-1] == tag, f"</{tag}> closes <{self.open[-1] if self.open else None}>"
+        self.open.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def all(self, tag: str, css_class: str | None = None) -> list[dict]:
+        return [a for t, a in self.tags if t == tag and (css_class is None or a.get("class") == css_class)]
+
+
+def events() -> list[dict]:
+    """A small run as its peers report it: two steps, three held-out scores, v0 and v1 spreading, one ban."""
+    return [
+        {"event": "listening", "t": 100.0, "peer": "trainer", "peer_id": "T"},
+        {"event": "listening", "t": 100.5, "peer": "cheater0", "peer_id": "C"},
+        {"event": "complete", "t": 101.0, "peer": "trainer", "version": 0},
+        {"event": "complete", "t": 102.0, "peer": "cheater0", "version": 0},
+        {"event": "complete", "t": 102.5, "peer": "cheater0", "version": 0},  # a second report changes nothing
+        {"event": "evaluated", "t": 103.0, "peer": "trainer", "when": "before", "step": 0, "accuracy": 0.1},
+        {"event": "worker_banned", "t": 104.0, "peer": "trainer", "worker": "C", "by": "reputation",
+         "reason": "</svg><script>alert(1)</script> & more"},
+        {"event": "train_step", "t": 105.0, "peer": "trainer", "step": 0, "reward": 0.25, "groups": 2,
+         "gate": {"accepted": 3, "rejected": 4}},
+        {"event": "complete", "t": 106.0, "peer": "trainer", "version": 1},
+        {"event": "dropped", "t": 107.0, "peer": "trainer", "version": 0},
+        {"event": "train_step", "t": 108.0, "peer": "trainer", "step": 1, "reward": 0.5, "groups": 2,
+         "gate": {"accepted": 5, "rejected": 4}},
+        {"event": "evaluated", "t": 109.0, "peer": "trainer", "when": "after", "step": 2, "accuracy": 0.4},
+    ]
+
+
+def test_the_timeline_reads_steps_settlements_evaluations_versions_held_and_bans_from_the_events():
+    line = timeline(events())
+    assert line["ended_s"] == 9.0
+    assert line["steps"] == [{"step": 0, "at_s": 5.0, "reward": 0.25, "groups": 2, "accepted": 3, "rejected": 4},
+                             {"step": 1, "at_s": 8.0, "reward": 0.5, "groups": 2, "accepted": 2, "rejected": 0}]
+    assert [(e["when"], e["step"], e["accuracy"]) for e in line["heldout"]] == [("before", 0, 0.1), ("after", 2, 0.4)]
+    assert line["version_spread"] == {"0": {"trainer": [1.0, 7.0], "cheater0": [2.0, None]},
+                                      "1": {"trainer": [6.0, None]}}
+    [ban] = line["bans"]
+    assert ban["peer"] == "cheater0" and ban["at_s"] == 4.0 and ban["by"] == "reputation"
+    assert ban["reported_by"] == "trainer" and ban["reason"].startswith("</svg>")
+    assert timeline([]) == {"ended_s": 0.0, "steps": [], "heldout": [], "version_spread": {}, "bans": []}
+
+
+def test_the_page_draws_the_curves_bars_spans_and_ban_from_the_report_and_escapes_every_string():
+    report = summarize(events(), {"timed_out": False, "wall_s": 9.0})
+    text = render_html(report)
+    page = Page(text)
+    assert page.sections == ["summary", "reward", "groups", "spread", "bans"] and not page.open
+    assert "<script" not in text and "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    [reward] = page.all("path", "reward")
+    [heldout] = page.all("path", "heldout")
+    assert reward["data-values"] == "0.25,0.5" and reward["d"].count("L") == 1
+    assert heldout["data-values"] == "0.1,0.4"
+    assert [(r["data-step"], r["data-value"]) for r in page.all("rect", "accepted")] == [("0", "3"), ("1", "2")]
+    assert [(r["data-step"], r["data-value"]) for r in page.all("rect", "rejected")] == [("0", "4"), ("1", "0")]
+    held = {(r["data-version"], r["data-peer"]): (r["data-from"], r["data-until"]) for r in page.all("rect", "held")}
+    assert held == {("0", "trainer"): ("1.0", "7.0"), ("0", "cheater0"): ("2.0", ""), ("1", "trainer"): ("6.0", "")}
+    assert [line["data-at"] for line in page.all("line", "ban")] == ["4.0"]
+    words = " ".join(page.text)
+    assert "cheater0 (C) banned by trainer at 4.0 s (reputation): </svg><script>alert(1)</script> & more" in words
+
+
+def test_a_run_with_no_step_and_no_ban_still_draws_a_page_that_says_so():
+    text = render_html(summarize([], {"timed_out": True, "wall_s": 1.0}))
+    page = Page(text)
+    assert page.sections == ["summary", "reward", "groups", "spread", "bans"]
+    assert "No step was trained." in text and "No worker was banned." in text and "TIMED OUT" in text
+
+
+@pytest.mark.timeout(420)
+def test_a_real_simulation_writes_report_html_beside_report_json(tmp_path):
+    """The shortest run that still shows every section: one honest worker, one cheater, one validator, three
+    steps (two could end before the validator judged the cheater's groups; see tests/test_swarm_sim.py)."""
+    out = tmp_path / "sim"
+    result = subprocess.run([sys.executable, "-m", "swarm", "sim", "--out", str(out), "--steps", "3", "--inference",
+                             "1", "--validators", "1", "--seeds", "0", "--cheaters", "1", "--timeout", "300"],
+                            capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"(pictures: {out / 'report.html'})" in result.stdout
+    report = json.loads((out / "report.json").read_text())
+    page = Page((out / "report.html").read_text())
+    assert page.sections == ["summary", "reward", "groups", "spread", "bans"] and not page.open
+    line = report["timeline"]
+    [reward] = page.all("path", "reward")
+    assert reward["data-values"] == ",".join(f"{s['reward']:g}" for s in line["steps"])
+    assert [float(v) for v in reward["data-values"].split(",")] == pytest.approx(report["rewards"], abs=1e-3)
+    assert [int(r["data-value"]) for r in page.all("rect", "accepted")] == [s["accepted"] for s in line["steps"]]
+    assert sum(int(r["data-value"]) for r in page.all("rect", "rejected")) >= 1  # the cheater's groups
+    assert [e["when"] for e in line["heldout"]] == ["before", "after"] and len(page.all("path", "heldout")) == 1
+    held = {(r["data-version"], r["data-peer"]) for r in page.all("rect", "held")}
+    for peer in ("trainer", "inference0", "validator0", "cheater0"):
+        assert ("0", peer) in held  # the first version reached every peer
+    assert {v for v, _ in held} >= {"0", "1", "2"}
+    # the cheater's ban: who, when, why, as the trainer reported it, and the same worker the report names
+    bans = [b for b in line["bans"] if b["by"] == "reputation"]
+    assert [b["peer"] for b in bans] == ["cheater0"] and [b["worker"] for b in bans] == report["banned_workers"]
+    assert "quorum rejected its rollouts" in bans[0]["reason"] and 0 < bans[0]["at_s"] <= line["ended_s"]
+    assert [float(b["data-at"]) for b in page.all("li", "ban")] == [b["at_s"] for b in line["bans"]]
+    assert f"banned worker {bans[0]['worker']} (reputation)" in result.stdout

@@ -1,0 +1,156 @@
+"""The reward functions themselves: pure, and safe on hostile text; verify/rewards.py decides where each runs.
+
+Why shared: a validator recomputes every claimed reward with exactly the code the worker should have run, so the
+two sides must agree bit for bit; every function returns a float in [0, 1]. A hostile completion (the validator
+runs these on untrusted text) can still make math-verify or a reasoning-gym scorer raise or hang, so callers go
+through verify/rewards.py, which runs them where that costs only the completion's own score. Why a module of its
+own: the scorer process (verify/scorer_worker.py) runs these functions and verify/rewards.py starts that process,
+so both build on this one.
+
+Answer extraction rule (`extract_answer`), first that applies, on the completion's last 4,000 characters:
+  1. the content of the last balanced \\boxed{...};
+  2. the text after the last "Answer:" (case-insensitive), up to the end of its line;
+  3. the last number (integer, decimal or fraction, optional sign, thousands commas allowed);
+  4. the last non-empty line.
+The extracted answer is capped at 256 characters before any parser sees it, which bounds the parser's work.
+
+Registry names: "exact" (normalised string equality), "numeric" (numbers equal within 1e-6 relative), "math"
+(math-verify equivalence), "rg:<name>" (the reasoning-gym dataset's own scorer).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from fractions import Fraction
+
+_TAIL_CHARS = 4000
+_ANSWER_CAP = 256
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|[-+]?\.\d+")
+_ANSWER_TAG = re.compile(r"answer\s*:", re.IGNORECASE)
+
+RewardFn = Callable[[str, dict], float]
+
+
+def extract_answer(text: str) -> str:
+    """The final answer of a completion by the rule in the module docstring ('' when there is none)."""
+    if not isinstance(text, str):
+        return ""
+    tail = text[-_TAIL_CHARS:]
+    for rule in (_last_boxed, _after_answer_tag, _last_number, _last_line):
+        found = rule(tail)
+        if found:
+            return found.strip()[:_ANSWER_CAP]
+    return ""
+
+
+def _last_boxed(text: str) -> str:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return ""
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return ""
+
+
+def _after_answer_tag(text: str) -> str:
+    matches = list(_ANSWER_TAG.finditer(text))
+    if not matches:
+        return ""
+    return text[matches[-1].end() :].split("\n", 1)[0].strip()
+
+
+def _last_number(text: str) -> str:
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _normalise(text: str) -> str:
+    return " ".join(str(text).strip().strip(".").split()).lower()
+
+
+def parse_number(text: str) -> Fraction | None:
+    """An exact rational from '1,234', '-3.5', '7/2', '$12' or '12.' (None when it is not one number)."""
+    cleaned = str(text).strip().strip("$").rstrip(".").replace(",", "").replace(" ", "")
+    if not cleaned or len(cleaned) > 64:
+        return None
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def reward_exact(completion: str, entry: dict) -> float:
+    return float(_normalise(extract_answer(completion)) == _normalise(entry.get("answer", "")))
+
+
+def reward_numeric(completion: str, entry: dict) -> float:
+    got, want = parse_number(extract_answer(completion)), parse_number(entry.get("answer", ""))
+    if got is None or want is None:
+        return 0.0
+    return float(abs(got - want) <= Fraction(1, 10**6) * max(1, abs(want)))
+
+
+def reward_math(completion: str, entry: dict) -> float:
+    """math-verify equivalence of the extracted answer and the task's answer (run it through compute_reward, which
+    isolates it in the scorer process)."""
+    import math_verify
+
+    answer = extract_answer(completion)
+    gold = str(entry.get("answer", ""))[:_ANSWER_CAP]
+    if not answer or not gold:
+        return 0.0
+    parsed_gold = math_verify.parse(f"${gold}$", parsing_timeout=1)
+    parsed = math_verify.parse(f"${answer}$", parsing_timeout=1)
+    return float(bool(math_verify.verify(parsed_gold, parsed, timeout_seconds=1)))
+
+
+@functools.lru_cache(maxsize=64)
+def _rg_dataset(name: str):
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(name, size=1, seed=0)
+
+
+def reward_reasoning_gym(name: str, completion: str, entry: dict) -> float:
+    """The named reasoning-gym dataset's scorer on the extracted answer (its entry: question, answer, metadata)."""
+    rg_entry = {"question": entry.get("prompt", entry.get("question", "")), "answer": entry.get("answer", ""),
+                "metadata": entry.get("metadata") or {}}
+    return float(_rg_dataset(name).score_answer(extract_answer(completion), rg_entry))
+
+
+REGISTRY: dict[str, RewardFn] = {"exact": reward_exact, "numeric": reward_numeric, "math": reward_math}
+
+
+def is_known(reward_fn: str) -> bool:
+    """True for a registry name or 'rg:<dataset>' naming an installed reasoning-gym dataset."""
+    if reward_fn in REGISTRY:
+        return True
+    if isinstance(reward_fn, str) and reward_fn.startswith("rg:"):
+        try:
+            _rg_dataset(reward_fn[3:])
+            return True
+        except Exception:  # noqa: BLE001 - an unknown dataset name is just unknown
+            return False
+    return False
+
+
+def score_direct(reward_fn: str, completion: str, entry: dict) -> float:
+    """The named reward function on `completion`, in this process (0.0 for an unknown name); it may raise or
+    take unbounded time on hostile text, so callers isolate it (verify/rewards.py says how)."""
+    if reward_fn.startswith("rg:"):
+        return reward_reasoning_gym(reward_fn[3:], completion, entry)
+    fn = REGISTRY.get(reward_fn)
+    return fn(completion, entry) if fn is not None else 0.0
