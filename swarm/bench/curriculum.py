@@ -18,6 +18,11 @@ import time
 import tomllib
 from pathlib import Path
 
+from swarm.bench.curriculum_stats import paired_difference, summarize_arm
+from swarm.errors import UserError
+from trainer.config import load_config
+from trainer.curriculum import step_token_bound, steps_within_budget
+
 ARMS = ("fastcurl", "none")
 
 
@@ -47,9 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.bench.curriculum_stats import paired_difference, summarize_arm
-    from swarm.errors import UserError
-
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if args.seeds < 1 or args.token_budget < 1 or args.window < 1 or not arms:
         raise UserError("a curriculum benchmark needs at least one seed, one arm, a positive budget and window")
@@ -82,8 +84,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _task_config(text: str) -> dict:
-    from swarm.errors import UserError
-
     try:
         return tomllib.loads(f"config = {text}")["config"]
     except (tomllib.TOMLDecodeError, KeyError):
@@ -95,8 +95,6 @@ def train_arm(args: argparse.Namespace, arm: str, seed: int, task_config: dict, 
     import torch
 
     from inference.models import load_model
-    from trainer.config import load_config
-    from trainer.curriculum import step_token_bound, steps_within_budget
     from trainer.evaluate import evaluate
     from trainer.local_source import LocalRolloutSource
     from trainer.loop import TrainingRun
