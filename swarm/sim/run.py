@@ -61,7 +61,7 @@ def _trainer_toml(s: SimSettings) -> Path:
 
     FastCuRL's stages, although `swarm bench curriculum` (offline, synchronous, the same tokens) found one fixed
     context better (held-out 0 in 0 of 8 seeds against 2 of 8): in this swarm the fixed context ended at held-out 0
-    in 2 of its 3 runs, FastCuRL in 1 of the 12 on record. Either way the tiny model does not learn to stop in 16
+    in 2 of its 4 runs, FastCuRL in 1 of the 16 on record. Either way the tiny model does not learn to stop in 16
     steps, its answer is the last number of a completion that runs to the limit, and greedy evaluation of a policy
     whose samples earn 0.3-0.5 can still read eight junk bytes or a repeated digit ("3111111" is not 1).
     """
