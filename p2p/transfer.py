@@ -32,6 +32,7 @@ from p2p.manifest import PolicyManifest
 from p2p.outbox import Outbox
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.store import PieceStore
+from p2p.transfer_stats import PeerStats, Progress
 from p2p.wire import (
     RECEIVE_CHUNK, Bitfield, Cancel, FrameDecoder, Have, Hello, Piece, Reject, Request, Stream, message_frame,
     pack_bits, parse_message, read_frame, send_buffers, unpack_bits, write_frame,
@@ -76,28 +77,6 @@ class TransferConfig:
         if min(self.handshake_timeout, self.send_timeout, self.tick_interval, self.upload_bps,
                self.peer_upload_bps) <= 0 or self.receive_chunk < 1:
             raise ValueError("transfer timeouts, rates and chunk sizes must be positive")
-
-
-@dataclass
-class PeerStats:
-    """Bytes and pieces moved with one peer (kept after it leaves)."""
-
-    bytes_up: int = 0
-    bytes_down: int = 0
-    pieces_up: int = 0
-    pieces_down: int = 0
-    pieces_corrupt: int = 0  # received pieces whose BLAKE3 did not match the manifest (counted in pieces_down too)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A snapshot for progress displays: pieces held and bytes moved per peer."""
-
-    pieces_done: int
-    pieces_total: int
-    bytes_up: dict[str, int]
-    bytes_down: dict[str, int]
-    drops: dict[str, str]  # peer -> why it was dropped
 
 
 @dataclass(frozen=True)

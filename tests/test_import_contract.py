@@ -36,16 +36,6 @@ too: a missing one is one clear sentence when that file or plot is asked for, ne
 not optional but takes seconds to import: swarm.events quiets its loggers without making `swarm train` load it."""
 LAZY_ROOMS = ("swarm/cli/", "swarm/roles/", "swarm/bench/")
 MAX_LINES = 450
-PENDING_IN_SWARM = frozenset({
-    "swarm/sim/run.py imports tasks.loading.is_task_file",
-    "swarm/sim/run.py imports torch",
-    "swarm/sim/run.py imports p2p.identity.load_or_create_identity",
-    "swarm/sim/run.py imports swarm.node.node.open_node_parts",
-    "swarm/sim/run.py imports swarm.roles.registry.ROLE_TASKS",
-    "tests/test_swarm_gate.py is over the limit",
-})
-"""Offenders in swarm/ and its tests that are known and not yet moved: only ever removed from (a fixed one must
-leave this list, see test_every_pending_offender_still_offends), never added to."""
 CODE_DIRS = (*LAYERS, "tests")
 
 
@@ -284,22 +274,10 @@ def test_the_scan_sees_the_packages_and_their_imports(repository):
     assert any(i.module == "trainer.grpo" and i.target == "torch" for i in repository.imports)
 
 
-def _key(offender: str) -> str:
-    """An offence without its line number, which moves with every edit above it."""
-    path, _, rest = offender.partition(" ")
-    return f"{path.split(':')[0]} {'is over the limit' if rest.startswith('has ') else rest}"
-
-
 @pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
 def test_the_repository_keeps_the_contract(repository, check):
-    offenders = [o for o in check(repository) if _key(o) not in PENDING_IN_SWARM]
+    offenders = check(repository)
     assert not offenders, f"{check.__doc__.splitlines()[0]}\n" + "\n".join(offenders)
-
-
-def test_every_pending_offender_still_offends(repository):
-    """A pending offender that has been fixed leaves PENDING_IN_SWARM, so the list can only shrink."""
-    found = {_key(offender) for check in CHECKS for offender in check(repository)}
-    assert not PENDING_IN_SWARM - found, sorted(PENDING_IN_SWARM - found)
 
 
 # ---- each check catches what it is for ---------------------------------------------------------------------------

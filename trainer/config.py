@@ -59,7 +59,7 @@ class TrainerConfig(ConfigSection):
         "Seeds torch/python/numpy, the data split, the sampling keys and the prompt order."))
     run: str = Field("local", description="Run name, part of every sampling key.")
     steps: int = Field(40, description="Optimizer steps to train for (the curriculum's stages split these).")
-    curriculum: str = Field("fastcurl", description=(
+    curriculum: str = Field("none", description=(
         "\"fastcurl\", \"none\" or a TOML file of [[stage]] tables (or put [[stage]] tables in this config file)."))
     lr: float = Field(1e-3, description=(
         "Peak AdamW learning rate. 1e-3 suits the default tiny random-init model (in `swarm sim` the last four "

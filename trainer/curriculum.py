@@ -158,3 +158,36 @@ def load_curriculum(spec: str, *, total_steps: int, max_new_tokens: int, group_s
     if extra:
         raise TrainerError(f"curriculum file {spec} has unknown key {extra[0]!r} (only [[stage]] tables)")
     return curriculum_from_tables(path.stem, raw.get("stage"))
+
+
+def worst_case_tokens(curriculum: Curriculum, steps: int, prompts_per_step: int) -> int:
+    """Generated tokens of `steps` steps if every completion ran to its stage's limit: prompts x group x context.
+
+    Why an upper bound: a fair comparison of schedules fixes the budget of generated tokens (short stages are cheaper
+    per step), and the bound is what a run can plan its stage lengths against before it has generated anything.
+    """
+    return sum(step_token_bound(curriculum, step, prompts_per_step) for step in range(steps))
+
+
+def step_token_bound(curriculum: Curriculum, step: int, prompts_per_step: int) -> int:
+    """The most tokens step `step` can generate: its stage's prompts x group size x context."""
+    stage = curriculum.stage_at(step).stage
+    return prompts_per_step * stage.group_size * stage.max_new_tokens
+
+
+def steps_within_budget(spec: str, token_budget: int, *, max_new_tokens: int, group_size: int,
+                        prompts_per_step: int) -> int:
+    """The most steps a preset's schedule (stages split over those steps) can take within `token_budget` generated
+    tokens at worst; at least 1. A longer schedule never costs fewer tokens, so the answer is a binary search."""
+    def cost(steps: int) -> int:
+        built = load_curriculum(spec, total_steps=steps, max_new_tokens=max_new_tokens, group_size=group_size)
+        return worst_case_tokens(built, steps, prompts_per_step)
+
+    low, high = 1, 2
+    while cost(high) <= token_budget:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if cost(middle) <= token_budget else (low, middle)
+    return low
+

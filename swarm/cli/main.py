@@ -35,6 +35,11 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "generate"), "swarm.bench.generate", "benchmark generation throughput and proof overhead"),
     (("bench", "noise"), "swarm.bench.noise", "benchmark the seeded Gumbel noise draw per element"),
     (
+        ("bench", "curriculum"),
+        "swarm.bench.curriculum",
+        "compare FastCuRL's curriculum with a fixed context at one budget of generated tokens, over seeds",
+    ),
+    (
         ("bench", "gossip-flood"),
         "swarm.bench.gossip_flood",
         "measure what a hostile gossip peer (floods, inflating envelopes) costs a target process",

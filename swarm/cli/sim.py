@@ -11,6 +11,8 @@ from swarm.cli.peer import add_metrics_port
 from swarm.cli.train import add_report_to
 from swarm.events import describe
 from trainer.config import TrainerConfig
+from trainer.curriculum import PRESETS
+from trainer.errors import TrainerError
 
 SIM_ASYNC_LEVEL = 1
 """The one trainer default the simulation overrides (the trainer's own is 0, synchronous): a swarm's point is that
@@ -25,8 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", dest="seeds", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
     parser.add_argument(
-        "--steps", type=int, default=16, help="trainer steps (one policy version each; 4 per FastCuRL stage)"
+        "--steps", type=int, default=16, help="trainer steps (one policy version each)"
     )
+    parser.add_argument("--curriculum", default="fastcurl",
+                        help="fastcurl (4 stages over the steps, the default), none (one context) or a TOML file "
+                        "of [[stage]] tables")
     parser.add_argument("--model", default="tiny", help="tiny, smollm2, a local HF directory or a cached hub id")
     parser.add_argument(
         "--task",
@@ -63,11 +68,12 @@ def run(args: argparse.Namespace) -> int:
     check_model_spec(args.model)  # a model that is not there is one line, not a report of zero steps
     parse_report_to(args.report_to or ())  # an unknown tracker is one line before any peer starts
     _check_metrics_ports(args)
+    curriculum = _curriculum(args.curriculum)
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
                            async_level=args.async_level, timeout_s=args.timeout, prompt_key=args.prompt_key,
-                           answer_key=args.answer_key,
+                           answer_key=args.answer_key, curriculum=curriculum,
                            task_config="{max_value = 50}" if args.task == "gcd" else "{}",
                            report_to=",".join(args.report_to or ["none"]), metrics_port=args.metrics_port or 0)
     events: list[dict] = []
@@ -120,6 +126,16 @@ def _check_metrics_ports(args: argparse.Namespace) -> None:
         raise UserError(f"--metrics-port {args.metrics_port} leaves no room for {peers} peers' ports below 65536")
     for port in range(args.metrics_port, args.metrics_port + peers):
         check_port_free("127.0.0.1", port)
+
+
+def _curriculum(spec: str) -> str:
+    """A preset name as given, a [[stage]] file by its absolute path (the trainer peer reads it from its own
+    directory); anything else is one line before any peer starts."""
+    if spec in PRESETS:
+        return spec
+    if not Path(spec).is_file():
+        raise TrainerError(f"--curriculum {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a TOML file")
+    return str(Path(spec).resolve())
 
 
 SIM_MARKER = ".swarm-sim"
