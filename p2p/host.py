@@ -390,15 +390,17 @@ async def open_host(
         bound = bool(libp2p_host.get_addrs())  # py-libp2p logs a failed bind (an IP not of this machine), runs deaf
         if bound:
             nursery = await stack.enter_async_context(trio.open_nursery())
+            # The host's tasks are cancelled on exit only once the reachability service has closed: its close
+            # awaits, and an await inside a cancelled scope raises Cancelled, which would replace a
+            # KeyboardInterrupt unwinding through here and then be swallowed by that very scope (Ctrl-C would end
+            # the peer as if its work were done).
+            stack.callback(nursery.cancel_scope.cancel)
             host = P2PHost(libp2p_host, identity, config, nursery)
             async with trio.open_nursery() as dials:
                 for addr in config.bootstrap:
                     dials.start_soon(_dial_bootstrap, host, addr)
             host.reach = await stack.enter_async_context(open_reach(host))
-            try:
-                yield host
-            finally:
-                nursery.cancel_scope.cancel()
+            yield host
     if not bound:  # said once the deaf host is closed, so it is not wrapped in its nursery's exception group
         raise HostError(f"cannot listen on {', '.join(config.listen)}: no address could be bound (is the IP one of "
                         "this machine's?)")

@@ -123,6 +123,7 @@ class Interrupts:
 
     def on_terminate(self, signum: int, frame) -> None:
         if self.received is None:
+            ignore_unstarted_coroutines()  # before the unwind, which may collect one
             self.received = signal.SIGTERM
             self.guard = ExitGuard(self.grace_s, exit_process=self.exit_process,
                                    message=f"{self.line()} (still closing after {self.grace_s:.0f} s; exiting anyway)")
@@ -143,12 +144,16 @@ class Interrupts:
         guard still bounds the interpreter's teardown (torch's alone has taken 14-20 s on a busy machine)."""
         if self.guard is not None:
             self.guard.quiet()
-        # An interrupt can land between a task's coroutine being made and its task being scheduled (trio's
-        # start_soon is not atomic against KeyboardInterrupt): that coroutine never runs, and Python would add a
-        # RuntimeWarning about it to the one line when it is collected.
-        warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
+        ignore_unstarted_coroutines()
         print(self.line(), file=sys.stderr)
         return self.status()
+
+
+def ignore_unstarted_coroutines() -> None:
+    """An interrupt can land between a task's coroutine being made and its task being scheduled (trio's start_soon
+    is not atomic against KeyboardInterrupt): that coroutine never runs, and Python would add a RuntimeWarning about
+    it to the one line when it is collected, which can happen during the unwind itself."""
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
 
 
 def is_interrupt(exc: BaseException) -> bool:

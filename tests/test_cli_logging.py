@@ -73,7 +73,7 @@ def _peer_stderr(tmp_path, *flags: str) -> str:
         while time.monotonic() < deadline and '"bootstrap_unreachable"' not in (peer.stdout.readline() or "x"):
             assert peer.poll() is None, peer.stderr.read()
         peer.send_signal(signal.SIGINT)
-        peer.wait(30)  # its exit status is test_swarm_exits' subject
+        assert peer.wait(30) == 130
     finally:
         if peer.poll() is None:
             peer.kill()

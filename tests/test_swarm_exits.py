@@ -18,9 +18,12 @@ import threading
 from pathlib import Path
 
 import pytest
+import trio
 
+from p2p.host import HostConfig, open_host
 from p2p.identity import Identity, load_or_create_identity, read_key_file, write_key_file
 from p2p.store import PieceStore
+from swarm.shutdown import is_interrupt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -94,6 +97,21 @@ def test_a_peer_ends_on_a_signal_in_one_line_and_its_identity_and_store_still_lo
     assert load_or_create_identity(data).peer_id == listening["peer_id"]  # the same key, not a new one
     with PieceStore(data / "store"):  # opens (its lock was released with the process)
         pass
+
+
+def test_an_interrupt_inside_an_open_host_reaches_its_caller():
+    """In-process, without the signal: a KeyboardInterrupt raised while a host is open leaves `open_host` as an
+    interrupt. Why: closing the host closes its reachability service, whose close awaits; were the host's tasks
+    cancelled first, a Cancelled from that await would replace the interrupt and the host's own cancel scope would
+    swallow it, and an interrupted peer would end as if its work were done."""
+
+    async def interrupted_host() -> None:
+        async with open_host(HostConfig(listen=("/ip4/127.0.0.1/tcp/0",))):
+            raise KeyboardInterrupt
+
+    with pytest.raises(BaseException) as caught:
+        trio.run(interrupted_host)
+    assert is_interrupt(caught.value), repr(caught.value)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
