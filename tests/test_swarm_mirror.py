@@ -132,7 +132,7 @@ async def test_reassembled_copies_go_with_their_versions_but_not_while_held(tmp_
             assert list(copies.iterdir()) == []
             versions = [mirror.adopt(signed_version(tmp_path, key, v), local_dir=tmp_path / f"v{v}") for v in (0, 1)]
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr("swarm.policy.runspec.version_tasks", lambda spec, manifest, directory: "tasks")
+                patch.setattr("swarm.policy.files.version_tasks", lambda spec, manifest, directory: "tasks")
                 async with open_version(node, spec, versions[0]) as (directory, tasks):
                     assert (directory / "model.safetensors").is_file() and tasks == "tasks"
                     mirror.adopt(signed_version(tmp_path, key, 2), local_dir=tmp_path / "v2")
