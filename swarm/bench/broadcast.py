@@ -157,6 +157,13 @@ _PUBLISHER = "import sys; from swarm.bench.broadcast import publisher_main; sys.
 def publisher_main(argv: list[str]) -> int:
     """The bench's publisher: what `swarm publish` does, except that it announces when told (a line on stdin), so
     the bench can start the clock on a warm swarm. argv: checkpoint, run, key file, data dir, piece KiB, Mbit/s."""
+    ckpt, run, key_file, data_dir, piece_kb, upload_mbps = argv
+    return run_publisher(ckpt, run, key_file, data_dir, int(piece_kb), float(upload_mbps), listen=())
+
+
+def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: int, upload_mbps: float,
+                  listen: tuple[str, ...]) -> int:
+    """A seed-only peer that publishes the checkpoint as version 1 of `run` once a line arrives on stdin."""
     import trio
 
     from p2p.identity import read_key_file
@@ -165,17 +172,16 @@ def publisher_main(argv: list[str]) -> int:
     from swarm.events import EventSink
     from swarm.node.node import open_node_parts
 
-    ckpt, run, key_file, data_dir, piece_kb, upload_mbps = argv
     key = read_key_file(Path(key_file))
-    config = load_config(None, {"roles": ("seed",), "run": run, "data_dir": Path(data_dir), "listen": (),
-                                "bootstrap": (), "upload_mbps": float(upload_mbps), "piece_kb": int(piece_kb),
+    config = load_config(None, {"roles": ("seed",), "run": run, "data_dir": Path(data_dir), "listen": listen,
+                                "bootstrap": (), "upload_mbps": upload_mbps, "piece_kb": piece_kb,
                                 "trainer_key": key.public_bytes.hex()})
     events = EventSink(json_lines=True)
     events.configure_logging()
 
     async def publish(node) -> None:
         manifest = build_manifest(Path(ckpt), run=run, version=1, parent_version=None, created_at=time.time(),
-                                  generation=GenerationSettings(8, 0.6, 256, 0), piece_size=int(piece_kb) * 1024)
+                                  generation=GenerationSettings(8, 0.6, 256, 0), piece_size=piece_kb * 1024)
         signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
         await trio.wrap_file(sys.stdin).readline()
         node.mirror.adopt(signed, local_dir=Path(ckpt))

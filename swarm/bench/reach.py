@@ -26,18 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import trio
-
-from p2p.identity import Identity, read_key_file, write_key_file
-from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+from p2p.identity import Identity, write_key_file
 from p2p.relay_limits import RelayLimits
-from swarm.bench.broadcast import EventProcess, _make_checkpoint, _verify, _warm_up
+from swarm.bench.broadcast import EventProcess, _make_checkpoint, _verify, _warm_up, run_publisher
 from swarm.bench.kumar_ross import min_distribution_time
 from swarm.bench.netns import PUBLIC_IP, Testbed, available, python_argv
-from swarm.config import load_config
 from swarm.errors import UserError
-from swarm.events import EventSink
-from swarm.node.node import open_node_parts
 
 RUN = "bench-reach"
 PORT = 4001
@@ -60,23 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def publisher_main(argv: list[str]) -> int:
     """The public seed: swarm.bench.broadcast's publisher on a given listen address (the public namespace's)."""
     ckpt, key_file, data_dir, piece_kb, upload_mbps, listen = argv
-    key = read_key_file(Path(key_file))
-    config = load_config(None, {"roles": ("seed",), "run": RUN, "data_dir": Path(data_dir), "listen": (listen,),
-                                "bootstrap": (), "upload_mbps": float(upload_mbps), "piece_kb": int(piece_kb),
-                                "trainer_key": key.public_bytes.hex()})
-    events = EventSink(json_lines=True)
-    events.configure_logging()
-
-    async def publish(node) -> None:
-        manifest = build_manifest(Path(ckpt), run=RUN, version=1, parent_version=None, created_at=time.time(),
-                                  generation=GenerationSettings(8, 0.6, 256, 0), piece_size=int(piece_kb) * 1024)
-        signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
-        await trio.wrap_file(sys.stdin).readline()
-        node.mirror.adopt(signed, local_dir=Path(ckpt))
-        events.emit("published", version=1, id=manifest.id.hex(), bytes=manifest.total_size)
-        await node.announce_policy(signed, manifest)
-
-    return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)
+    return run_publisher(ckpt, RUN, key_file, data_dir, int(piece_kb), float(upload_mbps), listen=(listen,))
 
 
 def connection_kinds(net, peers: int) -> dict[str, dict[str, str]]:
