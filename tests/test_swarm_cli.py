@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -9,11 +11,18 @@ import time
 
 import pytest
 
+from swarm.cli import main
+
 SWARM = [sys.executable, "-m", "swarm"]
 
 
-def run_swarm(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*SWARM, *args], capture_output=True, text=True, timeout=timeout)
+def run_swarm(*args: str) -> subprocess.CompletedProcess:
+    """`swarm ARGS` run by the CLI's own main() in this process (its imports are paid once for the whole file),
+    with what it prints captured; the commands that must be real processes use SWARM with subprocess."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(list(args))
+    return subprocess.CompletedProcess(["swarm", *args], status, out.getvalue(), err.getvalue())
 
 
 @pytest.mark.parametrize(
