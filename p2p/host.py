@@ -186,6 +186,22 @@ class _HandlerTable(dict):
     def __missing__(self, protocol: Any) -> StreamHandler:
         return reset_quietly
 
+    def __getitem__(self, protocol: Any) -> StreamHandler:
+        """Every handler contained, py-libp2p's own ones (identify, ping) too: at teardown identify asked a closed
+        listener for its address (EBADF) and the error ended the host's service instead of that one stream."""
+        return _contained(protocol, super().__getitem__(protocol))
+
+
+def _contained(protocol: Any, handler: StreamHandler) -> StreamHandler:
+    async def contained(stream: Any) -> None:
+        try:
+            await handler(stream)
+        except Exception as exc:  # noqa: BLE001 - one stream's failure costs that stream only
+            log.debug("handler for %s failed: %s", protocol, exc)
+            await reset_quietly(stream)
+
+    return contained
+
 
 @dataclass
 class P2PHost:
