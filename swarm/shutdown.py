@@ -113,6 +113,9 @@ class Interrupts:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, self.on_terminate)
+        # Ctrl-C is raised by trio's own handler, with nothing of ours between it and the unwind that may collect
+        # a coroutine it cut off before its task started: the filter must already be in place.
+        ignore_unstarted_coroutines()
         try:
             yield self
         finally:
