@@ -90,8 +90,8 @@ class Interrupts:
     KeyboardInterrupt only where it is safe (into the main task at its next checkpoint when the signal lands in
     trio's own code), so a SIGTERM unwinds every nursery and closes every file exactly as Ctrl-C does; outside trio
     it is Python's own. Files that must never be seen half-written (keys, checkpoints, policies, pieces) are
-    written by rename, so an unwind at any point leaves each data directory consistent. A SIGTERM also arms an
-    ExitGuard: a close that waits in a shielded scope cannot hold the process past INTERRUPTED_EXIT_AFTER_S."""
+    written by rename, so an unwind at any point leaves each data directory consistent. A SIGTERM, or a Ctrl-C
+    inside a command's trio run (run_trio), arms an ExitGuard: a close that waits in a shielded scope cannot hold the process past INTERRUPTED_EXIT_AFTER_S."""
 
     def __init__(self, grace_s: float = INTERRUPTED_EXIT_AFTER_S,
                  exit_process: Callable[[int], None] = os._exit) -> None:
@@ -116,9 +116,11 @@ class Interrupts:
         # Ctrl-C is raised by trio's own handler, with nothing of ours between it and the unwind that may collect
         # a coroutine it cut off before its task started: the filter must already be in place.
         ignore_unstarted_coroutines()
+        _INSTALLED.append(self)
         try:
             yield self
         finally:
+            _INSTALLED.remove(self)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             if sigint_ignored:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -126,15 +128,42 @@ class Interrupts:
 
     def on_terminate(self, signum: int, frame) -> None:
         if self.received is None:
-            ignore_unstarted_coroutines()  # before the unwind, which may collect one
             self.received = signal.SIGTERM
-            self.guard = ExitGuard(self.grace_s, exit_process=self.exit_process,
-                                   message=f"{self.line()} (still closing after {self.grace_s:.0f} s; exiting anyway)")
-            self.guard.arm(self.status())
+        self._bound_the_unwind()
         interrupt = signal.getsignal(signal.SIGINT)
         if not callable(interrupt):  # a handler of SIGINT set outside the CLI is gone: interrupt all the same
             raise KeyboardInterrupt
         interrupt(signal.SIGINT, frame)
+
+    def _bound_the_unwind(self) -> None:
+        """Arm the ExitGuard once, with the status and line of the first signal."""
+        if self.guard is None:
+            ignore_unstarted_coroutines()  # before the unwind, which may collect one
+            self.guard = ExitGuard(self.grace_s, exit_process=self.exit_process,
+                                   message=f"{self.line()} (still closing after {self.grace_s:.0f} s; exiting anyway)")
+            self.guard.arm(self.status())
+
+    def run_trio(self, async_fn: Callable, *args, **kwargs):
+        """trio.run(async_fn, *args), with Ctrl-C bounded like SIGTERM: once trio has taken SIGINT (its handler is
+        the only safe way into a trio run), a handler of ours arms the ExitGuard and hands the signal on to it. Why:
+        a py-libp2p close that waits in a shielded scope held an interrupted peer for tens of seconds."""
+        async def guarded():
+            trio_handler = signal.getsignal(signal.SIGINT)
+            if not callable(trio_handler) or threading.current_thread() is not threading.main_thread():
+                return await async_fn(*args)
+
+            def on_interrupt(signum: int, frame) -> None:
+                self._bound_the_unwind()
+                trio_handler(signum, frame)
+
+            signal.signal(signal.SIGINT, on_interrupt)
+            try:
+                return await async_fn(*args)
+            finally:  # trio puts Python's handler back only if it finds its own in place
+                if signal.getsignal(signal.SIGINT) is on_interrupt:
+                    signal.signal(signal.SIGINT, trio_handler)
+
+        return trio.run(guarded, **kwargs)
 
     def status(self) -> int:
         return EXIT_STATUS[self.received or signal.SIGINT]
@@ -150,6 +179,17 @@ class Interrupts:
         ignore_unstarted_coroutines()
         print(self.line(), file=sys.stderr)
         return self.status()
+
+
+_INSTALLED: list[Interrupts] = []  # the Interrupts whose signals are in force (the command running, if any)
+
+
+def run_trio(async_fn: Callable, *args, **kwargs):
+    """A command's trio.run: with Ctrl-C bounded by the installed Interrupts (Interrupts.run_trio), plain where
+    none is installed (a command's code called from a test or another thread)."""
+    if _INSTALLED:
+        return _INSTALLED[-1].run_trio(async_fn, *args, **kwargs)
+    return trio.run(async_fn, *args, **kwargs)
 
 
 def ignore_unstarted_coroutines() -> None:

@@ -68,3 +68,34 @@ def test_a_disarmed_guard_does_nothing():
     guard.expire()
     assert done == [] and exits == []
     assert not guard._timer.is_alive() or guard._timer.finished.is_set()
+
+
+def test_ctrl_c_in_a_commands_trio_run_is_bounded_like_sigterm():
+    """Ctrl-C arms the same guard as SIGTERM: an unwind held by a shielded close still ends, with status 130 and
+    the interrupted line, and the handler trio installed is back in place once the run ends."""
+    import os
+    import signal
+
+    import pytest
+
+    from swarm.shutdown import Interrupts, run_trio
+
+    exits: list[int] = []
+    released = trio.Event()
+
+    async def held_by_a_shielded_close():
+        token = trio.lowlevel.current_trio_token()
+        interrupts.exit_process = lambda status: (exits.append(status), token.run_sync_soon(released.set))
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            await trio.sleep_forever()
+        finally:
+            with trio.move_on_after(5) as scope:  # without the guard this is where the process would sit
+                scope.shield = True
+                await released.wait()
+
+    interrupts = Interrupts(grace_s=0.05)
+    with interrupts.installed(), pytest.raises(KeyboardInterrupt):
+        run_trio(held_by_a_shielded_close)
+    assert exits == [130] and interrupts.line() == "swarm: interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import trio
-
 from p2p.bootstrap import resolve_bootstrap
 from p2p.identity import load_or_create_identity, read_key_file
 from swarm.cli.train import add_report_to
@@ -35,7 +33,7 @@ from swarm.node.node import open_node_parts
 from swarm.policy.trust import parse_trainer_key
 from swarm.progress import DownloadBars, bar_console
 from swarm.roles.build import build_roles
-from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
+from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard, run_trio
 from trainer.typed_config import add_field_flag, add_set_flag
 
 MULTIADDR = {"metavar": "MULTIADDR"}
@@ -148,7 +146,7 @@ def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> in
         trust_key = identity.public_bytes  # the trainer's identity is the run's key
     guard = ExitGuard(HARD_EXIT_AFTER_S)
     try:
-        status = trio.run(run_freezing_after_warmup, open_node_parts, config, identity, events, roles, trust_key,
+        status = run_trio(run_freezing_after_warmup, open_node_parts, config, identity, events, roles, trust_key,
                           lambda node: guard.arm(1 if node.failed else 0))
     finally:
         bars.close()

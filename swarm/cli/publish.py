@@ -19,6 +19,8 @@ from pathlib import Path
 
 import trio
 
+from swarm.shutdown import run_trio
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint_dir", type=Path,
@@ -201,4 +203,4 @@ def run(args: argparse.Namespace) -> int:
                     trainer_key=key.public_bytes.hex())
         await node.announce_policy(signed, manifest)
 
-    return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)
+    return run_trio(open_node_parts, config, key, events, [publish], key.public_bytes)

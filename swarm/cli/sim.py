@@ -10,6 +10,7 @@ from pathlib import Path
 from swarm.cli.peer import add_metrics_port
 from swarm.cli.train import add_report_to
 from swarm.events import describe
+from swarm.shutdown import run_trio
 from trainer.config import TrainerConfig
 from trainer.curriculum import PRESETS
 from trainer.errors import TrainerError
@@ -52,7 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import trio
 
     from inference.models import check_model_spec
     from swarm.errors import UserError
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         stopped.update(extra)
         guard.arm(0)
 
-    extra = trio.run(run_freezing_after_warmup, run_sim, settings, sink, stopping)
+    extra = run_trio(run_freezing_after_warmup, run_sim, settings, sink, stopping)
     guard.disarm()
     return finish(extra)
 

@@ -13,6 +13,8 @@ import argparse
 import contextlib
 import logging
 
+from swarm.shutdown import run_trio
+
 MAX_SECONDS = 600.0
 MANIFEST_RETRY_S = 30.0
 """With --watch: how long after a newest version's holders did not answer they are asked again."""
@@ -45,7 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import trio
 
     from p2p.bootstrap import DEFAULT_BOOTSTRAP_FILE, resolve_bootstrap
     from swarm.cli.status_view import render, to_json
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("libp2p").setLevel(logging.CRITICAL)  # a peer that stops answering is not the user's error
     if args.watch:
         return _watch(args, tuple(bootstrap), trainer_key)
-    report = trio.run(observe, args.run, tuple(bootstrap), args.seconds, trainer_key)
+    report = run_trio(observe, args.run, tuple(bootstrap), args.seconds, trainer_key)
     print(to_json(report) if args.json else render(report))
     return 0
 
@@ -77,7 +78,6 @@ def _watch(args: argparse.Namespace, bootstrap: tuple[str, ...], trainer_key: by
     live rich view on a terminal, one JSON line per refresh when stdout is a pipe or with --json."""
     import sys
 
-    import trio
     from rich.console import Console
     from rich.live import Live
 
@@ -89,13 +89,13 @@ def _watch(args: argparse.Namespace, bootstrap: tuple[str, ...], trainer_key: by
         def show(report: dict, watched_s: float) -> None:
             print(to_json(report), flush=True)
 
-        trio.run(watch, args.run, bootstrap, args.every, show, trainer_key)
+        run_trio(watch, args.run, bootstrap, args.every, show, trainer_key)
         return 0
     with Live(console=console, auto_refresh=False, transient=False) as live:
         def draw(report: dict, watched_s: float) -> None:
             live.update(live_renderable(report, watched_s), refresh=True)
 
-        trio.run(watch, args.run, bootstrap, args.every, draw, trainer_key)
+        run_trio(watch, args.run, bootstrap, args.every, draw, trainer_key)
     return 0
 
 
