@@ -91,7 +91,8 @@ class Interrupts:
     trio's own code), so a SIGTERM unwinds every nursery and closes every file exactly as Ctrl-C does; outside trio
     it is Python's own. Files that must never be seen half-written (keys, checkpoints, policies, pieces) are
     written by rename, so an unwind at any point leaves each data directory consistent. A SIGTERM, or a Ctrl-C
-    inside a command's trio run (run_trio), arms an ExitGuard: a close that waits in a shielded scope cannot hold the process past INTERRUPTED_EXIT_AFTER_S."""
+    inside a command's trio run (run_trio), arms an ExitGuard: a close that waits in a shielded scope cannot hold
+    the process past INTERRUPTED_EXIT_AFTER_S."""
 
     def __init__(self, grace_s: float = INTERRUPTED_EXIT_AFTER_S,
                  exit_process: Callable[[int], None] = os._exit) -> None:
