@@ -1,4 +1,5 @@
-"""The "tiny" model: a random-init Qwen2 with a locally trained byte-level BPE tokenizer, fully offline.
+"""The "tiny" model: a random-init Qwen2 with one built-in prior (an answer ends after its number) and a locally
+trained byte-level BPE tokenizer, fully offline.
 
 Why: tests, simulations and benchmarks need a real transformers causal LM (same code paths as a real policy:
 chat template, KV cache, hidden states, safetensors weights) that builds in a fraction of a second with no
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-TINY_VERSION = "tiny-v2"
+TINY_VERSION = "tiny-v3"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -24,6 +25,8 @@ ARCH = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
 INIT_SEED = 1234
 LM_HEAD_STD = 0.25
+NUMBER_FEATURE = 1.0  # norm of the direction added to every number token's embedding (the others: about 0.16)
+END_AFTER_NUMBER = 1.4  # scale of that direction in <|im_end|>'s head row: P(end | a number just emitted) ~ 0.8
 
 _PHRASES = [
     "Calculate",
@@ -82,5 +85,30 @@ def build_tiny(directory: Path) -> None:
         # an untied head at std 0.25 gives logits of std about 2, so sampling and greedy decoding differ.
         with torch.no_grad():
             model.lm_head.weight.normal_(0.0, LM_HEAD_STD)
+            _end_answers_after_their_number(model, tokenizer, eos)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
+def _end_answers_after_their_number(model, tokenizer, eos: int) -> None:
+    """Give the random model one prior a pretrained model has: an answer ends after its number.
+
+    Why: at random init <|im_end|> is one token in 384, so sampled completions almost never stop; the policy
+    learned a number followed by junk to the length limit, and whether greedy evaluation read the right answer
+    depended on whether that junk held digits (held-out accuracy 0 in some runs, about 0.2 in others). A shared
+    direction in every number token's embedding (it dominates the residual stream of a 2-layer model at random
+    init) that <|im_end|>'s head row reads makes ending likely right after a number and nowhere else, so the
+    reward teaches which number to answer, and greedy decoding stops where sampling does. The direction comes from
+    its own seeded generator in float64, so every peer still builds bit-identical weights."""
+    direction = torch.randn(ARCH["hidden_size"], generator=torch.Generator().manual_seed(INIT_SEED + 1),
+                            dtype=torch.float64)
+    direction = direction / direction.norm()
+    numbers = sorted(i for token, i in tokenizer.get_vocab().items() if _is_number_token(token))
+    model.model.embed_tokens.weight[numbers] += (NUMBER_FEATURE * direction).float()
+    model.lm_head.weight[eos] = (END_AFTER_NUMBER * direction).float()
+
+
+def _is_number_token(token: str) -> bool:
+    """A byte-level BPE token that is digits, with or without its leading space marker."""
+    digits = token.removeprefix("\u0120")
+    return digits.isascii() and digits.isdigit()

@@ -25,7 +25,7 @@ def test_bench_generate_reports_json(tmp_path, monkeypatch, capsys):
     assert 4 <= report["tokens"] <= 2 * 2 * 8 and report["threads"] == 1
     assert report["tokens_per_s_with_proofs"] > 0 and report["tokens_per_s_without_proofs"] > 0
     assert report["proof_build_s"] > 0  # proofs were really built in the capture runs
-    assert (tmp_path / "tiny-v2" / "config.json").exists()
+    assert (tmp_path / "tiny-v3" / "config.json").exists()
 
 
 def test_bench_noise_reports_json_and_agrees_with_the_textbook_draw(capsys):

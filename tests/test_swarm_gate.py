@@ -8,7 +8,7 @@ import os
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from swarm.policy.runspec import RunSpec
-from swarm.roles.gate import RolloutGate
+from swarm.roles.gate import JUDGED_BEHIND, RolloutGate
 from swarm.roles.trainer import gate_counts
 from verify.checks import CheckResult
 from verify.rollout import Completion, RolloutGroup
@@ -262,10 +262,55 @@ def test_the_gate_forgets_what_the_async_window_left_behind_so_a_long_run_stays_
             accept(gate, validators, group(version=version, task=task), now=10.0 * version)
         gate.take(4)
         gate.forget_old(now=10.0 * version)
-    assert sorted(gate.specs) == [28, 29] and gate.slots.versions() == {28, 29} and len(gate.slots) == 8
+    window = list(range(29 - 1 - JUDGED_BEHIND, 30))  # the async window and the versions still judged behind it
+    assert sorted(gate.specs) == window and gate.slots.versions() == set(window) and len(gate.slots) == 4 * len(window)
     assert len(gate.tracker._settled) <= 4 * 3  # settled within the last two timeouts (20 s) only
     replay = group(version=3)
     assert gate.on_rollout(replay, 300.0) == "too stale"  # what it forgot is refused all the same
+
+
+def test_a_worker_whose_false_claims_always_come_too_late_to_train_on_is_still_judged_and_banned():
+    """Every rollout of a late cheater is refused as too stale, yet its quorum still settles: the rejections cost
+    its worker, and nothing judged only ever reaches training, even when a quorum accepts it."""
+    validators = keys(2)
+    gate = gate_with(validators, newest=4)
+    honest_late = group(version=2, worker="slow", task=0)
+    assert gate.on_rollout(honest_late, 0.0) == "too stale"
+    for k in assigned(validators, honest_late):
+        gate.on_vote(vote(k, honest_late), 0.0)
+    assert gate.counts.get("accepted") == 1 and gate.take(8) == []
+    for task in range(1, 40):
+        if gate.is_banned("cheat"):
+            break
+        late = group(version=2, worker="cheat", task=task)
+        assert gate.on_rollout(late, 1.0) == "too stale"
+        for k in assigned(validators, late):
+            gate.on_vote(vote(k, late, accept=False), 1.0)
+    assert gate.is_banned("cheat") and not gate.is_banned("slow") and gate.accepted == []
+    assert gate.on_rollout(group(version=4 - 1 - JUDGED_BEHIND - 1, worker="x"), 2.0) == "too stale"
+    assert not gate.pending and not gate.judged_only
+
+
+def test_a_late_rollout_rejected_only_for_leaving_a_validators_window_costs_its_worker_nothing():
+    validators = keys(2)
+    gate = gate_with(validators, newest=4)
+    for task in range(40):
+        late = group(version=2, worker="slow", task=task)
+        for k in assigned(validators, late):  # votes may come before the rollout
+            gate.on_vote(sign_vote(k, late.rollout_id(), False, [CheckResult("policy", False, "outside the window")]),
+                         1.0)
+        assert gate.on_rollout(late, 1.0) == "too stale"
+    assert not gate.is_banned("slow") and gate.counts["judged late only"] == 40
+    assert not gate.pending and not gate.judged_only and not gate.window_rejections
+    for task in range(40, 80):  # a colluding validator's window-only rejection cannot shield a false claim
+        if gate.is_banned("cheat"):
+            break
+        late = group(version=2, worker="cheat", task=task)
+        honest, colluder = assigned(validators, late)
+        gate.on_vote(vote(honest, late, accept=False), 1.0)
+        gate.on_vote(sign_vote(colluder, late.rollout_id(), False, [CheckResult("policy", False, "late")]), 1.0)
+        gate.on_rollout(late, 1.0)
+    assert gate.is_banned("cheat")
 
 
 def test_a_flood_of_early_votes_from_keys_no_version_names_cannot_evict_the_honest_ones():

@@ -24,7 +24,7 @@ from inference.torch_backend import TorchBackend
 from trainer.config import TrainerConfig
 from trainer.curriculum import Curriculum
 from trainer.distributed import end_data_parallel, init_parallel
-from trainer.evaluate import evaluate
+from trainer.evaluate import constant_answer_accuracy, evaluate
 from trainer.fsdp import apply_fsdp
 from trainer.generator_process import GeneratorProcess, fork_is_safe
 from trainer.launch import broadcast_batch, check_supported, world_size
@@ -44,6 +44,7 @@ class Evaluator:
         self.max_new_tokens = max(s.max_new_tokens for s in curriculum.stages)
         self.backend = TorchBackend(loaded, capture_proofs=False, max_batch_rows=64)
         self.results: list[dict] = []
+        self.constant_answer: tuple[str, float] = ("", 0.0)  # trainer.evaluate.constant_answer_accuracy, if set
 
     def __call__(self, step: int, loaded=None) -> dict:
         """Evaluate the live model, or `loaded` (a gathered copy of a sharded one, see TrainingRun.evaluable)."""
@@ -139,7 +140,9 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
     weights = run.evaluable()  # every rank: under FSDP gathering the weights is a collective
     if lead:
         before = evaluator(run.state.step, weights)
-        echo(f"held-out accuracy before: {before['accuracy']:.3f} on {before['n']} prompts")
+        constant = constant_answer_accuracy(train_set, heldout, n=cfg.eval_n, seed=cfg.seed)
+        echo(f"held-out accuracy before: {before['accuracy']:.3f} on {before['n']} prompts (always answering "
+             f"{constant[0]!r}, the most frequent training answer: {constant[1]:.3f})")
 
     def between() -> None:
         if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
@@ -169,7 +172,8 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
             "train_seconds": round(train_seconds, 1),
             "first_reward": log[0]["reward"] if log else None,
             "final_reward": sum(r["reward"] for r in tail) / len(tail) if tail else None,
-            "heldout_before": before["accuracy"], "heldout_after": after["accuracy"], "final": str(final),
+            "heldout_before": before["accuracy"], "heldout_after": after["accuracy"],
+            "heldout_constant_answer": constant[1], "final": str(final),
             "log": str(Path(cfg.out) / "log.jsonl"), "plot": str(plot) if plot else None}
 
 

@@ -210,5 +210,8 @@ def _heldout_line(accuracy: dict | None) -> list[str]:
     """The trainer's held-out evaluations (swarm.roles.trainer._evaluate): before its first step and after its last."""
     if not accuracy or "before" not in accuracy or "after" not in accuracy:
         return []
-    return [f"  held-out accuracy (greedy, prompts never trained on): before {accuracy['before']:.3f} -> "
-            f"after {accuracy['after']:.3f}"]
+    line = (f"  held-out accuracy (greedy, prompts never trained on): before {accuracy['before']:.3f} -> "
+            f"after {accuracy['after']:.3f}")
+    if "constant_answer" in accuracy:
+        line += f" (always giving the most frequent training answer: {accuracy['constant_answer']:.3f})"
+    return [line]

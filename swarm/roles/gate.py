@@ -8,12 +8,20 @@ settle each group add up per worker, and a worker the sequential test bans has i
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from swarm.policy.runspec import RunSpec
 from swarm.roles.gate_evidence import NEAR_TIES, GateEvidence
 
 SLOT_TAKEN = "another group for an answered slot"
+TOO_STALE = "too stale"
+JUDGED_BEHIND = 4
+"""Versions behind the async window whose rollouts are still judged, never trained on. Why: a cheating worker that
+is always late (a slow machine, or on purpose) would otherwise have every false claim refused as too stale before
+a quorum settles it, and never be banned; its votes are evidence whether or not its rollouts come in time.
+A judged-only rollout rejected only for being outside a validator's window scores nobody: lateness is not a lie."""
+MAX_WINDOW_REJECTIONS = 4096  # rollouts remembered with: did every rejecting vote fail the window check alone?
 
 
 @dataclass
@@ -38,7 +46,9 @@ class RolloutGate:
 
         self.tracker = QuorumTracker(QuorumConfig(self.replicas, self.quorum, self.timeout_s))
         self.reputation = Reputation()
-        self.slots = SlotLedger()  # the slots opened, for versions inside the async window: one rollout each
+        self.slots = SlotLedger()  # the slots opened, for versions inside the judging window: one rollout each
+        self.judged_only: set[bytes] = set()  # pending rollouts too stale to train on, judged for their worker
+        self.window_rejections: OrderedDict[bytes, bool] = OrderedDict()  # see JUDGED_BEHIND
         self.present: set[bytes] = set()  # validators heard from at the last on_validators
         self.answers: dict[int, dict[str, set[bytes]]] = {}  # version -> worker -> slots of its groups received
         self._pruned_below: int | None = None  # the window floor forget_old last pruned to
@@ -68,19 +78,25 @@ class RolloutGate:
         reason = self._refusal(group, rid)
         if group.run == self.run and group.policy_version in self.specs:  # a banned worker's answer counts too
             self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set()).add(group.slot().key())
+        if reason == TOO_STALE and group.policy_version in self.specs:  # inside the judging window: judged only
+            self.judged_only.add(rid)
+            self._open(group, rid, now)
         if reason:
             self.count(f"refused:{reason}")
             if reason == SLOT_TAKEN:
                 self.reputation.record(group.worker, False)
             return reason
+        self._open(group, rid, now)
+        self.count("opened")
+        return "opened"
+
+    def _open(self, group, rid: bytes, now: float) -> None:
         self.slots.record(group, rid)
         self.pending[rid] = group
         validators = self.specs[group.policy_version].validators_for(group.worker)
         _, settlements = self.tracker.open(rid, group.slot().key(), validators, now)
-        self.count("opened")
         for s in settlements:
             self._settle(s)
-        return "opened"
 
     def _refusal(self, group, rid: bytes) -> str:
         from verify.slots import ECHO, RESUBMITTED
@@ -96,15 +112,20 @@ class RolloutGate:
             return NEAR_TIES
         if seen == RESUBMITTED:
             return SLOT_TAKEN
-        if group.policy_version < self.newest - self.async_level:
-            return "too stale"
+        if group.policy_version < self._judging_floor():
+            return TOO_STALE
         if group.policy_version not in self.specs:
             return "unknown policy version"
         if group.step != group.policy_version:
             return "assignment step differs from the policy version"
         if not self.specs[group.policy_version].quorum_reachable(group.worker):
             return "fewer validators than the quorum"  # not the worker's fault: no penalty
+        if group.policy_version < self.newest - self.async_level:
+            return TOO_STALE  # judged all the same (on_rollout)
         return ""
+
+    def _judging_floor(self) -> int:
+        return self.newest - self.async_level - JUDGED_BEHIND
 
     def answered_in_full(self, version: int, workers: set[str]) -> bool:
         """Whether each of `workers` sent all its groups for `version` (the spec's prompts per worker): then that
@@ -124,6 +145,12 @@ class RolloutGate:
         self.count(f"vote:{status}")
         if status in ("counted", "early"):  # signed, and (once its rollout opens) by an assigned validator
             self.evidence.on_vote(vote)
+            if not vote.accept:  # one rejection for what the rollout says outweighs any for when it came
+                window_only = {name for name, passed, _ in vote.checks if not passed} <= {"policy"}
+                self.window_rejections[vote.rollout_id] = window_only and self.window_rejections.get(
+                    vote.rollout_id, True)
+                while len(self.window_rejections) > MAX_WINDOW_REJECTIONS:
+                    self.window_rejections.popitem(last=False)
         if settlement is not None:
             self._settle(settlement)
         return status
@@ -137,11 +164,11 @@ class RolloutGate:
             self._settle(s)
 
     def forget_old(self, now: float) -> None:
-        """Forget what no longer decides anything: slots, answers and specs of versions behind the async window
+        """Forget what no longer decides anything: slots, answers and specs of versions behind the judging window
         (their rollouts are refused as too stale before a slot check could matter) and settlements older than two
         quorum timeouts (they only answer late duplicate votes). Why: each grows by every rollout, which over a
         run of days is memory without bound."""
-        floor = self.newest - self.async_level
+        floor = self._judging_floor()
         if floor != self._pruned_below:  # slots and specs only age out when a new version moves the window
             self.slots.forget_below(floor)
             for version in [v for v in self.specs if v < floor]:
@@ -164,12 +191,19 @@ class RolloutGate:
         from verify.quorum import Outcome
 
         group = self.pending.pop(settlement.rollout_id, None)
+        late = self.window_rejections.pop(settlement.rollout_id, False)
         if group is None:
+            return
+        if settlement.rollout_id in self.judged_only and late and settlement.outcome is Outcome.REJECTED:
+            self.judged_only.discard(settlement.rollout_id)
+            self.count("judged late only")
             return
         self.reputation.settle(settlement, group.worker)
         self.count(settlement.outcome.value)
         self._weigh_near_ties(settlement, group)
-        if settlement.outcome is Outcome.ACCEPTED:
+        if settlement.rollout_id in self.judged_only:
+            self.judged_only.discard(settlement.rollout_id)
+        elif settlement.outcome is Outcome.ACCEPTED:
             if self.evidence.is_banned(group.worker):
                 self.count(f"refused:{NEAR_TIES}")
             else:

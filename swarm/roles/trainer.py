@@ -299,10 +299,13 @@ async def _first_version(node, run, publisher: SwarmPublisher, gate: RolloutGate
 def _open_evaluator(run, cfg, curriculum):
     """The local loop's held-out evaluation for the swarm trainer: the split `swarm train` and `swarm eval` set
     aside (the run spec's training prompts never include it), greedy, `eval_n` prompts, written to eval.jsonl."""
+    from trainer.evaluate import constant_answer_accuracy
     from trainer.session import Evaluator, load_task_split
 
-    _, heldout = load_task_split(cfg)
-    return Evaluator(run.loaded, heldout, cfg, curriculum, on_result=run.tracker.evaluation)
+    train_set, heldout = load_task_split(cfg)
+    evaluator = Evaluator(run.loaded, heldout, cfg, curriculum, on_result=run.tracker.evaluation)
+    evaluator.constant_answer = constant_answer_accuracy(train_set, heldout, n=cfg.eval_n, seed=cfg.seed)
+    return evaluator
 
 
 async def _evaluate(node, evaluator, run, heldout: dict, when: str) -> None:
@@ -313,6 +316,7 @@ async def _evaluate(node, evaluator, run, heldout: dict, when: str) -> None:
     the peer keeps serving and gossiping; no training step runs meanwhile (it is awaited between steps)."""
     record = await trio.to_thread.run_sync(evaluator, run.state.step)
     heldout[when] = record["accuracy"]
+    heldout["constant_answer"] = evaluator.constant_answer[1]
     node.events.emit("evaluated", when=when, step=record["step"], accuracy=record["accuracy"], n=record["n"],
                      message=f"held-out accuracy {when} training (step {record['step']}): {record['accuracy']:.3f} "
                              f"on {record['n']} prompts never trained on")
