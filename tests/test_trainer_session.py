@@ -11,7 +11,7 @@ from trainer.report import read_log
 from trainer.session import train
 
 # gcd with small numbers: the tiny random model first learns the answer format and the commonest divisors.
-FAST = dict(task="gcd", task_config={"max_value": 50}, task_size=200, curriculum="none", lr=1e-2, grad_clip=1.0,
+FAST = dict(task="gcd", task_config={"max_value": 50}, task_size=200, curriculum="none", lr=3e-3, grad_clip=1.0,
             temperature=1.0, max_new_tokens=3, prompts_per_step=4, group_size=8, steps_per_policy=1, eval_n=32,
             threads=1, checkpoint_every=100)
 
