@@ -1,4 +1,5 @@
-"""report.html of `swarm sim`: the timeline read back from the events, the page drawn from it, and a real run."""
+"""`swarm sim`: its report.html (the timeline read back from the events, the page drawn from it) and a real run,
+which also shows the mission end to end (the trainer steps only on quorum-accepted groups, a cheater is voted down)."""
 
 from __future__ import annotations
 
@@ -112,17 +113,49 @@ def test_a_run_with_no_step_and_no_ban_still_draws_a_page_that_says_so():
 
 
 @pytest.mark.timeout(420)
-def test_a_real_simulation_writes_report_html_beside_report_json(tmp_path):
-    """The shortest run that still shows every section: one honest worker, one cheater, one validator, three
-    steps (two could end before the validator judged the cheater's groups; see tests/test_swarm_sim.py)."""
+def test_a_small_swarm_trains_only_on_quorum_accepted_rollouts_and_writes_report_html_beside_report_json(tmp_path):
+    """`swarm sim` end to end, the mission in one process: policies travel as verified pieces, rollouts gossip, the
+    validator votes, and the trainer steps only on quorum-accepted groups while the cheater's fabricated rewards
+    are voted down; then the report, drawn. The shortest run that still shows all of it: one honest worker, one
+    cheater, one validator, one seed-only peer, three steps. Three, not two: one honest worker's v0 groups fill
+    steps 0 and 1 (2 prompts per step), so with two steps the run could end before the validator judged any of the
+    cheater's groups; step 2 needs groups of v1 or newer, generated after the cheater's v0 groups had arrived."""
     out = tmp_path / "sim"
     result = subprocess.run([sys.executable, "-m", "swarm", "sim", "--out", str(out), "--steps", "3", "--inference",
-                             "1", "--validators", "1", "--seeds", "0", "--cheaters", "1", "--timeout", "300"],
-                            capture_output=True, text=True, timeout=400, cwd=tmp_path)
+                             "1", "--validators", "1", "--seeds", "1", "--cheaters", "1", "--eval-every", "2",
+                             "--timeout", "300"], capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"(pictures: {out / 'report.html'})" in result.stdout
     report = json.loads((out / "report.json").read_text())
-    page = Page((out / "report.html").read_text())
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    _assert_trained_only_on_accepted_rollouts(report, events, out)
+    _assert_the_page_draws_the_run(report, Page((out / "report.html").read_text()), result.stdout, out)
+
+
+def _assert_trained_only_on_accepted_rollouts(report: dict, events: list[dict], out) -> None:
+    assert not report["timed_out"]
+    assert report["steps"] == 3 and report["versions_published"] >= 3
+    # every rollout the cheater sent was refused by the validator for its fabricated reward
+    cheater_ids = {e["peer_id"] for e in events if e["event"] == "listening" and e["peer"] == "cheater0"}
+    assert report["rejection_reasons"].get("reward", 0) >= 1
+    # the gate hands the trainer only groups inside the async window: no step is an empty, refused batch
+    steps = [e for e in events if e["event"] == "train_step"]
+    assert all(e["refused"] == 0 and e["reward"] is not None and e["groups"] >= 1 for e in steps)
+    trained_workers = {w for e in steps for w in e.get("workers", [])}
+    assert trained_workers and not (trained_workers & cheater_ids)
+    # the seed-only peer mirrored at least the first version
+    assert any(e["event"] == "complete" and e["peer"] == "seed0" for e in events)
+    # the trainer scored its policy on the held-out split before its first step, every two steps, after its last
+    evaluations = [e for e in events if e["event"] == "evaluated"]
+    assert [(e["when"], e["step"]) for e in evaluations] == [("before", 0), ("during", 2), ("after", 3)]
+    assert all(e["n"] == 64 and 0.0 <= e["accuracy"] <= 1.0 for e in evaluations)
+    heldout = dict(report["heldout_accuracy"])
+    assert 0.0 <= heldout.pop("constant_answer") <= 1.0  # the most-frequent-answer line beside the evaluations
+    assert heldout == {e["when"]: e["accuracy"] for e in evaluations}
+    assert (out / "trainer" / "training" / "eval.jsonl").read_text().count("\n") == 3
+
+
+def _assert_the_page_draws_the_run(report: dict, page: Page, stdout: str, out) -> None:
+    assert f"(pictures: {out / 'report.html'})" in stdout
     assert page.sections == ["summary", "reward", "groups", "spread", "bans"] and not page.open
     line = report["timeline"]
     [reward] = page.all("path", "reward")
@@ -130,9 +163,10 @@ def test_a_real_simulation_writes_report_html_beside_report_json(tmp_path):
     assert [float(v) for v in reward["data-values"].split(",")] == pytest.approx(report["rewards"], abs=1e-3)
     assert [int(r["data-value"]) for r in page.all("rect", "accepted")] == [s["accepted"] for s in line["steps"]]
     assert sum(int(r["data-value"]) for r in page.all("rect", "rejected")) >= 1  # the cheater's groups
-    assert [e["when"] for e in line["heldout"]] == ["before", "after"] and len(page.all("path", "heldout")) == 1
+    assert [e["when"] for e in line["heldout"]] == ["before", "during", "after"]
+    assert len(page.all("path", "heldout")) == 1
     held = {(r["data-version"], r["data-peer"]) for r in page.all("rect", "held")}
-    for peer in ("trainer", "inference0", "validator0", "cheater0"):
+    for peer in ("trainer", "inference0", "validator0", "cheater0", "seed0"):
         assert ("0", peer) in held  # the first version reached every peer
     assert {v for v, _ in held} >= {"0", "1", "2"}
     # the cheater's ban: who, when, why, as the trainer reported it, and the same worker the report names
@@ -140,4 +174,12 @@ def test_a_real_simulation_writes_report_html_beside_report_json(tmp_path):
     assert [b["peer"] for b in bans] == ["cheater0"] and [b["worker"] for b in bans] == report["banned_workers"]
     assert "quorum rejected its rollouts" in bans[0]["reason"] and 0 < bans[0]["at_s"] <= line["ended_s"]
     assert [float(b["data-at"]) for b in page.all("li", "ban")] == [b["at_s"] for b in line["bans"]]
-    assert f"banned worker {bans[0]['worker']} (reputation)" in result.stdout
+    assert f"banned worker {bans[0]['worker']} (reputation)" in stdout
+
+
+def test_a_negative_evaluation_interval_is_one_line_before_any_peer_starts(tmp_path, capsys):
+    from swarm.cli.main import main
+
+    assert main(["sim", "--out", str(tmp_path / "sim"), "--eval-every", "-1"]) == 2
+    assert "--eval-every must be 0 or more steps, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "sim").exists()

@@ -32,14 +32,25 @@ def _swarm(args, cache: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def single_run(tmp_path_factory):
-    """(model cache, output directory) of the reference: one process training the same steps."""
+    """(model cache, output directory) of the reference: one process training the same steps. That process is this
+    one (`swarm train` without --nproc runs in the calling process): the reference needs no interpreter of its own
+    to import torch into, and the thread count it sets is put back."""
+    import torch
+
     from inference.models import load_model
+    from swarm.cli.main import main
 
     root = tmp_path_factory.mktemp("launch")
     cache = root / "cache"
     load_model("tiny", cache_dir=cache)  # built once, read by every process of this module
-    single = _swarm([*TRAIN, "--out", str(root / "one")], cache)
-    assert single.returncode == 0, single.stderr[-2000:]
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SWARM_MODEL_CACHE", str(cache))
+        patch.delenv("WORLD_SIZE", raising=False)
+        try:
+            assert main([*TRAIN, "--out", str(root / "one")]) == 0
+        finally:
+            torch.set_num_threads(threads)
     return cache, root / "one"
 
 

@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--async-level", dest="async_level", type=int, default=SIM_ASYNC_LEVEL,
                         help="max policy lag of a rollout (the trainer's default is 0; the simulation shows the "
                              "swarm's asynchronous window, where workers generate while the trainer steps)")
+    parser.add_argument("--eval-every", dest="eval_every", type=int, default=0,
+                        help="steps between the trainer's held-out evaluations (0 = only before and after)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the simulation is stopped")
     parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
     add_report_to(parser)
@@ -64,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
     if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
+    if args.eval_every < 0:
+        raise UserError(f"--eval-every must be 0 or more steps, got {args.eval_every}")
     _check_task(args.task, args.prompt_key, args.answer_key)
     check_model_spec(args.model)  # a model that is not there is one line, not a report of zero steps
     parse_report_to(args.report_to or ())  # an unknown tracker is one line before any peer starts
@@ -72,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
     settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                            cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
-                           async_level=args.async_level, timeout_s=args.timeout, prompt_key=args.prompt_key,
-                           answer_key=args.answer_key, curriculum=curriculum,
+                           async_level=args.async_level, eval_every=args.eval_every, timeout_s=args.timeout,
+                           prompt_key=args.prompt_key, answer_key=args.answer_key, curriculum=curriculum,
                            task_config="{max_value = 50}" if args.task == "gcd" else "{}",
                            report_to=",".join(args.report_to or ["none"]), metrics_port=args.metrics_port or 0)
     events: list[dict] = []
