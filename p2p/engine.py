@@ -55,9 +55,9 @@ class EngineConfig:
     """Tunables of the swarm engine."""
 
     pipeline_depth: int = 8  # requests in flight per peer
-    upload_slots: int = 4  # pieces being uploaded at once, over all peers
-    upload_backlog: int = 4  # requests queued behind the busy slots; past it a request is refused as BUSY
-    busy_backoff: float = 0.5  # seconds a requester asks nothing of a peer that refused it as BUSY
+    upload_slots: int = 2  # pieces uploaded at once, over all peers: fewer slots hand each piece on sooner
+    upload_backlog: int = 2  # requests queued behind the busy slots; past it a request is refused as BUSY
+    busy_backoff: float = 0.2  # seconds a requester asks nothing of a peer that refused it as BUSY
     max_queued_requests: int = 256  # requests of one peer not yet served, duplicates included; past it: a flood
     random_first: int = 4  # pieces picked at random before rarest-first
     endgame: bool = True  # duplicate the last requests across holders
