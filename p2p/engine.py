@@ -14,6 +14,12 @@ Policy, following the torrent practice for a cooperative flash crowd (docs/refer
   of a run is cooperative, and refusing uploads only slows the swarm), but earned (p2p/upload_ledger.py): a peer
   asking again for a piece it received on its link, or taking more than a few copies of the version without
   serving any back, is dropped.
+- Busy refusals: a loaded uploader (every slot busy and `upload_backlog` requests queued) answers Reject(BUSY).
+  In a broadcast every neighbour asks the first holder of a new piece at once, and a request queued behind many
+  others pins the piece to that holder while the neighbours that got it meanwhile sit idle; refused, the requester
+  asks the piece's other holders and leaves the busy peer alone for `busy_backoff` (re-asked by `tick` or the next
+  event). BUSY says nothing about holding the piece, and a peer that answers BUSY to everything we need from it
+  owes us pieces for the stall rule below. A super-seed never refuses: it sends each piece about once.
 - Super-seeding (an origin seed whose upload is the bottleneck): the seed advertises nothing and reveals pieces
   one by one, always a piece sent the fewest times so far, so it does not send any piece twice while another has
   never been sent; the peers spread each piece among themselves.
@@ -36,7 +42,9 @@ from p2p.picker import Picker, RarestFirstPicker
 from p2p.upload_ledger import UploadLedger
 from p2p.wire import Cancel, Have, Reject, Request
 
-__all__ = ["Action", "Completed", "DropPeer", "EngineConfig", "PeerState", "Send", "SendPiece", "StorePiece",
+BUSY = "busy"  # the reason of a Reject that means "loaded: ask another holder for now", not "I lack the piece"
+
+__all__ = ["BUSY", "Action", "Completed", "DropPeer", "EngineConfig", "PeerState", "Send", "SendPiece", "StorePiece",
            "SwarmEngine", "as_flags"]
 
 # ---------------------------------------------------------------------------------------------- config
@@ -47,7 +55,9 @@ class EngineConfig:
     """Tunables of the swarm engine."""
 
     pipeline_depth: int = 8  # requests in flight per peer
-    upload_slots: int = 4  # pieces being uploaded at once, over all peers
+    upload_slots: int = 2  # pieces uploaded at once, over all peers: fewer slots hand each piece on sooner
+    upload_backlog: int = 2  # requests queued behind the busy slots; past it a request is refused as BUSY
+    busy_backoff: float = 0.2  # seconds a requester asks nothing of a peer that refused it as BUSY
     max_queued_requests: int = 256  # requests of one peer not yet served, duplicates included; past it: a flood
     random_first: int = 4  # pieces picked at random before rarest-first
     endgame: bool = True  # duplicate the last requests across holders
@@ -62,8 +72,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if min(self.pipeline_depth, self.upload_slots, self.max_queued_requests, self.super_seed_reveal) < 1:
             raise ValueError("engine depths, slots and queue sizes must be at least 1")
-        if self.request_timeout <= 0 or self.stall_timeout <= 0:
-            raise ValueError("engine timeouts must be positive")
+        if self.request_timeout <= 0 or self.stall_timeout <= 0 or self.busy_backoff <= 0:
+            raise ValueError("engine timeouts and the busy backoff must be positive")
+        if self.upload_backlog < 0:
+            raise ValueError("upload_backlog must not be negative")
         if self.upload_factor < 1 or self.earn_per_piece < 0:
             raise ValueError("upload_factor must be at least 1 (one copy) and earn_per_piece not negative")
 
@@ -108,6 +120,8 @@ class SwarmEngine:
         self.ledger = UploadLedger(num_pieces, config.upload_factor, config.earn_per_piece)
         self._uploads_active = 0
         self._rr = 0
+        self._busy_until: dict[str, float] = {}  # peer -> we ask it nothing before this (it refused us as BUSY)
+        self._refusing: set[str] = set()  # peers refusing us as BUSY since their last piece: the stall clock runs
 
     # ------------------------------------------------------------------ queries
 
@@ -146,6 +160,8 @@ class SwarmEngine:
 
     def _forget(self, peer: str, now: float) -> list[Action]:
         state = self.peers.pop(peer)
+        self._busy_until.pop(peer, None)
+        self._refusing.discard(peer)
         self.availability -= state.bits
         for i in state.requested:
             self._unpend(i, peer)
@@ -177,14 +193,18 @@ class SwarmEngine:
             out += self._reveal(peer)
         return out
 
-    def peer_reject(self, peer: str, index: int, now: float) -> list[Action]:
-        """The peer will not serve `index`: stop believing it holds it, and ask elsewhere."""
+    def peer_reject(self, peer: str, index: int, now: float, busy: bool = False) -> list[Action]:
+        """The peer will not serve `index`: ask elsewhere. Unless it is only `busy`, stop believing it holds the
+        piece; when busy, it keeps the piece and is asked nothing for `busy_backoff`."""
         state = self.peers.get(peer)
         if state is None or index not in state.requested:
             return []
         del state.requested[index]
         self._unpend(index, peer)
-        if state.bits[index]:
+        if busy:
+            self._busy_until[peer] = now + self.config.busy_backoff
+            self._refusing.add(peer)
+        elif state.bits[index]:
             state.bits[index] = False
             state.held -= 1
             self.availability[index] -= 1
@@ -203,6 +223,7 @@ class SwarmEngine:
         if not ok:
             return self._drop(peer, f"sent a corrupt piece {index}", now)
         state.last_piece_at = now
+        self._refusing.discard(peer)
         self.ledger.note_received(peer)
         if self.have[index]:
             return self._fill(peer, now)
@@ -236,7 +257,9 @@ class SwarmEngine:
         """Top up the request pipeline to `peer`."""
         state = self.peers[peer]
         out: list[Action] = []
-        if not state.requested:  # the stall clock starts when the peer starts owing us pieces
+        if now < self._busy_until.get(peer, now):
+            return out
+        if not state.requested and peer not in self._refusing:  # the stall clock starts when it starts owing us
             state.last_piece_at = now
         room = self.config.pipeline_depth - len(state.requested)
         picks = self.picker.pick(self, state, room) if room > 0 and self.missing else []
@@ -269,11 +292,14 @@ class SwarmEngine:
         return best
 
     def tick(self, now: float) -> list[Action]:
-        """Re-issue requests outstanding too long; drop peers that owe pieces and have gone silent."""
+        """Re-issue requests outstanding too long; drop peers that owe pieces and have gone silent; ask again the
+        peers whose busy backoff has passed. Refusing as BUSY a piece nobody else holds is silence too."""
         out: list[Action] = []
         for peer in list(self.peers):
             state = self.peers[peer]
-            if state.requested and now - state.last_piece_at > self.config.stall_timeout:
+            if not state.requested and peer in self._refusing and not self._only_holder(state):
+                state.last_piece_at = now  # we can get all it refuses elsewhere: not waiting on it
+            if (state.requested or peer in self._refusing) and now - state.last_piece_at > self.config.stall_timeout:
                 out += self._drop(peer, "sent nothing for too long while owing pieces", now, hostile=False)
                 continue
             for index, asked_at in list(state.requested.items()):
@@ -284,6 +310,10 @@ class SwarmEngine:
                     self._unpend(index, peer)
                     out.append(Send(peer, Cancel(index)))
         return out + self._fill_all(now)
+
+    def _only_holder(self, state: PeerState) -> bool:
+        """Whether the peer holds a piece we lack that no other connected peer holds."""
+        return bool((state.bits & ~self.have & (self.availability <= 1)).any())
 
     # ------------------------------------------------------------------ uploading
 
@@ -302,9 +332,19 @@ class SwarmEngine:
         if self.ledger.exhausted(peer):
             return self._drop(peer, f"took {self.ledger.sent(peer)} pieces of a {self.num_pieces}-piece version "
                                     "without serving enough back", now)
-        if index not in state.queue and index not in state.sending:
-            state.queue.append(index)
+        if index in state.queue or index in state.sending:
+            return []
+        if self._overloaded():
+            state.open_requests -= 1  # answered: an honest peer asks again only after its backoff
+            return [Send(peer, Reject(index, BUSY))]
+        state.queue.append(index)
         return self._schedule_uploads()
+
+    def _overloaded(self) -> bool:
+        """Every upload slot busy and `upload_backlog` requests queued behind them; never for a super-seed."""
+        if self.super_seeding or self._uploads_active < self.config.upload_slots:
+            return False
+        return sum(len(s.queue) for s in self.peers.values()) >= self.config.upload_backlog
 
     def peer_cancel(self, peer: str, index: int, now: float) -> list[Action]:
         """Forget a queued request. A super-seed also withdraws the piece's promise to that peer: a promise the

@@ -25,7 +25,7 @@ import blake3
 import trio
 
 from p2p.budget import NODE_BUDGET, BudgetLease, MemoryBudget
-from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
+from p2p.engine import BUSY, Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
 from p2p.errors import ChannelError, CorruptPieceError, FrameError, StoreError
 from p2p.link_errors import first_leaf, is_breach, link_failure
 from p2p.manifest import PolicyManifest
@@ -260,7 +260,7 @@ class SwarmService:
             elif isinstance(msg, Cancel):
                 self._dispatch(self.engine.peer_cancel(link.peer, msg.index, now))
             elif isinstance(msg, Reject):
-                self._dispatch(self.engine.peer_reject(link.peer, msg.index, now))
+                self._dispatch(self.engine.peer_reject(link.peer, msg.index, now, busy=msg.reason == BUSY))
             elif isinstance(msg, Bitfield):
                 self._dispatch(self.engine.peer_bitfield(link.peer, unpack_bits(msg.bits, n), now))
             else:

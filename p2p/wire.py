@@ -232,7 +232,8 @@ class Piece:
 
 @dataclass(frozen=True)
 class Reject:
-    """The sender will not serve piece `index`; `reason` is for logs only."""
+    """The sender will not serve piece `index`; `reason` is for logs, except "busy" (p2p/engine.py BUSY): the
+    sender still holds the piece and is loaded, so ask another holder for now."""
 
     index: int
     reason: str

@@ -11,7 +11,7 @@ import sys
 import pytest
 import trio
 
-from p2p.engine import SendPiece
+from p2p.engine import EngineConfig, SendPiece
 from p2p.outbox import Outbox
 from p2p.wire import Have, Request
 from swarm.bench.broadcast_virtual import VirtualSwarm, make_virtual_policy, neighbour_graph, simulate_virtual_broadcast
@@ -74,3 +74,14 @@ def test_the_bench_command_prints_the_virtual_figures(tmp_path):
     result = json.loads(out.stdout)
     assert result["virtual"] is True and result["all_verified"] is True and result["peers"] == 6
     assert result["t_swarm_over_t_min"] >= 1.0 and result["t_min_s"] > 0
+
+
+async def test_busy_refusals_cross_the_wire_and_every_peer_still_completes(tmp_path, autojump_clock):
+    """One upload slot and no backlog: nearly every request meets a busy uploader. Read as "lacks the piece", the
+    refusals would leave peers believing nobody holds what they miss, and the broadcast would never end."""
+    manifest = make_virtual_policy(tmp_path / "policy", 2 * MB)
+    shape = VirtualSwarm(peers=12, degree=4)
+    with trio.fail_after(600):
+        result = await simulate_virtual_broadcast(manifest, tmp_path / "policy", shape,
+                                                  engine=EngineConfig(upload_slots=1, upload_backlog=0))
+    assert set(result.completion_seconds) == {f"peer{i}" for i in range(12)}

@@ -1,4 +1,5 @@
-"""The sans-IO swarm engine, driven by a pure message-passing simulation (no IO, no clock).
+"""The sans-IO swarm engine, driven by a pure message-passing simulation (no IO; a fake clock that steps per
+message and jumps a tick whenever nothing is in flight, as the transfer service's ticker re-drives a quiet engine).
 
 Every action any engine emits is checked against the invariants: never request a piece we hold, never from a
 peer that does not hold it, never past the pipeline depth, never announce a piece before it was stored; a
@@ -13,13 +14,17 @@ from collections import deque
 
 import pytest
 
-from p2p.engine import Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
+from p2p.engine import BUSY, Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
 from p2p.picker import NaivePicker, RarestFirstPicker
 from p2p.wire import Cancel, Have, Reject, Request
 
 
 class Sim:
-    """Engines exchanging messages through one FIFO queue; `corrupt` nodes serve bad bytes."""
+    """Engines exchanging messages through one FIFO queue; `corrupt` nodes serve bad bytes. When the queue runs dry
+    the clock jumps `tick_interval` and every engine ticks (a requester backing off from a busy peer asks again
+    only then); the run ends at the first tick that sends nothing, so no run loops forever."""
+
+    tick_interval = 1.0  # as p2p/transfer.py's TransferConfig.tick_interval
 
     def __init__(self, num_pieces, seeds, leeches, config=EngineConfig(), picker=None, corrupt=(), seed_config=None):
         self.n = num_pieces
@@ -32,6 +37,7 @@ class Sim:
         self.completed: set[str] = set()
         self.dropped: list[tuple[str, str, str]] = []
         self.now = 0.0
+        self.ticks = 0
         for k, name in enumerate(seeds + leeches):
             full = name in seeds
             cfg = seed_config if (full and seed_config) else config
@@ -93,12 +99,25 @@ class Sim:
             if msg[0] == "upload_done":
                 return self.handle(dst, eng.upload_done(src, msg[1], t))
             return self.handle(dst, eng.peer_gone(src, t))
-        handler = {Request: eng.peer_request, Have: eng.peer_have, Cancel: eng.peer_cancel, Reject: eng.peer_reject}
+        if isinstance(msg, Reject):
+            return self.handle(dst, eng.peer_reject(src, msg.index, t, busy=msg.reason == BUSY))
+        handler = {Request: eng.peer_request, Have: eng.peer_have, Cancel: eng.peer_cancel}
         self.handle(dst, handler[type(msg)](src, msg.index, t))
 
-    def run(self, max_steps=200_000):
-        steps = 0
-        while self.queue and steps < max_steps:
+    def tick(self):
+        self.now += self.tick_interval
+        self.ticks += 1
+        for name in list(self.nodes):
+            self.handle(name, self.nodes[name].tick(self.now))
+
+    def run(self, max_steps=200_000, max_ticks=1_000):
+        steps, ticks_at_start = 0, self.ticks
+        while steps < max_steps and self.ticks - ticks_at_start < max_ticks:
+            if not self.queue:
+                self.tick()
+                if not self.queue:
+                    break
+                continue
             self.now += 0.001
             self.deliver(*self.queue.popleft())
             steps += 1

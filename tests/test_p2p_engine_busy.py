@@ -1,0 +1,110 @@
+"""Busy refusals: a loaded uploader answers Reject(BUSY), and its requester asks the piece's other holders, leaves
+the busy peer alone for `busy_backoff`, asks it again on the tick after, and never takes BUSY for "lacks the
+piece". A peer that answers BUSY forever is bypassed, or dropped by the stall rule when it alone holds a piece."""
+
+from __future__ import annotations
+
+import random
+
+from test_p2p_engine import Sim
+
+from p2p.engine import BUSY, DropPeer, EngineConfig, Send, SendPiece, SwarmEngine
+from p2p.wire import Reject, Request
+
+STALL = "sent nothing for too long while owing pieces"
+
+
+def requests_in(actions):
+    return [(a.peer, a.message.index) for a in actions if isinstance(a, Send) and isinstance(a.message, Request)]
+
+
+class AlwaysBusy(SwarmEngine):
+    """A hostile holder: it announces every piece and refuses every request as busy."""
+
+    def peer_request(self, peer, index, now):
+        return [Send(peer, Reject(index, BUSY))]
+
+
+def test_a_loaded_uploader_refuses_as_busy_and_a_super_seed_never_does():
+    cfg = EngineConfig(upload_slots=1, upload_backlog=1, max_queued_requests=3)
+    eng = SwarmEngine(4, b"\x01" * 4, config=cfg)
+    eng.peer_connected("x", b"\x00" * 4, 0.0)
+    assert eng.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]  # a free slot
+    assert eng.peer_request("x", 1, 0.0) == []  # queued: the backlog
+    for _ in range(5):  # refusals are answered, so an honest peer asking again after its backoff is no flood
+        assert eng.peer_request("x", 2, 0.1) == [Send("x", Reject(2, BUSY))]
+    assert "x" in eng.peers
+    assert eng.upload_done("x", 0, 0.2) == [SendPiece("x", 1)]  # the backlog drains, so the next one queues
+    assert eng.peer_request("x", 2, 0.3) == []
+    seed = SwarmEngine(4, b"\x01" * 4, config=EngineConfig(upload_slots=1, upload_backlog=0, super_seed=True))
+    seed.peer_connected("x", b"\x00" * 4, 0.0)
+    for index in range(4):
+        seed.peer_have("x", index, 0.0)  # nothing revealed is left unsent; it asks for what it likes
+    assert seed.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]
+    assert seed.peer_request("x", 1, 0.0) == [] and seed.peer_request("x", 2, 0.0) == []  # queued, not refused
+
+
+def test_a_busy_refusal_sends_the_request_to_another_holder_and_keeps_the_piece_believed_held():
+    eng = SwarmEngine(1, b"\x00", config=EngineConfig(endgame=False))
+    assert requests_in(eng.peer_connected("a", b"\x01", 0.0)) == [("a", 0)]
+    assert requests_in(eng.peer_connected("b", b"\x01", 0.0)) == []  # already asked of a
+    assert requests_in(eng.peer_reject("a", 0, 1.0, busy=True)) == [("b", 0)]
+    assert eng.peers["a"].bits[0] and eng.availability[0] == 2  # busy is not "lacks the piece"
+    assert eng.peer_reject("b", 0, 1.1) == []  # a plain reject: b lacks it after all; a is still backing off
+    assert not eng.peers["b"].bits[0] and eng.availability[0] == 1
+
+
+def test_a_requester_that_backed_off_asks_the_only_holder_again_on_the_tick_after_the_backoff():
+    cfg = EngineConfig(busy_backoff=0.5, endgame=False)
+    eng = SwarmEngine(1, b"\x00", config=cfg)
+    assert requests_in(eng.peer_connected("a", b"\x01", 0.0)) == [("a", 0)]
+    assert eng.peer_reject("a", 0, 1.0, busy=True) == []  # nobody else holds it: wait
+    assert requests_in(eng.tick(1.4)) == []  # still backing off
+    assert eng.peer_have("a", 0, 1.45) == []  # an event inside the backoff asks nothing either
+    assert requests_in(eng.tick(1.6)) == [("a", 0)]
+
+
+def test_a_peer_answering_busy_forever_is_bypassed_when_another_holds_the_pieces():
+    sim = Sim(24, ["seed", "liar"], ["p0", "p1", "p2"])
+    sim.nodes["liar"] = AlwaysBusy(24, b"\x01" * 24, rng=random.Random(7))
+    sim.connect_all()
+    sim.run()
+    assert sim.completed == {"p0", "p1", "p2"}
+    assert not any(peer == "liar" for _, peer, _ in sim.dropped)  # harmless: it holds nothing only it has
+    for p in ("p0", "p1", "p2"):
+        assert sim.nodes[p].peers["liar"].bits.all()  # its refusals never read as "lacks the piece"
+
+
+def test_a_peer_answering_busy_forever_as_the_only_holder_ends_in_the_stall_drop():
+    cfg = EngineConfig(busy_backoff=0.5, stall_timeout=20.0, request_timeout=5.0, endgame=False)
+    eng = SwarmEngine(2, b"\x00\x00", config=cfg, rng=random.Random(1))
+    pending = requests_in(eng.peer_connected("liar", b"\x01\x01", 0.0))
+    asked, now, dropped_at = 0, 0.0, None
+    for _ in range(1_000):  # bounded: 250 s of virtual time
+        now += 0.25
+        out = []
+        for _, index in pending:  # every request is refused as busy a moment later
+            out += eng.peer_reject("liar", index, now, busy=True)
+        out += eng.tick(now)
+        if DropPeer("liar", STALL, hostile=False) in out:
+            dropped_at = now
+            break
+        pending = requests_in(out)
+        asked += len(pending)
+    assert dropped_at is not None and 20.0 < dropped_at <= 21.0
+    assert asked >= 2 * 26  # both pieces every 0.75 s (refused a step after asking, the 0.5 s backoff, asked)
+
+
+def test_a_busy_peer_is_not_dropped_for_refusing_a_piece_another_holder_served():
+    cfg = EngineConfig(busy_backoff=0.5, stall_timeout=20.0, endgame=False)
+    eng = SwarmEngine(2, b"\x00\x00", config=cfg, rng=random.Random(2))
+    asked = requests_in(eng.peer_connected("a", b"\x01\x01", 0.0))
+    eng.peer_connected("b", b"\x01\x01", 0.0)
+    out = []
+    for _, index in asked:
+        out += eng.peer_reject("a", index, 0.1, busy=True)
+    assert sorted(requests_in(out)) == [("b", 0), ("b", 1)]
+    eng.piece_received("b", 0, True, 1.0)
+    eng.piece_received("b", 1, True, 2.0)
+    assert eng.complete
+    assert not any(isinstance(x, DropPeer) for x in eng.tick(100.0))  # a owes nothing: b served it all
