@@ -10,33 +10,29 @@ Policy, following the torrent practice for a cooperative flash crowd (docs/refer
 - Endgame: once every missing piece is already requested, the same pieces are also asked of other holders; the
   first copy to arrive wins and the others are cancelled.
 - Re-announce: a piece is announced (`have`) the moment it is verified and stored, so neighbours fetch from us at once.
-- Uploads: a fixed number of slots shared round-robin across peers, always unchoked (no tit-for-tat: every peer
-  of a run is cooperative, and refusing uploads only slows the swarm), but earned (p2p/upload_ledger.py): a peer
-  asking again for a piece it received on its link, or taking more than a few copies of the version without
-  serving any back, is dropped.
-- Busy refusals: a loaded uploader (every slot busy and `upload_backlog` requests queued) answers Reject(BUSY).
-  In a broadcast every neighbour asks the first holder of a new piece at once, and a request queued behind many
-  others pins the piece to that holder while the neighbours that got it meanwhile sit idle; refused, the requester
-  asks the piece's other holders and leaves the busy peer alone for `busy_backoff` (re-asked by `tick` or the next
-  event). BUSY says nothing about holding the piece, and a peer that answers BUSY to everything we need from it
-  owes us pieces for the stall rule below. A super-seed never refuses: it sends each piece about once.
+- Uploads: a fixed number of slots shared round-robin, always unchoked (every peer of a run is cooperative), but
+  earned (p2p/upload_ledger.py): a peer asking again for a piece it received on its link, or taking more than a
+  few copies of the version without serving any back, is dropped. A super-seed never refuses as BUSY.
+- Busy refusals: a loaded uploader (all slots busy, `upload_backlog` queued) answers Reject(BUSY): every neighbour
+  asks a new piece's first holder at once, and a request queued there pins the piece while holders that got it
+  since sit idle. Refused, the requester asks the other holders and leaves the busy peer alone for `busy_backoff`.
+  BUSY says nothing about holding the piece; refusing all we need counts as owing pieces (stall rule below).
 - Super-seeding (an origin seed whose upload is the bottleneck): the seed advertises nothing and reveals pieces
   one by one, always a piece sent the fewest times so far, so it does not send any piece twice while another has
   never been sent; the peers spread each piece among themselves.
 - Hostile peers: a corrupt or unsolicited piece drops its sender, and so does a flood of requests (counted before
-  duplicates are folded); a request outstanding longer than
-  `request_timeout` is cancelled and re-issued elsewhere; a peer that owes pieces and sends nothing for
-  `stall_timeout` is dropped.
+  duplicates are folded, refused ones per backoff); a request outstanding longer than `request_timeout` is
+  cancelled and re-issued elsewhere; a peer that owes pieces and sends nothing for `stall_timeout` is dropped.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import numpy as np
 
 from p2p.engine_actions import Action, Completed, DropPeer, Send, SendPiece, StorePiece
+from p2p.engine_config import EngineConfig
 from p2p.peer_state import PeerState
 from p2p.picker import Picker, RarestFirstPicker
 from p2p.upload_ledger import UploadLedger
@@ -46,39 +42,6 @@ BUSY = "busy"  # the reason of a Reject that means "loaded: ask another holder f
 
 __all__ = ["BUSY", "Action", "Completed", "DropPeer", "EngineConfig", "PeerState", "Send", "SendPiece", "StorePiece",
            "SwarmEngine", "as_flags"]
-
-# ---------------------------------------------------------------------------------------------- config
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Tunables of the swarm engine."""
-
-    pipeline_depth: int = 8  # requests in flight per peer
-    upload_slots: int = 2  # pieces uploaded at once, over all peers: fewer slots hand each piece on sooner
-    upload_backlog: int = 2  # requests queued behind the busy slots; past it a request is refused as BUSY
-    busy_backoff: float = 0.2  # seconds a requester asks nothing of a peer that refused it as BUSY
-    max_queued_requests: int = 256  # requests of one peer not yet served, duplicates included; past it: a flood
-    random_first: int = 4  # pieces picked at random before rarest-first
-    endgame: bool = True  # duplicate the last requests across holders
-    endgame_copies: int = 2  # at most this many peers asked for one piece in endgame
-    request_timeout: float = 30.0  # seconds before a request is re-issued elsewhere
-    stall_timeout: float = 120.0  # seconds a peer may owe pieces without sending any before it is dropped
-    super_seed: bool = False  # act as a super-seed while we hold everything
-    super_seed_reveal: int = 4  # pieces revealed and not yet sent, per peer, in super-seed mode
-    upload_factor: float = 3.0  # pieces one peer may take from us, in copies of the version (upload_ledger.py)
-    earn_per_piece: float = 1.0  # more pieces a peer may take for each verified piece it served us
-
-    def __post_init__(self) -> None:
-        if min(self.pipeline_depth, self.upload_slots, self.max_queued_requests, self.super_seed_reveal) < 1:
-            raise ValueError("engine depths, slots and queue sizes must be at least 1")
-        if self.request_timeout <= 0 or self.stall_timeout <= 0 or self.busy_backoff <= 0:
-            raise ValueError("engine timeouts and the busy backoff must be positive")
-        if self.upload_backlog < 0:
-            raise ValueError("upload_backlog must not be negative")
-        if self.upload_factor < 1 or self.earn_per_piece < 0:
-            raise ValueError("upload_factor must be at least 1 (one copy) and earn_per_piece not negative")
-
 
 # ---------------------------------------------------------------------------------------------- engine
 
@@ -336,9 +299,19 @@ class SwarmEngine:
             return []
         if self._overloaded():
             state.open_requests -= 1  # answered: an honest peer asks again only after its backoff
-            return [Send(peer, Reject(index, BUSY))]
+            return self._refuse_busy(peer, state, index, now)
         state.queue.append(index)
         return self._schedule_uploads()
+
+    def _refuse_busy(self, peer: str, state: PeerState, index: int, now: float) -> list[Action]:
+        """Reject(BUSY), unless the peer passed the flood limit in refusals within one backoff: an honest requester
+        has at most its pipeline in flight when the first refusal lands, then waits out the backoff."""
+        if now - state.refused_since >= self.config.busy_backoff:
+            state.refused_since, state.refusals = now, 0
+        state.refusals += 1
+        if state.refusals > self.config.max_queued_requests:
+            return self._drop(peer, "kept asking through its busy refusals", now)
+        return [Send(peer, Reject(index, BUSY))]
 
     def _overloaded(self) -> bool:
         """Every upload slot busy and `upload_backlog` requests queued behind them; never for a super-seed."""

@@ -31,17 +31,35 @@ def test_a_loaded_uploader_refuses_as_busy_and_a_super_seed_never_does():
     eng.peer_connected("x", b"\x00" * 4, 0.0)
     assert eng.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]  # a free slot
     assert eng.peer_request("x", 1, 0.0) == []  # queued: the backlog
-    for _ in range(5):  # refusals are answered, so an honest peer asking again after its backoff is no flood
-        assert eng.peer_request("x", 2, 0.1) == [Send("x", Reject(2, BUSY))]
+    for i in range(5):  # refusals are answered, so an honest peer asking again after its backoff is no flood
+        assert eng.peer_request("x", 2, 0.1 + 0.25 * i) == [Send("x", Reject(2, BUSY))]
     assert "x" in eng.peers
-    assert eng.upload_done("x", 0, 0.2) == [SendPiece("x", 1)]  # the backlog drains, so the next one queues
-    assert eng.peer_request("x", 2, 0.3) == []
+    assert eng.upload_done("x", 0, 1.2) == [SendPiece("x", 1)]  # the backlog drains, so the next one queues
+    assert eng.peer_request("x", 2, 1.3) == []
     seed = SwarmEngine(4, b"\x01" * 4, config=EngineConfig(upload_slots=1, upload_backlog=0, super_seed=True))
     seed.peer_connected("x", b"\x00" * 4, 0.0)
     for index in range(4):
         seed.peer_have("x", index, 0.0)  # nothing revealed is left unsent; it asks for what it likes
     assert seed.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]
     assert seed.peer_request("x", 1, 0.0) == [] and seed.peer_request("x", 2, 0.0) == []  # queued, not refused
+
+
+def test_a_requester_that_asks_through_its_busy_refusals_is_dropped_as_a_flood():
+    """Refused requests leave the queue, so they are counted per backoff window instead: more than the flood limit
+    within one backoff is no honest requester, which has at most its pipeline in flight when refused."""
+    cfg = EngineConfig(upload_slots=1, upload_backlog=0, max_queued_requests=8, busy_backoff=0.2)
+    eng = SwarmEngine(4, b"\x01" * 4, config=cfg)
+    eng.peer_connected("x", b"\x00" * 4, 0.0)
+    eng.peer_connected("y", b"\x00" * 4, 0.0)
+    assert eng.peer_request("y", 0, 0.0) == [SendPiece("y", 0)]  # the one slot is busy from here on
+    for _ in range(8):
+        assert eng.peer_request("x", 1, 0.05) == [Send("x", Reject(1, BUSY))]
+    assert eng.peer_request("x", 1, 0.3) == [Send("x", Reject(1, BUSY))]  # a new window: counted afresh
+    actions = []
+    for _ in range(9):
+        actions += eng.peer_request("x", 1, 0.35)
+    assert any(isinstance(a, DropPeer) and a.peer == "x" for a in actions) and "x" not in eng.peers
+    assert "y" in eng.peers
 
 
 def test_a_busy_refusal_sends_the_request_to_another_holder_and_keeps_the_piece_believed_held():
