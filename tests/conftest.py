@@ -6,13 +6,22 @@ shared 2-core machine; modules that run models opt in with `pytestmark = pytest.
 `restore_logging` (every test): commands run in-process set logger levels (`swarm status` quiets p2p to errors);
 each test starts from the levels the one before it found, so a log line one test asserts on is never filtered by
 another test's command.
+`pytest_configure`: a suite started in the background (`nohup`, `&`) inherits Ctrl-C ignored, and the peer
+processes the tests start, then Ctrl-C'd by them, would keep it blocked (a background job's convention) and never
+end; the suite takes SIGINT back first, as a foreground run has it.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 
 import pytest
+
+
+def pytest_configure(config):
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
