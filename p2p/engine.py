@@ -297,27 +297,28 @@ class SwarmEngine:
                                     "without serving enough back", now)
         if index in state.queue or index in state.sending:
             return []
-        if self._overloaded():
+        if self._refuses(state):
             state.open_requests -= 1  # answered: an honest peer asks again only after its backoff
             return self._refuse_busy(peer, state, index, now)
         state.queue.append(index)
         return self._schedule_uploads()
 
     def _refuse_busy(self, peer: str, state: PeerState, index: int, now: float) -> list[Action]:
-        """Reject(BUSY), unless the peer passed the flood limit in refusals within one backoff: an honest requester
-        has at most its pipeline in flight when the first refusal lands, then waits out the backoff."""
+        """Reject(BUSY), unless the peer had more refusals within one backoff than twice its pipeline: an honest
+        requester has at most its pipeline in flight when the first refusal lands, then waits out the backoff."""
         if now - state.refused_since >= self.config.busy_backoff:
             state.refused_since, state.refusals = now, 0
         state.refusals += 1
-        if state.refusals > self.config.max_queued_requests:
+        if state.refusals > 2 * self.config.pipeline_depth:
             return self._drop(peer, "kept asking through its busy refusals", now)
         return [Send(peer, Reject(index, BUSY))]
 
-    def _overloaded(self) -> bool:
-        """Every upload slot busy and `upload_backlog` requests queued behind them; never for a super-seed."""
+    def _refuses(self, state: PeerState) -> bool:
+        """Every upload slot busy and either `upload_backlog` requests queued or one of this peer's: one place per
+        peer while loaded, so no requester holds the backlog, and with it every freed slot. Never a super-seed."""
         if self.super_seeding or self._uploads_active < self.config.upload_slots:
             return False
-        return sum(len(s.queue) for s in self.peers.values()) >= self.config.upload_backlog
+        return bool(state.queue) or sum(len(s.queue) for s in self.peers.values()) >= self.config.upload_backlog
 
     def peer_cancel(self, peer: str, index: int, now: float) -> list[Action]:
         """Forget a queued request. A super-seed also withdraws the piece's promise to that peer: a promise the

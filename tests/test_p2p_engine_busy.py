@@ -45,9 +45,9 @@ def test_a_loaded_uploader_refuses_as_busy_and_a_super_seed_never_does():
 
 
 def test_a_requester_that_asks_through_its_busy_refusals_is_dropped_as_a_flood():
-    """Refused requests leave the queue, so they are counted per backoff window instead: more than the flood limit
-    within one backoff is no honest requester, which has at most its pipeline in flight when refused."""
-    cfg = EngineConfig(upload_slots=1, upload_backlog=0, max_queued_requests=8, busy_backoff=0.2)
+    """Refused requests leave the queue, so they are counted per backoff window instead: more than twice the
+    pipeline within one backoff is no honest requester, which has at most its pipeline in flight when refused."""
+    cfg = EngineConfig(upload_slots=1, upload_backlog=0, pipeline_depth=4, busy_backoff=0.2)  # 8 a window
     eng = SwarmEngine(4, b"\x01" * 4, config=cfg)
     eng.peer_connected("x", b"\x00" * 4, 0.0)
     eng.peer_connected("y", b"\x00" * 4, 0.0)
@@ -60,6 +60,19 @@ def test_a_requester_that_asks_through_its_busy_refusals_is_dropped_as_a_flood()
         actions += eng.peer_request("x", 1, 0.35)
     assert any(isinstance(a, DropPeer) and a.peer == "x" for a in actions) and "x" not in eng.peers
     assert "y" in eng.peers
+
+
+def test_one_requester_cannot_hold_the_backlog_and_with_it_every_freed_slot():
+    """While the slots are busy a peer holds at most one backlog place, so another requester still queues and is
+    served in turn, however fast the first one asks."""
+    eng = SwarmEngine(8, b"\x01" * 8, config=EngineConfig(upload_slots=1, upload_backlog=2))
+    for peer in ("hog", "honest"):
+        eng.peer_connected(peer, b"\x00" * 8, 0.0)
+    assert eng.peer_request("hog", 0, 0.0) == [SendPiece("hog", 0)]
+    assert eng.peer_request("hog", 1, 0.0) == []  # its one place in the backlog
+    assert eng.peer_request("hog", 2, 0.0) == [Send("hog", Reject(2, BUSY))]
+    assert eng.peer_request("honest", 3, 0.0) == []  # queued, not refused
+    assert eng.upload_done("hog", 0, 0.1) == [SendPiece("honest", 3)]  # round-robin: the other peer next
 
 
 def test_a_busy_refusal_sends_the_request_to_another_holder_and_keeps_the_piece_believed_held():

@@ -8,7 +8,6 @@ settle each group add up per worker, and a worker the sequential test bans has i
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from swarm.policy.runspec import RunSpec
@@ -19,9 +18,11 @@ TOO_STALE = "too stale"
 JUDGED_BEHIND = 4
 """Versions behind the async window whose rollouts are still judged, never trained on. Why: a cheating worker that
 is always late (a slow machine, or on purpose) would otherwise have every false claim refused as too stale before
-a quorum settles it, and never be banned; its votes are evidence whether or not its rollouts come in time.
-A judged-only rollout rejected only for being outside a validator's window scores nobody: lateness is not a lie."""
-MAX_WINDOW_REJECTIONS = 4096  # rollouts remembered with: did every rejecting vote fail the window check alone?
+a quorum settles it, and never be banned; its votes are evidence whether or not its rollouts come in time. A
+validator votes only on versions inside its own window, so a late honest rollout gets content votes or none (the
+quorum times out and scores nobody). Judged-only rollouts are bounded: at most the version's prompts per worker for
+each worker, and MAX_JUDGED_ONLY pending in all; past either, a late rollout is refused unjudged."""
+MAX_JUDGED_ONLY = 1024
 
 
 @dataclass
@@ -48,7 +49,7 @@ class RolloutGate:
         self.reputation = Reputation()
         self.slots = SlotLedger()  # the slots opened, for versions inside the judging window: one rollout each
         self.judged_only: set[bytes] = set()  # pending rollouts too stale to train on, judged for their worker
-        self.window_rejections: OrderedDict[bytes, bool] = OrderedDict()  # see JUDGED_BEHIND
+        self.late_slots: dict[tuple[int, str], int] = {}  # (version, worker) -> late rollouts judged
         self.present: set[bytes] = set()  # validators heard from at the last on_validators
         self.answers: dict[int, dict[str, set[bytes]]] = {}  # version -> worker -> slots of its groups received
         self._pruned_below: int | None = None  # the window floor forget_old last pruned to
@@ -76,9 +77,10 @@ class RolloutGate:
         """
         rid = group.rollout_id()
         reason = self._refusal(group, rid)
-        if group.run == self.run and group.policy_version in self.specs:  # a banned worker's answer counts too
+        in_window = group.policy_version >= self.newest - self.async_level
+        if group.run == self.run and group.policy_version in self.specs and in_window:  # a banned worker's too
             self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set()).add(group.slot().key())
-        if reason == TOO_STALE and group.policy_version in self.specs:  # inside the judging window: judged only
+        if reason == TOO_STALE and self._judgeable(group):
             self.judged_only.add(rid)
             self._open(group, rid, now)
         if reason:
@@ -124,6 +126,17 @@ class RolloutGate:
             return TOO_STALE  # judged all the same (on_rollout)
         return ""
 
+    def _judgeable(self, group) -> bool:
+        """A late rollout inside the judging window and within its bounds (JUDGED_BEHIND)."""
+        spec = self.specs.get(group.policy_version)
+        if spec is None or len(self.judged_only) >= MAX_JUDGED_ONLY:
+            return False
+        worker_late = self.late_slots.setdefault((group.policy_version, group.worker), 0)
+        if worker_late >= spec.prompts_per_worker:
+            return False
+        self.late_slots[(group.policy_version, group.worker)] = worker_late + 1
+        return True
+
     def _judging_floor(self) -> int:
         return self.newest - self.async_level - JUDGED_BEHIND
 
@@ -145,12 +158,6 @@ class RolloutGate:
         self.count(f"vote:{status}")
         if status in ("counted", "early"):  # signed, and (once its rollout opens) by an assigned validator
             self.evidence.on_vote(vote)
-            if not vote.accept:  # one rejection for what the rollout says outweighs any for when it came
-                window_only = {name for name, passed, _ in vote.checks if not passed} <= {"policy"}
-                self.window_rejections[vote.rollout_id] = window_only and self.window_rejections.get(
-                    vote.rollout_id, True)
-                while len(self.window_rejections) > MAX_WINDOW_REJECTIONS:
-                    self.window_rejections.popitem(last=False)
         if settlement is not None:
             self._settle(settlement)
         return status
@@ -174,6 +181,7 @@ class RolloutGate:
             for version in [v for v in self.specs if v < floor]:
                 del self.specs[version]
             self.answers = {v: by_worker for v, by_worker in self.answers.items() if v >= floor}
+            self.late_slots = {key: n for key, n in self.late_slots.items() if key[0] >= floor}
             self._pruned_below = floor
         self.tracker.forget_settled(now - 2 * self.timeout_s)
 
@@ -191,12 +199,7 @@ class RolloutGate:
         from verify.quorum import Outcome
 
         group = self.pending.pop(settlement.rollout_id, None)
-        late = self.window_rejections.pop(settlement.rollout_id, False)
         if group is None:
-            return
-        if settlement.rollout_id in self.judged_only and late and settlement.outcome is Outcome.REJECTED:
-            self.judged_only.discard(settlement.rollout_id)
-            self.count("judged late only")
             return
         self.reputation.settle(settlement, group.worker)
         self.count(settlement.outcome.value)
