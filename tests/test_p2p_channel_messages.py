@@ -77,11 +77,19 @@ def _apply(seed, flips):
 @settings(max_examples=400, deadline=None)
 @given(_mutations())
 def test_fuzzed_handshake_messages_raise_only_the_projects_error(raw):
-    for decode in (decode_offer, decode_request):
+    """Mutated handshake bytes either decode into the typed message, with its fields' types, or raise
+    HandshakeBreach; any other exception fails the test."""
+    for decode, typed in ((decode_offer, ChannelOffer), (decode_request, ChannelRequest)):
         try:
-            decode(raw)
+            message = decode(raw)
         except HandshakeBreach:
-            pass
+            continue
+        assert isinstance(message, typed)
+        if typed is ChannelOffer:
+            assert isinstance(message.port, int) and isinstance(message.token, bytes)
+            assert isinstance(message.secret, bytes) and isinstance(message.aead, str)
+        else:
+            assert message.mode in ("socket", "stream")
 
 
 async def test_a_listener_answering_with_a_wrong_typed_cipher_costs_the_dial_not_the_node():

@@ -131,10 +131,10 @@ class RolloutGate:
         spec = self.specs.get(group.policy_version)
         if spec is None or len(self.judged_only) >= MAX_JUDGED_ONLY:
             return False
-        worker_late = self.late_slots.setdefault((group.policy_version, group.worker), 0)
-        if worker_late >= spec.prompts_per_worker:
+        key = (group.policy_version, group.worker)
+        if self.late_slots.get(key, 0) >= spec.prompts_per_worker:
             return False
-        self.late_slots[(group.policy_version, group.worker)] = worker_late + 1
+        self.late_slots[key] = self.late_slots.get(key, 0) + 1
         return True
 
     def _judging_floor(self) -> int:

@@ -175,12 +175,7 @@ async def trainer_role(node) -> None:
     reported_bans: set[str] = set()
 
     def report_reputation_bans() -> None:
-        """A worker the reputation rule banned (its rollouts rejected by the quorum) is reported once, with why."""
-        for worker in sorted({w for w in gate.reputation.banned() if isinstance(w, str)} - reported_bans):
-            reported_bans.add(worker)
-            node.events.emit("worker_banned", worker=worker, by="reputation", reason=(
-                f"the validators' quorum rejected its rollouts until its reputation fell to "
-                f"{gate.reputation.score(worker):.1f} (banned at {gate.reputation.config.ban_below:g} or below)"))
+        _report_reputation_bans(node, gate, reported_bans)
 
     def on_rollout(group) -> None:
         """A received group (inline, compressed, or announced and fetched); refusals (a group of another worker
@@ -235,15 +230,29 @@ async def trainer_role(node) -> None:
             await _publish_newest(run, publisher, gate)
             if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
                 await _evaluate(node, evaluator, run, heldout, "during")
-        final = await trio.to_thread.run_sync(run.finish)
-        await _evaluate(node, evaluator, run, heldout, "after")
-        await trio.to_thread.run_sync(run.tracker.close)  # W&B finishes its run: seconds, off the event loop
-        node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
-                          gate=dict(gate.counts), heldout=heldout,
-                          banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned()))
+        await _finish_training(node, run, evaluator, gate, heldout)
         nursery.cancel_scope.cancel()
     if config.trainer.exit_when_trained:
         node.done.set()
+
+
+def _report_reputation_bans(node, gate: RolloutGate, reported: set[str]) -> None:
+    """A worker the reputation rule banned (its rollouts rejected by the quorum) is reported once, with why."""
+    for worker in sorted({w for w in gate.reputation.banned() if isinstance(w, str)} - reported):
+        reported.add(worker)
+        node.events.emit("worker_banned", worker=worker, by="reputation", reason=(
+            f"the validators' quorum rejected its rollouts until its reputation fell to "
+            f"{gate.reputation.score(worker):.1f} (banned at {gate.reputation.config.ban_below:g} or below)"))
+
+
+async def _finish_training(node, run, evaluator, gate: RolloutGate, heldout: dict) -> None:
+    """Save the final policy, score it on the held-out split, close the trackers and say what was trained."""
+    final = await trio.to_thread.run_sync(run.finish)
+    await _evaluate(node, evaluator, run, heldout, "after")
+    await trio.to_thread.run_sync(run.tracker.close)  # W&B finishes its run: seconds, off the event loop
+    node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
+                     gate=dict(gate.counts), heldout=heldout,
+                     banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned()))
 
 
 def _step_event(record: dict, batch: list, gate: RolloutGate, tokenizer) -> dict:
