@@ -27,7 +27,9 @@ from pathlib import Path
 
 import blake3
 
+from p2p.identity import Identity, read_key_file, write_key_file
 from swarm.bench.broadcast_virtual import VirtualSwarm, run_virtual
+from swarm.bench.local_ports import free_port
 from swarm.errors import UserError
 
 
@@ -156,9 +158,10 @@ _PUBLISHER = "import sys; from swarm.bench.broadcast import publisher_main; sys.
 
 def publisher_main(argv: list[str]) -> int:
     """The bench's publisher: what `swarm publish` does, except that it announces when told (a line on stdin), so
-    the bench can start the clock on a warm swarm. argv: checkpoint, run, key file, data dir, piece KiB, Mbit/s."""
-    ckpt, run, key_file, data_dir, piece_kb, upload_mbps = argv
-    return run_publisher(ckpt, run, key_file, data_dir, int(piece_kb), float(upload_mbps), listen=())
+    the bench can start the clock on a warm swarm. argv: checkpoint, run, key file, data dir, piece KiB, Mbit/s,
+    then the multiaddrs to listen on (none: any loopback port)."""
+    ckpt, run, key_file, data_dir, piece_kb, upload_mbps, *listen = argv
+    return run_publisher(ckpt, run, key_file, data_dir, int(piece_kb), float(upload_mbps), listen=tuple(listen))
 
 
 def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: int, upload_mbps: float,
@@ -166,7 +169,6 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
     """A seed-only peer that publishes the checkpoint as version 1 of `run` once a line arrives on stdin."""
     import trio
 
-    from p2p.identity import read_key_file
     from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
     from swarm.config import load_config
     from swarm.events import EventSink
@@ -200,20 +202,16 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     """
     tag = "swarm" if reseed else "single"
     start_deadline = time.monotonic() + args.timeout
+    seed_addr = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{read_key_file(work / 'trainer.key').peer_id}"
     pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
-                 str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps)], work / f"{tag}-seed.log",
-                stdin=subprocess.PIPE)
+                        str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps),
+                        seed_addr.split("/p2p/")[0]], work / f"{tag}-seed.log", stdin=subprocess.PIPE)
     peers: list[EventProcess] = []
     try:
-        # every peer bootstraps from the seed and from all peers started before it (a tracker's peer list), so the
-        # swarm is fully connected without waiting for heartbeat discovery
-        known = [pub.wait_for("listening", start_deadline)["addrs"][0]]
-        for i in range(args.peers):
-            flags = ["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
-                     key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
-                     "--json", *[f for addr in known for f in ("--bootstrap", addr)]]
-            peers.append(EventProcess(flags + ([] if reseed else ["--no-reseed"]), work / f"{tag}-peer{i}.log"))
-            known.append(peers[-1].wait_for("listening", time.monotonic() + args.timeout)["addrs"][0])
+        for i, argv in enumerate(_peer_argvs(work, args, tag, key_hex, seed_addr, reseed)):
+            peers.append(EventProcess(argv, work / f"{tag}-peer{i}.log"))
+        for p in [pub] + peers:
+            p.wait_for("listening", start_deadline)
         warm = _warm_up([pub] + peers, time.monotonic() + args.warmup)
         pub.popen.stdin.write("go\n")
         pub.popen.stdin.flush()
@@ -241,6 +239,27 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
         "manifest_id": published["id"],
         "verified": _verify(work, tag, args.peers, published["id"]),
     }
+
+
+def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed: bool) -> list[list[str]]:
+    """Every peer's command line, addresses chosen first: each peer has its own key and port, and bootstraps from
+    the seed and from every peer before it (a tracker's peer list), so the swarm is fully connected without waiting
+    for heartbeat discovery, and only one of each pair dials. Why chosen first: then every process starts at once;
+    one after another, their start-ups (each a Python process importing the node) added up to minutes on a loaded
+    machine."""
+    known = [seed_addr]
+    argvs = []
+    for i in range(args.peers):
+        key_file = work / f"{tag}-peer{i}.key"
+        identity = Identity.generate()
+        write_key_file(key_file, identity)
+        port = free_port()
+        argvs.append(["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
+                      key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
+                      "--identity-key", str(key_file), "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--json",
+                      *[f for addr in known for f in ("--bootstrap", addr)], *([] if reseed else ["--no-reseed"])])
+        known.append(f"/ip4/127.0.0.1/tcp/{port}/p2p/{identity.peer_id}")
+    return argvs
 
 
 def _verify(work: Path, tag: str, peers: int, manifest_hex: str) -> bool:
@@ -281,7 +300,6 @@ def run_virtual_bench(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from p2p.identity import Identity, write_key_file
     from swarm.bench.kumar_ross import min_distribution_time
 
     if args.peers < 1 or args.size_mb <= 0 or args.upload_mbps <= 0 or args.seed_upload_mbps <= 0:
@@ -295,8 +313,6 @@ def run(args: argparse.Namespace) -> int:
         key = Identity.generate()
         if not (work / "trainer.key").exists():
             write_key_file(work / "trainer.key", key)
-        from p2p.identity import read_key_file
-
         key_hex = read_key_file(work / "trainer.key").public_bytes.hex()
         file_bytes = (work / "ckpt" / "model.safetensors").stat().st_size
         swarm = _phase(work, args, key_hex, reseed=True)

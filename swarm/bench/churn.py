@@ -19,11 +19,11 @@ import argparse
 import json
 import random
 import signal
-import socket
 import tempfile
 import time
 from pathlib import Path
 
+from swarm.bench.local_ports import free_port
 from swarm.errors import UserError
 
 TRAINER_TOML = """\
@@ -124,7 +124,7 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
     trainer = ["--role", "trainer", "--role", "seed", "--trainer-config", str(work / "trainer.toml"), "--identity-key",
                str(work / "run.key"), "--replicas", str(args.replicas), "--quorum", str(args.quorum),
                "--prompts-per-worker", "2"]
-    trainer_listen = f"/ip4/127.0.0.1/tcp/{_free_port()}"
+    trainer_listen = f"/ip4/127.0.0.1/tcp/{free_port()}"
     roles = {f"validator{i}": ["--role", "validator", "--model", "tiny"] for i in range(args.validators)}
     roles |= {f"worker{i}": ["--role", "inference", "--model", "tiny"] for i in range(args.inference)}
     roles |= {f"seed{i}": ["--role", "seed"] for i in range(args.seeds)}
@@ -199,13 +199,6 @@ def _may_leave(roles: dict[str, list[str]], quorum: int) -> list[str]:
     workers = [name for name in roles if name.startswith("worker")]
     seeds = [name for name in roles if name.startswith("seed")]
     return (validators if len(validators) > quorum else []) + (workers if len(workers) > 1 else []) + seeds
-
-
-def _free_port() -> int:
-    """A loopback TCP port nothing listens on now (the trainer's, fixed so that it restarts on its address)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _last_step(trainers) -> int:

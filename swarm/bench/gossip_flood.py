@@ -18,6 +18,8 @@ import time
 
 import msgpack
 
+from swarm.bench.local_ports import free_port
+
 RUN = "bench-flood"
 BODY_SLACK = 512
 
@@ -178,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0 or args.rate <= 0 or args.identities < 1:
         raise UserError("--seconds and --rate must be positive and --identities at least 1")
-    port = str(args.port or _free_port())
+    port = str(args.port or free_port())
     target = subprocess.Popen([sys.executable, "-m", "swarm.bench.gossip_flood", "--serve-target", port,
                                *([args.profile] if args.profile else [])],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -209,14 +211,6 @@ def _serve_target_main(argv: list[str]) -> None:
     import cProfile
 
     cProfile.runctx("trio.run(_serve_target, port)", globals(), {"trio": trio, "port": port}, profile)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--serve-target"]:
