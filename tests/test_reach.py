@@ -12,7 +12,7 @@ import trio
 
 from p2p.errors import HostError
 from p2p.host import HostConfig, open_host
-from p2p.reach import Reachability, ReachConfig, decode_port, probe_listener, verdict
+from p2p.reach import MAX_PUNCH_ATTEMPTS, Reachability, ReachConfig, decode_port, probe_listener, punch_targets, verdict
 from p2p.relay import RelayLimits, _bucket, _PacedStream
 
 ECHO = "/test/echo/1"
@@ -30,6 +30,14 @@ def test_a_dial_back_request_is_two_bytes_naming_a_real_port():
     for bad in (b"", b"\x00\x00", b"\x01\x02\x03"):
         with pytest.raises(HostError):
             decode_port(bad)
+
+
+def test_only_the_end_a_relayed_connection_was_dialed_to_starts_a_hole_punch():
+    links = {"dialed_us": [(True, False)], "we_dialed": [(True, True)], "direct": [(False, False)],
+             "punched_too": [(True, False), (False, False)], "busy": [(True, False)], "tried": [(True, False)],
+             "tried_less": [(True, False)], "gone": []}
+    attempts = {"tried": MAX_PUNCH_ATTEMPTS, "tried_less": MAX_PUNCH_ATTEMPTS - 1}
+    assert punch_targets(links, {"busy"}, attempts) == ["dialed_us", "tried_less"]
 
 
 def test_configs_refuse_nonsense_in_one_sentence():
