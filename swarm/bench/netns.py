@@ -43,7 +43,7 @@ _ICMP_UNLIMITED = "net.ipv4.icmp_ratelimit=0"
 knows no 192.168.0.0/16. Why: py-libp2p's DCUtR first dials a relayed peer's listen addresses directly (behind NAT:
 LAN addresses nobody outside can route) and moves on to hole punching only when those dials fail; with Linux's
 default of one ICMP error a second per destination, the dials past the first few wait for SYN retransmits until
-DCUtR's 10 s dial timeout, one relayed peer after another, and punching starts tens of seconds late."""
+DCUtR's 10 s dial timeout, and punching starts that much later."""
 
 
 def available() -> str | None:
