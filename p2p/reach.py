@@ -85,20 +85,31 @@ def verdict(answers: Sequence[bool | None]) -> Reachability:
 
 MAX_PUNCH_ATTEMPTS = 3
 """DCUtR sessions a peer starts toward one connected peer (each tries three rounds of simultaneous opens)."""
+MAX_PUNCHES_AT_ONCE = 8
+"""DCUtR sessions under way at once: each dials the addresses the other end sends, so strangers that reach us
+through relays under many identities must not set off more than a few at a time."""
 
 
-def punch_targets(links: Mapping[str, Sequence[tuple[bool, bool]]], punching: Collection[str],
+def punch_targets(me: str, links: Mapping[str, Sequence[tuple[bool, bool]]], punching: Collection[str],
                   attempts: Mapping[str, int]) -> list[str]:
-    """The peers to start a hole punch to now, from each peer's connections as (relayed, we dialed it): those
-    reached only through a relay over a connection they dialed, not being punched already, with attempts left.
+    """The peers to start a hole punch to now, from each peer's connections as (relayed, we dialed it): those reached
+    only through relays, over a connection they dialed (over connections both ends dialed: by the end whose peer id
+    sorts first), not being punched already, with attempts left; at most MAX_PUNCHES_AT_ONCE under way.
 
-    Why only the dialed end (as the DCUtR spec has it, and go-libp2p does): when both ends start a session at once,
-    both sessions dial between the same two listen ports, as opposite handshake roles; the dials collide (one
-    `connect` fails with EADDRNOTAVAIL, the TCP connection the other opens fails its security handshake) round
+    Why one end only (the dialed end, as the DCUtR spec has it, and go-libp2p does): when both ends start a session
+    at once, both sessions dial between the same two listen ports, as opposite handshake roles; the dials collide
+    (one `connect` fails with EADDRNOTAVAIL, the TCP connection the other opens fails its security handshake) round
     after round, and the pair stays relayed."""
-    return [peer for peer, conns in links.items()
-            if conns and all(relayed and not dialed for relayed, dialed in conns)
-            and peer not in punching and attempts.get(peer, 0) < MAX_PUNCH_ATTEMPTS]
+
+    def ours(peer: str, conns: Sequence[tuple[bool, bool]]) -> bool:
+        if not conns or not all(relayed for relayed, _ in conns):
+            return False
+        they_dialed = any(not dialed for _, dialed in conns)
+        return they_dialed and (all(not dialed for _, dialed in conns) or me < peer)
+
+    wanted = [peer for peer, conns in links.items()
+              if ours(peer, conns) and peer not in punching and attempts.get(peer, 0) < MAX_PUNCH_ATTEMPTS]
+    return wanted[:max(0, MAX_PUNCHES_AT_ONCE - len(punching))]
 
 
 def decode_port(raw: bytes) -> int:

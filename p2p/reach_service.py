@@ -104,7 +104,7 @@ def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -
              for peer, conns in connections.items()}
     for gone in [peer for peer in state.punch_attempts if peer not in ids]:
         del state.punch_attempts[gone]
-    for peer in punch_targets(links, state.punching, state.punch_attempts):
+    for peer in punch_targets(str(libp2p_host.get_id()), links, state.punching, state.punch_attempts):
         state.punching.add(peer)
         state.punch_attempts[peer] = state.punch_attempts.get(peer, 0) + 1
         nursery.start_soon(_punch, state, ids[peer])
