@@ -10,7 +10,8 @@ listen port and checks that a libp2p listener answers there (the multistream-sel
 - private (every answer no): reserve a slot on up to `max_relays` relays among the bootstrap peers and announce
   `<relay addr>/p2p-circuit/p2p/<me>`; peers dial those through the relay (p2p.relay), and DCUtR (py-libp2p's
   `DCUtRProtocol`: a synchronised simultaneous TCP open from the listen port, coordinated over the relayed stream)
-  replaces the relayed connection by a direct one where the NATs allow it;
+  replaces the relayed connection by a direct one where the NATs allow it, driven from one end only
+  (`punch_targets`);
 - unknown (nobody answered: a first bootstrap peer has nobody to ask): treated as public.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -80,6 +81,35 @@ def verdict(answers: Sequence[bool | None]) -> Reachability:
     if any(a is False for a in answers):
         return Reachability.PRIVATE
     return Reachability.UNKNOWN
+
+
+MAX_PUNCH_ATTEMPTS = 3
+"""DCUtR sessions a peer starts toward one connected peer (each tries three rounds of simultaneous opens)."""
+MAX_PUNCHES_AT_ONCE = 8
+"""DCUtR sessions under way at once: each dials the addresses the other end sends, so strangers that reach us
+through relays under many identities must not set off more than a few at a time."""
+
+
+def punch_targets(me: str, links: Mapping[str, Sequence[tuple[bool, bool]]], punching: Collection[str],
+                  attempts: Mapping[str, int]) -> list[str]:
+    """The peers to start a hole punch to now, from each peer's connections as (relayed, we dialed it): those reached
+    only through relays, over a connection they dialed (over connections both ends dialed: by the end whose peer id
+    sorts first), not being punched already, with attempts left; at most MAX_PUNCHES_AT_ONCE under way.
+
+    Why one end only (the dialed end, as the DCUtR spec has it, and go-libp2p does): when both ends start a session
+    at once, both sessions dial between the same two listen ports, as opposite handshake roles; the dials collide
+    (one `connect` fails with EADDRNOTAVAIL, the TCP connection the other opens fails its security handshake) round
+    after round, and the pair stays relayed."""
+
+    def ours(peer: str, conns: Sequence[tuple[bool, bool]]) -> bool:
+        if not conns or not all(relayed for relayed, _ in conns):
+            return False
+        they_dialed = any(not dialed for _, dialed in conns)
+        return they_dialed and (all(not dialed for _, dialed in conns) or me < peer)
+
+    wanted = [peer for peer, conns in links.items()
+              if ours(peer, conns) and peer not in punching and attempts.get(peer, 0) < MAX_PUNCH_ATTEMPTS]
+    return wanted[:max(0, MAX_PUNCHES_AT_ONCE - len(punching))]
 
 
 def decode_port(raw: bytes) -> int:

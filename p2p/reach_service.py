@@ -18,7 +18,15 @@ from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 
 from p2p.bootstrap import peer_id_of
-from p2p.reach import DIALBACK_PROTOCOL, DialBackServer, Reachability, ReachConfig, ask_dial_back, verdict
+from p2p.reach import (
+    DIALBACK_PROTOCOL,
+    DialBackServer,
+    Reachability,
+    ReachConfig,
+    ask_dial_back,
+    punch_targets,
+    verdict,
+)
 from p2p.relay import Relaying, connection_kind, is_circuit, open_relaying
 
 log = logging.getLogger(__name__)
@@ -37,6 +45,10 @@ class ReachState:
     ever_relayed: dict[str, None] = field(default_factory=dict)
     """Peers once connected through a relay (oldest first, at most MAX_REMEMBERED): a direct connection to one of
     them now is a hole-punched one."""
+    punching: set[str] = field(default_factory=set)
+    """Peers a hole punch toward is under way."""
+    punch_attempts: dict[str, int] = field(default_factory=dict)
+    """Hole punches started toward each connected peer (a peer that disconnects starts afresh)."""
 
     @property
     def relayed_addrs(self) -> list[str]:
@@ -75,6 +87,38 @@ def _connected_bootstrap(host: Any) -> list[str]:
     return [a for a in host.config.bootstrap if not is_circuit(a) and peer_id_of(a) in connected]
 
 
+def _we_dialed(conn: Any) -> bool:
+    """Whether this end opened the connection (its muxer's initiator); unknown counts as dialed: no punch from here."""
+    try:
+        return bool(conn.muxed_conn.is_initiator)
+    except Exception:  # noqa: BLE001 - a connection closing under us
+        return True
+
+
+def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -> None:
+    """Start a hole punch, each in its own task, to every peer p2p.reach.punch_targets names."""
+    connections = libp2p_host.get_network().connections
+    ids = {str(peer): peer for peer in connections}
+    links = {str(peer): [(connection_kind(c) == "relayed", _we_dialed(c))
+                         for c in (conns if isinstance(conns, list) else [conns])]
+             for peer, conns in connections.items()}
+    for gone in [peer for peer in state.punch_attempts if peer not in ids]:
+        del state.punch_attempts[gone]
+    for peer in punch_targets(str(libp2p_host.get_id()), links, state.punching, state.punch_attempts):
+        state.punching.add(peer)
+        state.punch_attempts[peer] = state.punch_attempts.get(peer, 0) + 1
+        nursery.start_soon(_punch, state, ids[peer])
+
+
+async def _punch(state: ReachState, peer_id: Any) -> None:
+    try:
+        await state.dcutr.initiate_hole_punch(peer_id)
+    except Exception as exc:  # noqa: BLE001 - a failed punch leaves the relayed connection as it was
+        log.debug("hole punch to %s failed: %s", peer_id, exc)
+    finally:
+        state.punching.discard(str(peer_id))
+
+
 async def check_reachability(host: Any, config: ReachConfig) -> Reachability:
     """Ask every connected bootstrap peer at once to dial us back; the verdict of p2p.reach.verdict."""
     if config.mode != "auto":
@@ -99,8 +143,8 @@ async def _reserve(host: Any, relaying: Relaying, config: ReachConfig, nursery: 
 
 
 async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: trio.Nursery) -> None:
-    """Note relayed connections; ask again when nobody could be asked at start; a private peer whose relay
-    connection closed redials it and reserves again.
+    """Note relayed connections; start hole punches; ask again when nobody could be asked at start; a private peer
+    whose relay connection closed redials it and reserves again.
 
     Why redial: DCUtR closes the relayed connection to a peer once the hole-punched one holds, and the relay's own
     connection can go with it (seen behind NAT in tests/test_reach_netns.py); without a reservation the peer is
@@ -108,6 +152,8 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
     next_check = next_redial = trio.current_time() + config.recheck_s
     while True:
         state.note_relayed(host.libp2p)
+        if state.dcutr is not None:
+            _drive_punches(state, host.libp2p, nursery)
         if (state.status is Reachability.UNKNOWN and config.mode == "auto" and trio.current_time() >= next_check
                 and _connected_bootstrap(host)):
             next_check = trio.current_time() + config.recheck_s
@@ -131,12 +177,20 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
         await trio.sleep(WATCH_EVERY_S)
 
 
+class _DrivenDCUtR(DCUtRProtocol):
+    """py-libp2p's DCUtR without its own drive loop, which starts a session toward every relayed peer from both
+    ends (and toward one peer after another): `_watch` starts them instead, see p2p.reach.punch_targets."""
+
+    async def _auto_drive_loop(self) -> None:
+        await trio.sleep_forever()
+
+
 @asynccontextmanager
 async def _hole_punching(host: Any, enabled: bool) -> AsyncIterator[Any]:
     if not enabled:
         yield None
         return
-    dcutr = DCUtRProtocol(host.libp2p)
+    dcutr = _DrivenDCUtR(host.libp2p)
     async with background_trio_service(dcutr):
         await dcutr.event_started.wait()
         host.set_guarded_handler(DCUTR_PROTOCOL, dcutr._handle_dcutr_stream, timeout=None)

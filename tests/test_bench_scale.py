@@ -39,8 +39,8 @@ def test_socket_bytes_are_summed_per_process(monkeypatch):
 
 
 def test_a_tiny_scale_run_reports_every_figure(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "swarm", "bench", "scale", "--sizes", "1,2", "--window", "2",
-                          "--settle", "1", "--version-every", "2", "--estimate-peers", "30", "--json",
+    out = subprocess.run([sys.executable, "-m", "swarm", "bench", "scale", "--sizes", "1,2", "--window", "1",
+                          "--settle", "0", "--version-every", "2", "--estimate-peers", "30", "--json",
                           "--work-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout)

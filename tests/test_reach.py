@@ -12,7 +12,16 @@ import trio
 
 from p2p.errors import HostError
 from p2p.host import HostConfig, open_host
-from p2p.reach import Reachability, ReachConfig, decode_port, probe_listener, verdict
+from p2p.reach import (
+    MAX_PUNCH_ATTEMPTS,
+    MAX_PUNCHES_AT_ONCE,
+    Reachability,
+    ReachConfig,
+    decode_port,
+    probe_listener,
+    punch_targets,
+    verdict,
+)
 from p2p.relay import RelayLimits, _bucket, _PacedStream
 
 ECHO = "/test/echo/1"
@@ -30,6 +39,18 @@ def test_a_dial_back_request_is_two_bytes_naming_a_real_port():
     for bad in (b"", b"\x00\x00", b"\x01\x02\x03"):
         with pytest.raises(HostError):
             decode_port(bad)
+
+
+def test_only_the_end_a_relayed_connection_was_dialed_to_starts_a_hole_punch():
+    links = {"dialed_us": [(True, False)], "we_dialed": [(True, True)], "direct": [(False, False)],
+             "punched_too": [(True, False), (False, False)], "busy": [(True, False)], "tried": [(True, False)],
+             "tried_less": [(True, False)], "gone": [], "a_both_ways": [(True, True), (True, False)],
+             "z_both_ways": [(True, False), (True, True)]}
+    attempts = {"tried": MAX_PUNCH_ATTEMPTS, "tried_less": MAX_PUNCH_ATTEMPTS - 1}
+    assert punch_targets("m", links, {"busy"}, attempts) == ["dialed_us", "tried_less", "z_both_ways"]
+    assert punch_targets("z", {"m": [(True, True), (True, False)]}, set(), {}) == []  # "m" punches toward "z"
+    crowd = {f"stranger{i}": [(True, False)] for i in range(3 * MAX_PUNCHES_AT_ONCE)}
+    assert len(punch_targets("m", crowd, {"busy"}, {})) == MAX_PUNCHES_AT_ONCE - 1  # identities are free
 
 
 def test_configs_refuse_nonsense_in_one_sentence():

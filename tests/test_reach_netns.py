@@ -20,15 +20,19 @@ from swarm.bench.reach import broadcast, relay_bound
 pytestmark = pytest.mark.timeout(60)
 PEER = str(Path(__file__).with_name("netns_peer.py"))
 PRIVATE = 3
+PUNCH_S = 25.0
+"""How long a private peer behind NAT waits for all its connections to be hole-punched (it stops as soon as they
+are; with no route between peers there is nothing to wait for)."""
 
 
 def _run(tmp_path: Path, nat: bool) -> dict[str, dict]:
     """Start the relay and the private peers, wait (bounded) for each peer's result, return them by name."""
+    punch = str(PUNCH_S if nat else 0)
     with Testbed(private=PRIVATE, nat=nat) as net:
-        net.spawn(net.public, [sys.executable, PEER, "relay", PUBLIC_IP, str(tmp_path), "relay", "0"],
+        net.spawn(net.public, [sys.executable, PEER, "relay", PUBLIC_IP, str(tmp_path), "relay", "0", "0"],
                   log=tmp_path / "relay.log")
         procs = [net.spawn(net.private_ns(i), [sys.executable, PEER, "private", net.private_ip(i), str(tmp_path),
-                                               f"p{i}", str(PRIVATE)], log=tmp_path / f"p{i}.log")
+                                               f"p{i}", str(PRIVATE), punch], log=tmp_path / f"p{i}.log")
                  for i in range(1, PRIVATE + 1)]
         deadline = time.monotonic() + 50
         for i, proc in enumerate(procs, start=1):
@@ -60,7 +64,7 @@ def test_behind_nat_hole_punching_turns_relayed_connections_into_direct_ones(tmp
     for name, result in results.items():
         assert result["status"] == "private", name
         assert result["verified"] == PRIVATE - 1, f"{name} verified {result['verified']} of {PRIVATE - 1} blobs"
-    assert punched > ends // 2, {n: r["kinds"] for n, r in results.items()}
+    assert punched == ends, {n: r["kinds"] for n, r in results.items()}
 
 
 def test_a_broadcast_reaches_every_private_peer_verified_with_pieces_moving_between_them(tmp_path):
@@ -69,12 +73,12 @@ def test_a_broadcast_reaches_every_private_peer_verified_with_pieces_moving_betw
     from p2p.identity import Identity, write_key_file
     from swarm.bench.broadcast import _make_checkpoint
 
-    _make_checkpoint(tmp_path / "ckpt", 2)
+    _make_checkpoint(tmp_path / "ckpt", 1)
     key = Identity.generate()
     write_key_file(tmp_path / "trainer.key", key)
     (tmp_path / "trainer.pub").write_text(json.dumps(key.public_bytes.hex()))
     # a slow seed and fast peers: the peers get most pieces from each other, through the relay
-    args = argparse.Namespace(peers=2, size_mb=2, upload_mbps=200, seed_upload_mbps=4, piece_kb=256, timeout=45,
+    args = argparse.Namespace(peers=2, size_mb=1, upload_mbps=200, seed_upload_mbps=4, piece_kb=256, timeout=45,
                               warmup=15)
     with Testbed(private=args.peers, nat=False) as net:
         result = broadcast(tmp_path, args, net)
@@ -82,7 +86,7 @@ def test_a_broadcast_reaches_every_private_peer_verified_with_pieces_moving_betw
     assert result["relayed_addrs"]  # each private peer announced only its relayed address
     assert sum(result["uploads"]) > 0, "no piece moved between private peers"
     assert result["kinds"] == {"p1": {"p2": "relayed"}, "p2": {"p1": "relayed"}}
-    assert result["t"] >= relay_bound(2 * 2**20, 4e6 / 8, 200e6 / 8, 2) * 0.9
+    assert result["t"] >= relay_bound(2**20, 4e6 / 8, 200e6 / 8, 2) * 0.9
 
 
 @pytest.mark.timeout(480)

@@ -38,6 +38,12 @@ def python_argv(ns: str, module: str, *args: str) -> list[str]:
 PUBLIC_IP = "10.0.0.2"
 """The public namespace's one address: every bootstrap, relay and trainer multiaddr names it."""
 _COMMAND_TIMEOUT = 10.0
+_ICMP_UNLIMITED = "net.ipv4.icmp_ratelimit=0"
+"""The core router answers every packet it has no route for with an ICMP error, like an internet router that
+knows no 192.168.0.0/16. Why: py-libp2p's DCUtR first dials a relayed peer's listen addresses directly (behind NAT:
+LAN addresses nobody outside can route) and moves on to hole punching only when those dials fail; with Linux's
+default of one ICMP error a second per destination, the dials past the first few wait for SYN retransmits until
+DCUtR's 10 s dial timeout, and punching starts that much later."""
 
 
 def available() -> str | None:
@@ -116,7 +122,7 @@ class Testbed:
 
     def _build(self) -> None:
         self._add_ns(self.core)
-        _sh("ip", "netns", "exec", self.core, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _sh("ip", "netns", "exec", self.core, "sysctl", "-qw", "net.ipv4.ip_forward=1", _ICMP_UNLIMITED)
         self._add_ns(self.public)
         self._link(self.core, "pub", "10.0.0.1", self.public, "core", PUBLIC_IP)
         _sh("ip", "-n", self.public, "route", "add", "default", "via", "10.0.0.1")
