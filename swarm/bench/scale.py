@@ -1,9 +1,11 @@
 """`swarm bench scale`: what one peer's protocol costs as the run grows, measured on loopback, estimated at 1,000.
 
 Separate processes, as `swarm bench broadcast` runs them: a publisher that signs and announces a new policy
-version every `--version-every` seconds (what a trainer does between steps), and light seed-only peers, each a
-`swarm` node with its own host, gossip, DHT and mirror. The swarm grows in steps (8, 16, 32, 64 peers by default:
-new peers join the running ones), and at each size every peer is measured over `--window` seconds:
+version when told (what a trainer does between steps), and light seed-only peers, each a `swarm` node with its own
+host, gossip, DHT and mirror. The swarm grows in steps (8, 16, 32, 64 peers by default: new peers join the running
+ones), and at each size every peer is measured over two windows of `--window` seconds: an idle one, in which no
+version is published (heartbeats, gossip upkeep, DHT upkeep, data-channel upkeep), then one in which a version is
+published every `--version-every` seconds. Per window and peer:
 
 - cpu_share: CPU seconds (user + system, /proc/<pid>/stat) per wall second: one core is 1.0;
 - rss_mb: resident memory (/proc/<pid>/status VmRSS);
@@ -11,22 +13,28 @@ new peers join the running ones), and at each size every peer is measured over `
 - recv_kb_per_s / sent_kb_per_s: TCP payload bytes its sockets received and sent (`ss -tinp` counters, summed
   over its sockets; a connection that closes within the window takes its counts with it);
 - sockets: open socket descriptors (connections, listeners, the data channel's);
-- peers_known: peers the node heard heartbeats from.
+- peers_known: peers the node heard heartbeats from; connected: peers it holds a connection to.
 
-The estimate at 1,000 peers: CPU and bytes per peer are fitted as a fixed part plus a cost per gossip delivery
-(least squares over the sizes measured), and the deliveries a peer gets at 1,000 come from the heartbeat counts of
-a virtual-time run of the real heartbeat loop (swarm.bench.heartbeat_sim) plus the measured non-heartbeat traffic.
+The estimate at 1,000 peers has two parts, because they grow with different things:
+- upkeep, from the idle windows: a fixed part plus a cost per gossip delivery (least squares over the sizes), the
+  deliveries at 1,000 coming from the heartbeat counts of a virtual-time run of the real heartbeat loop
+  (swarm.bench.heartbeat_sim) plus the measured non-heartbeat traffic;
+- versions, from the difference of the two windows: CPU and bytes per version per connected peer (a version is
+  fetched and served over one data link per connected peer), times the links a peer keeps at 1,000 (max_peers),
+  times the version rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -35,7 +43,7 @@ from p2p.identity import Identity, read_key_file, write_key_file
 from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.bench.broadcast import EventProcess, _make_checkpoint
 from swarm.bench.heartbeat_sim import run_heartbeat_sim
-from swarm.config import load_config
+from swarm.config import LimitsSection, load_config
 from swarm.errors import UserError
 from swarm.events import EventSink
 from swarm.node.node import open_node_parts
@@ -47,10 +55,11 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="8,16,32,64", help="swarm sizes measured, in growing order")
-    parser.add_argument("--window", type=float, default=20.0, help="seconds measured at each size")
+    parser.add_argument("--window", type=float, default=20.0,
+                        help="seconds of each of the two windows (idle, then publishing) measured at each size")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds after peers join before measuring")
     parser.add_argument("--version-every", dest="version_every", type=float, default=20.0,
-                        help="seconds between the publisher's policy versions")
+                        help="seconds between the publisher's policy versions in the publishing window")
     parser.add_argument("--estimate-peers", dest="estimate_peers", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a peer may take to start")
     parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep files here (default: a temp dir)")
@@ -75,14 +84,15 @@ async def report_gossip(node) -> None:
 
 
 def publisher_main(argv: list[str]) -> int:
-    """The publisher: a seed holding the trainer key that announces version 1, 2, ... every `every` seconds.
-    argv: checkpoint dir, run, key file, data dir, seconds between versions."""
-    ckpt, run, key_file, data_dir, every = argv
+    """The publisher: a seed holding the trainer key that announces version 1 at once, then the next version for
+    each line on stdin (the bench paces them). argv: checkpoint dir, run, key file, data dir."""
+    ckpt, run, key_file, data_dir = argv
     key = read_key_file(Path(key_file))
     events = EventSink(json_lines=True)
     events.configure_logging()
 
     async def publish(node) -> None:
+        lines = trio.wrap_file(sys.stdin)
         for version in range(1, 1_000_000):
             manifest = build_manifest(Path(ckpt), run=run, version=version, parent_version=version - 1 or None,
                                       created_at=time.time(), generation=GenerationSettings(8, 0.6, 256, 0),
@@ -91,7 +101,8 @@ def publisher_main(argv: list[str]) -> int:
             node.mirror.adopt(signed, local_dir=Path(ckpt))
             await node.announce_policy(signed, manifest)
             events.emit("published", version=version)
-            await trio.sleep(float(every))
+            if not await lines.readline():
+                await trio.sleep_forever()  # the bench closed our stdin: keep serving until it stops us
 
     config = _node_config(run, data_dir, [], key.public_bytes.hex())
     return trio.run(open_node_parts, config, key, events, [publish, report_gossip], key.public_bytes)
@@ -153,10 +164,16 @@ def _is_link(path: str) -> bool:
     return True
 
 
-def _measure(procs: list[EventProcess], window: float) -> list[dict]:
+def _measure(procs: list[EventProcess], window: float, publish: Callable[[], None] | None = None,
+             every: float = math.inf) -> list[dict]:
+    """Each process's counters over `window` seconds, calling `publish` at its start and every `every` seconds."""
     listing = _socket_bytes()
     before = [_Sample(p, listing) for p in procs]
-    time.sleep(window)
+    end = time.monotonic() + window
+    while (left := end - time.monotonic()) > 0:
+        if publish is not None:
+            publish()
+        time.sleep(min(every, left))
     listing = _socket_bytes()
     rows = []
     for proc, a in zip(procs, before):
@@ -170,13 +187,23 @@ def _measure(procs: list[EventProcess], window: float) -> list[dict]:
     return rows
 
 
-def _summary(n: int, rows: list[dict]) -> dict:
-    def mean(key: str) -> float:
+def _summary(n: int, idle: list[dict], publishing: list[dict], every: float) -> dict:
+    """One size's row: the publishing window's means (and maxima), the idle window's CPU, bytes and deliveries,
+    and what one version costs a peer on top of upkeep."""
+    def mean(rows: list[dict], key: str) -> float:
         return round(sum(r[key] for r in rows) / len(rows), 4)
 
-    return {"peers": n, **{k: mean(k) for k in rows[0]},
-            "cpu_share_max": round(max(r["cpu_share"] for r in rows), 4),
-            "rss_mb_max": round(max(r["rss_mb"] for r in rows), 1)}
+    def kb(rows: list[dict]) -> float:
+        return mean(rows, "recv_kb_per_s") + mean(rows, "sent_kb_per_s")
+
+    return {"peers": n, **{k: mean(publishing, k) for k in publishing[0]},
+            "cpu_share_max": round(max(r["cpu_share"] for r in publishing), 4),
+            "rss_mb_max": round(max(r["rss_mb"] for r in publishing), 1),
+            "idle_cpu_share": mean(idle, "cpu_share"),
+            "idle_gossip_delivered_per_s": mean(idle, "gossip_delivered_per_s"),
+            "idle_kb_per_s": round(kb(idle), 4),
+            "version_cpu_s": round(max(0.0, mean(publishing, "cpu_share") - mean(idle, "cpu_share")) * every, 4),
+            "version_kb": round(max(0.0, kb(publishing) - kb(idle)) * every, 2)}
 
 
 def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -187,21 +214,34 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, max(0.0, slope)
 
 
-def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target: int) -> dict:
-    """Per-peer cost at `target` peers: a fixed part plus a cost per delivery, the deliveries there being the
-    measured non-heartbeat traffic plus the heartbeats the virtual-time run counts at that size."""
-    xs = [s["gossip_delivered_per_s"] for s in sizes]
-    cpu0, cpu_per = _fit(xs, [s["cpu_share"] for s in sizes])
-    bytes0, bytes_per = _fit(xs, [(s["recv_kb_per_s"] + s["sent_kb_per_s"]) * 1000 for s in sizes])
+def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target: int, every: float,
+             max_links: int) -> dict:
+    """Per-peer cost at `target` peers: upkeep (a fixed part plus a cost per delivery, fitted on the idle windows,
+    the deliveries there being the measured non-heartbeat traffic plus the heartbeats the virtual-time run counts
+    at that size) plus versions (the cost per version per connected peer, times the `max_links` peers a peer keeps
+    connected at that size, one version every `every` seconds)."""
+    xs = [s["idle_gossip_delivered_per_s"] for s in sizes]
+    cpu0, cpu_per = _fit(xs, [s["idle_cpu_share"] for s in sizes])
+    bytes0, bytes_per = _fit(xs, [s["idle_kb_per_s"] * 1000 for s in sizes])
     largest = sizes[-1]
-    other = max(0.0, largest["gossip_delivered_per_s"] - heartbeats_per_peer_s[largest["peers"]])
+    other = max(0.0, largest["idle_gossip_delivered_per_s"] - heartbeats_per_peer_s[largest["peers"]])
     deliveries = other + heartbeats_per_peer_s[target]
-    cpu, traffic = cpu0 + cpu_per * deliveries, bytes0 + bytes_per * deliveries
+    links = [max(1.0, s["connected"]) for s in sizes]
+    cpu_link = sum(s["version_cpu_s"] for s in sizes) / sum(links)
+    bytes_link = sum(s["version_kb"] * 1000 for s in sizes) / sum(links)
+    links_there = min(target - 1, max_links)
+    upkeep_cpu, upkeep_bytes = cpu0 + cpu_per * deliveries, bytes0 + bytes_per * deliveries
+    version_cpu, version_bytes = cpu_link * links_there / every, bytes_link * links_there / every
+    cpu, traffic = upkeep_cpu + version_cpu, upkeep_bytes + version_bytes
     return {"peers": target, "gossip_delivered_per_s": round(deliveries, 3),
             "heartbeats_received_per_s": round(heartbeats_per_peer_s[target], 3),
-            "cpu_share": round(cpu, 4), "bytes_per_s": round(traffic), "cpu_s_per_delivery": round(cpu_per, 6),
-            "bytes_per_delivery": round(bytes_per), "fixed_cpu_share": round(cpu0, 4),
-            "fixed_bytes_per_s": round(bytes0),
+            "cpu_share": round(cpu, 4), "bytes_per_s": round(traffic),
+            "upkeep_cpu_share": round(upkeep_cpu, 4), "upkeep_bytes_per_s": round(upkeep_bytes),
+            "version_cpu_share": round(version_cpu, 4), "version_bytes_per_s": round(version_bytes),
+            "cpu_s_per_delivery": round(cpu_per, 6), "bytes_per_delivery": round(bytes_per),
+            "fixed_cpu_share": round(cpu0, 4), "fixed_bytes_per_s": round(bytes0),
+            "version_cpu_s_per_link": round(cpu_link, 5), "version_bytes_per_link": round(bytes_link),
+            "links_per_version": links_there, "version_every_s": every,
             "within_budget": cpu < BUDGET_CPU_SHARE and traffic < BUDGET_BYTES_PER_S}
 
 
@@ -229,15 +269,21 @@ def run(args: argparse.Namespace) -> int:
         key = Identity.generate()
         write_key_file(work / "trainer.key", key)
         pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), "bench-scale", str(work / "trainer.key"),
-                            str(work / "publisher"), str(args.version_every)], work / "publisher.log",
-                           stdin=subprocess.DEVNULL)
+                            str(work / "publisher")], work / "publisher.log", stdin=subprocess.PIPE)
         procs = [pub]
+
+        def publish() -> None:
+            pub.popen.stdin.write("next\n")
+            pub.popen.stdin.flush()
+
         try:
             addrs = [pub.wait_for("listening", time.monotonic() + args.timeout)["addrs"][0]]
             for n in sizes:
                 _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout)
                 time.sleep(args.settle)
-                measured.append(_summary(n, _measure(procs[1:], args.window)))
+                idle = _measure(procs[1:], args.window)
+                publishing = _measure(procs[1:], args.window, publish, args.version_every)
+                measured.append(_summary(n, idle, publishing, args.version_every))
                 print(json.dumps(measured[-1]), file=sys.stderr, flush=True)  # each size as it is measured
         finally:
             for p in procs:
@@ -247,7 +293,8 @@ def run(args: argparse.Namespace) -> int:
     result = {"mode": "separate processes on loopback", "version_every_s": args.version_every,
               "window_s": args.window, "sizes": measured,
               "heartbeats_received_per_peer_s_virtual": {str(n): round(v, 3) for n, v in heartbeats.items()},
-              "estimate": estimate(measured, heartbeats, args.estimate_peers),
+              "estimate": estimate(measured, heartbeats, args.estimate_peers, args.version_every,
+                                   LimitsSection().max_peers),
               "budget": {"cpu_share": BUDGET_CPU_SHARE, "bytes_per_s": BUDGET_BYTES_PER_S}}
     print(json.dumps(result))
     return 0
