@@ -117,11 +117,17 @@ class MirrorSection(ConfigSection):
         "Serve pieces to others as soon as they verify (off only for the single-origin baseline)."))
     exit_when_complete: bool = Field(False, description=(
         "Exit once the newest policy is complete (benchmarks); normally peers seed until stopped."))
+    links_per_version: int = Field(8, description=(
+        "Data links this peer opens itself for each version (others may open more to it, up to max_peers): each "
+        "link costs a data channel and a have message per piece, so linking every version to every neighbour "
+        "costs in proportion to them."))
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "MirrorSection":
         if self.keep_versions < 1:
             raise UserError("keep_versions must be at least 1")
+        if self.links_per_version < 1:
+            raise UserError("links_per_version must be at least 1")
         if not 256 <= self.piece_kb <= 4096:
             raise UserError(f"piece size {self.piece_kb} KiB is outside 256..4096 KiB")
         return self

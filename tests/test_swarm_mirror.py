@@ -281,3 +281,38 @@ async def test_with_a_pinned_key_another_signers_manifest_is_refused_before_it_i
             monkeypatch.setattr("swarm.policy.mirror.verify_manifest", must_not_decode)
             assert mirror.adopt(signed_version(tmp_path, mallory, 0)) is None
             nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_opens_links_per_version_to_a_few_neighbours_drawn_anew_for_each_version(tmp_path, autojump_clock):
+    """Linking every version to every neighbour cost each peer in proportion to its neighbours; a peer opens at most
+    `links_per_version` links itself, to the neighbours first in an order of the version's own, so the next
+    version spreads over others."""
+    from swarm.policy.mirror_dial import link_order
+
+    key = Identity.generate()
+    neighbours = [f"peer-{i:02d}" for i in range(20)]  # each sorts after "me": the links are ours to dial
+    with PieceStore(tmp_path / "store", keep_versions=2) as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2,
+                              links_per_version=3)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            dialed: list[str] = []
+
+            async def dial(peer):
+                dialed.append(peer)
+                raise OSError("unreachable")  # reconcile's choice is its `dialing` set until its tasks run
+
+            chosen = []
+            for version in (0, 1):
+                policy = mirror.adopt(signed_version(tmp_path, key, version))
+                await trio.sleep(0.1)  # virtual time: the version's service starts
+                await mirror.reconcile(neighbours, dial, max_links=32)
+                assert policy.dialing == set(link_order(policy.manifest.id, neighbours)[:3])
+                await mirror.reconcile(neighbours, dial, max_links=32)  # a later round adds none while 3 are open
+                assert len(policy.dialing) == 3
+                chosen.append(set(policy.dialing))
+            assert chosen[0] != chosen[1]
+            mirror.links_per_version = 32
+            await mirror.reconcile(neighbours, dial, max_links=5)  # max_peers still bounds every version's links
+            assert all(len(p.dialing) == 5 for p in mirror.policies.values())
+            nursery.cancel_scope.cancel()

@@ -197,7 +197,8 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 events.emit("bootstrap_unreachable", address=addr, reason=why)
             mirror = PolicyMirror(store, host.peer_id, trust, run=config.peer.run, transfer=transfer,
                                   reseed=config.mirror.reseed, keep=config.mirror.keep_versions, on_event=events.emit,
-                                  copies_dir=config.peer.data_dir / "policies")
+                                  copies_dir=config.peer.data_dir / "policies",
+                                  links_per_version=config.mirror.links_per_version)
             admission = AdmissionConfig(heartbeat_interval_s=config.peer.heartbeat_every_s / 2)
             async with open_gossip(host, config.peer.run, identity, kinds=tuple(DECODERS),
                                    decoders=run_decoders(lambda: trust.key),

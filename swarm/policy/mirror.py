@@ -4,12 +4,16 @@ Every role holds a PolicyMirror. It admits only manifests signed by the run's tr
 the newest `keep` versions and garbage-collects older ones, and routes data channels to the right manifest's service.
 
 Link rules (why): data channels are per (peer, manifest). The dialer writes the 32-byte manifest id first, so the
-acceptor can route the link without guessing. For each pair of peers only the one with the smaller peer id dials,
-so two peers never open crossing duplicate links; it also keeps one spare channel open to each such peer, so a new
+acceptor can route the link without guessing. For each pair of peers only the one with the smaller peer id dials, so
+two peers never open crossing duplicate links; it also keeps one spare channel open to each such peer, so a new
 version's link does not wait seconds for a dial (see `reconcile`). A peer with the larger id that holds a version
 first announces it over its own spare; the smaller peer then dials the link over that same channel by writing its
-preamble back. A peer that does not re-seed (the single-origin baseline) links only with the manifest's origin, the
-trainer's peer.
+preamble back. A peer opens links (dials or announcements) for a version only while it has fewer than
+`links_per_version`, to the neighbours first in an order drawn per version; others may still link to it, up to
+max_peers. Why: each link costs a data channel, a handshake and a have message per piece, so a peer linking every
+version to all of its neighbours paid in proportion to them (6 % of a core per peer at 8 peers and 12 % at 16, one
+version every 20 s); a few links per version already spread pieces at the bound's pace. A peer that does not re-seed
+(the single-origin baseline) links only with the manifest's origin, the trainer's peer.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ class PolicyMirror(OutboundLinks):
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
                  spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0,
                  copies_dir: Path | None = None, budget: MemoryBudget = PREAMBLE_BUDGET,
-                 preamble_rate: ByteRate = PREAMBLE_RATE) -> None:
+                 preamble_rate: ByteRate = PREAMBLE_RATE, links_per_version: int = 8) -> None:
         self.store = store
         # where versions are reassembled into loadable files (swarm.policy.files); each copy goes with its version
         self.copies_dir = copies_dir
@@ -93,6 +97,8 @@ class PolicyMirror(OutboundLinks):
         # a smaller peer that has not dialed a version's link this long after we adopted it is told of the version
         # (gossip reached some peers 5-21 s late under load); sooner, most announcements crossed the peer's own link
         self.announce_after = announce_after
+        # links this peer opens itself (dials or announcements) per version; more may come in, up to max_links
+        self.links_per_version = links_per_version
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel with no manifest yet, opened at)
         self._spare_dialing: set[str] = set()
         self._spare_failures: dict[str, tuple[float, float]] = {}  # peer -> (retry at, pause)

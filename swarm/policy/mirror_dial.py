@@ -12,6 +12,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import blake3
 import trio
 
 from p2p.channel_messages import HandshakeBreach
@@ -58,15 +59,17 @@ class OutboundLinks:
         now = trio.current_time()
         self._max_links = max_links
         peers = [peer for peer in peers if peer not in self.banned]
+        wanted = min(max_links, self.links_per_version)
         for policy in list(self.policies.values()):
             service = policy.service
             if service is None or service._nursery is None:
                 continue
-            for peer in peers:
+            for peer in link_order(policy.manifest.id, peers):
+                if len(service.peers) + len(policy.dialing) >= wanted:
+                    break
                 if (peer == self.my_id or peer in service.peers or peer in policy.dialing
                         or peer in self._spare_dialing  # about to be there: a second dial would only compete
-                        or not self._may_link(policy, peer) or len(service.peers) >= max_links
-                        or now - policy.failures.get(peer, -math.inf) < 2.0):
+                        or not self._may_link(policy, peer) or now - policy.failures.get(peer, -math.inf) < 2.0):
                     continue
                 if peer < self.my_id:  # its link is the peer's to dial: tell it about the manifest, once, if it is late
                     late = peer not in policy.announced and now - policy.adopted_at >= self.announce_after
@@ -162,6 +165,13 @@ class OutboundLinks:
             log.debug("data channel to %s failed: %s", peer, exc)
         finally:
             policy.dialing.discard(peer)
+
+
+def link_order(manifest_id: bytes, peers: list[str]) -> list[str]:
+    """`peers` in an order of this version's own (BLAKE3 of the manifest id and the peer id): stable while the
+    version lasts, so reconcile rounds agree on whom to link, and different for the next one, so every version
+    spreads over other neighbours."""
+    return sorted(peers, key=lambda peer: blake3.blake3(manifest_id + peer.encode()).digest())
 
 
 def _raise_breach(exc: BaseException) -> None:
