@@ -12,9 +12,10 @@ from swarm.bench import scale
 
 
 def test_the_estimate_adds_upkeep_per_delivery_and_a_cost_per_version_and_link():
-    # idle: 0.5 % fixed + 0.1 % per delivery; a version costs 0.02 CPU s and 40 kB per connected peer
+    # idle: 0.5 % fixed + 0.1 % per delivery; a version costs 0.02 CPU s and 40 kB per data link, each peer linking
+    # every other
     sizes = [{"peers": n, "idle_gossip_delivered_per_s": d, "idle_cpu_share": 0.005 + 0.001 * d,
-              "idle_kb_per_s": (2000 + 500 * d) / 1000, "connected": n - 1, "version_cpu_s": 0.02 * (n - 1),
+              "idle_kb_per_s": (2000 + 500 * d) / 1000, "links_per_version": n - 1, "version_cpu_s": 0.02 * (n - 1),
               "version_kb": 40.0 * (n - 1)}
              for n, d in ((8, 1.5), (16, 3.0), (32, 4.5))]
     heartbeats = {8: 1.2, 16: 2.5, 32: 4.0, 1000: 4.0}  # what the virtual-time run counts
@@ -29,6 +30,10 @@ def test_the_estimate_adds_upkeep_per_delivery_and_a_cost_per_version_and_link()
     assert est["cpu_share"] == pytest.approx(0.0095 + 0.0064) and est["within_budget"] is True
     assert scale.estimate(sizes, heartbeats, 1000, every=10.0, max_links=32)["within_budget"] is False
     assert scale.estimate(sizes, heartbeats, 32, every=100.0, max_links=32)["links_per_version"] == 31
+    # links bound by links_per_version at the largest size: that many at 1,000 too
+    bound = [{**size, "links_per_version": 8, "version_cpu_s": 0.16, "version_kb": 320.0} for size in sizes]
+    est = scale.estimate(bound, heartbeats, 1000, every=100.0, max_links=32)
+    assert est["links_per_version"] == 8 and est["version_cpu_share"] == pytest.approx(0.02 * 8 / 100)
     heartbeats[1000] = 200.0  # heartbeats that flood at a fixed period: 1,000 peers / 6 s, and some
     assert scale.estimate(sizes, heartbeats, 1000, every=100.0, max_links=32)["within_budget"] is False
 
@@ -56,6 +61,7 @@ def test_a_tiny_scale_run_reports_every_figure(tmp_path):
     for size in result["sizes"]:
         assert 0 <= size["cpu_share"] < 2 and 0 < size["rss_mb"] < 400 and size["sockets"] >= 1
         assert 0 <= size["idle_cpu_share"] < 2 and size["version_cpu_s"] >= 0 and size["version_kb"] >= 0
+        assert size["links_per_version"] >= 0
     assert result["estimate"]["peers"] == 30 and "within_budget" in result["estimate"]
-    assert result["estimate"]["links_per_version"] == 29
+    assert 0 <= result["estimate"]["links_per_version"] <= 29
     assert result["heartbeats_received_per_peer_s_virtual"]["30"] > 0

@@ -19,9 +19,10 @@ The estimate at 1,000 peers has two parts, because they grow with different thin
 - upkeep, from the idle windows: a fixed part plus a cost per gossip delivery (least squares over the sizes), the
   deliveries at 1,000 coming from the heartbeat counts of a virtual-time run of the real heartbeat loop
   (swarm.bench.heartbeat_sim) plus the measured non-heartbeat traffic;
-- versions, from the difference of the two windows: CPU and bytes per version per connected peer (a version is
-  fetched and served over one data link per connected peer), times the links a peer keeps at 1,000 (max_peers),
-  times the version rate.
+- versions, from the difference of the two windows: CPU and bytes per version per data link (a version is
+  fetched and served over data links, counted from the mirror's link events), times the links a peer opens per
+  version at 1,000 (what the largest size measured where the links_per_version setting bound it, else one per
+  other peer up to max_peers), times the version rate.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from p2p.identity import Identity, read_key_file, write_key_file
 from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.bench.broadcast import EventProcess, _make_checkpoint
 from swarm.bench.heartbeat_sim import run_heartbeat_sim
-from swarm.config import LimitsSection, load_config
+from swarm.config import LimitsSection, MirrorSection, load_config
 from swarm.errors import UserError
 from swarm.events import EventSink
 from swarm.node.node import open_node_parts
@@ -61,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version-every", dest="version_every", type=float, default=20.0,
                         help="seconds between the publisher's policy versions in the publishing window")
     parser.add_argument("--estimate-peers", dest="estimate_peers", type=int, default=1000)
+    parser.add_argument("--links-per-version", dest="links_per_version", type=int,
+                        default=MirrorSection().links_per_version,
+                        help="data links each peer opens per version (the peer setting of that name)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a peer may take to start")
     parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep files here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -70,9 +74,10 @@ _PUBLISHER = "import sys; from swarm.bench.scale import publisher_main; sys.exit
 _PEER = "import sys; from swarm.bench.scale import peer_main; sys.exit(peer_main(sys.argv[1:]))"
 
 
-def _node_config(run: str, data_dir: str, bootstrap: list[str], trainer_key: str):
+def _node_config(run: str, data_dir: str, bootstrap: list[str], trainer_key: str, links_per_version: int):
     return load_config(None, {"roles": ("seed",), "run": run, "data_dir": Path(data_dir),
-                              "bootstrap": tuple(bootstrap), "trainer_key": trainer_key, "piece_kb": 256})
+                              "bootstrap": tuple(bootstrap), "trainer_key": trainer_key, "piece_kb": 256,
+                              "links_per_version": links_per_version})
 
 
 async def report_gossip(node) -> None:
@@ -85,8 +90,8 @@ async def report_gossip(node) -> None:
 
 def publisher_main(argv: list[str]) -> int:
     """The publisher: a seed holding the trainer key that announces version 1 at once, then the next version for
-    each line on stdin (the bench paces them). argv: checkpoint dir, run, key file, data dir."""
-    ckpt, run, key_file, data_dir = argv
+    each line on stdin (the bench paces them). argv: checkpoint dir, run, key file, data dir, links per version."""
+    ckpt, run, key_file, data_dir, links = argv
     key = read_key_file(Path(key_file))
     events = EventSink(json_lines=True)
     events.configure_logging()
@@ -104,17 +109,17 @@ def publisher_main(argv: list[str]) -> int:
             if not await lines.readline():
                 await trio.sleep_forever()  # the bench closed our stdin: keep serving until it stops us
 
-    config = _node_config(run, data_dir, [], key.public_bytes.hex())
+    config = _node_config(run, data_dir, [], key.public_bytes.hex(), int(links))
     return trio.run(open_node_parts, config, key, events, [publish, report_gossip], key.public_bytes)
 
 
 def peer_main(argv: list[str]) -> int:
-    """A light seed-only peer that also reports its gossip counters. argv: run, trainer key hex, data dir, bootstrap
-    multiaddrs..."""
-    run, key_hex, data_dir, *bootstrap = argv
+    """A light seed-only peer that also reports its gossip counters. argv: run, trainer key hex, data dir, links per
+    version, bootstrap multiaddrs..."""
+    run, key_hex, data_dir, links, *bootstrap = argv
     events = EventSink(json_lines=True)
     events.configure_logging()
-    config = _node_config(run, data_dir, bootstrap, key_hex)
+    config = _node_config(run, data_dir, bootstrap, key_hex, int(links))
     return trio.run(open_node_parts, config, Identity.generate(), events, [report_gossip], bytes.fromhex(key_hex))
 
 
@@ -169,17 +174,21 @@ def _measure(procs: list[EventProcess], window: float, publish: Callable[[], Non
     """Each process's counters over `window` seconds, calling `publish` at its start and every `every` seconds."""
     listing = _socket_bytes()
     before = [_Sample(p, listing) for p in procs]
-    end = time.monotonic() + window
+    start = time.monotonic()
+    end, versions = start + window, 0
     while (left := end - time.monotonic()) > 0:
         if publish is not None:
             publish()
+            versions += 1
         time.sleep(min(every, left))
     listing = _socket_bytes()
     rows = []
     for proc, a in zip(procs, before):
         b = _Sample(proc, listing)
         dt = b.t - a.t
+        links = sum(start <= e["t"] <= b.t for e in proc.events("link"))  # one per data link a version opened
         rows.append({"cpu_share": (b.cpu_s - a.cpu_s) / dt, "rss_mb": b.rss_mb,
+                     "links_per_version": links / versions if versions else 0.0,
                      "gossip_delivered_per_s": (b.gossip["delivered"] - a.gossip["delivered"]) / dt,
                      "recv_kb_per_s": max(0, b.received - a.received) / dt / 1000,
                      "sent_kb_per_s": max(0, b.sent - a.sent) / dt / 1000,
@@ -218,18 +227,18 @@ def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target:
              max_links: int) -> dict:
     """Per-peer cost at `target` peers: upkeep (a fixed part plus a cost per delivery, fitted on the idle windows,
     the deliveries there being the measured non-heartbeat traffic plus the heartbeats the virtual-time run counts
-    at that size) plus versions (the cost per version per connected peer, times the `max_links` peers a peer keeps
-    connected at that size, one version every `every` seconds)."""
+    at that size) plus versions (the cost per version per data link, times the links a peer opens per version
+    there, one version every `every` seconds)."""
     xs = [s["idle_gossip_delivered_per_s"] for s in sizes]
     cpu0, cpu_per = _fit(xs, [s["idle_cpu_share"] for s in sizes])
     bytes0, bytes_per = _fit(xs, [s["idle_kb_per_s"] * 1000 for s in sizes])
     largest = sizes[-1]
     other = max(0.0, largest["idle_gossip_delivered_per_s"] - heartbeats_per_peer_s[largest["peers"]])
     deliveries = other + heartbeats_per_peer_s[target]
-    links = [max(1.0, s["connected"]) for s in sizes]
-    cpu_link = sum(s["version_cpu_s"] for s in sizes) / sum(links)
-    bytes_link = sum(s["version_kb"] * 1000 for s in sizes) / sum(links)
-    links_there = min(target - 1, max_links)
+    links = sum(max(1.0, s["links_per_version"]) for s in sizes)
+    cpu_link = sum(s["version_cpu_s"] for s in sizes) / links
+    bytes_link = sum(s["version_kb"] * 1000 for s in sizes) / links
+    links_there = _links_at(largest, target, max_links)
     upkeep_cpu, upkeep_bytes = cpu0 + cpu_per * deliveries, bytes0 + bytes_per * deliveries
     version_cpu, version_bytes = cpu_link * links_there / every, bytes_link * links_there / every
     cpu, traffic = upkeep_cpu + version_cpu, upkeep_bytes + version_bytes
@@ -245,13 +254,23 @@ def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target:
             "within_budget": cpu < BUDGET_CPU_SHARE and traffic < BUDGET_BYTES_PER_S}
 
 
-def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addrs: list[str], deadline: float):
+def _links_at(largest: dict, target: int, max_links: int) -> float:
+    """Data links a peer opens per version at `target` peers: what the largest size measured when fewer than all
+    its neighbours were linked (links_per_version bound it, and that bound does not grow with the swarm), else one
+    per other peer up to `max_links`."""
+    if largest["links_per_version"] < 0.9 * (largest["peers"] - 1):
+        return round(min(largest["links_per_version"], max_links, target - 1), 2)
+    return min(target - 1, max_links)
+
+
+def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addrs: list[str], deadline: float,
+          links: int):
     """Start peers until `target` run, all at once; each bootstraps from the publisher and the three peers that
     joined last before this step (joining together, as a flash crowd does)."""
     known = [addrs[0], *addrs[1:][-3:]]
     started = []
     for i in range(len(procs) - 1, target):
-        argv = ["-c", _PEER, "bench-scale", key_hex, str(work / f"peer{i}"), *known]
+        argv = ["-c", _PEER, "bench-scale", key_hex, str(work / f"peer{i}"), str(links), *known]
         started.append(EventProcess(argv, work / f"peer{i}.log"))
     procs.extend(started)
     addrs.extend(p.wait_for("listening", deadline)["addrs"][0] for p in started)
@@ -269,7 +288,8 @@ def run(args: argparse.Namespace) -> int:
         key = Identity.generate()
         write_key_file(work / "trainer.key", key)
         pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), "bench-scale", str(work / "trainer.key"),
-                            str(work / "publisher")], work / "publisher.log", stdin=subprocess.PIPE)
+                            str(work / "publisher"), str(args.links_per_version)], work / "publisher.log",
+                           stdin=subprocess.PIPE)
         procs = [pub]
 
         def publish() -> None:
@@ -279,7 +299,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             addrs = [pub.wait_for("listening", time.monotonic() + args.timeout)["addrs"][0]]
             for n in sizes:
-                _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout)
+                _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout,
+                      args.links_per_version)
                 time.sleep(args.settle)
                 idle = _measure(procs[1:], args.window)
                 publishing = _measure(procs[1:], args.window, publish, args.version_every)
