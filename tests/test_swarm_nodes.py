@@ -112,7 +112,8 @@ async def test_publish_fetch_seed_leaves_late_peer_completes(tmp_path):
             await first.wait_complete(manifest.id)
             first_addr = first.node.host.multiaddrs[0]
             seed_id = seed.node.peer_id
-            assert seed_id in first.node.peer_roles
+            while seed_id not in first.node.peer_roles:  # the fetch can outrun the seed's first heartbeat heard
+                await trio.sleep(0.05)
             seed.stop()  # the origin leaves; only the first peer holds the policy now
             late = Peer(tmp_path, "late", trainer, bootstrap=[first_addr])
             nursery.start_soon(late.run)
