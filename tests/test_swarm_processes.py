@@ -12,6 +12,8 @@ import socket
 import subprocess
 import time
 
+import pytest
+
 from p2p.identity import Identity, public_bytes_from_peer_id, write_key_file
 from swarm.bench.broadcast import EventProcess
 
@@ -70,6 +72,7 @@ def named_validator(trainer_dir, validators: list[EventProcess], deadline: float
     return ids[index], index
 
 
+@pytest.mark.timeout(480)  # two trainer lives in one run: past the suite's 300 s on a loaded machine
 def test_a_run_survives_a_validator_that_leaves_for_good_and_a_trainer_killed_mid_run_restarting_on_its_address(
         tmp_path):
     """One swarm shows both: a validator that leaves for good, then a trainer killed mid-run that restarts.
