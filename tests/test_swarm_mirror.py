@@ -205,7 +205,7 @@ def test_a_peer_that_left_is_reported_once_for_all_its_versions_and_a_liar_is_ba
     with PieceStore(tmp_path / "store") as store:
         mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r",
                               on_event=lambda kind, info: events.append((kind, info)))
-        v1, v2 = (SimpleNamespace(manifest=SimpleNamespace(version=v)) for v in (1, 2))
+        v1, v2 = (SimpleNamespace(manifest=SimpleNamespace(version=v), dropped=set()) for v in (1, 2))
         for policy in (v1, v2):
             mirror._dropped(policy, "gone", "its link broke", hostile=False)
         mirror._linked(v2, "gone", dir="in")
@@ -315,4 +315,38 @@ async def test_a_peer_opens_links_per_version_to_a_few_neighbours_drawn_anew_for
             mirror.links_per_version = 32
             await mirror.reconcile(neighbours, dial, max_links=5)  # max_peers still bounds every version's links
             assert all(len(p.dialing) == 5 for p in mirror.policies.values())
+            nursery.cancel_scope.cancel()
+
+
+def test_a_versions_dropped_links_come_last_in_its_link_order():
+    from swarm.policy.mirror_dial import link_order
+
+    peers = [f"peer-{i:02d}" for i in range(10)]
+    order = link_order(b"m" * 32, peers)
+    assert sorted(order) == peers and order != link_order(b"n" * 32, peers)
+    assert link_order(b"m" * 32, peers, last={order[0], order[3]}) == order[1:3] + order[4:] + [order[0], order[3]]
+
+
+async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour(tmp_path, autojump_clock):
+    from swarm.policy.mirror_dial import link_order
+
+    key = Identity.generate()
+    neighbours = [f"peer-{i:02d}" for i in range(20)]
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=3)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+
+            async def dial(peer):
+                raise OSError("unreachable")
+
+            policy = mirror.adopt(signed_version(tmp_path, key, 0))
+            await trio.sleep(0.1)  # virtual time: the version's service starts
+            order = link_order(policy.manifest.id, neighbours)
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            assert policy.dialing == set(order[:3])
+            await trio.sleep(3.0)  # the failed dials' pause (2 s) is over
+            mirror._dropped(policy, order[0], "sent nothing for too long while owing pieces", hostile=False)
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            assert policy.dialing == set(order[1:4])
             nursery.cancel_scope.cancel()

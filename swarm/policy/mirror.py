@@ -61,6 +61,7 @@ class MirroredPolicy:
     dialing: set[str] = field(default_factory=set)
     failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
     announced: set[str] = field(default_factory=set)  # smaller peers we handed the manifest to (they dial us)
+    dropped: set[str] = field(default_factory=set)  # peers this version's service dropped: linked again only last
     announced_complete: bool = False
     adopted_at: float = 0.0  # trio time this peer adopted it
 
@@ -207,6 +208,7 @@ class PolicyMirror(OutboundLinks):
         Why across versions: a peer that served a corrupt piece once would otherwise be linked again at once, for
         this version and each next one, costing a piece download each time; a peer that merely left or stalled
         may be linked again when it is back."""
+        policy.dropped.add(peer)
         if hostile:
             self._ban(peer, why)
         else:
