@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--virtual", action="store_true",
                         help="simulate in virtual time over memnet instead (swarm/bench/broadcast_virtual.py)")
-    parser.add_argument("--degree", type=int, default=32, help="--virtual: data links per peer (max_peers)")
+    parser.add_argument("--degree", type=int, default=8,
+                        help="--virtual: data links per peer and version (a peer opens links_per_version itself)")
     parser.add_argument("--latency-ms", dest="latency_ms", type=float, default=20.0, help="--virtual: link latency")
 
 

@@ -3,9 +3,10 @@
 Every peer is a real SwarmService (p2p/transfer.py) running the real engine (p2p/engine.py) over memnet links with
 upload caps and latency; only two things are simulated:
 
-- the neighbourhood: each peer links to about `degree` others, as a real peer keeps at most `max_peers` data
-  connections (swarm/config.py), drawn as the union of `degree / 2` random cycles through every node, so the graph
-  is connected and its diameter grows with log N (a tracker's random peer lists give the same shape);
+- the neighbourhood: each peer links to about `degree` others, as a real peer opens `links_per_version` links per
+  version itself (swarm/config.py; others may add theirs), drawn as the union of `degree / 2` random cycles through
+  every node, so the graph is connected and its diameter grows with log N (a tracker's random peer lists give the
+  same shape);
 - the store: all peers share one read-only copy of the policy's bytes and keep only their own have-flags. Each
   received piece is still hashed against the manifest by its receiver before the engine hears of it; holding a
   thousand copies of identical bytes on disk would only measure the disk.
@@ -108,7 +109,7 @@ class VirtualSwarm:
     """The shape of one simulated broadcast: how many peers, their caps and links."""
 
     peers: int = 256
-    degree: int = 32  # data links per peer (a real peer's max_peers)
+    degree: int = 8  # data links per peer (a real peer opens links_per_version per version itself)
     seed_upload_bps: float = 4 * MB
     peer_upload_bps: float = 4 * MB
     latency: float = 0.02  # seconds per link, each way
