@@ -8,7 +8,6 @@ traceback, and that what the command keeps on disk still loads.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import signal
 import socket

@@ -74,15 +74,15 @@ def runs(tmp_path_factory):
                 assert main([*TRAIN, "--out", str(root / "one")]) == 0
             finally:
                 torch.set_num_threads(threads)
-        done["fsdp first"] = started.pop("fsdp first").finish(deadline)
+        done["fsdp first"] = started["fsdp first"].finish(deadline)
         started["fsdp resumed"] = Launch([*fsdp, "--steps", "3"], cache, root / "fsdp-resumed")
-        done["two"] = started.pop("two").finish(deadline)
+        done["two"] = started["two"].finish(deadline)
         started["async"] = Launch([*TRAIN, "--nproc", "2", "--async-level", "1", "--out", str(root / "async")],
                                   cache, root / "async")
-        for name in list(started):
-            done[name] = started.pop(name).finish(deadline)
+        for name in ("fsdp resumed", "async"):
+            done[name] = started[name].finish(deadline)
     finally:
-        for launch in started.values():
+        for launch in started.values():  # those still running when something failed
             launch.popen.kill()
             launch.popen.wait()
     return root, cache, done
