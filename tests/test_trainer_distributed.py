@@ -129,10 +129,18 @@ def run_rank(out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not given before: two groups start together, before either binds its port."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def _start_ranks(code: str, *args: str, **env: str) -> list[subprocess.Popen]:
@@ -148,7 +156,20 @@ def _finish_ranks(ranks: list[subprocess.Popen], timeout: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def ending_ranks(tmp_path_factory):
+    """Two ranks that join a group, import what loading a model imports, end the group and list their threads
+    (ENDED); started, not awaited, so that they run beside `runs`, which asks for them first and is mostly its
+    own processes' start-up."""
+    out = tmp_path_factory.mktemp("ending")
+    ranks = _start_ranks(ENDED, str(out), str(Path(__file__).resolve().parent.parent), OMP_NUM_THREADS="1")
+    yield out, ranks
+    for proc in ranks:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, ending_ranks):
     """Launch the two ranks, train on the whole batch in this process meanwhile, wait for the ranks."""
     from inference.models import load_model
     from trainer.checkpoint import publish_policy
@@ -307,15 +328,11 @@ open(os.path.join(sys.argv[1], f"threads{os.environ['RANK']}.json"), "w").write(
 """
 
 
-def test_ending_the_group_ends_its_gloo_threads_even_after_model_imports(tmp_path):
+def test_ending_the_group_ends_its_gloo_threads_even_after_model_imports(ending_ranks):
     """A rank that loaded a model after joining still ends its group for real: no gloo thread is left to be torn
     down during interpreter shutdown, where that can abort ranks of finished runs."""
-    ranks = _start_ranks(ENDED, str(tmp_path), str(Path(__file__).resolve().parent.parent), OMP_NUM_THREADS="1")
-    try:
-        _finish_ranks(ranks, timeout=120)
-    finally:
-        for proc in ranks:
-            proc.kill()
+    out, ranks = ending_ranks
+    _finish_ranks(ranks, timeout=120)
     for rank in range(2):
-        names = json.loads((tmp_path / f"threads{rank}.json").read_text())
+        names = json.loads((out / f"threads{rank}.json").read_text())
         assert names and not [name for name in names if "gloo" in name], names

@@ -99,17 +99,32 @@ def test_a_scorer_past_its_deadline_is_killed_and_replaced():
         worker._stop()
 
 
-def test_a_group_is_scored_in_one_round_trip_and_a_hanging_completion_zeroes_only_itself():
+def test_groups_are_scored_in_one_round_trip_and_a_hanging_completion_or_group_costs_only_itself():
+    """One worker through both (each scorer it replaces is a process start): a group's completions in one round
+    trip, a hanging completion that zeroes only itself, many groups in one round trip, a hanging group that costs
+    only itself."""
     from verify.rewards import _ScorerWorker
 
     worker = _ScorerWorker(timeout_s=0.3)
+    exchanges = []
+    exchange = worker._exchange
+    worker._exchange = lambda jobs: exchanges.append(len(jobs)) or exchange(jobs)
+    tower = "\\boxed{10^{10^{10^{10}}}}"  # misses the deadline: sympy spends about a second on it
     try:
-        entry = {"answer": "4"}
-        assert worker.score_many("math", ["\\boxed{4}", "\\boxed{5}", "it is 4"], entry) == [1.0, 0.0, 1.0]
+        four, five = {"answer": "4"}, {"answer": "5"}
+        assert worker.score_many("math", ["\\boxed{4}", "\\boxed{5}", "it is 4"], four) == [1.0, 0.0, 1.0]
+        assert exchanges == [1]
         first = worker._process.pid
-        tower = "\\boxed{10^{10^{10^{10}}}}"  # misses the deadline: the batch is rescored one at a time
-        assert worker.score_many("math", ["\\boxed{4}", tower, "\\boxed{2+2}"], entry) == [1.0, 0.0, 1.0]
-        assert worker._process is None or worker._process.pid != first
+        # the batch misses its deadline and is rescored one at a time: the completion after the tower still scores
+        assert worker.score_many("math", ["\\boxed{4}", tower, "\\boxed{2+2}"], four) == [1.0, 0.0, 1.0]
+        assert worker._process.pid != first
+        exchanges.clear()
+        jobs = [("math", ["\\boxed{4}", "\\boxed{5}"], four), ("math", ["\\boxed{5}"], five), ("math", ["4"], five)]
+        assert worker.score_jobs(jobs) == [[1.0, 0.0], [1.0], [0.0]] and exchanges == [3]
+        exchanges.clear()  # the batch misses its deadline: each group is scored on its own
+        assert worker.score_jobs([("math", ["\\boxed{4}"], four), ("math", ["\\boxed{5}", tower], five)]) == [
+            [1.0], [1.0, 0.0]]
+        assert exchanges[:3] == [2, 1, 1]  # the batch, then the honest group alone, then the hanging one alone
     finally:
         worker._stop()
 
@@ -123,26 +138,6 @@ def test_compute_rewards_matches_compute_reward_and_survives_hostile_items():
         got = compute_rewards(fn, texts, entry)
         assert got == [compute_reward(fn, t, entry) for t in texts] and got[-1] == 0.0
     assert compute_rewards("numeric", texts, None) == [0.0] * 5 and compute_rewards("numeric", [], entry) == []
-
-
-def test_many_groups_are_scored_in_one_round_trip_and_a_hanging_group_costs_only_itself():
-    from verify.rewards import _ScorerWorker
-
-    worker = _ScorerWorker(timeout_s=0.3)
-    exchanges = []
-    exchange = worker._exchange
-    worker._exchange = lambda jobs: exchanges.append(len(jobs)) or exchange(jobs)
-    try:
-        four, five = {"answer": "4"}, {"answer": "5"}
-        jobs = [("math", ["\\boxed{4}", "\\boxed{5}"], four), ("math", ["\\boxed{5}"], five), ("math", ["4"], five)]
-        assert worker.score_jobs(jobs) == [[1.0, 0.0], [1.0], [0.0]] and exchanges == [3]
-        tower = "\\boxed{10^{10^{10^{10}}}}"  # the batch misses its deadline: each group is scored on its own
-        exchanges.clear()
-        assert worker.score_jobs([("math", ["\\boxed{4}"], four), ("math", [tower, "\\boxed{5}"], five)]) == [
-            [1.0], [0.0, 1.0]]
-        assert exchanges[:3] == [2, 1, 1]  # the batch, then the honest group alone, then the hanging one alone
-    finally:
-        worker._stop()
 
 
 def test_compute_rewards_many_equals_compute_rewards_job_by_job():
