@@ -307,7 +307,7 @@ async def test_a_peer_opens_links_per_version_to_a_few_neighbours_drawn_anew_for
                 policy = mirror.adopt(signed_version(tmp_path, key, version))
                 await trio.sleep(0.1)  # virtual time: the version's service starts
                 await mirror.reconcile(neighbours, dial, max_links=32)
-                assert policy.dialing == set(link_order(policy.manifest.id, neighbours)[:3])
+                assert policy.dialing == set(link_order(policy.manifest.id, "me", neighbours)[:3])
                 await mirror.reconcile(neighbours, dial, max_links=32)  # a later round adds none while 3 are open
                 assert len(policy.dialing) == 3
                 chosen.append(set(policy.dialing))
@@ -322,9 +322,10 @@ def test_a_versions_dropped_links_come_last_in_its_link_order():
     from swarm.policy.mirror_dial import link_order
 
     peers = [f"peer-{i:02d}" for i in range(10)]
-    order = link_order(b"m" * 32, peers)
-    assert sorted(order) == peers and order != link_order(b"n" * 32, peers)
-    assert link_order(b"m" * 32, peers, last={order[0], order[3]}) == order[1:3] + order[4:] + [order[0], order[3]]
+    order = link_order(b"m" * 32, "me", peers)
+    assert sorted(order) == peers and order != link_order(b"n" * 32, "me", peers)
+    dropped_last = link_order(b"m" * 32, "me", peers, last={order[0], order[3]})
+    assert dropped_last == order[1:3] + order[4:] + [order[0], order[3]]
 
 
 async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour(tmp_path, autojump_clock):
@@ -342,7 +343,7 @@ async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour
 
             policy = mirror.adopt(signed_version(tmp_path, key, 0))
             await trio.sleep(0.1)  # virtual time: the version's service starts
-            order = link_order(policy.manifest.id, neighbours)
+            order = link_order(policy.manifest.id, "me", neighbours)
             await mirror.reconcile(neighbours, dial, max_links=32)
             assert policy.dialing == set(order[:3])
             await trio.sleep(3.0)  # the failed dials' pause (2 s) is over
@@ -350,3 +351,18 @@ async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour
             await mirror.reconcile(neighbours, dial, max_links=32)
             assert policy.dialing == set(order[1:4])
             nursery.cancel_scope.cancel()
+
+
+def test_each_peer_draws_its_own_link_order_so_no_identity_is_everyones_first_choice():
+    """An order shared by every peer made the same few neighbours everyone's first links (each taking a link from
+    every peer, up to max_peers), and made one identity ground or lucky for a version first for all of them."""
+    from swarm.policy.mirror_dial import link_order
+
+    peers = [f"peer-{i:02d}" for i in range(40)]
+    chosen_by = {peer: 0 for peer in peers}
+    for chooser in peers:
+        for peer in link_order(b"m" * 32, chooser, [p for p in peers if p != chooser])[:8]:
+            chosen_by[peer] += 1
+    assert max(chosen_by.values()) < 20  # 8 links each over 40 peers: 8 on average
+    firsts = {link_order(b"m" * 32, chooser, [p for p in peers if p != chooser])[0] for chooser in peers}
+    assert len(firsts) > 10
