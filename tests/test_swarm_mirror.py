@@ -366,3 +366,29 @@ def test_each_peer_draws_its_own_link_order_so_no_identity_is_everyones_first_ch
     assert max(chosen_by.values()) < 20  # 8 links each over 40 peers: 8 on average
     firsts = {link_order(b"m" * 32, chooser, [p for p in peers if p != chooser])[0] for chooser in peers}
     assert len(firsts) > 10
+
+
+async def test_announcements_waiting_for_an_answer_count_against_links_per_version(tmp_path, autojump_clock):
+    """A peer with the larger id opens its links by announcing versions; counting only the links already answered,
+    one reconcile announced to every late neighbour at once, however many `links_per_version` allows."""
+    key = Identity.generate()
+    neighbours = [f"peer-{i:02d}" for i in range(10)]  # each sorts before "zz": theirs to dial, ours to announce
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "zz", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=3)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+
+            async def dial(peer):
+                await trio.sleep_forever()  # spares kept ahead: not needed here
+
+            silent = []  # the neighbours' ends of our spares: they read the announcement and never answer
+            for peer in neighbours:
+                ours, theirs = trio.testing.memory_stream_pair()
+                mirror._spares[peer] = (ours, trio.current_time())
+                silent.append(theirs)
+            policy = mirror.adopt(signed_version(tmp_path, key, 0))
+            await trio.sleep(2.0)  # past announce_after: nobody dialed its link
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            assert len(policy.announced) == 3 and policy.dialing == policy.announced
+            nursery.cancel_scope.cancel()

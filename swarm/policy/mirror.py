@@ -58,7 +58,7 @@ class MirroredPolicy:
     origin: str  # peer id of the trainer that signed it
     service: SwarmService | None = None
     scope: trio.CancelScope | None = None
-    dialing: set[str] = field(default_factory=set)
+    dialing: set[str] = field(default_factory=set)  # links we dial, and announcements waiting for an answer
     failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
     announced: set[str] = field(default_factory=set)  # smaller peers we handed the manifest to (they dial us)
     dropped: set[str] = field(default_factory=set)  # peers this version's service dropped: linked again only last

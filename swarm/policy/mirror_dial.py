@@ -74,8 +74,9 @@ class OutboundLinks:
                 if peer < self.my_id:  # its link is the peer's to dial: tell it about the manifest, once, if it is late
                     late = peer not in policy.announced and now - policy.adopted_at >= self.announce_after
                     spare = self._take_spare(peer, now) if late else None
-                    if spare is not None:
+                    if spare is not None:  # waiting for its answer counts like a dial: it may become our link
                         policy.announced.add(peer)
+                        policy.dialing.add(peer)
                         self._nursery.start_soon(self._contained, peer, self._announce, policy, peer, spare)
                     continue
                 policy.dialing.add(peer)
@@ -134,9 +135,12 @@ class OutboundLinks:
         """Hand a signed manifest to a peer over our spare channel to it; the peer dials the link, over this very
         channel when it can (its preamble comes back on it, see `_link_over_announcement`), else it closes it."""
         try:
-            with trio.fail_after(self.dial_timeout):
-                await send_preamble(stream, policy.manifest.id, policy.signed)
-            answer = await self._read_preamble(stream, self.dial_timeout + self.transfer.handshake_timeout)
+            try:
+                with trio.fail_after(self.dial_timeout):
+                    await send_preamble(stream, policy.manifest.id, policy.signed)
+                answer = await self._read_preamble(stream, self.dial_timeout + self.transfer.handshake_timeout)
+            finally:  # answered (the link registers before it first waits) or not: no longer in flight
+                policy.dialing.discard(peer)
             if answer is not None:
                 await self._route(peer, stream, answer.route, answer.signed)
         except _DIAL_ERRORS as exc:
