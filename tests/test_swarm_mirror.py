@@ -205,7 +205,7 @@ def test_a_peer_that_left_is_reported_once_for_all_its_versions_and_a_liar_is_ba
     with PieceStore(tmp_path / "store") as store:
         mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r",
                               on_event=lambda kind, info: events.append((kind, info)))
-        v1, v2 = (SimpleNamespace(manifest=SimpleNamespace(version=v), dropped=set()) for v in (1, 2))
+        v1, v2 = (SimpleNamespace(manifest=SimpleNamespace(version=v), dropped=set(), opened=set()) for v in (1, 2))
         for policy in (v1, v2):
             mirror._dropped(policy, "gone", "its link broke", hostile=False)
         mirror._linked(v2, "gone", dir="in")
@@ -391,4 +391,34 @@ async def test_announcements_waiting_for_an_answer_count_against_links_per_versi
             await mirror.reconcile(neighbours, dial, max_links=32)
             await mirror.reconcile(neighbours, dial, max_links=32)
             assert len(policy.announced) == 3 and policy.dialing == policy.announced
+            nursery.cancel_scope.cancel()
+
+
+async def test_links_strangers_open_to_a_peer_never_stop_it_from_choosing_its_own(tmp_path, autojump_clock):
+    """Counted against `links_per_version`, links others open would let identities that dial a peer the moment a
+    version appears (or hand it the version themselves) take all its places with links that carry nothing: the peer
+    opened none, and got the version only if some honest neighbour happened to choose it."""
+    from swarm.policy.mirror_dial import link_order
+
+    key = Identity.generate()
+    neighbours = [f"peer-{i:02d}" for i in range(20)]  # each sorts after "me": the links are ours to dial
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=4)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+
+            async def dial(peer):
+                await trio.sleep_forever()
+
+            policy = mirror.adopt(signed_version(tmp_path, key, 0))
+            await trio.sleep(0.1)  # virtual time: the version's service starts
+            sybils = []
+            for i in range(6):  # silent links of smaller identities, in before our first reconcile
+                ours, theirs = trio.testing.memory_stream_pair()
+                sybils.append(theirs)
+                nursery.start_soon(policy.service.serve_link, f"a-sybil-{i}", ours)
+            await trio.sleep(0.1)
+            assert len(policy.service.peers) == 6
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            assert policy.dialing == set(link_order(policy.manifest.id, "me", neighbours)[:2])  # half its places
             nursery.cancel_scope.cancel()

@@ -9,11 +9,11 @@ two peers never open crossing duplicate links; it also keeps one spare channel o
 version's link does not wait seconds for a dial (see `reconcile`). A peer with the larger id that holds a version
 first announces it over its own spare; the smaller peer then dials the link over that same channel by writing its
 preamble back. A peer opens links (dials or announcements) for a version only while it has fewer than
-`links_per_version`, to the neighbours first in an order drawn per version; others may still link to it, up to
-max_peers. Why: each link costs a data channel, a handshake and a have message per piece, so a peer linking every
-version to all of its neighbours paid in proportion to them (6 % of a core per peer at 8 peers and 12 % at 16, one
-version every 20 s); a few links per version already spread pieces at the bound's pace. A peer that does not re-seed
-(the single-origin baseline) links only with the manifest's origin, the trainer's peer.
+`links_per_version` (at least half of them its own), to the neighbours first in an order it draws per version;
+others may still link to it. Why: each link costs a data channel, a handshake and a have message per piece, so a
+peer linking every version to all of its neighbours paid in proportion to them (6 % of a core per peer at 8 peers
+and 12 % at 16, one version every 20 s); a few links per version already spread pieces at the bound's pace. A peer
+that does not re-seed (the single-origin baseline) links only with the manifest's origin, the trainer's peer.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class MirroredPolicy:
     failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
     announced: set[str] = field(default_factory=set)  # smaller peers we handed the manifest to (they dial us)
     dropped: set[str] = field(default_factory=set)  # peers this version's service dropped: linked again only last
+    opened: set[str] = field(default_factory=set)  # peers whose link this peer opened (dialed, announced, answered)
     announced_complete: bool = False
     adopted_at: float = 0.0  # trio time this peer adopted it
 
@@ -209,6 +210,7 @@ class PolicyMirror(OutboundLinks):
         this version and each next one, costing a piece download each time; a peer that merely left or stalled
         may be linked again when it is back."""
         policy.dropped.add(peer)
+        policy.opened.discard(peer)
         if hostile:
             self._ban(peer, why)
         else:
@@ -385,6 +387,7 @@ class PolicyMirror(OutboundLinks):
         finally:
             policy.dialing.discard(peer)
         # serve_link registers the link before it first waits, so reconcile never sees this pair unlinked and idle
+        policy.opened.add(peer)
         self._linked(policy, peer, dir="out", via="announcement")
         await policy.service.serve_link(peer, stream)
 

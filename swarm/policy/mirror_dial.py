@@ -65,7 +65,7 @@ class OutboundLinks:
             if service is None or service._nursery is None:
                 continue
             for peer in link_order(policy.manifest.id, self.my_id, peers, last=policy.dropped):
-                if len(service.peers) + len(policy.dialing) >= wanted:
+                if _enough_links(policy, wanted):
                     break
                 if (peer == self.my_id or peer in service.peers or peer in policy.dialing
                         or peer in self._spare_dialing  # about to be there: a second dial would only compete
@@ -142,6 +142,7 @@ class OutboundLinks:
             finally:  # answered (the link registers before it first waits) or not: no longer in flight
                 policy.dialing.discard(peer)
             if answer is not None:
+                policy.opened.add(peer)
                 await self._route(peer, stream, answer.route, answer.signed)
         except _DIAL_ERRORS as exc:
             _raise_breach(exc)
@@ -161,6 +162,7 @@ class OutboundLinks:
                     or not policy.service.add_link(peer, stream)):
                 await trio.aclose_forcefully(stream)
                 return
+            policy.opened.add(peer)
             self._linked(policy, peer, dir="out", dial_s=round(trio.current_time() - started, 3),
                          spare=spare is not None)
         except _DIAL_ERRORS as exc:
@@ -169,6 +171,16 @@ class OutboundLinks:
             log.debug("data channel to %s failed: %s", peer, exc)
         finally:
             policy.dialing.discard(peer)
+
+
+def _enough_links(policy: MirroredPolicy, wanted: int) -> bool:
+    """Whether a version has the links this peer opens for it: `wanted` in all (dials and announcements under way
+    included), at least half of them opened by this peer. Why half its own: links others open cost as much as ours
+    and count too, but identities that link a peer the moment a version appears (or hand it the version themselves)
+    could otherwise take every place with links that carry nothing, and the peer would open none."""
+    links = set(policy.service.peers)
+    own = len(links & policy.opened) + len(policy.dialing)
+    return len(links) + len(policy.dialing) >= wanted and own >= (wanted + 1) // 2
 
 
 def link_order(manifest_id: bytes, chooser: str, peers: list[str],
