@@ -413,10 +413,13 @@ async def test_links_strangers_open_to_a_peer_never_stop_it_from_choosing_its_ow
             policy = mirror.adopt(signed_version(tmp_path, key, 0))
             await trio.sleep(0.1)  # virtual time: the version's service starts
             sybils = []
-            for i in range(6):  # silent links of smaller identities, in before our first reconcile
+            for i in range(6):  # silent links in before our first reconcile: smaller identities dial, larger announce
                 ours, theirs = trio.testing.memory_stream_pair()
                 sybils.append(theirs)
-                nursery.start_soon(policy.service.serve_link, f"a-sybil-{i}", ours)
+                if i % 2:
+                    nursery.start_soon(policy.service.serve_link, f"a-sybil-{i}", ours)
+                else:
+                    nursery.start_soon(mirror._link_over_announcement, f"z-sybil-{i}", ours, policy.manifest.id)
             await trio.sleep(0.1)
             assert len(policy.service.peers) == 6
             await mirror.reconcile(neighbours, dial, max_links=32)

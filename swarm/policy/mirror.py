@@ -62,7 +62,7 @@ class MirroredPolicy:
     failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
     announced: set[str] = field(default_factory=set)  # smaller peers we handed the manifest to (they dial us)
     dropped: set[str] = field(default_factory=set)  # peers this version's service dropped: linked again only last
-    opened: set[str] = field(default_factory=set)  # peers whose link this peer opened (dialed, announced, answered)
+    opened: set[str] = field(default_factory=set)  # peers whose link this peer opened (dialed, or announced)
     announced_complete: bool = False
     adopted_at: float = 0.0  # trio time this peer adopted it
 
@@ -386,8 +386,8 @@ class PolicyMirror(OutboundLinks):
             return
         finally:
             policy.dialing.discard(peer)
-        # serve_link registers the link before it first waits, so reconcile never sees this pair unlinked and idle
-        policy.opened.add(peer)
+        # serve_link registers the link before it first waits, so reconcile never sees this pair unlinked and idle;
+        # the announcer opened it, not we: answered announcements must not fill the places we choose ourselves
         self._linked(policy, peer, dir="out", via="announcement")
         await policy.service.serve_link(peer, stream)
 
