@@ -195,9 +195,42 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
         await trio.sleep(WATCH_EVERY_S)
 
 
+class _FewAddrs:
+    """A peerstore that shows at most MAX_PUNCH_ADDRS addresses of each peer. Why: DCUtR dials every address of the
+    peer it holds (a direct dial first, then each round of the punch), and identify keeps up to 1,000 addresses a
+    peer claims: a stranger would have us dial a thousand places of its choosing per session."""
+
+    def __init__(self, peerstore: Any) -> None:
+        self._peerstore = peerstore
+
+    def addrs(self, peer_id: Any) -> list[Any]:
+        return list(self._peerstore.addrs(peer_id))[:MAX_PUNCH_ADDRS]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._peerstore, name)
+
+
+class _PunchHost:
+    """The libp2p host as DCUtR sees it: the same, but for its peerstore (`_FewAddrs`)."""
+
+    def __init__(self, host: Any) -> None:
+        self._host = host
+
+    def get_peerstore(self) -> _FewAddrs:
+        return _FewAddrs(self._host.get_peerstore())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
+
+
 class _DrivenDCUtR(DCUtRProtocol):
     """py-libp2p's DCUtR without its own drive loop, which starts a session toward every relayed peer from both
-    ends (and toward one peer after another): `_watch` starts them instead, see p2p.reach.punch_targets."""
+    ends (and toward one peer after another): `_watch` starts them instead, see p2p.reach.punch_targets. It dials
+    at most MAX_PUNCH_ADDRS addresses of a peer (`_PunchHost`)."""
+
+    def __init__(self, host: Any) -> None:
+        super().__init__(_PunchHost(host))
+        host._dcutr_protocol = self  # the host tells it of disconnections (it resets its caches then)
 
     async def _auto_drive_loop(self) -> None:
         await trio.sleep_forever()

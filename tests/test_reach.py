@@ -267,3 +267,28 @@ def test_a_punch_dials_at_most_a_few_of_the_addresses_a_peer_sends():
     sent = [Multiaddr(f"/ip4/192.0.2.{i % 250}/tcp/{1000 + i}").to_bytes() for i in range(300)]
     kept = _DrivenDCUtR._decode_observed_addrs(object.__new__(_DrivenDCUtR), sent)
     assert [str(a) for a in kept] == [f"/ip4/192.0.2.{i}/tcp/{1000 + i}" for i in range(MAX_PUNCH_ADDRS)]
+
+
+async def test_a_punch_dials_at_most_a_few_of_the_addresses_a_peer_announced_through_identify(autojump_clock):
+    """Identify keeps up to 1,000 listen addresses a peer claims, and a DCUtR session dials every address of the
+    peer's that the peerstore holds (its direct dial first, then each round of the punch): a reflector again."""
+    from types import SimpleNamespace
+
+    from multiaddr import Multiaddr
+
+    from p2p.reach import MAX_PUNCH_ADDRS
+    from p2p.reach_service import _DrivenDCUtR
+
+    claimed = [Multiaddr(f"/ip4/192.0.2.{i % 250}/tcp/{1000 + i}") for i in range(300)]
+    store = SimpleNamespace(addrs=lambda peer: list(claimed), add_addrs=lambda peer, addrs, ttl: None)
+    host = SimpleNamespace(get_peerstore=lambda: store, get_network=lambda: SimpleNamespace(connections={}))
+    dcutr = _DrivenDCUtR(host)
+    assert host._dcutr_protocol is dcutr  # the host still tells it of disconnections
+    dialed = []
+
+    async def dial(peer_id, addr, *args):
+        dialed.append(str(addr))
+
+    dcutr._dial_peer = dial
+    assert not await dcutr._try_unilateral_upgrade("stranger")
+    assert sorted(dialed) == sorted(str(a) for a in claimed[:MAX_PUNCH_ADDRS])  # dialed at once, in any order
