@@ -307,7 +307,7 @@ async def test_a_peer_opens_links_per_version_to_a_few_neighbours_drawn_anew_for
                 policy = mirror.adopt(signed_version(tmp_path, key, version))
                 await trio.sleep(0.1)  # virtual time: the version's service starts
                 await mirror.reconcile(neighbours, dial, max_links=32)
-                assert policy.dialing == set(link_order(policy.manifest.id, "me", neighbours)[:3])
+                assert policy.dialing == set(link_order(policy.manifest.id, mirror.link_salt, neighbours)[:3])
                 await mirror.reconcile(neighbours, dial, max_links=32)  # a later round adds none while 3 are open
                 assert len(policy.dialing) == 3
                 chosen.append(set(policy.dialing))
@@ -322,9 +322,9 @@ def test_a_versions_dropped_links_come_last_in_its_link_order():
     from swarm.policy.mirror_dial import link_order
 
     peers = [f"peer-{i:02d}" for i in range(10)]
-    order = link_order(b"m" * 32, "me", peers)
-    assert sorted(order) == peers and order != link_order(b"n" * 32, "me", peers)
-    dropped_last = link_order(b"m" * 32, "me", peers, last={order[0], order[3]})
+    order = link_order(b"m" * 32, b"me", peers)
+    assert sorted(order) == peers and order != link_order(b"n" * 32, b"me", peers)
+    dropped_last = link_order(b"m" * 32, b"me", peers, last={order[0], order[3]})
     assert dropped_last == order[1:3] + order[4:] + [order[0], order[3]]
 
 
@@ -343,7 +343,7 @@ async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour
 
             policy = mirror.adopt(signed_version(tmp_path, key, 0))
             await trio.sleep(0.1)  # virtual time: the version's service starts
-            order = link_order(policy.manifest.id, "me", neighbours)
+            order = link_order(policy.manifest.id, mirror.link_salt, neighbours)
             await mirror.reconcile(neighbours, dial, max_links=32)
             assert policy.dialing == set(order[:3])
             await trio.sleep(3.0)  # the failed dials' pause (2 s) is over
@@ -361,10 +361,10 @@ def test_each_peer_draws_its_own_link_order_so_no_identity_is_everyones_first_ch
     peers = [f"peer-{i:02d}" for i in range(40)]
     chosen_by = {peer: 0 for peer in peers}
     for chooser in peers:
-        for peer in link_order(b"m" * 32, chooser, [p for p in peers if p != chooser])[:8]:
+        for peer in link_order(b"m" * 32, chooser.encode(), [p for p in peers if p != chooser])[:8]:
             chosen_by[peer] += 1
     assert max(chosen_by.values()) < 20  # 8 links each over 40 peers: 8 on average
-    firsts = {link_order(b"m" * 32, chooser, [p for p in peers if p != chooser])[0] for chooser in peers}
+    firsts = {link_order(b"m" * 32, chooser.encode(), [p for p in peers if p != chooser])[0] for chooser in peers}
     assert len(firsts) > 10
 
 
@@ -423,5 +423,21 @@ async def test_links_strangers_open_to_a_peer_never_stop_it_from_choosing_its_ow
             await trio.sleep(0.1)
             assert len(policy.service.peers) == 6
             await mirror.reconcile(neighbours, dial, max_links=32)
-            assert policy.dialing == set(link_order(policy.manifest.id, "me", neighbours)[:2])  # half its places
+            first_two = link_order(policy.manifest.id, mirror.link_salt, neighbours)[:2]
+            assert policy.dialing == set(first_two)  # half its places
             nursery.cancel_scope.cancel()
+
+
+def test_a_peers_link_order_is_secret_so_identities_cannot_be_ground_to_come_first_in_it(tmp_path):
+    """Drawn from public ids alone, the order a peer links a version in is known to all once the version is out:
+    identities ground for it (a few hundred key pairs) and connected before the peer's gossip arrives (seconds
+    late under load) would be the peer's own first links. A secret of each process keeps it unknown."""
+    from swarm.policy.mirror_dial import link_order
+
+    key = Identity.generate()
+    peers = [f"peer-{i:02d}" for i in range(40)]
+    with PieceStore(tmp_path / "store") as store:
+        trust = TrainerTrust("r", key.public_bytes, tmp_path)
+        one, again = (PolicyMirror(store, "me", trust, run="r") for _ in range(2))  # the same id, restarted
+        assert len(one.link_salt) >= 16 and one.link_salt != again.link_salt
+        assert link_order(b"m" * 32, one.link_salt, peers) != link_order(b"m" * 32, again.link_salt, peers)

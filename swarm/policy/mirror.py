@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -101,6 +102,8 @@ class PolicyMirror(OutboundLinks):
         self.announce_after = announce_after
         # links this peer opens itself (dials or announcements) per version; more may come in, up to max_links
         self.links_per_version = links_per_version
+        # this process's secret in its link order (mirror_dial.link_order): nobody can grind identities to be first
+        self.link_salt = secrets.token_bytes(16)
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel with no manifest yet, opened at)
         self._spare_dialing: set[str] = set()
         self._spare_failures: dict[str, tuple[float, float]] = {}  # peer -> (retry at, pause)

@@ -64,7 +64,7 @@ class OutboundLinks:
             service = policy.service
             if service is None or service._nursery is None:
                 continue
-            for peer in link_order(policy.manifest.id, self.my_id, peers, last=policy.dropped):
+            for peer in link_order(policy.manifest.id, self.link_salt, peers, last=policy.dropped):
                 if _enough_links(policy, wanted):
                     break
                 if (peer == self.my_id or peer in service.peers or peer in policy.dialing
@@ -183,16 +183,15 @@ def _enough_links(policy: MirroredPolicy, wanted: int) -> bool:
     return len(links) + len(policy.dialing) >= wanted and own >= (wanted + 1) // 2
 
 
-def link_order(manifest_id: bytes, chooser: str, peers: list[str],
+def link_order(manifest_id: bytes, salt: bytes, peers: list[str],
                last: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """`peers` in the order `chooser` links them for a version (BLAKE3 of the manifest id, the chooser's and the
-    peer's id), those in `last` (the version's dropped links) after all others. Stable while the version lasts, so
-    reconcile rounds agree on whom to link; different for the next version, so each spreads over other neighbours;
-    a peer dropped for stalling gives its place to the next one instead of taking it again. Each chooser draws its
-    own: an order shared by all made the same few neighbours everyone's first links, and one identity ground or
-    lucky for a version the first link of every peer."""
-    salt = manifest_id + chooser.encode() + b"\n"
-    return sorted(peers, key=lambda peer: (peer in last, blake3.blake3(salt + peer.encode()).digest()))
+    """`peers` in the order a peer links them for a version (BLAKE3 of the manifest id, the peer's secret `salt`
+    and each peer id), those in `last` (the version's dropped links) after all others. Stable while the version
+    lasts, so reconcile rounds agree on whom to link; different for the next version, so each spreads over other
+    neighbours; a peer dropped for stalling gives its place to the next one instead of taking it again. Each peer
+    draws its own, and in secret: an order shared by all made the same few neighbours everyone's first links, and
+    one computable by others lets identities ground for it once the version is out come first."""
+    return sorted(peers, key=lambda peer: (peer in last, blake3.blake3(manifest_id + salt + peer.encode()).digest()))
 
 
 def _raise_breach(exc: BaseException) -> None:
