@@ -86,8 +86,12 @@ def verdict(answers: Sequence[bool | None]) -> Reachability:
 MAX_PUNCH_ATTEMPTS = 3
 """DCUtR sessions a peer starts toward one connected peer (each tries three rounds of simultaneous opens)."""
 MAX_PUNCHES_AT_ONCE = 8
-"""DCUtR sessions under way at once: each dials the addresses the other end sends, so strangers that reach us
-through relays under many identities must not set off more than a few at a time."""
+"""DCUtR sessions under way at once, ours and those peers start toward us together: each dials the addresses the
+other end sends, so strangers that reach us through relays under many identities must not set off more than a few
+at a time."""
+MAX_PUNCH_ADDRS = 8
+"""Addresses of a peer's DCUtR message a session dials (each three rounds over): a 4 KiB message holds hundreds,
+which would make us a reflector of dials at addresses of the sender's choosing."""
 
 
 def punch_targets(me: str, links: Mapping[str, Sequence[tuple[bool, bool]]], punching: Collection[str],
@@ -110,6 +114,14 @@ def punch_targets(me: str, links: Mapping[str, Sequence[tuple[bool, bool]]], pun
     wanted = [peer for peer, conns in links.items()
               if ours(peer, conns) and peer not in punching and attempts.get(peer, 0) < MAX_PUNCH_ATTEMPTS]
     return wanted[:max(0, MAX_PUNCHES_AT_ONCE - len(punching))]
+
+
+def may_answer_punch(peer: str, punching: Collection[str], attempts: Mapping[str, int]) -> bool:
+    """Whether to take part in a DCUtR session `peer` starts toward us: one at a time per peer, at most
+    MAX_PUNCH_ATTEMPTS per connected peer and MAX_PUNCHES_AT_ONCE in all, the bounds of those we start (a stranger
+    opens as many DCUtR streams as it likes, and each session dials the addresses it sends)."""
+    return (peer not in punching and attempts.get(peer, 0) < MAX_PUNCH_ATTEMPTS
+            and len(punching) < MAX_PUNCHES_AT_ONCE)
 
 
 def decode_port(raw: bytes) -> int:

@@ -6,6 +6,7 @@ says how to reach it when the node starts gossiping. See p2p/reach.py for the de
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,10 +21,12 @@ from libp2p.tools.anyio_service import background_trio_service
 from p2p.bootstrap import peer_id_of
 from p2p.reach import (
     DIALBACK_PROTOCOL,
+    MAX_PUNCH_ADDRS,
     DialBackServer,
     Reachability,
     ReachConfig,
     ask_dial_back,
+    may_answer_punch,
     punch_targets,
     verdict,
 )
@@ -46,9 +49,9 @@ class ReachState:
     """Peers once connected through a relay (oldest first, at most MAX_REMEMBERED): a direct connection to one of
     them now is a hole-punched one."""
     punching: set[str] = field(default_factory=set)
-    """Peers a hole punch toward is under way."""
+    """Peers a hole punch with is under way, started by us or by them."""
     punch_attempts: dict[str, int] = field(default_factory=dict)
-    """Hole punches started toward each connected peer (a peer that disconnects starts afresh)."""
+    """Hole punches with each connected peer, started by us or by them (a peer that disconnects starts afresh)."""
 
     @property
     def relayed_addrs(self) -> list[str]:
@@ -119,6 +122,21 @@ async def _punch(state: ReachState, peer_id: Any) -> None:
         state.punching.discard(str(peer_id))
 
 
+async def _answer_punch(state: ReachState, stream: Any) -> None:
+    """Serve a DCUtR session a peer starts toward us within the bounds of our own (p2p.reach.may_answer_punch);
+    past them the stream is reset: the peer's relayed connection stays as it is."""
+    peer = str(stream.muxed_conn.peer_id)
+    if not may_answer_punch(peer, state.punching, state.punch_attempts):
+        await stream.reset()
+        return
+    state.punching.add(peer)
+    state.punch_attempts[peer] = state.punch_attempts.get(peer, 0) + 1
+    try:
+        await state.dcutr._handle_dcutr_stream(stream)
+    finally:
+        state.punching.discard(peer)
+
+
 async def check_reachability(host: Any, config: ReachConfig) -> Reachability:
     """Ask every connected bootstrap peer at once to dial us back; the verdict of p2p.reach.verdict."""
     if config.mode != "auto":
@@ -177,12 +195,49 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
         await trio.sleep(WATCH_EVERY_S)
 
 
+class _FewAddrs:
+    """A peerstore that shows at most MAX_PUNCH_ADDRS addresses of each peer. Why: DCUtR dials every address of the
+    peer it holds (a direct dial first, then each round of the punch), and identify keeps up to 1,000 addresses a
+    peer claims: a stranger would have us dial a thousand places of its choosing per session."""
+
+    def __init__(self, peerstore: Any) -> None:
+        self._peerstore = peerstore
+
+    def addrs(self, peer_id: Any) -> list[Any]:
+        return list(self._peerstore.addrs(peer_id))[:MAX_PUNCH_ADDRS]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._peerstore, name)
+
+
+class _PunchHost:
+    """The libp2p host as DCUtR sees it: the same, but for its peerstore (`_FewAddrs`)."""
+
+    def __init__(self, host: Any) -> None:
+        self._host = host
+
+    def get_peerstore(self) -> _FewAddrs:
+        return _FewAddrs(self._host.get_peerstore())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
+
+
 class _DrivenDCUtR(DCUtRProtocol):
     """py-libp2p's DCUtR without its own drive loop, which starts a session toward every relayed peer from both
-    ends (and toward one peer after another): `_watch` starts them instead, see p2p.reach.punch_targets."""
+    ends (and toward one peer after another): `_watch` starts them instead, see p2p.reach.punch_targets. It dials
+    at most MAX_PUNCH_ADDRS addresses of a peer (`_PunchHost`)."""
+
+    def __init__(self, host: Any) -> None:
+        super().__init__(_PunchHost(host))
+        host._dcutr_protocol = self  # the host tells it of disconnections (it resets its caches then)
 
     async def _auto_drive_loop(self) -> None:
         await trio.sleep_forever()
+
+    def _decode_observed_addrs(self, addr_bytes: list[bytes]) -> list[Any]:
+        """The first MAX_PUNCH_ADDRS addresses a peer's DCUtR message names: the session dials each of them."""
+        return super()._decode_observed_addrs(addr_bytes[:MAX_PUNCH_ADDRS])[:MAX_PUNCH_ADDRS]
 
 
 @asynccontextmanager
@@ -193,7 +248,6 @@ async def _hole_punching(host: Any, enabled: bool) -> AsyncIterator[Any]:
     dcutr = _DrivenDCUtR(host.libp2p)
     async with background_trio_service(dcutr):
         await dcutr.event_started.wait()
-        host.set_guarded_handler(DCUTR_PROTOCOL, dcutr._handle_dcutr_stream, timeout=None)
         yield dcutr
 
 
@@ -209,6 +263,8 @@ async def open_reach(host: Any) -> AsyncIterator[ReachState]:
     async with open_relaying(host, config.relay, hop) as relaying, \
             _hole_punching(host, config.hole_punch) as dcutr, trio.open_nursery() as nursery:
         state = ReachState(status, relaying, dcutr)
+        if dcutr is not None:
+            host.set_guarded_handler(DCUTR_PROTOCOL, functools.partial(_answer_punch, state), timeout=None)
         if status is Reachability.PRIVATE:
             await _reserve(host, relaying, config, nursery)
             if not relaying.reservations:

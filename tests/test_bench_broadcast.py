@@ -30,3 +30,46 @@ def test_a_tiny_broadcast_reports_every_figure_and_verifies_every_copy(tmp_path)
     assert 1.0 <= result["seed_upload_ratio"] <= 2.0
     assert len(result["peer_upload_mb"]) == 2 and sum(result["peer_upload_mb"]) <= file_mb * 1.05
     assert 0 < result["peer_max_rss_mb"] < 300 and 0 < result["seed_rss_mb"] < 300
+
+
+class _ReusingKernel:
+    """Loopback sockets whose port 0 binds the lowest port not bound now, as a kernel may: a port probed and closed
+    is handed out again at once."""
+
+    bound: set[int] = set()
+
+    def __init__(self, *args):
+        self.port = None
+
+    def bind(self, address):
+        self.port = min(set(range(40000, 40100)) - self.bound)
+        self.bound.add(self.port)
+
+    def getsockname(self):
+        return ("127.0.0.1", self.port)
+
+    def close(self):
+        self.bound.discard(self.port)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def test_every_process_of_a_broadcast_gets_its_own_port_even_where_probed_ports_come_back_at_once(tmp_path,
+                                                                                                  monkeypatch):
+    """Chosen one probe after another, each closed before the next, the ports of a broadcast's processes may repeat
+    (a kernel picks the port just freed, or by chance): the processes sharing one fail to listen."""
+    from types import SimpleNamespace
+
+    from swarm.bench import broadcast, local_ports
+
+    monkeypatch.setattr(local_ports.socket, "socket", _ReusingKernel)
+    ports = local_ports.free_ports(7)
+    assert len(set(ports)) == 7
+    argvs = broadcast._peer_argvs(tmp_path, SimpleNamespace(peers=6, upload_mbps=10.0), "swarm", "ab" * 32,
+                                  f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/seed", True, ports[1:])
+    listens = [argv[argv.index("--listen") + 1] for argv in argvs]
+    assert listens == [f"/ip4/127.0.0.1/tcp/{port}" for port in ports[1:]]

@@ -38,6 +38,21 @@ def test_the_estimate_adds_upkeep_per_delivery_and_a_cost_per_version_and_link()
     assert scale.estimate(sizes, heartbeats, 1000, every=100.0, max_links=32)["within_budget"] is False
 
 
+def test_a_versions_cost_is_the_publishing_windows_extra_spread_over_the_versions_published_in_it():
+    """A window shorter than the time between versions (or not a multiple of it) holds fewer seconds per version
+    than `--version-every`: multiplied by that instead, a 1 s window with a version every 2 s doubled every cost."""
+    def rows(cpu_share, kb_per_s, versions):
+        return [{"cpu_share": cpu_share, "rss_mb": 100.0, "links_per_version": 4.0, "gossip_delivered_per_s": 1.0,
+                 "recv_kb_per_s": kb_per_s / 2, "sent_kb_per_s": kb_per_s / 2, "sockets": 9, "peers_known": 2,
+                 "connected": 2, "versions": versions}] * 2
+
+    idle = rows(0.01, 10.0, 0)
+    one = scale._summary(2, idle, rows(0.11, 110.0, 1), window=1.0)  # one version, published at the start of 1 s
+    assert one["version_cpu_s"] == pytest.approx(0.1) and one["version_kb"] == pytest.approx(100.0)
+    two = scale._summary(2, idle, rows(0.11, 110.0, 2), window=20.0)  # two versions in 20 s (one every 15 s)
+    assert two["version_cpu_s"] == pytest.approx(1.0) and two["version_kb"] == pytest.approx(1000.0)
+
+
 def test_socket_bytes_are_summed_per_process(monkeypatch):
     listing = (
         'ESTAB 0 0 127.0.0.1:1 127.0.0.1:2 users:(("python",pid=11,fd=3))\n'

@@ -219,3 +219,76 @@ async def test_a_server_out_of_dial_backs_refuses_without_calling_the_asker_priv
         answers = [await ask_dial_back(asker, server.peer_id, port, 5.0) for _ in range(7)]  # the rest of the burst
         assert answers == [True] * 7  # the asker's own start-up check took the first
         assert await ask_dial_back(asker, server.peer_id, port, 5.0) is None  # refused: no verdict, not "private"
+
+
+async def test_hole_punches_strangers_start_toward_us_share_the_bounds_of_our_own(autojump_clock):
+    """Each DCUtR session a peer starts toward us has us dial the addresses it sends: unbounded, strangers reaching
+    us through relays under many identities (or one identity over many streams) set off dials without end."""
+    from types import SimpleNamespace
+
+    from p2p.reach_service import ReachState, _answer_punch
+
+    running: list[str] = []
+
+    class Sessions:
+        async def _handle_dcutr_stream(self, stream):
+            running.append(str(stream.muxed_conn.peer_id))
+            await trio.sleep(10)
+
+    refused: list[str] = []
+
+    class Stream:
+        def __init__(self, peer):
+            self.muxed_conn = SimpleNamespace(peer_id=peer)
+
+        async def reset(self):
+            refused.append(self.muxed_conn.peer_id)
+
+    state = ReachState(Reachability.PRIVATE, relaying=None, dcutr=Sessions())
+    async with trio.open_nursery() as nursery:
+        for i in range(3 * MAX_PUNCHES_AT_ONCE):
+            nursery.start_soon(_answer_punch, state, Stream(f"stranger{i}"))
+        nursery.start_soon(_answer_punch, state, Stream("stranger0"))  # a second session at once: refused
+        await trio.sleep(1)
+        assert len(running) == MAX_PUNCHES_AT_ONCE and len(refused) == 2 * MAX_PUNCHES_AT_ONCE + 1
+    running.clear()
+    for _ in range(MAX_PUNCH_ATTEMPTS + 1):  # one after another: at most MAX_PUNCH_ATTEMPTS per connected peer
+        await _answer_punch(state, Stream("persistent"))
+    assert running == ["persistent"] * MAX_PUNCH_ATTEMPTS and state.punching == set()
+
+
+def test_a_punch_dials_at_most_a_few_of_the_addresses_a_peer_sends():
+    """A CONNECT message of 4 KiB holds hundreds of addresses, each dialed three rounds over: a reflector."""
+    from multiaddr import Multiaddr
+
+    from p2p.reach import MAX_PUNCH_ADDRS
+    from p2p.reach_service import _DrivenDCUtR
+
+    sent = [Multiaddr(f"/ip4/192.0.2.{i % 250}/tcp/{1000 + i}").to_bytes() for i in range(300)]
+    kept = _DrivenDCUtR._decode_observed_addrs(object.__new__(_DrivenDCUtR), sent)
+    assert [str(a) for a in kept] == [f"/ip4/192.0.2.{i}/tcp/{1000 + i}" for i in range(MAX_PUNCH_ADDRS)]
+
+
+async def test_a_punch_dials_at_most_a_few_of_the_addresses_a_peer_announced_through_identify(autojump_clock):
+    """Identify keeps up to 1,000 listen addresses a peer claims, and a DCUtR session dials every address of the
+    peer's that the peerstore holds (its direct dial first, then each round of the punch): a reflector again."""
+    from types import SimpleNamespace
+
+    from multiaddr import Multiaddr
+
+    from p2p.reach import MAX_PUNCH_ADDRS
+    from p2p.reach_service import _DrivenDCUtR
+
+    claimed = [Multiaddr(f"/ip4/192.0.2.{i % 250}/tcp/{1000 + i}") for i in range(300)]
+    store = SimpleNamespace(addrs=lambda peer: list(claimed), add_addrs=lambda peer, addrs, ttl: None)
+    host = SimpleNamespace(get_peerstore=lambda: store, get_network=lambda: SimpleNamespace(connections={}))
+    dcutr = _DrivenDCUtR(host)
+    assert host._dcutr_protocol is dcutr  # the host still tells it of disconnections
+    dialed = []
+
+    async def dial(peer_id, addr, *args):
+        dialed.append(str(addr))
+
+    dcutr._dial_peer = dial
+    assert not await dcutr._try_unilateral_upgrade("stranger")
+    assert sorted(dialed) == sorted(str(a) for a in claimed[:MAX_PUNCH_ADDRS])  # dialed at once, in any order

@@ -205,7 +205,7 @@ def test_a_peer_that_left_is_reported_once_for_all_its_versions_and_a_liar_is_ba
     with PieceStore(tmp_path / "store") as store:
         mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r",
                               on_event=lambda kind, info: events.append((kind, info)))
-        v1, v2 = (SimpleNamespace(manifest=SimpleNamespace(version=v), dropped=set()) for v in (1, 2))
+        v1, v2 = (SimpleNamespace(manifest=SimpleNamespace(version=v), dropped=set(), opened=set()) for v in (1, 2))
         for policy in (v1, v2):
             mirror._dropped(policy, "gone", "its link broke", hostile=False)
         mirror._linked(v2, "gone", dir="in")
@@ -307,7 +307,7 @@ async def test_a_peer_opens_links_per_version_to_a_few_neighbours_drawn_anew_for
                 policy = mirror.adopt(signed_version(tmp_path, key, version))
                 await trio.sleep(0.1)  # virtual time: the version's service starts
                 await mirror.reconcile(neighbours, dial, max_links=32)
-                assert policy.dialing == set(link_order(policy.manifest.id, neighbours)[:3])
+                assert policy.dialing == set(link_order(policy.manifest.id, mirror.link_salt, neighbours)[:3])
                 await mirror.reconcile(neighbours, dial, max_links=32)  # a later round adds none while 3 are open
                 assert len(policy.dialing) == 3
                 chosen.append(set(policy.dialing))
@@ -322,9 +322,10 @@ def test_a_versions_dropped_links_come_last_in_its_link_order():
     from swarm.policy.mirror_dial import link_order
 
     peers = [f"peer-{i:02d}" for i in range(10)]
-    order = link_order(b"m" * 32, peers)
-    assert sorted(order) == peers and order != link_order(b"n" * 32, peers)
-    assert link_order(b"m" * 32, peers, last={order[0], order[3]}) == order[1:3] + order[4:] + [order[0], order[3]]
+    order = link_order(b"m" * 32, b"me", peers)
+    assert sorted(order) == peers and order != link_order(b"n" * 32, b"me", peers)
+    dropped_last = link_order(b"m" * 32, b"me", peers, last={order[0], order[3]})
+    assert dropped_last == order[1:3] + order[4:] + [order[0], order[3]]
 
 
 async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour(tmp_path, autojump_clock):
@@ -342,7 +343,7 @@ async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour
 
             policy = mirror.adopt(signed_version(tmp_path, key, 0))
             await trio.sleep(0.1)  # virtual time: the version's service starts
-            order = link_order(policy.manifest.id, neighbours)
+            order = link_order(policy.manifest.id, mirror.link_salt, neighbours)
             await mirror.reconcile(neighbours, dial, max_links=32)
             assert policy.dialing == set(order[:3])
             await trio.sleep(3.0)  # the failed dials' pause (2 s) is over
@@ -350,3 +351,93 @@ async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour
             await mirror.reconcile(neighbours, dial, max_links=32)
             assert policy.dialing == set(order[1:4])
             nursery.cancel_scope.cancel()
+
+
+def test_each_peer_draws_its_own_link_order_so_no_identity_is_everyones_first_choice():
+    """An order shared by every peer made the same few neighbours everyone's first links (each taking a link from
+    every peer, up to max_peers), and made one identity ground or lucky for a version first for all of them."""
+    from swarm.policy.mirror_dial import link_order
+
+    peers = [f"peer-{i:02d}" for i in range(40)]
+    chosen_by = {peer: 0 for peer in peers}
+    for chooser in peers:
+        for peer in link_order(b"m" * 32, chooser.encode(), [p for p in peers if p != chooser])[:8]:
+            chosen_by[peer] += 1
+    assert max(chosen_by.values()) < 20  # 8 links each over 40 peers: 8 on average
+    firsts = {link_order(b"m" * 32, chooser.encode(), [p for p in peers if p != chooser])[0] for chooser in peers}
+    assert len(firsts) > 10
+
+
+async def test_announcements_waiting_for_an_answer_count_against_links_per_version(tmp_path, autojump_clock):
+    """A peer with the larger id opens its links by announcing versions; counting only the links already answered,
+    one reconcile announced to every late neighbour at once, however many `links_per_version` allows."""
+    key = Identity.generate()
+    neighbours = [f"peer-{i:02d}" for i in range(10)]  # each sorts before "zz": theirs to dial, ours to announce
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "zz", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=3)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+
+            async def dial(peer):
+                await trio.sleep_forever()  # spares kept ahead: not needed here
+
+            silent = []  # the neighbours' ends of our spares: they read the announcement and never answer
+            for peer in neighbours:
+                ours, theirs = trio.testing.memory_stream_pair()
+                mirror._spares[peer] = (ours, trio.current_time())
+                silent.append(theirs)
+            policy = mirror.adopt(signed_version(tmp_path, key, 0))
+            await trio.sleep(2.0)  # past announce_after: nobody dialed its link
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            assert len(policy.announced) == 3 and policy.dialing == policy.announced
+            nursery.cancel_scope.cancel()
+
+
+async def test_links_strangers_open_to_a_peer_never_stop_it_from_choosing_its_own(tmp_path, autojump_clock):
+    """Counted against `links_per_version`, links others open would let identities that dial a peer the moment a
+    version appears (or hand it the version themselves) take all its places with links that carry nothing: the peer
+    opened none, and got the version only if some honest neighbour happened to choose it."""
+    from swarm.policy.mirror_dial import link_order
+
+    key = Identity.generate()
+    neighbours = [f"peer-{i:02d}" for i in range(20)]  # each sorts after "me": the links are ours to dial
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=4)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+
+            async def dial(peer):
+                await trio.sleep_forever()
+
+            policy = mirror.adopt(signed_version(tmp_path, key, 0))
+            await trio.sleep(0.1)  # virtual time: the version's service starts
+            sybils = []
+            for i in range(6):  # silent links in before our first reconcile: smaller identities dial, larger announce
+                ours, theirs = trio.testing.memory_stream_pair()
+                sybils.append(theirs)
+                if i % 2:
+                    nursery.start_soon(policy.service.serve_link, f"a-sybil-{i}", ours)
+                else:
+                    nursery.start_soon(mirror._link_over_announcement, f"z-sybil-{i}", ours, policy.manifest.id)
+            await trio.sleep(0.1)
+            assert len(policy.service.peers) == 6
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            first_two = link_order(policy.manifest.id, mirror.link_salt, neighbours)[:2]
+            assert policy.dialing == set(first_two)  # half its places
+            nursery.cancel_scope.cancel()
+
+
+def test_a_peers_link_order_is_secret_so_identities_cannot_be_ground_to_come_first_in_it(tmp_path):
+    """Drawn from public ids alone, the order a peer links a version in is known to all once the version is out:
+    identities ground for it (a few hundred key pairs) and connected before the peer's gossip arrives (seconds
+    late under load) would be the peer's own first links. A secret of each process keeps it unknown."""
+    from swarm.policy.mirror_dial import link_order
+
+    key = Identity.generate()
+    peers = [f"peer-{i:02d}" for i in range(40)]
+    with PieceStore(tmp_path / "store") as store:
+        trust = TrainerTrust("r", key.public_bytes, tmp_path)
+        one, again = (PolicyMirror(store, "me", trust, run="r") for _ in range(2))  # the same id, restarted
+        assert len(one.link_salt) >= 16 and one.link_salt != again.link_salt
+        assert link_order(b"m" * 32, one.link_salt, peers) != link_order(b"m" * 32, again.link_salt, peers)

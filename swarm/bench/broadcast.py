@@ -29,7 +29,7 @@ import blake3
 
 from p2p.identity import Identity, read_key_file, write_key_file
 from swarm.bench.broadcast_virtual import VirtualSwarm, run_virtual
-from swarm.bench.local_ports import free_port
+from swarm.bench.local_ports import free_ports
 from swarm.errors import UserError
 
 
@@ -203,13 +203,14 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     """
     tag = "swarm" if reseed else "single"
     start_deadline = time.monotonic() + args.timeout
-    seed_addr = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{read_key_file(work / 'trainer.key').peer_id}"
+    seed_port, *ports = free_ports(args.peers + 1)  # all at once: each process its own
+    seed_addr = f"/ip4/127.0.0.1/tcp/{seed_port}/p2p/{read_key_file(work / 'trainer.key').peer_id}"
     pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
                         str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps),
                         seed_addr.split("/p2p/")[0]], work / f"{tag}-seed.log", stdin=subprocess.PIPE)
     peers: list[EventProcess] = []
     try:
-        for i, argv in enumerate(_peer_argvs(work, args, tag, key_hex, seed_addr, reseed)):
+        for i, argv in enumerate(_peer_argvs(work, args, tag, key_hex, seed_addr, reseed, ports)):
             peers.append(EventProcess(argv, work / f"{tag}-peer{i}.log"))
         for p in [pub] + peers:
             p.wait_for("listening", start_deadline)
@@ -242,19 +243,20 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     }
 
 
-def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed: bool) -> list[list[str]]:
-    """Every peer's command line, addresses chosen first: each peer has its own key and port, and bootstraps from
-    the seed and from every peer before it (a tracker's peer list), so the swarm is fully connected without waiting
-    for heartbeat discovery, and only one of each pair dials. Why chosen first: then every process starts at once;
-    one after another, their start-ups (each a Python process importing the node) added up to minutes on a loaded
-    machine."""
+def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed: bool,
+                ports: list[int]) -> list[list[str]]:
+    """Every peer's command line, addresses chosen first: each peer has its own key and port (`ports`, one per
+    peer, distinct), and bootstraps from the seed and from every peer before it (a tracker's peer list), so the
+    swarm is fully connected without waiting for heartbeat discovery, and only one of each pair dials. Why chosen
+    first: then every process starts at once; one after another, their start-ups (each a Python process importing
+    the node) added up to minutes on a loaded machine."""
     known = [seed_addr]
     argvs = []
     for i in range(args.peers):
         key_file = work / f"{tag}-peer{i}.key"
         identity = Identity.generate()
         write_key_file(key_file, identity)
-        port = free_port()
+        port = ports[i]
         argvs.append(["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
                       key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
                       "--identity-key", str(key_file), "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--json",

@@ -192,27 +192,33 @@ def _measure(procs: list[EventProcess], window: float, publish: Callable[[], Non
                      "gossip_delivered_per_s": (b.gossip["delivered"] - a.gossip["delivered"]) / dt,
                      "recv_kb_per_s": max(0, b.received - a.received) / dt / 1000,
                      "sent_kb_per_s": max(0, b.sent - a.sent) / dt / 1000,
-                     "sockets": b.sockets, "peers_known": b.gossip["peers_known"], "connected": b.gossip["connected"]})
+                     "sockets": b.sockets, "peers_known": b.gossip["peers_known"], "connected": b.gossip["connected"],
+                     "versions": versions})
     return rows
 
 
-def _summary(n: int, idle: list[dict], publishing: list[dict], every: float) -> dict:
+def _summary(n: int, idle: list[dict], publishing: list[dict], window: float) -> dict:
     """One size's row: the publishing window's means (and maxima), the idle window's CPU, bytes and deliveries,
-    and what one version costs a peer on top of upkeep."""
+    and what one version costs a peer on top of upkeep: the publishing window's extra over the idle one, spread
+    over the versions published in its `window` seconds (not one per `--version-every`: a window shorter than
+    that, or not a multiple of it, holds fewer seconds per version)."""
+    per_version_s = window / max(1, publishing[0]["versions"])
+
     def mean(rows: list[dict], key: str) -> float:
         return round(sum(r[key] for r in rows) / len(rows), 4)
 
     def kb(rows: list[dict]) -> float:
         return mean(rows, "recv_kb_per_s") + mean(rows, "sent_kb_per_s")
 
+    extra_cpu_share = mean(publishing, "cpu_share") - mean(idle, "cpu_share")
     return {"peers": n, **{k: mean(publishing, k) for k in publishing[0]},
             "cpu_share_max": round(max(r["cpu_share"] for r in publishing), 4),
             "rss_mb_max": round(max(r["rss_mb"] for r in publishing), 1),
             "idle_cpu_share": mean(idle, "cpu_share"),
             "idle_gossip_delivered_per_s": mean(idle, "gossip_delivered_per_s"),
             "idle_kb_per_s": round(kb(idle), 4),
-            "version_cpu_s": round(max(0.0, mean(publishing, "cpu_share") - mean(idle, "cpu_share")) * every, 4),
-            "version_kb": round(max(0.0, kb(publishing) - kb(idle)) * every, 2)}
+            "version_cpu_s": round(max(0.0, extra_cpu_share) * per_version_s, 4),
+            "version_kb": round(max(0.0, kb(publishing) - kb(idle)) * per_version_s, 2)}
 
 
 def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -304,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(args.settle)
                 idle = _measure(procs[1:], args.window)
                 publishing = _measure(procs[1:], args.window, publish, args.version_every)
-                measured.append(_summary(n, idle, publishing, args.version_every))
+                measured.append(_summary(n, idle, publishing, args.window))
                 print(json.dumps(measured[-1]), file=sys.stderr, flush=True)  # each size as it is measured
         finally:
             for p in procs:

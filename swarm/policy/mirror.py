@@ -9,17 +9,18 @@ two peers never open crossing duplicate links; it also keeps one spare channel o
 version's link does not wait seconds for a dial (see `reconcile`). A peer with the larger id that holds a version
 first announces it over its own spare; the smaller peer then dials the link over that same channel by writing its
 preamble back. A peer opens links (dials or announcements) for a version only while it has fewer than
-`links_per_version`, to the neighbours first in an order drawn per version; others may still link to it, up to
-max_peers. Why: each link costs a data channel, a handshake and a have message per piece, so a peer linking every
-version to all of its neighbours paid in proportion to them (6 % of a core per peer at 8 peers and 12 % at 16, one
-version every 20 s); a few links per version already spread pieces at the bound's pace. A peer that does not re-seed
-(the single-origin baseline) links only with the manifest's origin, the trainer's peer.
+`links_per_version` (at least half of them its own), to the neighbours first in an order it draws per version;
+others may still link to it. Why: each link costs a data channel, a handshake and a have message per piece, so a
+peer linking every version to all of its neighbours paid in proportion to them (6 % of a core per peer at 8 peers
+and 12 % at 16, one version every 20 s); a few links per version already spread pieces at the bound's pace. A peer
+that does not re-seed (the single-origin baseline) links only with the manifest's origin, the trainer's peer.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,10 +59,11 @@ class MirroredPolicy:
     origin: str  # peer id of the trainer that signed it
     service: SwarmService | None = None
     scope: trio.CancelScope | None = None
-    dialing: set[str] = field(default_factory=set)
+    dialing: set[str] = field(default_factory=set)  # links we dial, and announcements waiting for an answer
     failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
     announced: set[str] = field(default_factory=set)  # smaller peers we handed the manifest to (they dial us)
     dropped: set[str] = field(default_factory=set)  # peers this version's service dropped: linked again only last
+    opened: set[str] = field(default_factory=set)  # peers whose link this peer opened (dialed, or announced)
     announced_complete: bool = False
     adopted_at: float = 0.0  # trio time this peer adopted it
 
@@ -100,6 +102,8 @@ class PolicyMirror(OutboundLinks):
         self.announce_after = announce_after
         # links this peer opens itself (dials or announcements) per version; more may come in, up to max_links
         self.links_per_version = links_per_version
+        # this process's secret in its link order (mirror_dial.link_order): nobody can grind identities to be first
+        self.link_salt = secrets.token_bytes(16)
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel with no manifest yet, opened at)
         self._spare_dialing: set[str] = set()
         self._spare_failures: dict[str, tuple[float, float]] = {}  # peer -> (retry at, pause)
@@ -209,6 +213,7 @@ class PolicyMirror(OutboundLinks):
         this version and each next one, costing a piece download each time; a peer that merely left or stalled
         may be linked again when it is back."""
         policy.dropped.add(peer)
+        policy.opened.discard(peer)
         if hostile:
             self._ban(peer, why)
         else:
@@ -384,7 +389,8 @@ class PolicyMirror(OutboundLinks):
             return
         finally:
             policy.dialing.discard(peer)
-        # serve_link registers the link before it first waits, so reconcile never sees this pair unlinked and idle
+        # serve_link registers the link before it first waits, so reconcile never sees this pair unlinked and idle;
+        # the announcer opened it, not we: answered announcements must not fill the places we choose ourselves
         self._linked(policy, peer, dir="out", via="announcement")
         await policy.service.serve_link(peer, stream)
 

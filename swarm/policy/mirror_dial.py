@@ -64,8 +64,8 @@ class OutboundLinks:
             service = policy.service
             if service is None or service._nursery is None:
                 continue
-            for peer in link_order(policy.manifest.id, peers, last=policy.dropped):
-                if len(service.peers) + len(policy.dialing) >= wanted:
+            for peer in link_order(policy.manifest.id, self.link_salt, peers, last=policy.dropped):
+                if _enough_links(policy, wanted):
                     break
                 if (peer == self.my_id or peer in service.peers or peer in policy.dialing
                         or peer in self._spare_dialing  # about to be there: a second dial would only compete
@@ -74,8 +74,9 @@ class OutboundLinks:
                 if peer < self.my_id:  # its link is the peer's to dial: tell it about the manifest, once, if it is late
                     late = peer not in policy.announced and now - policy.adopted_at >= self.announce_after
                     spare = self._take_spare(peer, now) if late else None
-                    if spare is not None:
+                    if spare is not None:  # waiting for its answer counts like a dial: it may become our link
                         policy.announced.add(peer)
+                        policy.dialing.add(peer)
                         self._nursery.start_soon(self._contained, peer, self._announce, policy, peer, spare)
                     continue
                 policy.dialing.add(peer)
@@ -134,10 +135,14 @@ class OutboundLinks:
         """Hand a signed manifest to a peer over our spare channel to it; the peer dials the link, over this very
         channel when it can (its preamble comes back on it, see `_link_over_announcement`), else it closes it."""
         try:
-            with trio.fail_after(self.dial_timeout):
-                await send_preamble(stream, policy.manifest.id, policy.signed)
-            answer = await self._read_preamble(stream, self.dial_timeout + self.transfer.handshake_timeout)
+            try:
+                with trio.fail_after(self.dial_timeout):
+                    await send_preamble(stream, policy.manifest.id, policy.signed)
+                answer = await self._read_preamble(stream, self.dial_timeout + self.transfer.handshake_timeout)
+            finally:  # answered (the link registers before it first waits) or not: no longer in flight
+                policy.dialing.discard(peer)
             if answer is not None:
+                policy.opened.add(peer)
                 await self._route(peer, stream, answer.route, answer.signed)
         except _DIAL_ERRORS as exc:
             _raise_breach(exc)
@@ -157,6 +162,7 @@ class OutboundLinks:
                     or not policy.service.add_link(peer, stream)):
                 await trio.aclose_forcefully(stream)
                 return
+            policy.opened.add(peer)
             self._linked(policy, peer, dir="out", dial_s=round(trio.current_time() - started, 3),
                          spare=spare is not None)
         except _DIAL_ERRORS as exc:
@@ -167,12 +173,25 @@ class OutboundLinks:
             policy.dialing.discard(peer)
 
 
-def link_order(manifest_id: bytes, peers: list[str], last: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """`peers` in an order of this version's own (BLAKE3 of the manifest id and the peer id), those in `last` (the
-    version's dropped links) after all others. Stable while the version lasts, so reconcile rounds agree on whom to
-    link; different for the next version, so each spreads over other neighbours; and a peer dropped for stalling
-    gives its place to the next one instead of taking it again."""
-    return sorted(peers, key=lambda peer: (peer in last, blake3.blake3(manifest_id + peer.encode()).digest()))
+def _enough_links(policy: MirroredPolicy, wanted: int) -> bool:
+    """Whether a version has the links this peer opens for it: `wanted` in all (dials and announcements under way
+    included), at least half of them opened by this peer. Why half its own: links others open cost as much as ours
+    and count too, but identities that link a peer the moment a version appears (or hand it the version themselves)
+    could otherwise take every place with links that carry nothing, and the peer would open none."""
+    links = set(policy.service.peers)
+    own = len(links & policy.opened) + len(policy.dialing)
+    return len(links) + len(policy.dialing) >= wanted and own >= (wanted + 1) // 2
+
+
+def link_order(manifest_id: bytes, salt: bytes, peers: list[str],
+               last: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """`peers` in the order a peer links them for a version (BLAKE3 of the manifest id, the peer's secret `salt`
+    and each peer id), those in `last` (the version's dropped links) after all others. Stable while the version
+    lasts, so reconcile rounds agree on whom to link; different for the next version, so each spreads over other
+    neighbours; a peer dropped for stalling gives its place to the next one instead of taking it again. Each peer
+    draws its own, and in secret: an order shared by all made the same few neighbours everyone's first links, and
+    one computable by others lets identities ground for it once the version is out come first."""
+    return sorted(peers, key=lambda peer: (peer in last, blake3.blake3(manifest_id + salt + peer.encode()).digest()))
 
 
 def _raise_breach(exc: BaseException) -> None:
