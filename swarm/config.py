@@ -118,7 +118,7 @@ class MirrorSection(ConfigSection):
     exit_when_complete: bool = Field(False, description=(
         "Exit once the newest policy is complete (benchmarks); normally peers seed until stopped."))
     links_per_version: int = Field(8, description=(
-        "Data links this peer opens itself for each version (others may open more to it, up to max_peers): each "
+        "Data links this peer opens itself for each version (others may open more to it): each "
         "link costs a data channel and a have message per piece, so linking every version to every neighbour "
         "costs in proportion to them."))
 
