@@ -10,7 +10,8 @@ from pathlib import Path
 
 def log_tails(work: Path, chars: int = 1500) -> str:
     """The end of every process log the bench wrote: what a failed run waited on is in them."""
-    return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-chars:]}" for log in sorted(work.glob("*.log")))
+    logs = sorted(work.glob("*.log"))
+    return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-chars:]}" for log in logs)
 
 
 def test_a_tiny_broadcast_reports_every_figure_and_verifies_every_copy(tmp_path):

@@ -12,8 +12,9 @@ preamble back. A peer opens links (dials or announcements) for a version only wh
 `links_per_version` (at least half of them its own), to the neighbours first in an order it draws per version;
 others may still link to it. Why: each link costs a data channel, a handshake and a have message per piece, so a
 peer linking every version to all of its neighbours paid in proportion to them (6 % of a core per peer at 8 peers
-and 12 % at 16, one version every 20 s); in virtual time 8 links per peer finish a broadcast within 1.3x of the bound at 64 to 1,000 peers. A peer
-that does not re-seed (the single-origin baseline) links only with the manifest's origin, the trainer's peer.
+and 12 % at 16, one version every 20 s); in virtual time 8 links per peer finish a broadcast within 1.3x of the
+bound at 64 to 1,000 peers. A peer that does not re-seed (the single-origin baseline) links only with the manifest's
+origin, the trainer's peer.
 """
 
 from __future__ import annotations
