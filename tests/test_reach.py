@@ -292,3 +292,24 @@ async def test_a_punch_dials_at_most_a_few_of_the_addresses_a_peer_announced_thr
     dcutr._dial_peer = dial
     assert not await dcutr._try_unilateral_upgrade("stranger")
     assert sorted(dialed) == sorted(str(a) for a in claimed[:MAX_PUNCH_ADDRS])  # dialed at once, in any order
+
+
+def test_a_connections_kind_is_worked_out_once_and_one_with_no_address_yet_is_asked_again():
+    """The reach service asks every connection's kind each second: its multiaddrs are formatted once."""
+    from p2p.relay_limits import connection_kind
+
+    class Conn:
+        def __init__(self, addrs):
+            self.addrs, self.asked = addrs, 0
+
+        def get_transport_addresses(self):
+            self.asked += 1
+            return self.addrs
+
+    relayed, direct = Conn(["/ip4/1.2.3.4/tcp/1/p2p/QmRelay/p2p-circuit"]), Conn(["/ip4/1.2.3.4/tcp/1"])
+    fresh = Conn([])
+    assert [connection_kind(relayed) for _ in range(3)] == ["relayed"] * 3 and relayed.asked == 1
+    assert [connection_kind(direct) for _ in range(3)] == ["direct"] * 3 and direct.asked == 1
+    assert connection_kind(fresh) == "direct"
+    fresh.addrs = ["/ip4/5.6.7.8/tcp/2/p2p/QmRelay/p2p-circuit"]  # its addresses came: now it is known relayed
+    assert connection_kind(fresh) == "relayed" and connection_kind(fresh) == "relayed" and fresh.asked == 2
