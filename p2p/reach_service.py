@@ -63,7 +63,7 @@ class ReachState:
         self.note_relayed(libp2p_host)
         out: dict[str, str] = {}
         for peer, conns in libp2p_host.get_network().connections.items():
-            kinds = {connection_kind(c) for c in (conns if isinstance(conns, list) else [conns])}
+            kinds = {connection_kind(c) for c in _as_list(conns)}
             direct = "direct" in kinds
             peer = str(peer)
             out[peer] = ("hole-punched" if peer in self.ever_relayed else "direct") if direct else "relayed"
@@ -71,7 +71,7 @@ class ReachState:
 
     def note_relayed(self, libp2p_host: Any) -> None:
         for peer, conns in libp2p_host.get_network().connections.items():
-            if any(connection_kind(c) == "relayed" for c in (conns if isinstance(conns, list) else [conns])):
+            if any(connection_kind(c) == "relayed" for c in _as_list(conns)):
                 self.ever_relayed[str(peer)] = None
         while len(self.ever_relayed) > MAX_REMEMBERED:  # identities are free: the table must not grow with them
             del self.ever_relayed[next(iter(self.ever_relayed))]
@@ -90,6 +90,11 @@ def _connected_bootstrap(host: Any) -> list[str]:
     return [a for a in host.config.bootstrap if not is_circuit(a) and peer_id_of(a) in connected]
 
 
+def _as_list(conns: Any) -> list[Any]:
+    """A peer's connections as a list: py-libp2p's network maps a peer to one connection or to a list of them."""
+    return conns if isinstance(conns, list) else [conns]
+
+
 def _we_dialed(conn: Any) -> bool:
     """Whether this end opened the connection (its muxer's initiator); unknown counts as dialed: no punch from here."""
     try:
@@ -103,7 +108,7 @@ def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -
     connections = libp2p_host.get_network().connections
     ids = {str(peer): peer for peer in connections}
     links = {str(peer): [(connection_kind(c) == "relayed", _we_dialed(c))
-                         for c in (conns if isinstance(conns, list) else [conns])]
+                         for c in _as_list(conns)]
              for peer, conns in connections.items()}
     for gone in [peer for peer in state.punch_attempts if peer not in ids]:
         del state.punch_attempts[gone]

@@ -204,10 +204,11 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     tag = "swarm" if reseed else "single"
     start_deadline = time.monotonic() + args.timeout
     seed_port, *ports = free_ports(args.peers + 1)  # all at once: each process its own
-    seed_addr = f"/ip4/127.0.0.1/tcp/{seed_port}/p2p/{read_key_file(work / 'trainer.key').peer_id}"
+    seed_listen = f"/ip4/127.0.0.1/tcp/{seed_port}"
+    seed_addr = f"{seed_listen}/p2p/{read_key_file(work / 'trainer.key').peer_id}"
     pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
-                        str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps),
-                        seed_addr.split("/p2p/")[0]], work / f"{tag}-seed.log", stdin=subprocess.PIPE)
+                        str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps), seed_listen],
+                       work / f"{tag}-seed.log", stdin=subprocess.PIPE)
     peers: list[EventProcess] = []
     try:
         for i, argv in enumerate(_peer_argvs(work, args, tag, key_hex, seed_addr, reseed, ports)):
@@ -252,11 +253,10 @@ def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed
     the node) added up to minutes on a loaded machine."""
     known = [seed_addr]
     argvs = []
-    for i in range(args.peers):
+    for i, port in enumerate(ports):
         key_file = work / f"{tag}-peer{i}.key"
         identity = Identity.generate()
         write_key_file(key_file, identity)
-        port = ports[i]
         argvs.append(["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
                       key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
                       "--identity-key", str(key_file), "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--json",

@@ -101,7 +101,7 @@ class PolicyMirror(OutboundLinks):
         # a smaller peer that has not dialed a version's link this long after we adopted it is told of the version
         # (gossip reached some peers 5-21 s late under load); sooner, most announcements crossed the peer's own link
         self.announce_after = announce_after
-        # links this peer opens itself (dials or announcements) per version; more may come in, up to max_links
+        # links a version needs before this peer stops opening (dials or announcements) its own; others may add more
         self.links_per_version = links_per_version
         # this process's secret in its link order (mirror_dial.link_order): nobody can grind identities to be first
         self.link_salt = secrets.token_bytes(16)
