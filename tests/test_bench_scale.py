@@ -11,31 +11,53 @@ import pytest
 from swarm.bench import scale
 
 
-def test_the_estimate_adds_upkeep_per_delivery_and_a_cost_per_version_and_link():
-    # idle: 0.5 % fixed + 0.1 % per delivery; a version costs 0.02 CPU s and 40 kB per data link, each peer linking
-    # every other
-    sizes = [{"peers": n, "idle_gossip_delivered_per_s": d, "idle_cpu_share": 0.005 + 0.001 * d,
-              "idle_kb_per_s": (2000 + 500 * d) / 1000, "links_per_version": n - 1, "version_cpu_s": 0.02 * (n - 1),
-              "version_kb": 40.0 * (n - 1)}
-             for n, d in ((8, 1.5), (16, 3.0), (32, 4.5))]
+def _sizes():
+    """Idle: 0.5 % fixed, 0.05 % per connection and 0.1 % per delivery (the chatty windows add 2 deliveries a
+    second each); 2 kB/s fixed, 100 B/s per connection, 500 B per delivery. A version costs 0.02 CPU s and 40 kB
+    per data link, each peer linking every other."""
+    rows = []
+    for n, d in ((8, 1.5), (16, 3.0), (32, 4.5)):
+        idle_cpu = 0.005 + 0.0005 * (n - 1) + 0.001 * d
+        idle_kb = (2000 + 100 * (n - 1) + 500 * d) / 1000
+        rows.append({"peers": n, "idle_connected": n - 1, "idle_gossip_delivered_per_s": d,
+                     "idle_cpu_share": idle_cpu, "idle_kb_per_s": idle_kb, "chatty_gossip_delivered_per_s": d + 2,
+                     "chatty_cpu_share": idle_cpu + 0.002, "chatty_kb_per_s": idle_kb + 1.0, "links_per_version": n - 1, "version_cpu_s": 0.02 * (n - 1),
+                     "version_kb": 40.0 * (n - 1)})
+    return rows
+
+
+def test_the_estimate_adds_upkeep_per_delivery_and_connection_and_a_cost_per_version_and_link():
+    sizes = _sizes()
     heartbeats = {8: 1.2, 16: 2.5, 32: 4.0, 1000: 4.0}  # what the virtual-time run counts
     est = scale.estimate(sizes, heartbeats, 1000, every=100.0, max_links=32)
     assert est["cpu_s_per_delivery"] == pytest.approx(0.001) and est["bytes_per_delivery"] == 500
+    assert est["cpu_share_per_connection"] == pytest.approx(0.0005) and est["bytes_per_s_per_connection"] == 100
+    assert est["fixed_cpu_share"] == pytest.approx(0.005) and est["fixed_bytes_per_s"] == 2000
     assert est["gossip_delivered_per_s"] == pytest.approx(4.5)  # 0.5 of other gossip + 4.0 heartbeats
-    assert est["upkeep_cpu_share"] == pytest.approx(0.0095) and est["upkeep_bytes_per_s"] == 2000 + 500 * 4.5
+    assert est["connections"] == 32  # max_links, however many peers there are
+    assert est["upkeep_cpu_share"] == pytest.approx(0.005 + 0.0005 * 32 + 0.001 * 4.5)
+    assert est["upkeep_bytes_per_s"] == 2000 + 100 * 32 + 500 * 4.5
     # 32 links at 1,000 peers (max_links), one version per 100 s
     assert est["links_per_version"] == 32 and est["version_cpu_s_per_link"] == pytest.approx(0.02)
     assert est["version_cpu_share"] == pytest.approx(0.02 * 32 / 100)
     assert est["version_bytes_per_s"] == pytest.approx(40_000 * 32 / 100)
-    assert est["cpu_share"] == pytest.approx(0.0095 + 0.0064) and est["within_budget"] is True
-    assert scale.estimate(sizes, heartbeats, 1000, every=10.0, max_links=32)["within_budget"] is False
+    assert est["cpu_share"] == pytest.approx(0.0255 + 0.0064) and est["within_budget"] is False
     assert scale.estimate(sizes, heartbeats, 32, every=100.0, max_links=32)["links_per_version"] == 31
     # links bound by links_per_version at the largest size: that many at 1,000 too
     bound = [{**size, "links_per_version": 8, "version_cpu_s": 0.16, "version_kb": 320.0} for size in sizes]
     est = scale.estimate(bound, heartbeats, 1000, every=100.0, max_links=32)
     assert est["links_per_version"] == 8 and est["version_cpu_share"] == pytest.approx(0.02 * 8 / 100)
+    cheap = scale.estimate(sizes, {**heartbeats, 1000: 0.5}, 1000, every=1000.0, max_links=8)
+    assert cheap["cpu_share"] == pytest.approx(0.005 + 0.0005 * 8 + 0.001 * 1.0 + 0.02 * 8 / 1000, abs=1e-4)
+    assert cheap["within_budget"] is True
     heartbeats[1000] = 200.0  # heartbeats that flood at a fixed period: 1,000 peers / 6 s, and some
-    assert scale.estimate(sizes, heartbeats, 1000, every=100.0, max_links=32)["within_budget"] is False
+    assert scale.estimate(sizes, heartbeats, 1000, every=1000.0, max_links=8)["within_budget"] is False
+
+
+def test_without_chatter_deliveries_cost_nothing_and_connections_carry_the_idle_growth():
+    sizes = [{k: v for k, v in size.items() if not k.startswith("chatty")} for size in _sizes()]
+    est = scale.estimate(sizes, {8: 1.2, 16: 2.5, 32: 4.0, 1000: 4.0}, 1000, every=100.0, max_links=32)
+    assert est["cpu_s_per_delivery"] == 0 and est["cpu_share_per_connection"] > 0.0005
 
 
 def test_a_versions_cost_is_the_publishing_windows_extra_spread_over_the_versions_published_in_it():

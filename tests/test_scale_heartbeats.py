@@ -8,21 +8,30 @@ import pytest
 
 from swarm.bench.heartbeat_sim import simulate_heartbeats
 from swarm.messages.gossip_bodies import Heartbeat
-from swarm.node.gossip import FULL_RATE_PEERS, MAX_KNOWN_PEERS, heartbeat_stretch, on_heartbeat
+from swarm.node.gossip import (
+    FULL_RATE_COUNTED,
+    FULL_RATE_OTHERS,
+    MAX_KNOWN_PEERS,
+    MAX_STRETCHING_COUNTED,
+    heartbeat_stretch,
+    on_heartbeat,
+)
 from swarm.node.node import Node
 
 
 def test_small_runs_keep_the_configured_period_and_large_ones_stretch_it_in_proportion():
-    assert heartbeat_stretch(0) == heartbeat_stretch(FULL_RATE_PEERS - 1) == 1.0
-    assert heartbeat_stretch(10 * FULL_RATE_PEERS - 1) == pytest.approx(10.0)
-    # a flood of fresh identities stretches heartbeats by a bounded factor only
-    assert heartbeat_stretch(10**9) == heartbeat_stretch(MAX_KNOWN_PEERS)
+    for counted, full_rate in ((True, FULL_RATE_COUNTED), (False, FULL_RATE_OTHERS)):
+        assert heartbeat_stretch(0, counted) == heartbeat_stretch(full_rate - 1, counted) == 1.0
+        assert heartbeat_stretch(10 * full_rate - 1, counted) == pytest.approx(10.0)
+    # a flood of fresh identities stretches heartbeats by a bounded factor only, claimed validators by less
+    assert heartbeat_stretch(10**9, False) == heartbeat_stretch(MAX_KNOWN_PEERS, False)
+    assert heartbeat_stretch(10**9, True) == heartbeat_stretch(MAX_STRETCHING_COUNTED, True) < 17
 
 
 @pytest.mark.parametrize("peers", [12, 150])
 async def test_each_peer_receives_about_the_same_heartbeats_per_second_at_any_size(peers, autojump_clock):
-    counts = await simulate_heartbeats(peers, warmup_s=200.0, seconds=400.0, start_spread_s=20.0)
-    full_rate = FULL_RATE_PEERS / 6.0  # what the whole run sends once it is larger than FULL_RATE_PEERS
+    counts = await simulate_heartbeats(peers, warmup_s=600.0, seconds=1200.0, start_spread_s=20.0)
+    full_rate = (FULL_RATE_COUNTED + FULL_RATE_OTHERS) / 6.0  # what the whole run sends once it is large
     assert counts.received_per_peer_s <= 1.1 * full_rate  # a fixed 6 s period gave 150 / 6 = 25 a second here
     # and nothing heartbeats feed is lost: every peer knows every other, none forgets a live one
     assert counts.known_min == peers - 1 and counts.forgotten_alive == 0
@@ -30,19 +39,21 @@ async def test_each_peer_receives_about_the_same_heartbeats_per_second_at_any_si
     assert counts.roles_known_by_trainer == {"validator": validators, "inference": peers - 1 - validators}
 
 
-async def test_a_peer_that_stops_is_forgotten_within_the_stretched_silence(autojump_clock):
+async def test_validators_are_forgotten_within_their_own_silence_however_many_others_are_known(autojump_clock):
     node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, None, None, None)
-    others = [f"peer{i}" for i in range(10 * FULL_RATE_PEERS - 1)]  # 240 known: a stretch of 10.04, 301.25 s
+    others = [f"peer{i}" for i in range(10 * FULL_RATE_OTHERS - 1)]  # 29 known: a stretch of 10, 300 s
     for peer in others:
         node.heard_from(peer, ("inference",), now=0.0)
     node.heard_from("validator-a", ("validator",), now=0.0)
+    node.heard_from("validator-b", ("validator",), now=0.0)
+    assert node.forget_silent(29.0) == {}
+    node.heard_from("validator-b", ("validator",), now=29.0)
+    assert node.forget_silent(31.0) == {"validator-a": ("validator",)}  # one counted peer known: no stretch
     for t in (100.0, 200.0, 290.0):
-        for peer in others:
-            node.heard_from(peer, ("inference",), now=t)
+        node.heard_from("validator-b", ("validator",), now=t)
         assert node.forget_silent(t) == {}  # 290 s of silence is less than 10 stretched 30 s windows
-    for peer in others:
-        node.heard_from(peer, ("inference",), now=302.0)
-    assert node.forget_silent(302.0) == {"validator-a": ("validator",)}
+    node.heard_from("validator-b", ("validator",), now=302.0)
+    assert node.forget_silent(302.0) == dict.fromkeys(others, ("inference",))
 
 
 def test_the_peer_tables_are_bounded_and_forget_the_least_recently_heard_first():

@@ -3,9 +3,10 @@
 Separate processes, as `swarm bench broadcast` runs them: a publisher that signs and announces a new policy
 version when told (what a trainer does between steps), and light seed-only peers, each a `swarm` node with its own
 host, gossip, DHT and mirror. The swarm grows in steps (8, 16, 32, 64 peers by default: new peers join the running
-ones), and at each size every peer is measured over two windows of `--window` seconds: an idle one, in which no
-version is published (heartbeats, gossip upkeep, DHT upkeep, data-channel upkeep), then one in which a version is
-published every `--version-every` seconds. Per window and peer:
+ones), and at each size every peer is measured over three windows of `--window` seconds: an idle one, in which no
+version is published (heartbeats, gossip upkeep, DHT upkeep, data-channel upkeep); a chatty one, in which every
+peer also sends a heartbeat every 6 s (what a flooded message costs each peer, with its duplicates and forwards);
+then one in which a version is published every `--version-every` seconds. Per window and peer:
 
 - cpu_share: CPU seconds (user + system, /proc/<pid>/stat) per wall second: one core is 1.0;
 - rss_mb: resident memory (/proc/<pid>/status VmRSS);
@@ -16,13 +17,15 @@ published every `--version-every` seconds. Per window and peer:
 - peers_known: peers the node heard heartbeats from; connected: peers it holds a connection to.
 
 The estimate at 1,000 peers has two parts, because they grow with different things:
-- upkeep, from the idle windows: a fixed part plus a cost per gossip delivery (least squares over the sizes), the
-  deliveries at 1,000 coming from the heartbeat counts of a virtual-time run of the real heartbeat loop
-  (swarm.bench.heartbeat_sim) plus the measured non-heartbeat traffic;
-- versions, from the difference of the two windows: CPU and bytes per version per data link (a version is
-  fetched and served over data links, counted from the mirror's link events), times the links a peer opens per
-  version at 1,000 (what the largest size measured where the links_per_version setting bound it, else one per
-  other peer up to max_peers), times the version rate.
+- upkeep: a cost per gossip delivery (the chatty window's extra CPU and bytes over the idle one, per extra
+  delivery), times the deliveries at 1,000 (the heartbeats a virtual-time run of the real heartbeat loop counts,
+  swarm.bench.heartbeat_sim, plus the measured non-heartbeat traffic); plus what is left of the idle windows, a
+  fixed part and a part per connection (least squares over the sizes), at the connections a peer holds at 1,000
+  (`max_peers`: heartbeats stop making it dial past that);
+- versions, from the difference of the publishing and idle windows: CPU and bytes per version per data link (a
+  version is fetched and served over data links, counted from the mirror's link events), times the links a peer
+  opens per version at 1,000 (what the largest size measured where the links_per_version setting bound it, else
+  one per other peer up to max_peers), times the version rate.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -40,6 +44,7 @@ from pathlib import Path
 
 import trio
 
+from p2p.errors import P2PError
 from p2p.identity import Identity, read_key_file, write_key_file
 from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.bench.broadcast import EventProcess, _make_checkpoint
@@ -47,9 +52,12 @@ from swarm.bench.heartbeat_sim import run_heartbeat_sim
 from swarm.config import LimitsSection, MirrorSection, load_config
 from swarm.errors import UserError
 from swarm.events import EventSink
+from swarm.node.gossip import heartbeat_body
 from swarm.node.node import open_node_parts
 
 BUDGET_CPU_SHARE = 0.02
+CHATTER_EVERY_S = 6.0
+"""A peer's extra heartbeats in the chatty window: one per 6 s on average, the unstretched period."""
 BUDGET_BYTES_PER_S = 100_000
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -120,7 +128,39 @@ def peer_main(argv: list[str]) -> int:
     events = EventSink(json_lines=True)
     events.configure_logging()
     config = _node_config(run, data_dir, bootstrap, key_hex, int(links))
-    return trio.run(open_node_parts, config, Identity.generate(), events, [report_gossip], bytes.fromhex(key_hex))
+    return trio.run(open_node_parts, config, Identity.generate(), events, [report_gossip, chatter_when_told],
+                    bytes.fromhex(key_hex))
+
+
+async def chatter_when_told(node) -> None:
+    """A role task of the bench's peers: from a "chatter" line on stdin to a "quiet" one, also send a heartbeat
+    every CHATTER_EVERY_S on average (within what receivers admit from one peer), so the bench can price what a
+    flooded message costs every peer."""
+    stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))  # cancellable, unlike a thread blocked in readline
+    chatter = trio.CancelScope()
+    pending = b""
+    async with trio.open_nursery() as nursery:
+        while data := await stdin.receive_some():
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line.strip() == b"chatter":
+                    chatter = trio.CancelScope()
+                    nursery.start_soon(_chatter, node, chatter)
+                elif line.strip() == b"quiet":
+                    chatter.cancel()
+        await trio.sleep_forever()  # the bench closed our stdin: go on serving until it stops us
+
+
+async def _chatter(node, scope: trio.CancelScope) -> None:
+    with scope:
+        await trio.sleep(CHATTER_EVERY_S * random.random())  # peers are told at once: spread their sends
+        while True:
+            try:
+                await node.gossip.publish("heartbeat", heartbeat_body(node))
+            except P2PError as exc:
+                node.events.emit("chatter_failed", error=str(exc))
+            await trio.sleep(CHATTER_EVERY_S)
 
 
 def _socket_bytes() -> dict[int, tuple[int, int]]:
@@ -197,11 +237,11 @@ def _measure(procs: list[EventProcess], window: float, publish: Callable[[], Non
     return rows
 
 
-def _summary(n: int, idle: list[dict], publishing: list[dict], window: float) -> dict:
-    """One size's row: the publishing window's means (and maxima), the idle window's CPU, bytes and deliveries,
-    and what one version costs a peer on top of upkeep: the publishing window's extra over the idle one, spread
-    over the versions published in its `window` seconds (not one per `--version-every`: a window shorter than
-    that, or not a multiple of it, holds fewer seconds per version)."""
+def _summary(n: int, idle: list[dict], publishing: list[dict], window: float, chatty: list[dict] | None = None) -> dict:
+    """One size's row: the publishing window's means (and maxima), the idle and chatty windows' CPU, bytes,
+    deliveries and connections, and what one version costs a peer on top of upkeep: the publishing window's extra
+    over the idle one, spread over the versions published in its `window` seconds (not one per `--version-every`:
+    a window shorter than that, or not a multiple of it, holds fewer seconds per version)."""
     per_version_s = window / max(1, publishing[0]["versions"])
 
     def mean(rows: list[dict], key: str) -> float:
@@ -216,7 +256,10 @@ def _summary(n: int, idle: list[dict], publishing: list[dict], window: float) ->
             "rss_mb_max": round(max(r["rss_mb"] for r in publishing), 1),
             "idle_cpu_share": mean(idle, "cpu_share"),
             "idle_gossip_delivered_per_s": mean(idle, "gossip_delivered_per_s"),
-            "idle_kb_per_s": round(kb(idle), 4),
+            "idle_kb_per_s": round(kb(idle), 4), "idle_connected": mean(idle, "connected"),
+            **({"chatty_cpu_share": mean(chatty, "cpu_share"),
+                "chatty_gossip_delivered_per_s": mean(chatty, "gossip_delivered_per_s"),
+                "chatty_kb_per_s": round(kb(chatty), 4)} if chatty else {}),
             "version_cpu_s": round(max(0.0, extra_cpu_share) * per_version_s, 4),
             "version_kb": round(max(0.0, kb(publishing) - kb(idle)) * per_version_s, 2)}
 
@@ -231,33 +274,53 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target: int, every: float,
              max_links: int) -> dict:
-    """Per-peer cost at `target` peers: upkeep (a fixed part plus a cost per delivery, fitted on the idle windows,
-    the deliveries there being the measured non-heartbeat traffic plus the heartbeats the virtual-time run counts
-    at that size) plus versions (the cost per version per data link, times the links a peer opens per version
-    there, one version every `every` seconds)."""
-    xs = [s["idle_gossip_delivered_per_s"] for s in sizes]
-    cpu0, cpu_per = _fit(xs, [s["idle_cpu_share"] for s in sizes])
-    bytes0, bytes_per = _fit(xs, [s["idle_kb_per_s"] * 1000 for s in sizes])
+    """Per-peer cost at `target` peers: upkeep (a cost per delivery, priced by the chatty windows, times the
+    deliveries there: the measured non-heartbeat traffic plus the heartbeats the virtual-time run counts at that
+    size; plus a fixed part and a part per connection, fitted on what the idle windows leave, at the connections a
+    peer holds there, at most `max_links`) plus versions (the cost per version per data link, times the links a
+    peer opens per version there, one version every `every` seconds)."""
+    cpu_per = _per_delivery(sizes, "cpu_share", 1.0)
+    bytes_per = _per_delivery(sizes, "kb_per_s", 1000.0)
+    conns = [s["idle_connected"] for s in sizes]
+    idle = [(s["idle_cpu_share"], s["idle_kb_per_s"] * 1000, s["idle_gossip_delivered_per_s"]) for s in sizes]
+    cpu0, cpu_conn = _fit(conns, [cpu - cpu_per * d for cpu, _, d in idle])
+    bytes0, bytes_conn = _fit(conns, [traffic - bytes_per * d for _, traffic, d in idle])
     largest = sizes[-1]
     other = max(0.0, largest["idle_gossip_delivered_per_s"] - heartbeats_per_peer_s[largest["peers"]])
     deliveries = other + heartbeats_per_peer_s[target]
+    connections = min(target - 1, max_links)
     links = sum(max(1.0, s["links_per_version"]) for s in sizes)
     cpu_link = sum(s["version_cpu_s"] for s in sizes) / links
     bytes_link = sum(s["version_kb"] * 1000 for s in sizes) / links
     links_there = _links_at(largest, target, max_links)
-    upkeep_cpu, upkeep_bytes = cpu0 + cpu_per * deliveries, bytes0 + bytes_per * deliveries
+    upkeep_cpu = cpu0 + cpu_conn * connections + cpu_per * deliveries
+    upkeep_bytes = bytes0 + bytes_conn * connections + bytes_per * deliveries
     version_cpu, version_bytes = cpu_link * links_there / every, bytes_link * links_there / every
     cpu, traffic = upkeep_cpu + version_cpu, upkeep_bytes + version_bytes
     return {"peers": target, "gossip_delivered_per_s": round(deliveries, 3),
-            "heartbeats_received_per_s": round(heartbeats_per_peer_s[target], 3),
+            "heartbeats_received_per_s": round(heartbeats_per_peer_s[target], 3), "connections": connections,
             "cpu_share": round(cpu, 4), "bytes_per_s": round(traffic),
             "upkeep_cpu_share": round(upkeep_cpu, 4), "upkeep_bytes_per_s": round(upkeep_bytes),
             "version_cpu_share": round(version_cpu, 4), "version_bytes_per_s": round(version_bytes),
             "cpu_s_per_delivery": round(cpu_per, 6), "bytes_per_delivery": round(bytes_per),
             "fixed_cpu_share": round(cpu0, 4), "fixed_bytes_per_s": round(bytes0),
+            "cpu_share_per_connection": round(cpu_conn, 5), "bytes_per_s_per_connection": round(bytes_conn),
             "version_cpu_s_per_link": round(cpu_link, 5), "version_bytes_per_link": round(bytes_link),
             "links_per_version": links_there, "version_every_s": every,
             "within_budget": cpu < BUDGET_CPU_SHARE and traffic < BUDGET_BYTES_PER_S}
+
+
+def _per_delivery(sizes: list[dict], key: str, scale_by: float) -> float:
+    """What one more gossip delivery a second costs a peer in `key` (CPU share, or kB/s times `scale_by`): the
+    chatty windows' extra over the idle ones, summed over the sizes whose chatter added deliveries, per extra
+    delivery. 0 when none did (a window too short to chatter in)."""
+    extra, deliveries = 0.0, 0.0
+    for s in sizes:
+        more = s.get("chatty_gossip_delivered_per_s", 0.0) - s["idle_gossip_delivered_per_s"]
+        if more > 0.05:
+            extra += (s[f"chatty_{key}"] - s[f"idle_{key}"]) * scale_by
+            deliveries += more
+    return max(0.0, extra / deliveries) if deliveries else 0.0
 
 
 def _links_at(largest: dict, target: int, max_links: int) -> float:
@@ -277,9 +340,15 @@ def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addr
     started = []
     for i in range(len(procs) - 1, target):
         argv = ["-c", _PEER, "bench-scale", key_hex, str(work / f"peer{i}"), str(links), *known]
-        started.append(EventProcess(argv, work / f"peer{i}.log"))
+        started.append(EventProcess(argv, work / f"peer{i}.log", stdin=subprocess.PIPE))
     procs.extend(started)
     addrs.extend(p.wait_for("listening", deadline)["addrs"][0] for p in started)
+
+
+def _tell(procs: list[EventProcess], line: str) -> None:
+    for proc in procs:
+        proc.popen.stdin.write(line + "\n")
+        proc.popen.stdin.flush()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -309,14 +378,18 @@ def run(args: argparse.Namespace) -> int:
                       args.links_per_version)
                 time.sleep(args.settle)
                 idle = _measure(procs[1:], args.window)
+                _tell(procs[1:], "chatter")
+                chatty = _measure(procs[1:], args.window)
+                _tell(procs[1:], "quiet")
                 publishing = _measure(procs[1:], args.window, publish, args.version_every)
-                measured.append(_summary(n, idle, publishing, args.window))
+                measured.append(_summary(n, idle, publishing, args.window, chatty))
                 print(json.dumps(measured[-1]), file=sys.stderr, flush=True)  # each size as it is measured
         finally:
             for p in procs:
                 p.stop()
     wanted = sorted({*sizes, args.estimate_peers})
-    heartbeats = {n: run_heartbeat_sim(n, warmup_s=300.0, seconds=300.0).received_per_peer_s for n in wanted}
+    heartbeats = {n: run_heartbeat_sim(n, warmup_s=6000.0, seconds=6000.0, forget_every_s=120.0).received_per_peer_s
+                  for n in wanted}  # long enough for several of the stretched periods of a large run
     result = {"mode": "separate processes on loopback", "version_every_s": args.version_every,
               "window_s": args.window, "sizes": measured,
               "heartbeats_received_per_peer_s_virtual": {str(n): round(v, 3) for n, v in heartbeats.items()},

@@ -33,21 +33,42 @@ MAX_MANIFEST_FETCHES = 8
 """Manifest fetches in flight at once; more ids are skipped (heartbeats name each held version again)."""
 HEARTBEAT_REDIAL_S = 30.0
 """A peer a heartbeat made us dial counts against max_peers this long, then only while it stays connected."""
-FULL_RATE_PEERS = 24
-"""Up to this many known peers, each heartbeats every `heartbeat_every_s`; past it, every peer stretches its period
-(and the silence after which others forget it) in proportion, so the whole run sends about FULL_RATE_PEERS /
-heartbeat_every_s heartbeats per second (4 by default) however large it grows. Why: a heartbeat floods the whole
-run, so at a fixed period what each peer receives grows with N: at N = 1,000 and 6 s that is 167 messages a second
-per peer, several times the 2 %-of-a-core budget of protocol overhead (see swarm.bench.scale)."""
+COUNTED_ROLES = frozenset({"trainer", "validator"})
+"""Roles whose presence others count: the trainer names the validators it hears in each version, and a validator
+that left must drop out of that set within a bounded silence."""
+FULL_RATE_COUNTED = 4
+"""Up to this many known peers of the counted roles, each heartbeats every `heartbeat_every_s`; past it, each
+stretches its period (and the silence after which others forget it) in proportion, so the run's validators and
+trainer together send about FULL_RATE_COUNTED / heartbeat_every_s heartbeats a second (0.67 by default) however
+many they are: with 16 validators a 25 s period, and one that left is forgotten after about two minutes."""
+FULL_RATE_OTHERS = 3
+"""The same for every other peer (inference, seed): about 0.5 heartbeats a second from all of them together. Their
+presence only feeds discovery and the trainer's "is anyone generating" check, so in a run of 1,000 they may be
+heard from every half hour.
+
+Why budgets per run instead of a fixed period: a heartbeat floods the whole run, and every flooded message costs
+each peer about a dozen pubsub RPCs (its copies from every mesh neighbour and its forwards to them), about 12 ms of
+CPU (swarm.bench.scale). At a fixed 6 s period a 1,000-peer run would hand each peer 167 heartbeats a second; at the
+earlier budget of 24 full-rate peers, 4 a second, about 5 % of a core by themselves."""
 MAX_KNOWN_PEERS = 4096
 """Peers whose heartbeats a node remembers (roles, when last heard); past it the least recently heard is forgotten.
 Identities are free, so the table is bounded; the stretch counts at most this many peers, so a flood of fresh
-identities can slow heartbeats by at most MAX_KNOWN_PEERS / FULL_RATE_PEERS."""
+identities can slow heartbeats by at most MAX_KNOWN_PEERS / FULL_RATE_OTHERS."""
+MAX_STRETCHING_COUNTED = 64
+"""Counted-role peers that stretch heartbeats at most: anyone may claim to be a validator, and a crowd of such
+claims must not slow the real validators' heartbeats (and the trainer's notice of one that left) past 16 times."""
 
 
-def heartbeat_stretch(peers_known: int) -> float:
-    """How much longer than `heartbeat_every_s` (and `peer_silence_s`) a peer waits, knowing `peers_known` others."""
-    return max(1.0, (min(peers_known, MAX_KNOWN_PEERS) + 1) / FULL_RATE_PEERS)
+def is_counted(roles) -> bool:
+    """Whether a peer with `roles` heartbeats on the counted roles' budget."""
+    return not COUNTED_ROLES.isdisjoint(roles)
+
+
+def heartbeat_stretch(peers_known: int, counted: bool) -> float:
+    """How much longer than `heartbeat_every_s` (and `peer_silence_s`) a peer of the counted roles or not waits,
+    `peers_known` others of its kind being known."""
+    full_rate, most = (FULL_RATE_COUNTED, MAX_STRETCHING_COUNTED) if counted else (FULL_RATE_OTHERS, MAX_KNOWN_PEERS)
+    return max(1.0, (min(peers_known, most) + 1) / full_rate)
 
 
 def announcement_body(signed: bytes, manifest: Any) -> dict:
@@ -141,7 +162,8 @@ async def send_heartbeats(node: Node) -> None:
         # Not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and seven peers
         # heartbeating each second in one simulated process starved its streams. See PeerConfig.heartbeat_every_s;
         # in a large run, longer still (heartbeat_stretch).
-        await trio.sleep(node.config.peer.heartbeat_every_s * heartbeat_stretch(len(node.peer_heard)))
+        counted = is_counted(node.config.peer.roles)
+        await trio.sleep(node.config.peer.heartbeat_every_s * heartbeat_stretch(node.known_alike(counted), counted))
 
 
 async def receive_heartbeats(node: Node) -> None:

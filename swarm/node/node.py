@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import blake3
 import trio
 
 from p2p.bootstrap import peer_id_of, resolve_bootstrap
@@ -38,6 +40,7 @@ from swarm.node.gossip import (
     announcement_body,
     fetch_and_adopt,
     heartbeat_stretch,
+    is_counted,
     receive_heartbeats,
     receive_manifests,
     send_heartbeats,
@@ -56,6 +59,10 @@ RoleTask = Callable[["Node"], Awaitable[None]]
 DHT_PUT_LIMIT_S = 15.0  # larger manifests are announced by id and fetched by the manifest protocol
 DHT_PUT_WARN_AFTER = 3
 """Versions in a row whose latest-manifest record the DHT did not store before that is worth a warning."""
+DHT_QUIET_MAX_S = 320.0
+"""Longest wait between two DHT lookups for the run's latest manifest while no version arrives."""
+DHT_PROVIDERS_WANTED = 20
+"""About how many peers of a large run announce each version on the DHT (`provides_key`)."""
 
 
 @dataclass
@@ -71,6 +78,7 @@ class Node:
     dht: DhtPort | None = None
     peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
     peer_heard: dict[str, float] = field(default_factory=dict)  # peer id -> when its last heartbeat came (trio)
+    counted_known: int = 0  # peers in peer_roles with a counted role (swarm.node.gossip.COUNTED_ROLES)
     done: trio.Event = field(default_factory=trio.Event)
     failed: bool = False
     dht_put_misses: int = 0  # latest-manifest puts in a row that did not complete
@@ -88,23 +96,37 @@ class Node:
     def heard_from(self, peer: str, roles: tuple[str, ...], now: float) -> None:
         """A heartbeat from `peer` came at `now`: it is alive and plays `roles`. The tables stay in order of last
         heard and hold at most MAX_KNOWN_PEERS: the least recently heard goes first."""
-        self.peer_heard.pop(peer, None)
+        self._forget(peer)
         self.peer_heard[peer] = now
         self.peer_roles[peer] = roles
+        self.counted_known += is_counted(roles)
         while len(self.peer_heard) > MAX_KNOWN_PEERS:
-            oldest = next(iter(self.peer_heard))
-            del self.peer_heard[oldest]
-            self.peer_roles.pop(oldest, None)
+            self._forget(next(iter(self.peer_heard)))
+
+    def _forget(self, peer: str) -> tuple[str, ...]:
+        self.peer_heard.pop(peer, None)
+        roles = self.peer_roles.pop(peer, None)
+        self.counted_known -= roles is not None and is_counted(roles)
+        return roles or ()
+
+    def known_alike(self, counted: bool) -> int:
+        """Known peers on the counted roles' heartbeat budget (`counted`) or on the others'."""
+        return self.counted_known if counted else len(self.peer_heard) - self.counted_known
 
     def forget_silent(self, now: float) -> dict[str, tuple[str, ...]]:
-        """Forget peers not heard from for `peer_silence_s`; returns them with their roles. Why: roles were kept
-        for ever, so a validator that left stayed in every version's validator set, and the rollouts assigned to it
-        waited out the quorum timeout, every version; with a quorum as large as the set, none was accepted again."""
-        window = self.config.peer.peer_silence_s * heartbeat_stretch(len(self.peer_heard))  # as heartbeats stretch
-        silent = [p for p, at in self.peer_heard.items() if now - at > window]
-        for peer in silent:
-            self.peer_heard.pop(peer)
-        return {peer: self.peer_roles.pop(peer, ()) for peer in silent}
+        """Forget peers not heard from for `peer_silence_s` (stretched as their kind's heartbeats are); returns
+        them with their roles. Why: roles were kept for ever, so a validator that left stayed in every version's
+        validator set, and the rollouts assigned to it waited out the quorum timeout, every version; with a quorum
+        as large as the set, none was accepted again."""
+        silence = self.config.peer.peer_silence_s
+        window = {counted: silence * heartbeat_stretch(self.known_alike(counted), counted) for counted in (True, False)}
+        silent = []
+        for peer, at in self.peer_heard.items():  # least recently heard first: stop at the first within both windows
+            if now - at <= window[True] and now - at <= window[False]:
+                break
+            if now - at > window[is_counted(self.peer_roles.get(peer, ()))]:
+                silent.append(peer)
+        return {peer: self._forget(peer) for peer in silent}
 
     def note_progress(self, record: dict) -> None:
         """Keep the roles' latest milestones (an event listener) for heartbeats, so `swarm status` can show a
@@ -266,18 +288,21 @@ async def _forget_silent_peers(node: Node) -> None:
 
 
 async def _provide_held(node: Node) -> None:
-    """Announce on the DHT every manifest id and file root we mirror, and stop re-announcing those of versions we
-    dropped: the DHT re-announces every key it was given at each re-provide, so without the second half a long run
-    announced every version it ever held, ever more of them, long after their files were deleted."""
+    """Announce on the DHT the manifest id of every version we mirror, if this peer signed it or is one of its
+    sampled providers (`provides_key`), and stop re-announcing those of versions we dropped: the DHT re-announces
+    every key it was given at each re-provide, so without the second half a long run announced every version it
+    ever held, ever more of them, long after their files were deleted."""
+    salt = secrets.token_bytes(16)  # this process's own draw: nobody can tell in advance which peers provide
     provided: set[bytes] = set()
     while True:
         changed = node.mirror.changed  # taken first: a change while we announce wakes the next wait at once
         held = held_keys(node.mirror.policies.values())
+        own = {p.manifest.id for p in node.mirror.policies.values() if p.origin == node.peer_id}
         for key in provided - set(held):
             node.dht.unprovide(key)
             provided.discard(key)
         for key in held:
-            if key not in provided:
+            if key not in provided and (key in own or provides_key(key, salt, len(node.peer_heard))):
                 provided.add(key)
                 try:
                     await node.dht.provide(key)
@@ -287,29 +312,59 @@ async def _provide_held(node: Node) -> None:
 
 
 def held_keys(policies) -> list[bytes]:
-    """The DHT keys of the policies we mirror: each manifest id and file root, once (versions share the roots of
-    unchanged files, such as the run's task file), in the policies' order."""
-    keys: dict[bytes, None] = {}
-    for policy in policies:
-        keys.update(dict.fromkeys((policy.manifest.id, *(f.root for f in policy.manifest.files))))
-    return list(keys)
+    """The DHT keys of the policies we mirror: each manifest id, in the policies' order. Only manifest ids are
+    looked up (`_adopt_latest_from_dht`); the files' roots were once provided as well, at twice the cost."""
+    return list(dict.fromkeys(policy.manifest.id for policy in policies))
 
 
-async def _find_latest_on_dht(node: Node, every_s: float = 10.0, quiet_s: float = 20.0) -> None:
+def provides_key(key: bytes, salt: bytes, peers_known: int) -> bool:
+    """Whether this peer announces itself on the DHT as a provider of `key`: every peer in a run of up to
+    DHT_PROVIDERS_WANTED peers, otherwise each with probability DHT_PROVIDERS_WANTED / peers, drawn from the key
+    and this process's secret salt.
+
+    Why: the DHT keeps a key's providers on the 20 peers closest to it, and each announcement is a lookup of a
+    dozen or more streams plus a store on those 20. With every peer of a 1,000-peer run announcing every version,
+    each of those 20 peers took 1,000 stores a version and every peer paid a lookup a version, for a list of which
+    a joiner reads at most a few entries (`_adopt_latest_from_dht`). About DHT_PROVIDERS_WANTED providers are
+    drawn afresh for each version, so no peer is the only way to any version.
+    """
+    if peers_known < DHT_PROVIDERS_WANTED:
+        return True
+    draw = int.from_bytes(blake3.blake3(salt + key).digest()[:8], "big") / 2**64
+    return draw < DHT_PROVIDERS_WANTED / (peers_known + 1)
+
+
+async def _find_latest_on_dht(node: Node, every_s: float = 10.0, quiet_s: float = 20.0,
+                              quiet_max_s: float = DHT_QUIET_MAX_S) -> None:
     """Ask the DHT for the run's latest manifest whenever no new version has arrived for a while.
 
     Why besides gossip and heartbeats: a peer whose bootstrap node knows nothing of the run (or whose gossip mesh
     has not formed) still finds the newest policy and its providers through the DHT; and a peer that missed a new
     version's announcement (gossip streams time out on a loaded machine, and a simulation once sat for minutes
     with every peer a version behind the trainer) finds it here instead of waiting for ever.
+
+    The wait doubles after every lookup that brings nothing new, up to `quiet_max_s`, and starts again at `quiet_s`
+    when the mirror changes: a lookup opens a stream to each of a dozen or more peers and makes them answer, and in
+    a swarm that is between versions such lookups were a third of an idle peer's CPU.
     """
+    quiet = quiet_s
     while True:
-        wait = every_s if node.mirror.latest() is None else quiet_s
-        with trio.move_on_after(wait) as quiet:
+        wait = every_s if node.mirror.latest() is None else quiet
+        with trio.move_on_after(wait) as silence:
             await node.mirror.changed.wait()
-        if quiet.cancelled_caught and node.mirror.trust.key is not None:
+        if not silence.cancelled_caught:
+            quiet = quiet_s
+            continue
+        newest = node.mirror.latest()
+        if node.mirror.trust.key is not None:
             with trio.move_on_after(DHT_PUT_LIMIT_S):
                 await _adopt_latest_from_dht(node)
+        quiet = next_quiet_wait(quiet, quiet_max_s) if node.mirror.latest() is newest else quiet_s
+
+
+def next_quiet_wait(wait: float, most: float) -> float:
+    """The wait before the next DHT lookup after one that found nothing new: twice the last, at most `most`."""
+    return min(2 * wait, most)
 
 
 async def _adopt_latest_from_dht(node: Node) -> None:
