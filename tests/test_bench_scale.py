@@ -21,8 +21,8 @@ def _sizes():
         idle_kb = (2000 + 100 * (n - 1) + 500 * d) / 1000
         rows.append({"peers": n, "idle_connected": n - 1, "idle_gossip_delivered_per_s": d,
                      "idle_cpu_share": idle_cpu, "idle_kb_per_s": idle_kb, "chatty_gossip_delivered_per_s": d + 2,
-                     "chatty_cpu_share": idle_cpu + 0.002, "chatty_kb_per_s": idle_kb + 1.0, "links_per_version": n - 1, "version_cpu_s": 0.02 * (n - 1),
-                     "version_kb": 40.0 * (n - 1)})
+                     "chatty_cpu_share": idle_cpu + 0.002, "chatty_kb_per_s": idle_kb + 1.0,
+                     "links_per_version": n - 1, "version_cpu_s": 0.02 * (n - 1), "version_kb": 40.0 * (n - 1)})
     return rows
 
 

@@ -345,6 +345,12 @@ def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addr
     addrs.extend(p.wait_for("listening", deadline)["addrs"][0] for p in started)
 
 
+def _sim_span(peers: int) -> float:
+    """Virtual seconds of warm-up, and then of counting, in the heartbeat run of `peers`: three of the longest
+    stretched periods there (peers / 3 times 6 s), at least 600."""
+    return max(600.0, 6.0 * peers)
+
+
 def _tell(procs: list[EventProcess], line: str) -> None:
     for proc in procs:
         proc.popen.stdin.write(line + "\n")
@@ -388,8 +394,8 @@ def run(args: argparse.Namespace) -> int:
             for p in procs:
                 p.stop()
     wanted = sorted({*sizes, args.estimate_peers})
-    heartbeats = {n: run_heartbeat_sim(n, warmup_s=6000.0, seconds=6000.0, forget_every_s=120.0).received_per_peer_s
-                  for n in wanted}  # long enough for several of the stretched periods of a large run
+    heartbeats = {n: run_heartbeat_sim(n, warmup_s=_sim_span(n), seconds=_sim_span(n), forget_every_s=120.0)
+                  .received_per_peer_s for n in wanted}
     result = {"mode": "separate processes on loopback", "version_every_s": args.version_every,
               "window_s": args.window, "sizes": measured,
               "heartbeats_received_per_peer_s_virtual": {str(n): round(v, 3) for n, v in heartbeats.items()},
