@@ -62,8 +62,8 @@ def index_service_tasks() -> None:
 
     Why: `TrioManager.run_task` finds the FunctionTask whose trio task is calling it by walking every task of the
     service (`_find_parent_task`). Pubsub starts one task per received message, and its service holds a few tasks
-    per connected peer, so each gossip message paid a walk that grows with the peer's connections: about an
-    eighth of a peer's CPU while gossip flows. Here each FunctionTask is indexed by its trio task when it starts;
+    per connected peer, so each gossip message would pay a walk that grows with the peer's connections: about
+    an eighth of a peer's CPU while gossip flows. Here each FunctionTask is indexed by its trio task when it starts;
     the parent is the indexed task if it is still in this manager's tree (each step up a child of its parent, the
     top one a root of this manager), which is what the walk finds. Applied once per process.
     """

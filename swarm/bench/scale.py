@@ -352,6 +352,7 @@ def _sim_span(peers: int) -> float:
 
 
 def _tell(procs: list[EventProcess], line: str) -> None:
+    """One line to each process's stdin: the publisher's "next" version, the peers' "chatter" and "quiet"."""
     for proc in procs:
         proc.popen.stdin.write(line + "\n")
         proc.popen.stdin.flush()
@@ -374,8 +375,7 @@ def run(args: argparse.Namespace) -> int:
         procs = [pub]
 
         def publish() -> None:
-            pub.popen.stdin.write("next\n")
-            pub.popen.stdin.flush()
+            _tell([pub], "next")
 
         try:
             addrs = [pub.wait_for("listening", time.monotonic() + args.timeout)["addrs"][0]]

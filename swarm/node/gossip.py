@@ -48,8 +48,8 @@ heard from every half hour.
 
 Why budgets per run instead of a fixed period: a heartbeat floods the whole run, and every flooded message costs
 each peer about a dozen pubsub RPCs (its copies from every mesh neighbour and its forwards to them), about 12 ms of
-CPU (swarm.bench.scale). At a fixed 6 s period a 1,000-peer run would hand each peer 167 heartbeats a second; at the
-earlier budget of 24 full-rate peers, 4 a second, about 5 % of a core by themselves."""
+CPU (swarm.bench.scale). At a fixed 6 s period a 1,000-peer run would hand each peer 167 heartbeats a second; with
+one budget of 24 full-rate peers for every role, 4 a second, about 5 % of a core by themselves."""
 MAX_KNOWN_PEERS = 4096
 """Peers whose heartbeats a node remembers (roles, when last heard); past it the least recently heard is forgotten.
 Identities are free, so the table is bounded; the stretch counts at most this many peers, so a flood of fresh

@@ -313,7 +313,7 @@ async def _provide_held(node: Node) -> None:
 
 def held_keys(policies) -> list[bytes]:
     """The DHT keys of the policies we mirror: each manifest id, in the policies' order. Only manifest ids are
-    looked up (`_adopt_latest_from_dht`); the files' roots were once provided as well, at twice the cost."""
+    looked up (`_adopt_latest_from_dht`), so the files' roots are not announced: they would double the cost."""
     return list(dict.fromkeys(policy.manifest.id for policy in policies))
 
 
@@ -324,7 +324,7 @@ def provides_key(key: bytes, salt: bytes, peers_known: int) -> bool:
 
     Why: the DHT keeps a key's providers on the 20 peers closest to it, and each announcement is a lookup of a
     dozen or more streams plus a store on those 20. With every peer of a 1,000-peer run announcing every version,
-    each of those 20 peers took 1,000 stores a version and every peer paid a lookup a version, for a list of which
+    each of those 20 peers would take 1,000 stores a version and every peer pay a lookup a version, for a list of which
     a joiner reads at most a few entries (`_adopt_latest_from_dht`). About DHT_PROVIDERS_WANTED providers are
     drawn afresh for each version, so no peer is the only way to any version.
     """
@@ -345,7 +345,7 @@ async def _find_latest_on_dht(node: Node, every_s: float = 10.0, quiet_s: float 
 
     The wait doubles after every lookup that brings nothing new, up to `quiet_max_s`, and starts again at `quiet_s`
     when the mirror changes: a lookup opens a stream to each of a dozen or more peers and makes them answer, and in
-    a swarm that is between versions such lookups were a third of an idle peer's CPU.
+    a swarm that is between versions, asking every 20 s is a third of an idle peer's CPU.
     """
     quiet = quiet_s
     while True:
