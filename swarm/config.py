@@ -121,6 +121,10 @@ class MirrorSection(ConfigSection):
         "Data links this peer opens itself for each version (others may open more to it): each "
         "link costs a data channel and a have message per piece, so linking every version to every neighbour "
         "costs in proportion to them."))
+    dht_providers: float = Field(20.0, description=(
+        "About how many peers of a large run announce each version on the DHT: each draws whether it does, with "
+        "probability dht_providers / peers known (the signer always does). `swarm bench scale` lowers it so that a "
+        "version costs its peers the DHT work it would cost a peer of the run size it estimates."))
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "MirrorSection":
@@ -128,6 +132,8 @@ class MirrorSection(ConfigSection):
             raise UserError("keep_versions must be at least 1")
         if self.links_per_version < 1:
             raise UserError("links_per_version must be at least 1")
+        if not 0 <= self.dht_providers <= 1_000_000:
+            raise UserError(f"dht_providers {self.dht_providers} is outside 0..1,000,000")
         if not 256 <= self.piece_kb <= 4096:
             raise UserError(f"piece size {self.piece_kb} KiB is outside 256..4096 KiB")
         return self

@@ -102,3 +102,9 @@ def test_a_tiny_scale_run_reports_every_figure(tmp_path):
     assert result["estimate"]["peers"] == 30 and "within_budget" in result["estimate"]
     assert 0 <= result["estimate"]["links_per_version"] <= 29
     assert result["heartbeats_received_per_peer_s_virtual"]["30"] > 0
+
+
+def test_the_peers_announce_versions_as_often_as_at_the_estimated_size():
+    at_target = scale.DHT_PROVIDERS_WANTED / 1001
+    assert abs(scale.providers_as_at(1000, 16) / 17 - at_target) < 1e-12  # 16 peers, each knowing 16 others
+    assert scale.providers_as_at(1000, 16) / 9 > at_target  # at a smaller size more often: the estimate errs high

@@ -6,14 +6,20 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import pytest
 import trio
 
+from swarm.config import MirrorSection
+from swarm.errors import UserError
 from swarm.node.node import DHT_PROVIDERS_WANTED, _provide_held, held_keys, provides_key
 
 
 def policy(version: int, task_root: bytes = b"task", origin: str = "trainer") -> SimpleNamespace:
     files = (SimpleNamespace(root=b"weights-%d" % version), SimpleNamespace(root=task_root))
     return SimpleNamespace(manifest=SimpleNamespace(id=b"manifest-%d" % version, files=files), origin=origin)
+
+
+CONFIG = SimpleNamespace(mirror=MirrorSection())
 
 
 class FakeMirror:
@@ -48,7 +54,7 @@ def test_held_keys_are_the_manifest_ids_once_each():
 
 async def test_dropped_versions_are_no_longer_reprovided(autojump_clock):
     mirror, dht = FakeMirror(), FakeDHT()
-    node = SimpleNamespace(mirror=mirror, dht=dht, peer_id="seed", peer_heard={})
+    node = SimpleNamespace(mirror=mirror, dht=dht, peer_id="seed", peer_heard={}, config=CONFIG)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_provide_held, node)
         mirror.set(1)
@@ -85,7 +91,7 @@ async def test_in_a_large_run_the_signer_provides_its_version_and_others_mostly_
     providing = 0
     for peer in range(100):
         mirror, dht = FakeMirror(), FakeDHT()
-        node = SimpleNamespace(mirror=mirror, dht=dht, peer_id=f"peer{peer}", peer_heard=crowd)
+        node = SimpleNamespace(mirror=mirror, dht=dht, peer_id=f"peer{peer}", peer_heard=crowd, config=CONFIG)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_provide_held, node)
             await trio.sleep(0)
@@ -95,7 +101,7 @@ async def test_in_a_large_run_the_signer_provides_its_version_and_others_mostly_
         providing += bool(dht.announced)
     assert providing <= 10  # about 2 of 100 peers
     mirror, dht = FakeMirror(), FakeDHT()
-    node = SimpleNamespace(mirror=mirror, dht=dht, peer_id="trainer", peer_heard=crowd)
+    node = SimpleNamespace(mirror=mirror, dht=dht, peer_id="trainer", peer_heard=crowd, config=CONFIG)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_provide_held, node)
         await trio.sleep(0)
@@ -103,3 +109,12 @@ async def test_in_a_large_run_the_signer_provides_its_version_and_others_mostly_
         await trio.sleep(5)
         nursery.cancel_scope.cancel()
     assert dht.announced == [b"manifest-1", b"manifest-2"]
+
+
+def test_the_wanted_number_is_the_mirror_setting_and_scales_the_draw():
+    assert MirrorSection().dht_providers == DHT_PROVIDERS_WANTED
+    draws, known = 20_000, 16
+    providing = sum(provides_key(os.urandom(32), os.urandom(16), known, 0.34) for _ in range(draws))
+    assert 0.8 * draws * 0.02 <= providing <= 1.2 * draws * 0.02  # 0.34 / 17: the rate of a 1,000-peer run
+    with pytest.raises(UserError):
+        MirrorSection(dht_providers=-1)

@@ -21,11 +21,13 @@ The estimate at 1,000 peers has two parts, because they grow with different thin
   delivery), times the deliveries at 1,000 (the heartbeats a virtual-time run of the real heartbeat loop counts,
   swarm.bench.heartbeat_sim, plus the measured non-heartbeat traffic); plus what is left of the idle windows, a
   fixed part and a part per connection (least squares over the sizes), at the connections a peer holds at 1,000
-  (`max_peers`: heartbeats stop making it dial past that);
+  (`max_peers`: p2p.conn_trim closes the unused ones past it, and heartbeats stop making it dial past it);
 - versions, from the difference of the publishing and idle windows: CPU and bytes per version per data link (a
   version is fetched and served over data links, counted from the mirror's link events), times the links a peer
   opens per version at 1,000 (what the largest size measured where the links_per_version setting bound it, else
-  one per other peer up to max_peers), times the version rate.
+  one per other peer up to max_peers), times the version rate. The peers announce versions on the DHT as often as
+  a peer of the 1,000-peer run would (`providers_as_at`): in a small run every peer announces every version, a
+  DHT lookup and stores a version that a peer of a large run pays about once in 50 versions.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from swarm.config import LimitsSection, MirrorSection, load_config
 from swarm.errors import UserError
 from swarm.events import EventSink
 from swarm.node.gossip import heartbeat_body
-from swarm.node.node import open_node_parts
+from swarm.node.node import DHT_PROVIDERS_WANTED, open_node_parts
 
 BUDGET_CPU_SHARE = 0.02
 CHATTER_EVERY_S = 6.0
@@ -82,10 +84,18 @@ _PUBLISHER = "import sys; from swarm.bench.scale import publisher_main; sys.exit
 _PEER = "import sys; from swarm.bench.scale import peer_main; sys.exit(peer_main(sys.argv[1:]))"
 
 
-def _node_config(run: str, data_dir: str, bootstrap: list[str], trainer_key: str, links_per_version: int):
+def _node_config(run: str, data_dir: str, bootstrap: list[str], trainer_key: str, links_per_version: int,
+                 dht_providers: float = DHT_PROVIDERS_WANTED):
     return load_config(None, {"roles": ("seed",), "run": run, "data_dir": Path(data_dir),
                               "bootstrap": tuple(bootstrap), "trainer_key": trainer_key, "piece_kb": 256,
-                              "links_per_version": links_per_version})
+                              "links_per_version": links_per_version, "dht_providers": dht_providers})
+
+
+def providers_as_at(target: int, largest: int) -> float:
+    """The peers' `dht_providers` setting: at the largest size measured, each peer announces a version on the DHT
+    as often as a peer of a `target`-peer run does (DHT_PROVIDERS_WANTED / target), so the versions' cost is the
+    one a peer pays there; at smaller sizes more often, which errs high."""
+    return DHT_PROVIDERS_WANTED * (largest + 1) / (target + 1)
 
 
 async def report_gossip(node) -> None:
@@ -123,11 +133,11 @@ def publisher_main(argv: list[str]) -> int:
 
 def peer_main(argv: list[str]) -> int:
     """A light seed-only peer that also reports its gossip counters. argv: run, trainer key hex, data dir, links per
-    version, bootstrap multiaddrs..."""
-    run, key_hex, data_dir, links, *bootstrap = argv
+    version, DHT providers setting, bootstrap multiaddrs..."""
+    run, key_hex, data_dir, links, providers, *bootstrap = argv
     events = EventSink(json_lines=True)
     events.configure_logging()
-    config = _node_config(run, data_dir, bootstrap, key_hex, int(links))
+    config = _node_config(run, data_dir, bootstrap, key_hex, int(links), float(providers))
     return trio.run(open_node_parts, config, Identity.generate(), events, [report_gossip, chatter_when_told],
                     bytes.fromhex(key_hex))
 
@@ -333,13 +343,13 @@ def _links_at(largest: dict, target: int, max_links: int) -> float:
 
 
 def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addrs: list[str], deadline: float,
-          links: int):
+          links: int, providers: float):
     """Start peers until `target` run, all at once; each bootstraps from the publisher and the three peers that
     joined last before this step (joining together, as a flash crowd does)."""
     known = [addrs[0], *addrs[1:][-3:]]
     started = []
     for i in range(len(procs) - 1, target):
-        argv = ["-c", _PEER, "bench-scale", key_hex, str(work / f"peer{i}"), str(links), *known]
+        argv = ["-c", _PEER, "bench-scale", key_hex, str(work / f"peer{i}"), str(links), str(providers), *known]
         started.append(EventProcess(argv, work / f"peer{i}.log", stdin=subprocess.PIPE))
     procs.extend(started)
     addrs.extend(p.wait_for("listening", deadline)["addrs"][0] for p in started)
@@ -381,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
             addrs = [pub.wait_for("listening", time.monotonic() + args.timeout)["addrs"][0]]
             for n in sizes:
                 _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout,
-                      args.links_per_version)
+                      args.links_per_version, providers_as_at(args.estimate_peers, sizes[-1]))
                 time.sleep(args.settle)
                 idle = _measure(procs[1:], args.window)
                 _tell(procs[1:], "chatter")
@@ -398,6 +408,7 @@ def run(args: argparse.Namespace) -> int:
                   .received_per_peer_s for n in wanted}
     result = {"mode": "separate processes on loopback", "version_every_s": args.version_every,
               "window_s": args.window, "sizes": measured,
+              "dht_providers": round(providers_as_at(args.estimate_peers, sizes[-1]), 3),
               "heartbeats_received_per_peer_s_virtual": {str(n): round(v, 3) for n, v in heartbeats.items()},
               "estimate": estimate(measured, heartbeats, args.estimate_peers, args.version_every,
                                    LimitsSection().max_peers),

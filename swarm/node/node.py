@@ -23,6 +23,7 @@ import trio
 
 from p2p.bootstrap import peer_id_of, resolve_bootstrap
 from p2p.channel import ChannelConfig, open_data_channel, serve_data_channels
+from p2p.conn_trim import TrimConfig, trim_connections
 from p2p.dht import LatestManifest, open_dht
 from p2p.errors import P2PError
 from p2p.gossip import GossipConfig, open_gossip
@@ -62,7 +63,8 @@ DHT_PUT_WARN_AFTER = 3
 DHT_QUIET_MAX_S = 320.0
 """Longest wait between two DHT lookups for the run's latest manifest while no version arrives."""
 DHT_PROVIDERS_WANTED = 20
-"""About how many peers of a large run announce each version on the DHT (`provides_key`)."""
+"""About how many peers of a large run announce each version on the DHT (`provides_key`; the default of the
+mirror's `dht_providers` setting)."""
 
 
 @dataclass
@@ -246,13 +248,28 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 for part, *args in [(receive_manifests,), (receive_heartbeats,), (send_heartbeats,),
                                     (_forget_silent_peers,), (_keep_bootstrap_links, tuple(bootstrap)),
                                     (_reconcile_links, open_data_channel), (_report_progress,), (_provide_held,),
-                                    (_find_latest_on_dht,), *((role,) for role in roles)]:
+                                    (_find_latest_on_dht,), (_trim_connections, tuple(bootstrap)),
+                                    *((role,) for role in roles)]:
                     nursery.start_soon(run_part, node, part, *args)
                 await node.done.wait()
                 on_stopping(node)
                 trio.lowlevel.spawn_system_task(report_stuck_tasks, TEARDOWN_GRACE_S / 2, closed, log)
                 teardown.deadline = trio.current_time() + TEARDOWN_GRACE_S
                 nursery.cancel_scope.cancel()
+
+
+async def _trim_connections(node: Node, bootstrap: tuple[str, ...]) -> None:
+    """Keep this peer's libp2p connections near `max_peers`, and never fewer than a full gossip mesh (p2p.conn_trim):
+    our gossip mesh, our data links, relays, bootstrap peers and connections with a stream other than gossip's are
+    in use; the rest past the bound are closed. Without it, a peer of a large run would hold connections to
+    everyone its DHT lookups ever asked."""
+    bootstrap_peers = set(map(peer_id_of, bootstrap))
+
+    def in_use() -> set[str]:
+        return node.host.peers_in_use() | node.gossip.mesh_peers() | node.mirror.linked_peers() | bootstrap_peers
+
+    keep = max(node.config.limits.max_peers, 2 * GossipConfig().degree)  # room for a full gossip mesh at least
+    await trim_connections(node.host.connected_peers, in_use, node.host.disconnect, TrimConfig(keep=keep))
 
 
 async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:
@@ -302,7 +319,8 @@ async def _provide_held(node: Node) -> None:
             node.dht.unprovide(key)
             provided.discard(key)
         for key in held:
-            if key not in provided and (key in own or provides_key(key, salt, len(node.peer_heard))):
+            if key not in provided and (key in own or provides_key(key, salt, len(node.peer_heard),
+                                                                  node.config.mirror.dht_providers)):
                 provided.add(key)
                 try:
                     await node.dht.provide(key)
@@ -317,21 +335,20 @@ def held_keys(policies) -> list[bytes]:
     return list(dict.fromkeys(policy.manifest.id for policy in policies))
 
 
-def provides_key(key: bytes, salt: bytes, peers_known: int) -> bool:
-    """Whether this peer announces itself on the DHT as a provider of `key`: every peer in a run of up to
-    DHT_PROVIDERS_WANTED peers, otherwise each with probability DHT_PROVIDERS_WANTED / peers, drawn from the key
-    and this process's secret salt.
+def provides_key(key: bytes, salt: bytes, peers_known: int, wanted: float = DHT_PROVIDERS_WANTED) -> bool:
+    """Whether this peer announces itself on the DHT as a provider of `key`: every peer in a run of up to `wanted`
+    peers, otherwise each with probability wanted / peers, drawn from the key and this process's secret salt.
 
     Why: the DHT keeps a key's providers on the 20 peers closest to it, and each announcement is a lookup of a
     dozen or more streams plus a store on those 20. With every peer of a 1,000-peer run announcing every version,
     each of those 20 peers would take 1,000 stores a version and every peer pay a lookup a version, for a list of which
-    a joiner reads at most a few entries (`_adopt_latest_from_dht`). About DHT_PROVIDERS_WANTED providers are
-    drawn afresh for each version, so no peer is the only way to any version.
+    a joiner reads at most a few entries (`_adopt_latest_from_dht`). About `wanted` providers are drawn afresh for
+    each version, so no peer is the only way to any version.
     """
-    if peers_known < DHT_PROVIDERS_WANTED:
+    if peers_known < wanted:
         return True
     draw = int.from_bytes(blake3.blake3(salt + key).digest()[:8], "big") / 2**64
-    return draw < DHT_PROVIDERS_WANTED / (peers_known + 1)
+    return draw < wanted / (peers_known + 1)
 
 
 async def _find_latest_on_dht(node: Node, every_s: float = 10.0, quiet_s: float = 20.0,

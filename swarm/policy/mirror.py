@@ -418,6 +418,15 @@ class PolicyMirror(OutboundLinks):
                 await self.changed.wait()
         return self.policies.get(manifest_id)
 
+    def linked_peers(self) -> set[str]:
+        """Peers we hold a data link or a spare channel with, or are dialing for one."""
+        linked = set(self._spares) | self._spare_dialing
+        for policy in list(self.policies.values()):
+            linked |= policy.dialing
+            if policy.service is not None:
+                linked |= set(policy.service.peers)
+        return linked
+
     def is_mirrored(self, policy: MirroredPolicy) -> bool:
         """Whether `policy` is still mirrored (a newer version may have pushed it out of the window meanwhile).
 
