@@ -230,10 +230,10 @@ class Gossip(GossipReceiver):
 
     async def _drain(self, kind: str, subscription: Any) -> None:
         """Move verified messages from py-libp2p's 32-slot queue to our channels, without ever blocking on them."""
-        me = self.host.peer_id
+        me = ID.from_base58(self.host.peer_id).to_bytes()  # compared as bytes: no base58 per message
         async for msg in subscription:
             env = self._verified.pop(bytes(msg.from_id) + bytes(msg.seqno), None)
-            if env is None or _origin(msg) == me:
+            if env is None or bytes(msg.from_id) == me:
                 continue
             self.stats.delivered += 1
             self.stats.bytes_delivered += len(msg.data)
@@ -290,10 +290,6 @@ class Gossip(GossipReceiver):
             await self.pubsub.ensure_peer_stream(peer_id, timeout=5 * self.config.heartbeat_s)
         except Exception:  # noqa: BLE001 - a peer that will not talk pubsub is simply retried later
             log.debug("no pubsub stream to %s yet", peer_id, exc_info=True)
-
-
-def _origin(msg: Any) -> str:
-    return str(ID(bytes(msg.from_id)))
 
 
 def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:

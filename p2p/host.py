@@ -42,7 +42,7 @@ from p2p.addresses import dialable, interface_ips
 from p2p.bootstrap import peer_id_of
 from p2p.errors import HostError
 from p2p.identity import Identity, load_or_create_identity
-from p2p.libp2p_compat import index_service_tasks, tune_yamux
+from p2p.libp2p_compat import cache_signed_records, index_service_tasks, tune_yamux
 from p2p.reach import ReachConfig
 from p2p.reach_service import open_reach
 from p2p.relay import RELAY_HOP_PROTOCOL, is_circuit
@@ -171,6 +171,7 @@ def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Seq
     logging.getLogger("libp2p.transport.tcp.tcp").setLevel(logging.CRITICAL)
     tune_yamux()  # without it every small read sends a window update: twice the frames for gossip's small RPCs
     index_service_tasks()  # without it each task py-libp2p starts walks all of its service's tasks
+    cache_signed_records()  # without it pubsub re-checks our signed peer record for every message it sends
     key_pair = identity.key_pair
     noise = NoiseTransport(libp2p_keypair=key_pair, noise_privkey=new_x25519().private_key)
     host = new_host(

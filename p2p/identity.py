@@ -96,7 +96,14 @@ def _peer_id(seed: bytes) -> str:
 
 def peer_id_from_public_bytes(public_bytes: bytes) -> str:
     """The libp2p peer id of a raw Ed25519 public key (lets C map envelope senders to peers)."""
-    return str(ID.from_pubkey(Libp2pPublicKey.from_bytes(bytes(public_bytes))))
+    return _peer_id_of_key(bytes(public_bytes))
+
+
+@functools.lru_cache(maxsize=4096)
+def _peer_id_of_key(public_bytes: bytes) -> str:
+    """Cached: every gossip message names its sender by key, and the base58 encoding cost a few percent of a peer's
+    CPU while heartbeats flowed. Bounded, so a crowd of fresh keys only evicts entries."""
+    return str(ID.from_pubkey(Libp2pPublicKey.from_bytes(public_bytes)))
 
 
 def public_bytes_from_peer_id(peer_id: str) -> bytes:

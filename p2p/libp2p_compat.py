@@ -17,6 +17,8 @@ from typing import Any
 
 import trio
 from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.pubsub import gossipsub as gossipsub_module
+from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
@@ -88,6 +90,38 @@ async def write_frame(conn: Any, data: bytes) -> None:
 
 
 write_frame.lean = True  # type: ignore[attr-defined]
+
+
+SIGNED_RECORD_TTL_S = 30.0
+"""How long pubsub reuses this host's signed peer record before building it again (`cache_signed_records`)."""
+_SIGNED_RECORDS: weakref.WeakKeyDictionary[Any, tuple[float, tuple[bytes, bool]]] = weakref.WeakKeyDictionary()
+
+
+def cache_signed_records() -> None:
+    """Make pubsub build this host's signed peer record at most every SIGNED_RECORD_TTL_S, not for every RPC.
+
+    Why: py-libp2p's pubsub asks for the record (`env_to_send_in_RPC`) for every message it publishes or forwards
+    and every control message; each call lists and compares the host's addresses (its cached record is reused, but
+    finding that out is the cost), a few percent of a peer's CPU while heartbeats flowed. LeanPubsub sends the
+    record only in the first RPC of each stream anyway. A record at most 30 s stale still names the same addresses
+    unless they just changed, and the next one names the new ones. Applied once per process.
+    """
+    if getattr(pubsub_module.env_to_send_in_RPC, "cached", False):
+        return
+    build = pubsub_module.env_to_send_in_RPC
+
+    def cached(host: Any) -> tuple[bytes, bool]:
+        now = trio.current_time()
+        hit = _SIGNED_RECORDS.get(host)
+        if hit is not None and now - hit[0] < SIGNED_RECORD_TTL_S:
+            return hit[1][0], False
+        record = build(host)
+        _SIGNED_RECORDS[host] = (now, record)
+        return record
+
+    cached.cached = True  # type: ignore[attr-defined]
+    pubsub_module.env_to_send_in_RPC = cached
+    gossipsub_module.env_to_send_in_RPC = cached
 
 
 _FUNCTION_TASKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

@@ -108,3 +108,9 @@ def test_the_peers_announce_versions_as_often_as_at_the_estimated_size():
     at_target = scale.DHT_PROVIDERS_WANTED / 1001
     assert abs(scale.providers_as_at(1000, 16) / 17 - at_target) < 1e-12  # 16 peers, each knowing 16 others
     assert scale.providers_as_at(1000, 16) / 9 > at_target  # at a smaller size more often: the estimate errs high
+
+
+def test_connections_at_the_target_are_the_trimmers_bound_when_given():
+    sizes, heartbeats = _sizes(), {8: 1.2, 16: 2.5, 32: 4.0, 1000: 4.0}
+    assert scale.estimate(sizes, heartbeats, 1000, every=100.0, max_links=32, max_connections=40)["connections"] == 40
+    assert scale.estimate(sizes, heartbeats, 32, every=100.0, max_links=32, max_connections=40)["connections"] == 31

@@ -21,7 +21,7 @@ The estimate at 1,000 peers has two parts, because they grow with different thin
   delivery), times the deliveries at 1,000 (the heartbeats a virtual-time run of the real heartbeat loop counts,
   swarm.bench.heartbeat_sim, plus the measured non-heartbeat traffic); plus what is left of the idle windows, a
   fixed part and a part per connection (least squares over the sizes), at the connections a peer holds at 1,000
-  (`max_peers`: p2p.conn_trim closes the unused ones past it, and heartbeats stop making it dial past it);
+  (`max_peers` plus the trimming slack: p2p.conn_trim closes the unused ones past that);
 - versions, from the difference of the publishing and idle windows: CPU and bytes per version per data link (a
   version is fetched and served over data links, counted from the mirror's link events), times the links a peer
   opens per version at 1,000 (what the largest size measured where the links_per_version setting bound it, else
@@ -46,6 +46,7 @@ from pathlib import Path
 
 import trio
 
+from p2p.conn_trim import TrimConfig
 from p2p.errors import P2PError
 from p2p.identity import Identity, read_key_file, write_key_file
 from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
@@ -283,12 +284,12 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target: int, every: float,
-             max_links: int) -> dict:
+             max_links: int, max_connections: int | None = None) -> dict:
     """Per-peer cost at `target` peers: upkeep (a cost per delivery, priced by the chatty windows, times the
     deliveries there: the measured non-heartbeat traffic plus the heartbeats the virtual-time run counts at that
     size; plus a fixed part and a part per connection, fitted on what the idle windows leave, at the connections a
-    peer holds there, at most `max_links`) plus versions (the cost per version per data link, times the links a
-    peer opens per version there, one version every `every` seconds)."""
+    peer holds there, at most `max_connections`, default `max_links`) plus versions (the cost per version per data
+    link, times the links a peer opens per version there, at most `max_links`, one version every `every` seconds)."""
     cpu_per = _per_delivery(sizes, "cpu_share", 1.0)
     bytes_per = _per_delivery(sizes, "kb_per_s", 1000.0)
     conns = [s["idle_connected"] for s in sizes]
@@ -298,7 +299,7 @@ def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target:
     largest = sizes[-1]
     other = max(0.0, largest["idle_gossip_delivered_per_s"] - heartbeats_per_peer_s[largest["peers"]])
     deliveries = other + heartbeats_per_peer_s[target]
-    connections = min(target - 1, max_links)
+    connections = min(target - 1, max_links if max_connections is None else max_connections)
     links = sum(max(1.0, s["links_per_version"]) for s in sizes)
     cpu_link = sum(s["version_cpu_s"] for s in sizes) / links
     bytes_link = sum(s["version_kb"] * 1000 for s in sizes) / links
@@ -411,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
               "dht_providers": round(providers_as_at(args.estimate_peers, sizes[-1]), 3),
               "heartbeats_received_per_peer_s_virtual": {str(n): round(v, 3) for n, v in heartbeats.items()},
               "estimate": estimate(measured, heartbeats, args.estimate_peers, args.version_every,
-                                   LimitsSection().max_peers),
+                                   LimitsSection().max_peers, LimitsSection().max_peers + TrimConfig().slack),
               "budget": {"cpu_share": BUDGET_CPU_SHARE, "bytes_per_s": BUDGET_BYTES_PER_S}}
     print(json.dumps(result))
     return 0
