@@ -144,7 +144,9 @@ class LimitsSection(ConfigSection):
 
     upload_mbps: float = Field(0.0, description=(
         "Upload cap of this peer in megabits per second, shared by every version it serves (0: unlimited)."))
-    max_peers: int = Field(32, description="Upper bound on data connections this peer keeps open.")
+    max_peers: int = Field(32, description=(
+        "Upper bound on data connections this peer keeps open; past it plus 8, the libp2p connections nothing uses "
+        "close (p2p/conn_trim.py)."))
     data_exempt_loopback: bool = Field(False, description=(
         "Lift the data port's per-IP cap on sockets still presenting their token for 127.0.0.0/8 and ::1. Only "
         "for a simulation or benchmark that runs every peer on loopback (`swarm sim` sets it); a peer that other "
