@@ -5,9 +5,9 @@ Why a wrapper around py-libp2p's BasicHost (docs/reference.md#py-libp2p-pitfalls
   X25519 Noise static key;
 - Mplex is 4x slower than Yamux, so Yamux is the only muxer;
 - every dial costs 250 ms unless `max_connections_per_peer=1`;
-- its auto-connector dials known peers until it holds 100 connections (aiming at 200), so its watermarks are set
-  low here (AUTO_CONNECT_BELOW): a peer tops itself up only when it is nearly alone, and p2p.conn_trim keeps the
-  count near `max_peers` (py-libp2p's own pruner never closes a connection with a stream, which gossip keeps on all);
+- its auto-connector dials known peers until it holds 200 connections, so its watermarks are set low here
+  (AUTO_CONNECT_BELOW): a peer tops itself up to 16, and p2p.conn_trim keeps the count near `max_peers`
+  (py-libp2p's own pruner never closes a connection with a stream, which gossip keeps on all);
 - an exception escaping a stream handler kills the host and the trio run around it, so every handler we install
   is wrapped: exceptions and hangs are logged and the stream reset, and an unexpected exception costs the peer
   that opened the stream score (`P2PHost.faults`); a peer past the ban threshold is disconnected and its streams
@@ -40,12 +40,13 @@ from multiaddr import Multiaddr
 
 from p2p.addresses import dialable, interface_ips
 from p2p.bootstrap import peer_id_of
+from p2p.conn_trim import libp2p_peers_in_use
 from p2p.errors import HostError
 from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import cache_signed_records, index_service_tasks, tune_yamux
 from p2p.reach import ReachConfig
 from p2p.reach_service import open_reach
-from p2p.relay import RELAY_HOP_PROTOCOL, is_circuit
+from p2p.relay import is_circuit
 from p2p.scores import PeerScores, ScoreConfig, Verdict
 from p2p.stream_guard import (
     StreamHandler,
@@ -72,11 +73,11 @@ class _ConfigDefault:
 CONFIG_DEFAULT = _ConfigDefault()
 HANDLER_FAULT = "handler_fault"
 AUTO_CONNECT_BELOW = 8
-"""py-libp2p's auto-connector dials known peers only while this peer holds fewer connections than this."""
+"""py-libp2p's low watermark: with AUTO_CONNECT_UP_TO, its auto-connector dials known peers while this peer holds
+(or is dialing) fewer than their midpoint, 16 connections."""
 AUTO_CONNECT_UP_TO = 24
-"""... and then towards the midpoint of AUTO_CONNECT_BELOW and this (py-libp2p's high watermark)."""
-GOSSIP_PROTOCOL_PREFIXES = ("/meshsub/", "/floodsub/")
-"""Streams of these protocols stay open to every connected peer: they do not make a connection "in use"."""
+"""py-libp2p's high watermark: past it, its own pruner closes connections that carry no stream at all (gossip keeps
+one on every swarm peer) after 20 s; p2p.conn_trim bounds the rest."""
 FAULT_SCORES = ScoreConfig(penalties={HANDLER_FAULT: 25.0})
 """Three unexpected handler errors from one peer within a minute or two ban it (score -75 against the -60
 threshold; scores decay with a 120 s half-life), for the default ban time (600 s)."""
@@ -185,14 +186,6 @@ def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Seq
     )
     host.multiselect.handlers = _HandlerTable(host.multiselect.handlers)
     return host
-
-
-def _keeps_connection(stream: Any) -> bool:
-    """Whether an open stream makes its connection in use (P2PHost.peers_in_use)."""
-    protocol = str(stream.get_protocol() or "")
-    if protocol.startswith(GOSSIP_PROTOCOL_PREFIXES):
-        return False
-    return protocol == RELAY_HOP_PROTOCOL or bool(getattr(stream.muxed_stream, "is_initiator", False))
 
 
 class _HandlerTable(dict):
@@ -359,19 +352,11 @@ class P2PHost:
         await self._disconnect(peer)
 
     def peers_in_use(self) -> set[str]:
-        """Peers whose connection carries more than gossip: a stream we opened on another protocol (a DHT query,
-        an offer, a circuit, a data link over libp2p), a circuit they relay through us, or a relay reservation,
-        theirs on us or ours on them. p2p.conn_trim never closes these. Streams a peer opens to us do not count
-        (but for relaying, which the relay's limits bound): otherwise any stranger could keep its connection by
-        holding a DHT query open."""
-        busy = set(self.reach.relaying.reservations) if self.reach is not None else set()
-        relay = self.reach.relaying.protocol if self.reach is not None else None
-        for peer_id, connections in list(self.libp2p.get_network().connections.items()):
-            if relay is not None and relay.resource_manager.has_reservation(peer_id):
-                busy.add(str(peer_id))
-            if any(_keeps_connection(stream) for connection in connections for stream in connection.get_streams()):
-                busy.add(str(peer_id))
-        return busy
+        """Peers whose connection carries more than gossip (p2p.conn_trim.libp2p_peers_in_use): trimming never
+        closes these."""
+        relaying = self.reach.relaying if self.reach is not None else None
+        return libp2p_peers_in_use(self.libp2p.get_network(), relaying.protocol if relaying else None,
+                                   relaying.reservations if relaying else ())
 
     def remove_handler(self, protocol: str) -> None:
         """Stop serving `protocol` (peers are told it is not supported; see `_HandlerTable` for the race)."""

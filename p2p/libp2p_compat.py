@@ -60,18 +60,20 @@ def tune_yamux() -> None:
 
 
 async def grant_window_at_half(stream: Any, *, bytes_read: int = 0) -> None:
-    """Send a Yamux WINDOW_UPDATE only once the credit owed reaches half the receive window (go-yamux's rule).
+    """Send a Yamux WINDOW_UPDATE once the credit owed reaches half the receive window (go-yamux's rule), or at
+    any read while the sender has less than one frame of credit left.
 
     Why: py-libp2p 0.8.1 also grants "partial slack", the bytes of every read of a stream whose owed credit is
     below that half, so each small gossip message read cost the reader a window-update frame (one Noise message and
     one socket write): a third of the frames a peer sent while heartbeats flowed. The credit owed is what was read
-    and not yet granted back, so a sender keeps at least half a window to send into, and one that has used its whole
-    window gets credit as soon as half of what it sent has been read.
+    and not yet granted back. The second condition is for slow readers: py-libp2p's writer gives up and resets the
+    stream after 5 s without credit, so a sender that has used its window is granted what each read frees.
     """
     async with stream.window_lock:
         buffered = len(stream.conn.stream_buffers.get(stream.stream_id, b""))
         owed = stream.target_recv_window - (stream.recv_window + buffered)
-        if owed <= 0 or owed < stream._grow_threshold():
+        starved = stream.recv_window < yamux.MAX_MESSAGE_SIZE
+        if owed <= 0 or (owed < stream._grow_threshold() and not starved):
             return
         grant = stream._grow_to_delta(buffered) + stream._apply_autotune_epoch(buffered)
     if grant > 0:

@@ -29,12 +29,9 @@ from multiaddr import Multiaddr
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.relay_limits import RelayLimits, connection_kind, is_circuit
 
-__all__ = ["RELAY_HOP_PROTOCOL", "RelayLimits", "Relaying", "connection_kind", "is_circuit", "open_relaying",
-           "relay_protocol"]
+__all__ = ["RelayLimits", "Relaying", "connection_kind", "is_circuit", "open_relaying", "relay_protocol"]
 
 log = logging.getLogger(__name__)
-RELAY_HOP_PROTOCOL = str(PROTOCOL_ID)
-"""The protocol a peer opens to a relay to reserve a slot or to be relayed."""
 
 
 def _bucket(mbps: float) -> TokenBucket:

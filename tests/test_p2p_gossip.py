@@ -243,7 +243,8 @@ async def test_streams_open_promptly_while_every_host_publishes_heartbeats():
                     nursery.start_soon(beat, gossip)
                 load_began, n = trio.current_time(), 0
                 while n < opens or trio.current_time() - load_began < 2 * BEAT_S:  # 12 opens or more, one after
-                    a, b = hosts[n % count], hosts[(n + 1 + n // count) % count]  # another, over 2 rounds of beats
+                    offset = 1 + (n // count) % (count - 1)  # another, over 2 rounds of beats; never to itself
+                    a, b = hosts[n % count], hosts[(n + offset) % count]
                     started = trio.current_time()
                     with trio.fail_after(OPEN_LIMIT_S + 1.0):
                         stream = await a.new_stream(b.peer_id, ECHO)

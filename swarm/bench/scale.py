@@ -94,8 +94,8 @@ def _node_config(run: str, data_dir: str, bootstrap: list[str], trainer_key: str
 
 def providers_as_at(target: int, largest: int) -> float:
     """The peers' `dht_providers` setting: at the largest size measured, each peer announces a version on the DHT
-    as often as a peer of a `target`-peer run does (DHT_PROVIDERS_WANTED / target), so the versions' cost is the
-    one a peer pays there; at smaller sizes more often, which errs high."""
+    as often as a peer of a `target`-peer run does (DHT_PROVIDERS_WANTED / (target + 1)), so the versions' cost is
+    the one a peer pays there; at smaller sizes more often, which errs high."""
     return DHT_PROVIDERS_WANTED * (largest + 1) / (target + 1)
 
 

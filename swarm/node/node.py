@@ -29,7 +29,7 @@ from p2p.errors import P2PError
 from p2p.gossip import GossipConfig, open_gossip
 from p2p.gossip_admission import AdmissionConfig
 from p2p.host import HostConfig, open_host
-from p2p.identity import Identity
+from p2p.identity import Identity, peer_id_from_public_bytes
 from p2p.store import PieceStore
 from p2p.transfer import TransferConfig
 from swarm.config import PeerConfig
@@ -260,13 +260,15 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
 
 async def _trim_connections(node: Node, bootstrap: tuple[str, ...]) -> None:
     """Keep this peer's libp2p connections near `max_peers`, and never fewer than a full gossip mesh (p2p.conn_trim):
-    our gossip mesh, our data links, relays, bootstrap peers and connections with a stream other than gossip's are
-    in use; the rest past the bound are closed. Without it, a peer of a large run would hold connections to
-    everyone its DHT lookups ever asked."""
+    our gossip mesh, our data links, the trainer, bootstrap peers, relays either way and connections with a stream
+    open other than gossip's are in use; of the rest, some close once there are too many. Without it, a peer of a
+    large run would hold connections to everyone its DHT lookups ever asked."""
     bootstrap_peers = set(map(peer_id_of, bootstrap))
 
     def in_use() -> set[str]:
-        return node.host.peers_in_use() | node.gossip.mesh_peers() | node.mirror.linked_peers() | bootstrap_peers
+        kept = node.host.peers_in_use() | node.gossip.mesh_peers() | node.mirror.linked_peers() | bootstrap_peers
+        key = node.mirror.trust.key
+        return kept | {peer_id_from_public_bytes(key)} if key is not None else kept
 
     keep = max(node.config.limits.max_peers, 2 * GossipConfig().degree)  # room for a full gossip mesh at least
     await trim_connections(node.host.connected_peers, in_use, node.host.disconnect, TrimConfig(keep=keep))
