@@ -183,8 +183,7 @@ class Gossip(GossipReceiver):
 
     def mesh_peers(self) -> set[str]:
         """Peers in our mesh on any topic of this session: the ones we forward every message to at once."""
-        mesh = getattr(self.pubsub.router, "mesh", {})
-        return {str(peer) for topic in list(mesh) for peer in mesh.get(topic, ())}
+        return {str(peer) for peers in list(self.pubsub.router.mesh.values()) for peer in peers}
 
     async def wait_for_topic_peer(self, peer_id: str, kind: str, timeout: float = 10.0) -> None:
         """Return once `peer_id` has subscribed to `kind` (enough for our own publishes to reach it);

@@ -96,7 +96,7 @@ write_frame.lean = True  # type: ignore[attr-defined]
 
 SIGNED_RECORD_TTL_S = 30.0
 """How long pubsub reuses this host's signed peer record before building it again (`cache_signed_records`)."""
-_SIGNED_RECORDS: weakref.WeakKeyDictionary[Any, tuple[float, tuple[bytes, bool]]] = weakref.WeakKeyDictionary()
+_SIGNED_RECORDS: weakref.WeakKeyDictionary[Any, tuple[float, bytes]] = weakref.WeakKeyDictionary()
 
 
 def cache_signed_records() -> None:
@@ -116,10 +116,10 @@ def cache_signed_records() -> None:
         now = trio.current_time()
         hit = _SIGNED_RECORDS.get(host)
         if hit is not None and now - hit[0] < SIGNED_RECORD_TTL_S:
-            return hit[1][0], False
-        record = build(host)
+            return hit[1], False
+        record, created = build(host)
         _SIGNED_RECORDS[host] = (now, record)
-        return record
+        return record, created
 
     cached.cached = True  # type: ignore[attr-defined]
     pubsub_module.env_to_send_in_RPC = cached

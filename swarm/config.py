@@ -107,6 +107,10 @@ class PeerSection(ConfigSection):
         return self
 
 
+DHT_PROVIDERS_WANTED = 20.0
+"""About how many peers of a large run announce each version on the DHT (swarm.node.node.provides_key)."""
+
+
 class MirrorSection(ConfigSection):
     """[mirror] The policy copies every role keeps and serves (the seed role is this alone)."""
 
@@ -121,7 +125,7 @@ class MirrorSection(ConfigSection):
         "Data links this peer opens itself for each version (others may open more to it): each "
         "link costs a data channel and a have message per piece, so linking every version to every neighbour "
         "costs in proportion to them."))
-    dht_providers: float = Field(20.0, description=(
+    dht_providers: float = Field(DHT_PROVIDERS_WANTED, description=(
         "About how many peers of a large run announce each version on the DHT: each draws whether it does, with "
         "probability dht_providers / peers known (the signer always does). `swarm bench scale` lowers it so that a "
         "version costs its peers the DHT work it would cost a peer of the run size it estimates."))

@@ -52,11 +52,11 @@ from p2p.identity import Identity, read_key_file, write_key_file
 from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.bench.broadcast import EventProcess, _make_checkpoint
 from swarm.bench.heartbeat_sim import run_heartbeat_sim
-from swarm.config import LimitsSection, MirrorSection, load_config
+from swarm.config import DHT_PROVIDERS_WANTED, LimitsSection, MirrorSection, load_config
 from swarm.errors import UserError
 from swarm.events import EventSink
 from swarm.node.gossip import heartbeat_body
-from swarm.node.node import DHT_PROVIDERS_WANTED, open_node_parts
+from swarm.node.node import open_node_parts
 
 BUDGET_CPU_SHARE = 0.02
 CHATTER_EVERY_S = 6.0
@@ -374,6 +374,8 @@ def run(args: argparse.Namespace) -> int:
     if not sizes or sizes[0] < 1 or args.window <= 0 or args.settle < 0 or args.version_every <= 0:
         raise UserError("--sizes must list positive peer counts; --window, --settle and --version-every positive")
     measured: list[dict] = []
+    providers = providers_as_at(args.estimate_peers, sizes[-1])
+    max_peers = LimitsSection().max_peers
     with tempfile.TemporaryDirectory(prefix="swarm-bench-scale-") as tmp:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -392,7 +394,7 @@ def run(args: argparse.Namespace) -> int:
             addrs = [pub.wait_for("listening", time.monotonic() + args.timeout)["addrs"][0]]
             for n in sizes:
                 _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout,
-                      args.links_per_version, providers_as_at(args.estimate_peers, sizes[-1]))
+                      args.links_per_version, providers)
                 time.sleep(args.settle)
                 idle = _measure(procs[1:], args.window)
                 _tell(procs[1:], "chatter")
@@ -409,10 +411,10 @@ def run(args: argparse.Namespace) -> int:
                   .received_per_peer_s for n in wanted}
     result = {"mode": "separate processes on loopback", "version_every_s": args.version_every,
               "window_s": args.window, "sizes": measured,
-              "dht_providers": round(providers_as_at(args.estimate_peers, sizes[-1]), 3),
+              "dht_providers": round(providers, 3),
               "heartbeats_received_per_peer_s_virtual": {str(n): round(v, 3) for n, v in heartbeats.items()},
               "estimate": estimate(measured, heartbeats, args.estimate_peers, args.version_every,
-                                   LimitsSection().max_peers, LimitsSection().max_peers + TrimConfig().slack),
+                                   max_peers, max_peers + TrimConfig().slack),
               "budget": {"cpu_share": BUDGET_CPU_SHARE, "bytes_per_s": BUDGET_BYTES_PER_S}}
     print(json.dumps(result))
     return 0

@@ -47,9 +47,9 @@ presence only feeds discovery and the trainer's "is anyone generating" check, so
 heard from every half hour.
 
 Why budgets per run instead of a fixed period: a heartbeat floods the whole run, and every flooded message costs
-each peer about a dozen pubsub RPCs (its copies from every mesh neighbour and its forwards to them), about 12 ms of
-CPU (swarm.bench.scale). At a fixed 6 s period a 1,000-peer run would hand each peer 167 heartbeats a second; with
-one budget of 24 full-rate peers for every role, 4 a second, about 5 % of a core by themselves."""
+each peer about 17 pubsub RPCs at 16 peers (its copies from every mesh neighbour and its forwards to them), about
+9-11 ms of CPU (swarm.bench.scale). At a fixed 6 s period a 1,000-peer run would hand each peer 167 heartbeats a
+second; with one budget of 24 full-rate peers for every role, 4 a second, about 4 % of a core by themselves."""
 MAX_KNOWN_PEERS = 4096
 """Peers whose heartbeats a node remembers (roles, when last heard); past it the least recently heard is forgotten.
 Identities are free, so the table is bounded; the stretch counts at most this many peers, so a flood of fresh

@@ -32,7 +32,7 @@ from p2p.host import HostConfig, open_host
 from p2p.identity import Identity, peer_id_from_public_bytes
 from p2p.store import PieceStore
 from p2p.transfer import TransferConfig
-from swarm.config import PeerConfig
+from swarm.config import DHT_PROVIDERS_WANTED, PeerConfig
 from swarm.errors import usable_directory
 from swarm.events import EventSink
 from swarm.messages.gossip_bodies import DECODERS, run_decoders
@@ -62,9 +62,6 @@ DHT_PUT_WARN_AFTER = 3
 """Versions in a row whose latest-manifest record the DHT did not store before that is worth a warning."""
 DHT_QUIET_MAX_S = 320.0
 """Longest wait between two DHT lookups for the run's latest manifest while no version arrives."""
-DHT_PROVIDERS_WANTED = 20
-"""About how many peers of a large run announce each version on the DHT (`provides_key`; the default of the
-mirror's `dht_providers` setting)."""
 
 
 @dataclass
