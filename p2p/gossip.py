@@ -28,7 +28,7 @@ py-libp2p 0.8.1 pitfalls handled here (docs/reference.md#py-libp2p-pitfalls):
 - pubsub's stream handler is installed unguarded: we re-install it behind the host's guard;
 - small messages cost about 140 ms of CPU per publish among 6 fully meshed hosts (IDONTWANT for every message,
   a signed peer record verified twice on every RPC): past the CPU a process gets, streams between its hosts stop
-  opening. p2p.libp2p_compat's LeanGossipSub sends IDONTWANT only for messages of 1 KiB and more, and its
+  opening. p2p.libp2p_pubsub's LeanGossipSub sends IDONTWANT only for messages of 1 KiB and more, and its
   LeanPubsub the record once per stream.
 """
 
@@ -62,7 +62,7 @@ from p2p.gossip_parts import GossipStats, PublishPacer, Rejection, _BoundedMap, 
 from p2p.gossip_receive import BodyDecoder, GossipReceiver, Ignored
 from p2p.host import reset_quietly
 from p2p.identity import Identity
-from p2p.libp2p_compat import BufferedInboundStream, LeanGossipSub, LeanPubsub
+from p2p.libp2p_pubsub import BufferedInboundStream, LeanGossipSub, LeanPubsub
 from p2p.scores import PeerScores, ScoreConfig
 
 __all__ = ["BodyDecoder", "Gossip", "GossipConfig", "GossipStats", "Ignored", "PublishPacer", "Rejection",

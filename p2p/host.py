@@ -43,7 +43,7 @@ from p2p.bootstrap import peer_id_of
 from p2p.conn_trim import libp2p_peers_in_use
 from p2p.errors import HostError
 from p2p.identity import Identity, load_or_create_identity
-from p2p.libp2p_compat import cache_signed_records, index_service_tasks, tune_yamux
+from p2p.libp2p_compat import cache_signed_records, index_service_tasks, read_tcp_ahead, tune_yamux
 from p2p.reach import ReachConfig
 from p2p.reach_service import open_reach
 from p2p.relay import is_circuit
@@ -173,6 +173,7 @@ def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Seq
     tune_yamux()  # without it every small read sends a window update: twice the frames for gossip's small RPCs
     index_service_tasks()  # without it each task py-libp2p starts walks all of its service's tasks
     cache_signed_records()  # without it pubsub re-checks our signed peer record for every message it sends
+    read_tcp_ahead()  # without it every Noise message costs two socket reads, three when it has not arrived yet
     key_pair = identity.key_pair
     noise = NoiseTransport(libp2p_keypair=key_pair, noise_privkey=new_x25519().private_key)
     host = new_host(

@@ -1,6 +1,6 @@
 """Adapters from py-libp2p streams to the trio-style byte-stream contract, plus the measured Yamux tuning
-(docs/reference.md#py-libp2p-pitfalls) and the pubsub subclasses that keep gossip's CPU cost from starving every other
-stream (`LeanGossipSub`, `LeanPubsub`).
+(docs/reference.md#py-libp2p-pitfalls), and process-wide fixes to py-libp2p's per-message costs (p2p.libp2p_pubsub
+holds the pubsub ones).
 
 The contract (p2p/wire.py's `Stream`): `send_all(data)`, `receive_some(max_bytes) -> bytes` (b"" at EOF),
 `aclose()`. A libp2p stream is the fallback transport of the data channel when a peer's data socket cannot be
@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import weakref
 from typing import Any
 
 import trio
+from libp2p.io.trio import TrioTCPStream
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.pubsub import gossipsub as gossipsub_module
 from libp2p.pubsub import pubsub as pubsub_module
-from libp2p.pubsub.gossipsub import GossipSub
-from libp2p.pubsub.pb import rpc_pb2
-from libp2p.pubsub.pubsub import Pubsub
 from libp2p.stream_muxer.yamux import yamux
 from libp2p.tools.anyio_service.trio_manager import TrioManager
 from libp2p.tools.anyio_service.trio_tasks import FunctionTask
@@ -36,11 +33,6 @@ WRITE_CHUNK = 8 * 1024 * 1024
 """8 MiB writes amortise Yamux's per-write locking (docs/reference.md#py-libp2p-pitfalls)."""
 NOISE_SIZED_YAMUX_FRAME = 65_519
 """A Yamux frame (12-byte header included) that fits one Noise message (65,535 bytes minus the 16-byte tag)."""
-IDONTWANT_MIN_BYTES = 1024
-"""Smallest message worth an IDONTWANT (go-libp2p's IDontWantMessageThreshold): below it the control RPC costs as
-much as the duplicate it would save."""
-
-
 def tune_yamux() -> None:
     """Apply the measured Yamux tuning once per process.
 
@@ -92,6 +84,43 @@ async def write_frame(conn: Any, data: bytes) -> None:
 
 
 write_frame.lean = True  # type: ignore[attr-defined]
+
+
+TCP_READ_AHEAD = 64 * 1024
+"""Bytes one socket read of a libp2p TCP connection asks for (`read_tcp_ahead`)."""
+
+
+def read_tcp_ahead() -> None:
+    """Make each read of a libp2p TCP connection take up to TCP_READ_AHEAD bytes and serve later reads from them.
+
+    Why: Noise reads each message as its 2-byte length and then its body, two socket reads, and py-libp2p's TCP
+    stream passes each to the socket as asked: a lock, a `recv` and two scheduler passes per read, three `recv`s
+    per small gossip frame (the first finds nothing yet). Socket reads were about a fifth of a peer's CPU while
+    heartbeats flowed. Read ahead, a frame costs one `recv` and the frames that arrived together share it. The
+    bytes are served in order whoever reads; applied once per process.
+    """
+    if getattr(TrioTCPStream.read, "ahead", False):
+        return
+    read_socket = TrioTCPStream.read
+
+    async def read(self: Any, n: int | None = None) -> bytes:
+        ahead: bytearray | None = self.__dict__.get("_read_ahead")
+        if not ahead:
+            if n == 0:
+                return b""
+            data = await read_socket(self, max(n or 0, TCP_READ_AHEAD))
+            ahead = self.__dict__.get("_read_ahead")  # another reader may have left bytes while we waited
+            if not ahead and (n is None or len(data) <= n):
+                return data
+            ahead = self.__dict__.setdefault("_read_ahead", bytearray())
+            ahead += data
+        take = len(ahead) if n is None else min(n, len(ahead))
+        data = bytes(ahead[:take])
+        del ahead[:take]
+        return data
+
+    read.ahead = True  # type: ignore[attr-defined]
+    TrioTCPStream.read = read  # type: ignore[method-assign]
 
 
 SIGNED_RECORD_TTL_S = 30.0
@@ -160,95 +189,6 @@ def index_service_tasks() -> None:
     find_parent_task.indexed = True  # type: ignore[attr-defined]
     FunctionTask.trio_task = property(FunctionTask.trio_task.fget, set_trio_task)  # type: ignore[method-assign]
     TrioManager._find_parent_task = find_parent_task  # type: ignore[method-assign]
-
-
-class LeanGossipSub(GossipSub):
-    """py-libp2p 0.8.1's GossipSub minus most of its CPU per gossip message (with LeanPubsub: less than half).
-
-    Why: every RPC costs about 2.5 ms of CPU in py-libp2p, and all hosts of a process share one trio thread. With
-    6 fully meshed hosts each publishing one small heartbeat a second, py-libp2p spent about 140 ms of CPU per
-    publish (55 RPCs: 25 forwards and 30 IDONTWANTs, each carrying a signed peer record that the receiver verifies
-    twice). Past the CPU the process gets, inbound bytes pile up in the sockets and a new stream's SYN and
-    protocol negotiation wait behind that backlog: opening any stream took 8-10 s, then timed out.
-    IDONTWANT is sent for every message received, whatever its size: only for messages of IDONTWANT_MIN_BYTES
-    and more here, as go-libp2p does (large rollout messages keep the saving).
-    """
-
-    async def _emit_idontwant_for_message(self, msg_id: bytes, topic_ids: Any) -> None:
-        message = self.mcache.get(msg_id)  # put there just before, under the same (from, seqno) id
-        if message is not None and len(message.data) < IDONTWANT_MIN_BYTES:
-            return
-        await super()._emit_idontwant_for_message(msg_id, topic_ids)
-
-
-class LeanPubsub(Pubsub):
-    """py-libp2p's Pubsub that sends its signed peer record once per stream (its first RPC, the subscription
-    hello), which keeps the peer's certified address book fed, instead of on every RPC, where the receiver
-    verifies it twice (LeanGossipSub says what that cost)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._record_sent: weakref.WeakSet[Any] = weakref.WeakSet()
-
-    async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
-        if rpc_msg.HasField("senderRecord"):
-            if stream in self._record_sent:
-                slim = rpc_pb2.RPC()
-                slim.CopyFrom(rpc_msg)  # the same RPC object goes to other peers: never edit it in place
-                slim.ClearField("senderRecord")
-                rpc_msg = slim
-            else:
-                self._record_sent.add(stream)
-        return await super().write_msg(stream, rpc_msg)
-
-    def _next_seqno(self) -> bytes:
-        self.counter = next_seqno(self.counter, time.time())
-        return self.counter.to_bytes(8, "big")
-
-
-class BufferedInboundStream:
-    """An inbound pubsub stream read in large chunks; every other attribute is the wrapped stream's.
-
-    Why: py-libp2p reads a gossip RPC one byte per varint byte and then its body, and every read of a Yamux stream
-    takes the connection's stream lock and re-checks the receive window (sometimes sending a window update). In
-    `swarm sim`, whose hosts share one trio thread, those reads and window checks were about a fifth of that
-    thread's time. Here one Yamux read takes everything buffered (up to `chunk` bytes) and the varint and body are
-    served from it. Only reads are buffered; reset, close and the connection pass through unchanged.
-    """
-
-    def __init__(self, stream: Any, chunk: int = 64 * 1024) -> None:
-        self._stream = stream
-        self._chunk = chunk
-        self._buffer = bytearray()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-    async def read(self, n: int | None = -1) -> bytes:
-        if n is None or n < 0:  # "everything until EOF": hand over what is buffered first, then pass through
-            if self._buffer:
-                data, self._buffer = bytes(self._buffer), bytearray()
-                return data
-            return await self._stream.read(n)
-        if not self._buffer:
-            data = await self._stream.read(max(n, self._chunk))
-            if len(data) <= n:  # no copy into the buffer when the read is consumed whole (and b"" at EOF)
-                return data
-            self._buffer += data
-        data = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        return data
-
-
-def next_seqno(previous: int, now: float) -> int:
-    """The next pubsub sequence number: past the previous one and never below the wall clock in microseconds.
-
-    Why: py-libp2p starts its counter at the clock in whole seconds and adds one per message, so a peer that sent
-    more messages than seconds passed and restarted under the same key would reuse its earlier (from, seqno) ids,
-    which every receiver's seen-cache drops as duplicates: an inference peer restarted after 34 s and 60 messages
-    would go unheard for over a minute, its rollouts lost. In microseconds a restart always starts past them.
-    """
-    return max(previous + 1, int(now * 1e6))
 
 
 class Libp2pByteStream:
