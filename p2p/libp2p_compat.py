@@ -60,13 +60,14 @@ async def grant_window_at_half(stream: Any, *, bytes_read: int = 0) -> None:
     one socket write): a third of the frames a peer sent while heartbeats flowed. The credit owed is what was read
     and not yet granted back. The second condition is for slow readers: py-libp2p's writer gives up and resets the
     stream after 5 s without credit, so a sender that has used its window is granted what each read frees.
+    Most reads owe nothing yet: those are answered without taking the window lock (a scheduler pass per read).
     """
+    if not stream.window_lock.locked() and not _grant_due(stream):
+        return  # what the check under the lock would find: no task holds it to change the window meanwhile
     async with stream.window_lock:
-        buffered = len(stream.conn.stream_buffers.get(stream.stream_id, b""))
-        owed = stream.target_recv_window - (stream.recv_window + buffered)
-        starved = stream.recv_window < yamux.MAX_MESSAGE_SIZE
-        if owed <= 0 or (owed < stream._grow_threshold() and not starved):
+        if not _grant_due(stream):
             return
+        buffered = len(stream.conn.stream_buffers.get(stream.stream_id, b""))
         grant = stream._grow_to_delta(buffered) + stream._apply_autotune_epoch(buffered)
     if grant > 0:
         await stream.send_window_update(grant, skip_lock=True)
@@ -75,12 +76,21 @@ async def grant_window_at_half(stream: Any, *, bytes_read: int = 0) -> None:
 grant_window_at_half.at_half = True  # type: ignore[attr-defined]
 
 
+def _grant_due(stream: Any) -> bool:
+    """Whether half the receive window is owed, or the sender has less than one frame of credit (and any owed)."""
+    buffered = len(stream.conn.stream_buffers.get(stream.stream_id, b""))
+    owed = stream.target_recv_window - (stream.recv_window + buffered)
+    starved = stream.recv_window < yamux.MAX_MESSAGE_SIZE
+    return owed > 0 and (starved or owed >= stream._grow_threshold())
+
+
+
 async def write_frame(conn: Any, data: bytes) -> None:
     """py-libp2p's `Yamux._write_frame` without its debug line, which it formats for every frame whether debug
-    logging is on or not (an unpack of the header and an f-string, about a tenth of a small frame's cost)."""
+    logging is on or not (an unpack of the header and an f-string, about a tenth of a small frame's cost), and
+    without its checkpoint after the write: the socket send already yields to the scheduler once it has sent."""
     async with conn._write_lock:
         await conn.secured_conn.write(data)
-    await trio.lowlevel.checkpoint()
 
 
 write_frame.lean = True  # type: ignore[attr-defined]
