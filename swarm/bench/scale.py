@@ -3,10 +3,11 @@
 Separate processes, as `swarm bench broadcast` runs them: a publisher that signs and announces a new policy
 version when told (what a trainer does between steps), and light seed-only peers, each a `swarm` node with its own
 host, gossip, DHT and mirror. The swarm grows in steps (8, 16, 32, 64 peers by default: new peers join the running
-ones), and at each size every peer is measured over three windows of `--window` seconds: an idle one, in which no
-version is published (heartbeats, gossip upkeep, DHT upkeep, data-channel upkeep); a chatty one, in which every
-peer also sends a heartbeat every 6 s (what a flooded message costs each peer, with its duplicates and forwards);
-then one in which a version is published every `--version-every` seconds. Per window and peer:
+ones), and at each size, once every peer holds the newest version and `--settle` seconds have passed, every peer
+is measured over three windows of `--window` seconds: an idle one, in which no version is published (heartbeats,
+gossip upkeep, DHT upkeep, data-channel upkeep); a chatty one, in which every peer also sends a heartbeat every 6 s
+(what a flooded message costs each peer, with its duplicates and forwards); then one in which a version is published
+every `--version-every` seconds. Per window and peer:
 
 - cpu_share: CPU seconds (user + system, /proc/<pid>/stat) per wall second: one core is 1.0;
 - rss_mb: resident memory (/proc/<pid>/status VmRSS);
@@ -69,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="8,16,32,64", help="swarm sizes measured, in growing order")
     parser.add_argument("--window", type=float, default=20.0,
                         help="seconds of each of the two windows (idle, then publishing) measured at each size")
-    parser.add_argument("--settle", type=float, default=15.0, help="seconds after peers join before measuring")
+    parser.add_argument("--settle", type=float, default=15.0,
+                        help="seconds after every peer holds the newest version before measuring")
     parser.add_argument("--version-every", dest="version_every", type=float, default=20.0,
                         help="seconds between the publisher's policy versions in the publishing window")
     parser.add_argument("--estimate-peers", dest="estimate_peers", type=int, default=1000)
@@ -356,6 +358,15 @@ def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addr
     addrs.extend(p.wait_for("listening", deadline)["addrs"][0] for p in started)
 
 
+def _wait_synced(peers: list[EventProcess], publisher: EventProcess, deadline: float) -> None:
+    """Until every peer holds the publisher's newest version. Why: peers that just joined fetch it first, and
+    that transfer (tens of kB/s each with 16 joiners) is a version's cost, not upkeep: measured in the idle
+    window it made 32 peers look three times as costly as 16."""
+    newest = publisher.events("published")[-1]["version"]
+    for peer in peers:
+        peer.wait_for("complete", deadline, version=newest)
+
+
 def _sim_span(peers: int) -> float:
     """Virtual seconds of warm-up, and then of counting, in the heartbeat run of `peers`: three of the longest
     stretched periods there (peers / 3 times 6 s), at least 600."""
@@ -395,6 +406,7 @@ def run(args: argparse.Namespace) -> int:
             for n in sizes:
                 _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout,
                       args.links_per_version, providers)
+                _wait_synced(procs[1:], pub, time.monotonic() + args.timeout)
                 time.sleep(args.settle)
                 idle = _measure(procs[1:], args.window)
                 _tell(procs[1:], "chatter")
