@@ -18,6 +18,8 @@ from swarm.node.gossip import (
 )
 from swarm.node.node import Node
 
+NO_VERSION = SimpleNamespace(latest=lambda: None)
+
 
 def test_small_runs_keep_the_configured_period_and_large_ones_stretch_it_in_proportion():
     for counted, full_rate in ((True, FULL_RATE_COUNTED), (False, FULL_RATE_OTHERS)):
@@ -28,9 +30,30 @@ def test_small_runs_keep_the_configured_period_and_large_ones_stretch_it_in_prop
     assert heartbeat_stretch(10**9, True) == heartbeat_stretch(MAX_STRETCHING_COUNTED, True) < 17
 
 
-@pytest.mark.parametrize("peers", [12, 150])
+def test_the_validators_a_version_names_stretch_the_counted_roles_past_what_claims_may():
+    named = 4 * MAX_STRETCHING_COUNTED + 3  # the run's key named 259 validators and the trainer
+    assert heartbeat_stretch(10, True, named) == (named + 1) / FULL_RATE_COUNTED > 64
+    assert heartbeat_stretch(10**9, True, 3) == heartbeat_stretch(MAX_STRETCHING_COUNTED, True)  # claims: capped
+    assert heartbeat_stretch(10, False, named) == heartbeat_stretch(10, False)  # the others' budget is their own
+    assert heartbeat_stretch(0, True, 10**9) == (MAX_KNOWN_PEERS + 1) / FULL_RATE_COUNTED  # bounded all the same
+
+
+def test_a_node_reads_the_named_validators_from_its_newest_version_once_per_version():
+    reads = []
+    newest = SimpleNamespace(manifest=SimpleNamespace(id=b"v1", model={"run_spec": {"validators": ["ab" * 32] * 3}}))
+    mirror = SimpleNamespace(latest=lambda: reads.append(1) or newest)
+    node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, mirror, None, None)
+    assert [node.named_counted() for _ in range(3)] == [4, 4, 4]  # three validators and the trainer
+    newest.manifest = SimpleNamespace(id=b"v2", model={"run_spec": {"validators": "not a list"}})
+    assert node.named_counted() == 1  # a malformed list names no validator
+    newest = None
+    assert node.named_counted() == 0
+
+
+@pytest.mark.parametrize("peers", [12, 150, 1000])  # 1,000: 100 validators, more than claims may stretch for
 async def test_each_peer_receives_about_the_same_heartbeats_per_second_at_any_size(peers, autojump_clock):
-    counts = await simulate_heartbeats(peers, warmup_s=600.0, seconds=1200.0, start_spread_s=20.0)
+    counts = await simulate_heartbeats(peers, warmup_s=600.0, seconds=1200.0, start_spread_s=20.0,
+                                       forget_every_s=2.0 if peers < 500 else 30.0)
     full_rate = (FULL_RATE_COUNTED + FULL_RATE_OTHERS) / 6.0  # what the whole run sends once it is large
     assert counts.received_per_peer_s <= 1.1 * full_rate  # a fixed 6 s period gave 150 / 6 = 25 a second here
     # and nothing heartbeats feed is lost: every peer knows every other, none forgets a live one
@@ -40,7 +63,7 @@ async def test_each_peer_receives_about_the_same_heartbeats_per_second_at_any_si
 
 
 async def test_validators_are_forgotten_within_their_own_silence_however_many_others_are_known(autojump_clock):
-    node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, None, None, None)
+    node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, NO_VERSION, None, None)
     others = [f"peer{i}" for i in range(10 * FULL_RATE_OTHERS - 1)]  # 29 known: a stretch of 10, 300 s
     for peer in others:
         node.heard_from(peer, ("inference",), now=0.0)
@@ -57,7 +80,7 @@ async def test_validators_are_forgotten_within_their_own_silence_however_many_ot
 
 
 def test_the_peer_tables_are_bounded_and_forget_the_least_recently_heard_first():
-    node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, None, None, None)
+    node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, NO_VERSION, None, None)
     node.heard_from("trainer", ("trainer",), now=0.0)
     for i in range(MAX_KNOWN_PEERS + 10):
         node.heard_from(f"sybil{i}", ("validator",), now=1.0)

@@ -382,7 +382,8 @@ def test_a_peer_is_forgotten_once_its_heartbeats_stop_and_remembered_while_they_
 
     from swarm.node.node import Node
 
-    node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, None, None, None)
+    no_version = SimpleNamespace(latest=lambda: None)
+    node = Node(SimpleNamespace(peer=SimpleNamespace(peer_silence_s=30.0)), None, None, no_version, None, None)
     node.heard_from("validator-a", ("validator",), now=0.0)
     node.heard_from("worker-b", ("inference", "seed"), now=0.0)
     node.heard_from("worker-b", ("inference", "seed"), now=25.0)

@@ -56,18 +56,37 @@ class _Flood:
         self.sim.deliver(self.sender, tuple(body["roles"]))
 
 
+class _Versions:
+    """Every peer's mirror here: the trainer's newest version, naming the validators the trainer hears (as the
+    real trainer names them in each version's run spec)."""
+
+    def __init__(self) -> None:
+        self.policies: dict = {}
+        self.newest: SimpleNamespace | None = None
+
+    def latest(self) -> SimpleNamespace | None:
+        return self.newest
+
+    def publish(self, validators: int) -> None:
+        keys = [f"{i:064x}" for i in range(validators)]
+        version = 1 if self.newest is None else self.newest.version + 1
+        manifest = SimpleNamespace(id=version.to_bytes(8, "big"), model={"run_spec": {"validators": keys}})
+        self.newest = SimpleNamespace(version=version, manifest=manifest)
+
+
 class _Swarm:
     def __init__(self, peers: int, every_s: float, silence_s: float) -> None:
         self.nodes: dict[str, Node] = {}
         self.counts = HeartbeatCounts(peers, 0.0)
         self.measuring = False
+        self.versions = _Versions()
         for i in range(peers):
             name = f"p{i:05d}"
             roles = ("trainer",) if i == 0 else ("validator",) if i % 10 == 1 else ("inference",)
             peer = SimpleNamespace(roles=roles, heartbeat_every_s=every_s, peer_silence_s=silence_s)
             config = SimpleNamespace(peer=peer)
             host = SimpleNamespace(peer_id=name, multiaddrs=[f"/ip4/10.0.0.1/tcp/1/p2p/{name}"])
-            self.nodes[name] = Node(config, host, _Flood(self, name), SimpleNamespace(policies={}), None, None)
+            self.nodes[name] = Node(config, host, _Flood(self, name), self.versions, None, None)
 
     def deliver(self, sender: str, roles: tuple[str, ...]) -> None:
         now = trio.current_time()
@@ -83,6 +102,14 @@ class _Swarm:
         for node in self.nodes.values():
             self.counts.forgotten_alive += len(node.forget_silent(now))  # every peer here keeps heartbeating
 
+    def publish_version(self) -> None:
+        """The trainer (the first peer) publishes a version naming the validators it hears, if they changed."""
+        trainer = next(iter(self.nodes.values()))
+        heard = sum("validator" in roles for roles in trainer.peer_roles.values())
+        newest = self.versions.latest()
+        if newest is None or len(newest.manifest.model["run_spec"]["validators"]) != heard:
+            self.versions.publish(heard)
+
 
 async def simulate_heartbeats(peers: int, *, every_s: float = 6.0, silence_s: float = 30.0, warmup_s: float = 600.0,
                               seconds: float = 1200.0, start_spread_s: float = 60.0,
@@ -94,6 +121,7 @@ async def simulate_heartbeats(peers: int, *, every_s: float = 6.0, silence_s: fl
     async with trio.open_nursery() as nursery:
         for i, node in enumerate(sim.nodes.values()):
             nursery.start_soon(_join_later, node, start_spread_s * i / peers)
+        nursery.start_soon(_publish_versions, sim, forget_every_s)
         await trio.sleep(warmup_s)
         sim.measuring = True
         started = trio.current_time()
@@ -108,6 +136,12 @@ async def simulate_heartbeats(peers: int, *, every_s: float = 6.0, silence_s: fl
         for role in roles:
             sim.counts.roles_known_by_trainer[role] = sim.counts.roles_known_by_trainer.get(role, 0) + 1
     return sim.counts
+
+
+async def _publish_versions(sim: _Swarm, every_s: float) -> None:
+    while True:
+        await trio.sleep(every_s)
+        sim.publish_version()
 
 
 async def _join_later(node: Node, delay: float) -> None:

@@ -52,6 +52,7 @@ from swarm.node.parts import dial_any, run_part
 from swarm.node.ports import DhtPort, GossipPort, HostPort
 from swarm.policy.manifest_protocol import fetch_manifest, install_manifest_server
 from swarm.policy.mirror import PolicyMirror
+from swarm.policy.runspec import named_validators
 from swarm.policy.trust import TrainerTrust
 from swarm.shutdown import TEARDOWN_GRACE_S, report_stuck_tasks
 
@@ -78,6 +79,7 @@ class Node:
     peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
     peer_heard: dict[str, float] = field(default_factory=dict)  # peer id -> when its last heartbeat came (trio)
     counted_known: int = 0  # peers in peer_roles with a counted role (swarm.node.gossip.COUNTED_ROLES)
+    named: tuple[bytes | None, int] = (None, 0)  # newest manifest id -> counted peers it names (named_counted)
     done: trio.Event = field(default_factory=trio.Event)
     failed: bool = False
     dht_put_misses: int = 0  # latest-manifest puts in a row that did not complete
@@ -112,13 +114,25 @@ class Node:
         """Known peers on the counted roles' heartbeat budget (`counted`) or on the others'."""
         return self.counted_known if counted else len(self.peer_heard) - self.counted_known
 
+    def stretch(self, counted: bool) -> float:
+        """How much the heartbeat period and silence of the counted roles (or the others) stretch here."""
+        return heartbeat_stretch(self.known_alike(counted), counted, self.named_counted() if counted else 0)
+
+    def named_counted(self) -> int:
+        """Peers of the counted roles the newest version names: its validators and its trainer (0 before one)."""
+        newest = self.mirror.latest()
+        if newest is None:
+            return 0
+        if self.named[0] != newest.manifest.id:
+            self.named = (newest.manifest.id, named_validators(newest.manifest.model) + 1)
+        return self.named[1]
+
     def forget_silent(self, now: float) -> dict[str, tuple[str, ...]]:
         """Forget peers not heard from for `peer_silence_s` (stretched as their kind's heartbeats are); returns
-        them with their roles. Why: roles were kept for ever, so a validator that left stayed in every version's
-        validator set, and the rollouts assigned to it waited out the quorum timeout, every version; with a quorum
-        as large as the set, none was accepted again."""
+        them with their roles. Why: a validator that left must drop out of the next version's validator set, or the
+        rollouts assigned to it wait out the quorum timeout every version (all of them, with a quorum that large)."""
         silence = self.config.peer.peer_silence_s
-        window = {counted: silence * heartbeat_stretch(self.known_alike(counted), counted) for counted in (True, False)}
+        window = {counted: silence * self.stretch(counted) for counted in (True, False)}
         silent = []
         for peer, at in self.peer_heard.items():  # least recently heard first: stop at the first within both windows
             if now - at <= window[True] and now - at <= window[False]:

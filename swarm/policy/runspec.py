@@ -176,6 +176,16 @@ def _text(raw: dict, key: str, limit: int = 256, default: str | None = None) -> 
     return value
 
 
+def named_validators(model: object) -> int:
+    """How many validators a signed manifest's run spec names; 0 when it carries no well-formed list of them. Only
+    the run's key names validators, so peers may size things by this count where a crowd of claims must not."""
+    raw = model.get("run_spec") if isinstance(model, dict) else None
+    try:
+        return len(_validators(raw)) if isinstance(raw, dict) else 0
+    except (KeyError, UserError):
+        return 0
+
+
 def _validators(raw: dict) -> tuple[str, ...]:
     """64-hex-digit Ed25519 public keys: a string here was split into its characters, and a non-hex key ended the
     validator role that parsed it."""
