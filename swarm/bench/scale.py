@@ -362,6 +362,7 @@ def _wait_synced(peers: list[EventProcess], publisher: EventProcess, deadline: f
     """Until every peer holds the publisher's newest version. Why: peers that just joined fetch it first, and
     that transfer (tens of kB/s each with 16 joiners) is a version's cost, not upkeep: measured in the idle
     window it made 32 peers look three times as costly as 16."""
+    publisher.wait_for("published", deadline)  # the first version is announced as the publisher starts
     newest = publisher.events("published")[-1]["version"]
     for peer in peers:
         peer.wait_for("complete", deadline, version=newest)
