@@ -33,6 +33,8 @@ WRITE_CHUNK = 8 * 1024 * 1024
 """8 MiB writes amortise Yamux's per-write locking (docs/reference.md#py-libp2p-pitfalls)."""
 NOISE_SIZED_YAMUX_FRAME = 65_519
 """A Yamux frame (12-byte header included) that fits one Noise message (65,535 bytes minus the 16-byte tag)."""
+
+
 def tune_yamux() -> None:
     """Apply the measured Yamux tuning once per process.
 
@@ -84,7 +86,6 @@ def _grant_due(stream: Any) -> bool:
     return owed > 0 and (starved or owed >= stream._grow_threshold())
 
 
-
 async def write_frame(conn: Any, data: bytes) -> None:
     """py-libp2p's `Yamux._write_frame` without its debug line, which it formats for every frame whether debug
     logging is on or not (an unpack of the header and an f-string, about a tenth of a small frame's cost), and
@@ -114,15 +115,13 @@ def read_tcp_ahead() -> None:
     read_socket = TrioTCPStream.read
 
     async def read(self: Any, n: int | None = None) -> bytes:
-        ahead: bytearray | None = self.__dict__.get("_read_ahead")
+        ahead: bytearray = self.__dict__.setdefault("_read_ahead", bytearray())
         if not ahead:
             if n == 0:
                 return b""
             data = await read_socket(self, max(n or 0, TCP_READ_AHEAD))
-            ahead = self.__dict__.get("_read_ahead")  # another reader may have left bytes while we waited
-            if not ahead and (n is None or len(data) <= n):
+            if not ahead and (n is None or len(data) <= n):  # another reader may have left bytes while we waited
                 return data
-            ahead = self.__dict__.setdefault("_read_ahead", bytearray())
             ahead += data
         take = len(ahead) if n is None else min(n, len(ahead))
         data = bytes(ahead[:take])

@@ -68,10 +68,13 @@ class _Versions:
         return self.newest
 
     def publish(self, validators: int) -> None:
+        """A new version naming `validators` validators, unless the newest already names that many."""
+        if self.newest is not None and self.newest.validators == validators:
+            return
         keys = [f"{i:064x}" for i in range(validators)]
         version = 1 if self.newest is None else self.newest.version + 1
         manifest = SimpleNamespace(id=version.to_bytes(8, "big"), model={"run_spec": {"validators": keys}})
-        self.newest = SimpleNamespace(version=version, manifest=manifest)
+        self.newest = SimpleNamespace(version=version, validators=validators, manifest=manifest)
 
 
 class _Swarm:
@@ -105,10 +108,7 @@ class _Swarm:
     def publish_version(self) -> None:
         """The trainer (the first peer) publishes a version naming the validators it hears, if they changed."""
         trainer = next(iter(self.nodes.values()))
-        heard = sum("validator" in roles for roles in trainer.peer_roles.values())
-        newest = self.versions.latest()
-        if newest is None or len(newest.manifest.model["run_spec"]["validators"]) != heard:
-            self.versions.publish(heard)
+        self.versions.publish(sum("validator" in roles for roles in trainer.peer_roles.values()))
 
 
 async def simulate_heartbeats(peers: int, *, every_s: float = 6.0, silence_s: float = 30.0, warmup_s: float = 600.0,
