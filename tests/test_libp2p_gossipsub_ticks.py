@@ -1,11 +1,18 @@
 """Opportunistic grafting and mesh-quality replacement run every OPPORTUNISTIC_GRAFT_TICKS heartbeats
-(p2p.libp2p_pubsub.LeanGossipSub), as gossipsub v1.1 schedules them, not at every heartbeat."""
+(p2p.libp2p_pubsub.LeanGossipSub), as gossipsub v1.1 schedules them, not at every heartbeat; IHAVE gossip goes out
+every GOSSIP_EVERY_TICKS heartbeats and still advertises every message."""
 
 from __future__ import annotations
 
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V12, GossipSub
+from types import SimpleNamespace
 
-from p2p.libp2p_pubsub import OPPORTUNISTIC_GRAFT_TICKS, LeanGossipSub
+from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V12, GossipSub
+from libp2p.pubsub.mcache import default_msg_id_fn
+from libp2p.pubsub.pb import rpc_pb2
+
+from p2p.gossip import GossipConfig, gossip_router
+from p2p.libp2p_pubsub import GOSSIP_EVERY_TICKS, OPPORTUNISTIC_GRAFT_TICKS, LeanGossipSub
 
 
 async def test_grafting_and_mesh_replacement_run_once_every_graft_ticks_heartbeats(monkeypatch):
@@ -27,3 +34,48 @@ async def test_grafting_and_mesh_replacement_run_once_every_graft_ticks_heartbea
     ticks = [OPPORTUNISTIC_GRAFT_TICKS, 2 * OPPORTUNISTIC_GRAFT_TICKS]
     assert calls == [(kind, tick) for tick in ticks for kind in ("graft", "quality")]
     assert sum(grafted) == 2  # the rounds in between graft nobody
+
+
+def _router_with_topic_peers(peers: list) -> LeanGossipSub:
+    """The node's real router (p2p.gossip.gossip_router) with a pubsub stand-in that knows `peers` on one topic, none
+    of them in our mesh: every one is a candidate for IHAVE gossip."""
+    router = gossip_router(GossipConfig())
+    router.pubsub = SimpleNamespace(peer_topics={"t": set(peers)})
+    router.mesh = {"t": set()}
+    router.peer_protocol = {peer: PROTOCOL_ID_V12 for peer in peers}
+    return router
+
+
+def _message(seq: int) -> rpc_pb2.Message:
+    return rpc_pb2.Message(from_id=b"origin", seqno=seq.to_bytes(8, "big"), data=b"x", topicIDs=["t"])
+
+
+def test_ihave_goes_out_every_gossip_ticks_heartbeats_and_advertises_every_message_once():
+    peers = [ID(bytes([i]) * 8) for i in range(20)]
+    router = _router_with_topic_peers(peers)
+    advertised: list[bytes] = []
+    rounds = []
+    for tick in range(1, 4 * GOSSIP_EVERY_TICKS + 1):
+        router.mcache.put(_message(tick))  # one message arrives in every heartbeat interval
+        router.heartbeats = tick  # what mesh_heartbeat counts at the start of py-libp2p's heartbeat
+        gossip = router.gossip_heartbeat()
+        if gossip:
+            rounds.append(tick)
+            ids = {tuple(topics["t"]) for topics in gossip.values()}
+            assert len(ids) == 1  # every chosen peer hears the same window
+            advertised += list(next(iter(ids)))
+            assert 6 <= len(gossip) < len(peers)  # D_lazy of the peers outside the mesh
+        router.mcache.shift()  # end of py-libp2p's heartbeat
+    assert rounds == [GOSSIP_EVERY_TICKS * k for k in range(1, 5)]
+    wanted = [default_msg_id_fn(_message(tick)) for tick in range(1, 4 * GOSSIP_EVERY_TICKS + 1)]
+    assert sorted(advertised) == sorted(wanted)  # each message in exactly one round, none lost between rounds
+
+
+def test_a_message_advertised_late_in_its_window_is_still_served_to_an_iwant():
+    router = _router_with_topic_peers([ID(b"p" * 8)])
+    router.mcache.put(_message(1))
+    for _ in range(GOSSIP_EVERY_TICKS - 1):
+        router.mcache.shift()
+    assert default_msg_id_fn(_message(1)) in router.mcache.window("t")  # the round's window still holds it
+    router.mcache.shift()  # the round was sent; its IWANTs come back during the next heartbeat interval
+    assert router.mcache.get(default_msg_id_fn(_message(1))) is not None
