@@ -3,11 +3,12 @@
 Separate processes, as `swarm bench broadcast` runs them: a publisher that signs and announces a new policy
 version when told (what a trainer does between steps), and light seed-only peers, each a `swarm` node with its own
 host, gossip, DHT and mirror. The swarm grows in steps (8, 16, 32, 64 peers by default: new peers join the running
-ones), and at each size, once every peer holds the newest version and `--settle` seconds have passed, every peer
-is measured over three windows of `--window` seconds: an idle one, in which no version is published (heartbeats,
-gossip upkeep, DHT upkeep, data-channel upkeep); a chatty one, in which every peer also sends a heartbeat every 6 s
-(what a flooded message costs each peer, with its duplicates and forwards); then one in which a version is published
-every `--version-every` seconds. Per window and peer:
+ones), and at each size, once every peer holds the newest version, the joiners' data channels have settled (fewer
+than two opened per peer in 10 s) and `--settle` seconds have passed, every peer is measured over three windows
+of `--window` seconds: an idle one, in which no version is published (heartbeats, gossip upkeep, DHT upkeep,
+data-channel upkeep); a chatty one, in which every peer also sends a heartbeat every 6 s (what a flooded message
+costs each peer, with its duplicates and forwards); then one in which a version is published every
+`--version-every` seconds. Per window and peer:
 
 - cpu_share: CPU seconds (user + system, /proc/<pid>/stat) per wall second: one core is 1.0;
 - rss_mb: resident memory (/proc/<pid>/status VmRSS);
@@ -70,8 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="8,16,32,64", help="swarm sizes measured, in growing order")
     parser.add_argument("--window", type=float, default=20.0,
                         help="seconds of each of the two windows (idle, then publishing) measured at each size")
-    parser.add_argument("--settle", type=float, default=15.0,
-                        help="seconds after every peer holds the newest version before measuring")
+    parser.add_argument("--settle", type=float, default=15.0, help="seconds after the swarm settles before measuring")
     parser.add_argument("--version-every", dest="version_every", type=float, default=20.0,
                         help="seconds between the publisher's policy versions in the publishing window")
     parser.add_argument("--estimate-peers", dest="estimate_peers", type=int, default=1000)
@@ -91,7 +91,10 @@ def _node_config(run: str, data_dir: str, bootstrap: list[str], trainer_key: str
                  dht_providers: float = DHT_PROVIDERS_WANTED):
     return load_config(None, {"roles": ("seed",), "run": run, "data_dir": Path(data_dir),
                               "bootstrap": tuple(bootstrap), "trainer_key": trainer_key, "piece_kb": 256,
-                              "links_per_version": links_per_version, "dht_providers": dht_providers})
+                              "links_per_version": links_per_version, "dht_providers": dht_providers,
+                              # every peer is on 127.0.0.1: the per-IP cap on data sockets awaiting their token
+                              # (one stranger's) would refuse honest peers, as no run with their own IPs does
+                              "data_exempt_loopback": True})
 
 
 def providers_as_at(target: int, largest: int) -> float:
@@ -368,6 +371,19 @@ def _wait_synced(peers: list[EventProcess], publisher: EventProcess, deadline: f
         peer.wait_for("complete", deadline, version=newest)
 
 
+def _wait_links_settled(peers: list[EventProcess], deadline: float, span: float = 10.0) -> None:
+    """Until the peers open fewer than two data channels each (spares and links) in the last `span` seconds, or
+    `deadline`. Why: joiners also dial a spare to each neighbour they learn from heartbeats (at 32 peers, 700 of
+    1,300 opened 10-30 s after every peer was synced), which an idle window measured as upkeep. Between versions a
+    peer renews a spare about every `spare_ttl` / `max_peers` (7.5 s by default)."""
+    while time.monotonic() < deadline:
+        since = time.monotonic() - span
+        opened = sum(e["t"] >= since for p in peers for kind in ("spare", "link") for e in p.events(kind))
+        if opened < 2 * len(peers):
+            return
+        time.sleep(1.0)
+
+
 def _sim_span(peers: int) -> float:
     """Virtual seconds of warm-up, and then of counting, in the heartbeat run of `peers`: three of the longest
     stretched periods there (peers / 3 times 6 s), at least 600."""
@@ -408,6 +424,7 @@ def run(args: argparse.Namespace) -> int:
                 _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout,
                       args.links_per_version, providers)
                 _wait_synced(procs[1:], pub, time.monotonic() + args.timeout)
+                _wait_links_settled(procs[1:], time.monotonic() + min(args.timeout, 120.0))
                 time.sleep(args.settle)
                 idle = _measure(procs[1:], args.window)
                 _tell(procs[1:], "chatter")
