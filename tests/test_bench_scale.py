@@ -1,4 +1,5 @@
-"""`swarm bench scale`: the estimate's arithmetic, the socket counters it reads, and a tiny run end to end."""
+"""`swarm bench scale`: the estimate's arithmetic, the socket counters it reads, the wait for a swarm's data channels
+to settle, and a tiny run end to end."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from swarm.bench import scale
+from swarm.bench import scale, scale_measure
 from swarm.node.node import provides_key
 
 
@@ -86,8 +87,38 @@ def test_socket_bytes_are_summed_per_process(monkeypatch):
         'ESTAB 0 0 127.0.0.1:5 127.0.0.1:6 users:(("python",pid=12,fd=9))\n'
         "\t bbr rto:204\n"
     )
-    monkeypatch.setattr(scale.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
-    assert scale._socket_bytes() == {11: (105, 47), 12: (0, 0)}
+    monkeypatch.setattr(scale_measure.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
+    assert scale_measure.socket_bytes() == {11: (105, 47), 12: (0, 0)}
+
+
+class _Peer:
+    """A bench process as the waits see it: its events, each stamped with a time."""
+
+    def __init__(self, stamps: dict[str, list[float]]) -> None:
+        self.stamps = stamps
+
+    def events(self, kind: str) -> list[dict]:
+        return [{"event": kind, "t": t} for t in self.stamps.get(kind, [])]
+
+
+def test_links_settle_when_the_peers_open_fewer_than_two_channels_each_in_ten_seconds():
+    # two peers: a join's spares every second until t = 30, then one renewal per peer
+    peers = [_Peer({"spare": [float(t) for t in range(31)] + [38.0], "link": [5.0, 29.5]}), _Peer({"spare": [36.0]})]
+    assert not scale_measure.links_settled(peers, now=30.0)  # 11 spares and a link in the last 10 s
+    assert not scale_measure.links_settled(peers, now=37.0)  # still 4 (31-36 s)
+    assert scale_measure.links_settled(peers, now=40.5)  # 38 s and 36 s: one each
+    clock = [20.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    assert scale_measure.wait_links_settled(peers, deadline=100.0, clock=lambda: clock[0], sleep=sleep)
+    assert clock[0] == 40.0  # the first whole second at which the last 10 s held 3 channels, fewer than 2 a peer
+    busy = [_Peer({"spare": [float(t) / 2 for t in range(400)]})]
+    clock[0] = 0.0
+    assert not scale_measure.wait_links_settled(busy, deadline=50.0, clock=lambda: clock[0], sleep=sleep)
+    assert clock[0] == 50.0
 
 
 def test_a_tiny_scale_run_reports_every_figure(tmp_path):

@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -54,6 +52,7 @@ from p2p.identity import Identity, read_key_file, write_key_file
 from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.bench.broadcast import EventProcess, _make_checkpoint
 from swarm.bench.heartbeat_sim import run_heartbeat_sim
+from swarm.bench.scale_measure import measure, wait_links_settled, wait_synced
 from swarm.config import DHT_PROVIDERS_WANTED, LimitsSection, MirrorSection, load_config
 from swarm.errors import UserError
 from swarm.events import EventSink
@@ -64,7 +63,6 @@ BUDGET_CPU_SHARE = 0.02
 CHATTER_EVERY_S = 6.0
 """A peer's extra heartbeats in the chatty window: one per 6 s on average, the unstretched period."""
 BUDGET_BYTES_PER_S = 100_000
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,80 +177,6 @@ async def _chatter(node, scope: trio.CancelScope) -> None:
             await trio.sleep(CHATTER_EVERY_S)
 
 
-def _socket_bytes() -> dict[int, tuple[int, int]]:
-    """pid -> (bytes sent, bytes received) over its TCP sockets, from one `ss -tinpH` listing."""
-    try:
-        text = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    totals: dict[int, tuple[int, int]] = {}
-    pid = None
-    for line in text.splitlines():
-        if "pid=" in line:
-            pid = int(line.split("pid=", 1)[1].split(",", 1)[0])
-            continue
-        if pid is None:
-            continue
-        fields = dict(f.split(":", 1) for f in line.split() if f.startswith(("bytes_sent:", "bytes_received:")))
-        sent, got = totals.get(pid, (0, 0))
-        totals[pid] = (sent + int(fields.get("bytes_sent", 0)), got + int(fields.get("bytes_received", 0)))
-        pid = None
-    return totals
-
-
-class _Sample:
-    """/proc and socket counters of one process at one moment, plus its latest gossip counters."""
-
-    def __init__(self, proc: EventProcess, sockets: dict[int, tuple[int, int]]) -> None:
-        pid = proc.popen.pid
-        self.t = time.monotonic()
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        self.cpu_s = (int(stat[11]) + int(stat[12])) / _CLK_TCK
-        self.sent, self.received = sockets.get(pid, (0, 0))
-        status = Path(f"/proc/{pid}/status").read_text()
-        self.rss_mb = next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
-        self.sockets = sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-                           for fd in os.listdir(f"/proc/{pid}/fd") if _is_link(f"/proc/{pid}/fd/{fd}"))
-        stats = proc.events("gossip_stats")
-        self.gossip = stats[-1] if stats else {"delivered": 0, "peers_known": 0, "connected": 0}
-
-
-def _is_link(path: str) -> bool:
-    try:
-        os.readlink(path)
-    except OSError:
-        return False
-    return True
-
-
-def _measure(procs: list[EventProcess], window: float, publish: Callable[[], None] | None = None,
-             every: float = math.inf) -> list[dict]:
-    """Each process's counters over `window` seconds, calling `publish` at its start and every `every` seconds."""
-    listing = _socket_bytes()
-    before = [_Sample(p, listing) for p in procs]
-    start = time.monotonic()
-    end, versions = start + window, 0
-    while (left := end - time.monotonic()) > 0:
-        if publish is not None:
-            publish()
-            versions += 1
-        time.sleep(min(every, left))
-    listing = _socket_bytes()
-    rows = []
-    for proc, a in zip(procs, before):
-        b = _Sample(proc, listing)
-        dt = b.t - a.t
-        links = sum(start <= e["t"] <= b.t for e in proc.events("link"))  # one per data link a version opened
-        rows.append({"cpu_share": (b.cpu_s - a.cpu_s) / dt, "rss_mb": b.rss_mb,
-                     "links_per_version": links / versions if versions else 0.0,
-                     "gossip_delivered_per_s": (b.gossip["delivered"] - a.gossip["delivered"]) / dt,
-                     "recv_kb_per_s": max(0, b.received - a.received) / dt / 1000,
-                     "sent_kb_per_s": max(0, b.sent - a.sent) / dt / 1000,
-                     "sockets": b.sockets, "peers_known": b.gossip["peers_known"], "connected": b.gossip["connected"],
-                     "versions": versions})
-    return rows
-
-
 def _summary(n: int, idle: list[dict], publishing: list[dict], window: float, chatty: list[dict] | None = None) -> dict:
     """One size's row: the publishing window's means (and maxima), the idle and chatty windows' CPU, bytes,
     deliveries and connections, and what one version costs a peer on top of upkeep: the publishing window's extra
@@ -361,29 +285,6 @@ def _grow(work: Path, procs: list[EventProcess], target: int, key_hex: str, addr
     addrs.extend(p.wait_for("listening", deadline)["addrs"][0] for p in started)
 
 
-def _wait_synced(peers: list[EventProcess], publisher: EventProcess, deadline: float) -> None:
-    """Until every peer holds the publisher's newest version. Why: peers that just joined fetch it first, and
-    that transfer (tens of kB/s each with 16 joiners) is a version's cost, not upkeep: measured in the idle
-    window it made 32 peers look three times as costly as 16."""
-    publisher.wait_for("published", deadline)  # the first version is announced as the publisher starts
-    newest = publisher.events("published")[-1]["version"]
-    for peer in peers:
-        peer.wait_for("complete", deadline, version=newest)
-
-
-def _wait_links_settled(peers: list[EventProcess], deadline: float, span: float = 10.0) -> None:
-    """Until the peers open fewer than two data channels each (spares and links) in the last `span` seconds, or
-    `deadline`. Why: joiners also dial a spare to each neighbour they learn from heartbeats (at 32 peers, 700 of
-    1,300 opened 10-30 s after every peer was synced), which an idle window measured as upkeep. Between versions a
-    peer renews a spare about every `spare_ttl` / `max_peers` (7.5 s by default)."""
-    while time.monotonic() < deadline:
-        since = time.monotonic() - span
-        opened = sum(e["t"] >= since for p in peers for kind in ("spare", "link") for e in p.events(kind))
-        if opened < 2 * len(peers):
-            return
-        time.sleep(1.0)
-
-
 def _sim_span(peers: int) -> float:
     """Virtual seconds of warm-up, and then of counting, in the heartbeat run of `peers`: three of the longest
     stretched periods there (peers / 3 times 6 s), at least 600."""
@@ -423,14 +324,14 @@ def run(args: argparse.Namespace) -> int:
             for n in sizes:
                 _grow(work, procs, n, key.public_bytes.hex(), addrs, time.monotonic() + args.timeout,
                       args.links_per_version, providers)
-                _wait_synced(procs[1:], pub, time.monotonic() + args.timeout)
-                _wait_links_settled(procs[1:], time.monotonic() + min(args.timeout, 120.0))
+                wait_synced(procs[1:], pub, time.monotonic() + args.timeout)
+                wait_links_settled(procs[1:], time.monotonic() + min(args.timeout, 120.0))
                 time.sleep(args.settle)
-                idle = _measure(procs[1:], args.window)
+                idle = measure(procs[1:], args.window)
                 _tell(procs[1:], "chatter")
-                chatty = _measure(procs[1:], args.window)
+                chatty = measure(procs[1:], args.window)
                 _tell(procs[1:], "quiet")
-                publishing = _measure(procs[1:], args.window, publish, args.version_every)
+                publishing = measure(procs[1:], args.window, publish, args.version_every)
                 measured.append(_summary(n, idle, publishing, args.window, chatty))
                 print(json.dumps(measured[-1]), file=sys.stderr, flush=True)  # each size as it is measured
         finally:
