@@ -66,7 +66,7 @@ async def test_an_expired_spare_is_closed_cleanly_and_a_vanished_dialer_is_no_er
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
             ours, theirs = trio.testing.memory_stream_pair()
-            mirror._spares["peer"] = (ours, trio.current_time())
+            mirror._spares["peer"] = (ours, trio.current_time() + 10.0)
             await trio.sleep(11.0)  # virtual time: past the spare's lifetime
             assert mirror._take_spare("peer", trio.current_time()) is None
             with trio.fail_after(1):
@@ -173,7 +173,7 @@ async def test_an_announced_version_is_fetched_over_the_announcing_channel_witho
             await nursery.start(small.run_service)
             policy = big.adopt(source, local_dir=tmp_path / "v0")
             ours, theirs = trio.testing.memory_stream_pair()
-            big._spares["peer-a"] = (ours, trio.current_time())
+            big._spares["peer-a"] = (ours, trio.current_time() + big.spare_ttl)
             nursery.start_soon(small.accept_link, "peer-b", theirs)  # the acceptor side of big's spare
             await trio.sleep(0.5)
             await big.reconcile(["peer-a"], big_dial, max_links=8)  # the smaller peer may still dial on its own
@@ -384,7 +384,7 @@ async def test_announcements_waiting_for_an_answer_count_against_links_per_versi
             silent = []  # the neighbours' ends of our spares: they read the announcement and never answer
             for peer in neighbours:
                 ours, theirs = trio.testing.memory_stream_pair()
-                mirror._spares[peer] = (ours, trio.current_time())
+                mirror._spares[peer] = (ours, trio.current_time() + mirror.spare_ttl)
                 silent.append(theirs)
             policy = mirror.adopt(signed_version(tmp_path, key, 0))
             await trio.sleep(2.0)  # past announce_after: nobody dialed its link

@@ -97,7 +97,7 @@ class PolicyMirror(OutboundLinks):
         # gossip delivered a manifest up to 21 s after another peer (measured, 5 processes on a loaded machine): an
         # inbound link for a manifest not adopted yet waits this long, and our own links wait as long for a hello
         self.adoption_wait = adoption_wait
-        self.spare_ttl = spare_ttl  # a spare data channel older than this is closed and dialed anew
+        self.spare_ttl = spare_ttl  # a spare data channel is closed and dialed anew within this (spare_lifetime)
         # a smaller peer that has not dialed a version's link this long after we adopted it is told of the version
         # (gossip reached some peers 5-21 s late under load); sooner, most announcements crossed the peer's own link
         self.announce_after = announce_after
@@ -105,7 +105,7 @@ class PolicyMirror(OutboundLinks):
         self.links_per_version = links_per_version
         # this process's secret in its link order (mirror_dial.link_order): nobody can grind identities to be first
         self.link_salt = secrets.token_bytes(16)
-        self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel with no manifest yet, opened at)
+        self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel, no manifest yet; retire at)
         self._spare_dialing: set[str] = set()
         self._spare_failures: dict[str, tuple[float, float]] = {}  # peer -> (retry at, pause)
         self._max_links = math.inf  # links per version, as the last reconcile was told

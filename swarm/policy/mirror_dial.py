@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("swarm.policy.mirror")
 SPARE_RETRY = 2.0
 """Seconds before a failed spare dial to a peer is tried again; doubled after each failure in a row."""
+SPARE_TTL_SPREAD = 0.25
+"""Spares live between 75 % and 100 % of `spare_ttl` (`spare_lifetime`)."""
 SPARE_RETRY_MAX = 30.0
 """The longest pause between spare dials to a peer that keeps failing them (links still dial every 2 s)."""
 _DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
@@ -88,16 +91,16 @@ class OutboundLinks:
         spare = self._spares.pop(peer, None)
         if spare is None:
             return None
-        if now - spare[1] > self.spare_ttl:  # the acceptor stopped waiting for it: close it cleanly, not by GC
+        if now > spare[1]:  # the acceptor stops waiting for it soon: close it cleanly, not by GC
             self._nursery.start_soon(trio.aclose_forcefully, spare[0])
             return None
         return spare[0]
 
     def _keep_spares(self, peers: list[str], dial: Dialer, max_links: int, now: float) -> None:
-        for peer, (stream, opened_at) in list(self._spares.items()):
+        for peer, (stream, retire_at) in list(self._spares.items()):
             # only age retires a spare (the acceptor stops waiting soon after); a dead one fails when used and is
             # dialed anew, while closing spares of peers missing from one connection listing left pairs cold
-            if now - opened_at > self.spare_ttl:
+            if now > retire_at:
                 del self._spares[peer]
                 self._nursery.start_soon(trio.aclose_forcefully, stream)
         for peer in peers:
@@ -121,7 +124,7 @@ class OutboundLinks:
         try:
             with trio.fail_after(self.dial_timeout):
                 stream = await dial(peer)
-            self._spares[peer] = (stream, trio.current_time())
+            self._spares[peer] = (stream, trio.current_time() + spare_lifetime(self.spare_ttl))
             self._spare_failures.pop(peer, None)
             self.on_event("spare", {"peer": peer})
         except _DIAL_ERRORS as exc:
@@ -171,6 +174,13 @@ class OutboundLinks:
             log.debug("data channel to %s failed: %s", peer, exc)
         finally:
             policy.dialing.discard(peer)
+
+
+def spare_lifetime(ttl: float, draw: Callable[[], float] = random.random) -> float:
+    """How long one spare channel is kept: `ttl` less up to SPARE_TTL_SPREAD of it, drawn per spare. Why drawn: the
+    spares of peers that joined together were renewed together, every `ttl`, in a burst of a dial per neighbour on
+    every peer at once; never more than `ttl`, which the acceptor waits for a preamble (PolicyMirror._read_preamble)."""
+    return ttl * (1.0 - SPARE_TTL_SPREAD * draw())
 
 
 def _enough_links(policy: MirroredPolicy, wanted: int) -> bool:

@@ -1,0 +1,44 @@
+"""Spare data channels live a drawn part of `spare_ttl` each, so spares dialed together are not renewed together."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from p2p.identity import Identity
+from p2p.store import PieceStore
+from swarm.policy.mirror import PolicyMirror
+from swarm.policy.mirror_dial import SPARE_TTL_SPREAD, spare_lifetime
+from swarm.policy.trust import TrainerTrust
+
+
+def test_a_spare_lives_between_three_quarters_of_the_ttl_and_the_ttl():
+    assert spare_lifetime(240.0, draw=lambda: 0.0) == 240.0  # never past what the acceptor waits for
+    assert spare_lifetime(240.0, draw=lambda: 1.0) == 240.0 * (1 - SPARE_TTL_SPREAD) == 180.0
+
+
+async def test_spares_dialed_at_once_are_renewed_spread_over_the_last_quarter_of_their_ttl(tmp_path, autojump_clock):
+    key = Identity.generate()
+    neighbours = [f"peer-{i:02d}" for i in range(32)]
+    dials: list[tuple[str, float]] = []
+
+    async def dial(peer):
+        dials.append((peer, trio.current_time()))
+        return trio.testing.memory_stream_pair()[0]
+
+    with PieceStore(tmp_path / "store", keep_versions=2) as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", spare_ttl=240.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            start = trio.current_time()
+            mirror._keep_spares(neighbours, dial, max_links=32, now=start)  # a flash crowd's join: all at once
+            await trio.sleep(1.0)
+            assert len(mirror._spares) == 32
+            for _ in range(250):  # 250 s of reconcile rounds, one a second
+                mirror._keep_spares(neighbours, dial, max_links=32, now=trio.current_time())
+                await trio.sleep(1.0)
+            nursery.cancel_scope.cancel()
+    renewals = sorted(at - start for peer, at in dials[32:])
+    assert len(renewals) == 32  # each spare renewed once in 250 s
+    assert renewals[0] >= 180.0 and renewals[-1] <= 242.0
+    assert len({int(at) for at in renewals}) >= 16  # spread over many seconds, not one burst of 32 dials
