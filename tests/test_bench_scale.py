@@ -68,8 +68,8 @@ def test_a_versions_cost_is_the_publishing_windows_extra_spread_over_the_version
     than `--version-every`: multiplied by that instead, a 1 s window with a version every 2 s doubled every cost."""
     def rows(cpu_share, kb_per_s, versions):
         return [{"cpu_share": cpu_share, "rss_mb": 100.0, "links_per_version": 4.0, "gossip_delivered_per_s": 1.0,
-                 "recv_kb_per_s": kb_per_s / 2, "sent_kb_per_s": kb_per_s / 2, "sockets": 9, "peers_known": 2,
-                 "connected": 2, "versions": versions}] * 2
+                 "recv_kb_per_s": kb_per_s / 2, "sent_kb_per_s": kb_per_s / 2, "payload_kb_per_s": 0.0,
+                 "sockets": 9, "peers_known": 2, "connected": 2, "versions": versions}] * 2
 
     idle = rows(0.01, 10.0, 0)
     one = scale._summary(2, idle, rows(0.11, 110.0, 1), window=1.0)  # one version, published at the start of 1 s
@@ -78,7 +78,7 @@ def test_a_versions_cost_is_the_publishing_windows_extra_spread_over_the_version
     assert two["version_cpu_s"] == pytest.approx(1.0) and two["version_kb"] == pytest.approx(1000.0)
 
 
-def test_socket_bytes_are_summed_per_process(monkeypatch):
+def test_socket_bytes_are_listed_per_process_and_connection(monkeypatch):
     listing = (
         'ESTAB 0 0 127.0.0.1:1 127.0.0.1:2 users:(("python",pid=11,fd=3))\n'
         "\t bbr bytes_sent:100 bytes_acked:100 bytes_received:40 segs_out:3\n"
@@ -89,7 +89,42 @@ def test_socket_bytes_are_summed_per_process(monkeypatch):
     )
     monkeypatch.setattr(scale_measure.subprocess, "run",
                         lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
-    assert scale_measure.socket_bytes() == {11: (105, 47), 12: (0, 0)}
+    assert scale_measure.socket_bytes() == {11: {"127.0.0.1:1 127.0.0.1:2": (100, 40),
+                                                 "127.0.0.1:3 127.0.0.1:4": (5, 7)},
+                                            12: {"127.0.0.1:5 127.0.0.1:6": (0, 0)}}
+
+
+def test_bytes_moved_count_each_connection_open_at_the_end_and_never_less_than_nothing():
+    before = {"a": (1000, 5000), "gone": (900_000, 800_000)}  # a dropped version's link closes in the window
+    after = {"a": (1500, 5200), "new": (300, 1_100_000)}  # a new version's link opens in it
+    assert scale_measure.bytes_moved(before, after) == (500 + 300, 200 + 1_100_000)
+    assert scale_measure.bytes_moved(after, {}) == (0, 0)
+
+
+def test_payload_is_what_each_versions_running_totals_grew_by_within_the_window():
+    def progress(t, version, up, down):
+        return {"event": "progress", "t": t, "version": version, "up_bytes": up, "down_bytes": down}
+
+    class Process:
+        def events(self, kind):
+            assert kind == "progress"
+            return [progress(1.0, 1, 0, 1_000_000), progress(9.0, 1, 500_000, 1_048_576),  # before the window
+                    progress(11.0, 1, 600_000, 1_048_576), progress(13.0, 1, 700_000, 1_048_576),
+                    progress(12.0, 2, 0, 400_000), progress(14.0, 2, 100_000, 1_048_576),  # a version in it
+                    progress(30.0, 2, 900_000, 1_048_576)]  # after it
+
+    assert scale_measure.payload_bytes(Process(), since=10.0, until=20.0) == 200_000 + 1_148_576
+
+
+def test_version_bytes_are_protocol_bytes_the_pieces_moved_are_not_counted():
+    def rows(kb_per_s, payload, versions):
+        return [{"cpu_share": 0.01, "rss_mb": 100.0, "links_per_version": 4.0, "gossip_delivered_per_s": 1.0,
+                 "recv_kb_per_s": kb_per_s / 2, "sent_kb_per_s": kb_per_s / 2, "payload_kb_per_s": payload,
+                 "sockets": 9, "peers_known": 2, "connected": 2, "versions": versions}] * 2
+
+    summary = scale._summary(2, rows(10.0, 0.0, 0), rows(130.0, 110.0, 2), window=20.0)
+    assert summary["version_kb"] == pytest.approx(100.0)  # (130 - 110 - 10) kB/s over 10 s a version
+    assert summary["payload_kb_per_s"] == pytest.approx(110.0)
 
 
 class _Peer:
@@ -131,7 +166,7 @@ def test_a_tiny_scale_run_reports_every_figure(tmp_path):
     for size in result["sizes"]:
         assert 0 <= size["cpu_share"] < 2 and 0 < size["rss_mb"] < 400 and size["sockets"] >= 1
         assert 0 <= size["idle_cpu_share"] < 2 and size["version_cpu_s"] >= 0 and size["version_kb"] >= 0
-        assert size["links_per_version"] >= 0
+        assert size["links_per_version"] >= 0 and size["payload_kb_per_s"] >= 0
     assert result["estimate"]["peers"] == 30 and "within_budget" in result["estimate"]
     assert 0 <= result["estimate"]["links_per_version"] <= 29
     assert result["heartbeats_received_per_peer_s_virtual"]["30"] > 0

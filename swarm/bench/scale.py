@@ -13,8 +13,10 @@ costs each peer, with its duplicates and forwards); then one in which a version 
 - cpu_share: CPU seconds (user + system, /proc/<pid>/stat) per wall second: one core is 1.0;
 - rss_mb: resident memory (/proc/<pid>/status VmRSS);
 - gossip_delivered_per_s: gossip messages handed to the node (its own GossipStats, reported as an event);
-- recv_kb_per_s / sent_kb_per_s: TCP payload bytes its sockets received and sent (`ss -tinp` counters, summed
-  over its sockets; a connection that closes within the window takes its counts with it);
+- recv_kb_per_s / sent_kb_per_s: TCP payload bytes its sockets received and sent (`ss -tinp` counters, per
+  connection open at the window's end; one that closed within the window is not counted);
+- payload_kb_per_s: of those, the policy's pieces it downloaded and uploaded (its progress events); the idle,
+  chatty and version byte figures below are protocol bytes, the sockets' bytes less these;
 - sockets: open socket descriptors (connections, listeners, the data channel's);
 - peers_known: peers the node heard heartbeats from; connected: peers it holds a connection to.
 
@@ -187,8 +189,8 @@ def _summary(n: int, idle: list[dict], publishing: list[dict], window: float, ch
     def mean(rows: list[dict], key: str) -> float:
         return round(sum(r[key] for r in rows) / len(rows), 4)
 
-    def kb(rows: list[dict]) -> float:
-        return mean(rows, "recv_kb_per_s") + mean(rows, "sent_kb_per_s")
+    def kb(rows: list[dict]) -> float:  # protocol bytes: what the sockets moved less the policy's pieces
+        return max(0.0, mean(rows, "recv_kb_per_s") + mean(rows, "sent_kb_per_s") - mean(rows, "payload_kb_per_s"))
 
     extra_cpu_share = mean(publishing, "cpu_share") - mean(idle, "cpu_share")
     return {"peers": n, **{k: mean(publishing, k) for k in publishing[0]},

@@ -45,36 +45,66 @@ def wait_links_settled(peers: list[EventProcess], deadline: float, clock: Callab
     return False
 
 
-def socket_bytes() -> dict[int, tuple[int, int]]:
-    """pid -> (bytes sent, bytes received) over its TCP sockets, from one `ss -tinpH` listing."""
+Listing = dict[int, dict[str, tuple[int, int]]]
+"""pid -> {connection (local and remote address): (bytes sent, bytes received)}."""
+
+
+def socket_bytes() -> Listing:
+    """Each process's TCP connections and their byte counters, from one `ss -tinpH` listing."""
     try:
         text = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    totals: dict[int, tuple[int, int]] = {}
-    pid = None
+    listing: Listing = {}
+    pid, connection = None, ""
     for line in text.splitlines():
         if "pid=" in line:
             pid = int(line.split("pid=", 1)[1].split(",", 1)[0])
+            connection = " ".join(line.split()[3:5])
             continue
         if pid is None:
             continue
         fields = dict(f.split(":", 1) for f in line.split() if f.startswith(("bytes_sent:", "bytes_received:")))
-        sent, got = totals.get(pid, (0, 0))
-        totals[pid] = (sent + int(fields.get("bytes_sent", 0)), got + int(fields.get("bytes_received", 0)))
+        counts = (int(fields.get("bytes_sent", 0)), int(fields.get("bytes_received", 0)))
+        listing.setdefault(pid, {})[connection] = counts
         pid = None
-    return totals
+    return listing
+
+
+def bytes_moved(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """(sent, received) between two listings of one process: each connection open at the second counts what it
+    moved since the first (all of it when it opened in between). Why per connection: summed over the process, a
+    connection that closed in between (a dropped version's data links) took its whole count with it, and a window
+    in which versions came and went measured less than nothing."""
+    sent = received = 0
+    for connection, (s1, r1) in after.items():
+        s0, r0 = before.get(connection, (0, 0))
+        sent, received = sent + max(0, s1 - s0), received + max(0, r1 - r0)
+    return sent, received
+
+
+def payload_bytes(proc: EventProcess, since: float, until: float) -> int:
+    """Piece bytes (up and down) the process's versions moved between `since` and `until`, from its progress
+    events (each version's running totals, every `status_every_s`): the policy itself, not protocol overhead."""
+    before: dict[int, int] = {}
+    after: dict[int, int] = {}
+    for event in proc.events("progress"):
+        table = before if event["t"] < since else after if event["t"] <= until else None
+        if table is not None:
+            moved = event["up_bytes"] + event["down_bytes"]
+            table[event["version"]] = max(table.get(event["version"], 0), moved)
+    return sum(max(0, moved - before.get(version, 0)) for version, moved in after.items())
 
 
 class _Sample:
     """/proc and socket counters of one process at one moment, plus its latest gossip counters."""
 
-    def __init__(self, proc: EventProcess, sockets: dict[int, tuple[int, int]]) -> None:
+    def __init__(self, proc: EventProcess, listing: Listing) -> None:
         pid = proc.popen.pid
         self.t = time.monotonic()
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         self.cpu_s = (int(stat[11]) + int(stat[12])) / _CLK_TCK
-        self.sent, self.received = sockets.get(pid, (0, 0))
+        self.connections = listing.get(pid, {})
         status = Path(f"/proc/{pid}/status").read_text()
         self.rss_mb = next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
         self.sockets = sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
@@ -108,12 +138,13 @@ def measure(procs: list[EventProcess], window: float, publish: Callable[[], None
     for proc, a in zip(procs, before):
         b = _Sample(proc, listing)
         dt = b.t - a.t
+        sent, received = bytes_moved(a.connections, b.connections)
         links = sum(start <= e["t"] <= b.t for e in proc.events("link"))  # one per data link a version opened
         rows.append({"cpu_share": (b.cpu_s - a.cpu_s) / dt, "rss_mb": b.rss_mb,
                      "links_per_version": links / versions if versions else 0.0,
                      "gossip_delivered_per_s": (b.gossip["delivered"] - a.gossip["delivered"]) / dt,
-                     "recv_kb_per_s": max(0, b.received - a.received) / dt / 1000,
-                     "sent_kb_per_s": max(0, b.sent - a.sent) / dt / 1000,
+                     "recv_kb_per_s": received / dt / 1000, "sent_kb_per_s": sent / dt / 1000,
+                     "payload_kb_per_s": payload_bytes(proc, a.t, b.t) / dt / 1000,
                      "sockets": b.sockets, "peers_known": b.gossip["peers_known"], "connected": b.gossip["connected"],
                      "versions": versions})
     return rows
