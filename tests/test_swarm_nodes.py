@@ -331,7 +331,9 @@ def test_two_swarm_processes_second_joins_through_first_multiaddr(tmp_path):
                 p.wait(10)
     assert finished["version"] == 1
     assert (tmp_path / "torch-imported").read_text() == "False"  # seed-only mode stays small
-    out, err = pub.communicate(timeout=10)
+    # the publisher has exited: read through the buffered streams, since the readline() calls above may have
+    # buffered the lines after the address already (communicate() reads the raw pipe and would skip them)
+    out, err = pub.stdout.read(), pub.stderr.read()
     assert "published policy v1 (" in out and "FAILED" not in out + err and "Traceback" not in err, out + err
     from p2p.store import PieceStore
 
