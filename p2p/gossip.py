@@ -62,7 +62,7 @@ from p2p.gossip_parts import GossipStats, PublishPacer, Rejection, _BoundedMap, 
 from p2p.gossip_receive import BodyDecoder, GossipReceiver, Ignored
 from p2p.host import reset_quietly
 from p2p.identity import Identity
-from p2p.libp2p_pubsub import GOSSIP_EVERY_TICKS, BufferedInboundStream, LeanGossipSub, LeanPubsub
+from p2p.libp2p_pubsub import BufferedInboundStream, LeanGossipSub, LeanPubsub
 from p2p.scores import PeerScores, ScoreConfig
 
 __all__ = ["BodyDecoder", "Gossip", "GossipConfig", "GossipStats", "Ignored", "PublishPacer", "Rejection",
@@ -300,15 +300,13 @@ def gossip_router(config: GossipConfig) -> LeanGossipSub:
         degree_high=2 * config.degree,
         heartbeat_interval=config.heartbeat_s,  # type: ignore[arg-type] - py-libp2p only ever sleeps on it
         heartbeat_initial_delay=min(0.1, config.heartbeat_s),
-        gossip_window=GOSSIP_EVERY_TICKS,  # a gossip round advertises everything since the round before
-        gossip_history=GOSSIP_EVERY_TICKS + 2,  # and can still serve the IWANTs it draws
         adaptive_gossip_enabled=False,
         max_messages_per_topic_per_second=config.router_rate_limit,
     )
 
 
 def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:
-    router = gossip_router(config)  # py-libp2p's router and pubsub, minus the CPU that starved streams
+    router = gossip_router(config)
     router.equivocation_detection = _NeverStored()
     window = config.policy.max_age_s + config.policy.max_future_s
     # seen_ttl covers our freshness window, so honest re-deliveries are dropped as duplicates by pubsub itself and

@@ -50,8 +50,8 @@ class LeanGossipSub(GossipSub):
     at every heartbeat, for every topic: here every OPPORTUNISTIC_GRAFT_TICKS heartbeats, as gossipsub v1.1 and
     go-libp2p schedule them. Every second they scored each mesh and topic peer of six topics, about half of what
     py-libp2p's heartbeat cost an idle peer of 32, and each swap is a PRUNE and a GRAFT.
-    IHAVE gossip goes out every GOSSIP_EVERY_TICKS heartbeats over a window of as many heartbeats
-    (p2p.gossip.gossip_router sets it), not every heartbeat over the last three: each message is still advertised
+    IHAVE gossip goes out every GOSSIP_EVERY_TICKS heartbeats over a window of as many heartbeats (the router
+    sets its window itself), not every heartbeat over the last three: each message is still advertised
     to D_lazy peers outside the mesh per topic, once instead of three times. Why: between versions the status
     heartbeats keep every gossip window non-empty, so a peer with more neighbours than its mesh sent and received
     about six IHAVE RPCs a second, most of the RPCs an idle peer of 64 handled (counted per RPC type), each
@@ -59,6 +59,8 @@ class LeanGossipSub(GossipSub):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["gossip_window"] = GOSSIP_EVERY_TICKS  # a gossip round advertises everything since the one before
+        kwargs.setdefault("gossip_history", GOSSIP_EVERY_TICKS + 2)  # and can still serve the IWANTs it draws
         super().__init__(*args, **kwargs)
         self.heartbeats = 0
 

@@ -133,8 +133,8 @@ class _Peer:
     def __init__(self, stamps: dict[str, list[float]]) -> None:
         self.stamps = stamps
 
-    def events(self, kind: str) -> list[dict]:
-        return [{"event": kind, "t": t} for t in self.stamps.get(kind, [])]
+    def count_since(self, kinds: tuple[str, ...], since: float) -> int:
+        return sum(t >= since for kind in kinds for t in self.stamps.get(kind, []))
 
 
 def test_links_settle_when_the_peers_open_fewer_than_two_channels_each_in_ten_seconds():

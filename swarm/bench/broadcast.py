@@ -102,6 +102,16 @@ class EventProcess:
         with self._cond:
             return [e for e in self.seen if e.get("event") == kind]
 
+    def count_since(self, kinds: tuple[str, ...], since: float) -> int:
+        """Events of `kinds` stamped at or after `since`, read from the newest back (events arrive in time order)."""
+        with self._cond:
+            count = 0
+            for event in reversed(self.seen):
+                if event.get("t", since) < since:
+                    break
+                count += event.get("event") in kinds
+            return count
+
     def wait_for(self, kind: str, deadline: float, after: float = -math.inf, **match) -> dict:
         """The first event of `kind`, stamped after `after`, whose fields equal `match`; UserError if the process
         exits or time runs out first."""

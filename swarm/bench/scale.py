@@ -70,7 +70,7 @@ BUDGET_BYTES_PER_S = 100_000
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="8,16,32,64", help="swarm sizes measured, in growing order")
     parser.add_argument("--window", type=float, default=20.0,
-                        help="seconds of each of the two windows (idle, then publishing) measured at each size")
+                        help="seconds of each of the three windows (idle, chatty, publishing) measured at each size")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds after the swarm settles before measuring")
     parser.add_argument("--version-every", dest="version_every", type=float, default=20.0,
                         help="seconds between the publisher's policy versions in the publishing window")

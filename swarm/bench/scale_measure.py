@@ -31,7 +31,7 @@ def links_settled(peers: list[EventProcess], now: float, span: float = 10.0) -> 
     `now`. Why: joiners also dial a spare to each neighbour they learn from heartbeats (at 32 peers, 700 of 1,300
     opened 10-30 s after every peer was synced), which an idle window measured as upkeep. Between versions a peer
     renews a spare about every `spare_ttl` / `max_peers` (7.5 s by default), well below this."""
-    opened = sum(e["t"] >= now - span for peer in peers for kind in ("spare", "link") for e in peer.events(kind))
+    opened = sum(peer.count_since(("spare", "link"), now - span) for peer in peers)
     return opened < 2 * len(peers)
 
 

@@ -26,10 +26,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("swarm.policy.mirror")
 SPARE_RETRY = 2.0
 """Seconds before a failed spare dial to a peer is tried again; doubled after each failure in a row."""
-SPARE_TTL_SPREAD = 0.25
-"""Spares live between 75 % and 100 % of `spare_ttl` (`spare_lifetime`)."""
 SPARE_RETRY_MAX = 30.0
 """The longest pause between spare dials to a peer that keeps failing them (links still dial every 2 s)."""
+SPARE_TTL_SPREAD = 0.25
+"""Spares live between 75 % and 100 % of `spare_ttl` (`spare_lifetime`)."""
 _DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
 Dialer = Callable[[str], Awaitable[Any]]
 
