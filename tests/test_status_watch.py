@@ -161,8 +161,9 @@ async def test_watch_prints_one_json_line_per_refresh_through_a_pipe_and_ends_on
             child = Child(tmp_path, ["--watch", "--every", "0.5", "--run", "t", "--trainer-key",
                                      trainer.public_bytes.hex(), "--bootstrap", seed.node.host.multiaddrs[0]])
 
-            def seen_twice(text: str) -> bool:
-                return sum('"holds": [2]' in line for line in text.splitlines()) >= 2
+            def seen_twice(text: str) -> bool:  # the manifest is fetched in the background: wait for it too
+                return sum('"holds": [2]' in line and "signed by the run's trainer key" in line
+                           for line in text.splitlines()) >= 2
 
             out = await read_until(lambda: child.popen.stdout.readline().decode(), seen_twice)
             code, stderr = await child.interrupt()
