@@ -9,9 +9,11 @@ NAT), the same libp2p protocol carries the bytes itself (`Libp2pByteStream`), sl
 fallback is logged once per peer.
 
 Handshake on PROTOCOL (u16 length + one message of p2p/channel_messages.py each way): the dialer's request (socket
-or stream), the listener's offer (port, token, secret, cipher). The dialer connects to the listener's IP (the one
-its libp2p connection reached) and port and sends the token; the listener answers with one empty record
-("accepted") or drops the socket at once. In stream mode the libp2p stream itself becomes the data channel.
+or stream, and how many tickets it would like), the listener's offer (port, token, secret, cipher, tickets). The
+dialer connects to the listener's IP (the one its libp2p connection reached) and port and sends the token; the
+listener answers with one empty record ("accepted") or drops the socket at once. In stream mode the libp2p stream
+itself becomes the data channel. The next channels to the same listener skip the handshake while the dialer holds
+a ticket: a connect and a token (p2p.channel_tickets says why that is as safe).
 """
 
 from __future__ import annotations
@@ -20,21 +22,24 @@ import logging
 import os
 import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import blake3
 import trio
 
 from p2p.channel_addresses import is_loopback, listen_ip, note_socket_unreachable, remote_ip, socket_reachable
+from p2p.channel_config import ChannelConfig
+from p2p.channel_handshake import HandshakeAbandoned, close_quietly, read_msg, write_msg
 from p2p.channel_messages import (
-    MAX_MESSAGE, TOKEN_BYTES, ChannelOffer, ChannelRequest, HandshakeBreach, decode_offer, decode_request,
-    encode_offer, encode_request,
+    MAX_TICKETS, TOKEN_BYTES, ChannelOffer, ChannelRequest, HandshakeBreach, decode_offer,
+    decode_request, encode_offer, encode_request,
 )
 from p2p.channel_records import (
     AEADS, DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer, choose_aead, preferred_aead,
 )
-from p2p.channel_stream import SecureChannelStream, StreamTimeouts, tune_socket
+from p2p.channel_stream import SecureChannelStream, tune_socket
+from p2p.channel_tickets import Ticket, TicketBook, ticket_secret
 from p2p.errors import ChannelError
 from p2p.libp2p_compat import Libp2pByteStream, tune_yamux
 from p2p.ratelimit import Allowance
@@ -48,110 +53,10 @@ ChannelCallback = Callable[[str, Any], Awaitable[None]]
 _fallback_logged: set[str] = set()
 
 
-@dataclass(frozen=True)
-class ChannelConfig:
-    """Limits and choices of data channels, in seconds of trio time."""
-
-    handshake_timeout: float = 10.0
-    """Offer exchange over libp2p plus the token check on the data socket."""
-    connect_timeout: float = 5.0
-    """TCP connect to the peer's data socket; past it the channel falls back to the libp2p stream."""
-    token_ttl: float = 15.0
-    """An unused offer expires after this (a token is also single-use)."""
-    use_socket: bool = True
-    """False forces the libp2p-stream transport (e.g. behind a relay)."""
-    allow_fallback: bool = True
-    """False makes an unreachable data socket an error instead of a fallback."""
-    socket_buffer: int = 0
-    """SO_SNDBUF / SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning (which a fixed size turns off)."""
-    max_offers_per_peer: int = 16
-    """Outstanding (unclaimed) offers one peer may hold; more handshakes from it are refused."""
-    max_pending_sockets: int = 64
-    """Data sockets still presenting their token; further connections are dropped at once (flood guard)."""
-    max_pending_per_ip: int = 8
-    """The same, per remote IP (127.0.0.0/8 and ::1 included unless `exempt_loopback`): one stranger's silent
-    sockets would otherwise fill every place, and every honest peer would fall back to the slow stream path."""
-    exempt_loopback: bool = False
-    """True lifts the per-IP cap for loopback addresses: only for a simulation or benchmark that runs every peer
-    on 127.0.0.1 (`swarm sim`), never for a peer other local users can reach."""
-    max_channels: int = 256
-    """Data channels open at once on this node, over all peers (identities are free: a per-peer limit bounds
-    nothing); past it handshakes are refused. As many unclaimed offers are kept, past that the oldest goes."""
-    handshakes_per_s: float = 8.0
-    handshake_burst: int = 64
-    """New data channel handshakes accepted per second, over all peers, with bursts of `handshake_burst`; past it a
-    handshake is closed before a byte of it is read. Identities are free: a stranger reopens at once each channel
-    refused for a spent budget, and each costs a stream, a negotiation and a read of what it carries."""
-    token_timeout: float = 3.0
-    """A dialer writes its token as soon as it connects; a socket silent this long is dropped."""
-    aead: str | None = None
-    """Cipher this listener prefers (a name in channel_records.AEADS); None picks by CPU (preferred_aead). It is
-    offered when the dialer supports it, else AES-256-GCM or ChaCha20-Poly1305 (choose_aead)."""
-    timeouts: StreamTimeouts = field(default_factory=StreamTimeouts)
-
-    def __post_init__(self) -> None:
-        for name in ("handshake_timeout", "connect_timeout", "token_ttl"):
-            if not getattr(self, name) > 0:
-                raise ChannelError(f"data channel {name} must be positive, got {getattr(self, name)}")
-        if (self.max_offers_per_peer < 1 or self.max_pending_sockets < 1 or self.max_pending_per_ip < 1
-                or self.max_channels < 1 or self.token_timeout <= 0 or self.socket_buffer < 0
-                or self.handshakes_per_s <= 0 or self.handshake_burst < 1):
-            raise ChannelError("data channel limits must be positive (socket_buffer may be 0)")
-        if self.aead is not None and self.aead not in AEADS:
-            raise ChannelError(f"unknown data channel cipher {self.aead!r}; choose one of {', '.join(sorted(AEADS))}")
-
-
 def channel_key(secret: bytes, dialer: str, listener: str) -> bytes:
     """The record key: bound to the one-time secret and to both authenticated peer ids."""
     material = b"".join(_MSG_LEN.pack(len(p)) + p for p in (secret, dialer.encode(), listener.encode()))
     return blake3.blake3(material, derive_key_context=_KEY_CONTEXT).digest(length=KEY_BYTES)
-
-
-# ------------------------------------------------------------------------------------- handshake messages
-
-
-class HandshakeAbandoned(ChannelError):
-    """The peer closed the handshake before sending a byte, or reset it before our answer: it gave up (done, shutting
-    down, dial cancelled). Nothing hostile: logged at debug level, where a malformed handshake is a warning."""
-
-
-async def _write_msg(stream: Any, raw: bytes) -> None:
-    """Send one encoded handshake message; a stream the peer reset or closed is HandshakeAbandoned."""
-    try:
-        await stream.write(_MSG_LEN.pack(len(raw)) + raw)
-    except (trio.Cancelled, trio.TooSlowError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - py-libp2p raises StreamReset/StreamClosed/etc. on a dying stream
-        raise HandshakeAbandoned(f"data channel handshake stream gone while sending ({type(exc).__name__})") from exc
-
-
-async def _read_exact_libp2p(stream: Any, n: int, *, opening: bool = False) -> bytes:
-    """Exactly n bytes; `opening`: the first read of a handshake, where an immediate end is HandshakeAbandoned."""
-    buf = bytearray()
-    while len(buf) < n:
-        try:
-            chunk = await stream.read(n - len(buf))
-        except EOFError:  # py-libp2p's StreamEOF
-            chunk = b""
-        if not chunk:
-            if opening and not buf:
-                raise HandshakeAbandoned("the peer closed the handshake stream before sending anything")
-            raise ChannelError("handshake stream ended early")
-        buf += chunk
-    return bytes(buf)
-
-
-async def _read_msg(stream: Any, *, opening: bool = False) -> bytes:
-    """One handshake message's bytes, its length checked before they are read (the decoders check the rest)."""
-    try:
-        (size,) = _MSG_LEN.unpack(await _read_exact_libp2p(stream, _MSG_LEN.size, opening=opening))
-        if size > MAX_MESSAGE:
-            raise HandshakeBreach(f"handshake message of {size} bytes exceeds {MAX_MESSAGE}")
-        return await _read_exact_libp2p(stream, size)
-    except ChannelError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - EOF, reset or garbage: all mean a failed handshake
-        raise ChannelError(f"bad data channel handshake ({type(exc).__name__})") from exc
 
 
 # ------------------------------------------------------------------------------------------- listener side
@@ -159,10 +64,13 @@ async def _read_msg(stream: Any, *, opening: bool = False) -> bytes:
 
 @dataclass
 class _Offer:
+    """An unclaimed token: the offer's own or one of its tickets."""
+
     peer_id: str
     secret: bytes
     aead: str
     expires: float
+    ticket: bool = False
 
 
 class DataChannelServer:
@@ -181,6 +89,7 @@ class DataChannelServer:
         self.refused_channels = 0  # handshakes refused because max_channels were open
         self._handshakes = Allowance(config.handshakes_per_s, config.handshake_burst)
         self.refused_handshakes = 0  # handshakes refused because the node-wide handshake rate was spent
+        self.ticket_channels = 0  # channels admitted with a ticket (no handshake of their own)
 
     @property
     def pending_sockets(self) -> int:
@@ -208,12 +117,12 @@ class DataChannelServer:
     async def _handle_handshake(self, stream: Any) -> None:
         if not self._handshakes.take(1, trio.current_time()):
             self.refused_handshakes += 1  # counted, not logged: a line each would cost what the refusal saves
-            await _close_quietly(stream)
+            await close_quietly(stream)
             return
         peer_id = self.host.remote_peer_id(stream)
         with trio.fail_after(self.config.handshake_timeout):
             try:
-                request = decode_request(await _read_msg(stream, opening=True))
+                request = decode_request(await read_msg(stream, opening=True))
             except HandshakeAbandoned:
                 log.debug("peer %s closed a data channel handshake before sending it", peer_id)
                 return
@@ -221,7 +130,7 @@ class DataChannelServer:
         if self._open_channels >= self.config.max_channels:
             self.refused_channels += 1
             log.debug("refused a data channel of %s: %d channels open", peer_id, self._open_channels)
-            await _close_quietly(stream)  # the dialer reads an end at once, not a silence until its timeout
+            await close_quietly(stream)  # the dialer reads an end at once, not a silence until its timeout
             return
         if request.mode == "stream":
             tune_yamux()
@@ -232,20 +141,32 @@ class DataChannelServer:
     async def _make_offer(self, stream: Any, peer_id: str, request: ChannelRequest) -> None:
         aead = choose_aead(self.aead, None if request.aeads is None else list(request.aeads))
         token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
-        if sum(o.peer_id == peer_id for o in self._offers.values()) >= self.config.max_offers_per_peer:
+        held = sum(o.peer_id == peer_id for o in self._offers.values())
+        if held >= self.config.max_offers_per_peer:
             raise ChannelError(f"peer {peer_id} holds too many unclaimed data channel offers")
-        if len(self._offers) >= self.config.max_channels:  # strangers' unclaimed offers must not lock others out
-            del self._offers[next(iter(self._offers))]
-        self._offers[token] = _Offer(peer_id, secret, aead, trio.current_time() + self.config.token_ttl)
-        offer = encode_offer(ChannelOffer(self.port, token, secret, aead))
+        now = trio.current_time()
+        room = self.config.max_offers_per_peer - held - 1  # the offer's own token takes one place
+        tickets = [os.urandom(TOKEN_BYTES) for _ in range(min(request.tickets, room))]
+        self._keep(token, _Offer(peer_id, secret, aead, now + self.config.token_ttl))
+        for ticket in tickets:
+            self._keep(ticket, _Offer(peer_id, ticket_secret(secret, ticket), aead, now + self.config.ticket_ttl, True))
+        ticket_s = int(self.config.ticket_ttl) if tickets else 0
+        offer = encode_offer(ChannelOffer(self.port, token, secret, aead, tuple(tickets), ticket_s))
         with trio.fail_after(self.config.handshake_timeout):
             try:
-                await _write_msg(stream, offer)
+                await write_msg(stream, offer)
             except HandshakeAbandoned:
-                del self._offers[token]  # never delivered: nobody can claim it
+                for unsent in (token, *tickets):  # never delivered: nobody can claim them
+                    self._offers.pop(unsent, None)
                 log.debug("peer %s reset a data channel handshake before our offer", peer_id)
                 return
             await stream.close()
+
+    def _keep(self, token: bytes, offer: _Offer) -> None:
+        """Hold an unclaimed token; past `max_offers` the oldest goes (strangers' tokens must not lock others out)."""
+        while len(self._offers) >= self.config.max_offers:
+            del self._offers[next(iter(self._offers))]
+        self._offers[token] = offer
 
     def _expire_offers(self) -> None:
         for token in [t for t, o in self._offers.items() if o.expires < trio.current_time()]:
@@ -310,9 +231,21 @@ class DataChannelServer:
                 return None
             token += data
         offer = self._offers.pop(bytes(token), None)
-        if offer is None or offer.expires < trio.current_time():
+        if offer is None or offer.expires < trio.current_time() or self._open_channels >= self.config.max_channels:
             return None
+        if offer.ticket:
+            if not self._ticket_holder_welcome(offer.peer_id):
+                return None
+            self.ticket_channels += 1
         return offer
+
+    def _ticket_holder_welcome(self, peer_id: str) -> bool:
+        """Whether a ticket's peer may still open channels: connected over libp2p now and not banned by the host.
+        Why: a ticket outlives its offer by minutes, and a peer banned or gone since must not come back through it."""
+        faults = getattr(self.host, "faults", None)
+        if faults is not None and faults.is_banned(peer_id, trio.current_time()):
+            return False
+        return peer_id in self.host.connected_peers()
 
     async def _serve(self, peer_id: str, channel: Any) -> None:
         """Run the user's callback; its failure ends this channel only, never the host."""
@@ -368,12 +301,21 @@ async def serve_data_channels(
 # --------------------------------------------------------------------------------------------- dialer side
 
 
+TICKETS = TicketBook()
+"""Tickets this process holds for channels it may open (p2p.channel_tickets), per (our peer, their peer)."""
+_TICKETS_PER_PAIR = 2 * MAX_TICKETS
+
+
 async def open_data_channel(host: Any, peer_id: str, config: ChannelConfig = ChannelConfig()) -> Any:
-    """A byte stream to `peer_id`: the fast data socket, or the libp2p stream when the socket is unreachable."""
+    """A byte stream to `peer_id`: the fast data socket (with a ticket when one is held, else after a handshake), or
+    the libp2p stream when the socket is unreachable."""
     try_socket = config.use_socket and socket_reachable(host, peer_id)
     if config.use_socket and not try_socket and not config.allow_fallback:
         raise ChannelError(f"data socket of {peer_id} is unreachable (relayed, hole-punched or failed lately)")
     if try_socket:
+        channel = await _open_with_ticket(host, peer_id, config)
+        if channel is not None:
+            return channel
         try:
             return await _open_socket_channel(host, peer_id, config)
         except _SocketUnreachable as exc:
@@ -390,32 +332,64 @@ class _SocketUnreachable(Exception):
     """Internal: the offer arrived but the data socket could not be used, so the libp2p stream is tried."""
 
 
-async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tuple[str, int, bytes, bytes, str]:
+async def _open_with_ticket(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream | None:
+    """A channel opened with a ticket held for `peer_id`; None when none is held or the listener refused it. A
+    refusal drops that peer's other tickets too (it restarted, or dropped them under its caps) and is not taken for
+    an unreachable socket: the caller opens the channel with a handshake instead."""
+    ticket = TICKETS.take(host.peer_id, peer_id, trio.current_time())
+    if ticket is None:
+        return None
+    try:
+        return await _connect_with_token(ticket.ip, ticket.port, ticket.token,
+                                         _ChannelKeys(ticket.secret, ticket.aead, host.peer_id, peer_id), config)
+    except _SocketUnreachable as exc:
+        TICKETS.forget(host.peer_id, peer_id)
+        log.debug("ticket for a data channel to %s refused (%s); opening it with a handshake", peer_id, exc)
+        return None
+
+
+async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tuple[str, ChannelOffer]:
+    """The listener's offer over a new libp2p stream, and the IP its data socket is reached at."""
     stream = await host.new_stream(peer_id, PROTOCOL)
+    request = ChannelRequest("socket", tuple(sorted(AEADS)), config.tickets_per_offer)
     try:
         with trio.fail_after(config.handshake_timeout):
-            await _write_msg(stream, encode_request(ChannelRequest("socket", tuple(sorted(AEADS)))))
-            offer = decode_offer(await _read_msg(stream))
+            await write_msg(stream, encode_request(request))
+            offer = decode_offer(await read_msg(stream))
     except trio.TooSlowError as exc:
         raise ChannelError(f"data channel handshake with {peer_id} timed out") from exc
     finally:
-        await _close_quietly(stream)
+        await close_quietly(stream)
     if offer.aead not in AEADS:  # we listed what we support: another cipher is a breach, not a fallback
         raise HandshakeBreach(f"data channel offer of {peer_id} names a cipher we did not list")
+    if len(offer.tickets) > request.tickets:
+        raise HandshakeBreach(f"data channel offer of {peer_id} carries more tickets than we asked for")
     remote = stream.get_remote_address()
     if not remote:
         raise _SocketUnreachable("the libp2p connection has no IP address to reach")
-    return remote[0], offer.port, offer.token, offer.secret, offer.aead
+    return remote[0], offer
 
 
 async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream:
-    ip, port, token, secret, aead = await _request_offer(host, peer_id, config)
+    ip, offer = await _request_offer(host, peer_id, config)
+    keys = _ChannelKeys(offer.secret, offer.aead, host.peer_id, peer_id)
+    channel = await _connect_with_token(ip, offer.port, offer.token, keys, config)
+    expires = trio.current_time() + offer.ticket_s  # counted from the offer's arrival: later than the listener's
+    TICKETS.add(host.peer_id, peer_id, [Ticket(ip, offer.port, t, ticket_secret(offer.secret, t), offer.aead, expires)
+                                        for t in offer.tickets], _TICKETS_PER_PAIR)
+    return channel
+
+
+async def _connect_with_token(ip: str, port: int, token: bytes, keys: _ChannelKeys,
+                              config: ChannelConfig) -> SecureChannelStream:
+    """Connect to the listener's data socket, present `token` and wait for its accept record (sealed with the
+    channel's key, so only the listener that issued the token can send it)."""
     try:
         with trio.fail_after(config.connect_timeout):
             sock = await trio.open_tcp_stream(ip, port)
     except (trio.TooSlowError, OSError) as exc:
         raise _SocketUnreachable(f"{ip}:{port}: {_why(exc)}") from exc
-    channel = _make_stream(sock, _ChannelKeys(secret, aead, host.peer_id, peer_id), DIALER, config)
+    channel = _make_stream(sock, keys, DIALER, config)
     try:
         with trio.fail_after(config.handshake_timeout):
             await sock.send_all(token)
@@ -431,16 +405,8 @@ async def _open_stream_channel(host: Any, peer_id: str, config: ChannelConfig) -
     stream = await host.new_stream(peer_id, PROTOCOL)
     try:
         with trio.fail_after(config.handshake_timeout):
-            await _write_msg(stream, encode_request(ChannelRequest("stream", None)))
+            await write_msg(stream, encode_request(ChannelRequest("stream", None)))
     except Exception as exc:  # noqa: BLE001 - a timeout or a reset: one sentence for the caller
-        await _close_quietly(stream)
+        await close_quietly(stream)
         raise ChannelError(f"data stream to {peer_id} failed to open ({type(exc).__name__})") from exc
     return Libp2pByteStream(stream, peer_id)
-
-
-async def _close_quietly(stream: Any) -> None:
-    with trio.move_on_after(1.0):
-        try:
-            await stream.close()
-        except Exception:  # noqa: BLE001 - the offer already arrived; a close failure changes nothing
-            log.debug("closing the handshake stream failed", exc_info=True)

@@ -6,8 +6,12 @@ make a decoder allocate more than a few KiB or raise anything but `HandshakeBrea
 the raw maps: a field of the wrong type (a list where a cipher name belongs) is refused here, since deeper in the
 dialer it would raise a TypeError that nothing expects, and that would end the whole node.
 
-    request (dialer -> listener)   {"v": 1, "mode": "socket" | "stream", "aeads": [names]}  ("aeads" optional)
-    offer   (listener -> dialer)   {"v": 1, "port": int, "token": 32 B, "secret": 32 B, "aead": name}
+    request (dialer -> listener)   {"v": 1, "mode": "socket" | "stream", "aeads": [names], "tickets": int}
+    offer   (listener -> dialer)   {"v": 1, "port": int, "token": 32 B, "secret": 32 B, "aead": name,
+                                    "tickets": [32 B, ...], "ticket_s": int}
+
+"aeads", "tickets" and "ticket_s" are optional: a peer that knows no tickets neither asks for them nor grants any
+(p2p.channel_tickets says what a ticket is).
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ SECRET_BYTES = 32
 MAX_AEADS = 16
 """Cipher names a request may list."""
 MAX_NAME = 32
+MAX_TICKETS = 4
+"""Tickets a request may ask for and an offer may carry."""
+MAX_TICKET_S = 3600
+"""Longest ticket lifetime an offer may state, in seconds."""
 MODES = ("socket", "stream")
 
 
@@ -43,6 +51,8 @@ class ChannelRequest:
     """"socket": an offer for the fast data socket; "stream": the libp2p stream becomes the data channel."""
     aeads: tuple[str, ...] | None
     """Cipher names the dialer supports; None when it listed none (a dialer that knows only the legacy pair)."""
+    tickets: int = 0
+    """Extra one-time tokens the dialer asks for, each good for one more channel without a handshake (socket mode)."""
 
 
 @dataclass(frozen=True)
@@ -54,17 +64,26 @@ class ChannelOffer:
     secret: bytes
     aead: str
     """Cipher name the listener chose; the dialer checks it is one it supports."""
+    tickets: tuple[bytes, ...] = ()
+    """Extra one-time tokens, at most as many as asked for (p2p.channel_tickets)."""
+    ticket_s: int = 0
+    """Seconds the tickets stay valid from the offer on."""
 
 
 def encode_request(request: ChannelRequest) -> bytes:
     body: dict[str, Any] = {"v": VERSION, "mode": request.mode}
     if request.aeads is not None:
         body["aeads"] = list(request.aeads)
+    if request.tickets:
+        body["tickets"] = request.tickets
     return _pack(body)
 
 
 def encode_offer(offer: ChannelOffer) -> bytes:
-    return _pack({"v": VERSION, "port": offer.port, "token": offer.token, "secret": offer.secret, "aead": offer.aead})
+    body = {"v": VERSION, "port": offer.port, "token": offer.token, "secret": offer.secret, "aead": offer.aead}
+    if offer.tickets:
+        body["tickets"], body["ticket_s"] = list(offer.tickets), offer.ticket_s
+    return _pack(body)
 
 
 def decode_request(raw: bytes) -> ChannelRequest:
@@ -73,12 +92,15 @@ def decode_request(raw: bytes) -> ChannelRequest:
     mode = body.get("mode")
     if mode not in MODES:
         raise HandshakeBreach(f"data channel request names an unknown mode {_shown(mode)}")
+    tickets = body.get("tickets", 0)
+    if type(tickets) is not int or not 0 <= tickets <= MAX_TICKETS:
+        raise HandshakeBreach(f"data channel request asks for {_shown(tickets)} tickets (0 to {MAX_TICKETS})")
     aeads = body.get("aeads")
     if aeads is None:
-        return ChannelRequest(mode, None)
+        return ChannelRequest(mode, None, tickets)
     if not isinstance(aeads, list) or len(aeads) > MAX_AEADS or not all(_is_name(a) for a in aeads):
         raise HandshakeBreach("data channel request lists its ciphers in a malformed way")
-    return ChannelRequest(mode, tuple(aeads))
+    return ChannelRequest(mode, tuple(aeads), tickets)
 
 
 def decode_offer(raw: bytes) -> ChannelOffer:
@@ -93,7 +115,13 @@ def decode_offer(raw: bytes) -> ChannelOffer:
         raise HandshakeBreach("data channel offer has no valid secret")
     if not _is_name(aead):
         raise HandshakeBreach("data channel offer names its cipher in a malformed way")
-    return ChannelOffer(port, token, secret, aead)
+    tickets, ticket_s = body.get("tickets", []), body.get("ticket_s", 0)
+    if (not isinstance(tickets, list) or len(tickets) > MAX_TICKETS
+            or not all(isinstance(t, bytes) and len(t) == TOKEN_BYTES for t in tickets)):
+        raise HandshakeBreach("data channel offer carries its tickets in a malformed way")
+    if type(ticket_s) is not int or not (0 < ticket_s <= MAX_TICKET_S if tickets else ticket_s == 0):
+        raise HandshakeBreach(f"data channel offer states a ticket lifetime of {_shown(ticket_s)} s")
+    return ChannelOffer(port, token, secret, aead, tuple(tickets), ticket_s)
 
 
 def _is_name(value: object) -> bool:

@@ -30,6 +30,10 @@ REQUEST = ChannelRequest("socket", ("aes-256-gcm", "chacha20-poly1305"))
 
 def test_valid_messages_round_trip():
     assert decode_offer(encode_offer(OFFER)) == OFFER
+    with_tickets = ChannelOffer(4242, b"t" * 32, b"s" * 32, "aes-256-gcm", (b"a" * 32, b"b" * 32), 300)
+    assert decode_offer(encode_offer(with_tickets)) == with_tickets
+    asking = ChannelRequest("socket", ("aes-256-gcm",), 3)
+    assert decode_request(encode_request(asking)) == asking
     assert decode_request(encode_request(REQUEST)) == REQUEST
     assert decode_request(encode_request(ChannelRequest("stream", None))) == ChannelRequest("stream", None)
 
@@ -37,6 +41,8 @@ def test_valid_messages_round_trip():
 @pytest.mark.parametrize("field, value", [
     ("aead", ["aes-256-gcm"]), ("aead", {"a": 1}), ("aead", 7), ("port", "80"), ("port", True), ("port", 70000),
     ("port", 1.5), ("token", "t" * 32), ("token", b"short"), ("secret", None), ("v", "1"), ("v", 2),
+    ("tickets", b"t" * 32), ("tickets", [b"short"]), ("tickets", [b"t" * 32] * 5), ("tickets", ["t" * 32]),
+    ("ticket_s", 300),  # a lifetime without tickets
 ])
 def test_an_offer_with_a_field_of_the_wrong_type_is_a_breach(field, value):
     body = {"v": 1, "port": OFFER.port, "token": OFFER.token, "secret": OFFER.secret, "aead": OFFER.aead}
@@ -49,10 +55,20 @@ def test_an_offer_with_a_field_of_the_wrong_type_is_a_breach(field, value):
     {"v": 1, "mode": ["socket"]}, {"v": 1, "mode": "socket", "aeads": "aes-256-gcm"},
     {"v": 1, "mode": "socket", "aeads": [1, 2]}, {"v": 1, "mode": "socket", "aeads": [["x"]]},
     {"v": 1, "mode": "nope"}, {1: 1, "mode": "socket"}, [1, "socket"],
+    {"v": 1, "mode": "socket", "tickets": 5}, {"v": 1, "mode": "socket", "tickets": -1},
+    {"v": 1, "mode": "socket", "tickets": "3"}, {"v": 1, "mode": "socket", "tickets": True},
 ])
 def test_a_malformed_request_is_a_breach(body):
     with pytest.raises(HandshakeBreach):
         decode_request(msgpack.packb(body, use_bin_type=True))
+
+
+@pytest.mark.parametrize("ticket_s", [0, -5, 3601, 1.5, "300", None])
+def test_an_offer_with_tickets_must_state_a_sane_lifetime(ticket_s):
+    body = {"v": 1, "port": 9, "token": b"t" * 32, "secret": b"s" * 32, "aead": "x", "tickets": [b"a" * 32],
+            "ticket_s": ticket_s}
+    with pytest.raises(HandshakeBreach, match="lifetime"):
+        decode_offer(msgpack.packb(body, use_bin_type=True))
 
 
 def test_size_is_checked_before_decoding():
@@ -108,3 +124,20 @@ async def test_a_listener_answering_with_a_wrong_typed_cipher_costs_the_dial_not
                 await open_data_channel(client_host, server_host.peer_id, ChannelConfig())
             with pytest.raises(ChannelError):  # and again: each dial fails alone, the host is still there
                 await open_data_channel(client_host, server_host.peer_id, ChannelConfig())
+
+
+async def test_a_listener_granting_more_tickets_than_asked_breaks_the_handshake():
+    """A listener cannot fill a dialer's ticket book beyond what the dialer asked for."""
+    async def generous_listener(stream):
+        await stream.read(1024)
+        raw = msgpack.packb({"v": 1, "port": 9, "token": b"t" * 32, "secret": b"s" * 32, "aead": "aes-256-gcm",
+                             "tickets": [bytes([n]) * 32 for n in range(3)], "ticket_s": 60})
+        await stream.write(len(raw).to_bytes(2, "big") + raw)
+        await stream.close()
+
+    async with open_host() as server_host, open_host() as client_host:
+        server_host.set_guarded_handler(PROTOCOL, generous_listener, timeout=5)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            with pytest.raises(HandshakeBreach, match="more tickets"):
+                await open_data_channel(client_host, server_host.peer_id, ChannelConfig(tickets_per_offer=2))

@@ -73,11 +73,11 @@ def _handshake(msg: dict) -> bytes:
 def decode_channel_request(data: bytes) -> Any:
     """A dialer's request as the listener reads it (p2p.channel's _handle_handshake and _make_offer): one
     length-prefixed message, its typed decoder, then the cipher the listener may offer."""
-    from p2p.channel import _read_msg
+    from p2p.channel_handshake import read_msg
     from p2p.channel_messages import decode_request
     from p2p.channel_records import AES_256_GCM, choose_aead
 
-    request = decode_request(_run_without_io(_read_msg(_ReplayStream(data), opening=True)))
+    request = decode_request(_run_without_io(read_msg(_ReplayStream(data), opening=True)))
     return choose_aead(AES_256_GCM, None if request.aeads is None else list(request.aeads))
 
 
@@ -86,19 +86,22 @@ def channel_request_samples() -> list[bytes]:
     from p2p.channel_records import AEADS
 
     return [_handshake({"v": 1, "mode": "socket", "aeads": sorted(AEADS)}), _handshake({"v": 1, "mode": "socket"}),
-            _handshake({"v": 1, "mode": "stream"})]
+            _handshake({"v": 1, "mode": "stream"}), _handshake({"v": 1, "mode": "socket", "tickets": 3})]
 
 
 def decode_channel_offer(data: bytes) -> Any:
     """A listener's offer as the dialer reads it (p2p.channel's _request_offer): one length-prefixed message, its
-    typed decoder, then the check that the cipher is one the dialer listed."""
-    from p2p.channel import _read_msg
+    typed decoder, then the checks that the cipher is one the dialer listed and the tickets no more than it asked."""
+    from p2p.channel_config import ChannelConfig
+    from p2p.channel_handshake import read_msg
     from p2p.channel_messages import HandshakeBreach, decode_offer
     from p2p.channel_records import AEADS
 
-    offer = decode_offer(_run_without_io(_read_msg(_ReplayStream(data))))
+    offer = decode_offer(_run_without_io(read_msg(_ReplayStream(data))))
     if offer.aead not in AEADS:
         raise HandshakeBreach("data channel offer names a cipher the dialer did not list")
+    if len(offer.tickets) > ChannelConfig().tickets_per_offer:
+        raise HandshakeBreach("data channel offer carries more tickets than the dialer asked for")
     return offer
 
 
@@ -106,8 +109,10 @@ def decode_channel_offer(data: bytes) -> Any:
 def channel_offer_samples() -> list[bytes]:
     from p2p.channel_records import AES_256_GCM, CHACHA20_POLY1305
 
-    return [_handshake({"v": 1, "port": 40123, "token": b"\x01" * 32, "secret": b"\x02" * 32, "aead": name})
-            for name in (AES_256_GCM, CHACHA20_POLY1305)]
+    return [*(_handshake({"v": 1, "port": 40123, "token": b"\x01" * 32, "secret": b"\x02" * 32, "aead": name})
+              for name in (AES_256_GCM, CHACHA20_POLY1305)),
+            _handshake({"v": 1, "port": 40123, "token": b"\x01" * 32, "secret": b"\x02" * 32, "aead": AES_256_GCM,
+                        "tickets": [b"\x03" * 32, b"\x04" * 32], "ticket_s": 300})]
 
 
 # ---------------------------------------------------------------------------------------------- link preamble

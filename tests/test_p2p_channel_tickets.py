@@ -1,0 +1,159 @@
+"""Data channel tickets: the next channels to a listener skip the libp2p handshake, each with its own key, only for
+the peer they were given to while it is connected and not banned, and a refused one costs a handshake, nothing more."""
+
+import os
+
+import blake3
+import pytest
+import trio
+
+from p2p.channel import TICKETS, ChannelConfig, DataChannelServer, _request_offer, open_data_channel
+from p2p.channel_addresses import socket_reachable
+from p2p.channel_stream import SecureChannelStream
+from p2p.channel_tickets import EXPIRY_MARGIN_S, Ticket, TicketBook, ticket_secret
+from p2p.errors import ChannelError
+from p2p.host import open_host
+from p2p.scores import Verdict
+
+
+async def hash_and_reply(peer_id, stream):
+    """Server callback: hash everything until EOF, answer with the digest and the peer id it was told."""
+    hasher = blake3.blake3()
+    while chunk := await stream.receive_some(1 << 20):
+        hasher.update(chunk)
+    await stream.send_all(hasher.digest() + peer_id.encode())
+
+
+async def round_trip(channel, client_id: str) -> None:
+    data = os.urandom(300_000)
+    await channel.send_all(data)
+    await channel.send_eof()
+    reply = b""
+    while chunk := await channel.receive_some(4096):
+        reply += chunk
+    assert reply == blake3.blake3(data).digest() + client_id.encode()
+    await channel.aclose()
+
+
+@pytest.fixture
+async def pair():
+    async with open_host() as server_host, open_host() as client_host:
+        server = DataChannelServer(server_host, hash_and_reply)
+        await server_host.nursery.start(server.run)
+        await client_host.connect(server_host.multiaddrs[0])
+        yield server, server_host, client_host
+
+
+async def test_the_next_channels_use_tickets_and_each_carries_data_intact(pair):
+    server, server_host, client_host = pair
+    config = ChannelConfig(tickets_per_offer=3)
+    with trio.fail_after(30):
+        for n in range(1, 6):
+            channel = await open_data_channel(client_host, server_host.peer_id, config)
+            assert isinstance(channel, SecureChannelStream)
+            await round_trip(channel, client_host.peer_id)
+            # the first channel brings 3 tickets, the next three use them, the fifth needs a handshake again
+            assert server.ticket_channels == min(n - 1, 3)
+            assert TICKETS.held(client_host.peer_id, server_host.peer_id) == {1: 3, 2: 2, 3: 1, 4: 0, 5: 3}[n]
+    assert server.rejected == 0
+
+
+async def test_a_dialer_asking_for_none_gets_none():
+    async with open_host() as server_host, open_host() as client_host:
+        server = DataChannelServer(server_host, hash_and_reply)
+        await server_host.nursery.start(server.run)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            _ip, offer = await _request_offer(client_host, server_host.peer_id, ChannelConfig(tickets_per_offer=0))
+        assert offer.tickets == () and offer.ticket_s == 0
+        assert len(server._offers) == 1
+
+
+async def test_tickets_fit_under_the_peers_cap_of_unclaimed_tokens():
+    async with open_host() as server_host, open_host() as client_host:
+        server = DataChannelServer(server_host, hash_and_reply, ChannelConfig(max_offers_per_peer=3))
+        await server_host.nursery.start(server.run)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            _ip, offer = await _request_offer(client_host, server_host.peer_id, ChannelConfig(tickets_per_offer=4))
+            assert len(offer.tickets) == 2  # the offer's own token and two tickets fill the peer's three places
+            assert 0 < offer.ticket_s <= 300
+            with pytest.raises(ChannelError):  # no place left: the listener resets the handshake
+                await _request_offer(client_host, server_host.peer_id, ChannelConfig(tickets_per_offer=4))
+        assert len(server._offers) == 3
+
+
+async def test_a_stolen_ticket_token_opens_nothing_and_its_holder_still_gets_a_channel(pair, caplog):
+    """Whoever replays a ticket's token without its secret cannot read or write the channel it opens; the holder,
+    refused, drops its tickets and opens a channel with a handshake, and the listener is not marked unreachable."""
+    server, server_host, client_host = pair
+    with trio.fail_after(30):
+        await round_trip(await open_data_channel(client_host, server_host.peer_id), client_host.peer_id)
+        stolen = TICKETS.take(client_host.peer_id, server_host.peer_id, trio.current_time())
+        TICKETS.forget(client_host.peer_id, server_host.peer_id)
+        TICKETS.add(client_host.peer_id, server_host.peer_id, [stolen], 8)  # the holder still counts on this one
+        thief = await trio.open_tcp_stream(stolen.ip, stolen.port)
+        await thief.send_all(stolen.token + os.urandom(64))  # no key: garbage where a sealed record belongs
+        assert await thief.receive_some(1 << 16)  # the accept record, sealed with a key the thief lacks
+        await _until_closed(thief)  # then the listener drops the channel: the thief's record does not open
+        await thief.aclose()
+        channel = await open_data_channel(client_host, server_host.peer_id, ChannelConfig(allow_fallback=False))
+        await round_trip(channel, client_host.peer_id)
+        assert server.ticket_channels == 1  # the thief's; the holder's refused ticket opened nothing
+        assert socket_reachable(client_host, server_host.peer_id)
+
+
+async def _until_closed(stream) -> None:
+    """Read until the other end closes; fails the test if it does not within 10 s."""
+    with trio.fail_after(10):
+        while await stream.receive_some(1 << 16):
+            pass
+
+
+@pytest.mark.parametrize("gone", ["disconnected", "banned"])
+async def test_a_ticket_is_refused_once_its_peer_disconnected_or_was_banned(pair, gone):
+    server, server_host, client_host = pair
+    with trio.fail_after(30):
+        await round_trip(await open_data_channel(client_host, server_host.peer_id), client_host.peer_id)
+        ticket = TICKETS.take(client_host.peer_id, server_host.peer_id, trio.current_time())
+        if gone == "disconnected":
+            await server_host.disconnect(client_host.peer_id)
+            while client_host.peer_id in server_host.connected_peers():
+                await trio.sleep(0.01)
+        else:
+            for _ in range(100):
+                if server_host.faults.penalize(client_host.peer_id, "test", trio.current_time()) is Verdict.BAN:
+                    break
+        sock = await trio.open_tcp_stream(ticket.ip, ticket.port)
+        await sock.send_all(ticket.token)
+        assert await sock.receive_some(100) == b""  # dropped without an accept record
+        assert server.rejected == 1 and server.ticket_channels == 0
+
+
+def test_each_ticket_has_its_own_secret_bound_to_the_offers():
+    secret = os.urandom(32)
+    tokens = [os.urandom(32) for _ in range(4)]
+    secrets = [ticket_secret(secret, t) for t in tokens]
+    assert len(set(secrets)) == 4 and secret not in secrets and all(len(s) == 32 for s in secrets)
+    assert ticket_secret(secret, tokens[0]) == secrets[0]
+    assert ticket_secret(os.urandom(32), tokens[0]) != secrets[0]
+
+
+def _ticket(n: int, expires: float) -> Ticket:
+    return Ticket("127.0.0.1", 9, bytes([n]) * 32, b"s" * 32, "aes-256-gcm", expires)
+
+
+def test_the_book_hands_out_good_tickets_oldest_first_and_stays_bounded():
+    book = TicketBook(max_pairs=2)
+    book.add("me", "a", [_ticket(1, 100.0), _ticket(2, 200.0)], per_pair=8)
+    assert book.take("me", "a", now=0.0).token[0] == 1
+    assert book.take("me", "a", now=200.0 - EXPIRY_MARGIN_S) is None  # too close to its end to be used
+    assert book.held("me", "a") == 0
+    book.add("me", "a", [_ticket(n, 100.0) for n in range(10)], per_pair=3)
+    assert book.held("me", "a") == 3 and book.take("me", "a", 0.0).token[0] == 7  # the newest three are kept
+    assert book.take("other", "a", 0.0) is None  # per (our peer, their peer): a process may run many peers
+    book.add("me", "b", [_ticket(1, 100.0)], 8)
+    book.add("me", "c", [_ticket(1, 100.0)], 8)
+    assert book.held("me", "a") == 0 and book.held("me", "c") == 1  # past max_pairs the oldest pair goes
+    book.forget("me", "c")
+    assert book.take("me", "c", 0.0) is None
