@@ -2,8 +2,8 @@
 
     | manifest id (32 bytes) | u32 length of the signed manifest | signed manifest (may be empty) |
 
-The dialer sends the signed manifest along so an acceptor that gossip has not reached yet can adopt it (it is
-verified like any other). Rules here: the 36-byte head is decoded into a typed value, and the declared length is
+The dialer sends the signed manifest along, when it is small (PREAMBLE_INLINE_MAX), so an acceptor that gossip has
+not reached yet can adopt it (it is verified like any other). Rules here: the 36-byte head is decoded into a typed value, and the declared length is
 checked, before a byte of the manifest is read; the manifest's bytes are held only under a lease on the node's
 budget of unverified input (p2p/budget.py), so stalled preambles of any number of identities hold at most that
 budget; and a manifest the acceptor already holds is read and dropped as it comes, never buffered, so a full budget
@@ -30,6 +30,8 @@ HEAD_BYTES = ROUTE_BYTES + 4
 MAX_SIGNED_BYTES = MAX_MANIFEST_BYTES + 1024
 """The largest signed manifest a preamble may carry (p2p.manifest's limit plus its signature and framing)."""
 _CHUNK = 1 << 20
+PREAMBLE_INLINE_MAX = 64 * 1024
+"""Largest signed manifest a preamble carries; a larger one is named by its id alone (`inline_manifest`)."""
 PREAMBLE_BUDGET = MemoryBudget(32 << 20)
 """Manifests of preambles for versions this peer does not hold yet, over every channel: their own budget, so
 strangers filling it cost honest links (whose manifests we hold, or whose pieces use p2p.budget.NODE_BUDGET)
@@ -69,6 +71,17 @@ def decode_head(raw: bytes) -> PreambleHead:
     if size > MAX_SIGNED_BYTES:
         raise PreambleBreach(f"a preamble declared a manifest of {size} bytes (at most {MAX_SIGNED_BYTES})")
     return PreambleHead(bytes(raw[:ROUTE_BYTES]), size)
+
+
+def inline_manifest(signed: bytes) -> bytes:
+    """What a dialer's preamble carries of a version's signed manifest: all of it when small, else nothing.
+
+    Why: every link of every version starts with a preamble, and a 62 GB policy's manifest is 2.1 MB, so at 13
+    links per version a peer would move and decrypt 27 MB per version (0.45 MB/s at one version a minute), over
+    the 100 kB/s a peer's protocol may cost, for a manifest that gossip brings every peer anyway: a large one is
+    announced by id and fetched once per peer (swarm.node.gossip). An acceptor that lacks it waits for that, as it
+    waits for a version only named."""
+    return signed if len(signed) <= PREAMBLE_INLINE_MAX else b""
 
 
 async def send_preamble(stream: Any, manifest_id: bytes, signed: bytes) -> None:

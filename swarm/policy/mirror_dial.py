@@ -18,7 +18,7 @@ import trio
 
 from p2p.channel_messages import HandshakeBreach
 from p2p.errors import P2PError
-from swarm.policy.link_preamble import send_preamble
+from swarm.policy.link_preamble import inline_manifest, send_preamble
 
 if TYPE_CHECKING:
     from swarm.policy.mirror import MirroredPolicy
@@ -140,7 +140,7 @@ class OutboundLinks:
         try:
             try:
                 with trio.fail_after(self.dial_timeout):
-                    await send_preamble(stream, policy.manifest.id, policy.signed)
+                    await send_preamble(stream, policy.manifest.id, inline_manifest(policy.signed))
                 answer = await self._read_preamble(stream, self.dial_timeout + self.transfer.handshake_timeout)
             finally:  # answered (the link registers before it first waits) or not: no longer in flight
                 policy.dialing.discard(peer)
@@ -158,7 +158,7 @@ class OutboundLinks:
         try:
             with trio.fail_after(self.dial_timeout):
                 stream = spare if spare is not None else await dial(peer)
-                await send_preamble(stream, policy.manifest.id, policy.signed)
+                await send_preamble(stream, policy.manifest.id, inline_manifest(policy.signed))
             # garbage-collected while we dialed, the peer banned meanwhile, or its service stopped (the node is
             # shutting down): no new links
             if (not self.is_mirrored(policy) or not self._may_link(policy, peer)
