@@ -3,11 +3,11 @@
     | manifest id (32 bytes) | u32 length of the signed manifest | signed manifest (may be empty) |
 
 The dialer sends the signed manifest along, when it is small (PREAMBLE_INLINE_MAX), so an acceptor that gossip has
-not reached yet can adopt it (it is verified like any other). Rules here: the 36-byte head is decoded into a typed value, and the declared length is
-checked, before a byte of the manifest is read; the manifest's bytes are held only under a lease on the node's
-budget of unverified input (p2p/budget.py), so stalled preambles of any number of identities hold at most that
-budget; and a manifest the acceptor already holds is read and dropped as it comes, never buffered, so a full budget
-costs honest peers nothing for the versions everyone has.
+not reached yet can adopt it (it is verified like any other). Rules here: the 36-byte head is decoded into a typed
+value, and the declared length is checked, before a byte of the manifest is read; the manifest's bytes are held only
+under a lease on the node's budget of unverified input (p2p/budget.py), so stalled preambles of any number of
+identities hold at most that budget; and a manifest the acceptor already holds is read and dropped as it comes,
+never buffered, so a full budget costs honest peers nothing for the versions everyone has.
 """
 
 from __future__ import annotations
