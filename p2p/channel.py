@@ -64,13 +64,12 @@ def channel_key(secret: bytes, dialer: str, listener: str) -> bytes:
 
 @dataclass
 class _Offer:
-    """An unclaimed token: the offer's own or one of its tickets."""
+    """An unclaimed token, an offer's own or a ticket: whose it is, its channel's secret and cipher, its expiry."""
 
     peer_id: str
     secret: bytes
     aead: str
     expires: float
-    ticket: bool = False
 
 
 class DataChannelServer:
@@ -82,6 +81,7 @@ class DataChannelServer:
         self.config = config
         self.port = 0
         self._offers: dict[bytes, _Offer] = {}
+        self._tickets: dict[bytes, _Offer] = {}  # token -> the ticket's peer, secret and expiry (oldest first)
         self.rejected = 0
         self.aead = config.aead or preferred_aead()
         self._pending_sockets, self._open_channels = 0, 0
@@ -141,36 +141,47 @@ class DataChannelServer:
     async def _make_offer(self, stream: Any, peer_id: str, request: ChannelRequest) -> None:
         aead = choose_aead(self.aead, None if request.aeads is None else list(request.aeads))
         token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
-        held = sum(o.peer_id == peer_id for o in self._offers.values())
-        if held >= self.config.max_offers_per_peer:
+        if sum(o.peer_id == peer_id for o in self._offers.values()) >= self.config.max_offers_per_peer:
             raise ChannelError(f"peer {peer_id} holds too many unclaimed data channel offers")
+        if len(self._offers) >= self.config.max_channels:  # strangers' unclaimed offers must not lock others out
+            del self._offers[next(iter(self._offers))]
         now = trio.current_time()
-        room = self.config.max_offers_per_peer - held - 1  # the offer's own token takes one place
-        tickets = [os.urandom(TOKEN_BYTES) for _ in range(min(request.tickets, room))]
-        self._keep(token, _Offer(peer_id, secret, aead, now + self.config.token_ttl))
-        for ticket in tickets:
-            self._keep(ticket, _Offer(peer_id, ticket_secret(secret, ticket), aead, now + self.config.ticket_ttl, True))
+        self._offers[token] = _Offer(peer_id, secret, aead, now + self.config.token_ttl)
+        tickets = self._grant_tickets(peer_id, secret, aead, min(request.tickets, self.config.tickets_per_offer), now)
         ticket_s = int(self.config.ticket_ttl) if tickets else 0
         offer = encode_offer(ChannelOffer(self.port, token, secret, aead, tuple(tickets), ticket_s))
         with trio.fail_after(self.config.handshake_timeout):
             try:
                 await write_msg(stream, offer)
             except HandshakeAbandoned:
-                for unsent in (token, *tickets):  # never delivered: nobody can claim them
-                    self._offers.pop(unsent, None)
+                self._offers.pop(token, None)  # never delivered: nobody can claim them
+                for ticket in tickets:
+                    self._tickets.pop(ticket, None)
                 log.debug("peer %s reset a data channel handshake before our offer", peer_id)
                 return
             await stream.close()
 
-    def _keep(self, token: bytes, offer: _Offer) -> None:
-        """Hold an unclaimed token; past `max_offers` the oldest goes (strangers' tokens must not lock others out)."""
-        while len(self._offers) >= self.config.max_offers:
-            del self._offers[next(iter(self._offers))]
-        self._offers[token] = offer
+    def _grant_tickets(self, peer_id: str, secret: bytes, aead: str, count: int, now: float) -> list[bytes]:
+        """`count` new tickets for `peer_id`, each with its own secret; past `max_tickets_per_peer` its oldest go,
+        past `max_tickets` anyone's oldest. Why never refused: a dialer loses track of tickets (a connect that
+        failed, a refused one, a restart), and tickets it will never use must not lock it out of offers."""
+        if count <= 0:
+            return []
+        held = [t for t, o in self._tickets.items() if o.peer_id == peer_id]
+        for stale in held[:max(0, len(held) + count - self.config.max_tickets_per_peer)]:
+            del self._tickets[stale]
+        tickets = [os.urandom(TOKEN_BYTES) for _ in range(count)]
+        for ticket in tickets:
+            while len(self._tickets) >= self.config.max_tickets:
+                del self._tickets[next(iter(self._tickets))]
+            self._tickets[ticket] = _Offer(peer_id, ticket_secret(secret, ticket), aead, now + self.config.ticket_ttl)
+        return tickets
 
     def _expire_offers(self) -> None:
-        for token in [t for t, o in self._offers.items() if o.expires < trio.current_time()]:
-            del self._offers[token]
+        now = trio.current_time()
+        for held in (self._offers, self._tickets):
+            for token in [t for t, o in held.items() if o.expires < now]:
+                del held[token]
 
     async def _admit_guarded(self, sock: trio.SocketStream) -> None:
         """Nothing a stranger sends to the data port may escape into the host's nursery."""
@@ -230,22 +241,33 @@ class DataChannelServer:
             if not data:
                 return None
             token += data
+        now = trio.current_time()
         offer = self._offers.pop(bytes(token), None)
-        if offer is None or offer.expires < trio.current_time() or self._open_channels >= self.config.max_channels:
-            return None
-        if offer.ticket:
-            if not self._ticket_holder_welcome(offer.peer_id):
+        if offer is None:
+            offer = self._tickets.pop(bytes(token), None)
+            if offer is None or not self._ticket_admitted(offer, now):
                 return None
             self.ticket_channels += 1
+        if offer.expires < now or self._open_channels >= self.config.max_channels:
+            return None
         return offer
 
-    def _ticket_holder_welcome(self, peer_id: str) -> bool:
-        """Whether a ticket's peer may still open channels: connected over libp2p now and not banned by the host.
-        Why: a ticket outlives its offer by minutes, and a peer banned or gone since must not come back through it."""
-        faults = getattr(self.host, "faults", None)
-        if faults is not None and faults.is_banned(peer_id, trio.current_time()):
+    def _ticket_admitted(self, ticket: _Offer, now: float) -> bool:
+        """Whether a live ticket opens a channel now: its peer still connected over libp2p and not banned (a
+        ticket outlives its offer by minutes, and a peer banned or gone since must not come back through it), and
+        within the node's handshake rate, which a ticket spends like the handshake it saves (so tickets never let
+        channels open faster than handshakes did)."""
+        if ticket.expires < now:
             return False
-        return peer_id in self.host.connected_peers()
+        faults = getattr(self.host, "faults", None)
+        if faults is not None and faults.is_banned(ticket.peer_id, now):
+            return False
+        if ticket.peer_id not in self.host.connected_peers():
+            return False
+        if not self._handshakes.take(1, now):
+            self.refused_handshakes += 1
+            return False
+        return True
 
     async def _serve(self, peer_id: str, channel: Any) -> None:
         """Run the user's callback; its failure ends this channel only, never the host."""
@@ -372,9 +394,9 @@ async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tupl
 
 async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream:
     ip, offer = await _request_offer(host, peer_id, config)
+    expires = trio.current_time() + offer.ticket_s  # from the offer's arrival: a little after the listener's count
     keys = _ChannelKeys(offer.secret, offer.aead, host.peer_id, peer_id)
     channel = await _connect_with_token(ip, offer.port, offer.token, keys, config)
-    expires = trio.current_time() + offer.ticket_s  # counted from the offer's arrival: later than the listener's
     TICKETS.add(host.peer_id, peer_id, [Ticket(ip, offer.port, t, ticket_secret(offer.secret, t), offer.aead, expires)
                                         for t in offer.tickets], _TICKETS_PER_PAIR)
     return channel

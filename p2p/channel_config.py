@@ -27,12 +27,15 @@ class ChannelConfig:
     socket_buffer: int = 0
     """SO_SNDBUF / SO_RCVBUF of data sockets; 0 keeps the kernel's autotuning (which a fixed size turns off)."""
     max_offers_per_peer: int = 16
-    """Outstanding (unclaimed) offers and tickets one peer may hold; more handshakes from it are refused, and an
-    offer carries only the tickets that fit."""
-    max_offers: int = 1024
-    """Unclaimed offers and tickets kept over all peers (identities are free); past it the oldest goes."""
+    """Outstanding (unclaimed) offers one peer may hold; more handshakes from it are refused."""
     tickets_per_offer: int = 3
-    """Tickets a dialer asks for with each offer (p2p.channel_tickets), 0 to MAX_TICKETS; 0 asks for none."""
+    """Tickets a dialer asks for with each offer, and a listener grants at most (p2p.channel_tickets), 0 to
+    MAX_TICKETS; 0 asks for, or grants, none."""
+    max_tickets_per_peer: int = 8
+    """Unused tickets one peer may hold; new ones replace its oldest (never refused: see _grant_tickets)."""
+    max_tickets: int = 1024
+    """Unused tickets kept over all peers (identities are free); past it the oldest goes, and its holder opens its
+    next channel with a handshake."""
     ticket_ttl: float = 300.0
     """Seconds a listener's tickets stay valid: past a spare channel's life (swarm.policy's spare_ttl, 240 s), so
     the ticket of a spare's replacement is still good when it is dialed."""
@@ -46,12 +49,14 @@ class ChannelConfig:
     on 127.0.0.1 (`swarm sim`), never for a peer other local users can reach."""
     max_channels: int = 256
     """Data channels open at once on this node, over all peers (identities are free: a per-peer limit bounds
-    nothing); past it handshakes are refused, and so are sockets presenting a token."""
+    nothing); past it handshakes are refused, and so are sockets presenting a token. As many unclaimed offers are
+    kept, past that the oldest goes."""
     handshakes_per_s: float = 8.0
     handshake_burst: int = 64
-    """New data channel handshakes accepted per second, over all peers, with bursts of `handshake_burst`; past it a
-    handshake is closed before a byte of it is read. Identities are free: a stranger reopens at once each channel
-    refused for a spent budget, and each costs a stream, a negotiation and a read of what it carries."""
+    """New data channel handshakes (and channels opened with tickets) accepted per second, over all peers, with
+    bursts of `handshake_burst`; past it a handshake is closed before a byte of it is read, and a ticket's socket
+    is dropped. Identities are free: a stranger reopens at once each channel refused for a spent budget, and each
+    costs a stream, a negotiation and a read of what it carries."""
     token_timeout: float = 3.0
     """A dialer writes its token as soon as it connects; a socket silent this long is dropped."""
     aead: str | None = None
@@ -65,8 +70,8 @@ class ChannelConfig:
                 raise ChannelError(f"data channel {name} must be positive, got {getattr(self, name)}")
         if (self.max_offers_per_peer < 1 or self.max_pending_sockets < 1 or self.max_pending_per_ip < 1
                 or self.max_channels < 1 or self.token_timeout <= 0 or self.socket_buffer < 0
-                or self.handshakes_per_s <= 0 or self.handshake_burst < 1 or self.max_offers < 1
-                or not 0 < self.ticket_ttl <= MAX_TICKET_S):
+                or self.handshakes_per_s <= 0 or self.handshake_burst < 1 or self.max_tickets < 1
+                or self.max_tickets_per_peer < 1 or not 1 <= self.ticket_ttl <= MAX_TICKET_S):
             raise ChannelError("data channel limits must be positive (socket_buffer may be 0)")
         if not 0 <= self.tickets_per_offer <= MAX_TICKETS:
             raise ChannelError(f"tickets_per_offer must be 0 to {MAX_TICKETS}, got {self.tickets_per_offer}")

@@ -117,7 +117,8 @@ def decode_offer(raw: bytes) -> ChannelOffer:
         raise HandshakeBreach("data channel offer names its cipher in a malformed way")
     tickets, ticket_s = body.get("tickets", []), body.get("ticket_s", 0)
     if (not isinstance(tickets, list) or len(tickets) > MAX_TICKETS
-            or not all(isinstance(t, bytes) and len(t) == TOKEN_BYTES for t in tickets)):
+            or not all(isinstance(t, bytes) and len(t) == TOKEN_BYTES for t in tickets)
+            or len({token, *tickets}) != len(tickets) + 1):  # a token used twice would reuse a channel's key
         raise HandshakeBreach("data channel offer carries its tickets in a malformed way")
     if type(ticket_s) is not int or not (0 < ticket_s <= MAX_TICKET_S if tickets else ticket_s == 0):
         raise HandshakeBreach(f"data channel offer states a ticket lifetime of {_shown(ticket_s)} s")

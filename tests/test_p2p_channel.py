@@ -139,7 +139,7 @@ async def test_offer_and_unauthenticated_socket_floods_are_capped():
     from p2p.channel import _request_offer
 
     async with open_host() as server_host, open_host() as client_host:
-        config = ChannelConfig(max_offers_per_peer=2, max_pending_sockets=1, tickets_per_offer=0)
+        config = ChannelConfig(max_offers_per_peer=2, max_pending_sockets=1)
         server = DataChannelServer(server_host, hash_and_reply, config)
         await server_host.nursery.start(server.run)
         await client_host.connect(server_host.multiaddrs[0])
@@ -289,8 +289,8 @@ async def test_new_handshakes_are_rate_limited_node_wide_whoever_asks():
         await first.connect(server_host.multiaddrs[0])
         await second.connect(server_host.multiaddrs[0])
         with trio.fail_after(20):
-            for _ in range(2):  # without tickets: each channel its own handshake
-                await (await open_data_channel(first, server_host.peer_id, ChannelConfig(tickets_per_offer=0))).aclose()
+            for _ in range(2):  # the second with a ticket, which spends the rate as a handshake does
+                await (await open_data_channel(first, server_host.peer_id)).aclose()
             with pytest.raises(ChannelError):
                 await open_data_channel(second, server_host.peer_id, ChannelConfig(allow_fallback=False))
         assert server.refused_handshakes == 1
@@ -316,11 +316,11 @@ async def test_loopback_strangers_meet_the_per_ip_cap_unless_exempted():
 
 
 async def test_strangers_unclaimed_offers_never_lock_out_a_new_dialer():
-    """Offers cost no socket, so they do not count towards the channel cap; past their own cap the oldest goes."""
+    """Offers cost no socket, so they do not count towards the channel cap; past it the oldest unclaimed goes."""
     from p2p.channel import _request_offer
 
     async with open_host() as server_host, open_host() as client_host:
-        config = ChannelConfig(max_channels=2, max_offers=2, max_offers_per_peer=8, tickets_per_offer=0)
+        config = ChannelConfig(max_channels=2, max_offers_per_peer=8)
         server = DataChannelServer(server_host, hash_and_reply, config)
         await server_host.nursery.start(server.run)
         await client_host.connect(server_host.multiaddrs[0])

@@ -58,29 +58,62 @@ async def test_the_next_channels_use_tickets_and_each_carries_data_intact(pair):
     assert server.rejected == 0
 
 
-async def test_a_dialer_asking_for_none_gets_none():
+async def test_a_dialer_asking_for_none_gets_none_and_the_listener_grants_at_most_its_own_count():
     async with open_host() as server_host, open_host() as client_host:
-        server = DataChannelServer(server_host, hash_and_reply)
+        server = DataChannelServer(server_host, hash_and_reply, ChannelConfig(tickets_per_offer=2))
         await server_host.nursery.start(server.run)
         await client_host.connect(server_host.multiaddrs[0])
         with trio.fail_after(20):
             _ip, offer = await _request_offer(client_host, server_host.peer_id, ChannelConfig(tickets_per_offer=0))
-        assert offer.tickets == () and offer.ticket_s == 0
-        assert len(server._offers) == 1
+            assert offer.tickets == () and offer.ticket_s == 0 and not server._tickets
+            _ip, offer = await _request_offer(client_host, server_host.peer_id, ChannelConfig(tickets_per_offer=4))
+        assert len(offer.tickets) == 2 and 0 < offer.ticket_s <= 300
+        for ticket in offer.tickets:  # each ticket's channel has its own secret, derived from the offer's
+            assert server._tickets[ticket].secret == ticket_secret(offer.secret, ticket) != offer.secret
 
 
-async def test_tickets_fit_under_the_peers_cap_of_unclaimed_tokens():
+async def test_tickets_a_dialer_never_uses_never_lock_it_out_of_offers():
+    """A dialer loses track of tickets (a failed connect, a restart): new ones replace its oldest at the listener,
+    which never refuses an offer for them."""
     async with open_host() as server_host, open_host() as client_host:
-        server = DataChannelServer(server_host, hash_and_reply, ChannelConfig(max_offers_per_peer=3))
+        config = ChannelConfig(max_offers_per_peer=3, max_tickets_per_peer=5)
+        server = DataChannelServer(server_host, hash_and_reply, config)
         await server_host.nursery.start(server.run)
         await client_host.connect(server_host.multiaddrs[0])
         with trio.fail_after(20):
-            _ip, offer = await _request_offer(client_host, server_host.peer_id, ChannelConfig(tickets_per_offer=4))
-            assert len(offer.tickets) == 2  # the offer's own token and two tickets fill the peer's three places
-            assert 0 < offer.ticket_s <= 300
-            with pytest.raises(ChannelError):  # no place left: the listener resets the handshake
-                await _request_offer(client_host, server_host.peer_id, ChannelConfig(tickets_per_offer=4))
-        assert len(server._offers) == 3
+            newest = ()
+            for _ in range(3):  # the offers' own tokens are what the per-peer cap counts
+                _ip, offer = await _request_offer(client_host, server_host.peer_id, ChannelConfig())
+                newest = offer.tickets
+            assert len(server._tickets) == 5 and set(newest) <= set(server._tickets)
+            with pytest.raises(ChannelError):  # a fourth unclaimed offer is refused, as before tickets
+                await _request_offer(client_host, server_host.peer_id, ChannelConfig())
+
+
+async def test_an_expired_ticket_is_refused_at_the_listener(pair):
+    server, server_host, client_host = pair
+    with trio.fail_after(20):
+        ip, offer = await _request_offer(client_host, server_host.peer_id, ChannelConfig())
+        server._tickets[offer.tickets[0]].expires = trio.current_time() - 1
+        sock = await trio.open_tcp_stream(ip, offer.port)
+        await sock.send_all(offer.tickets[0])
+        assert await sock.receive_some(100) == b""
+        assert server.rejected == 1 and server.ticket_channels == 0
+
+
+async def test_ticket_channels_spend_the_handshake_rate_so_they_open_no_faster_than_handshakes():
+    async with open_host() as server_host, open_host() as client_host:
+        server = DataChannelServer(server_host, hash_and_reply, ChannelConfig(handshakes_per_s=0.001,
+                                                                              handshake_burst=3))
+        await server_host.nursery.start(server.run)
+        await client_host.connect(server_host.multiaddrs[0])
+        with trio.fail_after(20):
+            for _ in range(3):  # a handshake, then two tickets: the burst of 3 spent
+                await round_trip(await open_data_channel(client_host, server_host.peer_id), client_host.peer_id)
+            assert server.ticket_channels == 2
+            with pytest.raises(ChannelError):  # the third ticket is refused, and so is the handshake that follows
+                await open_data_channel(client_host, server_host.peer_id, ChannelConfig(allow_fallback=False))
+        assert server.ticket_channels == 2 and server.refused_handshakes == 2
 
 
 async def test_a_stolen_ticket_token_opens_nothing_and_its_holder_still_gets_a_channel(pair, caplog):

@@ -90,3 +90,30 @@ async def test_the_answer_to_an_announcement_carries_no_manifest(tmp_path, autoj
                     head += await theirs.receive_some(HEAD_BYTES - len(head))
             assert decode_head(head).route == policy.manifest.id and decode_head(head).signed_size == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_an_announcement_of_a_large_manifest_names_it_by_id(tmp_path, autojump_clock, monkeypatch):
+    """The larger peer announcing a version over its spare sends the manifest only when it is small."""
+    key = Identity.generate()
+    signed = signed_version(tmp_path, key, 0)
+    monkeypatch.setattr(link_preamble, "PREAMBLE_INLINE_MAX", len(signed) - 1)
+    with PieceStore(tmp_path / "b", keep_versions=2) as store:
+        larger = PolicyMirror(store, "peer-b", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(larger.run_service)
+            policy = larger.adopt(signed, local_dir=tmp_path / "v0")
+            ours, theirs = trio.testing.memory_stream_pair()
+            larger._spares["peer-a"] = (ours, trio.current_time() + larger.spare_ttl)
+
+            async def dial(_peer):
+                await trio.sleep_forever()
+
+            await trio.sleep(1.5)  # the smaller peer has not dialed its link: the larger one announces the version
+            await larger.reconcile(["peer-a"], dial, max_links=8)
+            assert "peer-a" in policy.announced
+            head = b""
+            with trio.fail_after(10):
+                while len(head) < HEAD_BYTES:
+                    head += await theirs.receive_some(HEAD_BYTES - len(head))
+            assert decode_head(head).route == policy.manifest.id and decode_head(head).signed_size == 0
+            nursery.cancel_scope.cancel()

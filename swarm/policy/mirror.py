@@ -323,10 +323,10 @@ class PolicyMirror(OutboundLinks):
         self._waiting[peer] = self._waiting.get(peer, 0) + 1
         try:
             preamble = await self._read_preamble(stream)
-            if preamble is not None and not preamble.signed:
-                # a version named by id alone (its manifest too large for preambles) is adopted as gossip brings
-                # it; that wait counts as waiting too: released after the preamble alone, one peer kept 200
-                # channels open at once, each naming an id nobody knows
+            if preamble is not None and not preamble.signed and peer < self.my_id:
+                # the wait for a manifest gossip has not brought yet (or a version named by id alone, its manifest
+                # too large for preambles) counts as waiting too: released after the preamble alone, one peer kept
+                # 200 channels open at once, each naming an id nobody knows
                 await self._adopted(preamble.route, self.adoption_wait)
         except HandshakeBreach as exc:
             log.warning("banned peer %s: %s", peer, exc)
