@@ -98,12 +98,20 @@ class SwarmEngine:
 
     # ------------------------------------------------------------------ peer lifecycle
 
-    def peer_connected(self, peer: str, flags: bytes | bytearray, now: float) -> list[Action]:
+    def peer_connected(self, peer: str, flags: bytes | bytearray, now: float,
+                       told: bytes | bytearray | None = None) -> list[Action]:
+        """Start trading with `peer`, which holds `flags`. `told`: the have-flags our hello to it carried; pieces
+        stored since are announced now. Why: a piece stored while the two hellos crossed was announced only to the
+        peers connected then, so this peer never heard of it, and a peer whose last missing piece that was waited
+        for ever (a 2-peer broadcast stuck at 8 of 9 pieces on a loaded machine)."""
         if peer in self.peers:
             raise ValueError(f"peer {peer} is already connected (the adapter keeps one link per peer)")
         empty = np.zeros(self.num_pieces, dtype=bool)
         self.peers[peer] = PeerState(empty, empty.copy(), last_piece_at=now)
         out = self.peer_bitfield(peer, flags, now)
+        if told is not None and not self.super_seeding:
+            since = self.have & ~as_flags(told) & ~self.peers[peer].bits
+            out += [Send(peer, Have(int(index))) for index in np.flatnonzero(since)]
         return out + self._reveal(peer)
 
     def peer_bitfield(self, peer: str, flags: bytes | bytearray, now: float) -> list[Action]:

@@ -226,7 +226,8 @@ class SwarmService:
             await trio.aclose_forcefully(stream)
 
     async def _handshake(self, link: _Link, decoder: FrameDecoder, frame: tuple | None) -> None:
-        hello = Hello(self.manifest.id, pack_bits(self.engine.hello_flags()))
+        told = self.engine.hello_flags()
+        hello = Hello(self.manifest.id, pack_bits(told))
         with trio.fail_after(self.config.handshake_timeout):
             await _send_message(link.stream, hello)
             if frame is None:
@@ -238,7 +239,7 @@ class SwarmService:
             raise FrameError("the peer's first frame is not a hello for this manifest")
         flags = unpack_bits(msg.bitfield, self.manifest.num_pieces)
         link.greeted = True
-        self._dispatch(self.engine.peer_connected(link.peer, flags, trio.current_time()))
+        self._dispatch(self.engine.peer_connected(link.peer, flags, trio.current_time(), told))
 
     async def _receiver(self, link: _Link, decoder: FrameDecoder) -> None:
         """Decode frames until the peer closes; a protocol error propagates and drops the link."""

@@ -377,3 +377,17 @@ def test_a_piece_whose_requests_timed_out_at_every_holder_is_asked_again():
     assert [a.peer for a in later if isinstance(a, Send) and isinstance(a.message, Request)] == ["b"]
     again = eng.tick(12.0)  # b's timed out too: someone must be asked again, or the piece never comes
     assert [a.message for a in again if isinstance(a, Send) and isinstance(a.message, Request)] == [Request(1)]
+
+
+def test_a_piece_stored_while_hellos_crossed_is_announced_to_the_new_peer():
+    """Our hello to `late` left before piece 1 was stored; `_accept` announced it only to peers connected then, so
+    `late` hears of it when it connects, or it would never ask us for it."""
+    eng = SwarmEngine(3, b"\x01\x00\x00", rng=random.Random(1))
+    told = eng.hello_flags()
+    asked = eng.peer_connected("seed", b"\x01\x01\x01", 0.0)
+    index = next(a.message.index for a in asked if isinstance(a, Send) and isinstance(a.message, Request))
+    eng.piece_received("seed", index, True, 1.0)
+    out = eng.peer_connected("late", b"\x00\x00\x00", 2.0, told)
+    assert Send("late", Have(index)) in out and Send("late", Have(0)) not in out  # piece 0 was in the hello
+    without_told = eng.peer_connected("other", b"\x00" * 3, 3.0)  # no hello to compare with: nothing extra
+    assert not any(isinstance(a, Send) and isinstance(a.message, Have) for a in without_told)
