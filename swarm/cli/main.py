@@ -31,6 +31,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "broadcast"), "swarm.bench.broadcast", "benchmark policy broadcast against the Kumar-Ross bound"),
     (("bench", "reach"), "swarm.bench.reach", "benchmark a broadcast to private peers behind relays and NAT"),
     (("bench", "transfer"), "swarm.bench.transfer", "benchmark one piece-protocol stream against raw TCP"),
+    (("bench", "channel-open"), "swarm.bench.channel_open", "measure the CPU of opening a data channel, ticket or not"),
     (("bench", "verify"), "swarm.bench.verify", "benchmark rollout validation on honest and attacked groups"),
     (("bench", "generate"), "swarm.bench.generate", "benchmark generation throughput and proof overhead"),
     (("bench", "noise"), "swarm.bench.noise", "benchmark the seeded Gumbel noise draw per element"),
