@@ -13,8 +13,11 @@ Why they stay as safe as the first channel:
   record key (record nonces restart per channel) and a token seen on the wire gives nobody the key;
 - the listener admits a ticket only while its peer is connected over libp2p and not banned, so a peer banned or
   gone since the offer cannot come back through a ticket;
-- the listener keeps tickets under the same per-peer and node-wide caps as offers; one it dropped (a cap, a restart)
-  costs the dialer a refused connect, after which it opens the channel the long way and is not marked unreachable.
+- a ticket's channel spends the listener's handshake rate like the handshake it saves, so channels open no faster
+  than before;
+- the listener caps tickets per peer (its oldest replaced, never a reason to refuse an offer: tickets a dialer lost
+  track of must not lock it out) and over all peers; one it dropped (a cap, a restart) costs the dialer a refused
+  connect, after which it opens the channel with a handshake and is not marked unreachable.
 """
 
 from __future__ import annotations

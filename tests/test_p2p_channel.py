@@ -3,7 +3,6 @@
 import logging
 import os
 
-import blake3
 import pytest
 import trio
 
@@ -13,40 +12,13 @@ from p2p.channel_stream import SecureChannelStream
 from p2p.errors import ChannelError
 from p2p.host import open_host
 from p2p.libp2p_compat import Libp2pByteStream
-
-
-async def hash_and_reply(peer_id, stream):
-    """Server callback: hash everything until EOF, answer with the digest and the peer id it was told."""
-    hasher = blake3.blake3()
-    while chunk := await stream.receive_some(1 << 20):
-        hasher.update(chunk)
-    await stream.send_all(hasher.digest() + peer_id.encode())
-
-
-async def until(condition):
-    """Yield to the scheduler (no clock involved) until the server has reacted to a socket event."""
-    while not condition():
-        await trio.lowlevel.checkpoint()
-
-
-async def send_and_check(client, data, server_peer_id, client_peer_id):
-    await client.send_all(data)
-    await client.send_eof()
-    reply = b""
-    while chunk := await client.receive_some(4096):
-        reply += chunk
-    assert reply == blake3.blake3(data).digest() + client_peer_id.encode()
-    assert client.peer_id == server_peer_id
-    await client.aclose()
+from tests.channel_helpers import channel_pair, hash_and_reply, send_and_check, until
 
 
 @pytest.fixture
 async def pair():
-    async with open_host() as server_host, open_host() as client_host:
-        server = DataChannelServer(server_host, hash_and_reply)
-        await server_host.nursery.start(server.run)
-        await client_host.connect(server_host.multiaddrs[0])
-        yield server, server_host, client_host
+    async with channel_pair() as hosts:
+        yield hosts
 
 
 @pytest.mark.parametrize("aead", sorted(AEADS))

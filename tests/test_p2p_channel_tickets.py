@@ -3,7 +3,6 @@ the peer they were given to while it is connected and not banned, and a refused 
 
 import os
 
-import blake3
 import pytest
 import trio
 
@@ -14,34 +13,19 @@ from p2p.channel_tickets import EXPIRY_MARGIN_S, Ticket, TicketBook, ticket_secr
 from p2p.errors import ChannelError
 from p2p.host import open_host
 from p2p.scores import Verdict
-
-
-async def hash_and_reply(peer_id, stream):
-    """Server callback: hash everything until EOF, answer with the digest and the peer id it was told."""
-    hasher = blake3.blake3()
-    while chunk := await stream.receive_some(1 << 20):
-        hasher.update(chunk)
-    await stream.send_all(hasher.digest() + peer_id.encode())
-
-
-async def round_trip(channel, client_id: str) -> None:
-    data = os.urandom(300_000)
-    await channel.send_all(data)
-    await channel.send_eof()
-    reply = b""
-    while chunk := await channel.receive_some(4096):
-        reply += chunk
-    assert reply == blake3.blake3(data).digest() + client_id.encode()
-    await channel.aclose()
+from tests.channel_helpers import channel_pair, hash_and_reply, send_and_check
 
 
 @pytest.fixture
 async def pair():
-    async with open_host() as server_host, open_host() as client_host:
-        server = DataChannelServer(server_host, hash_and_reply)
-        await server_host.nursery.start(server.run)
-        await client_host.connect(server_host.multiaddrs[0])
-        yield server, server_host, client_host
+    async with channel_pair() as hosts:
+        yield hosts
+
+
+async def open_and_round_trip(client_host, server_host, config: ChannelConfig = ChannelConfig()) -> None:
+    """A channel from `client_host` to `server_host` that carries 300 kB intact."""
+    channel = await open_data_channel(client_host, server_host.peer_id, config)
+    await send_and_check(channel, os.urandom(300_000), server_host.peer_id, client_host.peer_id)
 
 
 async def test_the_next_channels_use_tickets_and_each_carries_data_intact(pair):
@@ -51,7 +35,7 @@ async def test_the_next_channels_use_tickets_and_each_carries_data_intact(pair):
         for n in range(1, 6):
             channel = await open_data_channel(client_host, server_host.peer_id, config)
             assert isinstance(channel, SecureChannelStream)
-            await round_trip(channel, client_host.peer_id)
+            await send_and_check(channel, os.urandom(300_000), server_host.peer_id, client_host.peer_id)
             # the first channel brings 3 tickets, the next three use them, the fifth needs a handshake again
             assert server.ticket_channels == min(n - 1, 3)
             assert TICKETS.held(client_host.peer_id, server_host.peer_id) == {1: 3, 2: 2, 3: 1, 4: 0, 5: 3}[n]
@@ -109,7 +93,7 @@ async def test_ticket_channels_spend_the_handshake_rate_so_they_open_no_faster_t
         await client_host.connect(server_host.multiaddrs[0])
         with trio.fail_after(20):
             for _ in range(3):  # a handshake, then two tickets: the burst of 3 spent
-                await round_trip(await open_data_channel(client_host, server_host.peer_id), client_host.peer_id)
+                await open_and_round_trip(client_host, server_host)
             assert server.ticket_channels == 2
             with pytest.raises(ChannelError):  # the third ticket is refused, and so is the handshake that follows
                 await open_data_channel(client_host, server_host.peer_id, ChannelConfig(allow_fallback=False))
@@ -121,7 +105,7 @@ async def test_a_stolen_ticket_token_opens_nothing_and_its_holder_still_gets_a_c
     refused, drops its tickets and opens a channel with a handshake, and the listener is not marked unreachable."""
     server, server_host, client_host = pair
     with trio.fail_after(30):
-        await round_trip(await open_data_channel(client_host, server_host.peer_id), client_host.peer_id)
+        await open_and_round_trip(client_host, server_host)
         stolen = TICKETS.take(client_host.peer_id, server_host.peer_id, trio.current_time())
         TICKETS.forget(client_host.peer_id, server_host.peer_id)
         TICKETS.add(client_host.peer_id, server_host.peer_id, [stolen], 8)  # the holder still counts on this one
@@ -131,7 +115,7 @@ async def test_a_stolen_ticket_token_opens_nothing_and_its_holder_still_gets_a_c
         await _until_closed(thief)  # then the listener drops the channel: the thief's record does not open
         await thief.aclose()
         channel = await open_data_channel(client_host, server_host.peer_id, ChannelConfig(allow_fallback=False))
-        await round_trip(channel, client_host.peer_id)
+        await send_and_check(channel, os.urandom(300_000), server_host.peer_id, client_host.peer_id)
         assert server.ticket_channels == 1  # the thief's; the holder's refused ticket opened nothing
         assert socket_reachable(client_host, server_host.peer_id)
 
@@ -147,7 +131,7 @@ async def _until_closed(stream) -> None:
 async def test_a_ticket_is_refused_once_its_peer_disconnected_or_was_banned(pair, gone):
     server, server_host, client_host = pair
     with trio.fail_after(30):
-        await round_trip(await open_data_channel(client_host, server_host.peer_id), client_host.peer_id)
+        await open_and_round_trip(client_host, server_host)
         ticket = TICKETS.take(client_host.peer_id, server_host.peer_id, trio.current_time())
         if gone == "disconnected":
             await server_host.disconnect(client_host.peer_id)

@@ -30,11 +30,16 @@ async def _dial_and_read_head(mirror: PolicyMirror, peer: str) -> tuple[bytes, t
         await trio.sleep_forever()  # the spare that replaces the one used: never needed here
 
     await mirror.reconcile([peer], dial, max_links=8)
+    return await read_head_bytes(theirs), theirs
+
+
+async def read_head_bytes(stream) -> bytes:
+    """The preamble's 36-byte head as it arrives on `stream`."""
     head = b""
     with trio.fail_after(10):
         while len(head) < HEAD_BYTES:
-            head += await theirs.receive_some(HEAD_BYTES - len(head))
-    return head, theirs
+            head += await stream.receive_some(HEAD_BYTES - len(head))
+    return head
 
 
 async def test_a_large_manifest_is_named_by_id_and_the_acceptor_links_once_it_adopts_it(tmp_path, autojump_clock,
@@ -84,10 +89,7 @@ async def test_the_answer_to_an_announcement_carries_no_manifest(tmp_path, autoj
             ours, theirs = trio.testing.memory_stream_pair()
             await theirs.send_all(policy.manifest.id + len(signed).to_bytes(4, "big") + signed)  # the announcement
             nursery.start_soon(smaller.accept_link, "peer-b", ours)
-            head = b""
-            with trio.fail_after(10):
-                while len(head) < HEAD_BYTES:
-                    head += await theirs.receive_some(HEAD_BYTES - len(head))
+            head = await read_head_bytes(theirs)
             assert decode_head(head).route == policy.manifest.id and decode_head(head).signed_size == 0
             nursery.cancel_scope.cancel()
 
@@ -111,9 +113,6 @@ async def test_an_announcement_of_a_large_manifest_names_it_by_id(tmp_path, auto
             await trio.sleep(1.5)  # the smaller peer has not dialed its link: the larger one announces the version
             await larger.reconcile(["peer-a"], dial, max_links=8)
             assert "peer-a" in policy.announced
-            head = b""
-            with trio.fail_after(10):
-                while len(head) < HEAD_BYTES:
-                    head += await theirs.receive_some(HEAD_BYTES - len(head))
+            head = await read_head_bytes(theirs)
             assert decode_head(head).route == policy.manifest.id and decode_head(head).signed_size == 0
             nursery.cancel_scope.cancel()
