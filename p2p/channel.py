@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ import trio
 
 from p2p.channel_addresses import is_loopback, listen_ip, note_socket_unreachable, remote_ip, socket_reachable
 from p2p.channel_config import ChannelConfig
-from p2p.channel_handshake import HandshakeAbandoned, close_quietly, read_msg, write_msg
+from p2p.channel_handshake import MSG_LEN, HandshakeAbandoned, close_quietly, read_msg, write_msg
 from p2p.channel_messages import (
     MAX_TICKETS, TOKEN_BYTES, ChannelOffer, ChannelRequest, HandshakeBreach, decode_offer,
     decode_request, encode_offer, encode_request,
@@ -47,7 +46,6 @@ from p2p.ratelimit import Allowance
 log = logging.getLogger(__name__)
 
 PROTOCOL = "/rl-swarm/data/1.0.0"
-_MSG_LEN = struct.Struct(">H")
 _KEY_CONTEXT = "rl-swarm 2026 data channel v1 record key"
 ChannelCallback = Callable[[str, Any], Awaitable[None]]
 _fallback_logged: set[str] = set()
@@ -55,7 +53,7 @@ _fallback_logged: set[str] = set()
 
 def channel_key(secret: bytes, dialer: str, listener: str) -> bytes:
     """The record key: bound to the one-time secret and to both authenticated peer ids."""
-    material = b"".join(_MSG_LEN.pack(len(p)) + p for p in (secret, dialer.encode(), listener.encode()))
+    material = b"".join(MSG_LEN.pack(len(p)) + p for p in (secret, dialer.encode(), listener.encode()))
     return blake3.blake3(material, derive_key_context=_KEY_CONTEXT).digest(length=KEY_BYTES)
 
 
@@ -241,24 +239,22 @@ class DataChannelServer:
             if not data:
                 return None
             token += data
-        now = trio.current_time()
-        offer = self._offers.pop(bytes(token), None)
-        if offer is None:
-            offer = self._tickets.pop(bytes(token), None)
-            if offer is None or not self._ticket_admitted(offer, now):
+        now, key = trio.current_time(), bytes(token)
+        is_ticket = key not in self._offers
+        offer = (self._tickets if is_ticket else self._offers).pop(key, None)
+        if offer is None or offer.expires < now or self._open_channels >= self.config.max_channels:
+            return None
+        if is_ticket:
+            if not self._ticket_admitted(offer, now):
                 return None
             self.ticket_channels += 1
-        if offer.expires < now or self._open_channels >= self.config.max_channels:
-            return None
         return offer
 
     def _ticket_admitted(self, ticket: _Offer, now: float) -> bool:
-        """Whether a live ticket opens a channel now: its peer still connected over libp2p and not banned (a
+        """Whether an unexpired ticket opens a channel now: its peer still connected over libp2p and not banned (a
         ticket outlives its offer by minutes, and a peer banned or gone since must not come back through it), and
         within the node's handshake rate, which a ticket spends like the handshake it saves (so tickets never let
         channels open faster than handshakes did)."""
-        if ticket.expires < now:
-            return False
         faults = getattr(self.host, "faults", None)
         if faults is not None and faults.is_banned(ticket.peer_id, now):
             return False

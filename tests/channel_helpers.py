@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 import blake3
 import trio
 
-from p2p.channel import DataChannelServer
+from p2p.channel import ChannelConfig, DataChannelServer
 from p2p.host import open_host
 
 
@@ -38,10 +38,10 @@ async def send_and_check(client, data, server_peer_id, client_peer_id):
 
 
 @asynccontextmanager
-async def channel_pair(callback=hash_and_reply):
-    """A listener host serving data channels with `callback` and a dialer host connected to it."""
+async def channel_pair(callback=hash_and_reply, config: ChannelConfig = ChannelConfig()):
+    """A listener host serving data channels with `callback` under `config` and a dialer host connected to it."""
     async with open_host() as server_host, open_host() as client_host:
-        server = DataChannelServer(server_host, callback)
+        server = DataChannelServer(server_host, callback, config)
         await server_host.nursery.start(server.run)
         await client_host.connect(server_host.multiaddrs[0])
         yield server, server_host, client_host

@@ -6,14 +6,13 @@ import os
 import pytest
 import trio
 
-from p2p.channel import TICKETS, ChannelConfig, DataChannelServer, _request_offer, open_data_channel
+from p2p.channel import TICKETS, ChannelConfig, _request_offer, open_data_channel
 from p2p.channel_addresses import socket_reachable
 from p2p.channel_stream import SecureChannelStream
 from p2p.channel_tickets import EXPIRY_MARGIN_S, Ticket, TicketBook, ticket_secret
 from p2p.errors import ChannelError
-from p2p.host import open_host
 from p2p.scores import Verdict
-from tests.channel_helpers import channel_pair, hash_and_reply, send_and_check
+from tests.channel_helpers import channel_pair, send_and_check
 
 
 @pytest.fixture
@@ -43,10 +42,7 @@ async def test_the_next_channels_use_tickets_and_each_carries_data_intact(pair):
 
 
 async def test_a_dialer_asking_for_none_gets_none_and_the_listener_grants_at_most_its_own_count():
-    async with open_host() as server_host, open_host() as client_host:
-        server = DataChannelServer(server_host, hash_and_reply, ChannelConfig(tickets_per_offer=2))
-        await server_host.nursery.start(server.run)
-        await client_host.connect(server_host.multiaddrs[0])
+    async with channel_pair(config=ChannelConfig(tickets_per_offer=2)) as (server, server_host, client_host):
         with trio.fail_after(20):
             _ip, offer = await _request_offer(client_host, server_host.peer_id, ChannelConfig(tickets_per_offer=0))
             assert offer.tickets == () and offer.ticket_s == 0 and not server._tickets
@@ -59,11 +55,8 @@ async def test_a_dialer_asking_for_none_gets_none_and_the_listener_grants_at_mos
 async def test_tickets_a_dialer_never_uses_never_lock_it_out_of_offers():
     """A dialer loses track of tickets (a failed connect, a restart): new ones replace its oldest at the listener,
     which never refuses an offer for them."""
-    async with open_host() as server_host, open_host() as client_host:
-        config = ChannelConfig(max_offers_per_peer=3, max_tickets_per_peer=5)
-        server = DataChannelServer(server_host, hash_and_reply, config)
-        await server_host.nursery.start(server.run)
-        await client_host.connect(server_host.multiaddrs[0])
+    config = ChannelConfig(max_offers_per_peer=3, max_tickets_per_peer=5)
+    async with channel_pair(config=config) as (server, server_host, client_host):
         with trio.fail_after(20):
             newest = ()
             for _ in range(3):  # the offers' own tokens are what the per-peer cap counts
@@ -86,11 +79,8 @@ async def test_an_expired_ticket_is_refused_at_the_listener(pair):
 
 
 async def test_ticket_channels_spend_the_handshake_rate_so_they_open_no_faster_than_handshakes():
-    async with open_host() as server_host, open_host() as client_host:
-        server = DataChannelServer(server_host, hash_and_reply, ChannelConfig(handshakes_per_s=0.001,
-                                                                              handshake_burst=3))
-        await server_host.nursery.start(server.run)
-        await client_host.connect(server_host.multiaddrs[0])
+    config = ChannelConfig(handshakes_per_s=0.001, handshake_burst=3)
+    async with channel_pair(config=config) as (server, server_host, client_host):
         with trio.fail_after(20):
             for _ in range(3):  # a handshake, then two tickets: the burst of 3 spent
                 await open_and_round_trip(client_host, server_host)
