@@ -1,6 +1,6 @@
 """Hostile peers against real libp2p hosts and real data channels on loopback: a leech is cut off within a few
-copies of the version, and stalled preambles of many fresh identities hold at most the node's budget of unverified
-input while an honest peer is still served."""
+copies of the version, and stalled preambles of many fresh identities hold at most a preamble's cap each while an
+honest peer is still served, and a preamble declaring more bans its sender."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import random
 import pytest
 import trio
 
-from p2p.budget import MemoryBudget
 from p2p.channel import ChannelConfig, DataChannelServer, open_data_channel
 from p2p.errors import ChannelError, FrameError
 from p2p.host import open_host
@@ -27,7 +26,7 @@ from p2p.wire import (
     read_frame,
     send_buffers,
 )
-from swarm.policy.link_preamble import read_body, read_head, send_preamble
+from swarm.policy.link_preamble import PREAMBLE_INLINE_MAX, read_body, read_head, send_preamble
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.trust import TrainerTrust
 from tests.test_p2p_transfer import MB, make_policy
@@ -109,41 +108,42 @@ async def stall_preambles(host, target_id, declared: int, sent: int, channels: i
         await trio.aclose_forcefully(stream)
 
 
-async def test_stalled_preambles_of_fresh_identities_hold_at_most_the_budget_and_honest_peers_are_served(tmp_path):
-    """Six fresh identities with four channels each, declaring 32 MiB preambles and stalling short of the end,
-    take a peer without a node-wide budget from 111 to 958 MiB. Here each sends 3 MiB of its 32: 72 MiB against a
-    budget of 8 MiB, which is all they hold, and an honest peer's link to the version is served meanwhile."""
+async def test_stalled_preambles_of_fresh_identities_hold_a_preamble_each_and_honest_peers_are_served(tmp_path):
+    """Six fresh identities with four channels each declare the largest preamble and stall 1 KiB short of its end:
+    each channel holds at most 64 KiB, all 24 wait, and an honest peer's link to the version is served meanwhile.
+    A seventh identity declaring a 32 MiB manifest, as a preamble could before the cap, is banned at the head."""
     key = Identity.generate()
-    budget = MemoryBudget(8 * MB)
     signed = signed_version(tmp_path, key, 0)
     with PieceStore(tmp_path / "target") as store:
         async with open_host() as target, open_host() as honest, trio.open_nursery() as nursery:
             mirror = PolicyMirror(store, target.peer_id, TrainerTrust("r", key.public_bytes, tmp_path / "t"), run="r",
-                                  copies_dir=tmp_path / "policies", budget=budget)
+                                  copies_dir=tmp_path / "policies")
             await nursery.start(mirror.run_service)
             policy = mirror.adopt(signed, local_dir=tmp_path / "v0")  # the target seeds version 0
             await target.nursery.start(DataChannelServer(target, mirror.accept_link, ChannelConfig()).run)
             stop = trio.Event()
             attackers = []
             async with trio.open_nursery() as attack:
-                for _ in range(6):
+                for _ in range(7):
                     host = await attack.start(_hold_host)
                     await host.connect(target.multiaddrs[0])
                     attackers.append(host)
                 with trio.fail_after(60):
                     async with trio.open_nursery() as senders:
-                        for host in attackers:
-                            senders.start_soon(stall_preambles, host, target.peer_id, 32 * MB, 3 * MB, 4, stop)
-                        while budget.refused < 10:
+                        for host in attackers[:6]:
+                            senders.start_soon(stall_preambles, host, target.peer_id, PREAMBLE_INLINE_MAX,
+                                               PREAMBLE_INLINE_MAX - 1024, 4, stop)
+                        senders.start_soon(stall_preambles, attackers[6], target.peer_id, 32 * MB, 1024, 1, stop)
+                        while sum(mirror._waiting.values()) < 24 or attackers[6].peer_id not in mirror.banned:
                             await trio.sleep(0.05)
-                        assert budget.held <= budget.limit and budget.peak <= budget.limit
+                        assert "preamble" in mirror.banned[attackers[6].peer_id]
                         await honest.connect(target.multiaddrs[0])
                         got = await _honest_download(honest, target.peer_id, policy)
                         assert got == policy.manifest.total_size
+                        assert honest.peer_id not in mirror.banned
                         stop.set()
                 attack.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
-    assert budget.held == 0
 
 
 async def _hold_host(task_status=trio.TASK_STATUS_IGNORED):
@@ -158,7 +158,7 @@ async def _honest_download(host, target_id, policy) -> int:
     await send_preamble(stream, policy.manifest.id, policy.signed)
     if host.peer_id > target_id:  # to the target ours is an announcement: it dials the link by writing its own back
         head = await read_head(stream, 10.0)
-        assert await read_body(stream, head, 10.0, MemoryBudget(), known=lambda route: True) is not None
+        assert await read_body(stream, head, 10.0, known=lambda route: True) is not None
     manifest = policy.manifest
     decoder, got = FrameDecoder(max_payload=4 * MB), 0
     await send_buffers(stream, message_frame(Hello(manifest.id, pack_bits(bytes(manifest.num_pieces)))))

@@ -1,5 +1,5 @@
-"""The mirror's preamble: a typed head checked before the body is read, the body held only on the node's budget
-(and not at all for a manifest already held), and a node-wide cap on channels waiting for one."""
+"""The mirror's preamble: a typed head whose declared size is capped before the body is read, a body not kept for
+a manifest already held, a node-wide read rate, and a node-wide cap on channels waiting for one."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 import trio
 import trio.testing
 
-from p2p.budget import FREE_BYTES, BudgetExhausted, ByteRate, MemoryBudget
+from p2p.budget import BudgetExhausted, ByteRate
 from p2p.identity import Identity
 from p2p.store import PieceStore
 from swarm.policy import mirror as mirror_module
-from swarm.policy.link_preamble import MAX_SIGNED_BYTES, Preamble, PreambleBreach, decode_head, read_body, read_head
+from swarm.policy.link_preamble import PREAMBLE_INLINE_MAX, Preamble, PreambleBreach, decode_head, read_body, read_head
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.trust import TrainerTrust
 
@@ -23,41 +23,36 @@ def head(size: int) -> bytes:
     return ROUTE + size.to_bytes(4, "big")
 
 
-def test_a_head_declaring_more_than_any_manifest_is_a_breach_before_a_byte_of_it_is_read():
-    assert decode_head(head(10)).signed_size == 10
-    with pytest.raises(PreambleBreach):
-        decode_head(head(MAX_SIGNED_BYTES + 1))
+def test_a_head_declaring_more_than_a_preamble_carries_is_a_breach_before_a_byte_of_it_is_read():
+    assert decode_head(head(PREAMBLE_INLINE_MAX)).signed_size == PREAMBLE_INLINE_MAX
+    with pytest.raises(PreambleBreach, match="at most 65536"):
+        decode_head(head(PREAMBLE_INLINE_MAX + 1))
     with pytest.raises(PreambleBreach):
         decode_head(head(1)[:-1])
 
 
-async def test_the_body_is_held_on_the_budget_and_refused_past_it(autojump_clock):
+async def test_an_unknown_manifest_is_returned_whole(autojump_clock):
     ours, theirs = trio.testing.memory_stream_pair()
-    budget = MemoryBudget(100_000)  # each lease's first FREE_BYTES are free: 200 KB charges about 135 KB
-    await theirs.send_all(head(200_000) + bytes(200_000))
+    body = bytes(range(256)) * 256
+    await theirs.send_all(head(len(body)) + body)
     parsed = await read_head(ours, 1.0)
-    with pytest.raises(BudgetExhausted):
-        await read_body(ours, parsed, 1.0, budget, known=lambda route: False)
-    assert budget.held == 0 and budget.refused == 1
+    assert await read_body(ours, parsed, 1.0, known=lambda route: False) == Preamble(ROUTE, body)
 
 
-async def test_a_known_manifest_is_read_and_dropped_not_buffered(autojump_clock):
+async def test_a_known_manifest_is_read_and_dropped_not_returned(autojump_clock):
     ours, theirs = trio.testing.memory_stream_pair()
-    budget = MemoryBudget(1)
-    await theirs.send_all(head(200_000) + bytes(200_000))
+    await theirs.send_all(head(60_000) + bytes(60_000) + b"next")
     parsed = await read_head(ours, 1.0)
-    assert await read_body(ours, parsed, 1.0, budget, known=lambda route: True) == Preamble(ROUTE, b"")
-    assert budget.peak == 0
+    assert await read_body(ours, parsed, 1.0, known=lambda route: True) == Preamble(ROUTE, b"")
+    assert await ours.receive_some(4) == b"next"  # exactly the body was consumed
 
 
-async def test_a_stalled_body_ends_at_its_timeout_and_gives_its_bytes_back(autojump_clock):
+async def test_a_stalled_body_ends_at_its_timeout(autojump_clock):
     ours, theirs = trio.testing.memory_stream_pair()
-    budget = MemoryBudget(1 << 20)
-    await theirs.send_all(head(300_000) + bytes(200_000))  # short of the end, then silence
+    await theirs.send_all(head(60_000) + bytes(50_000))  # short of the end, then silence
     parsed = await read_head(ours, 1.0)
-    assert await read_body(ours, parsed, 10.0, budget, known=lambda route: False) is None
-    assert trio.current_time() == pytest.approx(10.0) and budget.held == 0
-    assert budget.peak == 200_000 - FREE_BYTES
+    assert await read_body(ours, parsed, 10.0, known=lambda route: False) is None
+    assert trio.current_time() == pytest.approx(10.0)
 
 
 class CountingStream:
@@ -73,19 +68,19 @@ class CountingStream:
 
 
 async def test_preambles_of_any_number_of_channels_are_read_no_faster_than_the_node_rate(autojump_clock):
-    """Ten identities sending preambles of manifests we hold (dropped as read, so no budget of memory stops them)
+    """Ten identities sending preambles of manifests we hold (dropped as read, so nothing but the rate stops them)
     get one burst read; the rest are refused before a byte of their body is read; a later channel is served."""
-    rate = ByteRate(rate=256 * KIB, burst=512 * KIB, max_wait=1.0)
+    rate = ByteRate(rate=16 * KIB, burst=64 * KIB, max_wait=1.0)
     channels, refused = [], []
 
     async def channel():
         ours, theirs = trio.testing.memory_stream_pair()
         counted = CountingStream(ours)
         channels.append(counted)
-        await theirs.send_all(head(512 * KIB) + bytes(512 * KIB))
+        await theirs.send_all(head(64 * KIB) + bytes(64 * KIB))
         parsed = await read_head(counted, 1.0)
         try:
-            assert await read_body(counted, parsed, 10.0, MemoryBudget(1), lambda route: True, rate) is not None
+            assert await read_body(counted, parsed, 10.0, lambda route: True, rate) is not None
         except BudgetExhausted:
             refused.append(counted)
 
@@ -93,10 +88,10 @@ async def test_preambles_of_any_number_of_channels_are_read_no_faster_than_the_n
         for _ in range(10):
             nursery.start_soon(channel)
     assert len(refused) == 9 and all(c.read == len(head(0)) for c in refused)
-    assert sum(c.read for c in channels) == 10 * len(head(0)) + 512 * KIB
-    await trio.sleep(2.0)  # the rate refills: the next channel is read in full
+    assert sum(c.read for c in channels) == 10 * len(head(0)) + 64 * KIB
+    await trio.sleep(4.0)  # the rate refills: the next channel is read in full
     await channel()
-    assert len(refused) == 9 and channels[-1].read == len(head(0)) + 512 * KIB
+    assert len(refused) == 9 and channels[-1].read == len(head(0)) + 64 * KIB
 
 
 def _mirror(tmp_path, store):
@@ -111,7 +106,7 @@ async def test_a_breach_of_the_preamble_bans_its_sender(tmp_path, autojump_clock
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
             ours, theirs = trio.testing.memory_stream_pair()
-            await theirs.send_all(head(MAX_SIGNED_BYTES + 1))
+            await theirs.send_all(head(PREAMBLE_INLINE_MAX + 1))
             await mirror.accept_link("liar", ours)
             assert "preamble" in mirror.banned["liar"]
             nursery.cancel_scope.cancel()

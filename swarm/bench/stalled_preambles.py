@@ -2,8 +2,9 @@
 `swarm peer` process.
 
 The attack: `--identities` fresh libp2p identities, each opening `--channels` data channels to the target and
-sending a preamble that declares `--declared-mib` of manifest, then all of it but the last 64 KiB, then stalling
-(swarm.policy.link_preamble holds such bytes only under the node's budget of unverified input). Prints one JSON object:
+sending a preamble that declares `--declared-kib` of manifest (by default the most a preamble may carry), then all
+of it but the last KiB, then stalling (swarm.policy.link_preamble refuses a larger declaration at the head, and the
+mirror caps the channels waiting for their preamble). Prints one JSON object:
 the target's resident memory (VmRSS) before the attack and at its peak during it, the CPU seconds it spent over
 the hold, what the attackers got to send, and whether the target was still running.
 """
@@ -23,7 +24,8 @@ MIB = 1 << 20
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--identities", type=int, default=6, help="fresh attacker identities (default 6)")
     parser.add_argument("--channels", type=int, default=4, help="data channels each identity opens (default 4)")
-    parser.add_argument("--declared-mib", type=int, default=32, help="manifest size each preamble declares")
+    parser.add_argument("--declared-kib", type=int, default=64,
+                        help="manifest size each preamble declares, in KiB (default 64, the most a preamble carries)")
     parser.add_argument("--hold", type=float, default=20.0, help="seconds the attack lasts (default 20)")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds the target runs before its baseline")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
@@ -36,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from swarm.bench.broadcast import EventProcess
     from swarm.errors import UserError
 
-    if args.identities < 1 or args.channels < 1 or args.declared_mib < 1 or args.hold <= 0 or args.settle < 0:
-        raise UserError("--identities, --channels and --declared-mib must be at least 1, --hold positive and "
+    if args.identities < 1 or args.channels < 1 or args.declared_kib < 1 or args.hold <= 0 or args.settle < 0:
+        raise UserError("--identities, --channels and --declared-kib must be at least 1, --hold positive and "
                         "--settle not negative")
     with tempfile.TemporaryDirectory() as tmp:
         target = EventProcess(["-m", "swarm", "peer", "start", "--json", "--run", "attack", "--role", "seed",
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             target.stop()
     print(json.dumps({"identities": args.identities, "channels_each": args.channels,
-                      "declared_mib": args.declared_mib, "baseline_rss_mib": round(baseline, 1), **result,
+                      "declared_kib": args.declared_kib, "baseline_rss_mib": round(baseline, 1), **result,
                       "peak_above_baseline_mib": round(result["peak_rss_mib"] - baseline, 1),
                       "target_alive": alive}))
     return 0
@@ -72,21 +74,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def stall(host, target: str, declared: int, channels: int, sent: list[int]) -> None:
-    """Open `channels` data channels one after another, each sending all of a declared manifest but its last
-    64 KiB; a channel the target drops (its budget spent) gives way to the next."""
+    """Open `channels` data channels one after another, each sending all of a declared manifest but its last KiB;
+    a channel the target drops (its read rate spent, or no room to wait) gives way to the next."""
     from p2p.channel import open_data_channel
 
     for _ in range(channels):
         try:
             stream = await open_data_channel(host, target)
             await stream.send_all(bytes(32) + declared.to_bytes(4, "big"))
-            left = declared - 64 * 1024
+            left = declared - 1024
             while left > 0:
                 chunk = min(left, MIB)
                 await stream.send_all(bytes(chunk))
                 sent[0] += chunk
                 left -= chunk
-        except Exception:  # noqa: BLE001 - the target dropped this channel (its budget was spent): the next one
+        except Exception:  # noqa: BLE001 - the target dropped this channel: the next one
             continue
 
 
@@ -103,7 +105,7 @@ async def attack(addr: str, target_id: str, pid: int, args) -> dict:
             hosts.append(host)
         cpu0, t0 = cpu_seconds(pid), time.monotonic()
         for host in hosts:
-            nursery.start_soon(stall, host, target_id, args.declared_mib * MIB, args.channels, sent)
+            nursery.start_soon(stall, host, target_id, args.declared_kib * 1024, args.channels, sent)
         end = trio.current_time() + args.hold
         while trio.current_time() < end:
             await trio.sleep(0.25)
@@ -116,7 +118,7 @@ async def attack(addr: str, target_id: str, pid: int, args) -> dict:
         nursery.cancel_scope.cancel()
     return {"peak_rss_mib": round(peak, 1), "cpu_s": None if cpu is None else round(cpu, 2), "wall_s": round(wall, 1),
             "cpu_share_of_a_core": None if cpu is None else round(cpu / wall, 3),
-            "attack_bytes_sent_mib": round(sent[0] / MIB, 1),
+            "attack_bytes_sent_kib": round(sent[0] / 1024, 1),
             "last_rss_mib": round(samples[-1], 1) if samples else None}
 
 

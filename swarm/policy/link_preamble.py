@@ -2,12 +2,13 @@
 
     | manifest id (32 bytes) | u32 length of the signed manifest | signed manifest (may be empty) |
 
-The dialer sends the signed manifest along, when it is small (PREAMBLE_INLINE_MAX), so an acceptor that gossip has
-not reached yet can adopt it (it is verified like any other). Rules here: the 36-byte head is decoded into a typed
-value, and the declared length is checked, before a byte of the manifest is read; the manifest's bytes are held only
-under a lease on the node's budget of unverified input (p2p/budget.py), so stalled preambles of any number of
-identities hold at most that budget; and a manifest the acceptor already holds is read and dropped as it comes,
-never buffered, so a full budget costs honest peers nothing for the versions everyone has.
+The dialer sends the signed manifest along when it is small (at most PREAMBLE_INLINE_MAX), so an acceptor that
+gossip has not reached yet can adopt it (it is verified like any other); a larger one is named by its id alone.
+Rules here: the 36-byte head is decoded into a typed value, and a declared length over PREAMBLE_INLINE_MAX is a
+breach, before a byte of the manifest is read; so a channel holds at most 64 KiB of unverified preamble, and the
+mirror's cap on channels waiting for theirs (swarm.policy.mirror.MAX_WAITING) bounds them all, however many
+identities stall them. A manifest the acceptor already holds is read and dropped as it comes, never buffered, and
+every preamble byte, kept or dropped, is read no faster than one node-wide rate.
 """
 
 from __future__ import annotations
@@ -19,32 +20,26 @@ from typing import Any
 
 import trio
 
-from p2p.budget import BudgetLease, ByteRate, MemoryBudget
+from p2p.budget import ByteRate
 from p2p.channel_messages import HandshakeBreach
 from p2p.errors import P2PError
-from p2p.manifest import MAX_MANIFEST_BYTES
 
 log = logging.getLogger(__name__)
 ROUTE_BYTES = 32
 HEAD_BYTES = ROUTE_BYTES + 4
-MAX_SIGNED_BYTES = MAX_MANIFEST_BYTES + 1024
-"""The largest signed manifest a preamble may carry (p2p.manifest's limit plus its signature and framing)."""
-_CHUNK = 1 << 20
 PREAMBLE_INLINE_MAX = 64 * 1024
-"""Largest signed manifest a preamble carries; a larger one is named by its id alone (`inline_manifest`)."""
-PREAMBLE_BUDGET = MemoryBudget(32 << 20)
-"""Manifests of preambles for versions this peer does not hold yet, over every channel: their own budget, so
-strangers filling it cost honest links (whose manifests we hold, or whose pieces use p2p.budget.NODE_BUDGET)
-nothing. 32 MiB: the largest valid manifest, or a dozen of a 62 GB policy's 2.1 MB."""
-PREAMBLE_RATE = ByteRate(rate=8 << 20, burst=MAX_SIGNED_BYTES, max_wait=2.0)
+"""Largest signed manifest a preamble carries; a larger one is named by its id alone (`inline_manifest`), and a
+preamble declaring more is a breach."""
+PREAMBLE_RATE = ByteRate(rate=8 << 20, burst=64 * PREAMBLE_INLINE_MAX, max_wait=2.0)
 """Bytes of preamble manifests read per second, over every channel, whether kept or dropped as they come (each is
-decrypted either way): 8 MiB/s costs a few percent of a core, the burst lets the largest manifest through at once
-when no stranger is spending it, and past 2 s of queue a channel is dropped before its bytes are read."""
+decrypted either way): 8 MiB/s costs a few percent of a core, the burst lets the preambles of as many channels as
+may wait at once (swarm.policy.mirror.MAX_WAITING) through when no stranger is spending it, and past 2 s of queue a
+channel is dropped before its bytes are read."""
 _ENDED = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 class PreambleBreach(HandshakeBreach):
-    """A preamble declared a manifest larger than any valid one: the peer breaks the protocol."""
+    """A preamble declared a manifest larger than a preamble carries: the peer breaks the protocol."""
 
 
 @dataclass(frozen=True)
@@ -64,12 +59,13 @@ class Preamble:
 
 
 def decode_head(raw: bytes) -> PreambleHead:
-    """The 36-byte head as a typed value; PreambleBreach when it declares more than a manifest can be."""
+    """The 36-byte head as a typed value; PreambleBreach when it declares more than a preamble carries."""
     if len(raw) != HEAD_BYTES:
         raise PreambleBreach(f"a preamble head is {HEAD_BYTES} bytes, got {len(raw)}")
     size = int.from_bytes(raw[ROUTE_BYTES:], "big")
-    if size > MAX_SIGNED_BYTES:
-        raise PreambleBreach(f"a preamble declared a manifest of {size} bytes (at most {MAX_SIGNED_BYTES})")
+    if size > PREAMBLE_INLINE_MAX:
+        raise PreambleBreach(f"a preamble declared a manifest of {size} bytes; a preamble carries at most "
+                             f"{PREAMBLE_INLINE_MAX} (a larger manifest is named by its id alone)")
     return PreambleHead(bytes(raw[:ROUTE_BYTES]), size)
 
 
@@ -91,43 +87,36 @@ async def send_preamble(stream: Any, manifest_id: bytes, signed: bytes) -> None:
 
 async def read_head(stream: Any, timeout: float) -> PreambleHead | None:
     """The head, or None if the channel ends, breaks or stalls first (a dialer may drop a spare at any time)."""
-    raw = await _read_into(stream, HEAD_BYTES, timeout, None)
+    raw = await _read_into(stream, HEAD_BYTES, timeout)
     return None if raw is None else decode_head(raw)
 
 
-async def read_body(stream: Any, head: PreambleHead, timeout: float, budget: MemoryBudget,
-                    known: Callable[[bytes], bool], rate: ByteRate = PREAMBLE_RATE) -> Preamble | None:
-    """The manifest bytes the head declared, held under a lease on `budget` while they arrive and read no faster
-    than `rate` allows (BudgetExhausted when the node holds too much already, or reads too much); dropped as they
-    come when `known(route)`. None if the channel ends or stalls first."""
+async def read_body(stream: Any, head: PreambleHead, timeout: float, known: Callable[[bytes], bool],
+                    rate: ByteRate = PREAMBLE_RATE) -> Preamble | None:
+    """The manifest bytes the head declared (at most PREAMBLE_INLINE_MAX), read no faster than `rate` allows
+    (BudgetExhausted when the node reads too much already) and dropped as they come when `known(route)`. None if
+    the channel ends or stalls first."""
     if not head.signed_size:
         return Preamble(head.route, b"")
-    if known(head.route):
-        drained = await _read_into(stream, head.signed_size, timeout, None, keep=False, rate=rate)
-        return None if drained is None else Preamble(head.route, b"")
-    with budget.lease("a preamble's manifest") as lease:
-        signed = await _read_into(stream, head.signed_size, timeout, lease, rate=rate)
-    return None if signed is None else Preamble(head.route, signed)
+    held = known(head.route)
+    signed = await _read_into(stream, head.signed_size, timeout, keep=not held, rate=rate)
+    return None if signed is None else Preamble(head.route, b"" if held else signed)
 
 
-async def _read_into(stream: Any, size: int, timeout: float, lease: BudgetLease | None,
-                     keep: bool = True, rate: ByteRate | None = None) -> bytes | None:
-    """`size` bytes (or, without `keep`, that many read and dropped), charging `lease` before keeping each chunk
-    and reserving each chunk on `rate` before reading it.
-
-    Chunks are kept as they came and joined once at the end (one buffer grown in place is copied as it grows)."""
+async def _read_into(stream: Any, size: int, timeout: float, keep: bool = True,
+                     rate: ByteRate | None = None) -> bytes | None:
+    """`size` bytes (or, without `keep`, that many read and dropped), each chunk reserved on `rate` before it is
+    read. Chunks are kept as they came and joined once at the end."""
     chunks: list[bytes | bytearray] = []
     got = 0
     try:
         with trio.move_on_after(timeout):
             while got < size:
-                chunk = await _receive(stream, min(size - got, _CHUNK), rate)
+                chunk = await _receive(stream, size - got, rate)
                 if not chunk:
                     return None
                 got += len(chunk)
                 if keep:
-                    if lease is not None:
-                        lease.resize(got)
                     chunks.append(chunk)
             return b"".join(chunks)
         return None

@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from p2p.budget import BudgetExhausted, ByteRate, MemoryBudget
+from p2p.budget import BudgetExhausted, ByteRate
 from p2p.channel_messages import HandshakeBreach
 from p2p.errors import P2PError
 from p2p.identity import peer_id_from_public_bytes
@@ -39,7 +39,7 @@ from p2p.manifest import PolicyManifest, decode_signed, verify_manifest
 from p2p.ratelimit import TokenBucket
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
-from swarm.policy.link_preamble import PREAMBLE_BUDGET, PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
+from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
 from swarm.policy.mirror_dial import _DIAL_ERRORS, OutboundLinks
 from swarm.policy.trust import TrainerTrust
 
@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 MAX_WAITING_PER_PEER = 4  # inbound data channels of one peer still waiting for their manifest id
 MAX_WAITING = 64
 """Inbound data channels waiting for their preamble, over all peers: identities are free, so the per-peer limit
-alone bounds nothing. When all are taken, the oldest one that has not started its preamble makes room."""
+alone bounds nothing. When all are taken, the oldest one that has not started its preamble makes room. With a
+preamble's 64 KiB cap (swarm.policy.link_preamble) they hold at most 4 MiB of unverified manifests."""
 MAX_BANNED = 4096  # peers remembered as hostile (a liar can make new identities; this only bounds the memory)
 
 
@@ -76,8 +77,8 @@ class PolicyMirror(OutboundLinks):
                  transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
                  spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0,
-                 copies_dir: Path | None = None, budget: MemoryBudget = PREAMBLE_BUDGET,
-                 preamble_rate: ByteRate = PREAMBLE_RATE, links_per_version: int = 8) -> None:
+                 copies_dir: Path | None = None, preamble_rate: ByteRate = PREAMBLE_RATE,
+                 links_per_version: int = 8) -> None:
         self.store = store
         # where versions are reassembled into loadable files (swarm.policy.files); each copy goes with its version
         self.copies_dir = copies_dir
@@ -112,7 +113,6 @@ class PolicyMirror(OutboundLinks):
         self._waiting: dict[str, int] = {}
         # inbound channels waiting for a preamble's head, oldest first: the scope that ends the wait of each
         self._idle_waits: dict[int, trio.CancelScope] = {}
-        self._budget = budget  # bytes of preamble manifests not yet verified, held node-wide
         self._preamble_rate = preamble_rate  # bytes of preambles read per second, node-wide
         self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
         self.banned: dict[str, str] = {}  # peer -> the protocol breach (a corrupt piece...) it is never linked for
@@ -316,7 +316,8 @@ class PolicyMirror(OutboundLinks):
         adopted from the preamble (it is verified like any other): gossip delivered manifests 5 s late or never
         under load, and the links must not wait for it. A preamble from a peer with the larger id announces a
         version whose link is ours to dial: we dial it over that same channel (`_link_over_announcement`).
-        A breach of the preamble format bans the peer; a full budget of unverified input drops the channel only.
+        A breach of the preamble format bans the peer; the node-wide preamble read rate, when spent, drops the
+        channel only.
         """
         if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER or peer in self.banned or not self._room_to_wait():
             return
@@ -332,7 +333,7 @@ class PolicyMirror(OutboundLinks):
             log.warning("banned peer %s: %s", peer, exc)
             self._ban(peer, f"broke the data channel preamble: {exc}")
             return
-        except BudgetExhausted as exc:  # counted by the budget; a line each would cost the CPU the budget saves
+        except BudgetExhausted as exc:  # counted by the rate; a line each would cost the CPU the rate saves
             log.debug("dropped a data channel of %s: %s", peer, exc)
             return
         finally:
@@ -410,8 +411,8 @@ class PolicyMirror(OutboundLinks):
                 self._idle_waits.pop(id(idle), None)
         if idle.cancelled_caught or head is None:
             return None
-        return await read_body(stream, head, self.transfer.handshake_timeout, self._budget,
-                               lambda route: route in self.policies, self._preamble_rate)
+        return await read_body(stream, head, self.transfer.handshake_timeout, lambda route: route in self.policies,
+                               self._preamble_rate)
 
     async def _adopted(self, manifest_id: bytes, wait: float) -> MirroredPolicy | None:
         with trio.move_on_after(wait):
