@@ -128,7 +128,7 @@ def decode_preamble_head(data: bytes) -> Any:
 
 @functools.cache
 def preamble_head_samples() -> list[bytes]:
-    return [b"\x05" * 32 + size.to_bytes(4, "big") for size in (0, 2_100, 4 << 20)]
+    return [b"\x05" * 32 + size.to_bytes(4, "big") for size in (0, 2_100, 64 << 10)]
 
 
 # ---------------------------------------------------------------------------------------------- data channel records
