@@ -111,7 +111,7 @@ async def stall_preambles(host, target_id, declared: int, sent: int, channels: i
 async def test_stalled_preambles_of_fresh_identities_hold_a_preamble_each_and_honest_peers_are_served(tmp_path):
     """Six fresh identities with four channels each declare the largest preamble and stall 1 KiB short of its end:
     each channel holds at most 64 KiB, all 24 wait, and an honest peer's link to the version is served meanwhile.
-    A seventh identity declaring a 32 MiB manifest, as a preamble could before the cap, is banned at the head."""
+    A seventh identity declaring a 32 MiB manifest is banned at the head."""
     key = Identity.generate()
     signed = signed_version(tmp_path, key, 0)
     with PieceStore(tmp_path / "target") as store:
