@@ -27,28 +27,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed-peers", dest="seeds", type=int, default=1, help="seed-only peers")
     parser.add_argument("--seeds", dest="seeds", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--cheaters", type=int, default=1, help="inference peers that claim reward 1.0 (rejected)")
-    parser.add_argument(
-        "--steps", type=int, default=16, help="trainer steps (one policy version each)"
-    )
-    parser.add_argument("--curriculum", default="fastcurl",
+    parser.add_argument("--config", type=Path,
+                        help="a trainer TOML (as `swarm train --config`): the model, task, batch sizes, learning "
+                             "rate and curriculum come from it (so --model, --task, --curriculum, --prompt-key and "
+                             "--answer-key are not given with it); --steps, --eval-every and --time-limit-min "
+                             "override it")
+    parser.add_argument("--steps", type=int, help="trainer steps, one policy version each (default: 16, or the "
+                                                  "config's)")
+    parser.add_argument("--time-limit-min", dest="time_limit_min", type=float, default=0.0,
+                        help="the trainer stops stepping after this many minutes (0: only --steps stops it); the "
+                             "final evaluation still follows")
+    parser.add_argument("--curriculum",
                         help="fastcurl (4 stages over the steps, the default), none (one context) or a TOML file "
                         "of [[stage]] tables")
-    parser.add_argument("--model", default="tiny", help="tiny, smollm2, a local HF directory or a cached hub id")
+    parser.add_argument("--model", help="tiny (the default), smollm2, a local HF directory or a cached hub id")
     parser.add_argument(
         "--task",
-        default=TrainerConfig.model_fields["task"].default,
         help="reasoning-gym task, a .jsonl/.json/.parquet/.csv task file or a cached hub dataset ORG/NAME (the "
         "trainer reads it; the other peers receive it with every policy); default: the trainer's, gcd, here of "
         "numbers up to 50, which tiny learns in 16 steps",
     )
-    parser.add_argument("--prompt-key", dest="prompt_key", default="prompt", help="task file column of the prompt")
-    parser.add_argument("--answer-key", dest="answer_key", default="answer", help="task file column of the answer")
+    parser.add_argument("--prompt-key", dest="prompt_key", help="task file column of the prompt (default: prompt)")
+    parser.add_argument("--answer-key", dest="answer_key", help="task file column of the answer (default: answer)")
     parser.add_argument("--async-level", dest="async_level", type=int, default=SIM_ASYNC_LEVEL,
                         help="max policy lag of a rollout (the trainer's default is 0; the simulation shows the "
                              "swarm's asynchronous window, where workers generate while the trainer steps)")
-    parser.add_argument("--eval-every", dest="eval_every", type=int, default=0,
-                        help="steps between the trainer's held-out evaluations (0 = only before and after)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the simulation is stopped")
+    parser.add_argument("--eval-every", dest="eval_every", type=int,
+                        help="steps between the trainer's held-out evaluations (0 = only before and after; default: "
+                             "0, or the config's)")
+    parser.add_argument("--timeout", type=float,
+                        help="seconds before the simulation is stopped (default: 900, or 15 minutes past "
+                             "--time-limit-min)")
     parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
     add_report_to(parser)
     add_metrics_port(parser, "each peer's (the trainer on PORT, the next peers on PORT+1, PORT+2, ...)")
@@ -56,30 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    from inference.models import check_model_spec
-    from swarm.errors import UserError
     from swarm.events import EventSink
     from swarm.node.gc_warmup import run_freezing_after_warmup
     from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
-    from swarm.sim.run import SimSettings, run_sim, summarize, write_report
+    from swarm.sim.run import run_sim, summarize, write_report
     from trainer.tracking import parse_report_to
 
-    if min(args.inference, args.validators, args.steps) < 1 or min(args.seeds, args.cheaters) < 0:
-        raise UserError("a simulation needs at least one inference peer, one validator and one step")
-    if args.eval_every < 0:
-        raise UserError(f"--eval-every must be 0 or more steps, got {args.eval_every}")
-    _check_task(args.task, args.prompt_key, args.answer_key)
-    check_model_spec(args.model)  # a model that is not there is one line, not a report of zero steps
     parse_report_to(args.report_to or ())  # an unknown tracker is one line before any peer starts
     _check_metrics_ports(args)
-    curriculum = _curriculum(args.curriculum)
+    settings = _settings(args)
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
-    settings = SimSettings(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
-                           cheaters=args.cheaters, steps=args.steps, model=args.model, task=args.task,
-                           async_level=args.async_level, eval_every=args.eval_every, timeout_s=args.timeout,
-                           prompt_key=args.prompt_key, answer_key=args.answer_key, curriculum=curriculum,
-                           task_config="{max_value = 50}" if args.task == "gcd" else "{}",
-                           report_to=",".join(args.report_to or ["none"]), metrics_port=args.metrics_port or 0)
     events: list[dict] = []
     sink = EventSink(json_lines=args.json, stream=sys.stdout if args.json else open("/dev/null", "w"))
     sink.listeners.append(events.append)
@@ -103,6 +98,59 @@ def run(args: argparse.Namespace) -> int:
     extra = run_trio(run_freezing_after_warmup, run_sim, settings, sink, stopping)
     guard.disarm()
     return finish(extra)
+
+
+SIM_DEFAULTS = {"model": "tiny", "task": TrainerConfig.model_fields["task"].default, "curriculum": "fastcurl",
+                "prompt_key": "prompt", "answer_key": "answer", "steps": 16, "eval_every": 0}
+"""What a simulation without --config runs: the tiny model on the trainer's task, FastCuRL over 16 steps."""
+
+TRAINER_FLAGS = ("model", "task", "curriculum", "prompt_key", "answer_key")
+"""The flags a --config file sets instead: given beside it, one of the two would silently lose."""
+
+
+def _settings(args: argparse.Namespace):
+    """The simulation's settings from the flags, or from a trainer TOML (--config) and the flags that size the
+    swarm; every problem is one line before any peer starts."""
+    from inference.models import check_model_spec
+    from swarm.errors import UserError
+    from swarm.sim.run import SimSettings
+
+    if min(args.inference, args.validators) < 1 or min(args.seeds, args.cheaters) < 0 or (args.steps or 1) < 1:
+        raise UserError("a simulation needs at least one inference peer, one validator and one step")
+    if (args.eval_every or 0) < 0 or args.time_limit_min < 0:
+        raise UserError("--eval-every and --time-limit-min must not be negative")
+    common = dict(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
+                  cheaters=args.cheaters, async_level=args.async_level, time_limit_min=args.time_limit_min,
+                  timeout_s=args.timeout or 900.0 + 60.0 * args.time_limit_min,
+                  report_to=",".join(args.report_to or ["none"]), metrics_port=args.metrics_port or 0)
+    if args.config is not None:
+        return SimSettings(**common, **_from_trainer_config(args))
+    chosen = {name: default if getattr(args, name) is None else getattr(args, name)
+              for name, default in SIM_DEFAULTS.items()}
+    _check_task(chosen["task"], chosen["prompt_key"], chosen["answer_key"])
+    check_model_spec(chosen["model"])  # a model that is not there is one line, not a report of zero steps
+    chosen["curriculum"] = _curriculum(chosen["curriculum"])
+    return SimSettings(**common, **chosen, task_config="{max_value = 50}" if chosen["task"] == "gcd" else "{}")
+
+
+def _from_trainer_config(args: argparse.Namespace) -> dict:
+    """The settings a --config file decides: the trainer reads the file itself (swarm.sim.run._trainer_toml); the
+    workers are each assigned an equal share of a step's prompts, so the honest ones together answer one step's
+    worth per version (generation is what a CPU swarm waits on)."""
+    from inference.models import check_model_spec
+    from swarm.errors import UserError
+    from trainer.config import load_config
+
+    given = [name for name in TRAINER_FLAGS if getattr(args, name) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UserError(f"{flag} and --config both set the trainer's {given[0]}: give it in {args.config} only")
+    cfg = load_config(args.config, {"steps": args.steps, "eval_every": args.eval_every}).config
+    _check_task(cfg.task, cfg.prompt_key, cfg.answer_key)
+    check_model_spec(cfg.model)
+    return dict(model=cfg.model, task=cfg.task, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
+                curriculum=cfg.curriculum, steps=cfg.steps, eval_every=cfg.eval_every,
+                prompts_per_worker=-(-cfg.prompts_per_step // args.inference), trainer_config=args.config.resolve())
 
 
 def _check_task(task: str, prompt_key: str, answer_key: str) -> None:

@@ -156,7 +156,8 @@ def load_role_config(config):
 
 
 async def trainer_role(node) -> None:
-    """Train on quorum-accepted rollouts until the configured steps are done, publishing every new version."""
+    """Train on quorum-accepted rollouts until the configured steps are done (or the time limit passes), publishing
+    every new version."""
     from swarm.messages.rollout_transport import receive_groups
 
     config = node.config
@@ -213,7 +214,7 @@ async def trainer_role(node) -> None:
         nursery.start_soon(rollouts)
         nursery.start_soon(votes)
         nursery.start_soon(ticks)
-        while run.state.step < cfg.steps:
+        while run.wants_step(cfg.steps):  # the configured steps, within time_limit_min when one is set
             waiting = BatchWait(cfg.prompts_per_step, trio.current_time())
             # decisions read what was just counted (a stale count once published instead of training)
             while not waiting.ready(counts := gate_counts(gate, publisher.known_workers()), trio.current_time()):
@@ -228,7 +229,7 @@ async def trainer_role(node) -> None:
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
             run.tracker.log(gate_scalars(gate.counts), record["step"] + 1)  # beside the step's own figures
             await _publish_newest(run, publisher, gate)
-            if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
+            if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.wants_step(cfg.steps):
                 await _evaluate(node, evaluator, run, heldout, "during")
         await _finish_training(node, run, evaluator, gate, heldout)
         nursery.cancel_scope.cancel()

@@ -48,6 +48,8 @@ class SimSettings:
     answer_key: str = "answer"  # ... and its answer column
     async_level: int = 1  # cli.sim.SIM_ASYNC_LEVEL: the one trainer default the simulation overrides
     eval_every: int = 0  # held-out evaluations between steps (one before the first and one after the last always)
+    time_limit_min: float = 0.0  # > 0: the trainer stops stepping after this many minutes
+    trainer_config: Path | None = None  # a trainer TOML that decides model, task, sizes and curriculum instead
     timeout_s: float = 900.0
     watch_s: float = 30.0  # the watchdog reports every peer's state after this long without a trainer step
     report_to: str = "none"  # the trainer's experiment trackers (trainer.tracking), under out/trainer/training
@@ -71,9 +73,12 @@ def _trainer_toml(s: SimSettings) -> Path:
     to give and to stop after it (inference.tiny); the report prints the most-frequent-answer line beside held-out
     accuracy, since most of that gain is learning gcd's most common answer.
     """
-    workers = s.inference + s.cheaters
     path = s.out / "trainer.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
+    if s.trainer_config is not None:
+        path.write_text(_trainer_toml_from_file(s))
+        return path
+    workers = s.inference + s.cheaters
     path.write_text("\n".join([
         "[trainer]", f'model = "{s.model}"', f"task = {json.dumps(_task_reference(s.task))}",
         f"task_config = {s.task_config}", f"prompt_key = {json.dumps(s.prompt_key)}",
@@ -83,9 +88,24 @@ def _trainer_toml(s: SimSettings) -> Path:
         f"group_size = {s.group_size}",
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
         f"curriculum = {json.dumps(s.curriculum)}", "checkpoint_every = 1000", f"eval_every = {s.eval_every}",
-        f"report_to = {json.dumps(s.report_to)}", f"# {workers} workers",
+        f"time_limit_min = {s.time_limit_min}", f"report_to = {json.dumps(s.report_to)}", f"# {workers} workers",
     ]) + "\n")
     return path
+
+
+def _trainer_toml_from_file(s: SimSettings) -> str:
+    """The run's own trainer TOML with only what a simulation must change: its asynchronous window, one torch
+    thread (every peer shares this machine's cores), no checkpoints but the last (a simulation always starts
+    fresh), the command's steps, evaluation interval, time limit and trackers, and files named by absolute path."""
+    from trainer.config import load_config, render_toml
+
+    loaded = load_config(s.trainer_config)
+    overrides = {"async_level": s.async_level, "threads": 1, "checkpoint_every": max(s.steps, 1000),
+                 "steps": s.steps, "eval_every": s.eval_every, "time_limit_min": s.time_limit_min,
+                 "report_to": s.report_to, "task": _task_reference(loaded.config.task)}
+    if not loaded.inline_stages and Path(loaded.config.curriculum).is_file():
+        overrides["curriculum"] = str(Path(loaded.config.curriculum).resolve())
+    return render_toml(load_config(s.trainer_config, overrides))
 
 
 def _task_reference(task: str) -> str:
