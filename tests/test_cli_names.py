@@ -69,7 +69,7 @@ def test_old_flag_names_still_parse_but_help_shows_only_the_one_name(capsys, wor
 
 
 def test_train_sim_and_the_config_share_task_async_level_and_learning_rate(tmp_path):
-    from swarm.cli.sim import SIM_ASYNC_LEVEL
+    from swarm.cli.sim import SIM_ASYNC_LEVEL, SIM_DEFAULTS
     from swarm.sim.run import SimSettings, _trainer_toml
     from trainer.config import load_config
 
@@ -77,7 +77,8 @@ def test_train_sim_and_the_config_share_task_async_level_and_learning_rate(tmp_p
     train = build_parser(["train"]).parse_args(["train"])
     assert (train.task, train.async_level, train.lr) == (None, None, None)  # unset: the config's default holds
     sim = build_parser(["sim"]).parse_args(["sim"])
-    assert sim.task == defaults.task == SimSettings(out=tmp_path).task
+    assert sim.task is None  # unset: the simulation's default, or its --config file's, holds
+    assert SIM_DEFAULTS["task"] == defaults.task == SimSettings(out=tmp_path).task
     assert sim.async_level == SIM_ASYNC_LEVEL == SimSettings(out=tmp_path).async_level != defaults.async_level
     simulated = load_config(_trainer_toml(SimSettings(out=tmp_path))).config
     assert (simulated.task, simulated.lr) == (defaults.task, defaults.lr)

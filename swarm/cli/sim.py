@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rate and curriculum come from it (so --model, --task, --curriculum, --prompt-key and "
                              "--answer-key are not given with it); --steps, --eval-every and --time-limit-min "
                              "override it")
-    parser.add_argument("--steps", type=int, help="trainer steps, one policy version each (default: 16, or the "
-                                                  "config's)")
+    parser.add_argument("--steps", type=int, help="trainer steps, one policy version each; with --config, the "
+                                                  f"config's steps (default: {SIM_DEFAULTS['steps']})")
     parser.add_argument("--time-limit-min", dest="time_limit_min", type=float, default=0.0,
                         help="the trainer stops stepping after this many minutes (0: only --steps stops it); the "
                              "final evaluation still follows")
@@ -53,11 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="max policy lag of a rollout (the trainer's default is 0; the simulation shows the "
                              "swarm's asynchronous window, where workers generate while the trainer steps)")
     parser.add_argument("--eval-every", dest="eval_every", type=int,
-                        help="steps between the trainer's held-out evaluations (0 = only before and after; default: "
-                             "0, or the config's)")
+                        help="steps between the trainer's held-out evaluations, 0 = only before and after; with "
+                             f"--config, the config's (default: {SIM_DEFAULTS['eval_every']})")
     parser.add_argument("--timeout", type=float,
-                        help="seconds before the simulation is stopped (default: 900, or 15 minutes past "
-                             "--time-limit-min)")
+                        help="seconds before the simulation is stopped; with --time-limit-min, 15 minutes past it "
+                             "(default: 900)")
     parser.add_argument("--json", action="store_true", help="print JSON event lines and the JSON report")
     add_report_to(parser)
     add_metrics_port(parser, "each peer's (the trainer on PORT, the next peers on PORT+1, PORT+2, ...)")
@@ -139,6 +139,7 @@ def _from_trainer_config(args: argparse.Namespace) -> dict:
     worth per version (generation is what a CPU swarm waits on)."""
     from inference.models import check_model_spec
     from swarm.errors import UserError
+    from tasks.loading import is_task_file
     from trainer.config import load_config
 
     given = [name for name in TRAINER_FLAGS if getattr(args, name) is not None]
@@ -148,7 +149,8 @@ def _from_trainer_config(args: argparse.Namespace) -> dict:
     cfg = load_config(args.config, {"steps": args.steps, "eval_every": args.eval_every}).config
     _check_task(cfg.task, cfg.prompt_key, cfg.answer_key)
     check_model_spec(cfg.model)
-    return dict(model=cfg.model, task=cfg.task, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
+    task = str(Path(cfg.task).resolve()) if is_task_file(cfg.task) else cfg.task  # found from any directory
+    return dict(model=cfg.model, task=task, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
                 curriculum=cfg.curriculum, steps=cfg.steps, eval_every=cfg.eval_every,
                 prompts_per_worker=-(-cfg.prompts_per_step // args.inference), trainer_config=args.config.resolve())
 

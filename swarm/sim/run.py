@@ -102,7 +102,7 @@ def _trainer_toml_from_file(s: SimSettings) -> str:
     loaded = load_config(s.trainer_config)
     overrides = {"async_level": s.async_level, "threads": 1, "checkpoint_every": max(s.steps, 1000),
                  "steps": s.steps, "eval_every": s.eval_every, "time_limit_min": s.time_limit_min,
-                 "report_to": s.report_to, "task": _task_reference(loaded.config.task)}
+                 "report_to": s.report_to, "task": _task_reference(s.task)}
     if not loaded.inline_stages and Path(loaded.config.curriculum).is_file():
         overrides["curriculum"] = str(Path(loaded.config.curriculum).resolve())
     return render_toml(load_config(s.trainer_config, overrides))
