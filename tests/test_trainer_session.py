@@ -57,7 +57,20 @@ def test_cli_train_then_eval_the_final_policy(tmp_path, capsys):
     assert main(["eval", "--model", str(out / "final"), "--task", "gcd", "--config", str(config), "--n", "8",
                  "--max-new-tokens", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["n"] == 8 and 0.0 <= result["accuracy"] <= 1.0
+    assert result["n"] == 8 and 0.0 <= result["accuracy"] <= 1.0 and result["max_new_tokens"] == 3
+
+
+def test_eval_scores_with_the_configs_generation_limit_unless_told(tmp_path, capsys):
+    """A policy trained to answer within the config's limit is scored within it, as its trainer scored it: with 64
+    tokens, a base model's long answers finish and score what the trainer never saw."""
+    config = tmp_path / "short.toml"
+    config.write_text('model = "tiny"\ntask = "gcd"\nmax_new_tokens = 5\n')
+    assert main(["eval", "--config", str(config), "--n", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["max_new_tokens"] == 5
+    assert main(["eval", "--config", str(config), "--n", "4", "--max-new-tokens", "7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["max_new_tokens"] == 7
+    assert main(["eval", "--model", "tiny", "--n", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["max_new_tokens"] == 64
 
 
 def test_cli_rejects_unknown_config_keys_in_one_line(tmp_path, capsys):

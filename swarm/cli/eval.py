@@ -2,9 +2,9 @@
 
 The held-out prompts are the same split `swarm train` sets aside for the same --task, --seed, --size and
 --eval-fraction, so a policy is never scored on a prompt it was trained on. With --config the model, task, task
-settings, seed, size and held-out share are the trainer TOML's (each flag given overrides its value). On a terminal,
-bars on stderr show the model's conversion and loading and the prompts scored (swarm.progress); --json and pipes
-get none.
+settings, seed, size, held-out share and generation limit are the trainer TOML's (each flag given overrides its
+value), so a policy is scored as its trainer scored it. On a terminal, bars on stderr show the model's conversion
+and loading and the prompts scored (swarm.progress); --json and pipes get none.
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ import json
 import time
 
 from trainer.typed_config import add_set_flag
+
+DEFAULT_MAX_NEW_TOKENS = 64
+"""The generation limit without a --config: room for a short answer and the words around it."""
 
 
 def add_arguments(parser) -> None:
@@ -33,7 +36,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", default=None,
                         help="trainer TOML whose model, task, task_config, seed, task_size and eval_fraction to reuse")
     add_set_flag(parser, "trainer.task_config={max_value=50}")
-    parser.add_argument("--max-new-tokens", type=int, default=64, dest="max_new_tokens", help="generation limit")
+    parser.add_argument("--max-new-tokens", type=int, dest="max_new_tokens",
+                        help=f"generation limit (default: the config's, so a policy is scored as its trainer scored "
+                             f"it, else {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--batch", type=int, default=32, help="prompts per generate call")
     parser.add_argument("--json", action="store_true", help="print one JSON line (default: a sentence)")
@@ -43,7 +48,7 @@ def run(args) -> int:
     from swarm.errors import require_at_least_one, require_temperature
     from swarm.progress import bar_console, progress_bars
 
-    require_at_least_one(n=args.n, max_new_tokens=args.max_new_tokens, batch=args.batch)
+    require_at_least_one(n=args.n, max_new_tokens=args.max_new_tokens or 1, batch=args.batch)
     require_temperature(args.temperature)
 
     from inference.models import check_model_spec, load_model
@@ -54,6 +59,7 @@ def run(args) -> int:
                  "eval_fraction": args.eval_fraction, "prompt_key": args.prompt_key, "answer_key": args.answer_key}
     cfg = load_config(args.config, overrides, args.set).config  # only flags given override the config's values
     check_model_spec(cfg.model)  # before the task set is built: a missing model is one line at once
+    max_new_tokens = args.max_new_tokens or (cfg.max_new_tokens if args.config else DEFAULT_MAX_NEW_TOKENS)
     _, heldout = load_task_split(cfg)
     with progress_bars(bar_console(args.json)) as bars:
         model_bar = bars.bar(f"model {cfg.model}")
@@ -61,11 +67,11 @@ def run(args) -> int:
         model_bar.finish()
         started = time.perf_counter()
         eval_bar = bars.bar(f"scoring held-out prompts of {cfg.task}")
-        result = evaluate(loaded, heldout, n=args.n, seed=cfg.seed, max_new_tokens=args.max_new_tokens,
+        result = evaluate(loaded, heldout, n=args.n, seed=cfg.seed, max_new_tokens=max_new_tokens,
                           temperature=args.temperature, batch=args.batch, on_progress=eval_bar.update)
     out = {"model": cfg.model, "task": cfg.task, "accuracy": result.accuracy, "mean_reward": result.mean_reward,
            "n": result.n, "mean_tokens": result.mean_tokens, "temperature": args.temperature, "seed": cfg.seed,
-           "seconds": round(time.perf_counter() - started, 1)}
+           "max_new_tokens": max_new_tokens, "seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(out) if args.json else
           f"accuracy {result.accuracy:.3f} on {result.n} held-out prompts of {cfg.task} ({cfg.model})")
     return 0
