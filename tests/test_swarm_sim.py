@@ -39,3 +39,6 @@ def test_one_worker_whose_answers_do_not_fill_a_batch_keeps_the_trainer_stepping
         assert all(e["groups"] == 2 for e in steps) and not early  # trained at once on what it held
     first, last = min(e["t"] for e in steps), max(e["t"] for e in steps)
     assert last - first < 30  # no step waited out the 30 s of quiet
+    published = sorted(e["version"] for e in events if e["event"] == "published")
+    kept = sorted(int(d.name[1:]) for d in (tmp_path / "trainer" / "swarm-policies").glob("v*"))
+    assert len(published) > 3 and kept == published[-3:]  # the mirror's window; older copies deleted

@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -125,12 +126,26 @@ class SwarmPublisher:
             data_files=(self.task_file.name,) if self.task_file else ()))
         signed = sign_manifest(manifest, self.identity.sign, self.identity.public_bytes).to_bytes()
         self.node.mirror.adopt(signed, local_dir=target)
+        self.prune()
         before_announce(spec)  # the gate must know the version before any worker can answer it
         await self.node.announce_policy(signed, manifest)
         self.published.add(version)
         self.node.events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
                               validators=len(spec.validators), stage=generation["stage"])
         return spec
+
+
+    def prune(self) -> None:
+        """Delete the published copies of versions the mirror no longer holds.
+
+        Why: the store serves a trainer's copy in place and never deletes it (it may be the trainer's own file), so
+        each version stayed on disk for good: a SmolLM2 simulation filled 32 GB, one 514 MB copy per step, and
+        its trainer failed at step 40 with no space left."""
+        mirrored = {policy.manifest.version for policy in self.node.mirror.policies.values()}
+        for entry in self.root.iterdir() if self.root.is_dir() else ():
+            version = entry.name[1:]
+            if entry.name.startswith("v") and version.isdigit() and int(version) not in mirrored:
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def _with_task_file_snapshot(cfg, config):
