@@ -117,8 +117,10 @@ def _settings(args: argparse.Namespace):
 
     if min(args.inference, args.validators) < 1 or min(args.seeds, args.cheaters) < 0 or (args.steps or 1) < 1:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
-    if (args.eval_every or 0) < 0 or args.time_limit_min < 0:
-        raise UserError("--eval-every and --time-limit-min must not be negative")
+    if (args.eval_every or 0) < 0:
+        raise UserError(f"--eval-every must be 0 or more steps, got {args.eval_every}")
+    if not args.time_limit_min >= 0:  # NaN fails too
+        raise UserError(f"--time-limit-min must be 0 or more minutes, got {args.time_limit_min}")
     common = dict(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                   cheaters=args.cheaters, async_level=args.async_level, time_limit_min=args.time_limit_min,
                   timeout_s=args.timeout or 900.0 + 60.0 * args.time_limit_min,

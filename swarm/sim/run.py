@@ -25,7 +25,8 @@ from swarm.roles.registry import ROLE_TASKS
 from swarm.sim.report_html import render_html
 from swarm.sim.timeline import timeline
 from tasks.loading import is_task_file
-from trainer.config import TrainerConfig
+from trainer.config import TrainerConfig, render_toml
+from trainer.config import load_config as load_trainer_config
 
 
 @dataclass(frozen=True)
@@ -97,15 +98,13 @@ def _trainer_toml_from_file(s: SimSettings) -> str:
     """The run's own trainer TOML with only what a simulation must change: its asynchronous window, one torch
     thread (every peer shares this machine's cores), no checkpoints but the last (a simulation always starts
     fresh), the command's steps, evaluation interval, time limit and trackers, and files named by absolute path."""
-    from trainer.config import load_config, render_toml
-
-    loaded = load_config(s.trainer_config)
+    loaded = load_trainer_config(s.trainer_config)
     overrides = {"async_level": s.async_level, "threads": 1, "checkpoint_every": max(s.steps, 1000),
                  "steps": s.steps, "eval_every": s.eval_every, "time_limit_min": s.time_limit_min,
                  "report_to": s.report_to, "task": _task_reference(s.task)}
     if not loaded.inline_stages and Path(loaded.config.curriculum).is_file():
         overrides["curriculum"] = str(Path(loaded.config.curriculum).resolve())
-    return render_toml(load_config(s.trainer_config, overrides))
+    return render_toml(load_trainer_config(s.trainer_config, overrides))
 
 
 def _task_reference(task: str) -> str:
