@@ -48,7 +48,9 @@ def run(args) -> int:
     from swarm.errors import require_at_least_one, require_temperature
     from swarm.progress import bar_console, progress_bars
 
-    require_at_least_one(n=args.n, max_new_tokens=args.max_new_tokens or 1, batch=args.batch)
+    require_at_least_one(n=args.n, batch=args.batch)
+    if args.max_new_tokens is not None:
+        require_at_least_one(max_new_tokens=args.max_new_tokens)
     require_temperature(args.temperature)
 
     from inference.models import check_model_spec, load_model
@@ -59,7 +61,9 @@ def run(args) -> int:
                  "eval_fraction": args.eval_fraction, "prompt_key": args.prompt_key, "answer_key": args.answer_key}
     cfg = load_config(args.config, overrides, args.set).config  # only flags given override the config's values
     check_model_spec(cfg.model)  # before the task set is built: a missing model is one line at once
-    max_new_tokens = args.max_new_tokens or (cfg.max_new_tokens if args.config else DEFAULT_MAX_NEW_TOKENS)
+    max_new_tokens = args.max_new_tokens
+    if max_new_tokens is None:
+        max_new_tokens = cfg.max_new_tokens if args.config else DEFAULT_MAX_NEW_TOKENS
     _, heldout = load_task_split(cfg)
     with progress_bars(bar_console(args.json)) as bars:
         model_bar = bars.bar(f"model {cfg.model}")

@@ -115,15 +115,16 @@ def _settings(args: argparse.Namespace):
     from swarm.errors import UserError
     from swarm.sim.run import SimSettings
 
-    if min(args.inference, args.validators) < 1 or min(args.seeds, args.cheaters) < 0 or (args.steps or 1) < 1:
+    too_few_steps = args.steps is not None and args.steps < 1
+    if min(args.inference, args.validators) < 1 or min(args.seeds, args.cheaters) < 0 or too_few_steps:
         raise UserError("a simulation needs at least one inference peer, one validator and one step")
-    if (args.eval_every or 0) < 0:
+    if args.eval_every is not None and args.eval_every < 0:
         raise UserError(f"--eval-every must be 0 or more steps, got {args.eval_every}")
     if not args.time_limit_min >= 0:  # NaN fails too
         raise UserError(f"--time-limit-min must be 0 or more minutes, got {args.time_limit_min}")
     common = dict(out=args.out, inference=args.inference, validators=args.validators, seeds=args.seeds,
                   cheaters=args.cheaters, async_level=args.async_level, time_limit_min=args.time_limit_min,
-                  timeout_s=args.timeout or 900.0 + 60.0 * args.time_limit_min,
+                  timeout_s=900.0 + 60.0 * args.time_limit_min if args.timeout is None else args.timeout,
                   report_to=",".join(args.report_to or ["none"]), metrics_port=args.metrics_port or 0)
     if args.config is not None:
         return SimSettings(**common, **_from_trainer_config(args))
@@ -141,7 +142,7 @@ def _from_trainer_config(args: argparse.Namespace) -> dict:
     worth per version (generation is what a CPU swarm waits on)."""
     from inference.models import check_model_spec
     from swarm.errors import UserError
-    from tasks.loading import is_task_file
+    from swarm.sim.run import task_reference
     from trainer.config import load_config
 
     given = [name for name in TRAINER_FLAGS if getattr(args, name) is not None]
@@ -151,8 +152,8 @@ def _from_trainer_config(args: argparse.Namespace) -> dict:
     cfg = load_config(args.config, {"steps": args.steps, "eval_every": args.eval_every}).config
     _check_task(cfg.task, cfg.prompt_key, cfg.answer_key)
     check_model_spec(cfg.model)
-    task = str(Path(cfg.task).resolve()) if is_task_file(cfg.task) else cfg.task  # found from any directory
-    return dict(model=cfg.model, task=task, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
+    # a task file by its full path, so the trainer peer finds it from any directory
+    return dict(model=cfg.model, task=task_reference(cfg.task), prompt_key=cfg.prompt_key, answer_key=cfg.answer_key,
                 curriculum=cfg.curriculum, steps=cfg.steps, eval_every=cfg.eval_every,
                 prompts_per_worker=-(-cfg.prompts_per_step // args.inference), trainer_config=args.config.resolve())
 

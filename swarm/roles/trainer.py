@@ -134,7 +134,6 @@ class SwarmPublisher:
                               validators=len(spec.validators), stage=generation["stage"])
         return spec
 
-
     def prune(self) -> None:
         """Delete the published copies of versions the mirror no longer holds.
 

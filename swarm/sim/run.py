@@ -81,7 +81,7 @@ def _trainer_toml(s: SimSettings) -> Path:
         return path
     workers = s.inference + s.cheaters
     path.write_text("\n".join([
-        "[trainer]", f'model = "{s.model}"', f"task = {json.dumps(_task_reference(s.task))}",
+        "[trainer]", f'model = "{s.model}"', f"task = {json.dumps(task_reference(s.task))}",
         f"task_config = {s.task_config}", f"prompt_key = {json.dumps(s.prompt_key)}",
         f"answer_key = {json.dumps(s.answer_key)}",
         "task_size = 400", f"steps = {s.steps}", "temperature = 1.0", "grad_clip = 1.0", "threads = 1",
@@ -98,16 +98,15 @@ def _trainer_toml_from_file(s: SimSettings) -> str:
     """The run's own trainer TOML with only what a simulation must change: its asynchronous window, one torch
     thread (every peer shares this machine's cores), no checkpoints but the last (a simulation always starts
     fresh), the command's steps, evaluation interval, time limit and trackers, and files named by absolute path."""
-    loaded = load_trainer_config(s.trainer_config)
     overrides = {"async_level": s.async_level, "threads": 1, "checkpoint_every": max(s.steps, 1000),
                  "steps": s.steps, "eval_every": s.eval_every, "time_limit_min": s.time_limit_min,
-                 "report_to": s.report_to, "task": _task_reference(s.task)}
-    if not loaded.inline_stages and Path(loaded.config.curriculum).is_file():
-        overrides["curriculum"] = str(Path(loaded.config.curriculum).resolve())
+                 "report_to": s.report_to, "task": task_reference(s.task)}
+    if Path(s.curriculum).is_file():  # [[stage]] tables of the config itself take precedence over this field
+        overrides["curriculum"] = str(Path(s.curriculum).resolve())
     return render_toml(load_trainer_config(s.trainer_config, overrides))
 
 
-def _task_reference(task: str) -> str:
+def task_reference(task: str) -> str:
     """A task file by its absolute path (the trainer reads it; the other peers get it with every policy), a
     built-in task set by name."""
     return str(Path(task).resolve()) if is_task_file(task) else task
