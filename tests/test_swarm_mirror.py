@@ -293,7 +293,7 @@ async def test_a_peer_opens_links_per_version_to_a_few_neighbours_drawn_anew_for
     neighbours = [f"peer-{i:02d}" for i in range(20)]  # each sorts after "me": the links are ours to dial
     with PieceStore(tmp_path / "store", keep_versions=2) as store:
         mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2,
-                              links_per_version=3)
+                              links_per_version=3, top_up_after=0.0)  # every place at once (staging: below)
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
             dialed: list[str] = []
@@ -318,6 +318,40 @@ async def test_a_peer_opens_links_per_version_to_a_few_neighbours_drawn_anew_for
             nursery.cancel_scope.cancel()
 
 
+async def test_a_peer_opens_its_own_half_at_once_and_tops_up_only_what_others_links_left_short(tmp_path,
+                                                                                                  autojump_clock):
+    """Every peer of a run adopts a version within about a second; opening all `links_per_version` places at once,
+    before the links others chose to open to it arrived, left each peer with about twice as many links as meant
+    (15.7 per version at 64 peers, with 8). A peer opens its own half at once and, TOP_UP_AFTER seconds later, only
+    as many more as the links others opened to it meanwhile leave short."""
+    from swarm.policy.mirror_dial import TOP_UP_AFTER, link_order
+
+    key = Identity.generate()
+    neighbours = [f"peer-{i:02d}" for i in range(20)]  # each sorts after "me": the links are ours to dial
+    with PieceStore(tmp_path / "store") as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=6)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+
+            async def dial(peer):
+                if peer not in policy.dialing:
+                    raise OSError("unreachable")  # spares: out of the way of the links
+                await trio.sleep_forever()  # a link's dial under way keeps its place
+
+            policy = mirror.adopt(signed_version(tmp_path, key, 0))
+            await trio.sleep(0.1)  # virtual time: the version's service starts
+            order = link_order(policy.manifest.id, mirror.link_salt, neighbours)
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            assert policy.dialing == set(order[:3])  # its own half only
+            ours, theirs = trio.testing.memory_stream_pair()  # one neighbour links to us meanwhile
+            nursery.start_soon(policy.service.serve_link, "a-neighbour", ours)
+            await trio.sleep(TOP_UP_AFTER)
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            assert policy.service.peers == ["a-neighbour"]
+            assert policy.dialing == set(order[:5])  # 3 own + 1 theirs + 2 more = 6
+            nursery.cancel_scope.cancel()
+
+
 def test_a_versions_dropped_links_come_last_in_its_link_order():
     from swarm.policy.mirror_dial import link_order
 
@@ -334,7 +368,8 @@ async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour
     key = Identity.generate()
     neighbours = [f"peer-{i:02d}" for i in range(20)]
     with PieceStore(tmp_path / "store") as store:
-        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=3)
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=3,
+                              top_up_after=0.0)
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
 
@@ -374,7 +409,8 @@ async def test_announcements_waiting_for_an_answer_count_against_links_per_versi
     key = Identity.generate()
     neighbours = [f"peer-{i:02d}" for i in range(10)]  # each sorts before "zz": theirs to dial, ours to announce
     with PieceStore(tmp_path / "store") as store:
-        mirror = PolicyMirror(store, "zz", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=3)
+        mirror = PolicyMirror(store, "zz", TrainerTrust("r", key.public_bytes, tmp_path), run="r", links_per_version=3,
+                              top_up_after=0.0)
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
 

@@ -13,8 +13,10 @@ preamble back. A peer opens links (dials or announcements) for a version only wh
 others may still link to it. Why: each link costs a data channel, a handshake and a have message per piece, so a
 peer linking every version to all of its neighbours paid in proportion to them (6 % of a core per peer at 8 peers
 and 12 % at 16, one version every 20 s); in virtual time 8 links per peer finish a broadcast within 1.3x of the
-bound at 64 to 1,000 peers. A peer that does not re-seed (the single-origin baseline) links only with the manifest's
-origin, the trainer's peer.
+bound at 64 to 1,000 peers. For a version's first `top_up_after` seconds a peer opens only its own half: all peers
+opening every place at once, before the links others chose to open to them arrived, left each with about twice as
+many (15.7 per version at 64 peers, where 8 were meant). A peer that does not re-seed (the single-origin baseline)
+links only with the manifest's origin, the trainer's peer.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from p2p.ratelimit import TokenBucket
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
 from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
-from swarm.policy.mirror_dial import _DIAL_ERRORS, OutboundLinks
+from swarm.policy.mirror_dial import _DIAL_ERRORS, TOP_UP_AFTER, OutboundLinks
 from swarm.policy.trust import TrainerTrust
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ class PolicyMirror(OutboundLinks):
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
                  spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0,
                  copies_dir: Path | None = None, preamble_rate: ByteRate = PREAMBLE_RATE,
-                 links_per_version: int = 8) -> None:
+                 links_per_version: int = 8, top_up_after: float = TOP_UP_AFTER) -> None:
         self.store = store
         # where versions are reassembled into loadable files (swarm.policy.files); each copy goes with its version
         self.copies_dir = copies_dir
@@ -104,6 +106,7 @@ class PolicyMirror(OutboundLinks):
         self.announce_after = announce_after
         # links a version needs before this peer stops opening (dials or announcements) its own; others may add more
         self.links_per_version = links_per_version
+        self.top_up_after = top_up_after  # before this, a version's own half only (mirror_dial._enough_links)
         # this process's secret in its link order (mirror_dial.link_order): nobody can grind identities to be first
         self.link_salt = secrets.token_bytes(16)
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel, no manifest yet; retire at)

@@ -30,6 +30,13 @@ SPARE_RETRY_MAX = 30.0
 """The longest pause between spare dials to a peer that keeps failing them (links still dial every 2 s)."""
 SPARE_TTL_SPREAD = 0.25
 """Spares live between 75 % and 100 % of `spare_ttl` (`spare_lifetime`)."""
+TOP_UP_AFTER = 3.0
+"""Seconds after adopting a version during which a peer opens only its own half of `links_per_version`; after, it
+tops up to all of them if the links others opened to it meanwhile fall short. Why: every peer of a run adopts a
+version within about a second and opened all its places at once, before the links others chose to open to it had
+arrived, so each held about twice `links_per_version` (15.7 link ends per version at 64 peers with 8 meant), and a
+version cost each peer twice the links a broadcast needs (8 per peer stays within 1.3x of the bound in virtual time
+at 1,000 peers). Half its own at once still gives each peer links of its own choosing from the start."""
 _DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
 Dialer = Callable[[str], Awaitable[Any]]
 
@@ -65,10 +72,11 @@ class OutboundLinks:
         wanted = min(max_links, self.links_per_version)
         for policy in list(self.policies.values()):
             service = policy.service
-            if service is None or service._nursery is None or _enough_links(policy, wanted):
+            early = now - policy.adopted_at < self.top_up_after
+            if service is None or service._nursery is None or _enough_links(policy, wanted, early):
                 continue  # most rounds: nothing to open, so no order to draw (4 times a second, every version)
             for peer in link_order(policy.manifest.id, self.link_salt, peers, last=policy.dropped):
-                if _enough_links(policy, wanted):
+                if _enough_links(policy, wanted, early):
                     break
                 if (peer == self.my_id or peer in service.peers or peer in policy.dialing
                         or peer in self._spare_dialing  # about to be there: a second dial would only compete
@@ -183,14 +191,16 @@ def spare_lifetime(ttl: float, draw: Callable[[], float] = random.random) -> flo
     return ttl * (1.0 - SPARE_TTL_SPREAD * draw())
 
 
-def _enough_links(policy: MirroredPolicy, wanted: int) -> bool:
+def _enough_links(policy: MirroredPolicy, wanted: int, early: bool = False) -> bool:
     """Whether a version has the links this peer opens for it: `wanted` in all (dials and announcements under way
-    included), at least half of them opened by this peer. Why half its own: links others open cost as much as ours
-    and count too, but identities that link a peer the moment a version appears (or hand it the version themselves)
-    could otherwise take every place with links that carry nothing, and the peer would open none."""
+    included), at least half of them opened by this peer; while `early` (the version's first TOP_UP_AFTER seconds
+    here), only that own half. Why half its own: links others open cost as much as ours and count too, but
+    identities that link a peer the moment a version appears (or hand it the version themselves) could otherwise
+    take every place with links that carry nothing, and the peer would open none."""
     links = set(policy.service.peers)
     own = len(links & policy.opened) + len(policy.dialing)
-    return len(links) + len(policy.dialing) >= wanted and own >= (wanted + 1) // 2
+    half = (wanted + 1) // 2
+    return own >= half and (early or len(links) + len(policy.dialing) >= wanted)
 
 
 def link_order(manifest_id: bytes, salt: bytes, peers: list[str],
