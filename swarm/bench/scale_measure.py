@@ -146,5 +146,6 @@ def measure(procs: list[EventProcess], window: float, publish: Callable[[], None
                      "recv_kb_per_s": received / dt / 1000, "sent_kb_per_s": sent / dt / 1000,
                      "payload_kb_per_s": payload_bytes(proc, a.t, b.t) / dt / 1000,
                      "sockets": b.sockets, "peers_known": b.gossip["peers_known"], "connected": b.gossip["connected"],
+                     "mesh": b.gossip.get("mesh", 0.0),
                      "versions": versions})
     return rows

@@ -41,10 +41,11 @@ FULL_RATE_COUNTED = 4
 stretches its period (and the silence after which others forget it) in proportion, so the run's validators and
 trainer together send about FULL_RATE_COUNTED / heartbeat_every_s heartbeats a second (0.67 by default) however
 many they are: with 16 validators a 25 s period, and one that left is forgotten after about two minutes."""
-FULL_RATE_OTHERS = 3
-"""The same for every other peer (inference, seed): about 0.5 heartbeats a second from all of them together. Their
-presence only feeds discovery and the trainer's "is anyone generating" check, so in a run of 1,000 they may be
-heard from every half hour.
+FULL_RATE_OTHERS = 1
+"""The same for every other peer (inference, seed): about 0.17 heartbeats a second from all of them together. Their
+presence only feeds discovery (which the DHT and bootstrap peers also serve) and the trainer's "is anyone
+generating" check (any one of them answers it), so in a run of 1,000 each may be heard from every 100 minutes; at
+3 they took a third of what heartbeats cost a peer of 1,000 (swarm.bench.scale), for nothing anyone waits on.
 
 Why budgets per run instead of a fixed period: a heartbeat floods the whole run, and every flooded message costs
 each peer about 17 pubsub RPCs at 16 peers (its copies from every mesh neighbour and its forwards to them), about

@@ -30,13 +30,15 @@ SPARE_RETRY_MAX = 30.0
 """The longest pause between spare dials to a peer that keeps failing them (links still dial every 2 s)."""
 SPARE_TTL_SPREAD = 0.25
 """Spares live between 75 % and 100 % of `spare_ttl` (`spare_lifetime`)."""
-TOP_UP_AFTER = 3.0
+TOP_UP_AFTER = 5.0
 """Seconds after adopting a version during which a peer opens only its own half of `links_per_version`; after, it
 tops up to all of them if the links others opened to it meanwhile fall short. Why: every peer of a run adopts a
 version within about a second and opened all its places at once, before the links others chose to open to it had
 arrived, so each held about twice `links_per_version` (15.7 link ends per version at 64 peers with 8 meant), and a
 version cost each peer twice the links a broadcast needs (8 per peer stays within 1.3x of the bound in virtual time
-at 1,000 peers). Half its own at once still gives each peer links of its own choosing from the start."""
+at 1,000 peers). Half its own at once still gives each peer links of its own choosing from the start. 5 s covers
+a version's flood and a late peer's announcement (`announce_after`); after 3 s, 64 peers on two cores still held
+11.7 link ends per version, topped up before the links others chose had arrived."""
 _DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
 Dialer = Callable[[str], Awaitable[Any]]
 
