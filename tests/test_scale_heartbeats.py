@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import trio
 
 from swarm.bench.heartbeat_sim import simulate_heartbeats
 from swarm.messages.gossip_bodies import Heartbeat
@@ -105,3 +106,27 @@ async def test_a_heartbeat_dials_no_one_once_the_peer_holds_max_peers_connection
     node.connected_peers = lambda: ["a" * 52]
     on_heartbeat(node, beat, {}, None)
     assert started == [sender]
+
+
+async def test_peers_that_start_together_drift_apart_within_the_jitter(autojump_clock):
+    """Peers that join together heartbeated in the same second for ever, a burst of floods once a period and
+    nothing between; each wait is drawn within HEARTBEAT_JITTER of the period, so their beats spread out."""
+    from swarm.node.gossip import HEARTBEAT_JITTER, send_heartbeats
+
+    beats: dict[int, list[float]] = {0: [], 1: []}
+
+    def peer(i: int) -> SimpleNamespace:
+        async def publish(kind, body):
+            beats[i].append(trio.current_time())
+        return SimpleNamespace(gossip=SimpleNamespace(publish=publish), config=SimpleNamespace(
+            peer=SimpleNamespace(heartbeat_every_s=6.0, roles=("inference",))), stretch=lambda counted: 10.0,
+            mirror=SimpleNamespace(policies={}), host=SimpleNamespace(multiaddrs=[]), progress={})
+
+    with trio.move_on_after(60 * 20):
+        async with trio.open_nursery() as nursery:
+            for i in beats:
+                nursery.start_soon(send_heartbeats, peer(i))
+    waits = [b - a for times in beats.values() for a, b in zip(times, times[1:])]
+    assert len(waits) >= 30 and all((1 - HEARTBEAT_JITTER) * 60 <= w <= (1 + HEARTBEAT_JITTER) * 60 for w in waits)
+    assert abs(sum(waits) / len(waits) - 60) < 4  # the budget holds on average
+    assert max(abs(a - b) for a, b in zip(*beats.values())) > 10  # no longer in step

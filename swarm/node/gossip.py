@@ -9,6 +9,7 @@ use a message raises p2p.gossip.Ignored, which costs the sender the same way.
 from __future__ import annotations
 
 import logging
+import random
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -163,7 +164,15 @@ def heartbeat_body(node: Node) -> dict:
     return body
 
 
+HEARTBEAT_JITTER = 0.2
+"""Each wait between heartbeats is drawn within this fraction of the period either side. Why: peers that join
+together (a flash crowd, a restarted cluster) otherwise heartbeat in the same second for ever: a burst of floods
+once a period, and nothing between (16 peers of `swarm bench scale` that joined together delivered no heartbeat in
+a 40 s window of their 100 s period)."""
+
+
 async def send_heartbeats(node: Node) -> None:
+    draw = random.Random()
     while True:
         try:
             await node.gossip.publish("heartbeat", heartbeat_body(node))
@@ -172,7 +181,8 @@ async def send_heartbeats(node: Node) -> None:
         # Not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and seven peers
         # heartbeating each second in one simulated process starved its streams. See PeerConfig.heartbeat_every_s;
         # in a large run, longer still (heartbeat_stretch).
-        await trio.sleep(node.config.peer.heartbeat_every_s * node.stretch(is_counted(node.config.peer.roles)))
+        period = node.config.peer.heartbeat_every_s * node.stretch(is_counted(node.config.peer.roles))
+        await trio.sleep(period * draw.uniform(1 - HEARTBEAT_JITTER, 1 + HEARTBEAT_JITTER))
 
 
 async def receive_heartbeats(node: Node) -> None:
