@@ -50,8 +50,14 @@ def test_the_estimate_adds_upkeep_per_delivery_and_connection_and_a_cost_per_ver
     bound = [{**size, "links_per_version": 8, "version_cpu_s": 0.16, "version_kb": 320.0} for size in sizes]
     est = scale.estimate(bound, heartbeats, 1000, every=100.0, max_links=32)
     assert est["links_per_version"] == 8 and est["version_cpu_share"] == pytest.approx(0.02 * 8 / 100)
-    cheap = scale.estimate(sizes, {**heartbeats, 1000: 0.5}, 1000, every=1000.0, max_links=8)
-    assert cheap["cpu_share"] == pytest.approx(0.005 + 0.0005 * 8 + 0.001 * 1.0 + 0.02 * 8 / 1000, abs=1e-4)
+    dear = scale.estimate(sizes, {**heartbeats, 1000: 0.5}, 1000, every=1000.0, max_links=8)
+    # the 31 connections the largest size held count, not the bound of 8 (connections in use are never trimmed)
+    assert dear["cpu_share"] == pytest.approx(0.005 + 0.0005 * 31 + 0.001 * 1.0 + 0.02 * 8 / 1000, abs=1e-4)
+    assert dear["within_budget"] is False
+    lean = [{**s, "idle_cpu_share": s["idle_cpu_share"] - 0.0004 * (s["peers"] - 1),
+             "chatty_cpu_share": s["chatty_cpu_share"] - 0.0004 * (s["peers"] - 1)} for s in sizes]  # 0.01 %/conn
+    cheap = scale.estimate(lean, {**heartbeats, 1000: 0.5}, 1000, every=1000.0, max_links=8)
+    assert cheap["cpu_share"] == pytest.approx(0.005 + 0.0001 * 31 + 0.001 * 1.0 + 0.02 * 8 / 1000, abs=1e-4)
     assert cheap["within_budget"] is True
     heartbeats[1000] = 200.0  # heartbeats that flood at a fixed period: 1,000 peers / 6 s, and some
     assert scale.estimate(sizes, heartbeats, 1000, every=1000.0, max_links=8)["within_budget"] is False
@@ -186,3 +192,14 @@ def test_connections_at_the_target_are_the_trimmers_bound_when_given():
     sizes, heartbeats = _sizes(), {8: 1.2, 16: 2.5, 32: 4.0, 1000: 4.0}
     assert scale.estimate(sizes, heartbeats, 1000, every=100.0, max_links=32, max_connections=40)["connections"] == 40
     assert scale.estimate(sizes, heartbeats, 32, every=100.0, max_links=32, max_connections=40)["connections"] == 31
+
+
+def test_connections_the_largest_size_held_past_the_trimmers_bound_count_at_the_target():
+    """Connections in use (mesh, data links, streams) are never trimmed: 64 peers held 44-47 each with a bound of
+    40, so pricing 40 at 1,000 peers left some of what a peer measurably holds out of the estimate."""
+    sizes, heartbeats = _sizes(), {8: 1.2, 16: 2.5, 32: 4.0, 1000: 4.0}
+    sizes[-1]["idle_connected"] = 46.5
+    held = scale.estimate(sizes, heartbeats, 1000, every=100.0, max_links=32, max_connections=40)
+    assert held["connections"] == 46.5
+    sizes[-1]["idle_connected"] = 31
+    assert scale.estimate(sizes, heartbeats, 1000, every=100.0, max_links=32, max_connections=40)["connections"] == 40

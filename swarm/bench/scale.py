@@ -25,7 +25,8 @@ The estimate at 1,000 peers has two parts, because they grow with different thin
   delivery), times the deliveries at 1,000 (the heartbeats a virtual-time run of the real heartbeat loop counts,
   swarm.bench.heartbeat_sim, plus the measured non-heartbeat traffic); plus what is left of the idle windows, a
   fixed part and a part per connection (least squares over the sizes), at the connections a peer holds at 1,000
-  (`max_peers` plus the trimming slack: p2p.conn_trim closes the unused ones past that);
+  (`max_peers` plus the trimming slack: p2p.conn_trim closes the unused ones past that; more where the largest
+  size already held more, since connections in use are never trimmed);
 - versions, from the difference of the publishing and idle windows: CPU and bytes per version per data link (a
   version is fetched and served over data links, counted from the mirror's link events), times the links a peer
   opens per version at 1,000 (what the largest size measured where the links_per_version setting bound it, else
@@ -222,7 +223,8 @@ def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target:
     """Per-peer cost at `target` peers: upkeep (a cost per delivery, priced by the chatty windows, times the
     deliveries there: the measured non-heartbeat traffic plus the heartbeats the virtual-time run counts at that
     size; plus a fixed part and a part per connection, fitted on what the idle windows leave, at the connections a
-    peer holds there, at most `max_connections`, default `max_links`) plus versions (the cost per version per data
+    peer holds there: `max_connections` (default `max_links`), or what the largest size held if that was more, as
+    connections in use stay past the bound) plus versions (the cost per version per data
     link, times the links a peer opens per version there, at most `max_links`, one version every `every` seconds)."""
     cpu_per = _per_delivery(sizes, "cpu_share", 1.0)
     bytes_per = _per_delivery(sizes, "kb_per_s", 1000.0)
@@ -233,7 +235,8 @@ def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target:
     largest = sizes[-1]
     other = max(0.0, largest["idle_gossip_delivered_per_s"] - heartbeats_per_peer_s[largest["peers"]])
     deliveries = other + heartbeats_per_peer_s[target]
-    connections = min(target - 1, max_links if max_connections is None else max_connections)
+    bound = max_links if max_connections is None else max_connections
+    connections = round(min(target - 1, max(bound, largest["idle_connected"])), 2)
     links = sum(max(1.0, s["links_per_version"]) for s in sizes)
     cpu_link = sum(s["version_cpu_s"] for s in sizes) / links
     bytes_link = sum(s["version_kb"] * 1000 for s in sizes) / links

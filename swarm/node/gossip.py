@@ -49,9 +49,9 @@ generating" check (any one of them answers it), so in a run of 1,000 each may be
 3 they took a third of what heartbeats cost a peer of 1,000 (swarm.bench.scale), for nothing anyone waits on.
 
 Why budgets per run instead of a fixed period: a heartbeat floods the whole run, and every flooded message costs
-each peer about 17 pubsub RPCs at 16 peers (its copies from every mesh neighbour and its forwards to them), about
-9-11 ms of CPU (swarm.bench.scale). At a fixed 6 s period a 1,000-peer run would hand each peer 167 heartbeats a
-second; with one budget of 24 full-rate peers for every role, 4 a second, about 4 % of a core by themselves."""
+each peer a pubsub RPC from and to most of its mesh neighbours, about 4-5 ms of CPU (swarm.bench.scale). At a fixed
+6 s period a 1,000-peer run would hand each peer 167 heartbeats a second; with one budget of 24 full-rate peers for
+every role, 4 a second, about 2 % of a core by themselves."""
 MAX_KNOWN_PEERS = 4096
 """Peers whose heartbeats a node remembers (roles, when last heard); past it the least recently heard is forgotten.
 Identities are free, so the table is bounded; the stretch counts at most this many peers, so a flood of fresh
