@@ -392,7 +392,9 @@ def test_a_peer_is_forgotten_once_its_heartbeats_stop_and_remembered_while_they_
     assert node.forget_silent(30.0) == {}
     assert node.forget_silent(30.5) == {"validator-a": ("validator",)}
     assert node.peer_roles == {"worker-b": ("inference", "seed")}
-    assert node.forget_silent(56.0) == {"worker-b": ("inference", "seed")} and node.peer_heard == {}
+    # the only other peer known: the others' budget of one full-rate peer stretches its silence to 60 s
+    assert node.forget_silent(84.0) == {}
+    assert node.forget_silent(86.0) == {"worker-b": ("inference", "seed")} and node.peer_heard == {}
 
 
 async def test_a_failing_role_or_peer_task_stops_the_peer_with_one_line(tmp_path, caplog):
