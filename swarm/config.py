@@ -122,9 +122,10 @@ class MirrorSection(ConfigSection):
     exit_when_complete: bool = Field(False, description=(
         "Exit once the newest policy is complete (benchmarks); normally peers seed until stopped."))
     links_per_version: int = Field(8, description=(
-        "Data links this peer opens itself for each version (others may open more to it): each "
-        "link costs a data channel and a have message per piece, so linking every version to every neighbour "
-        "costs in proportion to them."))
+        "Data links this peer is in for each version: it opens half of them at once and, 5 s later, as many "
+        "more as the links others opened to it leave short (others may open more). Each link costs a data "
+        "channel and a have message per piece, so linking every version to every neighbour costs in proportion "
+        "to them."))
     dht_providers: float = Field(DHT_PROVIDERS_WANTED, description=(
         "About how many peers of a large run announce each version on the DHT: each draws whether it does, with "
         "probability dht_providers / peers known (the signer always does). `swarm bench scale` lowers it so that a "

@@ -37,8 +37,8 @@ version within about a second and opened all its places at once, before the link
 arrived, so each held about twice `links_per_version` (15.7 link ends per version at 64 peers with 8 meant), and a
 version cost each peer twice the links a broadcast needs (8 per peer stays within 1.3x of the bound in virtual time
 at 1,000 peers). Half its own at once still gives each peer links of its own choosing from the start. 5 s covers
-a version's flood and a late peer's announcement (`announce_after`); after 3 s, 64 peers on two cores still held
-11.7 link ends per version, topped up before the links others chose had arrived."""
+a version's flood and a late peer's announcement (`announce_after`), with room for a loaded machine; a peer short
+of links waits that long with its own half, which a broadcast of a large policy does not notice."""
 _DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
 Dialer = Callable[[str], Awaitable[Any]]
 
