@@ -187,6 +187,11 @@ class Gossip(GossipReceiver):
         """Peers in our mesh on any topic of this session: the ones we forward every message to at once."""
         return {str(peer) for peers in list(self.pubsub.router.mesh.values()) for peer in peers}
 
+    def mean_mesh_size(self) -> float:
+        """Peers per topic mesh on average: how many each delivery is forwarded to at once (0 before any mesh)."""
+        meshes = [len(peers) for peers in list(self.pubsub.router.mesh.values())]
+        return sum(meshes) / len(meshes) if meshes else 0.0
+
     async def wait_for_topic_peer(self, peer_id: str, kind: str, timeout: float = 10.0) -> None:
         """Return once `peer_id` has subscribed to `kind` (enough for our own publishes to reach it);
         trio.TooSlowError after `timeout`."""

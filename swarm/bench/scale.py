@@ -109,10 +109,9 @@ async def report_gossip(node) -> None:
     """A role task of the bench's processes: the node's gossip counters and mean mesh size (peers per topic whose
     messages each delivery is forwarded to) every second, as an event."""
     while True:
-        meshes = [len(peers) for peers in node.gossip.pubsub.router.mesh.values()]
         node.events.emit("gossip_stats", delivered=node.gossip.stats.delivered, published=node.gossip.stats.published,
                          peers_known=len(node.peer_heard), connected=len(node.connected_peers()),
-                         mesh=sum(meshes) / len(meshes) if meshes else 0.0)
+                         mesh=node.gossip.mean_mesh_size())
         await trio.sleep(1.0)
 
 

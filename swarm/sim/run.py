@@ -26,7 +26,7 @@ from swarm.sim.report_html import render_html
 from swarm.sim.timeline import timeline
 from tasks.loading import is_task_file
 from trainer.config import TrainerConfig, render_toml
-from trainer.config import load_config as load_trainer_config
+from trainer.config import load_config as load_trainer_config  # `load_config` here is the sim's own
 
 
 @dataclass(frozen=True)
