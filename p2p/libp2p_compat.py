@@ -33,6 +33,10 @@ WRITE_CHUNK = 8 * 1024 * 1024
 """8 MiB writes amortise Yamux's per-write locking (docs/reference.md#py-libp2p-pitfalls)."""
 NOISE_SIZED_YAMUX_FRAME = 65_519
 """A Yamux frame (12-byte header included) that fits one Noise message (65,535 bytes minus the 16-byte tag)."""
+YAMUX_RTT_EVERY_S = 300.0
+"""Seconds between two Yamux round-trip measurements on a connection (py-libp2p: 30)."""
+YAMUX_SWEEP_EVERY_S = 120.0
+"""Seconds between two sweeps of a connection's closed-stream bookkeeping (py-libp2p: 30)."""
 
 
 def tune_yamux() -> None:
@@ -43,10 +47,18 @@ def tune_yamux() -> None:
     - MAX_MESSAGE_SIZE is a module constant py-libp2p reads on every write; it has no setter, so we assign it:
       frames of 65,519 bytes travel as one Noise message instead of two. It changes only the sender's framing,
       which every Yamux peer accepts.
+    - RTT_MEASURE_INTERVAL and _STALE_STREAM_SWEEP_INTERVAL, module constants read at each wait: a ping every
+      YAMUX_RTT_EVERY_S and a sweep every YAMUX_SWEEP_EVERY_S. Why: every connection pinged its peer every 30 s
+      (a frame out and one in, each a Noise message and a socket call, on both ends), so a peer holding 44
+      connections handled about six ping frames a second, as many as all its gossip RPCs between versions
+      (swarm.bench.scale, 64 peers). The RTT only sizes the receive window's growth, and the first ping still
+      goes out half a second after the connection opens; the sweep only reclaims streams that closed uncleanly.
     """
     os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
     if yamux.MAX_MESSAGE_SIZE > NOISE_SIZED_YAMUX_FRAME:
         yamux.MAX_MESSAGE_SIZE = NOISE_SIZED_YAMUX_FRAME
+    yamux.RTT_MEASURE_INTERVAL = max(yamux.RTT_MEASURE_INTERVAL, YAMUX_RTT_EVERY_S)
+    yamux._STALE_STREAM_SWEEP_INTERVAL = max(yamux._STALE_STREAM_SWEEP_INTERVAL, YAMUX_SWEEP_EVERY_S)
     if not getattr(yamux.YamuxStream._auto_tune_and_send_window_update, "at_half", False):
         yamux.YamuxStream._auto_tune_and_send_window_update = grant_window_at_half  # type: ignore[method-assign]
     if not getattr(yamux.Yamux._write_frame, "lean", False):

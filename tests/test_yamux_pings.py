@@ -1,0 +1,39 @@
+"""Yamux's background traffic on an idle connection between two real hosts (p2p.libp2p_compat.tune_yamux): its
+round-trip pings go out once at the start and then every YAMUX_RTT_EVERY_S, not py-libp2p's 30 s."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from libp2p.stream_muxer.yamux import yamux
+
+from p2p.host import open_host
+from p2p.libp2p_compat import YAMUX_RTT_EVERY_S, tune_yamux
+
+
+@pytest.fixture
+def pings(monkeypatch) -> list[float]:
+    """When each Yamux ping this test's hosts sent went out (trio time)."""
+    sent: list[float] = []
+    tune_yamux()  # what open_host does: installs its own frame writer once, which this one wraps
+    original = yamux.Yamux._write_frame
+
+    async def counted(self, header: bytes, *args, **kwargs):
+        typ, flags = header[1], int.from_bytes(header[2:4], "big")
+        if typ == yamux.TYPE_PING and flags & yamux.FLAG_SYN:
+            sent.append(trio.current_time())
+        return await original(self, header, *args, **kwargs)
+
+    counted.lean = True  # type: ignore[attr-defined] - so open_host's tune_yamux keeps it
+    monkeypatch.setattr(yamux.Yamux, "_write_frame", counted)
+    return sent
+
+
+async def test_an_idle_connection_pings_once_then_only_every_few_minutes(pings, autojump_clock):
+    async with open_host() as server, open_host() as client:
+        await client.connect(server.multiaddrs[0])
+        start = trio.current_time()
+        await trio.sleep(2 * YAMUX_RTT_EVERY_S - 10)
+        pings_seen = [round(t - start) for t in pings]
+    assert 1 <= len(pings_seen) <= 4  # each end: one at the start, one YAMUX_RTT_EVERY_S later
+    assert all(t < 5 or t >= YAMUX_RTT_EVERY_S for t in pings_seen), pings_seen
