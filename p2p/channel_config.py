@@ -36,8 +36,8 @@ class ChannelConfig:
     max_tickets: int = 1024
     """Unused tickets kept over all peers (identities are free); past it the oldest goes, and its holder opens its
     next channel with a handshake."""
-    ticket_ttl: float = 300.0
-    """Seconds a listener's tickets stay valid: past a spare channel's life (swarm.policy's spare_ttl, 240 s), so
+    ticket_ttl: float = 720.0
+    """Seconds a listener's tickets stay valid: past a spare channel's life (swarm.policy's spare_ttl, 600 s), so
     the ticket of a spare's replacement is still good when it is dialed."""
     max_pending_sockets: int = 64
     """Data sockets still presenting their token; further connections are dropped at once (flood guard)."""

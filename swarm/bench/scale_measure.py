@@ -30,7 +30,7 @@ def links_settled(peers: list[EventProcess], now: float, span: float = 10.0) -> 
     """Whether the peers opened fewer than two data channels each (spares and links) in the `span` seconds before
     `now`. Why: joiners also dial a spare to each neighbour they learn from heartbeats (at 32 peers, 700 of 1,300
     opened 10-30 s after every peer was synced), which an idle window measured as upkeep. Between versions a peer
-    renews a spare about every `spare_ttl` / `max_peers` (7.5 s by default), well below this."""
+    renews a spare about every `spare_ttl` / `max_peers` (15 s by default), well below this."""
     opened = sum(peer.count_since(("spare", "link"), now - span) for peer in peers)
     return opened < 2 * len(peers)
 

@@ -42,7 +42,7 @@ from p2p.ratelimit import TokenBucket
 from p2p.store import PieceStore
 from p2p.transfer import SwarmService, TransferConfig
 from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
-from swarm.policy.mirror_dial import _DIAL_ERRORS, TOP_UP_AFTER, OutboundLinks
+from swarm.policy.mirror_dial import _DIAL_ERRORS, SPARE_TTL, TOP_UP_AFTER, OutboundLinks
 from swarm.policy.trust import TrainerTrust
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class PolicyMirror(OutboundLinks):
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
                  transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
-                 spare_ttl: float = 240.0, adoption_wait: float = 30.0, announce_after: float = 1.0,
+                 spare_ttl: float = SPARE_TTL, adoption_wait: float = 30.0, announce_after: float = 1.0,
                  copies_dir: Path | None = None, preamble_rate: ByteRate = PREAMBLE_RATE,
                  links_per_version: int = 8, top_up_after: float = TOP_UP_AFTER) -> None:
         self.store = store

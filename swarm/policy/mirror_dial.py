@@ -28,6 +28,11 @@ SPARE_RETRY = 2.0
 """Seconds before a failed spare dial to a peer is tried again; doubled after each failure in a row."""
 SPARE_RETRY_MAX = 30.0
 """The longest pause between spare dials to a peer that keeps failing them (links still dial every 2 s)."""
+SPARE_TTL = 600.0
+"""Seconds a spare data channel is kept unused at most (`spare_ttl`), and the acceptor waits for its preamble.
+Why 10 minutes: renewing each neighbour's spare every 3-4 minutes was a channel opened and one accepted about every
+5 s on a peer of 44 connections, between versions; an idle spare holds only a socket, which TCP keepalive (every 30 s
+on data sockets) keeps in NAT tables, and one that died meanwhile fails when used and is dialed anew."""
 SPARE_TTL_SPREAD = 0.25
 """Spares live between 75 % and 100 % of `spare_ttl` (`spare_lifetime`)."""
 TOP_UP_AFTER = 5.0
