@@ -1,6 +1,7 @@
 """Opportunistic grafting and mesh-quality replacement run every OPPORTUNISTIC_GRAFT_TICKS heartbeats
 (p2p.libp2p_pubsub.LeanGossipSub), as gossipsub v1.1 schedules them, not at every heartbeat; IHAVE gossip goes out
-every GOSSIP_EVERY_TICKS heartbeats and still advertises every message."""
+every GOSSIP_EVERY_TICKS heartbeats and still advertises every message; the scorer's decay step runs only when it
+decays something."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.mcache import default_msg_id_fn
 from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 
 from p2p.gossip import GossipConfig, gossip_router
-from p2p.libp2p_pubsub import GOSSIP_EVERY_TICKS, OPPORTUNISTIC_GRAFT_TICKS, LeanGossipSub
+from p2p.libp2p_pubsub import GOSSIP_EVERY_TICKS, OPPORTUNISTIC_GRAFT_TICKS, LeanGossipSub, decays_anything
 
 
 async def test_grafting_and_mesh_replacement_run_once_every_graft_ticks_heartbeats(monkeypatch):
@@ -79,3 +81,36 @@ def test_a_message_advertised_late_in_its_window_is_still_served_to_an_iwant():
     assert default_msg_id_fn(_message(1)) in router.mcache.window("t")  # the round's window still holds it
     router.mcache.shift()  # the round was sent; its IWANTs come back during the next heartbeat interval
     assert router.mcache.get(default_msg_id_fn(_message(1))) is not None
+
+
+def test_parameters_that_decay_still_decay_and_the_default_ones_leave_counters_as_they_are():
+    peer = ID(b"\x00\x24" + bytes(36))
+    idle = gossip_router(GossipConfig())  # the node's router: py-libp2p's default score parameters
+    idle.scorer.first_message_deliveries[peer]["topic"] = 8.0
+    idle.scorer.on_heartbeat()
+    assert not decays_anything(idle.scorer.params)
+    assert idle.scorer.first_message_deliveries[peer]["topic"] == 8.0
+
+    params = ScoreParams(p2_first_message_deliveries=TopicScoreParams(weight=1.0, cap=10.0, decay=0.5))
+    decaying = LeanGossipSub(protocols=[PROTOCOL_ID_V12], degree=6, degree_low=4, degree_high=8, score_params=params)
+    decaying.scorer.first_message_deliveries[peer]["topic"] = 8.0
+    decaying.scorer.on_heartbeat()
+    assert decays_anything(params) and decaying.scorer.first_message_deliveries[peer]["topic"] == 4.0
+
+
+def test_the_default_decay_step_runs_no_loop(monkeypatch):
+    router = gossip_router(GossipConfig())
+    looked_at = []
+    monkeypatch.setattr(router.scorer, "time_in_mesh", _Watched(looked_at))
+    router.scorer.on_heartbeat()
+    assert looked_at == []  # py-libp2p's step would list every peer of time_in_mesh, to multiply by 1
+
+
+class _Watched(dict):
+    def __init__(self, seen: list) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def keys(self):
+        self.seen.append("keys")
+        return super().keys()
