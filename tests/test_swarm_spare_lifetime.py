@@ -1,4 +1,5 @@
-"""Spare data channels live a drawn part of `spare_ttl` each, so spares dialed together are not renewed together."""
+"""Spare data channels live a drawn part of `spare_ttl` each, so spares dialed together are not renewed together;
+a spare to a peer no longer connected gives up its place after a grace."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import trio.testing
 from p2p.identity import Identity
 from p2p.store import PieceStore
 from swarm.policy.mirror import PolicyMirror
-from swarm.policy.mirror_dial import SPARE_TTL_SPREAD, spare_lifetime
+from swarm.policy.mirror_dial import SPARE_ABSENT_GRACE, SPARE_TTL_SPREAD, spare_lifetime
 from swarm.policy.trust import TrainerTrust
 
 
@@ -42,3 +43,37 @@ async def test_spares_dialed_at_once_are_renewed_spread_over_the_last_quarter_of
     assert len(renewals) == 32  # each spare renewed once in 250 s
     assert renewals[0] >= 180.0 and renewals[-1] <= 242.0
     assert len({int(at) for at in renewals}) >= 16  # spread over many seconds, not one burst of 32 dials
+
+
+async def test_a_spare_outlives_its_peers_connection_only_by_the_grace(tmp_path, autojump_clock):
+    key = Identity.generate()
+    closed: list[str] = []
+
+    class Channel(trio.abc.Stream):
+        def __init__(self, peer: str) -> None:
+            self.peer = peer
+
+        async def aclose(self) -> None:
+            closed.append(self.peer)
+
+        async def send_all(self, data) -> None: ...
+        async def wait_send_all_might_not_block(self) -> None: ...
+        async def receive_some(self, max_bytes=None) -> bytes:
+            return b""
+
+    async def dial(peer):
+        return Channel(peer)
+
+    with PieceStore(tmp_path / "store", keep_versions=2) as store:
+        mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(mirror.run_service)
+            mirror._keep_spares(["a", "b", "c"], dial, max_links=2, now=trio.current_time())
+            await trio.sleep(1.0)
+            assert set(mirror._spares) == {"a", "b"}  # the places are full: no spare for c
+            for second in range(int(SPARE_ABSENT_GRACE) + 5):
+                listed = ["b", "c"] if second != 3 else ["c"]  # a left for good; b missed from one listing
+                mirror._keep_spares(listed, dial, max_links=2, now=trio.current_time())
+                await trio.sleep(1.0)
+            nursery.cancel_scope.cancel()
+    assert closed == ["a"] and set(mirror._spares) == {"b", "c"}  # a's place went to c; b's spare stayed

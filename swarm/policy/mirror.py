@@ -112,6 +112,7 @@ class PolicyMirror(OutboundLinks):
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel, no manifest yet; retire at)
         self._spare_dialing: set[str] = set()
         self._spare_failures: dict[str, tuple[float, float]] = {}  # peer -> (retry at, pause)
+        self._spare_absent: dict[str, float] = {}  # peer holding a spare -> since when it is not connected
         self._max_links = math.inf  # links per version, as the last reconcile was told
         self._waiting: dict[str, int] = {}
         # inbound channels waiting for a preamble's head, oldest first: the scope that ends the wait of each

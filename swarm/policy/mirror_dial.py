@@ -33,6 +33,11 @@ SPARE_TTL = 600.0
 Why 10 minutes: renewing each neighbour's spare every 3-4 minutes was a channel opened and one accepted about every
 5 s on a peer of 44 connections, between versions; an idle spare holds only a socket, which TCP keepalive (every 30 s
 on data sockets) keeps in NAT tables, and one that died meanwhile fails when used and is dialed anew."""
+SPARE_ABSENT_GRACE = 60.0
+"""Seconds a spare outlives its peer's connection; past it the spare is closed and its place among `max_links`
+freed. Why a grace: closing a spare at the first connection listing without its peer left pairs cold (listings
+miss a peer while its connection is replaced); why at all: a spare to a neighbour that left would hold its place
+for up to SPARE_TTL, and the neighbours that remain would go without."""
 SPARE_TTL_SPREAD = 0.25
 """Spares live between 75 % and 100 % of `spare_ttl` (`spare_lifetime`)."""
 TOP_UP_AFTER = 5.0
@@ -112,12 +117,17 @@ class OutboundLinks:
         return spare[0]
 
     def _keep_spares(self, peers: list[str], dial: Dialer, max_links: int, now: float) -> None:
+        present = set(peers)
+        for peer in present:
+            self._spare_absent.pop(peer, None)
         for peer, (stream, retire_at) in list(self._spares.items()):
-            # only age retires a spare (the acceptor stops waiting soon after); a dead one fails when used and is
-            # dialed anew, while closing spares of peers missing from one connection listing left pairs cold
-            if now > retire_at:
+            # age retires a spare (the acceptor stops waiting soon after), and so does its peer's absence past
+            # SPARE_ABSENT_GRACE; a spare that died meanwhile fails when used and is dialed anew
+            gone_since = self._spare_absent.setdefault(peer, now) if peer not in present else now
+            if now > retire_at or now - gone_since > SPARE_ABSENT_GRACE:
                 del self._spares[peer]
                 self._nursery.start_soon(trio.aclose_forcefully, stream)
+        self._spare_absent = {peer: since for peer, since in self._spare_absent.items() if peer in self._spares}
         for peer in peers:
             if (peer == self.my_id or peer in self._spares or peer in self._spare_dialing
                     or len(self._spares) + len(self._spare_dialing) >= max_links
