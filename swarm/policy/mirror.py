@@ -233,7 +233,7 @@ class PolicyMirror(OutboundLinks):
         if peer in self.banned or len(self.banned) >= MAX_BANNED:
             return
         self.banned[peer] = why
-        spare = self._spares.pop(peer, None)
+        spare = self._pop_spare(peer)
         if spare is not None:
             self._nursery.start_soon(trio.aclose_forcefully, spare[0])
 

@@ -107,8 +107,13 @@ class OutboundLinks:
                                          self._take_spare(peer, now))
         self._keep_spares(peers, dial, max_links, now)
 
+    def _pop_spare(self, peer: str) -> tuple[Any, float] | None:
+        """Remove our spare to `peer` (the channel and when it retires), with its peer's absence, if any."""
+        self._spare_absent.pop(peer, None)
+        return self._spares.pop(peer, None)
+
     def _take_spare(self, peer: str, now: float) -> Any:
-        spare = self._spares.pop(peer, None)
+        spare = self._pop_spare(peer)
         if spare is None:
             return None
         if now > spare[1]:  # the acceptor stops waiting for it soon: close it cleanly, not by GC
@@ -118,16 +123,17 @@ class OutboundLinks:
 
     def _keep_spares(self, peers: list[str], dial: Dialer, max_links: int, now: float) -> None:
         present = set(peers)
-        for peer in present:
-            self._spare_absent.pop(peer, None)
         for peer, (stream, retire_at) in list(self._spares.items()):
             # age retires a spare (the acceptor stops waiting soon after), and so does its peer's absence past
             # SPARE_ABSENT_GRACE; a spare that died meanwhile fails when used and is dialed anew
-            gone_since = self._spare_absent.setdefault(peer, now) if peer not in present else now
-            if now > retire_at or now - gone_since > SPARE_ABSENT_GRACE:
-                del self._spares[peer]
+            if peer in present:
+                self._spare_absent.pop(peer, None)
+                gone_for = 0.0
+            else:
+                gone_for = now - self._spare_absent.setdefault(peer, now)
+            if now > retire_at or gone_for > SPARE_ABSENT_GRACE:
+                self._pop_spare(peer)
                 self._nursery.start_soon(trio.aclose_forcefully, stream)
-        self._spare_absent = {peer: since for peer, since in self._spare_absent.items() if peer in self._spares}
         for peer in peers:
             if (peer == self.my_id or peer in self._spares or peer in self._spare_dialing
                     or len(self._spares) + len(self._spare_dialing) >= max_links
