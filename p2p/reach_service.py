@@ -31,6 +31,7 @@ from p2p.reach import (
     verdict,
 )
 from p2p.relay import Relaying, connection_kind, is_circuit, open_relaying
+from p2p.relay_limits import kind_settled
 
 log = logging.getLogger(__name__)
 MAX_REMEMBERED = 4096
@@ -103,6 +104,15 @@ def _we_dialed(conn: Any) -> bool:
         return True
 
 
+def _connections_seen(state: ReachState, libp2p_host: Any) -> tuple:
+    """What noting relayed connections and starting punches depend on: the connections open (the objects, compared
+    by identity, so a new connection never passes for a closed one) and the punches under way. Why: unchanged, a
+    watch round would find what the last one did, and listing every connection's peer id and kind each second was
+    about half a millisecond of an idle peer's CPU a second."""
+    conns = libp2p_host.get_network().connections.values()
+    return tuple(conn for entry in conns for conn in _as_list(entry)), frozenset(state.punching)
+
+
 def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -> None:
     """Start a hole punch, each in its own task, to every peer p2p.reach.punch_targets names."""
     connections = libp2p_host.get_network().connections
@@ -173,10 +183,14 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
     connection can go with it (seen behind NAT in tests/test_reach_netns.py); without a reservation the peer is
     unreachable to anyone new."""
     next_check = next_redial = trio.current_time() + config.recheck_s
+    seen: tuple = ()
     while True:
-        state.note_relayed(host.libp2p)
-        if state.dcutr is not None:
-            _drive_punches(state, host.libp2p, nursery)
+        if (now_seen := _connections_seen(state, host.libp2p)) != seen:  # else nothing to note or punch anew
+            state.note_relayed(host.libp2p)
+            if state.dcutr is not None:
+                _drive_punches(state, host.libp2p, nursery)
+            # a connection that showed no address yet was judged direct for now: look again next round
+            seen = now_seen if all(map(kind_settled, now_seen[0])) else ()
         if (state.status is Reachability.UNKNOWN and config.mode == "auto" and trio.current_time() >= next_check
                 and _connected_bootstrap(host)):
             next_check = trio.current_time() + config.recheck_s

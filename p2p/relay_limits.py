@@ -71,4 +71,12 @@ def connection_kind(conn: Any) -> str:
 
 
 _KINDS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def kind_settled(conn: Any) -> bool:
+    """Whether `connection_kind` worked out `conn`'s kind for good (it had addresses to judge by)."""
+    try:
+        return conn in _KINDS
+    except TypeError:
+        return False
 """connection -> its kind, for as long as the connection object lives."""

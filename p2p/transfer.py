@@ -121,6 +121,9 @@ class SwarmService:
         self._reported: set[str] = set()  # linked peers whose drop was already reported (once per link)
         self.corrupt_pieces: set[int] = set()  # pieces whose stored copy went bad on disk (refused since)
         self._links: dict[str, _Link] = {}
+        # set when a link opens: the ticker sleeps on it while there is none. Why: a complete version kept for its
+        # window ticked every second for nothing, one of the periodic wake-ups that made up most of an idle peer's CPU
+        self._link_opened = trio.Event()
         # the node's upload cap: a bucket shared by the services of every version it serves (config.upload_bps
         # applies to this service alone only when none is given)
         self._bucket = upload_bucket if upload_bucket is not None else TokenBucket(config.upload_bps)
@@ -132,7 +135,7 @@ class SwarmService:
     # ------------------------------------------------------------------ service
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests.
+        """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests while a link is open.
 
         A store failure (disk full, I/O error) ends the service with that one user-facing error, not a group.
         """
@@ -143,6 +146,9 @@ class SwarmService:
                     self.completed.set()
                 task_status.started(self)
                 while True:
+                    if not self._links:  # nothing to time out or ask while no link is open: wait for one
+                        await self._link_opened.wait()
+                    self._link_opened = trio.Event()
                     await trio.sleep(self.config.tick_interval)
                     self._dispatch(self.engine.tick(trio.current_time()))
         except* StoreError as group:
@@ -197,6 +203,7 @@ class SwarmService:
         link = _Link(peer, stream, Outbox(), TokenBucket(self.config.peer_upload_bps),
                      self._budget.lease("a piece frame"))
         self._links[peer] = link
+        self._link_opened.set()
         self.stats.setdefault(peer, PeerStats())
         try:
             with trio.CancelScope() as link.scope:

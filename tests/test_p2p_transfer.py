@@ -295,3 +295,30 @@ def test_roles_choose_super_seeding_only_for_the_origin():
     assert not TransferConfig.for_role("peer").engine.super_seed
     with pytest.raises(ValueError, match="unknown transfer role"):
         TransferConfig.for_role("leech")
+
+
+async def test_a_service_ticks_only_while_a_link_is_open(tmp_path, autojump_clock):
+    """A version kept for its window ticked every second with no link to time out or ask; it sleeps until a link
+    opens, ticks while links are open (a stalled peer is still dropped), and sleeps again once they are gone."""
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        seed = await c.add("seed", seed_from=tmp_path / "src")
+        ticks: list[float] = []
+        tick = seed.engine.tick
+        seed.engine.tick = lambda now: ticks.append(now) or tick(now)
+        await trio.sleep(100)
+        assert ticks == []
+        peer = await c.add("peer")
+        c.link("seed", "peer")
+        with trio.fail_after(60):
+            await peer.completed.wait()
+        await trio.sleep(5)
+        assert len(ticks) >= 4
+        c.leave("peer")
+        await trio.sleep(10)
+        ticking_after_leave = len(ticks)
+        await trio.sleep(100)
+        assert seed.peers == [] and len(ticks) == ticking_after_leave
+        nursery.cancel_scope.cancel()
+    c.close()

@@ -22,7 +22,8 @@ from p2p.reach import (
     punch_targets,
     verdict,
 )
-from p2p.relay import RelayLimits, _bucket, _PacedStream
+from p2p.reach_service import ReachState, _watch
+from p2p.relay import Relaying, RelayLimits, _bucket, _PacedStream
 
 ECHO = "/test/echo/1"
 
@@ -313,3 +314,53 @@ def test_a_connections_kind_is_worked_out_once_and_one_with_no_address_yet_is_as
     assert connection_kind(fresh) == "direct"
     fresh.addrs = ["/ip4/5.6.7.8/tcp/2/p2p/QmRelay/p2p-circuit"]  # its addresses came: now it is known relayed
     assert connection_kind(fresh) == "relayed" and connection_kind(fresh) == "relayed" and fresh.asked == 2
+
+
+class _Conn:
+    """A connection as the reach watcher sees it: its transport addresses, which may show up late."""
+
+    def __init__(self, addrs: list[str]) -> None:
+        self.addrs = addrs
+
+    def get_transport_addresses(self) -> list[str]:
+        return self.addrs
+
+
+class _Network:
+    def __init__(self, connections: dict) -> None:
+        self.connections = connections
+
+
+class _Libp2p:
+    def __init__(self, connections: dict) -> None:
+        self._network = _Network(connections)
+
+    def get_network(self) -> _Network:
+        return self._network
+
+
+async def test_the_reach_watcher_looks_again_only_when_connections_change_or_a_kind_was_unsettled(autojump_clock):
+    """A watch round that finds the connections of the last one skips listing them (half a millisecond a second of
+    an idle peer); a connection that showed no address yet was judged direct for the moment, so it is looked at
+    again until it does, and a relayed one is noted once its circuit address shows."""
+    late = _Conn([])  # no address yet: "direct" for now, not settled
+    libp2p = _Libp2p({"peer-a": _Conn(["/ip4/10.0.0.1/tcp/4001"]), "peer-b": late})
+    state = ReachState(Reachability.PUBLIC, Relaying(None, None))
+    noted: list[int] = []
+    note = state.note_relayed
+    state.note_relayed = lambda host: noted.append(1) or note(host)
+    host = type("Host", (), {"libp2p": libp2p})()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch, state, host, ReachConfig(mode="public"), nursery)
+        await trio.sleep(3.5)
+        assert len(noted) == 4 and "peer-b" not in state.ever_relayed  # unsettled: every round looks again
+        late.addrs = ["/ip4/10.0.0.9/tcp/4001/p2p/QmRelay/p2p-circuit"]
+        await trio.sleep(1)
+        assert "peer-b" in state.ever_relayed
+        rounds = len(noted)
+        await trio.sleep(10)
+        assert len(noted) == rounds  # everything settled and unchanged: nothing to look at
+        libp2p.get_network().connections["peer-c"] = _Conn(["/ip4/10.0.0.3/tcp/4001"])
+        await trio.sleep(1)
+        assert len(noted) == rounds + 1
+        nursery.cancel_scope.cancel()

@@ -11,7 +11,13 @@ import trio.testing
 from p2p.identity import Identity
 from p2p.store import PieceStore
 from swarm.policy.mirror import PolicyMirror
-from swarm.policy.mirror_dial import TOP_UP_AFTER, link_order
+from swarm.policy.mirror_dial import (
+    RECONCILE_BUSY_S,
+    RECONCILE_IDLE_S,
+    RECONCILE_SETTLED_AFTER,
+    TOP_UP_AFTER,
+    link_order,
+)
 from swarm.policy.trust import TrainerTrust
 from tests.test_swarm_mirror import signed_version
 
@@ -188,3 +194,22 @@ def test_a_peers_link_order_is_secret_so_identities_cannot_be_ground_to_come_fir
         one, again = (PolicyMirror(store, "me", trust, run="r") for _ in range(2))  # the same id, restarted
         assert len(one.link_salt) >= 16 and one.link_salt != again.link_salt
         assert link_order(b"m" * 32, one.link_salt, peers) != link_order(b"m" * 32, again.link_salt, peers)
+
+
+async def test_link_rounds_slow_down_once_every_version_is_complete_and_settled(tmp_path, autojump_clock):
+    """Four link rounds a second were the largest single cost of an idle peer; they run that often only while a
+    version is being fetched or is young (its links open, top up and replace stalled ones), else every 2 s."""
+    async with running_mirror(tmp_path, "me") as (mirror, key, nursery):
+        assert mirror.reconcile_pause(trio.current_time()) == RECONCILE_IDLE_S  # nothing to fetch yet
+        origin = tmp_path / "v0"
+        held = mirror.adopt(signed_version(tmp_path, key, 0), local_dir=origin)  # complete here from the start
+        await trio.sleep(0.1)
+        assert held.service.completed.is_set()
+        assert mirror.reconcile_pause(trio.current_time()) == RECONCILE_BUSY_S  # young: links still opening
+        await trio.sleep(RECONCILE_SETTLED_AFTER)
+        assert mirror.reconcile_pause(trio.current_time()) == RECONCILE_IDLE_S
+        fetching = mirror.adopt(signed_version(tmp_path, key, 1))  # others hold its pieces: incomplete here
+        await trio.sleep(2 * RECONCILE_SETTLED_AFTER)
+        assert not fetching.service.completed.is_set()
+        assert mirror.reconcile_pause(trio.current_time()) == RECONCILE_BUSY_S
+        nursery.cancel_scope.cancel()

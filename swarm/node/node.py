@@ -422,8 +422,10 @@ async def _reconcile_links(node: Node, open_data_channel) -> None:
         return await open_data_channel(node.host, peer)
 
     while True:
+        changed = node.mirror.changed  # taken first: a version adopted during the round wakes the next at once
         await node.mirror.reconcile(node.connected_peers(), dial, node.config.limits.max_peers)
-        await trio.sleep(0.25)
+        with trio.move_on_after(node.mirror.reconcile_pause(trio.current_time())):
+            await changed.wait()
 
 
 async def _report_progress(node: Node) -> None:
