@@ -1,14 +1,15 @@
 """`swarm bench scale`: what one peer's protocol costs as the run grows, measured on loopback, estimated at 1,000.
 
-Separate processes, as `swarm bench broadcast` runs them: a publisher that signs and announces a new policy
-version when told (what a trainer does between steps), and light seed-only peers, each a `swarm` node with its own
-host, gossip, DHT and mirror. The swarm grows in steps (8, 16, 32, 64 peers by default: new peers join the running
-ones), and at each size, once every peer holds the newest version, the joiners' data channels have settled (fewer
-than two opened per peer in 10 s) and `--settle` seconds have passed, every peer is measured over three windows
-of `--window` seconds: an idle one, in which no version is published (heartbeats, gossip upkeep, DHT upkeep,
-data-channel upkeep); a chatty one, in which every peer also sends a heartbeat every 6 s (what a flooded message
-costs each peer, with its duplicates and forwards); then one in which a version is published every
-`--version-every` seconds. Per window and peer:
+Separate processes, as `swarm bench broadcast` runs them: a publisher that signs and announces a new policy version
+when told (what a trainer does between steps), and light seed-only peers, each a `swarm` node with its own host,
+gossip, DHT and mirror, run as `swarm peer start` runs one (its start-up objects frozen out of the garbage
+collector's full collections, swarm.node.gc_warmup). The swarm grows in steps (8, 16, 32, 64 peers by default: new
+peers join the running ones), and at each size, once every peer holds the newest version, the joiners' data
+channels have settled (fewer than two opened per peer in 10 s) and `--settle` seconds have passed, every peer is
+measured over three windows of `--window` seconds: an idle one, in which no version is published (heartbeats,
+gossip upkeep, DHT upkeep, data-channel upkeep); a chatty one, in which every peer also sends a heartbeat every 6 s
+(what a flooded message costs each peer, with its duplicates and forwards); then one in which a version is
+published every `--version-every` seconds. Per window and peer:
 
 - cpu_share: CPU seconds (user + system, /proc/<pid>/stat) per wall second: one core is 1.0;
 - rss_mb: resident memory (/proc/<pid>/status VmRSS);
@@ -60,6 +61,7 @@ from swarm.bench.scale_measure import measure, wait_links_settled, wait_synced
 from swarm.config import DHT_PROVIDERS_WANTED, LimitsSection, MirrorSection, load_config
 from swarm.errors import UserError
 from swarm.events import EventSink
+from swarm.node.gc_warmup import run_freezing_after_warmup
 from swarm.node.gossip import heartbeat_body
 from swarm.node.node import open_node_parts
 
@@ -149,7 +151,8 @@ def publisher_main(argv: list[str]) -> int:
                 await trio.sleep_forever()  # the bench closed our stdin: keep serving until it stops us
 
     config = _node_config(run, data_dir, [], key.public_bytes.hex(), int(links))
-    return trio.run(open_node_parts, config, key, events, [publish, report_gossip], key.public_bytes)
+    return trio.run(run_freezing_after_warmup, open_node_parts, config, key, events, [publish, report_gossip],
+                    key.public_bytes)
 
 
 def peer_main(argv: list[str]) -> int:
@@ -159,8 +162,8 @@ def peer_main(argv: list[str]) -> int:
     events = EventSink(json_lines=True)
     events.configure_logging()
     config = _node_config(run, data_dir, bootstrap, key_hex, int(links), float(providers))
-    return trio.run(open_node_parts, config, Identity.generate(), events, [report_gossip, chatter_when_told],
-                    bytes.fromhex(key_hex))
+    return trio.run(run_freezing_after_warmup, open_node_parts, config, Identity.generate(), events,
+                    [report_gossip, chatter_when_told], bytes.fromhex(key_hex))
 
 
 async def chatter_when_told(node) -> None:
