@@ -194,11 +194,17 @@ async def traverse(
     rank: Callable[[P], Any] | None = None,
     skip: frozenset | set = frozenset(),
     timeout: float = math.inf,
+    closest: int = 0,
 ) -> list[T]:
     """Iterative Kademlia-style lookup: ask the best-ranked unasked peers (`concurrency` at a time) for items and
     closer peers, until `enough(items)`, no candidates remain, `max_queries` peers were asked or `timeout` seconds
     passed; returns the items found so far. A peer whose `ask` raises is skipped (unreachable or hostile peers
-    cost one query, nothing more)."""
+    cost one query, nothing more).
+
+    `closest` (for lookups whose items are the peers that answered, ranked by `rank`): stop also once that many
+    answered and every candidate left ranks after all of them, Kademlia's own end: nobody closer is left to ask.
+    Why: without it a lookup for the closest peers asked its whole budget every time (40 queries for each
+    provide, put and refresh), though in a run of 64 the 20 closest had answered after about half of them."""
     items: list[T] = []
     asked: set[P] = set(skip)
     candidates: list[P] = _ranked(dict.fromkeys(p for p in start if p not in asked), rank)
@@ -222,7 +228,17 @@ async def traverse(
                 for peer in batch:
                     nursery.start_soon(ask_one, peer)
             candidates[:] = _ranked(candidates, rank)
+            if closest and rank is not None and _converged(items, candidates, rank, closest):
+                break
     return list(items)
+
+
+def _converged(answered: list, candidates: list, rank: Callable[[Any], Any], closest: int) -> bool:
+    """Whether the `closest` best-ranked peers that answered all rank ahead of the best candidate left."""
+    if len(answered) < closest:
+        return False
+    kth = sorted(map(rank, answered))[closest - 1]
+    return not candidates or rank(candidates[0]) > kth
 
 
 def _ranked(peers: Any, rank: Callable[[Any], Any] | None) -> list:
@@ -378,16 +394,16 @@ class DHT:
         async def ask(peer: Any) -> tuple[list[Any], list[Any]]:
             return [peer], await self.kad.peer_routing._query_peer_for_closest(peer, key)
 
-        asked = await self._lookup(key, ask, enough=lambda items: False)
+        asked = await self._lookup(key, ask, enough=lambda items: False, closest=count)
         return sorted(set(asked), key=xor_rank(key))[:count]
 
     async def _lookup(self, key: bytes, ask: Callable[[Any], Awaitable[tuple[list[T], list[Any]]]],
-                      enough: Callable[[list[T]], bool]) -> list[T]:
+                      enough: Callable[[list[T]], bool], closest: int = 0) -> list[T]:
         near = self.kad.routing_table.find_local_closest_peers(key, 20)
         start = list(dict.fromkeys([*near, *self.host.libp2p.get_connected_peers()]))
         return await traverse(
             start, ask, enough=enough, max_queries=self.config.max_queries, concurrency=self.config.concurrency,
-            rank=xor_rank(key), skip={self._me}, timeout=self.config.lookup_timeout_s,
+            rank=xor_rank(key), skip={self._me}, timeout=self.config.lookup_timeout_s, closest=closest,
         )
 
     async def _maintain(self) -> None:

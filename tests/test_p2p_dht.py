@@ -93,6 +93,34 @@ async def test_traverse_returns_what_it_found_when_time_runs_out(autojump_clock)
     assert found == [f"prov-{p}" for p in net.asked[:3]] and len(net.asked) == 4  # the 4th was cut short
 
 
+async def test_a_closest_peers_lookup_ends_once_nobody_closer_is_left_to_ask(autojump_clock):
+    """Kademlia's end: a lookup for the 20 closest peers stops once the 20 best that answered rank ahead of every
+    candidate left, instead of spending its whole budget (40 queries for each provide, put and refresh), and
+    finds the same 20 as the lookup that asked all 40."""
+    n, rank = 500, lambda p: (p * 2654435761) % 2**32 ^ 0x5A5A5A5A
+
+    def kademlia_like() -> FakeNetwork:
+        net = FakeNetwork(n, 60, {})
+        net.links = {p: sorted(peers, key=rank)[:20] for p, peers in net.links.items()}  # the 20 it knows closest
+        return net
+
+    async def lookup(closest: int) -> tuple[list[int], int]:
+        net = kademlia_like()
+
+        async def ask(peer: int) -> tuple[list[int], list[int]]:
+            _, closer = await net.ask(peer)
+            return [peer], closer
+
+        answered = await traverse(list(range(0, n, 25)), ask, enough=lambda items: False, max_queries=40,
+                                  concurrency=3, rank=rank, closest=closest)
+        return sorted(answered, key=rank)[:20], len(net.asked)
+
+    full, asked_full = await lookup(closest=0)
+    ended, asked_ended = await lookup(closest=20)
+    assert asked_full == 40 and asked_ended < 40
+    assert ended == full
+
+
 async def test_traverse_asks_closest_first(autojump_clock):
     net = FakeNetwork(100, 10, {})
     await traverse([50, 10, 90], net.ask, enough=lambda items: False, max_queries=5, concurrency=1,
