@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 import trio
 import trio.testing
 
-from p2p.identity import Identity
+from p2p.identity import Identity, peer_id_from_public_bytes
 from p2p.store import PieceStore
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.mirror_dial import (
@@ -23,10 +23,11 @@ from tests.test_swarm_mirror import signed_version
 
 
 @asynccontextmanager
-async def running_mirror(tmp_path, my_id: str, keep_versions: int | None = None, **settings):
-    """A started mirror of peer `my_id` (PolicyMirror `settings`) following a run of a fresh trainer key, with that
-    key and the nursery the mirror runs in."""
-    key = Identity.generate()
+async def running_mirror(tmp_path, my_id: str, keep_versions: int | None = None, key: Identity | None = None,
+                         **settings):
+    """A started mirror of peer `my_id` (PolicyMirror `settings`) following a run of `key` (default: a fresh trainer
+    key), with that key and the nursery the mirror runs in."""
+    key = key or Identity.generate()
     store_settings = {} if keep_versions is None else {"keep_versions": keep_versions}
     with PieceStore(tmp_path / "store", **store_settings) as store:
         mirror = PolicyMirror(store, my_id, TrainerTrust("r", key.public_bytes, tmp_path), run="r", **settings)
@@ -213,3 +214,31 @@ async def test_link_rounds_slow_down_once_every_version_is_complete_and_settled(
         assert not fetching.service.completed.is_set()
         assert mirror.reconcile_pause(trio.current_time()) == RECONCILE_BUSY_S
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_holding_a_version_it_did_not_sign_opens_no_top_up_links(tmp_path, autojump_clock):
+    """A top-up link brings its opener more sources; a peer holding every piece needs none (its neighbours still
+    fetching top up themselves). With small versions 14 of a peer's 16 link ends per version opened after it held
+    the version. Such a peer keeps its own half; the version's origin, the only source at first, tops up."""
+    key = Identity.generate()
+    origin = peer_id_from_public_bytes(key.public_bytes)
+    neighbours = [f"peer-{i:02d}" for i in range(20)]  # each sorts after both ids below: the links are ours to dial
+    opened = {}
+    for me in ("me", origin):
+        async with running_mirror(tmp_path / me, me, key=key, links_per_version=6) as (mirror, _, nursery):
+
+            async def dial(peer):
+                if peer not in policy.dialing:
+                    raise OSError("unreachable")  # spares: out of the way of the links
+                await trio.sleep_forever()  # a link's dial under way keeps its place
+
+            policy = mirror.adopt(signed_version(tmp_path / me, key, 0), local_dir=tmp_path / me / "v0")
+            await trio.sleep(0.1)
+            assert policy.service.completed.is_set()
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            assert len(policy.dialing) == 3  # its own half at once, either way
+            await trio.sleep(TOP_UP_AFTER)
+            await mirror.reconcile(neighbours, dial, max_links=32)
+            opened[me] = len(policy.dialing)
+            nursery.cancel_scope.cancel()
+    assert opened == {"me": 3, origin: 6}

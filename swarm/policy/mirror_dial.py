@@ -95,11 +95,11 @@ class OutboundLinks:
         wanted = min(max_links, self.links_per_version)
         for policy in list(self.policies.values()):
             service = policy.service
-            early = now - policy.adopted_at < self.top_up_after
-            if service is None or service._nursery is None or _enough_links(policy, wanted, early):
-                continue  # most rounds: nothing to open, so no order to draw (4 times a second, every version)
+            own_half_only = now - policy.adopted_at < self.top_up_after or self._holds_as_follower(policy)
+            if service is None or service._nursery is None or _enough_links(policy, wanted, own_half_only):
+                continue  # most rounds: nothing to open, so no order to draw (every round, every version)
             for peer in link_order(policy.manifest.id, self.link_salt, peers, last=policy.dropped):
-                if _enough_links(policy, wanted, early):
+                if _enough_links(policy, wanted, own_half_only):
                     break
                 if (peer == self.my_id or peer in service.peers or peer in policy.dialing
                         or peer in self._spare_dialing  # about to be there: a second dial would only compete
@@ -117,6 +117,18 @@ class OutboundLinks:
                 self._nursery.start_soon(self._contained, peer, self._dial_link, policy, peer, dial,
                                          self._take_spare(peer, now))
         self._keep_spares(peers, dial, max_links, now)
+
+    def _holds_as_follower(self, policy: MirroredPolicy) -> bool:
+        """Whether this peer holds `policy` complete and did not sign it: it then opens no top-up links (its own half
+        still opens at once), and serves over every link others open to it.
+
+        Why: a top-up link brings its opener more sources, which a peer holding every piece does not need; the
+        neighbours still fetching top up themselves. With a small version, which every peer held within a second,
+        14 of each peer's 16 link ends per version opened after it held the version, half of them top-ups at 5 s,
+        each a channel, a preamble, two hellos and a teardown at both ends for nothing. The origin keeps topping
+        up: at first it is the only source there is."""
+        service = policy.service
+        return service is not None and service.completed.is_set() and policy.origin != self.my_id
 
     def reconcile_pause(self, now: float) -> float:
         """Seconds until the next `reconcile` round: RECONCILE_BUSY_S while some version is incomplete here or
@@ -235,16 +247,16 @@ def spare_lifetime(ttl: float, draw: Callable[[], float] = random.random) -> flo
     return ttl * (1.0 - SPARE_TTL_SPREAD * draw())
 
 
-def _enough_links(policy: MirroredPolicy, wanted: int, early: bool = False) -> bool:
+def _enough_links(policy: MirroredPolicy, wanted: int, own_half_only: bool = False) -> bool:
     """Whether a version has the links this peer opens for it: `wanted` in all (dials and announcements under way
-    included), at least half of them opened by this peer; while `early` (the version's first TOP_UP_AFTER seconds
-    here), only that own half. Why half its own: links others open cost as much as ours and count too, but
+    included), at least half of them opened by this peer; while `own_half_only` (the version's first TOP_UP_AFTER
+    seconds here, and once this peer holds it without having signed it), only that own half. Why half its own: links others open cost as much as ours and count too, but
     identities that link a peer the moment a version appears (or hand it the version themselves) could otherwise
     take every place with links that carry nothing, and the peer would open none."""
     links = set(policy.service.peers)
     own = len(links & policy.opened) + len(policy.dialing)
     half = (wanted + 1) // 2
-    return own >= half and (early or len(links) + len(policy.dialing) >= wanted)
+    return own >= half and (own_half_only or len(links) + len(policy.dialing) >= wanted)
 
 
 def link_order(manifest_id: bytes, salt: bytes, peers: list[str],
