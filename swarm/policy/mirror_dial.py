@@ -250,9 +250,10 @@ def spare_lifetime(ttl: float, draw: Callable[[], float] = random.random) -> flo
 def _enough_links(policy: MirroredPolicy, wanted: int, own_half_only: bool = False) -> bool:
     """Whether a version has the links this peer opens for it: `wanted` in all (dials and announcements under way
     included), at least half of them opened by this peer; while `own_half_only` (the version's first TOP_UP_AFTER
-    seconds here, and once this peer holds it without having signed it), only that own half. Why half its own: links others open cost as much as ours and count too, but
-    identities that link a peer the moment a version appears (or hand it the version themselves) could otherwise
-    take every place with links that carry nothing, and the peer would open none."""
+    seconds here, and once this peer holds it without having signed it), only that own half. Why half its own: links
+    others open cost as much as ours and count too, but identities that link a peer the moment a version appears (or
+    hand it the version themselves) could otherwise take every place with links that carry nothing, and the peer
+    would open none."""
     links = set(policy.service.peers)
     own = len(links & policy.opened) + len(policy.dialing)
     half = (wanted + 1) // 2
