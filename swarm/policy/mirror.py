@@ -15,8 +15,9 @@ peer linking every version to all of its neighbours paid in proportion to them (
 and 12 % at 16, one version every 20 s); in virtual time 8 links per peer finish a broadcast within 1.3x of the
 bound at 64 to 1,000 peers. For a version's first `top_up_after` seconds a peer opens only its own half: all peers
 opening every place at once, before the links others chose to open to them arrived, left each with about twice as
-many (15.7 per version at 64 peers, where 8 were meant). A peer that does not re-seed (the single-origin baseline)
-links only with the manifest's origin, the trainer's peer.
+many (15.7 per version at 64 peers, where 8 were meant). A peer holding a version it did not sign opens no top-ups
+for it: they would bring it sources it no longer needs (`OutboundLinks._holds_as_follower`). A peer that does not
+re-seed (the single-origin baseline) links only with the manifest's origin, the trainer's peer.
 """
 
 from __future__ import annotations
