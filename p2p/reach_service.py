@@ -185,12 +185,13 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
     next_check = next_redial = trio.current_time() + config.recheck_s
     seen: tuple = ()
     while True:
-        if (now_seen := _connections_seen(state, host.libp2p)) != seen:  # else nothing to note or punch anew
+        if _connections_seen(state, host.libp2p) != seen:  # else nothing to note or punch anew
             state.note_relayed(host.libp2p)
             if state.dcutr is not None:
                 _drive_punches(state, host.libp2p, nursery)
-            # a connection that showed no address yet was judged direct for now: look again next round
-            seen = now_seen if all(map(kind_settled, now_seen[0])) else ()
+            seen = _connections_seen(state, host.libp2p)  # with the punches just started
+            if not all(map(kind_settled, seen[0])):  # one that showed no address yet passed for direct: look again
+                seen = ()
         if (state.status is Reachability.UNKNOWN and config.mode == "auto" and trio.current_time() >= next_check
                 and _connected_bootstrap(host)):
             next_check = trio.current_time() + config.recheck_s

@@ -71,6 +71,7 @@ def connection_kind(conn: Any) -> str:
 
 
 _KINDS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+"""connection -> its kind, for as long as the connection object lives."""
 
 
 def kind_settled(conn: Any) -> bool:
@@ -79,4 +80,3 @@ def kind_settled(conn: Any) -> bool:
         return conn in _KINDS
     except TypeError:
         return False
-"""connection -> its kind, for as long as the connection object lives."""

@@ -21,8 +21,8 @@ from p2p.dht import (
     best_record,
     latest_manifest_key,
     open_dht,
-    traverse,
 )
+from p2p.dht_lookup import traverse
 from p2p.errors import DHTError
 from p2p.host import HostConfig, open_host
 from p2p.identity import Identity

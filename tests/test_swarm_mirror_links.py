@@ -12,6 +12,7 @@ from p2p.identity import Identity, peer_id_from_public_bytes
 from p2p.store import PieceStore
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.mirror_dial import (
+    ANNOUNCE_AGAIN_AFTER,
     RECONCILE_BUSY_S,
     RECONCILE_IDLE_S,
     RECONCILE_SETTLED_AFTER,
@@ -152,7 +153,7 @@ async def test_announcements_waiting_for_an_answer_count_against_links_per_versi
         await trio.sleep(2.0)  # past announce_after: nobody dialed its link
         await mirror.reconcile(neighbours, dial, max_links=32)
         await mirror.reconcile(neighbours, dial, max_links=32)
-        assert len(policy.announced) == 3 and policy.dialing == policy.announced
+        assert len(policy.announced) == 3 and policy.dialing == set(policy.announced)
         nursery.cancel_scope.cancel()
 
 
@@ -242,3 +243,32 @@ async def test_a_peer_holding_a_version_it_did_not_sign_opens_no_top_up_links(tm
             opened[me] = len(policy.dialing)
             nursery.cancel_scope.cancel()
     assert opened == {"me": 3, origin: 6}
+
+
+async def test_a_neighbour_that_did_not_take_an_announcement_is_told_again_later_not_at_every_round(tmp_path,
+                                                                                                   autojump_clock):
+    """A peer reaches smaller neighbours only by announcing versions to them, and peers holding a version open no
+    top-ups, so one announcement that found a neighbour without the version (or full) must not be the last; but each
+    takes a spare channel, so a neighbour that keeps refusing is told again only every ANNOUNCE_AGAIN_AFTER."""
+    async with running_mirror(tmp_path, "zz", links_per_version=2, top_up_after=0.0) as (mirror, key, nursery):
+        told: list[float] = []
+
+        async def dial(peer):  # each spare's far end reads the announcement and closes: a refusal
+            ours, theirs = trio.testing.memory_stream_pair()
+
+            async def refuse():
+                if await theirs.receive_some(65536):
+                    told.append(trio.current_time())
+                await theirs.aclose()
+
+            nursery.start_soon(refuse)
+            return ours
+
+        policy = mirror.adopt(signed_version(tmp_path, key, 0))
+        for _ in range(int(4 * 2.5 * ANNOUNCE_AGAIN_AFTER)):  # the node's rounds, four a second while it fetches
+            await mirror.reconcile(["peer-00"], dial, max_links=32)
+            await trio.sleep(0.25)
+        assert not policy.service.completed.is_set()
+        assert len(told) == 3  # after announce_after, then once every ANNOUNCE_AGAIN_AFTER
+        assert all(ANNOUNCE_AGAIN_AFTER <= b - a < ANNOUNCE_AGAIN_AFTER + 1 for a, b in zip(told, told[1:]))
+        nursery.cancel_scope.cancel()

@@ -10,6 +10,7 @@ heartbeats at most one per half `heartbeat_every_s`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import secrets
@@ -246,12 +247,8 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 if config.peer.metrics_port:
                     await nursery.start(serve_node_metrics, node)
                 await nursery.start(mirror.run_service)
-                await nursery.start(
-                    serve_data_channels,
-                    host,
-                    mirror.accept_link,
-                    ChannelConfig(exempt_loopback=config.limits.data_exempt_loopback),
-                )
+                await nursery.start(serve_data_channels, host, mirror.accept_link,
+                                    ChannelConfig(exempt_loopback=config.limits.data_exempt_loopback))
                 install_manifest_server(
                     host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None
                 )
@@ -418,9 +415,7 @@ async def _adopt_latest_from_dht(node: Node) -> None:
 
 
 async def _reconcile_links(node: Node, open_data_channel) -> None:
-    async def dial(peer: str):
-        return await open_data_channel(node.host, peer)
-
+    dial = functools.partial(open_data_channel, node.host)  # a peer id -> its data channel
     while True:
         changed = node.mirror.changed  # taken first: a version adopted during the round wakes the next at once
         await node.mirror.reconcile(node.connected_peers(), dial, node.config.limits.max_peers)

@@ -66,7 +66,7 @@ class MirroredPolicy:
     scope: trio.CancelScope | None = None
     dialing: set[str] = field(default_factory=set)  # links we dial, and announcements waiting for an answer
     failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
-    announced: set[str] = field(default_factory=set)  # smaller peers we handed the manifest to (they dial us)
+    announced: dict[str, float] = field(default_factory=dict)  # smaller peers we handed the manifest to -> when
     dropped: set[str] = field(default_factory=set)  # peers this version's service dropped: linked again only last
     opened: set[str] = field(default_factory=set)  # peers whose link this peer opened (dialed, or announced)
     announced_complete: bool = False

@@ -54,12 +54,18 @@ RECONCILE_BUSY_S = 0.25
 RECONCILE_SETTLED_AFTER ago: its links open, top up and replace the ones that stall within a quarter second."""
 RECONCILE_IDLE_S = 2.0
 """Seconds between link rounds once every version is complete here and settled: the rounds then only renew
-spares and dial new neighbours', which a few seconds' delay does not hurt, and the node wakes a round at once when
+spares and dial new neighbours, which a few seconds' delay does not hurt, and the node wakes a round at once when
 a version is adopted. Why not a quarter second always: a round lists the connections and walks every spare and
 version, about 0.3 ms of CPU, and four of them a second were the largest single cost of an idle peer of 32
 (a tenth of a percent of a core, more than py-libp2p's gossip heartbeat)."""
 RECONCILE_SETTLED_AFTER = 30.0
 """Seconds after adoption past which a complete version no longer keeps link rounds at RECONCILE_BUSY_S."""
+ANNOUNCE_AGAIN_AFTER = 10.0
+"""Seconds before a smaller peer is told of a version again, while this peer still opens links for it: the first
+announcement may have found it without the version or full, its answer may have failed, or the link it dialed may
+have dropped since. Why not once only: a peer holding a version it did not sign opens no top-ups, so a peer still
+fetching reaches its smaller neighbours through its own announcements alone; why not at every round: each
+announcement takes a spare channel, and a neighbour that keeps refusing would cost a spare every round."""
 _DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
 Dialer = Callable[[str], Awaitable[Any]]
 
@@ -105,11 +111,12 @@ class OutboundLinks:
                         or peer in self._spare_dialing  # about to be there: a second dial would only compete
                         or not self._may_link(policy, peer) or now - policy.failures.get(peer, -math.inf) < 2.0):
                     continue
-                if peer < self.my_id:  # its link is the peer's to dial: tell it about the manifest, once, if it is late
-                    late = peer not in policy.announced and now - policy.adopted_at >= self.announce_after
+                if peer < self.my_id:  # its link is the peer's to dial: tell it about the manifest if it is late
+                    late = (now - policy.announced.get(peer, -math.inf) >= ANNOUNCE_AGAIN_AFTER
+                            and now - policy.adopted_at >= self.announce_after)
                     spare = self._take_spare(peer, now) if late else None
                     if spare is not None:  # waiting for its answer counts like a dial: it may become our link
-                        policy.announced.add(peer)
+                        policy.announced[peer] = now
                         policy.dialing.add(peer)
                         self._nursery.start_soon(self._contained, peer, self._announce, policy, peer, spare)
                     continue
@@ -131,11 +138,12 @@ class OutboundLinks:
         return service is not None and service.completed.is_set() and policy.origin != self.my_id
 
     def reconcile_pause(self, now: float) -> float:
-        """Seconds until the next `reconcile` round: RECONCILE_BUSY_S while some version is incomplete here or
-        younger than RECONCILE_SETTLED_AFTER, else RECONCILE_IDLE_S."""
+        """Seconds until the next `reconcile` round: RECONCILE_BUSY_S while some version is incomplete here,
+        younger than RECONCILE_SETTLED_AFTER or signed by this peer (its first source: a large version spreads for
+        minutes, and a link to it that drops is replaced at once), else RECONCILE_IDLE_S."""
         for policy in self.policies.values():
             service = policy.service
-            if (service is None or not service.completed.is_set()
+            if (service is None or not service.completed.is_set() or policy.origin == self.my_id
                     or now - policy.adopted_at < RECONCILE_SETTLED_AFTER):
                 return RECONCILE_BUSY_S
         return RECONCILE_IDLE_S
