@@ -141,12 +141,9 @@ class OutboundLinks:
         """Seconds until the next `reconcile` round: RECONCILE_BUSY_S while some version is incomplete here,
         younger than RECONCILE_SETTLED_AFTER or signed by this peer (its first source: a large version spreads for
         minutes, and a link to it that drops is replaced at once), else RECONCILE_IDLE_S."""
-        for policy in self.policies.values():
-            service = policy.service
-            if (service is None or not service.completed.is_set() or policy.origin == self.my_id
-                    or now - policy.adopted_at < RECONCILE_SETTLED_AFTER):
-                return RECONCILE_BUSY_S
-        return RECONCILE_IDLE_S
+        settled = all(self._holds_as_follower(policy) and now - policy.adopted_at >= RECONCILE_SETTLED_AFTER
+                      for policy in self.policies.values())
+        return RECONCILE_IDLE_S if settled else RECONCILE_BUSY_S
 
     def _pop_spare(self, peer: str) -> tuple[Any, float] | None:
         """Remove our spare to `peer` (the channel and when it retires), with its peer's absence, if any."""
