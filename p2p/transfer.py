@@ -121,8 +121,8 @@ class SwarmService:
         self._reported: set[str] = set()  # linked peers whose drop was already reported (once per link)
         self.corrupt_pieces: set[int] = set()  # pieces whose stored copy went bad on disk (refused since)
         self._links: dict[str, _Link] = {}
-        # set when a link opens: the ticker sleeps on it while there is none. Why: a complete version kept for its
-        # window ticked every second for nothing, one of the periodic wake-ups that made up most of an idle peer's CPU
+        # set when a link opens: the ticker sleeps on it while there is none. Why: a version kept for its window
+        # ticked every second for nothing, one of the periodic wake-ups that made up most of an idle peer's CPU
         self._link_opened = trio.Event()
         # the node's upload cap: a bucket shared by the services of every version it serves (config.upload_bps
         # applies to this service alone only when none is given)
@@ -135,7 +135,10 @@ class SwarmService:
     # ------------------------------------------------------------------ service
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests while a link is open.
+        """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests while a link is open
+        and pieces are missing. Why not once complete: a tick then finds nothing to time out or ask (the engine only
+        requests, and a held piece is never missing again), and a version is served complete for most of its window
+        with its links open, every one of its kept versions waking the peer each second.
 
         A store failure (disk full, I/O error) ends the service with that one user-facing error, not a group.
         """
@@ -145,12 +148,13 @@ class SwarmService:
                 if self.engine.complete:
                     self.completed.set()
                 task_status.started(self)
-                while True:
+                while not self.engine.complete:
                     if not self._links:  # nothing to time out or ask while no link is open: wait for one
                         await self._link_opened.wait()
                     self._link_opened = trio.Event()
                     await trio.sleep(self.config.tick_interval)
                     self._dispatch(self.engine.tick(trio.current_time()))
+                await trio.sleep_forever()  # complete: serving answers the peers' requests, and needs no ticks
         except* StoreError as group:
             raise first_leaf(group) from None
         finally:

@@ -297,28 +297,28 @@ def test_roles_choose_super_seeding_only_for_the_origin():
         TransferConfig.for_role("leech")
 
 
-async def test_a_service_ticks_only_while_a_link_is_open(tmp_path, autojump_clock):
-    """A version kept for its window ticked every second with no link to time out or ask; it sleeps until a link
-    opens, ticks while links are open (a stalled peer is still dropped), and sleeps again once they are gone."""
+async def test_a_service_ticks_only_while_a_link_is_open_and_pieces_are_missing(tmp_path, autojump_clock):
+    """A version kept for its window ticked every second with nothing to time out or ask: a fetching service sleeps
+    until a link opens and ticks while one is open (a stalled peer is still dropped) until it holds every piece; a
+    complete one (the seed from the start, the fetcher once done, its link still open) never ticks."""
     manifest = make_policy(tmp_path / "src", 1 * MB)
     async with trio.open_nursery() as nursery:
         c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
-        seed = await c.add("seed", seed_from=tmp_path / "src")
-        ticks: list[float] = []
-        tick = seed.engine.tick
-        seed.engine.tick = lambda now: ticks.append(now) or tick(now)
-        await trio.sleep(100)
-        assert ticks == []
+        seed = await c.add("seed", seed_from=tmp_path / "src", upload_bps=MB / 4)  # a fetch of about 4 s
         peer = await c.add("peer")
+        ticks: dict[str, list[float]] = {"seed": [], "peer": []}
+        for name, service in (("seed", seed), ("peer", peer)):
+            tick = service.engine.tick
+            service.engine.tick = lambda now, tick=tick, name=name: ticks[name].append(now) or tick(now)
+        await trio.sleep(100)
+        assert ticks == {"seed": [], "peer": []}  # no link yet: nothing to ask
         c.link("seed", "peer")
         with trio.fail_after(60):
             await peer.completed.wait()
-        await trio.sleep(5)
-        assert len(ticks) >= 4
-        c.leave("peer")
-        await trio.sleep(10)
-        ticking_after_leave = len(ticks)
+        fetching_ticks = len(ticks["peer"])
+        assert fetching_ticks >= 2
         await trio.sleep(100)
-        assert seed.peers == [] and len(ticks) == ticking_after_leave
+        assert seed.peers == ["peer"] and peer.peers == ["seed"]  # the link stays open, served complete
+        assert ticks["seed"] == [] and len(ticks["peer"]) <= fetching_ticks + 1
         nursery.cancel_scope.cancel()
     c.close()
