@@ -15,7 +15,6 @@ from swarm.policy.mirror_dial import (
     ANNOUNCE_AGAIN_AFTER,
     RECONCILE_BUSY_S,
     RECONCILE_IDLE_S,
-    RECONCILE_SETTLED_AFTER,
     TOP_UP_AFTER,
     link_order,
 )
@@ -198,22 +197,28 @@ def test_a_peers_link_order_is_secret_so_identities_cannot_be_ground_to_come_fir
         assert link_order(b"m" * 32, one.link_salt, peers) != link_order(b"m" * 32, again.link_salt, peers)
 
 
-async def test_link_rounds_slow_down_once_every_version_is_complete_and_settled(tmp_path, autojump_clock):
+async def test_link_rounds_slow_down_once_every_version_is_complete_here_and_signed_elsewhere(tmp_path,
+                                                                                            autojump_clock):
     """Four link rounds a second were the largest single cost of an idle peer; they run that often only while a
-    version is being fetched or is young (its links open, top up and replace stalled ones), else every 2 s."""
+    version is being fetched here or was signed here (its links open, top up and replace stalled ones), else every
+    2 s, from the moment the last version completes."""
     async with running_mirror(tmp_path, "me") as (mirror, key, nursery):
-        assert mirror.reconcile_pause(trio.current_time()) == RECONCILE_IDLE_S  # nothing to fetch yet
-        origin = tmp_path / "v0"
-        held = mirror.adopt(signed_version(tmp_path, key, 0), local_dir=origin)  # complete here from the start
+        assert mirror.reconcile_pause() == RECONCILE_IDLE_S  # nothing to fetch yet
+        held = mirror.adopt(signed_version(tmp_path, key, 0), local_dir=tmp_path / "v0")  # complete from the start
         await trio.sleep(0.1)
         assert held.service.completed.is_set()
-        assert mirror.reconcile_pause(trio.current_time()) == RECONCILE_BUSY_S  # young: links still opening
-        await trio.sleep(RECONCILE_SETTLED_AFTER)
-        assert mirror.reconcile_pause(trio.current_time()) == RECONCILE_IDLE_S
+        assert mirror.reconcile_pause() == RECONCILE_IDLE_S  # a follower holding it: nothing to top up or replace
         fetching = mirror.adopt(signed_version(tmp_path, key, 1))  # others hold its pieces: incomplete here
-        await trio.sleep(2 * RECONCILE_SETTLED_AFTER)
+        await trio.sleep(60)
         assert not fetching.service.completed.is_set()
-        assert mirror.reconcile_pause(trio.current_time()) == RECONCILE_BUSY_S
+        assert mirror.reconcile_pause() == RECONCILE_BUSY_S
+        nursery.cancel_scope.cancel()
+    signer = peer_id_from_public_bytes(key.public_bytes)
+    async with running_mirror(tmp_path / "signer", signer, key=key) as (mirror, key, nursery):
+        mine = mirror.adopt(signed_version(tmp_path / "signer", key, 0), local_dir=tmp_path / "signer" / "v0")
+        await trio.sleep(60)
+        assert mine.service.completed.is_set() and mine.origin == mirror.my_id
+        assert mirror.reconcile_pause() == RECONCILE_BUSY_S  # the origin keeps its links coming
         nursery.cancel_scope.cancel()
 
 

@@ -419,7 +419,7 @@ async def _reconcile_links(node: Node, open_data_channel) -> None:
     while True:
         changed = node.mirror.changed  # taken first: a version adopted during the round wakes the next at once
         await node.mirror.reconcile(node.connected_peers(), dial, node.config.limits.max_peers)
-        with trio.move_on_after(node.mirror.reconcile_pause(trio.current_time())):
+        with trio.move_on_after(node.mirror.reconcile_pause()):
             await changed.wait()
 
 

@@ -50,16 +50,18 @@ at 1,000 peers). Half its own at once still gives each peer links of its own cho
 a version's flood and a late peer's announcement (`announce_after`), with room for a loaded machine; a peer short
 of links waits that long with its own half, which a broadcast of a large policy does not notice."""
 RECONCILE_BUSY_S = 0.25
-"""Seconds between link rounds (`reconcile`) while a version is being fetched or was adopted less than
-RECONCILE_SETTLED_AFTER ago: its links open, top up and replace the ones that stall within a quarter second."""
+"""Seconds between link rounds (`reconcile`) while this peer fetches a version or signed one: its links open, top
+up and replace the ones that stall within a quarter second."""
 RECONCILE_IDLE_S = 2.0
-"""Seconds between link rounds once every version is complete here and settled: the rounds then only renew
-spares and dial new neighbours, which a few seconds' delay does not hurt, and the node wakes a round at once when
-a version is adopted. Why not a quarter second always: a round lists the connections and walks every spare and
-version, about 0.3 ms of CPU, and four of them a second were the largest single cost of an idle peer of 32
-(a tenth of a percent of a core, more than py-libp2p's gossip heartbeat)."""
-RECONCILE_SETTLED_AFTER = 30.0
-"""Seconds after adoption past which a complete version no longer keeps link rounds at RECONCILE_BUSY_S."""
+"""Seconds between link rounds once every version is complete here and signed by another peer: the rounds then
+only renew spares, dial new neighbours and repeat announcements to smaller ones, which a second's delay does not
+hurt, and the node wakes a round at once when a version is adopted or completes (its own half of the links opens
+then). Why not a quarter second always: a round lists the connections and walks every spare and version, about
+0.2-0.3 ms of CPU, and four of them a second were the largest single cost of an idle peer of 32 (a tenth of a
+percent of a core, more than py-libp2p's gossip heartbeat). Why not for a version's first 30 s as well: with a
+version every 20 s that kept every peer at four rounds a second for good, a third of what a version cost a peer
+of 32 (a per-task CPU count), while a peer holding every piece opens no top-ups and needs no stalled link
+replaced (the neighbours still fetching replace their own)."""
 ANNOUNCE_AGAIN_AFTER = 10.0
 """Seconds before a smaller peer is told of a version again, while this peer still opens links for it: the first
 announcement may have found it without the version or full, its answer may have failed, or the link it dialed may
@@ -137,12 +139,11 @@ class OutboundLinks:
         service = policy.service
         return service is not None and service.completed.is_set() and policy.origin != self.my_id
 
-    def reconcile_pause(self, now: float) -> float:
-        """Seconds until the next `reconcile` round: RECONCILE_BUSY_S while some version is incomplete here,
-        younger than RECONCILE_SETTLED_AFTER or signed by this peer (its first source: a large version spreads for
-        minutes, and a link to it that drops is replaced at once), else RECONCILE_IDLE_S."""
-        settled = all(self._holds_as_follower(policy) and now - policy.adopted_at >= RECONCILE_SETTLED_AFTER
-                      for policy in self.policies.values())
+    def reconcile_pause(self) -> float:
+        """Seconds until the next `reconcile` round: RECONCILE_BUSY_S while some version is incomplete here or
+        signed by this peer (its first source: a large version spreads for minutes, and a link to it that drops is
+        replaced at once), else RECONCILE_IDLE_S."""
+        settled = all(self._holds_as_follower(policy) for policy in self.policies.values())
         return RECONCILE_IDLE_S if settled else RECONCILE_BUSY_S
 
     def _pop_spare(self, peer: str) -> tuple[Any, float] | None:
