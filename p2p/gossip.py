@@ -72,6 +72,11 @@ log = logging.getLogger(__name__)
 OUTBOUND_QUEUE_HIGH_WATER = 16  # py-libp2p's per-peer outbound queue holds 32 RPCs (rpc_queue.OutBoundQueueSize)
 BACKPRESSURE_POLL_S = 0.005
 STREAM_RETRY_S = 10.0
+MAINTAIN_EVERY_S = 5.0
+"""Seconds between two rounds of `Gossip._maintain` while every connected peer has its pubsub stream (at each
+heartbeat while one lacks it: a peer that joined as we did may have refused py-libp2p's first try). Why not every
+heartbeat: lifting a ban of minutes waits well on a few seconds, while every periodic wake-up of an idle peer also
+costs the scheduler a pass; once a second it was about 0.02 % of a core."""
 
 
 def topic_for(run: str, kind: str) -> str:
@@ -139,6 +144,7 @@ class Gossip(GossipReceiver):
         self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
         self._banned_ids: dict[str, Any] = {}
         self._stream_retry_at: dict[Any, float] = {}  # connected peer -> earliest next pubsub-stream attempt
+        self._stream_wanted = trio.Event()  # a peer opened pubsub to us before we did: wakes `_maintain`
         self._closing = False  # set when the session ends: pubsub streams still arriving are reset quietly
         # `rejections`: a bounded feed of refused envelopes for logs/status (the newest are dropped when unread).
         self._rejections_in, self.rejections = trio.open_memory_channel[Rejection](config.queue_size)
@@ -252,18 +258,22 @@ class Gossip(GossipReceiver):
                     self._channels[kind].remove(channel)
 
     async def _maintain(self, nursery: trio.Nursery) -> None:
-        """Each heartbeat: lift ended bans, and open pubsub streams to connected peers pubsub never heard of."""
+        """Lift ended bans, and open pubsub streams to connected peers pubsub never heard of; every heartbeat while
+        such a peer is connected, else every MAINTAIN_EVERY_S."""
         while True:
             for peer in self.scores.tick(trio.current_time()):
                 peer_id = self._banned_ids.pop(peer, None)
                 if peer_id is not None:
                     self.pubsub.remove_from_blacklist(peer_id)
-            self._open_missing_streams(nursery)
-            await trio.sleep(self.config.heartbeat_s)
+            missing = self._open_missing_streams(nursery)
+            self._stream_wanted = trio.Event()
+            with trio.move_on_after(self.config.heartbeat_s if missing else MAINTAIN_EVERY_S):
+                await self._stream_wanted.wait()
+                await trio.sleep(self.config.heartbeat_s)  # ours follows at the next heartbeat
 
-    def _open_missing_streams(self, nursery: trio.Nursery) -> None:
+    def _open_missing_streams(self, nursery: trio.Nursery) -> bool:
         """Start one pubsub-stream attempt per connected peer that has none, at most every STREAM_RETRY_S (a peer
-        that does not speak pubsub must not cost a stream per heartbeat)."""
+        that does not speak pubsub must not cost a stream per heartbeat); whether any connected peer has none."""
         now, connected = trio.current_time(), set(self.host.libp2p.get_connected_peers())
         for peer_id in list(self._stream_retry_at):
             if peer_id not in connected:
@@ -274,6 +284,7 @@ class Gossip(GossipReceiver):
             if self._stream_retry_at.get(peer_id, now) <= now:
                 self._stream_retry_at[peer_id] = now + STREAM_RETRY_S
                 nursery.start_soon(self._ensure_stream, peer_id)
+        return any(p not in self.pubsub.peers and not self.pubsub.is_peer_blacklisted(p) for p in connected)
 
     async def _inbound_stream(self, stream: Any) -> None:
         """A peer opened pubsub to us: it speaks pubsub now, so our own stream to it is due at the next tick."""
@@ -283,6 +294,7 @@ class Gossip(GossipReceiver):
             return
         if peer_id not in self.pubsub.peers:
             self._stream_retry_at.pop(peer_id, None)
+            self._stream_wanted.set()
         try:
             await self.pubsub.stream_handler(BufferedInboundStream(stream))
         except RuntimeError:  # py-libp2p's service refuses new tasks once it is closing ("Nursery is closed")

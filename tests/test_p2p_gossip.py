@@ -1,9 +1,10 @@
 """Gossip over real py-libp2p hosts on loopback: delivery through a relay, rejection without forwarding, bans,
-size refusal, slow consumers, and the pure publish pacer. Every wait is bounded; no sleeps."""
+size refusal, slow consumers, the pure publish pacer and the maintenance pace. Every wait is bounded; no sleeps."""
 
 from __future__ import annotations
 
 from contextlib import AsyncExitStack, asynccontextmanager
+from types import SimpleNamespace
 
 import msgpack
 import pytest
@@ -11,7 +12,7 @@ import trio
 
 from p2p.envelope import KINDS, seal
 from p2p.errors import GossipError
-from p2p.gossip import Gossip, GossipConfig, PublishPacer, open_gossip, topic_for
+from p2p.gossip import MAINTAIN_EVERY_S, Gossip, GossipConfig, PublishPacer, open_gossip, topic_for
 from p2p.gossip_admission import AdmissionConfig, KindRate
 from p2p.host import HostConfig, open_host
 from p2p.identity import Identity
@@ -387,3 +388,34 @@ async def test_a_decoder_that_fails_unexpectedly_drops_the_message_unforwarded_a
             assert got.message == {"boom": False}, got
             assert b.stats.rejected == {"bad_body": 1}, b.stats.rejected
             assert sum(c.stats.rejected.values()) == 0  # never forwarded to c
+
+
+async def test_maintenance_runs_every_few_seconds_unless_a_pubsub_stream_is_missing(autojump_clock):
+    """Lifting bans and opening missing pubsub streams ran every heartbeat, a wake-up a second on every idle peer;
+    it runs every MAINTAIN_EVERY_S while each connected peer has its stream, every heartbeat while one lacks it, and
+    a heartbeat after a peer opened pubsub to us first (our stream to it follows)."""
+    rounds: list[float] = []
+    missing = [False]
+
+    def open_missing(nursery) -> bool:
+        rounds.append(trio.current_time())
+        return missing[0]
+
+    gossip = SimpleNamespace(scores=SimpleNamespace(tick=lambda now: []), _banned_ids={},
+                             _open_missing_streams=open_missing, config=GossipConfig(), _stream_wanted=trio.Event())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(Gossip._maintain, gossip, nursery)
+        await trio.sleep(60)
+        assert len(rounds) == 1 + 60 // MAINTAIN_EVERY_S
+        missing[0] = True
+        await trio.sleep(MAINTAIN_EVERY_S)  # the round that sees one missing, then one each heartbeat
+        count = len(rounds)
+        await trio.sleep(10)
+        assert len(rounds) - count == 10 // GossipConfig().heartbeat_s
+        missing[0] = False
+        await trio.sleep(2)
+        before, wanted_at = len(rounds), trio.current_time()
+        gossip._stream_wanted.set()
+        await trio.sleep(GossipConfig().heartbeat_s + 0.01)
+        assert len(rounds) == before + 1 and rounds[-1] == pytest.approx(wanted_at + GossipConfig().heartbeat_s)
+        nursery.cancel_scope.cancel()
