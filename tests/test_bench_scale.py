@@ -203,3 +203,27 @@ def test_connections_the_largest_size_held_past_the_trimmers_bound_count_at_the_
     assert held["connections"] == 46.5
     sizes[-1]["idle_connected"] = 31
     assert scale.estimate(sizes, heartbeats, 1000, every=100.0, max_links=32, max_connections=40)["connections"] == 40
+
+
+def test_a_versions_cpu_leaves_out_the_heartbeats_its_window_had_more_or_fewer_of_than_the_idle_one():
+    """Heartbeats come at random times, so a publishing window may hold more or fewer than the idle window before
+    it: their price per delivery comes out of (or back into) the versions' CPU; each version's own announcement,
+    one delivery, stays in it."""
+    def rows(cpu_share, delivered, versions):
+        return [{"cpu_share": cpu_share, "rss_mb": 100.0, "links_per_version": 8.0, "gossip_delivered_per_s": delivered,
+                 "recv_kb_per_s": 1.0, "sent_kb_per_s": 1.0, "payload_kb_per_s": 0.0,
+                 "sockets": 9, "peers_known": 2, "connected": 2, "versions": versions}] * 2
+
+    idle = rows(0.010, 0.5, 0)
+    chatty = rows(0.012, 1.5, 0)  # one more delivery a second costs 0.2 % of a core: 2 ms each
+    # two versions in 20 s; 0.15 deliveries a second more than idle: 2 announcements and 1 extra heartbeat per version
+    busy = scale._summary(8, idle, rows(0.013, 0.65, 2), window=20.0, chatty=chatty)
+    assert busy["version_other_deliveries"] == pytest.approx(0.5)
+    assert busy["version_cpu_s"] == pytest.approx(0.03)
+    est = scale.estimate([busy], {8: 0.5, 1000: 0.5}, 1000, every=10.0, max_links=8)
+    assert est["version_cpu_s_per_link_uncorrected"] == pytest.approx(0.03 / 8, abs=1e-5)
+    assert est["version_cpu_s_per_link"] == pytest.approx((0.03 - 0.002 * 0.5) / 8, abs=1e-5)
+    quiet = scale._summary(8, idle, rows(0.010, 0.35, 2), window=20.0, chatty=chatty)  # fewer heartbeats than idle
+    assert quiet["version_cpu_s"] == 0 and quiet["version_other_deliveries"] == pytest.approx(-2.5)
+    est = scale.estimate([quiet], {8: 0.5, 1000: 0.5}, 1000, every=10.0, max_links=8)
+    assert est["version_cpu_s_per_link"] == pytest.approx(0.002 * 2.5 / 8, abs=1e-5)
