@@ -35,6 +35,7 @@ py-libp2p 0.8.1 pitfalls handled here (docs/reference.md#py-libp2p-pitfalls):
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -73,10 +74,11 @@ OUTBOUND_QUEUE_HIGH_WATER = 16  # py-libp2p's per-peer outbound queue holds 32 R
 BACKPRESSURE_POLL_S = 0.005
 STREAM_RETRY_S = 10.0
 MAINTAIN_EVERY_S = 5.0
-"""Seconds between two rounds of `Gossip._maintain` while every connected peer has its pubsub stream (at each
-heartbeat while one lacks it: a peer that joined as we did may have refused py-libp2p's first try). Why not every
-heartbeat: lifting a ban of minutes waits well on a few seconds, while every periodic wake-up of an idle peer also
-costs the scheduler a pass; once a second it was about 0.02 % of a core."""
+"""Seconds between two rounds of `Gossip._maintain`, or fewer when a connected peer's next pubsub-stream attempt is
+due sooner (a peer that joined as we did may have refused py-libp2p's first try), and a heartbeat after a peer
+opened pubsub to us first. Why not every heartbeat: lifting a ban of minutes waits well on a few seconds, and a
+stream attempt is made every STREAM_RETRY_S at most, while every periodic wake-up of an idle peer also costs the
+scheduler a pass; once a second it was about 0.02 % of a core."""
 
 
 def topic_for(run: str, kind: str) -> str:
@@ -258,22 +260,23 @@ class Gossip(GossipReceiver):
                     self._channels[kind].remove(channel)
 
     async def _maintain(self, nursery: trio.Nursery) -> None:
-        """Lift ended bans, and open pubsub streams to connected peers pubsub never heard of; every heartbeat while
-        such a peer is connected, else every MAINTAIN_EVERY_S."""
+        """Lift ended bans, and open pubsub streams to connected peers pubsub never heard of (MAINTAIN_EVERY_S says
+        how often)."""
         while True:
             for peer in self.scores.tick(trio.current_time()):
                 peer_id = self._banned_ids.pop(peer, None)
                 if peer_id is not None:
                     self.pubsub.remove_from_blacklist(peer_id)
-            missing = self._open_missing_streams(nursery)
+            next_attempt = self._open_missing_streams(nursery)
             self._stream_wanted = trio.Event()
-            with trio.move_on_after(self.config.heartbeat_s if missing else MAINTAIN_EVERY_S):
+            with trio.move_on_after(max(self.config.heartbeat_s, min(next_attempt, MAINTAIN_EVERY_S))):
                 await self._stream_wanted.wait()
                 await trio.sleep(self.config.heartbeat_s)  # ours follows at the next heartbeat
 
-    def _open_missing_streams(self, nursery: trio.Nursery) -> bool:
+    def _open_missing_streams(self, nursery: trio.Nursery) -> float:
         """Start one pubsub-stream attempt per connected peer that has none, at most every STREAM_RETRY_S (a peer
-        that does not speak pubsub must not cost a stream per heartbeat); whether any connected peer has none."""
+        that does not speak pubsub must not cost a stream per heartbeat); seconds until the next attempt is due
+        (infinite when every connected peer has its stream or is banned)."""
         now, connected = trio.current_time(), set(self.host.libp2p.get_connected_peers())
         for peer_id in list(self._stream_retry_at):
             if peer_id not in connected:
@@ -284,7 +287,9 @@ class Gossip(GossipReceiver):
             if self._stream_retry_at.get(peer_id, now) <= now:
                 self._stream_retry_at[peer_id] = now + STREAM_RETRY_S
                 nursery.start_soon(self._ensure_stream, peer_id)
-        return any(p not in self.pubsub.peers and not self.pubsub.is_peer_blacklisted(p) for p in connected)
+        due = [self._stream_retry_at[p] for p in connected
+               if p not in self.pubsub.peers and not self.pubsub.is_peer_blacklisted(p)]
+        return min(due, default=math.inf) - now
 
     async def _inbound_stream(self, stream: Any) -> None:
         """A peer opened pubsub to us: it speaks pubsub now, so our own stream to it is due at the next tick."""

@@ -3,6 +3,7 @@ size refusal, slow consumers, the pure publish pacer and the maintenance pace. E
 
 from __future__ import annotations
 
+import math
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import trio
 
 from p2p.envelope import KINDS, seal
 from p2p.errors import GossipError
-from p2p.gossip import MAINTAIN_EVERY_S, Gossip, GossipConfig, PublishPacer, open_gossip, topic_for
+from p2p.gossip import MAINTAIN_EVERY_S, STREAM_RETRY_S, Gossip, GossipConfig, PublishPacer, open_gossip, topic_for
 from p2p.gossip_admission import AdmissionConfig, KindRate
 from p2p.host import HostConfig, open_host
 from p2p.identity import Identity
@@ -390,32 +391,54 @@ async def test_a_decoder_that_fails_unexpectedly_drops_the_message_unforwarded_a
             assert sum(c.stats.rejected.values()) == 0  # never forwarded to c
 
 
-async def test_maintenance_runs_every_few_seconds_unless_a_pubsub_stream_is_missing(autojump_clock):
+async def test_maintenance_runs_every_few_seconds_unless_a_pubsub_stream_attempt_is_due(autojump_clock):
     """Lifting bans and opening missing pubsub streams ran every heartbeat, a wake-up a second on every idle peer;
-    it runs every MAINTAIN_EVERY_S while each connected peer has its stream, every heartbeat while one lacks it, and
-    a heartbeat after a peer opened pubsub to us first (our stream to it follows)."""
+    it runs every MAINTAIN_EVERY_S, sooner when a stream attempt is due (each heartbeat while one is due now), and a
+    heartbeat after a peer opened pubsub to us first (our stream to it follows). Times are off the rounds' own."""
     rounds: list[float] = []
-    missing = [False]
+    next_attempt = [math.inf]  # what _open_missing_streams says: seconds until a stream attempt is due
 
-    def open_missing(nursery) -> bool:
+    def open_missing(nursery) -> float:
         rounds.append(trio.current_time())
-        return missing[0]
+        return next_attempt[0]
 
+    heartbeat = GossipConfig().heartbeat_s
     gossip = SimpleNamespace(scores=SimpleNamespace(tick=lambda now: []), _banned_ids={},
                              _open_missing_streams=open_missing, config=GossipConfig(), _stream_wanted=trio.Event())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(Gossip._maintain, gossip, nursery)
-        await trio.sleep(60)
-        assert len(rounds) == 1 + 60 // MAINTAIN_EVERY_S
-        missing[0] = True
-        await trio.sleep(MAINTAIN_EVERY_S)  # the round that sees one missing, then one each heartbeat
+        await trio.sleep(60.5)
+        assert len(rounds) == 1 + 60 // MAINTAIN_EVERY_S  # every stream there: every 5 s
+        next_attempt[0] = 0.0  # a peer without a stream, due now
+        await trio.sleep(MAINTAIN_EVERY_S)  # the round that sees it, then one each heartbeat
         count = len(rounds)
         await trio.sleep(10)
-        assert len(rounds) - count == 10 // GossipConfig().heartbeat_s
-        missing[0] = False
-        await trio.sleep(2)
+        assert len(rounds) - count == 10 // heartbeat
+        next_attempt[0] = STREAM_RETRY_S  # tried: the next attempt is 10 s away, rounds every 5 s again
+        await trio.sleep(heartbeat)
+        count = len(rounds)
+        await trio.sleep(2 * MAINTAIN_EVERY_S)
+        assert len(rounds) - count == 2
         before, wanted_at = len(rounds), trio.current_time()
         gossip._stream_wanted.set()
-        await trio.sleep(GossipConfig().heartbeat_s + 0.01)
-        assert len(rounds) == before + 1 and rounds[-1] == pytest.approx(wanted_at + GossipConfig().heartbeat_s)
+        await trio.sleep(heartbeat + 0.01)
+        assert len(rounds) == before + 1 and rounds[-1] == pytest.approx(wanted_at + heartbeat)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_attempt_is_due_for_connected_peers_without_one_and_never_for_banned_ones(autojump_clock):
+    """What paces `_maintain`: a connected peer without a pubsub stream is tried at once and then every
+    STREAM_RETRY_S; a banned one, or one with its stream, never makes a round come sooner."""
+    started: list = []
+    pubsub = SimpleNamespace(peers={"a"}, is_peer_blacklisted=lambda peer: peer == "banned")
+    connected = ["a", "banned"]
+    gossip = SimpleNamespace(host=SimpleNamespace(libp2p=SimpleNamespace(get_connected_peers=lambda: connected)),
+                             pubsub=pubsub, _stream_retry_at={}, _ensure_stream=None)
+    nursery = SimpleNamespace(start_soon=lambda fn, peer: started.append(peer))
+    assert Gossip._open_missing_streams(gossip, nursery) == math.inf and started == []
+    connected.append("new")
+    assert Gossip._open_missing_streams(gossip, nursery) == pytest.approx(STREAM_RETRY_S) and started == ["new"]
+    await trio.sleep(4)
+    assert Gossip._open_missing_streams(gossip, nursery) == pytest.approx(STREAM_RETRY_S - 4) and started == ["new"]
+    pubsub.peers.add("new")
+    assert Gossip._open_missing_streams(gossip, nursery) == math.inf
