@@ -43,9 +43,7 @@ class Scraper(threading.Thread):
     """Scrapes every port whenever a peer reports a milestone (`due`), keeping each port's latest answer. It runs in
     its own thread: the endpoints are served by the simulation's trio loop, which must keep running meanwhile."""
 
-    MILESTONES = ("train_step", "validated", "generated", "evaluated", "gate")
-    """Why "gate" too: the trainer reports its gate's counts at its next second's tick, which can fall after the
-    first step's own milestone; the scrape after the last step may find the peers already closed."""
+    MILESTONES = ("train_step", "validated", "generated", "evaluated")
 
     def __init__(self, ports: list[int]) -> None:
         super().__init__(daemon=True)
