@@ -175,6 +175,11 @@ def test_role_counters_sum_events_and_ignore_junk():
         roles.on_event(record)
     assert (roles.groups, roles.rollouts, roles.tokens, roles.votes_cast) == (2, 8, 40, 6)
     assert roles.gate == {"accepted": 3, "vote:accept": 5} and roles.trainer_step == 3
+    # a step carries the gate's counts it trained from: a run whose steps come within the gate's one-second tick
+    # served no gate counts at all (its "gate" event had not come yet)
+    roles.on_event({"event": "train_step", "step": 4, "gate": {"accepted": 4, "vote:accept": 7}})
+    roles.on_event({"event": "train_step", "step": 5, "gate": "junk"})
+    assert roles.gate == {"accepted": 4, "vote:accept": 7} and roles.trainer_step == 5
 
 
 @pytest.mark.parametrize("head, status", [

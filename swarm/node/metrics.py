@@ -73,7 +73,7 @@ class RoleCounters:
     rollouts: int = 0
     groups: int = 0
     tokens: int = 0
-    gate: dict[str, int] = field(default_factory=dict)  # the trainer's gate counts (cumulative, from "gate")
+    gate: dict[str, int] = field(default_factory=dict)  # the trainer's gate counts (cumulative: "gate", "train_step")
     trainer_step: int = -1
 
     def on_event(self, record: dict) -> None:
@@ -88,6 +88,8 @@ class RoleCounters:
             self.gate = {str(k): _count(v) for k, v in record["counts"].items()}
         elif kind == "train_step":
             self.trainer_step = max(self.trainer_step, _count(record.get("step")))
+            if isinstance(record.get("gate"), dict):  # the counts the step trained from: a "gate" event comes only
+                self.gate = {str(k): _count(v) for k, v in record["gate"].items()}  # at the gate's next tick
 
 
 def _count(value) -> int:
