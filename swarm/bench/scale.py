@@ -287,8 +287,8 @@ def estimate(sizes: list[dict], heartbeats_per_peer_s: dict[int, float], target:
 def _version_cpu(size: dict, cpu_per_delivery: float) -> float:
     """CPU seconds a version cost each peer at `size`: the publishing window's extra over the idle one, less the
     deliveries it had past the idle window's and the versions' announcements, at `cpu_per_delivery`. Why: at 32
-    peers one idle window delivered 1.7 forwards a second and the publishing window after it 0.7, which made the
-    versions look cheaper than nothing; the reverse makes them look dear. Never below nothing."""
+    peers the peers forwarded 1.7 heartbeats a second in one idle window and 0.7 in the publishing window after it,
+    which made the versions look cheaper than nothing; the reverse makes them look dear. Never below nothing."""
     extra = size.get("version_extra_cpu_s", size["version_cpu_s"])
     return max(0.0, extra - cpu_per_delivery * size.get("version_other_deliveries", 0.0))
 
