@@ -281,15 +281,15 @@ class Gossip(GossipReceiver):
         for peer_id in list(self._stream_retry_at):
             if peer_id not in connected:
                 del self._stream_retry_at[peer_id]
+        next_due = math.inf
         for peer_id in connected:
             if peer_id in self.pubsub.peers or self.pubsub.is_peer_blacklisted(peer_id):
                 continue
             if self._stream_retry_at.get(peer_id, now) <= now:
                 self._stream_retry_at[peer_id] = now + STREAM_RETRY_S
                 nursery.start_soon(self._ensure_stream, peer_id)
-        due = [self._stream_retry_at[p] for p in connected
-               if p not in self.pubsub.peers and not self.pubsub.is_peer_blacklisted(p)]
-        return min(due, default=math.inf) - now
+            next_due = min(next_due, self._stream_retry_at[peer_id])
+        return next_due - now
 
     async def _inbound_stream(self, stream: Any) -> None:
         """A peer opened pubsub to us: it speaks pubsub now, so our own stream to it is due at the next tick."""

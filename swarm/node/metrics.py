@@ -85,11 +85,15 @@ class RoleCounters:
             self.rollouts += _count(record.get("completions"))
             self.tokens += _count(record.get("tokens"))
         elif kind == "gate" and isinstance(record.get("counts"), dict):
-            self.gate = {str(k): _count(v) for k, v in record["counts"].items()}
+            self.gate = _gate_counts(record["counts"])
         elif kind == "train_step":
             self.trainer_step = max(self.trainer_step, _count(record.get("step")))
             if isinstance(record.get("gate"), dict):  # the counts the step trained from: a "gate" event comes only
-                self.gate = {str(k): _count(v) for k, v in record["gate"].items()}  # at the gate's next tick
+                self.gate = _gate_counts(record["gate"])  # at the gate's next tick
+
+
+def _gate_counts(counts: dict) -> dict[str, int]:
+    return {str(k): _count(v) for k, v in counts.items()}
 
 
 def _count(value) -> int:
