@@ -122,8 +122,9 @@ def test_sim_refuses_metrics_ports_it_cannot_have_before_it_starts(tmp_path, cap
            "--cheaters", "0"]
     assert main([*sim, "--metrics-port", "65534"]) == 2
     assert "--metrics-port 65534 leaves no room for 3 peers' ports" in capsys.readouterr().err
+    base = free_ports(3)  # three free together: only the one taken below can stop the peers' metrics
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        taken.bind(("127.0.0.1", base + 2))
         taken.listen()
         port = taken.getsockname()[1]
         assert main([*sim, "--metrics-port", str(port - 2)]) == 2  # the worker's port (trainer + 2) is taken
