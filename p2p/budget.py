@@ -33,7 +33,7 @@ by."""
 FREE_BYTES = 64 * 1024
 """Bytes each lease holds without charge: control frames (requests, haves, a hello) must flow even while
 strangers keep the budget full, or honest links would starve. Every channel owns buffers of this size anyway,
-which the node-wide channel cap bounds (p2p.channel.ChannelConfig.max_channels)."""
+which the node-wide channel cap bounds (p2p.channel.service.ChannelConfig.max_channels)."""
 
 
 TRIM_AFTER = 16 << 20

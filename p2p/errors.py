@@ -74,7 +74,7 @@ class ChannelTamperedError(ChannelError):
 class EnvelopeError(P2PError):
     """A gossip envelope was refused (malformed, oversized, badly signed, wrong run, stale or replayed).
 
-    `reason` is one of the short codes in `p2p.envelope.REASONS`; peer scoring weighs rejections by it.
+    `reason` is one of the short codes in `p2p.gossip.envelope.REASONS`; peer scoring weighs rejections by it.
     """
 
     def __init__(self, reason: str, message: str) -> None:

@@ -1,8 +1,8 @@
 """Adapters from py-libp2p streams to the trio-style byte-stream contract, plus the measured Yamux tuning
-(docs/reference.md#py-libp2p-pitfalls), and process-wide fixes to py-libp2p's per-message costs (p2p.libp2p_pubsub
+(docs/reference.md#py-libp2p-pitfalls), and process-wide fixes to py-libp2p's per-message costs (p2p.gossip.pubsub
 holds the pubsub ones).
 
-The contract (p2p/wire.py's `Stream`): `send_all(data)`, `receive_some(max_bytes) -> bytes` (b"" at EOF),
+The contract (p2p/pieces/wire.py's `Stream`): `send_all(data)`, `receive_some(max_bytes) -> bytes` (b"" at EOF),
 `aclose()`. A libp2p stream is the fallback transport of the data channel when a peer's data socket cannot be
 reached (relays, NAT): slower (about 0.25x of raw TCP) but always available.
 """

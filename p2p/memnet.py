@@ -31,7 +31,7 @@ class _Inbox:
 
 
 class MemoryStream:
-    """One end of an in-memory link; implements the trio-style stream contract of p2p.wire."""
+    """One end of an in-memory link; implements the trio-style stream contract of p2p.pieces.wire."""
 
     def __init__(self, net: MemoryNetwork, node: MemNode, remote: MemNode) -> None:
         self._net = net

@@ -2,7 +2,8 @@
 
 Why a guard around every handler: py-libp2p runs handlers in the connection's nursery, so an exception escaping
 one kills the host and the trio run around it. The guard keeps each fault where it happens: the stream is reset,
-one line is logged, and the peer that opened it is penalised through `on_fault` (p2p.host.P2PHost.handler_fault).
+one line is logged, and the peer that opened it is penalised through `on_fault`
+(p2p.host.p2p_host.P2PHost.handler_fault).
 """
 
 from __future__ import annotations

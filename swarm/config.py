@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from p2p.bootstrap import parse_bootstrap_lines
 from p2p.errors import BootstrapError, HostError
-from p2p.reach import ReachConfig
-from p2p.relay_limits import RelayLimits
+from p2p.reach.probe import ReachConfig
+from p2p.reach.relay_limits import RelayLimits
 from swarm.errors import UserError
 from swarm.policy.runspec import PRECISIONS
 from swarm.policy.trust import parse_public_key
@@ -151,7 +151,7 @@ class LimitsSection(ConfigSection):
         "Upload cap of this peer in megabits per second, shared by every version it serves (0: unlimited)."))
     max_peers: int = Field(32, description=(
         "Upper bound on data connections this peer keeps open; past it plus 8, the libp2p connections nothing uses "
-        "close (p2p/conn_trim.py)."))
+        "close (p2p/host/conn_trim.py)."))
     data_exempt_loopback: bool = Field(False, description=(
         "Lift the data port's per-IP cap on sockets still presenting their token for 127.0.0.0/8 and ::1. Only "
         "for a simulation or benchmark that runs every peer on loopback (`swarm sim` sets it); a peer that other "
@@ -233,7 +233,7 @@ class InferenceSection(ConfigSection):
 
 
 class ReachSection(ConfigSection):
-    """[reach] Whether others can dial this peer, and the relays that carry it when they cannot (p2p/reach.py)."""
+    """[reach] Whether others can dial this peer, and the relays that carry it when they cannot (p2p/reach/probe.py)."""
 
     mode: str = Field("auto", description=(
         'Reachability: "auto" asks the bootstrap peers to dial back; "public" or "private" says it.'))
@@ -259,7 +259,7 @@ class ReachSection(ConfigSection):
         return self
 
     def host_config(self) -> ReachConfig:
-        """The host's reachability settings (p2p.reach.ReachConfig)."""
+        """The host's reachability settings (p2p.reach.probe.ReachConfig)."""
         limits = RelayLimits(serve=self.relay_serve, max_reservations=self.relay_max_reservations,
                              circuit_mbps=self.relay_circuit_mbps, total_mbps=self.relay_total_mbps,
                              circuit_duration_s=self.relay_circuit_duration_s, circuit_mb=self.relay_circuit_mb)
@@ -282,7 +282,7 @@ class PeerConfig(BaseModel):
     reach: ReachSection = ReachSection()
 
     def reach_config(self) -> ReachConfig:
-        """The host's reachability settings (p2p.reach.ReachConfig) from the [reach] section."""
+        """The host's reachability settings (p2p.reach.probe.ReachConfig) from the [reach] section."""
         return self.reach.host_config()
 
 

@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 import blake3
 import trio
 
-from p2p.channel import ChannelConfig, DataChannelServer
-from p2p.host import open_host
+from p2p.channel.service import ChannelConfig, DataChannelServer
+from p2p.host.p2p_host import open_host
 
 
 async def hash_and_reply(peer_id, stream):

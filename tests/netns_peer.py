@@ -20,8 +20,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from p2p.host import HostConfig, open_host, read_exactly  # noqa: E402
-from p2p.reach import ReachConfig  # noqa: E402
+from p2p.host.p2p_host import HostConfig, open_host, read_exactly  # noqa: E402
+from p2p.reach.probe import ReachConfig  # noqa: E402
 
 BLOB = "/test/blob/1"
 BLOB_BYTES = 1 << 20

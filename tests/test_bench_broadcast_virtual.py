@@ -11,9 +11,9 @@ import sys
 import pytest
 import trio
 
-from p2p.engine import EngineConfig, SendPiece
-from p2p.outbox import Outbox
-from p2p.wire import Have, Request
+from p2p.pieces.engine import EngineConfig, SendPiece
+from p2p.pieces.outbox import Outbox
+from p2p.pieces.wire import Have, Request
 from swarm.bench.broadcast_virtual import VirtualSwarm, make_virtual_policy, neighbour_graph, simulate_virtual_broadcast
 
 MB = 1 << 20

@@ -63,7 +63,7 @@ def test_an_unknown_level_is_one_usage_line(capsys):
 
 def _peer_stderr(tmp_path, *flags: str) -> str:
     """A real `swarm peer start` whose only bootstrap peer is down (py-libp2p refuses the dial at once, logged by
-    p2p.host at INFO), stopped by Ctrl-C once it says so in its events; its stderr."""
+    p2p.host.p2p_host at INFO), stopped by Ctrl-C once it says so in its events; its stderr."""
     dead = f"/ip4/127.0.0.1/tcp/9/p2p/{Identity.generate().peer_id}"
     peer = subprocess.Popen([sys.executable, "-m", "swarm", *flags, "peer", "start", "--role", "seed", "--run", "t",
                              "--data-dir", str(tmp_path / f"d{len(flags)}"), "--bootstrap", dead, "--json-events"],
@@ -82,5 +82,5 @@ def _peer_stderr(tmp_path, *flags: str) -> str:
 
 
 def test_a_real_peer_logs_its_info_lines_with_v_and_not_without(tmp_path):
-    assert "INFO p2p.host: bootstrap peer unreachable" in _peer_stderr(tmp_path, "-v")
+    assert "INFO p2p.host.p2p_host: bootstrap peer unreachable" in _peer_stderr(tmp_path, "-v")
     assert "bootstrap peer unreachable" not in _peer_stderr(tmp_path)

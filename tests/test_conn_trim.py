@@ -1,4 +1,4 @@
-"""Connections kept near a bound (p2p.conn_trim): what is closed, in what order, and what never is; then the
+"""Connections kept near a bound (p2p.host.conn_trim): what is closed, in what order, and what never is; then the
 host's view of which connections carry more than gossip (P2PHost.peers_in_use) between two real hosts."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import trio
 
-from p2p.conn_trim import TrimConfig, keeps_connection, to_close, track, trim_connections
-from p2p.host import open_host
+from p2p.host.conn_trim import TrimConfig, keeps_connection, to_close, track, trim_connections
+from p2p.host.p2p_host import open_host
 
 CONFIG = TrimConfig(keep=4, slack=2, grace_s=60.0, every_s=15.0)
 

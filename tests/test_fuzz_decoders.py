@@ -84,7 +84,7 @@ def test_any_msgpack_value_in_any_field_is_a_value_or_the_decoders_own_error(tar
 
 def _breaks_on_wrong_tensor_file(data: bytes) -> object:
     """A decoder with the bug the attacker used: a tensor entry's file looked up without a type check."""
-    from p2p.manifest import decode_manifest
+    from p2p.pieces.manifest import decode_manifest
 
     raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     if isinstance(raw, dict) and isinstance(raw.get("tensors"), list):

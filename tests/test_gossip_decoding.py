@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 
-from p2p.envelope import DEFAULT_POLICY, open_envelope, seal
 from p2p.errors import EnvelopeError
-from p2p.gossip_admission import AdmissionConfig, GossipAdmission
+from p2p.gossip.admission import AdmissionConfig, GossipAdmission
+from p2p.gossip.envelope import DEFAULT_POLICY, open_envelope, seal
 from p2p.identity import Identity
 from swarm.bench.gossip_flood import inflating_envelope
 from swarm.messages.gossip_bodies import decode_manifest_announcement, decode_rollouts, decode_votes
@@ -216,7 +216,7 @@ def test_a_node_refuses_an_inline_manifest_signed_by_another_key_than_the_runs_b
 
 def test_own_pace_keeps_an_honest_burst_within_what_receivers_admit():
     """Whatever a peer publishes through its own pacing, a receiver with the same limits admits all of it."""
-    from p2p.gossip_admission import OwnPace
+    from p2p.gossip.admission import OwnPace
 
     config = AdmissionConfig()
     pace, gate = OwnPace(config), GossipAdmission(config)
@@ -231,7 +231,7 @@ def test_own_pace_keeps_an_honest_burst_within_what_receivers_admit():
 
 
 def test_a_publisher_splits_or_refuses_what_receivers_would_refuse_for_its_maps_and_arrays():
-    from p2p.envelope import count_containers
+    from p2p.gossip.envelope import count_containers
     from swarm.messages.rollout_transport import within_containers
 
     with pytest.raises(EnvelopeError) as refused:

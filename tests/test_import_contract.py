@@ -35,6 +35,10 @@ HEAVY_OPTIONAL = frozenset({"vllm", "transformers", "reasoning_gym", "math_verif
 too: a missing one is one clear sentence when that file or plot is asked for, never an error on import. libp2p is
 not optional but takes seconds to import: swarm.events quiets its loggers without making `swarm train` load it."""
 LAZY_ROOMS = ("swarm/cli/", "swarm/roles/", "swarm/bench/")
+P2P_ROOMS = {"": 0, "pieces": 1, "channel": 1, "reach": 1, "host": 2, "gossip": 3, "dht": 4}
+"""p2p's rooms, bottom up: its foundation at the top of the package (errors, identity, rate limits, budgets,
+scores), then pieces, the data channel and reachability side by side, the host that opens them, gossip over the
+host, and the DHT, which paces its publishing as gossip does."""
 MAX_LINES = 450
 CODE_DIRS = (*LAYERS, "tests")
 
@@ -43,7 +47,7 @@ CODE_DIRS = (*LAYERS, "tests")
 class Import:
     """One imported name as the importing module wrote it (absolute), and where."""
 
-    path: str  # of the importing file, relative to the root, e.g. "p2p/host.py"
+    path: str  # of the importing file, relative to the root, e.g. "p2p/host/p2p_host.py"
     module: str  # the importing module, e.g. "p2p.host"
     target: str  # e.g. "torch.distributed" or "p2p.identity.Identity"
     line: int
@@ -196,6 +200,24 @@ def upward_imports(tree: Tree) -> list[str]:
             if i.top in LAYERS and LAYERS[i.top] > LAYERS[i.module.split(".")[0]]]
 
 
+def _p2p_room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in P2P_ROOMS else ""
+
+
+def upward_imports_in_p2p(tree: Tree) -> list[str]:
+    """(c') Inside p2p, no room imports a higher room or a sibling of its own rank, not even for a type checker."""
+    offenders = []
+    for i in tree.imports:
+        target = tree.resolve(i.target) if i.top == "p2p" else None
+        if not target or i.module.split(".")[0] != "p2p":
+            continue
+        mine, theirs = _p2p_room(i.module), _p2p_room(target)
+        if P2P_ROOMS[theirs] > P2P_ROOMS[mine] or (theirs != mine and theirs and P2P_ROOMS[theirs] == P2P_ROOMS[mine]):
+            offenders.append(str(i))
+    return offenders
+
+
 def import_cycles(tree: Tree) -> list[str]:
     """(d) Strongly connected sets of project modules, each sorted, over every import that runs."""
     edges: dict[str, set[str]] = {m: set() for m in tree.modules}
@@ -259,7 +281,8 @@ def long_files(tree: Tree) -> list[str]:
     return [f"{path} has {n} lines" for path, n in sorted(tree.lines.items()) if n > MAX_LINES]
 
 
-CHECKS = [model_imports_in_the_bottom, network_imports_in_libraries, upward_imports, import_cycles,
+CHECKS = [model_imports_in_the_bottom, network_imports_in_libraries, upward_imports, upward_imports_in_p2p,
+import_cycles,
           function_level_imports, long_files]
 
 
@@ -270,7 +293,7 @@ def repository() -> Tree:
 
 def test_the_scan_sees_the_packages_and_their_imports(repository):
     """A scan that found nothing would pass every check: it must see the known modules and imports."""
-    assert {"p2p.engine", "verify.quorum", "trainer.grpo", "swarm"} <= set(repository.modules)
+    assert {"p2p.pieces.engine", "verify.quorum", "trainer.grpo", "swarm"} <= set(repository.modules)
     assert any(i.module == "trainer.grpo" and i.target == "torch" for i in repository.imports)
 
 
@@ -306,23 +329,36 @@ def test_a_model_library_in_p2p_or_tasks_is_caught_wherever_it_hides(tmp_path):
 
 def test_a_library_that_imports_the_network_or_the_swarm_is_caught(tmp_path):
     tree = _tree(tmp_path, {
-        "verify/a.py": "from p2p.host import open_host\n",
+        "verify/a.py": "from p2p.host.p2p_host import open_host\n",
         "trainer/b.py": "def f():\n    import swarm.cli\n",
         "swarm/c.py": "import p2p\n",
     })
     assert sorted(network_imports_in_libraries(tree)) == [
-        "trainer/b.py:2 imports swarm.cli", "verify/a.py:1 imports p2p.host.open_host"]
+        "trainer/b.py:2 imports swarm.cli", "verify/a.py:1 imports p2p.host.p2p_host.open_host"]
 
 
 def test_an_upward_import_is_caught_and_a_sideways_or_downward_one_is_not(tmp_path):
     tree = _tree(tmp_path, {
         "verify/a.py": "from inference import backend\n",
         "tasks/b.py": "from . import c\nimport verify.rollout\n",
-        "tasks/c.py": "import p2p.wire\n",
+        "tasks/c.py": "import p2p.pieces.wire\n",
         "trainer/d.py": "import inference.models, verify.votes, tasks\n",
     })
     assert sorted(upward_imports(tree)) == [
         "tasks/b.py:2 imports verify.rollout", "verify/a.py:1 imports inference.backend"]
+
+
+def test_a_p2p_room_that_imports_a_higher_or_sibling_room_is_caught(tmp_path):
+    tree = _tree(tmp_path, {
+        "p2p/errors.py": "",
+        "p2p/pieces/wire.py": "from p2p.errors import E\nimport p2p.channel.records\n",
+        "p2p/channel/records.py": "from p2p.errors import E\n",
+        "p2p/host/p2p_host.py": "from p2p.reach import probe\nimport p2p.channel.records\n",
+        "p2p/reach/probe.py": "import typing\nif typing.TYPE_CHECKING:\n    from p2p.host.p2p_host import H\n",
+        "p2p/gossip/service.py": "from p2p.host.p2p_host import H\n",
+    })
+    assert sorted(upward_imports_in_p2p(tree)) == [
+        "p2p/pieces/wire.py:2 imports p2p.channel.records", "p2p/reach/probe.py:3 imports p2p.host.p2p_host.H"]
 
 
 def test_a_cycle_is_caught_through_functions_and_relative_imports_but_not_through_type_checking(tmp_path):
@@ -348,7 +384,7 @@ def test_a_type_checking_guard_that_runs_hides_nothing(tmp_path):
 def test_a_function_level_import_is_caught_outside_the_boundary_and_for_light_modules(tmp_path):
     tree = _tree(tmp_path, {
         "p2p/a.py": "class A:\n    def f(self):\n        import socket\n",
-        "swarm/node/b.py": "async def f():\n    from p2p import host\n",
+        "swarm/node/b.py": "async def f():\n    from p2p.host import p2p_host\n",
         "trainer/c.py": "import importlib\ndef get(name):\n    return importlib.import_module(f'trainer.{name}')\n",
         "verify/d.py": "def f():\n    import math_verify\n    import reasoning_gym.factory\n",  # heavy: allowed
         "swarm/cli/e.py": "def f():\n    import torch\n",  # the boundary: allowed
@@ -356,7 +392,7 @@ def test_a_function_level_import_is_caught_outside_the_boundary_and_for_light_mo
         "swarm/bench/g.py": "def f():\n    import numpy\n",
     })
     assert sorted(function_level_imports(tree)) == [
-        "p2p/a.py:3 imports socket", "swarm/node/b.py:2 imports p2p.host", "trainer/c.py:3 imports trainer"]
+        "p2p/a.py:3 imports socket", "swarm/node/b.py:2 imports p2p.host.p2p_host", "trainer/c.py:3 imports trainer"]
 
 
 def test_a_file_over_the_limit_is_caught(tmp_path):

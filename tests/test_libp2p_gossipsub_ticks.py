@@ -1,5 +1,5 @@
 """Opportunistic grafting and mesh-quality replacement run every OPPORTUNISTIC_GRAFT_TICKS heartbeats
-(p2p.libp2p_pubsub.LeanGossipSub), as gossipsub v1.1 schedules them, not at every heartbeat; IHAVE gossip goes out
+(p2p.gossip.pubsub.LeanGossipSub), as gossipsub v1.1 schedules them, not at every heartbeat; IHAVE gossip goes out
 every GOSSIP_EVERY_TICKS heartbeats and still advertises every message; the scorer's decay step runs only when it
 decays something."""
 
@@ -13,8 +13,8 @@ from libp2p.pubsub.mcache import default_msg_id_fn
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.score import ScoreParams, TopicScoreParams
 
-from p2p.gossip import GossipConfig, gossip_router
-from p2p.libp2p_pubsub import GOSSIP_EVERY_TICKS, OPPORTUNISTIC_GRAFT_TICKS, LeanGossipSub, decays_anything
+from p2p.gossip.pubsub import GOSSIP_EVERY_TICKS, OPPORTUNISTIC_GRAFT_TICKS, LeanGossipSub, decays_anything
+from p2p.gossip.service import GossipConfig, gossip_router
 
 
 async def test_grafting_and_mesh_replacement_run_once_every_graft_ticks_heartbeats(monkeypatch):
@@ -39,8 +39,8 @@ async def test_grafting_and_mesh_replacement_run_once_every_graft_ticks_heartbea
 
 
 def _router_with_topic_peers(peers: list) -> LeanGossipSub:
-    """The node's real router (p2p.gossip.gossip_router) with a pubsub stand-in that knows `peers` on one topic, none
-    of them in our mesh: every one is a candidate for IHAVE gossip."""
+    """The node's real router (p2p.gossip.service.gossip_router) with a pubsub stand-in that knows `peers` on one topic,
+    none of them in our mesh: every one is a candidate for IHAVE gossip."""
     router = gossip_router(GossipConfig())
     router.pubsub = SimpleNamespace(peer_topics={"t": set(peers)})
     router.mesh = {"t": set()}

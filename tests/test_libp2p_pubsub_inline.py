@@ -1,4 +1,4 @@
-"""Received gossip is handled by the task that read it (p2p.libp2p_pubsub.LeanPubsub), not a service task per
+"""Received gossip is handled by the task that read it (p2p.gossip.pubsub.LeanPubsub), not a service task per
 message: everything arrives, in order, and a message whose handling fails ends only its sender's stream and costs
 that sender, while the node's pubsub goes on."""
 

@@ -7,7 +7,7 @@ from libp2p.peer import peerstore
 from libp2p.pubsub import gossipsub, pubsub
 
 from p2p import libp2p_compat
-from p2p.host import open_host
+from p2p.host.p2p_host import open_host
 
 
 async def test_the_record_is_reused_within_its_ttl_and_rebuilt_after(monkeypatch):

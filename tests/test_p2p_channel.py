@@ -6,11 +6,11 @@ import os
 import pytest
 import trio
 
-from p2p.channel import ChannelConfig, DataChannelServer, open_data_channel
-from p2p.channel_records import AEADS
-from p2p.channel_stream import SecureChannelStream
+from p2p.channel.records import AEADS
+from p2p.channel.service import ChannelConfig, DataChannelServer, open_data_channel
+from p2p.channel.stream import SecureChannelStream
 from p2p.errors import ChannelError
-from p2p.host import open_host
+from p2p.host.p2p_host import open_host
 from p2p.libp2p_compat import Libp2pByteStream
 from tests.channel_helpers import channel_pair, hash_and_reply, send_and_check, until
 
@@ -45,7 +45,7 @@ async def test_wrong_or_reused_token_is_dropped_at_once(pair):
 
 
 async def test_stolen_token_is_single_use(pair):
-    from p2p.channel import _request_offer
+    from p2p.channel.service import _request_offer
 
     server, server_host, client_host = pair
     with trio.fail_after(10):
@@ -108,7 +108,7 @@ async def test_sender_aborting_mid_transfer_gives_the_receiver_an_error(caplog):
 
 
 async def test_offer_and_unauthenticated_socket_floods_are_capped():
-    from p2p.channel import _request_offer
+    from p2p.channel.service import _request_offer
 
     async with open_host() as server_host, open_host() as client_host:
         config = ChannelConfig(max_offers_per_peer=2, max_pending_sockets=1)
@@ -130,8 +130,8 @@ async def test_offer_and_unauthenticated_socket_floods_are_capped():
 
 @pytest.mark.parametrize("use_socket", [True, False], ids=["data-socket", "libp2p-stream"])
 async def test_both_transports_carry_piece_frames_intact(use_socket):
-    """Conformance with p2p/wire.py: frames (one spanning several records) cross intact, then a clean end."""
-    from p2p.wire import FrameDecoder, read_frame, write_frame
+    """Conformance with p2p/pieces/wire.py: frames (one spanning several records) cross intact, then a clean end."""
+    from p2p.pieces.wire import FrameDecoder, read_frame, write_frame
 
     frames = [({"t": "have", "index": 3}, b""), ({"t": "piece", "index": 7}, os.urandom(1_500_000)), ({"t": "x"}, b"y")]
     received = []
@@ -159,7 +159,7 @@ async def test_both_transports_carry_piece_frames_intact(use_socket):
 async def test_an_abandoned_handshake_is_quiet_and_a_truncated_one_is_a_warning(pair, caplog):
     """A peer that opens the handshake stream and closes it at once gave up (no warning); one that stops inside
     its request is logged as a failed handshake; the server serves the next peer either way."""
-    from p2p.channel import PROTOCOL
+    from p2p.channel.service import PROTOCOL
 
     server, server_host, client_host = pair
     with trio.fail_after(30), caplog.at_level(logging.DEBUG, logger="p2p"):
@@ -289,7 +289,7 @@ async def test_loopback_strangers_meet_the_per_ip_cap_unless_exempted():
 
 async def test_strangers_unclaimed_offers_never_lock_out_a_new_dialer():
     """Offers cost no socket, so they do not count towards the channel cap; past it the oldest unclaimed goes."""
-    from p2p.channel import _request_offer
+    from p2p.channel.service import _request_offer
 
     async with open_host() as server_host, open_host() as client_host:
         config = ChannelConfig(max_channels=2, max_offers_per_peer=8)

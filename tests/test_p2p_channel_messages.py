@@ -10,8 +10,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2p.channel import PROTOCOL, ChannelConfig, open_data_channel
-from p2p.channel_messages import (
+from p2p.channel.messages import (
     MAX_MESSAGE,
     ChannelOffer,
     ChannelRequest,
@@ -21,8 +20,9 @@ from p2p.channel_messages import (
     encode_offer,
     encode_request,
 )
+from p2p.channel.service import PROTOCOL, ChannelConfig, open_data_channel
 from p2p.errors import ChannelError
-from p2p.host import open_host
+from p2p.host.p2p_host import open_host
 
 OFFER = ChannelOffer(4242, b"t" * 32, b"s" * 32, "aes-256-gcm")
 REQUEST = ChannelRequest("socket", ("aes-256-gcm", "chacha20-poly1305"))

@@ -5,7 +5,7 @@ import os
 import pytest
 import trio
 
-from p2p.channel_records import (
+from p2p.channel.records import (
     AEADS,
     DIALER,
     FINAL,
@@ -19,7 +19,7 @@ from p2p.channel_records import (
     record_buffer,
     split_records,
 )
-from p2p.channel_stream import SecureChannelStream, StreamTimeouts
+from p2p.channel.stream import SecureChannelStream, StreamTimeouts
 from p2p.errors import ChannelError
 
 KEY = bytes(range(32))
@@ -124,7 +124,7 @@ def test_split_records_slices_parts_into_fewest_full_records_without_copying():
 
 
 def test_the_aes_mode_a_listener_prefers_is_the_one_measured_fastest_on_this_cpu():
-    from p2p.channel_records import AES_256_GCM, AES_256_OCB3, fastest_aead, preferred_aead, record_seconds
+    from p2p.channel.records import AES_256_GCM, AES_256_OCB3, fastest_aead, preferred_aead, record_seconds
 
     modes = [AES_256_OCB3, AES_256_GCM]
     assert fastest_aead(modes, lambda names: {AES_256_OCB3: 2e-4, AES_256_GCM: 1e-4}) == AES_256_GCM  # AMD EPYC
@@ -183,7 +183,7 @@ async def test_stream_round_trip_bounded_reads_and_clean_eof():
 
 
 async def test_a_piece_frame_is_a_header_record_and_a_payload_record_handed_over_uncopied():
-    from p2p.wire import FrameDecoder, read_frame, write_frame
+    from p2p.pieces.wire import FrameDecoder, read_frame, write_frame
 
     left, right = await socket_pair_streams()
     payload = os.urandom(1024 * 1024)
@@ -199,7 +199,7 @@ async def test_a_piece_frame_is_a_header_record_and_a_payload_record_handed_over
 
 
 async def test_a_channel_starts_with_small_buffers_and_grows_each_once_for_its_first_big_record():
-    from p2p.channel_stream import FIRST_BUFFER
+    from p2p.channel.stream import FIRST_BUFFER
 
     left, right = await socket_pair_streams()
     assert len(left._out) == len(right._in) == FIRST_BUFFER < 200 * 1024  # an idle channel holds little
@@ -219,7 +219,7 @@ async def test_a_channel_starts_with_small_buffers_and_grows_each_once_for_its_f
 
 
 def test_pooled_plaintext_is_reused_only_once_nothing_holds_it():
-    from p2p.channel_records import PlaintextPool
+    from p2p.channel.records import PlaintextPool
 
     pool = PlaintextPool(per_size=2, sizes=1)
     first = pool.acquire(100)
@@ -337,7 +337,7 @@ class ScriptedSocket:
 async def test_a_piece_frames_header_record_comes_with_the_previous_payload_not_in_a_read_of_its_own():
     from types import SimpleNamespace
 
-    from p2p.wire import FrameDecoder, encode_frame, read_frame
+    from p2p.pieces.wire import FrameDecoder, encode_frame, read_frame
 
     sealer, pieces = RecordSealer(KEY, DIALER), [os.urandom(MAX_RECORD) for _ in range(8)]
     wire = bytearray()
@@ -368,7 +368,7 @@ async def test_peer_stalling_inside_a_record_times_out(autojump_clock):
 
 
 def test_channel_config_is_validated_at_the_edge():
-    from p2p.channel import ChannelConfig
+    from p2p.channel.service import ChannelConfig
 
     with pytest.raises(ChannelError, match="handshake_timeout"):
         ChannelConfig(handshake_timeout=0)
@@ -380,7 +380,7 @@ def test_channel_config_is_validated_at_the_edge():
 async def test_data_sockets_get_tcp_keepalive_so_a_vanished_machine_is_detected():
     import socket
 
-    from p2p.channel_stream import tune_socket
+    from p2p.channel.stream import tune_socket
 
     listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
     client = await trio.open_tcp_stream("127.0.0.1", listener.socket.getsockname()[1])
@@ -394,7 +394,7 @@ async def test_data_sockets_get_tcp_keepalive_so_a_vanished_machine_is_detected(
 
 async def test_grown_buffers_shrink_back_once_the_channel_idles_and_grow_again_on_demand(autojump_clock):
     """An idle link, or a stranger's channel that sent one big record, must not keep 2.3 MiB of buffers for good."""
-    from p2p.channel_stream import FIRST_BUFFER, SHRINK_AFTER
+    from p2p.channel.stream import FIRST_BUFFER, SHRINK_AFTER
 
     left, right = await socket_pair_streams()
     big = [os.urandom(MAX_RECORD), os.urandom(MAX_RECORD)]

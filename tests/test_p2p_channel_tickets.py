@@ -6,10 +6,10 @@ import os
 import pytest
 import trio
 
-from p2p.channel import TICKETS, ChannelConfig, _request_offer, open_data_channel
-from p2p.channel_addresses import socket_reachable
-from p2p.channel_stream import SecureChannelStream
-from p2p.channel_tickets import EXPIRY_MARGIN_S, Ticket, TicketBook, ticket_secret
+from p2p.channel.addresses import socket_reachable
+from p2p.channel.service import TICKETS, ChannelConfig, _request_offer, open_data_channel
+from p2p.channel.stream import SecureChannelStream
+from p2p.channel.tickets import EXPIRY_MARGIN_S, Ticket, TicketBook, ticket_secret
 from p2p.errors import ChannelError
 from p2p.scores import Verdict
 from tests.channel_helpers import channel_pair, send_and_check

@@ -13,7 +13,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2p.dht import (
+from p2p.dht.lookup import traverse
+from p2p.dht.service import (
     DHT,
     DHTConfig,
     LatestManifest,
@@ -22,9 +23,8 @@ from p2p.dht import (
     latest_manifest_key,
     open_dht,
 )
-from p2p.dht_lookup import traverse
 from p2p.errors import DHTError
-from p2p.host import HostConfig, open_host
+from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity
 
 TRAINER = Identity(b"\x07" * 32)
@@ -278,7 +278,7 @@ async def test_the_maintenance_loop_refreshes_at_start_and_reprovides_on_its_int
     schedules, each on its own interval."""
     from types import SimpleNamespace
 
-    from p2p.dht import DHT, DHTConfig
+    from p2p.dht.service import DHT, DHTConfig
 
     host = SimpleNamespace(libp2p=SimpleNamespace(get_id=lambda: "me"))
     dht = DHT(host, kad=None, config=DHTConfig(reprovide_interval_s=100.0, refresh_interval_s=30.0))

@@ -14,9 +14,9 @@ from collections import deque
 
 import pytest
 
-from p2p.engine import BUSY, Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
-from p2p.picker import NaivePicker, RarestFirstPicker
-from p2p.wire import Cancel, Have, Reject, Request
+from p2p.pieces.engine import BUSY, Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
+from p2p.pieces.picker import NaivePicker, RarestFirstPicker
+from p2p.pieces.wire import Cancel, Have, Reject, Request
 
 
 class Sim:
@@ -24,7 +24,7 @@ class Sim:
     the clock jumps `tick_interval` and every engine ticks (a requester backing off from a busy peer asks again
     only then); the run ends at the first tick that sends nothing, so no run loops forever."""
 
-    tick_interval = 1.0  # as p2p/transfer.py's TransferConfig.tick_interval
+    tick_interval = 1.0  # as p2p/pieces/transfer.py's TransferConfig.tick_interval
 
     def __init__(self, num_pieces, seeds, leeches, config=EngineConfig(), picker=None, corrupt=(), seed_config=None):
         self.n = num_pieces
@@ -154,7 +154,7 @@ def test_rarest_first_spreads_first_requests_where_naive_piles_up():
 def test_the_picker_asks_for_the_rarest_pieces_once_it_holds_its_random_first_ones(held, expected):
     import numpy as np
 
-    from p2p.engine import PeerState
+    from p2p.pieces.engine import PeerState
 
     engine = SwarmEngine(12, bytes([1] * held + [0] * (12 - held)), rng=random.Random(3))
     engine.availability[:] = [0, 0, 3, 3, 3, 3, 1, 3, 2, 1, 3, 2]

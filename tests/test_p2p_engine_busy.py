@@ -8,8 +8,8 @@ import random
 
 from test_p2p_engine import Sim
 
-from p2p.engine import BUSY, DropPeer, EngineConfig, Send, SendPiece, SwarmEngine
-from p2p.wire import Reject, Request
+from p2p.pieces.engine import BUSY, DropPeer, EngineConfig, Send, SendPiece, SwarmEngine
+from p2p.pieces.wire import Reject, Request
 
 STALL = "sent nothing for too long while owing pieces"
 

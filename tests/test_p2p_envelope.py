@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2p.envelope import (
+from p2p.errors import EnvelopeError, P2PError
+from p2p.gossip.envelope import (
     DEFAULT_POLICY,
     DOMAIN,
     KINDS,
@@ -18,9 +19,8 @@ from p2p.envelope import (
     open_envelope,
     seal,
 )
-from p2p.errors import EnvelopeError, P2PError
+from p2p.gossip.replay import ReplayFilter
 from p2p.identity import Identity
-from p2p.replay import ReplayFilter
 from p2p.scores import PeerScores, ScoreConfig, Verdict
 
 ALICE = Identity(bytes(range(32)))

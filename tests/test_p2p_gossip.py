@@ -11,11 +11,12 @@ import msgpack
 import pytest
 import trio
 
-from p2p.envelope import KINDS, seal
 from p2p.errors import GossipError
-from p2p.gossip import MAINTAIN_EVERY_S, STREAM_RETRY_S, Gossip, GossipConfig, PublishPacer, open_gossip, topic_for
-from p2p.gossip_admission import AdmissionConfig, KindRate
-from p2p.host import HostConfig, open_host
+from p2p.gossip.admission import AdmissionConfig, KindRate
+from p2p.gossip.envelope import KINDS, seal
+from p2p.gossip.parts import PublishPacer
+from p2p.gossip.service import MAINTAIN_EVERY_S, STREAM_RETRY_S, Gossip, GossipConfig, open_gossip, topic_for
+from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity
 from p2p.scores import ScoreConfig
 

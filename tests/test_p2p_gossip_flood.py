@@ -11,8 +11,8 @@ from contextlib import AsyncExitStack
 import pytest
 import trio
 
-from p2p.gossip import Gossip, open_gossip, topic_for
-from p2p.host import HostConfig, open_host
+from p2p.gossip.service import Gossip, open_gossip, topic_for
+from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity
 from swarm.bench.gossip_flood import heartbeat_envelope, inflating_envelope
 from swarm.messages.gossip_bodies import DECODERS

@@ -7,7 +7,7 @@ import trio
 from libp2p.network.stream.exceptions import StreamError
 
 from p2p.errors import HostError
-from p2p.host import HostConfig, open_host, read_exactly
+from p2p.host.p2p_host import HostConfig, open_host, read_exactly
 
 ECHO = "/test/echo/1"
 PEER = "12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"
@@ -153,7 +153,7 @@ async def test_dial_and_stream_errors_are_one_sentence_host_errors():
 
 def test_an_unspecified_listen_ip_is_given_out_as_each_interface_address_loopback_last():
     """A peer listening on every interface printed /ip4/0.0.0.0/...: no other machine can dial that."""
-    from p2p.addresses import dialable, interface_ips
+    from p2p.host.addresses import dialable, interface_ips
 
     ips = {"ip4": ["10.1.2.3", "127.0.0.1"], "ip6": ["2001:db8::5", "::1"]}
     bound = ["/ip4/0.0.0.0/tcp/4001", "/ip6/::/tcp/4002", "/ip4/127.0.0.1/tcp/5", "/ip4/10.1.2.3/tcp/4001"]

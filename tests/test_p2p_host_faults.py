@@ -11,7 +11,7 @@ import trio
 from libp2p.network.stream.exceptions import StreamError
 
 from p2p.errors import HostError
-from p2p.host import open_host
+from p2p.host.p2p_host import open_host
 from swarm.policy import manifest_protocol
 from swarm.policy.manifest_protocol import fetch_manifest, install_manifest_server
 

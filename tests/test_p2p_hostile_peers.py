@@ -9,13 +9,13 @@ import random
 import pytest
 import trio
 
-from p2p.channel import ChannelConfig, DataChannelServer, open_data_channel
+from p2p.channel.service import ChannelConfig, DataChannelServer, open_data_channel
 from p2p.errors import ChannelError, FrameError
-from p2p.host import open_host
+from p2p.host.p2p_host import open_host
 from p2p.identity import Identity
-from p2p.store import PieceStore
-from p2p.transfer import SwarmService, TransferConfig
-from p2p.wire import (
+from p2p.pieces.store import PieceStore
+from p2p.pieces.transfer import SwarmService, TransferConfig
+from p2p.pieces.wire import (
     FrameDecoder,
     Hello,
     Piece,

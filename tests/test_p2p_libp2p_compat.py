@@ -7,7 +7,7 @@ import pytest
 import trio
 from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
-from p2p.libp2p_pubsub import BufferedInboundStream
+from p2p.gossip.pubsub import BufferedInboundStream
 
 
 class ScriptedStream:

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors.numpy import save_file
 
 from p2p.errors import ManifestError
-from p2p.manifest import (
+from p2p.pieces.manifest import (
     MIN_PIECE_SIZE,
     GenerationSettings,
     build_manifest,
@@ -192,7 +192,7 @@ def test_a_body_of_empty_arrays_is_refused_without_inflating_into_python_objects
     manifest fetch can carry 32 MiB)."""
     import tracemalloc
 
-    from p2p.manifest import decode_manifest, decode_signed
+    from p2p.pieces.manifest import decode_manifest, decode_signed
 
     bomb = _empty_arrays(4 << 20)
     if decode == "signed":

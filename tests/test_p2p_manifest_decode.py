@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from p2p.errors import ManifestError
-from p2p.manifest import decode_manifest, open_signed_manifest, sign_manifest
+from p2p.pieces.manifest import decode_manifest, open_signed_manifest, sign_manifest
 from tests.test_p2p_manifest import build, keypair, make_policy
 
 

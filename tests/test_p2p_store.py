@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from p2p import store as store_mod
 from p2p.errors import DiskFullError, PieceVerifyError, StoreError, StoreLockedError
-from p2p.manifest import sign_manifest
-from p2p.store import PieceStore
+from p2p.pieces import store as store_mod
+from p2p.pieces.manifest import sign_manifest
+from p2p.pieces.store import PieceStore
 from tests.test_p2p_manifest import build, keypair, make_policy
 
 
@@ -126,7 +126,7 @@ def test_second_process_on_the_same_data_dir_is_refused(tmp_path):
     with PieceStore(tmp_path / "data"):
         with pytest.raises(StoreLockedError, match="in use"):
             PieceStore(tmp_path / "data")
-        code = ("import sys; from p2p.store import PieceStore\ntry:\n PieceStore(sys.argv[1])\n"
+        code = ("import sys; from p2p.pieces.store import PieceStore\ntry:\n PieceStore(sys.argv[1])\n"
                 "except Exception as e:\n print(type(e).__name__)")
         out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "data")], capture_output=True, text=True)
         assert out.stdout.strip() == "StoreLockedError"

@@ -11,12 +11,12 @@ import pytest
 import trio
 from safetensors.numpy import save_file
 
-from p2p.engine import EngineConfig
-from p2p.manifest import MIN_PIECE_SIZE, GenerationSettings, build_manifest
 from p2p.memnet import MemoryNetwork
-from p2p.store import PieceStore
-from p2p.transfer import SwarmService, TransferConfig
-from p2p.wire import FrameDecoder, Hello, encode_frame, message_frame, pack_bits, read_frame
+from p2p.pieces.engine import EngineConfig
+from p2p.pieces.manifest import MIN_PIECE_SIZE, GenerationSettings, build_manifest
+from p2p.pieces.store import PieceStore
+from p2p.pieces.transfer import SwarmService, TransferConfig
+from p2p.pieces.wire import FrameDecoder, Hello, encode_frame, message_frame, pack_bits, read_frame
 from swarm.bench.kumar_ross import min_distribution_time
 
 GEN = GenerationSettings(group_size=4, temperature=0.6, max_new_tokens=64, stage=0)

@@ -11,10 +11,10 @@ import random
 import pytest
 import trio
 
-from p2p.channel_records import DIALER, LISTENER, RecordOpener, RecordSealer
-from p2p.channel_stream import SecureChannelStream
-from p2p.store import PieceStore
-from p2p.transfer import SwarmService
+from p2p.channel.records import DIALER, LISTENER, RecordOpener, RecordSealer
+from p2p.channel.stream import SecureChannelStream
+from p2p.pieces.store import PieceStore
+from p2p.pieces.transfer import SwarmService
 from tests.test_p2p_transfer import MB, make_policy
 
 KEY = bytes(range(32))

@@ -8,11 +8,11 @@ import trio
 import trio.testing
 
 from p2p.budget import MemoryBudget
-from p2p.channel_messages import HandshakeBreach
+from p2p.channel.messages import HandshakeBreach
 from p2p.errors import ChannelError
 from p2p.identity import Identity
-from p2p.store import PieceStore
-from p2p.transfer import TransferConfig
+from p2p.pieces.store import PieceStore
+from p2p.pieces.transfer import TransferConfig
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.trust import TrainerTrust
 from tests.test_p2p_transfer import MB, Cluster, make_policy

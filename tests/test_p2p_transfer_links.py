@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from p2p.engine import EngineConfig
 from p2p.memnet import MemoryNetwork
-from p2p.store import PieceStore
-from p2p.transfer import SwarmService, TransferConfig
-from p2p.wire import Hello, message_frame, pack_bits
+from p2p.pieces.engine import EngineConfig
+from p2p.pieces.store import PieceStore
+from p2p.pieces.transfer import SwarmService, TransferConfig
+from p2p.pieces.wire import Hello, message_frame, pack_bits
 from tests.test_p2p_transfer import MB, Cluster, make_policy
 
 
@@ -59,7 +59,7 @@ async def test_a_channel_error_drops_only_that_link(tmp_path, autojump_clock):
 
 
 async def test_run_swarm_takes_links_from_a_channel_at_any_time(tmp_path, autojump_clock):
-    from p2p.transfer import run_swarm
+    from p2p.pieces.transfer import run_swarm
 
     manifest = make_policy(tmp_path / "src", 1 * MB)
     net = MemoryNetwork(latency=0.01)
@@ -120,7 +120,7 @@ async def test_requests_to_a_silent_peer_time_out_and_go_elsewhere(tmp_path, aut
 
 
 async def test_router_hands_inbound_links_to_the_service_of_their_manifest(tmp_path, autojump_clock):
-    from p2p.transfer import SwarmRouter
+    from p2p.pieces.transfer import SwarmRouter
 
     v1 = make_policy(tmp_path / "v1", 1 * MB, seed=1)
     v2 = make_policy(tmp_path / "v2", 1 * MB, seed=2)
@@ -160,8 +160,8 @@ async def test_a_full_disk_ends_the_service_with_one_clear_error(tmp_path, autoj
     import errno
     import os
 
-    from p2p import store as store_mod
     from p2p.errors import DiskFullError
+    from p2p.pieces import store as store_mod
 
     manifest = make_policy(tmp_path / "src", 1 * MB)
 
@@ -240,7 +240,7 @@ async def test_a_link_served_in_the_callers_task_ends_when_its_service_stops(tmp
 async def test_a_link_that_arrives_after_the_service_stopped_is_refused_not_a_crash(tmp_path, autojump_clock):
     """A dial that completes while the node shuts down: add_link says no (the caller closes the stream) instead of
     raising into a closed nursery, and the router closes such a link itself."""
-    from p2p.transfer import SwarmRouter
+    from p2p.pieces.transfer import SwarmRouter
 
     v1 = make_policy(tmp_path / "v1", 1 * MB, seed=1)
     store = PieceStore(tmp_path / "seed")
@@ -264,8 +264,8 @@ async def test_a_link_that_arrives_after_the_service_stopped_is_refused_not_a_cr
 async def test_a_burst_of_small_frames_does_not_hold_the_node_until_it_is_read(tmp_path, autojump_clock):
     """Frames already buffered were decoded without yielding: a peer sending thousands of small frames at once held
     every other task of the node (other links, timers, gossip) until all were handled."""
-    from p2p.transfer import FRAMES_PER_CHECKPOINT
-    from p2p.wire import Have
+    from p2p.pieces.transfer import FRAMES_PER_CHECKPOINT
+    from p2p.pieces.wire import Have
 
     manifest = make_policy(tmp_path / "src", 1 * MB)
     async with trio.open_nursery() as nursery:

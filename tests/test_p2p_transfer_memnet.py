@@ -130,8 +130,8 @@ def test_kumar_ross_bound_in_each_regime():
 async def test_transfer_upload_caps_hold_on_an_uncapped_network(tmp_path, autojump_clock, cap):
     import random
 
-    from p2p.store import PieceStore
-    from p2p.transfer import SwarmService, TransferConfig
+    from p2p.pieces.store import PieceStore
+    from p2p.pieces.transfer import SwarmService, TransferConfig
     from tests.test_p2p_transfer import make_policy
 
     manifest = make_policy(tmp_path / "src", 2 * MB)
@@ -162,9 +162,9 @@ async def test_services_of_several_versions_share_one_upload_cap(tmp_path, autoj
     seed with three versions in its window uploaded up to three times its --upload-mbps)."""
     import random
 
+    from p2p.pieces.store import PieceStore
+    from p2p.pieces.transfer import SwarmService
     from p2p.ratelimit import TokenBucket
-    from p2p.store import PieceStore
-    from p2p.transfer import SwarmService
     from tests.test_p2p_transfer import make_policy
 
     cap = MB // 2

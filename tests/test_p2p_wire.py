@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from p2p.errors import FrameError
-from p2p.wire import (
+from p2p.pieces.wire import (
     Bitfield,
     Cancel,
     FrameDecoder,

@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from p2p.errors import HostError
-from p2p.host import HostConfig, open_host
-from p2p.reach import (
+from p2p.host.p2p_host import HostConfig, open_host
+from p2p.reach.probe import (
     MAX_PUNCH_ATTEMPTS,
     MAX_PUNCHES_AT_ONCE,
     Reachability,
@@ -22,8 +22,8 @@ from p2p.reach import (
     punch_targets,
     verdict,
 )
-from p2p.reach_service import ReachState, _watch
-from p2p.relay import Relaying, RelayLimits, _bucket, _PacedStream
+from p2p.reach.relay import Relaying, RelayLimits, _bucket, _PacedStream
+from p2p.reach.service import ReachState, _watch
 
 ECHO = "/test/echo/1"
 
@@ -126,8 +126,8 @@ async def test_a_relay_that_does_not_serve_grants_no_reservation():
 
 
 async def test_a_data_channel_to_a_relayed_peer_takes_the_libp2p_stream_without_trying_a_socket():
-    from p2p.channel import open_data_channel, serve_data_channels
-    from p2p.channel_addresses import socket_reachable
+    from p2p.channel.addresses import socket_reachable
+    from p2p.channel.service import open_data_channel, serve_data_channels
 
     received = []
 
@@ -157,7 +157,7 @@ async def test_a_data_channel_to_a_relayed_peer_takes_the_libp2p_stream_without_
 
 
 async def test_no_data_socket_is_tried_over_a_hole_punched_connection():
-    from p2p.channel_addresses import socket_reachable
+    from p2p.channel.addresses import socket_reachable
 
     class Reach:
         def __init__(self, kind):
@@ -180,7 +180,7 @@ async def test_no_data_socket_is_tried_over_a_hole_punched_connection():
 
 async def test_a_peer_whose_bootstrap_peer_came_up_late_asks_again_once_connected():
     from p2p.identity import Identity
-    from p2p.reach_service import _listen_port
+    from p2p.reach.service import _listen_port
 
     async with open_host(HostConfig()) as probe:
         port = _listen_port(probe)  # a free port, released when the probe closes
@@ -198,7 +198,7 @@ async def test_a_peer_whose_bootstrap_peer_came_up_late_asks_again_once_connecte
 
 
 async def test_a_peer_whose_data_socket_failed_is_not_tried_again_for_a_while(autojump_clock):
-    from p2p.channel_addresses import UNREACHABLE_FOR_S, note_socket_unreachable, socket_reachable
+    from p2p.channel.addresses import UNREACHABLE_FOR_S, note_socket_unreachable, socket_reachable
 
     class Host:
         peer_id = "me"
@@ -211,8 +211,8 @@ async def test_a_peer_whose_data_socket_failed_is_not_tried_again_for_a_while(au
 
 
 async def test_a_server_out_of_dial_backs_refuses_without_calling_the_asker_private():
-    from p2p.reach import ask_dial_back
-    from p2p.reach_service import _listen_port
+    from p2p.reach.probe import ask_dial_back
+    from p2p.reach.service import _listen_port
 
     async with open_host(HostConfig(reach=ReachConfig(dial_backs_per_s=0.001))) as server, \
             open_host(HostConfig(bootstrap=(server.multiaddrs[0],))) as asker:
@@ -227,7 +227,7 @@ async def test_hole_punches_strangers_start_toward_us_share_the_bounds_of_our_ow
     us through relays under many identities (or one identity over many streams) set off dials without end."""
     from types import SimpleNamespace
 
-    from p2p.reach_service import ReachState, _answer_punch
+    from p2p.reach.service import ReachState, _answer_punch
 
     running: list[str] = []
 
@@ -262,8 +262,8 @@ def test_a_punch_dials_at_most_a_few_of_the_addresses_a_peer_sends():
     """A CONNECT message of 4 KiB holds hundreds of addresses, each dialed three rounds over: a reflector."""
     from multiaddr import Multiaddr
 
-    from p2p.reach import MAX_PUNCH_ADDRS
-    from p2p.reach_service import _DrivenDCUtR
+    from p2p.reach.probe import MAX_PUNCH_ADDRS
+    from p2p.reach.service import _DrivenDCUtR
 
     sent = [Multiaddr(f"/ip4/192.0.2.{i % 250}/tcp/{1000 + i}").to_bytes() for i in range(300)]
     kept = _DrivenDCUtR._decode_observed_addrs(object.__new__(_DrivenDCUtR), sent)
@@ -277,8 +277,8 @@ async def test_a_punch_dials_at_most_a_few_of_the_addresses_a_peer_announced_thr
 
     from multiaddr import Multiaddr
 
-    from p2p.reach import MAX_PUNCH_ADDRS
-    from p2p.reach_service import _DrivenDCUtR
+    from p2p.reach.probe import MAX_PUNCH_ADDRS
+    from p2p.reach.service import _DrivenDCUtR
 
     claimed = [Multiaddr(f"/ip4/192.0.2.{i % 250}/tcp/{1000 + i}") for i in range(300)]
     store = SimpleNamespace(addrs=lambda peer: list(claimed), add_addrs=lambda peer, addrs, ttl: None)
@@ -297,7 +297,7 @@ async def test_a_punch_dials_at_most_a_few_of_the_addresses_a_peer_announced_thr
 
 def test_a_connections_kind_is_worked_out_once_and_one_with_no_address_yet_is_asked_again():
     """The reach service asks every connection's kind each second: its multiaddrs are formatted once."""
-    from p2p.relay_limits import connection_kind
+    from p2p.reach.relay_limits import connection_kind
 
     class Conn:
         def __init__(self, addrs):

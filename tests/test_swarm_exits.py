@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from p2p.host import HostConfig, open_host
+from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity, load_or_create_identity, read_key_file, write_key_file
-from p2p.store import PieceStore
+from p2p.pieces.store import PieceStore
 from swarm.shutdown import is_interrupt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

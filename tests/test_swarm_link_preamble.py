@@ -9,7 +9,7 @@ import trio.testing
 
 from p2p.budget import BudgetExhausted, ByteRate
 from p2p.identity import Identity
-from p2p.store import PieceStore
+from p2p.pieces.store import PieceStore
 from swarm.policy import mirror as mirror_module
 from swarm.policy.link_preamble import PREAMBLE_INLINE_MAX, Preamble, PreambleBreach, decode_head, read_body, read_head
 from swarm.policy.mirror import PolicyMirror

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from p2p.errors import HostError
-from p2p.host import open_host, read_exactly
+from p2p.host.p2p_host import open_host, read_exactly
 from swarm.policy.manifest_protocol import PROTOCOL, fetch_manifest, install_manifest_server
 
 KNOWN = b"k" * 32

@@ -11,8 +11,8 @@ import trio.testing
 from safetensors.numpy import save_file
 
 from p2p.identity import Identity
-from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
-from p2p.store import PieceStore
+from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
+from p2p.pieces.store import PieceStore
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.trust import TrainerTrust
 

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from p2p.identity import Identity, peer_id_from_public_bytes
-from p2p.store import PieceStore
+from p2p.pieces.store import PieceStore
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.mirror_dial import (
     ANNOUNCE_AGAIN_AFTER,

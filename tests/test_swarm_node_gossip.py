@@ -11,8 +11,8 @@ from tests.test_swarm_nodes import Peer
 
 
 async def publish_unpaced(gossip, kind: str, body: dict) -> None:
-    """Publish as a peer that ignores its own pacing (p2p.gossip_admission.OwnPace) would."""
-    from p2p.gossip import topic_for
+    """Publish as a peer that ignores its own pacing (p2p.gossip.admission.OwnPace) would."""
+    from p2p.gossip.service import topic_for
 
     await gossip.pubsub.publish(topic_for(gossip.run, kind), gossip._seal(kind, body))
 
@@ -160,7 +160,7 @@ async def test_a_peer_whose_streams_fault_the_host_pays_in_gossip_too_and_three_
     from libp2p.network.stream.exceptions import StreamError
 
     from p2p.errors import HostError
-    from p2p.host import open_host
+    from p2p.host.p2p_host import open_host
 
     async def explode(stream):
         raise RuntimeError("injected stream fault")

@@ -16,7 +16,7 @@ import trio
 from safetensors.numpy import load_file, save_file
 
 from p2p.identity import Identity, write_key_file
-from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.config import load_config
 from swarm.events import EventSink
 from swarm.node import node as node_module
@@ -335,7 +335,7 @@ def test_two_swarm_processes_second_joins_through_first_multiaddr(tmp_path):
     # buffered the lines after the address already (communicate() reads the raw pipe and would skip them)
     out, err = pub.stdout.read(), pub.stderr.read()
     assert "published policy v1 (" in out and "FAILED" not in out + err and "Traceback" not in err, out + err
-    from p2p.store import PieceStore
+    from p2p.pieces.store import PieceStore
 
     with PieceStore(tmp_path / "peer" / "store") as store:
         (manifest,) = store.manifests()

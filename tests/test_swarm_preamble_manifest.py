@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from p2p.identity import Identity
-from p2p.store import PieceStore
+from p2p.pieces.store import PieceStore
 from swarm.policy import link_preamble
 from swarm.policy.link_preamble import HEAD_BYTES, decode_head, inline_manifest
 from swarm.policy.mirror import PolicyMirror

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import trio
 
-from p2p.gossip import open_gossip
-from p2p.host import HostConfig, open_host
+from p2p.gossip.service import open_gossip
+from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity
 from swarm.messages.rollout_codec import (
     Announcement,

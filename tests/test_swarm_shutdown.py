@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-import p2p.gossip
+import p2p.gossip.service
 import swarm.node.node as node_module
 from p2p.identity import Identity
 from swarm.shutdown import ExitGuard
@@ -15,7 +15,7 @@ from tests.test_swarm_nodes import Peer
 
 
 def test_a_peer_whose_gossip_never_finishes_closing_still_returns(tmp_path, monkeypatch, caplog):
-    real_open_gossip = p2p.gossip.open_gossip
+    real_open_gossip = p2p.gossip.service.open_gossip
 
     @asynccontextmanager
     async def hanging_gossip(*args, **kwargs):

@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from p2p.identity import Identity
-from p2p.store import PieceStore
+from p2p.pieces.store import PieceStore
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.mirror_dial import SPARE_ABSENT_GRACE, SPARE_TTL_SPREAD, spare_lifetime
 from swarm.policy.trust import TrainerTrust

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from p2p.manifest import MIN_PIECE_SIZE, file_entry
+from p2p.pieces.manifest import MIN_PIECE_SIZE, file_entry
 from swarm.errors import UserError
 from swarm.policy import runspec
 from swarm.policy.runspec import RunSpec, spec_tasks, training_tasks, version_tasks

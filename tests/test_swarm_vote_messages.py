@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgpack
 
-from p2p.envelope import DEFAULT_MAX_BYTES, seal
+from p2p.gossip.envelope import DEFAULT_MAX_BYTES, seal
 from p2p.identity import Identity
 from swarm.messages.votes import MAX_VOTES, VOTE_BYTES, vote_bodies, votes_in
 from verify.checks import CheckResult

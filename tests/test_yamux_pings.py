@@ -9,7 +9,7 @@ import trio
 import trio.testing
 from libp2p.stream_muxer.yamux import yamux
 
-from p2p.host import open_host
+from p2p.host.p2p_host import open_host
 from p2p.libp2p_compat import YAMUX_RTT_EVERY_S, tune_yamux
 
 

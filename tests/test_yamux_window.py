@@ -12,7 +12,7 @@ import trio
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.stream_muxer.yamux.yamux import DEFAULT_WINDOW_SIZE, YamuxStream
 
-from p2p.host import open_host
+from p2p.host.p2p_host import open_host
 
 PROTOCOL = "/test/window/1.0.0"
 

@@ -180,7 +180,7 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
     """A seed-only peer that publishes the checkpoint as version 1 of `run` once a line arrives on stdin."""
     import trio
 
-    from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+    from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
     from swarm.config import load_config
     from swarm.events import EventSink
     from swarm.node.node import open_node_parts
@@ -277,7 +277,7 @@ def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed
 
 def _verify(work: Path, tag: str, peers: int, manifest_hex: str) -> bool:
     """Reassemble every peer's copy from its store and compare it with the original file."""
-    from p2p.store import PieceStore
+    from p2p.pieces.store import PieceStore
 
     original = blake3.blake3((work / "ckpt" / "model.safetensors").read_bytes()).digest()
     for i in range(peers):

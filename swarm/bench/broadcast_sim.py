@@ -1,7 +1,7 @@
 """A simulated broadcast of one policy from a seed to N peers over the in-memory network, in trio time.
 
-It runs the real piece protocol (p2p.transfer and p2p.engine) over p2p.memnet's capped streams, so the time it
-reports is the engine's own, and compares it with the Kumar-Ross lower bound for the same caps.
+It runs the real piece protocol (p2p.pieces.transfer and p2p.pieces.engine) over p2p.memnet's capped streams, so the
+time it reports is the engine's own, and compares it with the Kumar-Ross lower bound for the same caps.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import trio
 
-from p2p.engine import EngineConfig
 from p2p.memnet import MemoryNetwork
-from p2p.store import PieceStore
-from p2p.transfer import SwarmService, TransferConfig
+from p2p.pieces.engine import EngineConfig
+from p2p.pieces.store import PieceStore
+from p2p.pieces.transfer import SwarmService, TransferConfig
 from swarm.bench.kumar_ross import min_distribution_time
 
 

@@ -1,7 +1,7 @@
 """A broadcast of one policy to hundreds or thousands of peers in virtual time, driven by the real piece protocol.
 
-Every peer is a real SwarmService (p2p/transfer.py) running the real engine (p2p/engine.py) over memnet links with
-upload caps and latency; only two things are simulated:
+Every peer is a real SwarmService (p2p/pieces/transfer.py) running the real engine (p2p/pieces/engine.py) over memnet
+links with upload caps and latency; only two things are simulated:
 
 - the neighbourhood: each peer links to about `degree` others, as a real peer opens `links_per_version` links per
   version itself (swarm/config.py; others may add theirs), drawn as the union of `degree / 2` random cycles through
@@ -26,11 +26,11 @@ import trio
 import trio.testing
 from safetensors.numpy import save_file
 
-from p2p.engine import EngineConfig
 from p2p.errors import StoreError
-from p2p.manifest import MIN_PIECE_SIZE, GenerationSettings, PolicyManifest, build_manifest
 from p2p.memnet import MemoryNetwork
-from p2p.transfer import SwarmService, TransferConfig
+from p2p.pieces.engine import EngineConfig
+from p2p.pieces.manifest import MIN_PIECE_SIZE, GenerationSettings, PolicyManifest, build_manifest
+from p2p.pieces.transfer import SwarmService, TransferConfig
 from swarm.bench.broadcast_sim import BroadcastResult
 from swarm.bench.kumar_ross import min_distribution_time
 
@@ -50,7 +50,7 @@ class SharedPieces:
 
 
 class MemoryPieceStore:
-    """The part of p2p.store.PieceStore a SwarmService uses, over SharedPieces: have-flags per peer, no disk."""
+    """The part of p2p.pieces.store.PieceStore a SwarmService uses, over SharedPieces: have-flags per peer, no disk."""
 
     def __init__(self, pieces: SharedPieces, complete: bool = False) -> None:
         self.pieces = pieces

@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
 async def _measure(channels: int, rounds: int) -> dict:
     import trio
 
-    from p2p.channel import ChannelConfig, DataChannelServer, open_data_channel
-    from p2p.host import open_host
+    from p2p.channel.service import ChannelConfig, DataChannelServer, open_data_channel
+    from p2p.host.p2p_host import open_host
 
     async def drain(_peer: str, stream) -> None:
         while await stream.receive_some(65536):

@@ -7,7 +7,7 @@ field of the wrong type, a RecursionError, an OverflowError) is a finding, becau
 the project's own errors ends the role or the node that received the input.
 
 Decoders that take a gossip body receive it the way a handler does: the fuzzed bytes are a msgpack body, sealed
-into a real envelope and opened again (p2p.envelope), so bodies the envelope refuses count as refused and the
+into a real envelope and opened again (p2p.gossip.envelope), so bodies the envelope refuses count as refused and the
 rest arrive in the form handlers see. Gossip bodies are fuzzed twice: through the typed decoder gossip's validator
 runs before delivery or forwarding (swarm.messages.gossip_bodies), and through the readers of the roles that receive
 them (swarm.messages.votes, swarm.messages.rollout_codec). What arrives on streams (piece frames, the data channel's
@@ -62,7 +62,7 @@ def _cached(build: Callable[[], list[bytes]]) -> Callable[[], list[bytes]]:
 def _envelope_of(data: bytes, kind: str) -> Any:
     """The opened envelope a `kind` handler receives for the fuzzed msgpack body `data`, or EnvelopeError as the
     envelope would raise it."""
-    from p2p.envelope import open_envelope, seal
+    from p2p.gossip.envelope import open_envelope, seal
 
     try:
         body = msgpack.unpackb(data, raw=False, strict_map_key=False)
@@ -80,14 +80,14 @@ def _pack(value: Any) -> bytes:
 
 
 def decode_envelope(data: bytes) -> Any:
-    from p2p.envelope import open_envelope
+    from p2p.gossip.envelope import open_envelope
 
     return open_envelope(data, RUN, NOW)
 
 
 @_cached
 def envelope_samples() -> list[bytes]:
-    from p2p.envelope import seal
+    from p2p.gossip.envelope import seal
 
     bodies = [("heartbeat", heartbeat_body()), ("vote", {"votes": [vote_wire()]}), ("rollout", {"group": group_wire()}),
               ("manifest", {"id": bytes(32)}), ("have", b"\x01\x02")]
@@ -247,7 +247,7 @@ def manifest_model() -> dict:
 
 
 def sample_manifest():
-    from p2p.manifest import MIN_PIECE_SIZE, FileEntry, GenerationSettings, PolicyManifest, TensorEntry
+    from p2p.pieces.manifest import MIN_PIECE_SIZE, FileEntry, GenerationSettings, PolicyManifest, TensorEntry
 
     files = []
     for name, size in (("model-00000.safetensors", 300_000), ("model-00001.safetensors", 70_000)):
@@ -265,7 +265,7 @@ def manifest_samples() -> list[bytes]:
 
 def signed_bytes(manifest_bytes: bytes) -> bytes:
     """`manifest_bytes` signed by the fuzzing key: what a stranger serves for a manifest id it names."""
-    from p2p.manifest import SIG_CONTEXT, SignedManifest
+    from p2p.pieces.manifest import SIG_CONTEXT, SignedManifest
 
     signature = SENDER.sign(SIG_CONTEXT + blake3.blake3(manifest_bytes).digest())
     return SignedManifest(manifest_bytes, SENDER.public_bytes, signature).to_bytes()
@@ -277,27 +277,27 @@ def signed_manifest_samples() -> list[bytes]:
 
 
 def decode_signed_manifest(data: bytes) -> Any:
-    from p2p.manifest import open_signed_manifest
+    from p2p.pieces.manifest import open_signed_manifest
 
     return open_signed_manifest(data)
 
 
 def decode_self_signed_manifest(data: bytes) -> Any:
     """Any manifest bytes, signed by a stranger and opened as a peer without --trainer-key opens them."""
-    from p2p.manifest import open_signed_manifest
+    from p2p.pieces.manifest import open_signed_manifest
 
     return open_signed_manifest(signed_bytes(data))
 
 
 def decode_manifest_bytes(data: bytes) -> Any:
-    from p2p.manifest import decode_manifest
+    from p2p.pieces.manifest import decode_manifest
 
     return decode_manifest(data)
 
 
 def decode_run_spec(data: bytes) -> Any:
     """A manifest's model description (already a plain tree by the manifest decoder) read as the run's spec."""
-    from p2p.manifest_decode import MAX_MODEL_DEPTH, _is_plain_tree
+    from p2p.pieces.manifest_decode import MAX_MODEL_DEPTH, _is_plain_tree
     from swarm.policy.runspec import RunSpec
 
     try:
@@ -318,14 +318,14 @@ def run_spec_samples() -> list[bytes]:
 
 
 def decode_dht_record(data: bytes) -> Any:
-    from p2p.dht import LatestManifest, latest_manifest_key
+    from p2p.dht.service import LatestManifest, latest_manifest_key
 
     return LatestManifest.decode(data, latest_manifest_key(RUN, SENDER.public_bytes))
 
 
 @_cached
 def dht_record_samples() -> list[bytes]:
-    from p2p.dht import LatestManifest
+    from p2p.dht.service import LatestManifest
 
     return [LatestManifest.sign(RUN, b"\x05" * 32, v, SENDER).encode() for v in (0, 7, 2**40)]
 

@@ -26,9 +26,9 @@ BODY_SLACK = 512
 
 def inflating_envelope(run: str, identity, ts: float, seq: int, size: int = 900 * 1024) -> bytes:
     """A correctly signed `rollout` envelope of about `size` bytes whose body is a list of empty maps: one byte
-    of msgpack each, 64 bytes of Python each once decoded. Built without p2p.envelope.seal, which would refuse
+    of msgpack each, 64 bytes of Python each once decoded. Built without p2p.gossip.envelope.seal, which would refuse
     to canonicalise it."""
-    from p2p.envelope import VERSION, _signed_bytes
+    from p2p.gossip.envelope import VERSION, _signed_bytes
 
     fields = {"v": VERSION, "kind": "rollout", "run": run, "sender": identity.public_bytes, "ts": float(ts),
               "seq": seq, "body": {"x": [{}] * (size - BODY_SLACK)}}
@@ -37,13 +37,13 @@ def inflating_envelope(run: str, identity, ts: float, seq: int, size: int = 900 
 
 def heartbeat_envelope(run: str, identity, ts: float, seq: int) -> bytes:
     """A well-formed heartbeat: only its rate is hostile."""
-    from p2p.envelope import seal
+    from p2p.gossip.envelope import seal
 
     return seal("heartbeat", run, {"roles": ["seed"]}, identity, ts, seq)
 
 
 def _gossip_config(flooder: bool):
-    from p2p.gossip import GossipConfig
+    from p2p.gossip.service import GossipConfig
 
     return GossipConfig(router_rate_limit=5000.0, publish_rate=4000.0) if flooder else GossipConfig()
 
@@ -52,8 +52,8 @@ async def _serve_target(listen_port: int) -> None:
     """The target: print its address, serve until stdin closes, print its counters."""
     import trio
 
-    from p2p.gossip import open_gossip
-    from p2p.host import HostConfig, open_host
+    from p2p.gossip.service import open_gossip
+    from p2p.host.p2p_host import HostConfig, open_host
     from p2p.identity import Identity
     from swarm.messages.gossip_bodies import DECODERS
 
@@ -78,8 +78,8 @@ async def _attack(target_addr: str, target_pid: int, seconds: float, rate: float
     import psutil
     import trio
 
-    from p2p.gossip import open_gossip, topic_for
-    from p2p.host import HostConfig, open_host
+    from p2p.gossip.service import open_gossip, topic_for
+    from p2p.host.p2p_host import HostConfig, open_host
     from p2p.identity import Identity
     from swarm.messages.gossip_bodies import DECODERS
 
@@ -126,7 +126,7 @@ async def _one_attacker(identity, target_addr, rate, out, open_host, open_gossip
     """One fresh identity: connect, then inflating envelopes and a heartbeat flood until the target hangs up."""
     import trio
 
-    from p2p.host import HostConfig
+    from p2p.host.p2p_host import HostConfig
 
     record = {"sent": 0, "meshed": False, "hung_up_after_s": None}
     out.setdefault("attackers", []).append(record)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from p2p.identity import Identity, write_key_file
-from p2p.relay_limits import RelayLimits
+from p2p.reach.relay_limits import RelayLimits
 from swarm.bench.broadcast import EventProcess, _make_checkpoint, _verify, _warm_up, run_publisher
 from swarm.bench.kumar_ross import min_distribution_time
 from swarm.bench.netns import PUBLIC_IP, Testbed, available, python_argv

@@ -26,7 +26,7 @@ The estimate at 1,000 peers has two parts, because they grow with different thin
   delivery), times the deliveries at 1,000 (the heartbeats a virtual-time run of the real heartbeat loop counts,
   swarm.bench.heartbeat_sim, plus the measured non-heartbeat traffic); plus what is left of the idle windows, a
   fixed part and a part per connection (least squares over the sizes), at the connections a peer holds at 1,000
-  (`max_peers` plus the trimming slack: p2p.conn_trim closes the unused ones past that; more where the largest
+  (`max_peers` plus the trimming slack: p2p.host.conn_trim closes the unused ones past that; more where the largest
   size already held more, since connections in use are never trimmed);
 - versions, from the difference of the publishing and idle windows: CPU and bytes per version per data link (a
   version is fetched and served over data links, counted from the mirror's link events), times the links a peer
@@ -53,10 +53,10 @@ from pathlib import Path
 
 import trio
 
-from p2p.conn_trim import TrimConfig
 from p2p.errors import P2PError
+from p2p.host.conn_trim import TrimConfig
 from p2p.identity import Identity, read_key_file, write_key_file
-from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
 from swarm.bench.broadcast import EventProcess, _make_checkpoint
 from swarm.bench.heartbeat_sim import run_heartbeat_sim
 from swarm.bench.scale_measure import measure, wait_links_settled, wait_synced

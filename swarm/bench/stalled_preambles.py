@@ -76,7 +76,7 @@ def cpu_seconds(pid: int) -> float:
 async def stall(host, target: str, declared: int, channels: int, sent: list[int]) -> None:
     """Open `channels` data channels one after another, each sending all of a declared manifest but its last KiB;
     a channel the target drops (its read rate spent, or no room to wait) gives way to the next."""
-    from p2p.channel import open_data_channel
+    from p2p.channel.service import open_data_channel
 
     for _ in range(channels):
         try:
@@ -125,7 +125,7 @@ async def attack(addr: str, target_id: str, pid: int, args) -> dict:
 async def _host(task_status=None):
     import trio
 
-    from p2p.host import open_host
+    from p2p.host.p2p_host import open_host
 
     async with open_host() as host:
         task_status.started(host)

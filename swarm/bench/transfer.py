@@ -15,7 +15,7 @@ runs between two peers, each on its own machine. Left to itself, Linux often wak
 (loopback delivers in the sender's system call), and two CPU-bound processes then share one core, which measures
 the scheduler's placement rather than the transport. Both paths run under the same pinning.
 
-Paths: `p2p` (piece frames of p2p/wire.py over the data channel) against `raw_tcp` (bare bytes on a trio socket)
+Paths: `p2p` (piece frames of p2p/pieces/wire.py over the data channel) against `raw_tcp` (bare bytes on a trio socket)
 give the headline ratio; `p2p_unframed` (bare bytes over the data channel) and `raw_tcp_framed` (piece frames over a
 trio socket) split the gap between the channel and the framing; `p2p_stream` (--with-stream) is the libp2p fallback.
 """
@@ -37,7 +37,7 @@ import trio
 
 MIB = 1024 * 1024
 PIECE = MIB
-RECEIVE_CHUNK = MIB  # p2p/wire.py RECEIVE_CHUNK: one whole data-channel record per read on every path
+RECEIVE_CHUNK = MIB  # p2p/pieces/wire.py RECEIVE_CHUNK: one whole data-channel record per read on every path
 _U64 = struct.Struct(">Q")
 _DIGEST_AND_CPU = struct.Struct(">32sd")
 
@@ -83,7 +83,7 @@ class BenchPlan:
 
 
 def run(args: argparse.Namespace) -> int:
-    from p2p.channel_records import preferred_aead
+    from p2p.channel.records import preferred_aead
 
     aead = preferred_aead() if args.aead == "auto" else args.aead
     if args.receiver:
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- receiver
-# Every bench connection starts with one mode byte: b"F" piece frames (p2p/wire.py), b"U" unframed bytes.
+# Every bench connection starts with one mode byte: b"F" piece frames (p2p/pieces/wire.py), b"U" unframed bytes.
 # The same code runs over the data channel, the libp2p-stream fallback and a raw trio socket (one interface).
 
 
@@ -113,7 +113,7 @@ async def _read_exact(stream, size: int) -> bytes:
 async def _receive_framed(stream) -> None:
     """Read the bench frames through the piece-protocol framing, hash the payloads, answer with the digest and the
     CPU seconds this took."""
-    from p2p.wire import FrameDecoder, read_frame, write_frame
+    from p2p.pieces.wire import FrameDecoder, read_frame, write_frame
 
     cpu_start = time.thread_time()
     decoder = FrameDecoder()
@@ -168,8 +168,8 @@ async def _receive(stream, peer_id: str = "") -> None:
 
 
 async def _receiver_main(aead: str) -> None:
-    from p2p.channel import ChannelConfig, serve_data_channels
-    from p2p.host import open_host
+    from p2p.channel.service import ChannelConfig, serve_data_channels
+    from p2p.host.p2p_host import open_host
 
     async with open_host() as host, trio.open_nursery() as nursery:
         config = ChannelConfig(aead=aead)
@@ -185,7 +185,7 @@ async def _receiver_main(aead: str) -> None:
 
 
 async def _send_framed(stream, data: bytes) -> tuple[bytes, float]:
-    from p2p.wire import FrameDecoder, read_frame, write_frame
+    from p2p.pieces.wire import FrameDecoder, read_frame, write_frame
 
     view = memoryview(data)
     pieces = (len(data) + PIECE - 1) // PIECE
@@ -218,7 +218,7 @@ PATHS = {
 
 
 async def _open_path(transport: str, host, peer_id: str, raw_port: int):
-    from p2p.channel import ChannelConfig, open_data_channel
+    from p2p.channel.service import ChannelConfig, open_data_channel
 
     if transport == "tcp":
         return await trio.open_tcp_stream("127.0.0.1", raw_port)
@@ -279,7 +279,7 @@ def pin_cpus(receiver_pid: int) -> list[int] | None:
 
 
 async def _sender_main(plan: BenchPlan) -> dict:
-    from p2p.host import open_host
+    from p2p.host.p2p_host import open_host
 
     data = os.urandom(plan.size_mb * MIB)
     paths = list(PATHS) if plan.with_stream else list(PATHS)[:4]

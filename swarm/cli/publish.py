@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _generation(checkpoint: Path):
-    from p2p.manifest import GenerationSettings
+    from p2p.pieces.manifest import GenerationSettings
     from swarm.errors import UserError
 
     path = checkpoint / "generation.json"
@@ -97,7 +97,7 @@ def _checkpoint_dir(path: Path) -> Path:
 def check_weights(checkpoint: Path) -> None:
     """What describe_policy_dir checks of the weights (at least one file, each header a safetensors index)."""
     from p2p.errors import ManifestError
-    from p2p.manifest import read_safetensors_index
+    from p2p.pieces.manifest import read_safetensors_index
 
     paths = sorted(checkpoint.glob("*.safetensors"))
     if not paths:
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
     from p2p.errors import ManifestError
     from p2p.identity import read_key_file
-    from p2p.manifest import MAX_PIECE_SIZE, MIN_PIECE_SIZE, build_manifest, describe_policy_dir, sign_manifest
+    from p2p.pieces.manifest import MAX_PIECE_SIZE, MIN_PIECE_SIZE, build_manifest, describe_policy_dir, sign_manifest
     from swarm.config import load_config
     from swarm.errors import UserError
     from swarm.events import EventSink

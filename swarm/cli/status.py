@@ -21,7 +21,7 @@ MANIFEST_RETRY_S = 30.0
 MIN_EVERY_S = 0.2
 """The shortest --every: a refresh recomputes the whole view."""
 OBSERVER_HEARTBEAT_S = 0.25
-"""Shortest long-run spacing of one peer's heartbeats the observer accepts (p2p.gossip_admission)."""
+"""Shortest long-run spacing of one peer's heartbeats the observer accepts (p2p.gossip.admission)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,7 +170,7 @@ class NewestManifest:
 
 async def _joined(bootstrap: tuple[str, ...], listen):
     """Join through `bootstrap` with a throw-away identity and run `listen(host, identity, view)`."""
-    from p2p.host import HostConfig, open_host
+    from p2p.host.p2p_host import HostConfig, open_host
     from p2p.identity import Identity
     from swarm.cli.status_view import SwarmView
     from swarm.errors import UserError
@@ -194,8 +194,8 @@ async def _listening(host, identity, run: str, view):
     the view); yields the gossip service, whose validator's refusals count in the report."""
     import trio
 
-    from p2p.gossip import GossipConfig, open_gossip
-    from p2p.gossip_admission import AdmissionConfig
+    from p2p.gossip.admission import AdmissionConfig
+    from p2p.gossip.service import GossipConfig, open_gossip
     from swarm.messages.gossip_bodies import DECODERS
 
     # The observer does not know the run's heartbeat period (peers may be configured faster than the default),
@@ -265,8 +265,8 @@ async def _checked_manifest(host, view, version: int, trainer_key: bytes | None)
 async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) -> dict | None:
     """The newest version's manifest from a peer that holds it, summarised; None when no holder answers."""
     from p2p.errors import P2PError
-    from p2p.host import ensure_connected
-    from p2p.manifest import decode_signed, verify_manifest
+    from p2p.host.p2p_host import ensure_connected
+    from p2p.pieces.manifest import decode_signed, verify_manifest
     from swarm.policy.manifest_protocol import fetch_manifest
 
     wanted = view.versions[version]

@@ -1,6 +1,6 @@
 """The typed gossip bodies of a run: one decoder per kind, run by gossip's validator before delivery or forwarding.
 
-Rules of this module: a verified envelope in (p2p.envelope has already bounded its size, its maps and arrays and
+Rules of this module: a verified envelope in (p2p.gossip.envelope has already bounded its size, its maps and arrays and
 refused NaN and infinities), a frozen typed value out, or EnvelopeError("bad_body") naming the first problem; no
 IO, no clock. Handlers read only these values, never the raw maps. Strict on purpose: an unknown field, a list
 longer than the bound or a mistyped entry refuses the whole message, because what a handler would have to skip is
@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from p2p.errors import EnvelopeError
-from p2p.manifest import decode_signed
+from p2p.pieces.manifest import decode_signed
 from swarm.messages.rollout_transport import items_or_refusal
 from swarm.messages.votes import MAX_VOTES
 from verify.votes import Vote, VoteError, verify_vote
@@ -227,4 +227,4 @@ DECODERS: Mapping[str, Any] = MappingProxyType({
     "vote": decode_votes,
     "rollout": decode_rollouts,
 })
-"""A run's gossip kinds and their decoders (p2p.gossip.open_gossip's `decoders`; its `kinds` are these keys)."""
+"""A run's gossip kinds and their decoders (p2p.gossip.service.open_gossip's `decoders`; its `kinds` are these keys)."""

@@ -28,9 +28,9 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 
-from p2p.envelope import DEFAULT_POLICY, count_containers
 from p2p.errors import HostError
-from p2p.host import ensure_connected, read_exactly, reset_quietly
+from p2p.gossip.envelope import DEFAULT_POLICY, count_containers
+from p2p.host.p2p_host import ensure_connected, read_exactly, reset_quietly
 from swarm.messages.rollout_codec import (
     DEFAULT_LIMITS,
     ID_BYTES,
@@ -136,7 +136,7 @@ async def publish_groups(node: PeerNetwork, groups: list, cache: BlobCache, limi
 
 def within_containers(body: dict, limit: int = DEFAULT_POLICY.max_containers["rollout"] - 1) -> list[dict]:
     """`body`, or its batch split in halves until each part holds at most `limit` maps and arrays, the bound a
-    receiver decodes a rollout envelope within (p2p.envelope): many small groups fit the byte limit of one
+    receiver decodes a rollout envelope within (p2p.gossip.envelope): many small groups fit the byte limit of one
     message long before they fit its container budget."""
     items = body.get("batch")
     if count_containers(body) <= limit or not isinstance(items, list) or len(items) < 2:

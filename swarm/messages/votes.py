@@ -20,7 +20,7 @@ from verify.votes import Vote, VoteError
 MAX_VOTES = 256
 """Votes in one message at most (a receiver refuses longer lists unread)."""
 VOTE_BYTES = 48 * 1024
-"""Encoded votes per message at most: a batch is split below the `vote` envelope limit (p2p.envelope, 64 KiB)."""
+"""Encoded votes per message at most: a batch is split below the `vote` envelope limit (p2p.gossip.envelope, 64 KiB)."""
 
 
 def vote_bodies(votes: Iterable[Vote]) -> list[dict]:

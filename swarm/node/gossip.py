@@ -1,9 +1,9 @@
 """A node's own gossip: heartbeats out, and heartbeats and manifest announcements in.
 
 Every received message arrives as a typed value (swarm.messages.gossip_bodies, decoded by gossip's validator before it
-was delivered or forwarded) and is handled in a scope of its own (p2p.gossip.Gossip.serve): whatever one message makes
-a handler raise drops that message, costs its sender and logs one line; the node goes on. A handler that cannot
-use a message raises p2p.gossip.Ignored, which costs the sender the same way.
+was delivered or forwarded) and is handled in a scope of its own (p2p.gossip.service.Gossip.serve): whatever one message
+makes a handler raise drops that message, costs its sender and logs one line; the node goes on. A handler that cannot
+use a message raises p2p.gossip.service.Ignored, which costs the sender the same way.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import trio
 from libp2p.peer.id import ID
 
 from p2p.errors import P2PError
-from p2p.gossip import Ignored
-from p2p.host import HANDLER_FAULT
+from p2p.gossip.service import Ignored
+from p2p.host.p2p_host import HANDLER_FAULT
 from swarm.messages.gossip_bodies import MAX_ADDRS, Heartbeat, ManifestAnnouncement, sendable_progress
 from swarm.node.parts import dial_any, run_part
 from swarm.node.ports import GossipPort, HostPort
@@ -139,9 +139,9 @@ async def fetch_and_adopt(node: Node, peer: str, manifest_id: bytes, fetch) -> N
 
 
 def share_host_faults(host: HostPort, gossip: GossipPort) -> None:
-    """A peer whose streams make this host's handlers fail pays for it in gossip too (p2p.host's fault listeners):
-    one accountability, so a peer the host is about to ban for faulting streams is not also relayed and forwarded
-    at a clean gossip score. Three faults, which ban it from the host, ban it from gossip as well."""
+    """A peer whose streams make this host's handlers fail pays for it in gossip too (p2p.host.p2p_host's fault
+    listeners): one accountability, so a peer the host is about to ban for faulting streams is not also relayed and
+    forwarded at a clean gossip score. Three faults, which ban it from the host, ban it from gossip as well."""
 
 
     def on_fault(peer: str, protocol: str) -> None:
@@ -178,7 +178,7 @@ async def send_heartbeats(node: Node) -> None:
             await node.gossip.publish("heartbeat", heartbeat_body(node))
         except P2PError as exc:
             log.debug("heartbeat not sent: %s", exc)
-        # Not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip), and seven peers
+        # Not every second: a publish costs ~140 ms of CPU among six hosts (p2p.gossip.service), and seven peers
         # heartbeating each second in one simulated process starved its streams. See PeerConfig.heartbeat_every_s;
         # in a large run, longer still (heartbeat_stretch).
         period = node.config.peer.heartbeat_every_s * node.stretch(is_counted(node.config.peer.roles))

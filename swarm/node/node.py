@@ -23,16 +23,16 @@ import blake3
 import trio
 
 from p2p.bootstrap import peer_id_of, resolve_bootstrap
-from p2p.channel import ChannelConfig, open_data_channel, serve_data_channels
-from p2p.conn_trim import TrimConfig, trim_connections
-from p2p.dht import LatestManifest, open_dht
+from p2p.channel.service import ChannelConfig, open_data_channel, serve_data_channels
+from p2p.dht.service import LatestManifest, open_dht
 from p2p.errors import P2PError
-from p2p.gossip import GossipConfig, open_gossip
-from p2p.gossip_admission import AdmissionConfig
-from p2p.host import HostConfig, open_host
+from p2p.gossip.admission import AdmissionConfig
+from p2p.gossip.service import GossipConfig, open_gossip
+from p2p.host.conn_trim import TrimConfig, trim_connections
+from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity, peer_id_from_public_bytes
-from p2p.store import PieceStore
-from p2p.transfer import TransferConfig
+from p2p.pieces.store import PieceStore
+from p2p.pieces.transfer import TransferConfig
 from swarm.config import DHT_PROVIDERS_WANTED, PeerConfig
 from swarm.errors import usable_directory
 from swarm.events import EventSink
@@ -267,10 +267,10 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
 
 
 async def _trim_connections(node: Node, bootstrap: tuple[str, ...]) -> None:
-    """Keep this peer's libp2p connections near `max_peers`, and never fewer than a full gossip mesh (p2p.conn_trim):
-    our gossip mesh, our data links, the trainer, bootstrap peers, relays either way and connections with a stream
-    open other than gossip's are in use; of the rest, some close once there are too many. Without it, a peer of a
-    large run would hold connections to everyone its DHT lookups ever asked."""
+    """Keep this peer's libp2p connections near `max_peers`, and never fewer than a full gossip mesh
+    (p2p.host.conn_trim): our gossip mesh, our data links, the trainer, bootstrap peers, relays either way and
+    connections with a stream open other than gossip's are in use; of the rest, some close once there are too many.
+    Without it, a peer of a large run would hold connections to everyone its DHT lookups ever asked."""
     bootstrap_peers = set(map(peer_id_of, bootstrap))
 
     def in_use() -> set[str]:

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from p2p.host import ensure_connected
+from p2p.host.p2p_host import ensure_connected
 from swarm.shutdown import short_path
 
 if TYPE_CHECKING:
@@ -48,5 +48,5 @@ def describe_failure(exc: BaseException) -> str:
 
 
 async def dial_any(node: Node, peer: str, addrs: list[str]) -> None:
-    """p2p.host.ensure_connected as a task of the node (run_part passes the node first)."""
+    """p2p.host.p2p_host.ensure_connected as a task of the node (run_part passes the node first)."""
     await ensure_connected(node.host, peer, addrs)

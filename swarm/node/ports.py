@@ -13,16 +13,16 @@ from typing import Any, Protocol
 
 import trio
 
-from p2p.dht import LatestManifest, Provider
-from p2p.envelope import Envelope
-from p2p.gossip_parts import GossipStats
+from p2p.dht.service import LatestManifest, Provider
+from p2p.gossip.envelope import Envelope
+from p2p.gossip.parts import GossipStats
 from p2p.identity import Identity
 
 StreamHandler = Callable[[Any], Awaitable[None]]
 
 
 class HostPort(Protocol):
-    """What swarm/ asks of a libp2p host (p2p.host.P2PHost)."""
+    """What swarm/ asks of a libp2p host (p2p.host.p2p_host.P2PHost)."""
 
     identity: Identity
     bootstrap_failures: dict[str, str]
@@ -55,7 +55,7 @@ class HostPort(Protocol):
 
 
 class GossipPort(Protocol):
-    """What swarm/ asks of the run's gossip (p2p.gossip.Gossip): signed, typed bodies by kind."""
+    """What swarm/ asks of the run's gossip (p2p.gossip.service.Gossip): signed, typed bodies by kind."""
 
     stats: GossipStats
 
@@ -75,7 +75,8 @@ class GossipPort(Protocol):
 
 
 class DhtPort(Protocol):
-    """What swarm/ asks of the Kademlia DHT (p2p.dht.DHT): who holds a version, and the run's newest manifest."""
+    """What swarm/ asks of the Kademlia DHT (p2p.dht.service.DHT): who holds a version, and the run's newest
+    manifest."""
 
     async def provide(self, key: bytes) -> bool: ...
 

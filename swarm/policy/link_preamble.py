@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from p2p.budget import ByteRate
-from p2p.channel_messages import HandshakeBreach
+from p2p.channel.messages import HandshakeBreach
 from p2p.errors import P2PError
 
 log = logging.getLogger(__name__)

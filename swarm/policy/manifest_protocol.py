@@ -6,7 +6,7 @@ are verified against the trainer key by the mirror like any other manifest; this
 Request: the 32-byte manifest id. Response: 4-byte big-endian length, then the signed manifest (length 0: unknown).
 
 Faults stay on their side: the server runs under the host's guard (an unexpected error resets that one stream and
-costs the asking peer score, see p2p.host), and the asker turns anything the peer or py-libp2p raises into one
+costs the asking peer score, see p2p.host.p2p_host), and the asker turns anything the peer or py-libp2p raises into one
 HostError, the only error its callers (heartbeats, announcements, the DHT lookup, `swarm status`) expect.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import trio
 
 from p2p.errors import HostError
-from p2p.host import peer_went_away, read_exactly
-from p2p.manifest import MAX_MANIFEST_BYTES
+from p2p.host.p2p_host import peer_went_away, read_exactly
+from p2p.pieces.manifest import MAX_MANIFEST_BYTES
 from swarm.node.ports import HostPort
 
 PROTOCOL = "/rl-swarm/manifest/1.0.0"

@@ -35,13 +35,13 @@ from typing import Any
 import trio
 
 from p2p.budget import BudgetExhausted, ByteRate
-from p2p.channel_messages import HandshakeBreach
+from p2p.channel.messages import HandshakeBreach
 from p2p.errors import P2PError
 from p2p.identity import peer_id_from_public_bytes
-from p2p.manifest import PolicyManifest, decode_signed, verify_manifest
+from p2p.pieces.manifest import PolicyManifest, decode_signed, verify_manifest
+from p2p.pieces.store import PieceStore
+from p2p.pieces.transfer import SwarmService, TransferConfig
 from p2p.ratelimit import TokenBucket
-from p2p.store import PieceStore
-from p2p.transfer import SwarmService, TransferConfig
 from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
 from swarm.policy.mirror_dial import _DIAL_ERRORS, SPARE_TTL, TOP_UP_AFTER, OutboundLinks
 from swarm.policy.trust import TrainerTrust

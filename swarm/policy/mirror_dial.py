@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 import trio
 
-from p2p.channel_messages import HandshakeBreach
+from p2p.channel.messages import HandshakeBreach
 from p2p.errors import P2PError
 from swarm.policy.link_preamble import inline_manifest, send_preamble
 

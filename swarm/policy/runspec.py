@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from p2p.identity import peer_id_from_public_bytes
-from p2p.manifest import is_safe_file_name
+from p2p.pieces.manifest import is_safe_file_name
 from swarm.errors import UserError
 from tasks import load_tasks
 from tasks.errors import TaskError

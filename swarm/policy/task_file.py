@@ -16,7 +16,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2p.manifest import file_entry, is_safe_file_name
+from p2p.pieces.manifest import file_entry, is_safe_file_name
 from swarm.errors import UserError
 from tasks.loading import is_builtin_task, is_task_file, load_tasks
 

@@ -106,7 +106,7 @@ class SwarmPublisher:
                        task_file.root if task_file else "")
 
     async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
-        from p2p.manifest import GenerationSettings, build_manifest, sign_manifest
+        from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
 
         generation = json.loads((source / "generation.json").read_text())
         spec = self.spec_for(generation["data"])

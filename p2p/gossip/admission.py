@@ -1,0 +1,166 @@
+"""Which received gossip messages may be decoded at all: per-sender rate limits and CPU budgets. Pure state.
+
+Rules of this module: events in (`admit` with `now`), a decision out (None, or the reason code of a refusal); the
+gossip adapter executes it (drops the message before decoding it, never forwards it, and scores the peer the
+reason names). Why before decoding: what a message costs a receiver (msgpack, the canonical re-encoding, the
+signature, the typed body) grows with its size, so an allowance on bytes decoded per second is an allowance on
+CPU; a message refused here costs a dictionary lookup.
+
+Three budgets, each a token bucket that refuses rather than waits (p2p.ratelimit.Allowance):
+- messages per origin and kind: a peer's heartbeats at most one per `heartbeat_interval_s` in the long run, other
+  kinds at their own pace (`KindRate`); the excess is refused as "rate_limited" and costs the origin;
+- bytes decoded per origin (every message also costs `message_cost_bytes`, for its signatures and bookkeeping):
+  one peer, whatever it sends and through whoever relays it, gets at most this much; the excess is refused as
+  "flooding" and costs the origin;
+- bytes decoded per forwarder (the connection a message came in on, which relays many origins): at most
+  `forwarder_share` of the node's budget, so one connection cannot take all of it; the excess is refused as
+  "relay_busy", which costs nobody when the forwarder relays others' messages (and counts as "flooding" when
+  they are its own);
+- bytes decoded by the whole node: any number of fresh identities together cannot push the node past it; the
+  excess is refused as "node_busy", which costs nobody (honest traffic may be caught in it).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from p2p.gossip.envelope import KINDS
+from p2p.ratelimit import Allowance
+
+REFUSALS = ("rate_limited", "flooding", "relay_busy", "node_busy")
+
+
+@dataclass(frozen=True)
+class KindRate:
+    """How many messages of one kind one origin may send: `per_s` in the long run, `burst` at once."""
+
+    per_s: float
+    burst: float
+
+
+DEFAULT_RATES: Mapping[str, KindRate] = MappingProxyType({
+    "manifest": KindRate(1.0, 4),  # one announcement per published version
+    "have": KindRate(2.0, 8),
+    "rollout": KindRate(4.0, 16),  # a worker's groups of a version go out in a few batches
+    "rollout_ann": KindRate(4.0, 16),
+    "vote": KindRate(4.0, 16),  # a validator's votes of a batch, up to 256 per message
+    "heartbeat": KindRate(1 / 3.0, 2),  # replaced by `heartbeat_interval_s` (see AdmissionConfig)
+})
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Receive-side limits of one node's gossip. Bytes are envelope bytes as received; times are seconds."""
+
+    heartbeat_interval_s: float = 3.0
+    """Shortest long-run spacing of one peer's heartbeats (two may come back to back). Peers heartbeat every
+    `heartbeat_every_s` (6 s by default; swarm.node.node sets this to half of it), so an honest peer never meets it."""
+    rates: Mapping[str, KindRate] = field(default_factory=lambda: DEFAULT_RATES)
+    """Messages per origin per kind; the heartbeat entry is replaced by `heartbeat_interval_s`."""
+    sender_bytes_per_s: float = 2 * 1024 * 1024
+    """Bytes one origin may have decoded per second in the long run."""
+    sender_burst_bytes: float = 4 * 1024 * 1024
+    """Bytes one origin may have decoded at once (four of the largest messages)."""
+    forwarder_share: float = 0.5
+    """Share of the node's budget (rate and burst) one forwarder's messages may take, whoever originated them."""
+    node_bytes_per_s: float = 8 * 1024 * 1024
+    """Bytes the whole node decodes per second at most, whoever sends them."""
+    node_burst_bytes: float = 16 * 1024 * 1024
+    """Bytes the whole node decodes at once at most."""
+    message_cost_bytes: int = 4 * 1024
+    """What each message costs in the byte budgets besides its size: two signature checks and pubsub's work."""
+    max_tracked: int = 4096
+    """Most senders whose buckets are kept; past it the least recently heard are forgotten (the node-wide
+    budget still holds for them)."""
+
+    def __post_init__(self) -> None:
+        if set(self.rates) != set(KINDS):
+            raise ValueError(f"rates must name each of {KINDS}")
+        if min(self.heartbeat_interval_s, self.sender_bytes_per_s, self.sender_burst_bytes, self.node_bytes_per_s,
+               self.node_burst_bytes, self.max_tracked, self.forwarder_share) <= 0 or self.message_cost_bytes < 0:
+            raise ValueError("admission limits must be positive")
+
+    def rate_of(self, kind: str) -> KindRate:
+        if kind == "heartbeat":
+            return KindRate(1.0 / self.heartbeat_interval_s, self.rates["heartbeat"].burst)
+        return self.rates[kind]
+
+
+class _Buckets:
+    """Allowances by key, at most `capacity` of them, the least recently used forgotten first."""
+
+    def __init__(self, capacity: int, make) -> None:
+        self.capacity = capacity
+        self._make = make
+        self._by_key: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key) -> Allowance:
+        bucket = self._by_key.get(key)
+        if bucket is None:
+            bucket = self._by_key[key] = self._make(key)
+            while len(self._by_key) > self.capacity:
+                self._by_key.popitem(last=False)
+        else:
+            self._by_key.move_to_end(key)
+        return bucket
+
+
+class GossipAdmission:
+    """Decides, per received message, whether it may be decoded; see the module docstring."""
+
+    def __init__(self, config: AdmissionConfig = AdmissionConfig()) -> None:
+        self.config = config
+        self._rates = _Buckets(config.max_tracked, lambda key: _allowance(config.rate_of(key[1])))
+        share = config.forwarder_share
+        self._bytes = _Buckets(2 * config.max_tracked, lambda key: (
+            Allowance(config.sender_bytes_per_s, config.sender_burst_bytes) if key[0] == "origin" else
+            Allowance(config.node_bytes_per_s * share, config.node_burst_bytes * share)))
+        self._node = Allowance(config.node_bytes_per_s, config.node_burst_bytes)
+
+    def admit(self, kind: str, origin: str, forwarder: str, size: int, now: float) -> str | None:
+        """None when a `kind` message of `size` bytes from `origin`, handed over by `forwarder`, may be decoded;
+        else the refusal's reason (REFUSALS). Nothing is spent from any budget for a refused message."""
+        cost = size + self.config.message_cost_bytes
+        rate = self._rates.get((origin, kind))
+        if rate.available(now) < 1:
+            return "rate_limited"
+        senders = [self._bytes.get(("origin", origin)), self._bytes.get(("forwarder", forwarder))]
+        if senders[0].available(now) < cost:
+            return "flooding"
+        if senders[1].available(now) < cost:
+            return "flooding" if forwarder == origin else "relay_busy"
+        if not self._node.take(cost, now):
+            return "node_busy"
+        rate.take(1, now)
+        for bucket in senders:
+            bucket.take(cost, now)
+        return None
+
+
+def _allowance(rate: KindRate) -> Allowance:
+    return Allowance(rate.per_s, rate.burst)
+
+
+class OwnPace:
+    """The publishing side of the same limits: how long our own next message of a kind must wait so that
+    receivers with the same AdmissionConfig admit it (within `margin` of each rate: their clocks see our
+    messages with jitter). Why: a burst an honest peer sends must slow down, never be dropped and scored."""
+
+    def __init__(self, config: AdmissionConfig = AdmissionConfig(), margin: float = 0.8) -> None:
+        self.config = config
+        self._kinds = {kind: Allowance(config.rate_of(kind).per_s * margin, max(1.0, config.rate_of(kind).burst - 1))
+                       for kind in KINDS}
+        self._bytes = Allowance(config.sender_bytes_per_s * margin, config.sender_burst_bytes * margin)
+
+    def delay(self, kind: str, size: int, now: float) -> float:
+        """Seconds to wait before a `kind` message of `size` bytes may go (0: now)."""
+        cost = size + self.config.message_cost_bytes
+        return max(self._kinds[kind].wait(1, now), self._bytes.wait(cost, now))
+
+    def record(self, kind: str, size: int, now: float) -> None:
+        """Spend what the message just sent costs (after `delay` said 0)."""
+        self._kinds[kind].take(1, now)
+        self._bytes.take(min(self._bytes.burst, size + self.config.message_cost_bytes), now)

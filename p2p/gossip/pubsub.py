@@ -1,0 +1,235 @@
+"""py-libp2p's pubsub minus the CPU it spends per gossip message: `LeanGossipSub` and `LeanPubsub`, the subclasses
+p2p.gossip.service runs, and `BufferedInboundStream`, which its inbound streams are read through.
+
+Why it matters: a gossip message reaches each peer about once from every mesh neighbour and is forwarded to each of
+them, so every per-RPC cost is paid about a dozen times per message and peer, and at 1,000 peers the status
+heartbeats alone are more than one message a second (swarm.bench.scale prices it). Each class says what it saves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections import defaultdict
+from typing import Any
+
+from libp2p.io.exceptions import IOException, MessageTooLarge
+from libp2p.network.connection.exceptions import RawConnError
+from libp2p.network.stream.exceptions import StreamEOF, StreamError
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import GossipsubEvent, Pubsub
+from libp2p.pubsub.utils import maybe_consume_signed_record
+from libp2p.utils.varint import read_varint_prefixed_bytes_limited
+
+log = logging.getLogger(__name__)
+
+OPPORTUNISTIC_GRAFT_TICKS = 60
+"""Heartbeats between two rounds of opportunistic grafting and mesh-quality replacement (gossipsub v1.1's
+OpportunisticGraftTicks, go-libp2p's default)."""
+GOSSIP_EVERY_TICKS = 3
+"""Heartbeats between two rounds of IHAVE gossip, and the gossip window (heartbeats of messages each round
+advertises): every message is advertised in exactly one round, up to this many heartbeats after it arrived."""
+IDONTWANT_MIN_BYTES = 1024
+"""Smallest message worth an IDONTWANT (go-libp2p's IDontWantMessageThreshold): below it the control RPC costs as
+much as the duplicate it would save."""
+
+
+class LeanGossipSub(GossipSub):
+    """py-libp2p 0.8.1's GossipSub minus most of its CPU per gossip message (with LeanPubsub: less than half).
+
+    Why: every RPC costs about 2.5 ms of CPU in py-libp2p, and all hosts of a process share one trio thread. With
+    6 fully meshed hosts each publishing one small heartbeat a second, py-libp2p spent about 140 ms of CPU per
+    publish (55 RPCs: 25 forwards and 30 IDONTWANTs, each carrying a signed peer record that the receiver verifies
+    twice). Past the CPU the process gets, inbound bytes pile up in the sockets and a new stream's SYN and
+    protocol negotiation wait behind that backlog: opening any stream took 8-10 s, then timed out.
+    IDONTWANT is sent for every message received, whatever its size: only for messages of IDONTWANT_MIN_BYTES
+    and more here, as go-libp2p does (large rollout messages keep the saving).
+    Opportunistic grafting and mesh-quality replacement (score the mesh, swap its worst peer for a better one) run
+    at every heartbeat, for every topic: here every OPPORTUNISTIC_GRAFT_TICKS heartbeats, as gossipsub v1.1 and
+    go-libp2p schedule them. Every second they scored each mesh and topic peer of six topics, about half of what
+    py-libp2p's heartbeat cost an idle peer of 32, and each swap is a PRUNE and a GRAFT.
+    IHAVE gossip goes out every GOSSIP_EVERY_TICKS heartbeats over a window of as many heartbeats (the router
+    sets its window itself), not every heartbeat over the last three: each message is still advertised
+    to D_lazy peers outside the mesh per topic, once instead of three times. Why: between versions the status
+    heartbeats keep every gossip window non-empty, so a peer with more neighbours than its mesh sent and received
+    about six IHAVE RPCs a second, most of the RPCs an idle peer of 64 handled (counted per RPC type), each
+    costing as much as a forward.
+    The peer scorer's decay step runs only when some decay is below 1. Why: py-libp2p multiplies every counter of
+    every peer and topic by its decay at each heartbeat, and its default parameters (ours: p2p.scores scores peers
+    instead) make every decay 1, so the step changed nothing and took about a twentieth of an idle peer's CPU.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["gossip_window"] = GOSSIP_EVERY_TICKS  # a gossip round advertises everything since the one before
+        kwargs.setdefault("gossip_history", GOSSIP_EVERY_TICKS + 2)  # and can still serve the IWANTs it draws
+        super().__init__(*args, **kwargs)
+        self.heartbeats = 0
+        if self.scorer is not None and not decays_anything(self.scorer.params):
+            self.scorer.on_heartbeat = _nothing_decays  # type: ignore[method-assign]
+
+    def mesh_heartbeat(self) -> Any:
+        self.heartbeats += 1
+        return super().mesh_heartbeat()
+
+    def gossip_heartbeat(self) -> Any:
+        if self.heartbeats % GOSSIP_EVERY_TICKS:
+            return defaultdict(dict)
+        return super().gossip_heartbeat()
+
+    def _perform_opportunistic_grafting(self, topic: str, peers_to_graft: Any) -> int:
+        if self.heartbeats % OPPORTUNISTIC_GRAFT_TICKS:
+            return 0
+        return super()._perform_opportunistic_grafting(topic, peers_to_graft)
+
+    async def _maintain_mesh_quality(self, topic: str) -> None:
+        if self.heartbeats % OPPORTUNISTIC_GRAFT_TICKS == 0:
+            await super()._maintain_mesh_quality(topic)
+
+    async def _emit_idontwant_for_message(self, msg_id: bytes, topic_ids: Any) -> None:
+        message = self.mcache.get(msg_id)  # put there just before, under the same (from, seqno) id
+        if message is not None and len(message.data) < IDONTWANT_MIN_BYTES:
+            return
+        await super()._emit_idontwant_for_message(msg_id, topic_ids)
+
+
+def decays_anything(params: Any) -> bool:
+    """Whether a heartbeat's decay step of py-libp2p's peer scorer would change any counter under `params`."""
+    per_topic = (params.p1_time_in_mesh, params.p2_first_message_deliveries, params.p3_mesh_message_deliveries,
+                 params.p4_invalid_messages)
+    decays = [topic.decay for topic in per_topic] + [params.p5_behavior_penalty_decay, params.p6_appl_slack_decay]
+    return any(decay != 1.0 for decay in decays)
+
+
+def _nothing_decays(dt_seconds: float = 1.0) -> None:
+    """The scorer's decay step when every decay is 1."""
+
+
+class LeanPubsub(Pubsub):
+    """py-libp2p's Pubsub that sends its signed peer record once per stream and handles each received message in
+    the task that read it.
+
+    - The record goes in the first RPC of each stream (the subscription hello), which keeps the peer's certified
+      address book fed, instead of in every RPC, where the receiver verifies it twice (LeanGossipSub says what
+      that cost).
+    - py-libp2p starts a service task per received message (`manager.run_task(push_msg)`): a task object, a
+      generated name, a cancel scope and two scheduler passes, about a tenth of what a peer spent per message
+      while heartbeats flowed. Everything `push_msg` awaits is bounded (sync validators, enqueueing forwards), as
+      is the control handling py-libp2p already runs in line, so the stream's own reader runs it: messages from
+      one peer are handled one after the other, which also holds back a peer that sends faster than we handle,
+      and an error its message causes ends its stream (and costs it, through p2p.host.p2p_host's handler guard) instead
+      of surfacing in the service.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._record_sent: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
+        if rpc_msg.HasField("senderRecord"):
+            if stream in self._record_sent:
+                slim = rpc_pb2.RPC()
+                slim.CopyFrom(rpc_msg)  # the same RPC object goes to other peers: never edit it in place
+                slim.ClearField("senderRecord")
+                rpc_msg = slim
+            else:
+                self._record_sent.add(stream)
+        return await super().write_msg(stream, rpc_msg)
+
+    def _next_seqno(self) -> bytes:
+        self.counter = next_seqno(self.counter, time.time())
+        return self.counter.to_bytes(8, "big")
+
+    async def continuously_read_stream(self, stream: Any) -> None:
+        peer_id = stream.muxed_conn.peer_id
+        try:
+            while self.manager.is_running:
+                data = await read_varint_prefixed_bytes_limited(stream, self.max_inbound_rpc_size)
+                rpc = rpc_pb2.RPC()
+                rpc.ParseFromString(data)
+                if not maybe_consume_signed_record(rpc, self.host, peer_id):
+                    log.debug("pubsub RPC from %s carried an invalid signed record; ignored", peer_id)
+                    continue
+                await self._handle_rpc(peer_id, rpc)
+                if stream.metric_send_channel is not None:
+                    await stream.metric_send_channel.send(_metrics_event(peer_id, len(data), rpc))
+        except MessageTooLarge as exc:
+            log.warning("pubsub RPC from %s over the size limit: %s", peer_id, exc)
+            try:
+                await stream.reset()
+            except Exception:  # noqa: BLE001 - resetting a stream that broke is best effort
+                pass
+            self._handle_dead_peer(peer_id)
+        except (StreamEOF, StreamError, IOException, RawConnError) as exc:
+            log.debug("pubsub stream from %s ended: %s", peer_id, exc)
+
+    async def _handle_rpc(self, peer_id: Any, rpc: Any) -> None:
+        for msg in rpc.publish:
+            if self._is_subscribed_to_msg(msg) and self.manager.is_running:
+                await self.push_msg(peer_id, msg)
+        if rpc.subscriptions:
+            if len(rpc.subscriptions) > self.max_subscriptions_per_rpc:
+                log.warning("%s sent %d subscriptions in one RPC (at most %d); ignored", peer_id,
+                            len(rpc.subscriptions), self.max_subscriptions_per_rpc)
+            else:
+                for subscription in rpc.subscriptions:
+                    self.handle_subscription(peer_id, subscription)
+        if rpc.HasField("control"):
+            await self.router.handle_rpc(rpc, peer_id)
+
+
+def _metrics_event(peer_id: Any, size: int, rpc: Any) -> GossipsubEvent:
+    """The per-RPC event py-libp2p's metrics read, built only when a metrics channel listens."""
+    event = GossipsubEvent()
+    event.peer_id = peer_id.pretty()
+    event.message_size = size
+    event.publish = bool(rpc.publish)
+    event.subopts = bool(rpc.subscriptions)
+    event.control = rpc.HasField("control")
+    return event
+
+
+class BufferedInboundStream:
+    """An inbound pubsub stream read in large chunks; every other attribute is the wrapped stream's.
+
+    Why: py-libp2p reads a gossip RPC one byte per varint byte and then its body, and every read of a Yamux stream
+    takes the connection's stream lock and re-checks the receive window (sometimes sending a window update). In
+    `swarm sim`, whose hosts share one trio thread, those reads and window checks were about a fifth of that
+    thread's time. Here one Yamux read takes everything buffered (up to `chunk` bytes) and the varint and body are
+    served from it. Only reads are buffered; reset, close and the connection pass through unchanged.
+    """
+
+    def __init__(self, stream: Any, chunk: int = 64 * 1024) -> None:
+        self._stream = stream
+        self._chunk = chunk
+        self._buffer = bytearray()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    async def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0:  # "everything until EOF": hand over what is buffered first, then pass through
+            if self._buffer:
+                data, self._buffer = bytes(self._buffer), bytearray()
+                return data
+            return await self._stream.read(n)
+        if not self._buffer:
+            data = await self._stream.read(max(n, self._chunk))
+            if len(data) <= n:  # no copy into the buffer when the read is consumed whole (and b"" at EOF)
+                return data
+            self._buffer += data
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+
+def next_seqno(previous: int, now: float) -> int:
+    """The next pubsub sequence number: past the previous one and never below the wall clock in microseconds.
+
+    Why: py-libp2p starts its counter at the clock in whole seconds and adds one per message, so a peer that sent
+    more messages than seconds passed and restarted under the same key would reuse its earlier (from, seqno) ids,
+    which every receiver's seen-cache drops as duplicates: an inference peer restarted after 34 s and 60 messages
+    would go unheard for over a minute, its rollouts lost. In microseconds a restart always starts past them.
+    """
+    return max(previous + 1, int(now * 1e6))
