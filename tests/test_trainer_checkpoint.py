@@ -13,6 +13,14 @@ class _Tiny(torch.nn.Module):
         self.lin = torch.nn.Linear(3, 2)
 
 
+def _rewrite_state(path, meta):
+    """Write state.json as an older version would have, re-hashed so the manifest check lets it through."""
+    import json
+
+    (path / "state.json").write_text(json.dumps(meta))
+    ckpt.write_manifest(path)
+
+
 def _parts():
     model = _Tiny()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -69,14 +77,14 @@ def test_a_checkpoint_that_names_trained_groups_by_their_bytes_is_refused_rather
     assert meta["trained_slots"] == [["ab", 2], ["cd", 1]] and "consumed" not in meta
     del meta["trained_slots"]
     for by_bytes in ([["ab", 2], ["cd", 1]], ["ab", "cd"]):  # rollout ids with versions, or bare
-        (path / "state.json").write_text(json.dumps({**meta, "consumed": by_bytes}))
+        _rewrite_state(path, {**meta, "consumed": by_bytes})
         with pytest.raises(TrainerError, match="by their bytes, not by their slots, so resuming it could train a "
                                                "slot twice") as caught:
             load_checkpoint(path, *_parts())
         assert "\n" not in str(caught.value)
-    (path / "state.json").write_text(json.dumps({**meta, "consumed": []}))  # trained on nothing: nothing to repeat
+    _rewrite_state(path, {**meta, "consumed": []})  # trained on nothing: nothing to repeat
     assert load_checkpoint(path, *_parts()).consumed == {}
     for broken in ({"ab": 2}, [["ab"]], [["ab", "2"]], [[1, 2]]):
-        (path / "state.json").write_text(json.dumps({**meta, "trained_slots": broken}))
+        _rewrite_state(path, {**meta, "trained_slots": broken})
         with pytest.raises(TrainerError, match="unknown form"):
             load_checkpoint(path, *_parts())

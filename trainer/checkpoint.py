@@ -4,6 +4,11 @@ Why write-then-rename: a crash while writing must never leave a directory that l
 written into a hidden temporary directory beside the target, flushed, then renamed in one atomic step; a reader
 only ever sees whole checkpoints (`step-000012`) and whole policy versions (`v000003`).
 
+Why a manifest: a file cut short by a full disk or a copy that stopped halfway reads as a whole checkpoint to
+`ls`. Each checkpoint's manifest.json names the BLAKE3 hash of every other file in it, written before the rename
+and checked before a load, so a damaged checkpoint is refused by name (trainer.checkpoint_resume then falls back to
+the one before it) instead of failing deep inside a deserialiser.
+
 A checkpoint holds the model (safetensors), optimizer and LR-scheduler state, the RNG states of torch, python and
 numpy, the slots trained on, the step and the policy version; the curriculum position is a pure function of
 the step (trainer.curriculum), stored alongside only to detect a schedule changed between runs.
@@ -19,8 +24,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import blake3
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model as load_safetensors_model
 from safetensors.torch import save_model as save_safetensors_model
 
@@ -29,6 +36,8 @@ from trainer.errors import TrainerError
 CHECKPOINT_PREFIX = "step-"
 POLICY_PREFIX = "v"
 KEEP_CHECKPOINTS = 2
+MANIFEST = "manifest.json"
+_HASH_CHUNK = 1 << 20
 
 
 @dataclass
@@ -95,8 +104,46 @@ def _tmp_beside(final: Path) -> Path:
     return tmp
 
 
+def file_hash(path: Path) -> str:
+    """BLAKE3 of a file's bytes, read in chunks so a multi-gigabyte model never sits in memory twice."""
+    hasher = blake3.blake3()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """Name the hash of every file in `directory` (before it is renamed into place)."""
+    files = {f.name: file_hash(f) for f in sorted(directory.iterdir()) if f.is_file() and f.name != MANIFEST}
+    (directory / MANIFEST).write_text(json.dumps({"blake3": files}, indent=1, sort_keys=True))
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise TrainerError naming the first file of checkpoint `path` that is missing or whose bytes are not the
+    ones its manifest names."""
+    path = Path(path)
+    try:
+        listed = json.loads((path / MANIFEST).read_text())["blake3"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise TrainerError(f"{path / MANIFEST} is missing or unreadable") from None
+    for name, expected in sorted(listed.items()):
+        try:
+            actual = file_hash(path / name)
+        except OSError:
+            raise TrainerError(f"{path / name} is missing") from None
+        if actual != expected:
+            raise TrainerError(f"{path / name} does not match its hash in {MANIFEST} (cut short or damaged)")
+
+
+def prune_checkpoints(root: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` checkpoints under `root`."""
+    for old in list_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainerState) -> Path:
-    """Write checkpoint `root/step-NNNNNN` atomically and prune all but the newest KEEP_CHECKPOINTS."""
+    """Write checkpoint `root/step-NNNNNN` atomically, its manifest last (the caller prunes old ones)."""
     final = Path(root) / f"{CHECKPOINT_PREFIX}{state.step:06d}"
     tmp = _tmp_beside(final)
     try:
@@ -106,12 +153,11 @@ def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainerState
         meta = {"step": state.step, "version": state.version, "stage_index": state.stage_index,
                 "trained_slots": sorted([key, v] for key, v in state.consumed.items()), "extra": state.extra}
         (tmp / "state.json").write_text(json.dumps(meta))
+        write_manifest(tmp)
         _commit_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in list_checkpoints(root)[:-KEEP_CHECKPOINTS]:
-        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -125,13 +171,15 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 
 def load_checkpoint(path: Path, model, optimizer, scheduler) -> TrainerState:
-    """Restore model, optimizer, scheduler and RNG states in place; return the counters."""
+    """Check the manifest's hashes, then restore model, optimizer, scheduler and RNG states in place; return the
+    counters."""
     path = Path(path)
+    verify_checkpoint(path)
     try:
         meta = json.loads((path / "state.json").read_text())
         blobs = torch.load(path / "trainer_state.pt", weights_only=True)
         load_safetensors_model(model, str(path / "model.safetensors"))
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
         raise TrainerError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {str(exc)[:120]})") from None
     optimizer.load_state_dict(blobs["optimizer"])
     scheduler.load_state_dict(blobs["scheduler"])

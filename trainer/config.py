@@ -109,6 +109,14 @@ class TrainerConfig(ConfigSection):
         "When > 0, append \"Think for N tokens.\" and subtract length_penalty x |len - N| from the reward."))
     length_penalty: float = Field(0.0003, description="Length-control coefficient (INTELLECT-2).")
     checkpoint_every: int = Field(10, description="Steps between full checkpoints (and one at the end).")
+    keep_last: int = Field(2, description=(
+        "Full checkpoints kept on disk, newest first; older ones are deleted after each new one is written."))
+    resume: bool = Field(False, description=(
+        "Continue the run in `out` even when it was started with another model, task or config (without it, such "
+        "an `out` is refused; a run of the same config resumes either way, from its newest valid checkpoint)."))
+    resume_from: str = Field("", description=(
+        "A checkpoint directory (out/checkpoints/step-NNNNNN) to resume from instead of the newest valid one; "
+        "it must verify, whatever run it belongs to."))
     time_limit_min: float = Field(0.0, description=(
         "Stop stepping once this many minutes have passed since the session started (0 = only `steps` stops it); "
         "the final policy, checkpoint and evaluation still follow. Why: learning is compared at a wall-time "
@@ -168,7 +176,7 @@ class TrainerConfig(ConfigSection):
     @model_validator(mode="after")
     def _check_ranges(self) -> "TrainerConfig":
         positive = ("task_size", "steps", "prompts_per_step", "group_size", "micro_batch", "generation_batch_rows",
-                    "steps_per_policy", "max_new_tokens", "checkpoint_every", "eval_n")
+                    "steps_per_policy", "max_new_tokens", "checkpoint_every", "eval_n", "keep_last")
         for name in positive:
             if getattr(self, name) < 1:
                 raise TrainerError(f"{name} must be at least 1, got {getattr(self, name)}")

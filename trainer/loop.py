@@ -24,7 +24,8 @@ import trio
 from safetensors.torch import load_file
 
 from trainer.admission import GenerationContract, Window, refusal
-from trainer.checkpoint import POLICY_PREFIX, TrainerState, WholeWeights, latest_checkpoint, policy_dir, publish_policy
+from trainer.checkpoint import POLICY_PREFIX, TrainerState, WholeWeights, policy_dir, prune_checkpoints, publish_policy
+from trainer.checkpoint_resume import RUN_KEY, resume, run_identity
 from trainer.config import TrainerConfig
 from trainer.curriculum import Curriculum
 from trainer.distributed import shard
@@ -101,9 +102,10 @@ class TrainingRun:
 
     # --- versions and checkpoints ----------------------------------------------------------------------------
     def _resume_or_publish_initial(self) -> None:
-        found = latest_checkpoint(self.out / "checkpoints")
-        if found is not None:
-            self.state = self.weights.load(found, self.loaded.model, self.trainer.optimizer, self.trainer.scheduler)
+        resumed = resume(self.cfg, lambda path: self.weights.load(path, self.loaded.model, self.trainer.optimizer,
+                                                                   self.trainer.scheduler))
+        if resumed is not None:
+            found, self.state = resumed
             if self.state.stage_index != self.curriculum.stage_at(self.state.step).index:
                 raise TrainerError(f"checkpoint {found} was written under a different curriculum; use a new --out")
             self.published = {v for v in range(self.state.version + 1) if policy_dir(self.policies, v).is_dir()}
@@ -119,6 +121,7 @@ class TrainingRun:
             # weights for ever, see _next_version).
             self.state.extra["first_version"] = self._rank_0s(self._highest_on_disk()) + 1
             self._publish(self.first_version)
+        self.state.extra[RUN_KEY] = run_identity(self.cfg)  # what later checkpoints record (checkpoint_resume)
         if self.cfg.kl_coef > 0:
             self._rank_0s(0)  # its files are rank 0's to write: they are on disk once every rank got here
             self.trainer.reference = self._load_version(self.first_version)  # kept on disk (see _prune_policies)
@@ -237,6 +240,8 @@ class TrainingRun:
         self.state.stage_index = self.curriculum.stage_at(self.state.step).index
         saved = self.weights.save(self.out / "checkpoints", self.loaded.model, self.trainer.optimizer,
                                   self.trainer.scheduler, self.state, write=self.rank == 0)
+        if self.rank == 0:
+            prune_checkpoints(self.out / "checkpoints", self.cfg.keep_last)
         self._checkpointed_version = self.state.version
         return saved
 

@@ -2,7 +2,9 @@
 
 Writes into --out: log.jsonl (one line per step), eval.jsonl (held-out accuracy), reward.png, checkpoints/,
 policies/ (the async window's versions) and final/ (the last policy, loadable with `--model OUT/final`).
-Re-running with the same --out resumes from the newest checkpoint. With --async-level > 0 the generator runs in its
+Re-running with the same --out resumes the run there from its newest checkpoint that verifies (naming each one
+skipped), saying "resuming OUT from step N"; an --out holding a run of another model, task or config is refused
+unless --resume is given, and --resume-from PATH picks the checkpoint. With --async-level > 0 the generator runs in its
 own process by default (--generator thread for the older in-process thread). `--compare SYNC_DIR ASYNC_DIR ...`
 trains nothing: it writes the runs' reward-against-wall-time curves to --out/compare.json and compare.png (a
 directory of seed runs counts as one curve, their mean). `--nproc N` trains data parallel on N local ranks under
@@ -23,6 +25,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", type=Path, help="trainer TOML file (flags and --set override it)")
     for field in OWN_FLAGS:
         add_field_flag(parser, TrainerConfig, field, **_CHOICES.get(field, {}))
+    parser.add_argument("--resume", action="store_const", const=True,
+                        help="continue the run in --out even if it was started with another model, task or config "
+                             "(it must hold a checkpoint)")
     add_set_flag(parser, "trainer.lr=1e-4")
     parser.add_argument("--nproc", type=int, default=1,
                         help="data-parallel trainer processes on this machine (torchrun; gloo on CPUs, nccl on GPUs); "
@@ -40,12 +45,12 @@ def add_arguments(parser) -> None:
 OWN_FLAGS = ("model", "task", "prompt_key", "answer_key", "async_level", "curriculum", "steps", "out", "seed", "lr",
              "group_size", "prompts_per_step", "max_new_tokens", "temperature", "eval_every", "eval_n", "threads",
              "generator", "generator_threads", "time_limit_min", "old_logprobs", "off_policy_loss", "parallel",
-             "device")
+             "device", "resume_from", "keep_last")
 """The fields with a flag of their own (`--async-level`); every field is also `--set trainer.FIELD=VALUE`."""
 
 _CHOICES = {"generator": {"choices": ("process", "thread")}, "old_logprobs": {"choices": ("recompute", "generator")},
             "off_policy_loss": {"choices": ("coupled", "decoupled")}, "parallel": {"choices": PARALLEL_MODES},
-            "device": {"choices": ("auto", "cpu", "cuda")}}
+            "device": {"choices": ("auto", "cpu", "cuda")}, "resume_from": {"metavar": "PATH"}}
 
 
 def run(args) -> int:
@@ -57,7 +62,7 @@ def run(args) -> int:
     from trainer.launch import check_supported, launch_ranks, world_size
     from trainer.session import train
 
-    overrides = {k: getattr(args, k, None) for k in OWN_FLAGS}
+    overrides = {k: getattr(args, k, None) for k in (*OWN_FLAGS, "resume")}
     overrides["report_to"] = ",".join(args.report_to) if args.report_to else None
     if overrides.get("out") is not None:
         overrides["out"] = str(overrides["out"])
