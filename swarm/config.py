@@ -78,6 +78,12 @@ class PeerSection(ConfigSection):
     bootstrap_redial_s: float = Field(10.0, description=(
         "Seconds between redials of bootstrap peers this peer is not connected to (one that restarted, or was not"
         " up yet when this peer started)."))
+    bootstrap_timeout_s: float = Field(300.0, description=(
+        "Seconds a peer that reaches none of its bootstrap peers keeps retrying (with backoff, one line per try) "
+        "before it exits with status 1; 0: retry for ever."))
+    wrong_key_timeout_s: float = Field(300.0, description=(
+        "Seconds a peer that has seen policy manifests signed only by keys other than the run's trainer key waits "
+        "for one the right key signed before it exits with status 1 (a wrong --trainer-key); 0: wait for ever."))
     metrics_port: int = Field(0, description=(
         "TCP port of this peer's Prometheus endpoint (swarm.node.metrics: GET /metrics); 0: no endpoint."))
     metrics_host: str = Field("127.0.0.1", description=(
@@ -95,6 +101,9 @@ class PeerSection(ConfigSection):
             raise UserError(f"unknown device {self.device!r}: choose from {', '.join(DEVICES)}")
         if self.bootstrap_redial_s <= 0:
             raise UserError("bootstrap_redial_s must be positive")
+        for name in ("bootstrap_timeout_s", "wrong_key_timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise UserError(f"{name} must be 0 (never) or a positive number of seconds")
         if self.heartbeat_every_s <= 0:
             raise UserError("heartbeat_every_s must be positive")
         if not 0 <= self.metrics_port <= 65535:

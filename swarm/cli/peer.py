@@ -51,6 +51,8 @@ _FLAGS: list[tuple[type, str, tuple[str, ...], dict]] = [
     (PeerSection, "announce", (), {**MULTIADDR, "help": "address other peers should dial instead (repeatable; "
                                                         "e.g. a public NAT address; default: the listen addresses)"}),
     (PeerSection, "data_dir", (), {}),
+    (PeerSection, "bootstrap_timeout_s", ("--bootstrap-timeout",), {"dest": "bootstrap_timeout_s", "metavar": "S"}),
+    (PeerSection, "wrong_key_timeout_s", ("--wrong-key-timeout",), {"dest": "wrong_key_timeout_s", "metavar": "S"}),
     (MirrorSection, "keep_versions", (), {}),
     (LimitsSection, "upload_mbps", (), {}),
     (PeerSection, "model", (), {}),
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                  ("roles", "run", "trainer_key", "bootstrap", "listen", "announce", "data_dir", "keep_versions",
                   "upload_mbps", "reseed", "exit_when_complete", "exit_when_trained", "model", "backend", "device",
                   "precision", "gpu_memory", "trainer_config", "prompts_per_worker", "replicas", "quorum",
-                  "validator_keys", "metrics_port", "metrics_host")}
+                  "validator_keys", "metrics_port", "metrics_host", "bootstrap_timeout_s", "wrong_key_timeout_s")}
     overrides["report_to"] = ",".join(args.report_to) if args.report_to else None
     config = load_config(args.config, overrides, args.set)
     refuse_before_writing(config, args.identity_key)

@@ -51,6 +51,7 @@ from swarm.node.gossip import (
 from swarm.node.metrics import serve_node_metrics
 from swarm.node.parts import dial_any, run_part
 from swarm.node.ports import DhtPort, GossipPort, HostPort
+from swarm.node.watchdogs import reach_bootstrap, watch_trainer_key
 from swarm.policy.manifest_protocol import fetch_manifest, install_manifest_server
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.runspec import named_validators
@@ -223,7 +224,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                  on_stopping: Callable[[Node], None]) -> None:
     """open_node_parts' body; `teardown` is the scope whose deadline bounds closing, `closed` is set once closed."""
     with PieceStore(config.peer.data_dir / "store", keep_versions=config.mirror.keep_versions) as store:
-        trust = TrainerTrust(config.peer.run, trust_key, config.peer.data_dir)
+        trust = TrainerTrust(config.peer.run, trust_key, config.peer.data_dir, config.peer.wrong_key_timeout_s)
         upload = config.limits.upload_mbps * 1e6 / 8 if config.limits.upload_mbps > 0 else math.inf
         transfer = TransferConfig(upload_bps=upload)
         async with open_host(HostConfig(identity=identity, data_dir=config.peer.data_dir, listen=config.peer.listen,
@@ -257,6 +258,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                                     (_forget_silent_peers,), (_keep_bootstrap_links, tuple(bootstrap)),
                                     (_reconcile_links, open_data_channel), (_report_progress,), (_provide_held,),
                                     (_find_latest_on_dht,), (_trim_connections, tuple(bootstrap)),
+                                    (reach_bootstrap, tuple(bootstrap)), (watch_trainer_key,),
                                     *((role,) for role in roles)]:
                     nursery.start_soon(run_part, node, part, *args)
                 await node.done.wait()

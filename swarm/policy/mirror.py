@@ -160,7 +160,7 @@ class PolicyMirror(OutboundLinks):
         try:
             outer = decode_signed(signed)
             if self.trust.key is not None and outer.public_key != self.trust.key:  # refused before any decoding
-                raise P2PError("policy manifest is not signed by this run's trainer key")
+                raise P2PError(self.trust.wrong_key(outer.public_key))
             # verified against its own signer and checked for our run BEFORE a first-use key is trusted: forged
             # bytes or another run's manifest pinned on disk would have every real one refused
             manifest = verify_manifest(signed, outer.public_key)
@@ -168,10 +168,11 @@ class PolicyMirror(OutboundLinks):
                 log.warning("refused a manifest of run %r (this peer follows %r)", manifest.run, self.run)
                 return None
             if not self.trust.accept(outer.public_key):
-                raise P2PError("policy manifest is not signed by this run's trainer key")
-        except P2PError as exc:
-            log.warning("refused a policy manifest: %s", exc)
-            self.on_event("refused", {"reason": str(exc)})
+                raise P2PError(self.trust.wrong_key(outer.public_key))
+        except P2PError as exc:  # said once, as an event, at most once a minute (swarm.policy.trust.RefusalReport)
+            line = self.trust.report.refused(str(exc), trio.current_time())
+            if line is not None:
+                self.on_event("refused", {"reason": line})
             return None
         if manifest.id in self.policies:
             return self.policies[manifest.id]
