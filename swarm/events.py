@@ -12,6 +12,8 @@ import math
 import sys
 import time
 
+from swarm.log_lines import install_log_handler, installed_format, prefixed
+
 log = logging.getLogger(__name__)
 
 PROGRESS_HEARTBEAT_S = 60.0
@@ -34,8 +36,10 @@ class EventSink:
         self.listeners: list = []
         self._last_progress: dict[object, tuple[int, int, float]] = {}  # version -> (pieces, peers, printed at)
 
-    def configure_logging(self, level: int = logging.WARNING) -> None:
-        logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    def configure_logging(self) -> None:
+        """Log lines to stderr through swarm.log_lines' one handler (the command line's, when it installed one)."""
+        if installed_format() is None:
+            install_log_handler()
         # py-libp2p logs every unanswered DHT query and refused dial at WARNING or above; our own layers report
         # what a user can act on, so its chatter is kept for debugging only. Its import resets its logger to
         # WARNING (with no handler, so Python's last-resort handler printed bare lines), hence import it first.
@@ -57,7 +61,7 @@ class EventSink:
         elif kind not in self.hidden and (kind != "progress" or self._progress_worth_printing(record)):
             text = _describe_safely(record)
             if text:
-                print(text, file=self.stream, flush=True)
+                print(prefixed(text), file=self.stream, flush=True)
 
     def _progress_worth_printing(self, r: dict) -> bool:
         """A progress line when pieces or peers changed, bytes are moving, or a heartbeat is due."""
@@ -127,11 +131,17 @@ def describe(r: dict) -> str | None:
         return f"warning: bootstrap peer unreachable: {r.get('reason') or r.get('address', '')}"
     if kind == "dropped":
         return f"policy v{r['version']} left the window; garbage-collected"
+    if kind in _WARNINGS:
+        return f"{_WARNINGS[kind]}: {r['message']}"
     role_line = _ROLE_LINES.get(kind)
     if role_line is not None:
         return role_line(r)
     msg = r.get("message")
     return f"{kind}: {msg}" if msg else None
+
+
+_WARNINGS = {"bootstrap_retry": "warning", "bootstrap_gave_up": "error", "trainer_key_gave_up": "error"}
+"""Events whose message is a warning or the error that ends the peer (swarm.node.watchdogs)."""
 
 
 def _run_details(r: dict) -> str:

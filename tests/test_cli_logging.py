@@ -82,5 +82,5 @@ def _peer_stderr(tmp_path, *flags: str) -> str:
 
 
 def test_a_real_peer_logs_its_info_lines_with_v_and_not_without(tmp_path):
-    assert "INFO p2p.host.p2p_host: bootstrap peer unreachable" in _peer_stderr(tmp_path, "-v")
+    assert "info p2p.host.p2p_host: bootstrap peer unreachable" in _peer_stderr(tmp_path, "-v")
     assert "bootstrap peer unreachable" not in _peer_stderr(tmp_path)

@@ -311,7 +311,7 @@ def test_two_swarm_processes_second_joins_through_first_multiaddr(tmp_path):
     try:
         deadline = time.monotonic() + 60
         printed = [pub.stdout.readline() for _ in range(2)]
-        assert printed[0].startswith("peer ") and "listening on" in printed[0], printed
+        assert printed[0].split(" ", 1)[1].startswith("peer ") and "listening on" in printed[0], printed
         addr = printed[1].strip()
         # the seed-only peer runs as `swarm` does, and says at exit whether anything imported torch (it must not)
         seed_only = [sys.executable, "-c", "import atexit, sys; from swarm.cli import main; atexit.register(lambda: "

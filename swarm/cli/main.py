@@ -6,7 +6,8 @@ exposes `add_arguments(parser)` and `run(args) -> int`. Errors a user can act on
 `user_facing = True` (each package has one, e.g. `swarm.errors.UserError`); they are printed as one line, never as a
 traceback. Ctrl-C and SIGTERM end every command with one line and status 130 or 143 (swarm.shutdown.Interrupts).
 `-v` / `--log-level`, before or after the command's words, sets the level of the project's own loggers (third-party
-packages such as py-libp2p stay quiet); without them logging stays at WARNING.
+packages such as py-libp2p stay quiet); without them logging stays at WARNING. Every line starts with the UTC time
+(swarm.log_lines), and `--log-format json` prints each log record as one JSON object.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import importlib
 import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
+
+from swarm.log_lines import LOG_FORMATS, install_log_handler
 
 # (command words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -73,14 +76,18 @@ def add_logging_flags(parser: argparse.ArgumentParser, default=None) -> None:
                         help="more log lines from the project's loggers: -v info, -vv debug (default: warnings only)")
     parser.add_argument("--log-level", dest="log_level", type=str.lower, choices=LOG_LEVELS, default=default,
                         help="log level of the project's loggers (overrides -v; default warning)")
+    parser.add_argument("--log-format", dest="log_format", type=str.lower, choices=LOG_FORMATS, default=default,
+                        help="log lines as text (time, peer, level, logger, message) or one JSON object each; "
+                             "json also makes `peer start` print its events as JSON (default text)")
 
 
-def configure_logging(verbose: int | None, log_level: str | None) -> None:
-    """Set the project's loggers to the level asked for, log lines to stderr; nothing asked, nothing changes."""
+def configure_logging(verbose: int | None, log_level: str | None, log_format: str | None = None) -> None:
+    """Log lines to stderr, one handler, in `log_format`; the project's loggers at the level asked for (nothing
+    asked, their levels stay as they are: WARNING)."""
+    install_log_handler(log_format or "text")
     if log_level is None and not verbose:
         return
     level = getattr(logging, log_level.upper()) if log_level else (logging.INFO if verbose == 1 else logging.DEBUG)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     for name in PROJECT_LOGGERS:
         logging.getLogger(name).setLevel(level)
 
@@ -139,7 +146,7 @@ def _after_global_flags(argv: list[str]) -> list[str]:
     """`argv` from the command's first word on: the top parser's flags (-v, --log-level LEVEL) come first."""
     rest = list(argv)
     while rest and rest[0].startswith("-"):
-        if rest.pop(0) == "--log-level" and rest:
+        if rest.pop(0) in ("--log-level", "--log-format") and rest:
             rest.pop(0)
     return rest
 
@@ -185,7 +192,7 @@ def _run_command(argv: list[str], interrupts) -> int:
         args._parents[getattr(args, "_group", ())].print_help()
         return 2
     args._argv = argv  # a command that re-launches itself (swarm train --nproc) needs its own words
-    configure_logging(args.verbose, args.log_level)
+    configure_logging(args.verbose, args.log_level, args.log_format)
     try:
         status = int(importlib.import_module(module).run(args) or 0)
     except BaseException as exc:  # only interrupts and user-facing errors end here; bugs re-raise below

@@ -27,6 +27,7 @@ from swarm.config import (
 )
 from swarm.errors import usable_directory
 from swarm.events import EventSink
+from swarm.log_lines import set_line_name, short_peer_name
 from swarm.node.gc_warmup import run_freezing_after_warmup
 from swarm.node.metrics import check_port_free
 from swarm.node.node import open_node_parts
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     overrides["report_to"] = ",".join(args.report_to) if args.report_to else None
     config = load_config(args.config, overrides, args.set)
     refuse_before_writing(config, args.identity_key)
-    return run_peer(config, json_events=args.json, key_file=args.identity_key)
+    json_events = args.json or getattr(args, "log_format", None) == "json"
+    return run_peer(config, json_events=json_events, key_file=args.identity_key)
 
 
 def _flag_value(value: object) -> object:
@@ -142,6 +144,7 @@ def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> in
         identity = read_key_file(key_file)
     else:
         identity = load_or_create_identity(config.peer.data_dir)
+    set_line_name(short_peer_name(identity.peer_id))
     roles = build_roles(config)
     trust_key = parse_trainer_key(config.peer.trainer_key)
     if "trainer" in config.peer.roles:

@@ -59,11 +59,11 @@ async def reach_bootstrap(node: Node, bootstrap: tuple[str, ...]) -> None:
         waited = trio.current_time() - started
         if peer.bootstrap_timeout_s and waited >= peer.bootstrap_timeout_s:
             give_up(node, "bootstrap_gave_up", f"no bootstrap peer answered in {waited:.0f} s "
-                                               f"({attempt} tries; last: {reasons[0]}); exiting")
+                                               f"({attempt} tries; the last: {reasons[0]}); exiting")
             return
         delay = bootstrap_backoff(attempt, peer.bootstrap_redial_s)
         node.events.emit("bootstrap_retry", attempt=attempt, delay_s=delay, message=(
-            f"no bootstrap peer reachable (try {attempt}, {waited:.0f} s so far: {reasons[0]}); "
+            f"no bootstrap peer reachable (try {attempt}, {waited:.0f} s so far): {reasons[0]}; "
             f"trying again in {delay:.0f} s"))
         await trio.sleep(delay)
 
@@ -74,7 +74,7 @@ async def _dial(node: Node, addr: str) -> str | None:
         await node.host.redial(addr)
     except P2PError as exc:
         log.debug("bootstrap peer %s unreachable: %s", addr, exc, exc_info=True)
-        return f"{addr}: {exc}"
+        return str(exc) if addr in str(exc) else f"{addr}: {exc}"
     return None
 
 
