@@ -91,3 +91,13 @@ def installed_format() -> str | None:
         if isinstance(handler, _StderrHandler):
             return "json" if isinstance(handler.formatter, JsonFormatter) else "text"
     return None
+
+
+def say(line: str, stream=None) -> None:
+    """Print a command's own line for a person (progress, results) with the same prefix as its log lines, or as
+    one JSON object when the log format is json."""
+    if installed_format() == "json":
+        line = json.dumps({"t": stamp(), "peer": line_name(), "message": line})
+    else:
+        line = prefixed(line)
+    print(line, file=stream or sys.stderr, flush=True)

@@ -17,9 +17,11 @@ the step (trainer.curriculum), stored alongside only to detect a schedule change
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,8 @@ from safetensors.torch import load_model as load_safetensors_model
 from safetensors.torch import save_model as save_safetensors_model
 
 from trainer.errors import TrainerError
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "step-"
 POLICY_PREFIX = "v"
@@ -134,6 +138,7 @@ def verify_checkpoint(path: Path) -> None:
             raise TrainerError(f"{path / name} is missing") from None
         if actual != expected:
             raise TrainerError(f"{path / name} does not match its hash in {MANIFEST} (cut short or damaged)")
+        log.debug("verified %s (blake3 %s)", path / name, actual)
 
 
 def prune_checkpoints(root: Path, keep_last: int) -> None:
@@ -144,6 +149,7 @@ def prune_checkpoints(root: Path, keep_last: int) -> None:
 
 def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainerState) -> Path:
     """Write checkpoint `root/step-NNNNNN` atomically, its manifest last (the caller prunes old ones)."""
+    started = time.perf_counter()
     final = Path(root) / f"{CHECKPOINT_PREFIX}{state.step:06d}"
     tmp = _tmp_beside(final)
     try:
@@ -158,6 +164,7 @@ def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainerState
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    log.info("checkpoint %s written in %.1f s", final, time.perf_counter() - started)
     return final
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,8 @@ from trainer.loop import TrainingRun, keep_requesting, prime_generator, run_asyn
 from trainer.report import plot_rewards, progress_line, read_log
 from trainer.session_setup import load_task_split, seed_everything
 from verify.rewards import start_scorer
+
+logger = logging.getLogger(__name__)
 
 
 class Evaluator:
@@ -112,6 +115,7 @@ def _train_data_parallel(cfg: TrainerConfig, curriculum: Curriculum, echo: Calla
 
 def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], None], session_started: float,
            start_generator: Callable, collective=None) -> dict:
+    logger.debug("trainer config: %s", cfg.model_dump_json())
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -132,7 +136,7 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
             trainer_model.model.to(device)
             echo(f"training on {device}")
     run = TrainingRun(trainer_model, cfg, curriculum, collective=collective, started=session_started,
-                      on_report=lambda record: echo(progress_line(record, cfg.steps)))
+                      on_report=lambda record: _report_step(record, cfg.steps, echo))
     if generator is not None:
         prime_generator(run, generator, cfg.steps)  # its first batches are generated during the evaluation
     evaluator = Evaluator(trainer_model, heldout, cfg, curriculum, on_result=run.tracker.evaluation) if lead else None
@@ -175,6 +179,12 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
             "heldout_before": before["accuracy"], "heldout_after": after["accuracy"],
             "heldout_constant_answer": constant[1], "final": str(final),
             "log": str(Path(cfg.out) / "log.jsonl"), "plot": str(plot) if plot else None}
+
+
+def _report_step(record: dict, steps: int, echo: Callable[[str], None]) -> None:
+    """The step's progress line; with `-v` every figure of its log record too (log.jsonl's line)."""
+    echo(progress_line(record, steps))
+    logger.info("step %s: %s", record.get("step"), json.dumps(record, default=str))
 
 
 def _broadcast_weights(model) -> None:

@@ -14,9 +14,9 @@ torchrun (trainer.launch).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from swarm.log_lines import say
 from trainer.config import PARALLEL_MODES, TrainerConfig
 from trainer.typed_config import add_field_flag, add_set_flag
 
@@ -78,7 +78,7 @@ def run(args) -> int:
         if args.nproc > 1 and world_size() == 1:
             check_supported(loaded.config)
             return launch_ranks(args.nproc, args._argv)
-        echo = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+        echo = (lambda line: None) if args.quiet else say
         summary = train(loaded.config, loaded.curriculum, echo=echo)
     except Exception as exc:
         if getattr(exc, "user_facing", False):
