@@ -17,6 +17,7 @@ import trio
 import trio.testing
 from rich.console import Console
 
+import swarm.cli.status_live as status_live
 import swarm.cli.status_view as status
 from p2p.identity import Identity, peer_id_from_public_bytes
 from swarm.cli.status_live import live_renderable
@@ -272,3 +273,33 @@ def test_once_the_run_names_its_validators_a_crowd_of_other_voters_bans_no_one()
     assert view.judged_workers() == ({"honest": {"accepted": 0, "rejected": 4}}, ["honest"])
     view.run_validators = frozenset({real.peer_id})
     assert view.judged_workers() == ({"honest": {"accepted": 4, "rejected": 0}}, [])
+
+
+def _busy_report() -> dict:
+    """Four peers with long ids, several roles, versions held and fetched, and a full line of progress each."""
+    view, _, _ = judged_view()
+    report = view.report(now=40.0, window_s=40.0)
+    for row in report["peers"]:
+        row.update(peer=Identity.generate().peer_id, roles=["inference", "validator"], holds=[11, 12], fetching=[13],
+                   progress={"step": 120, "reward": 0.53, "stage": "short@4", "groups_sent": 56, "answered": 3})
+    return report
+
+
+def test_the_live_drawing_fits_80_columns_with_every_column_header_whole():
+    console = Console(file=io.StringIO(), width=80, record=True, color_system=None)
+    report = _busy_report()
+    console.print(live_renderable(report, refreshed_s=40.0))
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if line.startswith("peer "))
+    assert [cell.strip() for cell in header.split("┃")] == list(status_live.NARROW_HEADERS)
+    assert all(len(line) <= 80 for line in lines) and not any("…" in line for line in lines)
+    peer = report["peers"][0]["peer"]
+    assert f"{peer[-8:]}: step 120, reward 0.53, stage short@4, groups_sent 56, answered 3" in lines
+
+
+def test_a_wide_terminal_keeps_the_wide_table_with_whole_headers():
+    console = Console(file=io.StringIO(), width=200, record=True, color_system=None)
+    console.print(live_renderable(_busy_report(), refreshed_s=40.0))
+    header = next(line for line in console.export_text().splitlines() if line.startswith("peer "))
+    assert [cell.strip() for cell in header.split("┃")] == [
+        "peer", "roles", "holds", "heard", "progress", "groups heard", "votes", "its rollouts"]

@@ -33,7 +33,7 @@ class PeerSeen:
     holds: list[int] = field(default_factory=list)  # complete policy versions
     fetching: list[int] = field(default_factory=list)
     last_heard: float = 0.0
-    groups: int = 0  # rollout groups sent in the window
+    groups: int = 0  # rollout groups heard from it by this observer (its own count since it started: groups_sent)
     claimed_sum: float = 0.0  # of the rewards its completions claim
     claimed_n: int = 0
     votes_accept: int = 0
@@ -247,7 +247,8 @@ def render(report: dict) -> str:
         if row.get("progress"):
             text += "; " + ", ".join(f"{k} {v}" for k, v in row["progress"].items())
         if "groups" in row:
-            text += f"; sent {row['groups']} groups (claimed mean reward {row['claimed_mean_reward']})"
+            text += (f"; {row['groups']} groups heard from it here (claimed mean reward "
+                     f"{row['claimed_mean_reward']})")
         if "votes" in row:
             text += f"; voted {row['votes']['accept']} accept / {row['votes']['reject']} reject"
         if "judged" in row:
