@@ -109,9 +109,9 @@ class Interrupts:
             yield self
             return
         sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        if sigint_ignored:  # a shell's background job: Ctrl-C stays out, blocked rather than ignored, so that
-            # trio.run still installs its own SIGINT handler, the only safe way to interrupt it on SIGTERM
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        if sigint_ignored:  # a background job of a script (`nohup swarm ... &`) inherits SIGINT ignored; a peer
+            # must still stop on `kill -INT`, and trio.run installs its own SIGINT handler (the only safe way to
+            # interrupt it, on SIGTERM too) only over Python's default one
             signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, self.on_terminate)
         # Ctrl-C is raised by trio's own handler, with nothing of ours between it and the unwind that may collect
@@ -125,7 +125,6 @@ class Interrupts:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             if sigint_ignored:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def on_terminate(self, signum: int, frame) -> None:
         if self.received is None:
