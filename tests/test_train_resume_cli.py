@@ -31,5 +31,6 @@ def test_a_damaged_newest_checkpoint_is_skipped_by_name_and_another_run_is_refus
     assert f"resuming {out} from step 1 " in err and "Traceback" not in err
     assert _train(out, "--steps", "4", "--task", "lcm") == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[-1] == (f"swarm: error: {out} holds another run: task 'gcd' (now 'lcm'); give another --out, or "
-                         "--resume to continue that run with these settings")
+    assert lines[-1] == (f"swarm: error: {out} holds another run: task 'gcd' (now 'lcm'); give another --out (a "
+                         "trainer peer: --data-dir), or --resume (a trainer peer: resume = true in its "
+                         "--trainer-config) to continue that run with these settings")

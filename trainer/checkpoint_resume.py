@@ -97,5 +97,6 @@ def refuse_another_run(cfg, checkpoint: Path) -> None:
     current = run_identity(cfg)
     if cfg.resume or recorded is None or recorded == current:
         return
-    raise AnotherRun(f"{cfg.out} holds another run: {identity_difference(recorded, current)}; give another --out, "
-                       "or --resume to continue that run with these settings")
+    raise AnotherRun(f"{cfg.out} holds another run: {identity_difference(recorded, current)}; give another --out "
+                     "(a trainer peer: --data-dir), or --resume (a trainer peer: resume = true in its "
+                     "--trainer-config) to continue that run with these settings")
