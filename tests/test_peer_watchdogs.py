@@ -80,8 +80,11 @@ def test_a_wrong_key_names_both_keys_and_is_said_at_most_once_a_minute(tmp_path)
     assert dict(said)[60].endswith("(29 more refused since the last line)")
 
 
-def test_a_report_gives_up_only_when_nothing_was_accepted():
+def test_a_report_gives_up_only_on_wrong_keys_and_only_when_nothing_was_accepted():
     report = RefusalReport(give_up_after_s=300.0)
+    report.refused("bad signature", 0.0)
+    assert not report.gave_up(10_000.0)  # a forger's refused manifest says nothing of this peer's key
+    report.wrong_keys = 1
     report.refused("x", 10.0)
     assert not report.gave_up(309.0) and report.gave_up(310.0)
     report.accept()
@@ -92,7 +95,7 @@ def test_a_report_gives_up_only_when_nothing_was_accepted():
 
 async def test_a_peer_that_only_refuses_exits_1_after_the_timeout(autojump_clock, tmp_path):
     trust = TrainerTrust("r", Identity.generate().public_bytes, tmp_path, give_up_after_s=120.0)
-    trust.report.refused("wrong key", 0.0)
+    trust.report.refused(trust.wrong_key(Identity.generate().public_bytes), 0.0)
     node = _node(trust=trust)
     await watch_trainer_key(node)
     assert node.failed and node.events.seen[-1]["event"] == "trainer_key_gave_up"

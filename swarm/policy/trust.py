@@ -33,15 +33,16 @@ class RefusalReport:
 
     give_up_after_s: float = 300.0  # PeerSection.wrong_key_timeout_s; 0: never
     every_s: float = REPORT_EVERY_S
-    first_refused: float | None = None  # when the first manifest was refused, while none has been accepted
+    first_refused: float | None = None  # when the first wrong-key manifest was refused, while none was accepted
+    wrong_keys: int = 0  # manifests refused for the key that signed them (TrainerTrust.wrong_key)
     last_line: float | None = None  # when the last line was said
     unsaid: int = 0  # refusals since then that said nothing
     accepted: bool = False  # a manifest signed by the run's key has been seen
 
     def refused(self, reason: str, now: float) -> str | None:
         """The line to say about this refusal, or None to stay quiet (one was said less than `every_s` ago)."""
-        if self.first_refused is None and not self.accepted:
-            self.first_refused = now
+        if self.first_refused is None and self.wrong_keys and not self.accepted:  # a forged signature alone
+            self.first_refused = now  # says nothing of this peer's key: only a wrong key starts the clock
         if self.last_line is not None and now - self.last_line < self.every_s:
             self.unsaid += 1
             return None
@@ -112,6 +113,7 @@ class TrainerTrust:
     def wrong_key(self, signer: bytes) -> str:
         """One sentence naming the key this peer expects, where that came from, and the key that signed."""
         assert self.key is not None, "a signer is wrong only against a key"
+        self.report.wrong_keys += 1
         return (f"a policy manifest of run {self.run} is signed by {peer_id_from_public_bytes(bytes(signer))}, but "
                 f"this peer expects the trainer key {peer_id_from_public_bytes(self.key)} ({self._source}); "
                 "give the trainer's peer id with --trainer-key if that is the wrong one")
