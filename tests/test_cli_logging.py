@@ -84,3 +84,15 @@ def _peer_stderr(tmp_path, *flags: str) -> str:
 def test_a_real_peer_logs_its_info_lines_with_v_and_not_without(tmp_path):
     assert "info p2p.host.p2p_host: bootstrap peer unreachable" in _peer_stderr(tmp_path, "-v")
     assert "bootstrap peer unreachable" not in _peer_stderr(tmp_path)
+
+
+def test_status_quiets_the_network_layers_unless_v_asks_for_them():
+    from argparse import Namespace
+
+    from swarm.cli.status import quiet_network_logs
+
+    configure_logging(1, None)
+    quiet_network_logs(Namespace(verbose=1, log_level=None))
+    assert logging.getLogger("p2p.host").getEffectiveLevel() == logging.INFO
+    quiet_network_logs(Namespace(verbose=None, log_level=None))
+    assert logging.getLogger("p2p.host").getEffectiveLevel() == logging.ERROR

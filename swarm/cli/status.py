@@ -62,15 +62,22 @@ def run(args: argparse.Namespace) -> int:
     if not bootstrap:
         raise UserError("give --bootstrap MULTIADDR (a peer of the run), or list one in bootstrap_peers.txt")
     trainer_key = parse_trainer_key(args.trainer_key)
-    import libp2p  # noqa: F401 - its import resets its logger's level, so it comes before the level is set
-
-    logging.getLogger("p2p").setLevel(logging.ERROR)  # an unreachable bootstrap peer is the error below, once
-    logging.getLogger("libp2p").setLevel(logging.CRITICAL)  # a peer that stops answering is not the user's error
+    quiet_network_logs(args)
     if args.watch:
         return _watch(args, tuple(bootstrap), trainer_key)
     report = run_trio(observe, args.run, tuple(bootstrap), args.seconds, trainer_key)
     print(to_json(report) if args.json else render(report))
     return 0
+
+
+def quiet_network_logs(args: argparse.Namespace) -> None:
+    """An observer's network chatter is not the user's business: the p2p layers say only errors (an unreachable
+    bootstrap peer is the error the command prints, once), unless -v or --log-level asked for more."""
+    import libp2p  # noqa: F401 - its import resets its logger's level, so it comes before the level is set
+
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL)  # a peer that stops answering is not the user's error
+    if not (getattr(args, "verbose", None) or getattr(args, "log_level", None)):
+        logging.getLogger("p2p").setLevel(logging.ERROR)
 
 
 def _watch(args: argparse.Namespace, bootstrap: tuple[str, ...], trainer_key: bytes | None) -> int:
