@@ -31,6 +31,7 @@ from trainer.typed_config import (
     render_section,
     toml_value,
 )
+from verify.reward_loading import RewardError, call_reward, load_reward
 
 PARALLEL_MODES = ("ddp", "fsdp")
 """How data-parallel ranks split the trainer (TrainerConfig.parallel); trainer.distributed builds each."""
@@ -47,6 +48,12 @@ class TrainerConfig(ConfigSection):
         "or a hub dataset in the local Hugging Face cache (ORG/NAME for its train split, "
         "hf://datasets/ORG/NAME/PATH). gcd by default: a task the default tiny model learns (task_config sets its "
         "difficulty)."))
+    reward: str = Field("", description=(
+        "The run's own reward function, replacing every task's built-in scorer: module:function (an installed "
+        "module) or path/to/file.py:function, in TRL's reward_funcs shape: fn(completions: list[str], **row_fields)"
+        " -> list[float], the row's fields (prompt, answer, metadata, ...) as keyword lists; values are clamped to "
+        "[0, 1]. The run spec carries its name and the BLAKE3 hash of its module's source, and validators without "
+        "the same bytes refuse to vote on the run. Empty: each task's own scorer."))
     prompt_key: str = Field("prompt", description=(
         "Column of a task file or hub dataset holding the prompt (GSM8K: question)."))
     answer_key: str = Field("answer", description=(
@@ -198,11 +205,31 @@ class TrainerConfig(ConfigSection):
         if not (0 <= self.eps_low < 1 and self.eps_high >= 0 and self.clip_delta > 1 + self.eps_high):
             raise TrainerError("clipping needs 0 <= eps_low < 1, eps_high >= 0 and clip_delta > 1 + eps_high")
         parse_report_to(self.report_to)
+        if self.reward:
+            try:
+                load_reward(self.reward)
+            except RewardError as exc:
+                raise TrainerError(str(exc)) from None
         return self
 
     def loss_config(self) -> LossConfig:
         return LossConfig(self.clip_delta, self.eps_low, self.eps_high, self.entropy_coef, self.kl_coef,
                           decoupled=self.off_policy_loss == "decoupled")
+
+
+def apply_reward(cfg: TrainerConfig, tasks):
+    """`tasks` scored by the config's own reward (unchanged without one), which is first tried on one prompt so a
+    reward that answers in the wrong shape stops the run at its start with one sentence, not after hours of zeros."""
+    if not cfg.reward or len(tasks) == 0:
+        return tasks
+    loaded = load_reward(cfg.reward)
+    try:
+        call_reward(loaded.fn, loaded.name, ["", "0"], next(iter(tasks)).to_dict())
+    except RewardError as exc:
+        raise TrainerError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the user's code: its failure in one line, never a traceback
+        raise TrainerError(f"reward {cfg.reward} failed on a sample prompt: {type(exc).__name__}: {exc}") from None
+    return tasks.with_reward(cfg.reward)
 
 
 @dataclass(frozen=True)
