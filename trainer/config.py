@@ -29,6 +29,7 @@ from trainer.typed_config import (
     parse_assignment,
     read_toml,
     render_section,
+    section_hint,
     toml_value,
 )
 from verify.reward_loading import RewardError, call_reward, load_reward
@@ -253,8 +254,15 @@ def _read_file(path: Path) -> tuple[dict, object]:
     values = raw.pop("trainer", None)
     if values is None:
         values = raw
+        fields = TrainerConfig.model_fields
+        tables = [key for key, value in raw.items() if isinstance(value, dict) and key not in fields]
+        if tables:
+            raise TrainerError(f"config file {path} has unknown section {tables[0]!r}"
+                               f"{section_hint(tables[0], ['trainer', 'stage'])}")
     elif raw:
-        raise TrainerError(f"config file {path} has unknown section {sorted(raw)[0]!r} beside [trainer]")
+        name = sorted(raw)[0]
+        raise TrainerError(f"config file {path} has unknown section {name!r} beside [trainer]"
+                           f"{section_hint(name, ['trainer', 'stage'])}")
     if not isinstance(values, dict):
         raise TrainerError(f"config file {path}: trainer must be a table")
     return values, stages
