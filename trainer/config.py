@@ -170,8 +170,16 @@ class TrainerConfig(ConfigSection):
         "Output directory: checkpoints/, policies/, final/, log.jsonl, reward.png."))
     report_to: str = Field("none", description=(
         'Experiment trackers fed every step\'s figures (trainer.tracking): "none", "tensorboard", "wandb" or both, '
-        "comma-separated. Their files go under `out` (tensorboard/, wandb/); W&B runs offline unless WANDB_MODE "
-        "is set."))
+        "comma-separated. Their files go under `out` (tensorboard/, wandb/); W&B runs offline unless wandb_mode or "
+        "WANDB_MODE says online."))
+    wandb_project: str = Field("", description=(
+        "W&B project of the run (report_to = \"wandb\"); empty: WANDB_PROJECT, else rl-swarm."))
+    wandb_name: str = Field("", description="W&B run name; empty: the run's name (`run`).")
+    wandb_tags: list[str] = Field(default_factory=list, description="W&B tags of the run, e.g. [\"gcd\", \"tiny\"].")
+    wandb_mode: str = Field("", description=(
+        "\"online\" (W&B's servers; log in with `wandb login` or WANDB_API_KEY) or \"offline\" (files under "
+        "`out`/wandb, `wandb sync` uploads them later); empty: WANDB_MODE, else offline. A restart with the same "
+        "`out` resumes the same W&B run: its id is kept in `out`/wandb/run-id."))
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "TrainerConfig":
@@ -206,6 +214,8 @@ class TrainerConfig(ConfigSection):
         if not (0 <= self.eps_low < 1 and self.eps_high >= 0 and self.clip_delta > 1 + self.eps_high):
             raise TrainerError("clipping needs 0 <= eps_low < 1, eps_high >= 0 and clip_delta > 1 + eps_high")
         parse_report_to(self.report_to)
+        if self.wandb_mode not in ("", "online", "offline"):
+            raise TrainerError(f"wandb_mode must be online, offline or empty, got {self.wandb_mode!r}")
         if self.reward:
             try:
                 load_reward(self.reward)
