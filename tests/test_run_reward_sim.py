@@ -32,4 +32,5 @@ def test_a_swarm_trains_on_rollouts_its_validators_accept_under_the_runs_own_rew
     steps = [e for e in events if e["event"] == "train_step"]
     rewards = [r for e in steps for r in e["group_rewards"]]
     assert rewards and all(0.3 <= r <= 0.6 for r in rewards)
+    assert all(isinstance(e[key], float) for e in steps for key in ("loss", "kl", "lr", "step_seconds"))  # metrics
     assert steps[-1]["gate"].get("accepted", 0) >= 2 and not any(e["event"] == "reward_refused" for e in events)

@@ -287,6 +287,8 @@ def _step_event(record: dict, batch: list, gate: RolloutGate, tokenizer) -> dict
         "mean_tokens": round(sum(len(c.tokens) for c in completions) / max(1, len(completions)), 1),
         "hit_length": sum(c.finish_reason == "length" for c in completions), "completions": len(completions),
         "entropy": round(record.get("entropy", 0.0), 3), "skipped": record.get("skipped", ""),
+        "loss": record.get("loss"), "kl": record.get("kl"), "lr": record.get("lr"),
+        "step_seconds": record.get("seconds"),  # the figures a Prometheus scrape shows (swarm.node.metrics)
         "workers": sorted({g.worker for g in batch}), "gate": dict(gate.counts),
         "sample": _sample_text(batch, tokenizer),
     }
