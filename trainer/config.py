@@ -53,8 +53,9 @@ class TrainerConfig(ConfigSection):
         "The run's own reward function, replacing every task's built-in scorer: module:function (an installed "
         "module) or path/to/file.py:function, in TRL's reward_funcs shape: fn(completions: list[str], **row_fields)"
         " -> list[float], the row's fields (prompt, answer, metadata, ...) as keyword lists; values are clamped to "
-        "[0, 1]. The run spec carries its name and the BLAKE3 hash of its module's source, and validators without "
-        "the same bytes refuse to vote on the run. Empty: each task's own scorer."))
+        "[0, 1]. The run spec carries its name and the BLAKE3 hash of its module's source: inference peers and "
+        "validators need the same bytes under the same name (a relative path is read from each peer's working "
+        "directory), and one without them refuses to vote on the run. Empty: each task's own scorer."))
     prompt_key: str = Field("prompt", description=(
         "Column of a task file or hub dataset holding the prompt (GSM8K: question)."))
     answer_key: str = Field("answer", description=(
