@@ -59,3 +59,13 @@ def test_a_swarm_policy_directory_gives_eval_its_runs_task_settings(tmp_path):
     assert _policy_run_settings(str(tmp_path)) == {"task": "basic_arithmetic", "task_size": 96,
                                                    "task_config": {"max_terms": 2}, "seed": 7, "eval_fraction": 0.25}
     assert _policy_run_settings("tiny") == {} and _policy_run_settings(None) == {}
+
+
+def test_eval_refuses_a_policy_whose_runs_reward_this_machine_lacks(tmp_path):
+    from swarm.errors import UserError
+
+    spec = RunSpec("gcd", 64, "{}", 0, 0.2, "all", 2, 1, 1, 1, (), reward=f"{tmp_path}/gone.py:score",
+                   reward_hash="ab" * 32)
+    (tmp_path / "model.json").write_text(json.dumps({"run_spec": spec.to_dict()}))
+    with pytest.raises(UserError, match=f"the policy's run scores with its own reward: reward file {tmp_path}/gone.py"):
+        _policy_run_settings(str(tmp_path))

@@ -93,3 +93,11 @@ def test_a_custom_reward_scores_through_compute_rewards_and_a_failing_one_scores
     assert compute_rewards(f"{good}:score", ["x", "y"], entry) == [0.25, 0.25]
     assert compute_rewards(f"{broken}:score", ["x"], entry) == [0.0]
     assert score_direct("not_a_reward", "x", entry) == 0.0
+
+
+def test_a_trl_reward_function_gets_the_prompts_under_trls_name(tmp_path):
+    source = ("def longer(prompts, completions, **kwargs):\n"
+              "    return [float(len(c) > len(p)) for p, c in zip(prompts, completions)]\n")
+    path = reward_file(tmp_path, source, "trl.py")
+    loaded = load_reward(f"{path}:longer")
+    assert call_reward(loaded.fn, loaded.name, ["ab", "abcdef"], {"prompt": "abc", "answer": "x"}) == [0.0, 1.0]

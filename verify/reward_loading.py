@@ -1,8 +1,8 @@
 """A run's own reward function, named `module:function` (an installed module) or `path/to/file.py:function`.
 
 The interface is TRL's `reward_funcs`: `fn(completions: list[str], **row_fields) -> list[float]`, the row's
-fields (prompt, answer, metadata, ...) passed as keyword lists as long as `completions`. The built-in scorers
-(verify/reward_fns.py) are instances of it too.
+fields (prompt, answer, metadata, ...; the prompt also as `prompts`, TRL's name) passed as keyword lists as long
+as `completions`. The built-in scorers (verify/reward_fns.py) are instances of it too.
 
 Why a hash of the code: a validator recomputes every claimed reward, so it must run the trainer's very function.
 The run spec names the reward and the BLAKE3 hash of its module's source bytes; a peer whose copy hashes
@@ -142,7 +142,9 @@ def call_reward(fn: Callable, name: str, completions: list[str], row: dict) -> l
     """`fn` on `completions` of one row (its fields passed as lists as long as `completions`), its answer checked:
     a list of one finite number per completion, else a RewardError naming what came back."""
     fields = {key: [value] * len(completions) for key, value in row.items() if key != "completions"}
-    values = fn(list(completions), **fields)
+    if "prompt" in row and "prompts" not in row:  # TRL's own name for the prompts a reward_funcs function takes
+        fields["prompts"] = [row["prompt"]] * len(completions)
+    values = fn(completions=list(completions), **fields)  # by keyword, as TRL calls them: prompts may come first
     if not isinstance(values, (list, tuple)):
         raise RewardError(f"reward {name} returned a {type(values).__name__}, not a list of floats")
     if len(values) != len(completions):

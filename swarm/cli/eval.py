@@ -107,6 +107,8 @@ def _policy_run_settings(model: str | None) -> dict:
                 "task_config": json.loads(spec.task_config), "seed": spec.task_seed,
                 "eval_fraction": spec.eval_fraction}
     if spec.reward:
+        if spec.reward_problem():  # scoring with other code than the run's would report another accuracy
+            raise UserError(f"the policy's run scores with its own reward: {spec.reward_problem()}")
         settings["reward"] = spec.reward
     return settings
 
