@@ -71,6 +71,8 @@ def resolve_model_dir(spec: str) -> Path:
     try:
         snapshot = cached_snapshot(reference, "model")
     except NotCached:
+        if "/" not in reference.repo_id:  # a hub id has an ORG/ part: this is more likely a typo or a missing path
+            raise InferenceError(_unknown_model_sentence(spec)) from None
         raise InferenceError(
             f"model {spec!r} is not an existing directory and not in the local Hugging Face cache "
             f"({hub_cache_dir()}): fetch it with `{fetch_hint(reference, 'model')}` on a machine with network "
@@ -79,6 +81,26 @@ def resolve_model_dir(spec: str) -> Path:
         raise InferenceError(f"model {spec!r} is only partly in the local Hugging Face cache ({snapshot} has no "
                              f"config.json): fetch it whole with `{fetch_hint(reference, 'model')}`")
     return snapshot
+
+
+def _unknown_model_sentence(spec: str) -> str:
+    """Why a bare name is no model, and what would be one: the built-in models, those in the local Hugging Face
+    cache, and how to name a directory."""
+    cached = cached_model_ids()
+    in_cache = ", ".join(cached[:5]) + (", ..." if len(cached) > 5 else "") if cached else "none"
+    return (f"model {spec!r} is neither built in ({', '.join(BUILT_IN_MODELS)}), in the local Hugging Face cache "
+            f"({in_cache}) nor a directory: name a model directory by its path (e.g. ./models/mine) or a cached "
+            f"hub model as ORG/NAME")
+
+
+def cached_model_ids(cache: Path | None = None) -> list[str]:
+    """The hub ids of the models the local Hugging Face cache holds, sorted (none when it does not exist)."""
+    folder = Path(cache or hub_cache_dir())
+    try:
+        names = [entry.name for entry in folder.iterdir() if entry.name.startswith("models--")]
+    except OSError:
+        return []
+    return sorted(name[len("models--"):].replace("--", "/") for name in names)
 
 
 def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None,

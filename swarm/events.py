@@ -13,6 +13,7 @@ import sys
 import time
 
 from swarm.log_lines import install_log_handler, installed_format, prefixed
+from swarm.readable import readable_lags, readable_text
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +156,10 @@ def _train_step_line(r: dict) -> str:
     if r.get("reward") is None:
         return f"step {r['step']}: no group inside the async window ({r['refused']} refused, stage {r['stage']})"
     return (f"step {r['step']}: reward {r['reward']:.3f} on {r['groups']} quorum-accepted groups "
-            f"({r.get('trained_groups')} with a learning signal, lags {r.get('lags')}, {r.get('mean_tokens')} "
-            f"tokens/completion, {r.get('hit_length')}/{r.get('completions')} cut at the limit; stage {r['stage']}) "
-            f"best: {r.get('sample', '')!r}")
+            f"({r.get('trained_groups')} with a learning signal, lags: {readable_lags(r.get('lags'))}, "
+            f"{r.get('mean_tokens')} tokens/completion, {r.get('hit_length')}/{r.get('completions')} cut at the "
+            f"limit; stage {r['stage']}) "
+            f"best: {readable_text(r.get('sample', ''))}")
 
 
 _ROLE_LINES = {

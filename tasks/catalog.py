@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 from collections.abc import Sequence
 
 from tasks.builtin import DEFAULT_CONFIGS, SCORERS
@@ -35,17 +36,36 @@ def builtin_tasks(names: Sequence[str] = ()) -> list[BuiltinTask]:
             hint = f" (did you mean {', '.join(near)}?)" if near else ""
             raise TaskError(f"{name!r} is not a built-in task{hint}; `swarm tasks` lists them all")
     chosen = list(names) or sorted(DATASETS)
-    return [_describe(name, *DATASETS[name]) for name in chosen]
+    shared = _shared_docstrings(DATASETS)
+    return [_describe(name, *DATASETS[name], shared) for name in chosen]
 
 
-def _describe(name: str, dataset_class, config_class) -> BuiltinTask:
+def _shared_docstrings(datasets: dict) -> set[str]:
+    """First docstring lines that more than one dataset class carries: copied from another dataset, so they may
+    describe that one (number_format's says "Generates Count Bits exercises")."""
+    lines = [_first_line(dataset_class.__doc__) for dataset_class, _ in datasets.values()]
+    return {line for line in lines if line and lines.count(line) > 1}
+
+
+def _describe(name: str, dataset_class, config_class, shared: set[str] = frozenset()) -> BuiltinTask:
     settings = {}
     for field in dataclasses.fields(config_class):
         if field.name in RUN_SET_FIELDS:
             continue
         settings[field.name] = _json_ready(_default(field))
     settings.update(DEFAULT_CONFIGS.get(name, {}))
-    return BuiltinTask(name, _first_line(dataset_class.__doc__) or _first_line(config_class.__doc__), settings)
+    return BuiltinTask(name, _description(name, dataset_class, config_class, shared), settings)
+
+
+def _description(name: str, dataset_class, config_class, shared: set[str]) -> str:
+    """The first of: the dataset class's own docstring line (unless other datasets share it), its module's, its
+    config class's (unless it is the signature a dataclass writes for itself), or the task's name in words."""
+    own = _first_line(dataset_class.__doc__)
+    module = _first_line(getattr(sys.modules.get(dataset_class.__module__), "__doc__", None))
+    config = _first_line(config_class.__doc__)
+    candidates = (own if own not in shared else "", module, own,
+                  "" if config.startswith(f"{config_class.__name__}(") else config)
+    return next((text for text in candidates if text), f"{name.replace('_', ' ')} puzzles")
 
 
 def _default(field: dataclasses.Field):
@@ -63,6 +83,8 @@ def _json_ready(value):
         return {str(k): _json_ready(v) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _json_ready(dataclasses.asdict(value))
     return str(value)
 
 
@@ -71,7 +93,7 @@ def _first_line(doc: str | None) -> str:
     for prefix in ("Configuration for ", "Config for "):
         if line.startswith(prefix):
             line = line[len(prefix):]
-    return line.rstrip(".")
+    return line.rstrip(".:")
 
 
 def scorer_note() -> str:

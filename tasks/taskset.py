@@ -8,7 +8,7 @@ curriculum segment is a subset of indices that still looks prompts up by those s
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import blake3
@@ -74,6 +74,11 @@ class TaskSet:
     def indices(self) -> list[int]:
         """The dataset indices in this set, sorted (the canonical order assignment expects)."""
         return list(self._indices)
+
+    def with_reward(self, reward_fn: str) -> "TaskSet":
+        """The same prompts, each scored by `reward_fn` (a run's own reward replaces every entry's scorer)."""
+        entries = [replace(e, reward_fn=reward_fn) for e in self]
+        return TaskSet(self.name, entries, {**self.spec, "reward_fn": reward_fn})
 
     def subset(self, indices: list[int], suffix: str = "") -> "TaskSet":
         """A set holding only `indices` (each must be present); the name is kept so rollouts still match."""

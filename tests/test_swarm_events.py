@@ -58,8 +58,8 @@ def test_role_milestones_are_sentences_in_text_mode():
     assert _lines(out) == [
         "published policy v3 (1.00 MiB, 2 validators, stage short@4)",
         "published policy v4 (1.00 MiB)",
-        "step 2: reward 0.250 on 4 quorum-accepted groups (3 with a learning signal, lags {1: 4}, 4.0 "
-        "tokens/completion, 60/64 cut at the limit; stage short@4) best: '42'",
+        "step 2: reward 0.250 on 4 quorum-accepted groups (3 with a learning signal, lags: 4 at lag 1, 4.0 "
+        'tokens/completion, 60/64 cut at the limit; stage short@4) best: "42"',
         "step 3: no group inside the async window (5 refused, stage short@4)",
         "generated 4 groups with v3 (claimed mean reward 0.5)",
         "validated 8 rollouts so far: 7 accepted, 1 rejected",

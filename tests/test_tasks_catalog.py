@@ -41,3 +41,14 @@ def test_a_task_name_no_source_knows_is_one_sentence_naming_every_kind_of_source
     err = capsys.readouterr().err.strip()
     assert err == ("swarm: error: unknown task 'gcdd': not a reasoning-gym dataset (did you mean gcd? `swarm tasks` "
                    "lists them), a task file (.jsonl, .json, .parquet, .csv) nor a hub dataset (ORG/NAME)")
+
+
+def test_every_task_has_a_description_of_its_own_never_a_dataclass_signature(capsys):
+    assert main(["tasks", "--json"]) == 0
+    listed = {t["name"]: t for t in json.loads(capsys.readouterr().out)["tasks"]}
+    number_format = listed["number_format"]["description"]
+    assert number_format == "Choose largest number out of several represented in various formats"
+    assert listed["string_manipulation"]["description"] != listed["string_insertion"]["description"]
+    for task in listed.values():
+        assert task["description"] and "Config(" not in task["description"], task["name"]
+        assert "Options(" not in json.dumps(task["settings"]), task["name"]  # a nested default as its fields

@@ -43,6 +43,9 @@ def test_inline_stages_define_the_curriculum(tmp_path):
         ("group_size = 0\n", "group_size must be at least 1"),
         ("[trainer]\nlr = 0.1\n[other]\nx = 1\n", "unknown section 'other'"),
         ("lr = \n", "not valid TOML"),
+        ("[trainerr]\nlr = 0.1\n", "unknown section 'trainerr'; did you mean \\[trainer\\]\\?"),
+        ("[trainer]\nlr = 0.1\n[stagee]\nsteps = 1\n", "unknown section 'stagee' beside .*did you mean \\[stage\\]"),
+        ("[trainer]\nlrr = 0.1\n", "unknown config key 'trainer.lrr' .*; did you mean 'trainer.lr'\\?"),
     ],
 )
 def test_bad_config_is_one_clear_line(tmp_path, body, needle):

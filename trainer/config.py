@@ -29,8 +29,10 @@ from trainer.typed_config import (
     parse_assignment,
     read_toml,
     render_section,
+    section_hint,
     toml_value,
 )
+from verify.reward_loading import RewardError, call_reward, load_reward
 
 PARALLEL_MODES = ("ddp", "fsdp")
 """How data-parallel ranks split the trainer (TrainerConfig.parallel); trainer.distributed builds each."""
@@ -47,6 +49,13 @@ class TrainerConfig(ConfigSection):
         "or a hub dataset in the local Hugging Face cache (ORG/NAME for its train split, "
         "hf://datasets/ORG/NAME/PATH). gcd by default: a task the default tiny model learns (task_config sets its "
         "difficulty)."))
+    reward: str = Field("", description=(
+        "The run's own reward function, replacing every task's built-in scorer: module:function (an installed "
+        "module) or path/to/file.py:function, in TRL's reward_funcs shape: fn(completions: list[str], **row_fields)"
+        " -> list[float], the row's fields (prompt, answer, metadata, ...) as keyword lists; values are clamped to "
+        "[0, 1]. The run spec carries its name and the BLAKE3 hash of its module's source: inference peers and "
+        "validators need the same bytes under the same name (a relative path is read from each peer's working "
+        "directory), and one without them refuses to vote on the run. Empty: each task's own scorer."))
     prompt_key: str = Field("prompt", description=(
         "Column of a task file or hub dataset holding the prompt (GSM8K: question)."))
     answer_key: str = Field("answer", description=(
@@ -170,8 +179,16 @@ class TrainerConfig(ConfigSection):
         "Output directory: checkpoints/, policies/, final/, log.jsonl, reward.png."))
     report_to: str = Field("none", description=(
         'Experiment trackers fed every step\'s figures (trainer.tracking): "none", "tensorboard", "wandb" or both, '
-        "comma-separated. Their files go under `out` (tensorboard/, wandb/); W&B runs offline unless WANDB_MODE "
-        "is set."))
+        "comma-separated. Their files go under `out` (tensorboard/, wandb/); W&B runs offline unless wandb_mode or "
+        "WANDB_MODE says online."))
+    wandb_project: str = Field("", description=(
+        "W&B project of the run (report_to = \"wandb\"); empty: WANDB_PROJECT, else rl-swarm."))
+    wandb_name: str = Field("", description="W&B run name; empty: the run's name (`run`).")
+    wandb_tags: list[str] = Field(default_factory=list, description="W&B tags of the run, e.g. [\"gcd\", \"tiny\"].")
+    wandb_mode: str = Field("", description=(
+        "\"online\" (W&B's servers; log in with `wandb login` or WANDB_API_KEY) or \"offline\" (files under "
+        "`out`/wandb, `wandb sync` uploads them later); empty: WANDB_MODE, else offline. A restart with the same "
+        "`out` resumes the same W&B run: its id is kept in `out`/wandb/run-id."))
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "TrainerConfig":
@@ -206,11 +223,33 @@ class TrainerConfig(ConfigSection):
         if not (0 <= self.eps_low < 1 and self.eps_high >= 0 and self.clip_delta > 1 + self.eps_high):
             raise TrainerError("clipping needs 0 <= eps_low < 1, eps_high >= 0 and clip_delta > 1 + eps_high")
         parse_report_to(self.report_to)
+        if self.wandb_mode not in ("", "online", "offline"):
+            raise TrainerError(f"wandb_mode must be online, offline or empty, got {self.wandb_mode!r}")
+        if self.reward:
+            try:
+                load_reward(self.reward)
+            except RewardError as exc:
+                raise TrainerError(str(exc)) from None
         return self
 
     def loss_config(self) -> LossConfig:
         return LossConfig(self.clip_delta, self.eps_low, self.eps_high, self.entropy_coef, self.kl_coef,
                           decoupled=self.off_policy_loss == "decoupled")
+
+
+def apply_reward(cfg: TrainerConfig, tasks):
+    """`tasks` scored by the config's own reward (unchanged without one), which is first tried on one prompt so a
+    reward that answers in the wrong shape stops the run at its start with one sentence, not after hours of zeros."""
+    if not cfg.reward or len(tasks) == 0:
+        return tasks
+    loaded = load_reward(cfg.reward)
+    try:
+        call_reward(loaded.fn, loaded.name, ["", "0"], next(iter(tasks)).to_dict())
+    except RewardError as exc:
+        raise TrainerError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the user's code: its failure in one line, never a traceback
+        raise TrainerError(f"reward {cfg.reward} failed on a sample prompt: {type(exc).__name__}: {exc}") from None
+    return tasks.with_reward(cfg.reward)
 
 
 @dataclass(frozen=True)
@@ -234,8 +273,15 @@ def _read_file(path: Path) -> tuple[dict, object]:
     values = raw.pop("trainer", None)
     if values is None:
         values = raw
+        fields = TrainerConfig.model_fields
+        tables = [key for key, value in raw.items() if isinstance(value, dict) and key not in fields]
+        if tables:
+            raise TrainerError(f"config file {path} has unknown section {tables[0]!r}"
+                               f"{section_hint(tables[0], ['trainer', 'stage'])}")
     elif raw:
-        raise TrainerError(f"config file {path} has unknown section {sorted(raw)[0]!r} beside [trainer]")
+        name = sorted(raw)[0]
+        raise TrainerError(f"config file {path} has unknown section {name!r} beside [trainer]"
+                           f"{section_hint(name, ['trainer', 'stage'])}")
     if not isinstance(values, dict):
         raise TrainerError(f"config file {path}: trainer must be a table")
     return values, stages

@@ -11,7 +11,7 @@ import torch
 
 from tasks import load_tasks
 from tasks.loading import is_builtin_task
-from trainer.config import TrainerConfig
+from trainer.config import TrainerConfig, apply_reward
 from trainer.errors import TrainerError
 
 
@@ -27,7 +27,7 @@ def load_task_split(cfg: TrainerConfig):
     size = cfg.task_size if is_builtin_task(cfg.task) else None
     tasks = load_tasks(cfg.task, size=size, seed=cfg.seed, config=cfg.task_config or None,
                        prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
-    train_set, heldout = tasks.split(cfg.eval_fraction, seed=cfg.seed)
+    train_set, heldout = apply_reward(cfg, tasks).split(cfg.eval_fraction, seed=cfg.seed)
     if len(train_set) == 0 or len(heldout) == 0:
         raise TrainerError(f"task set {cfg.task!r} is too small to split into train and held-out prompts")
     return train_set, heldout

@@ -3,8 +3,9 @@
 Why sinks behind one small interface: TRL, verl and prime-rl users read their runs in W&B or TensorBoard, while the
 trainer only knows `log(scalars, step)`; which sinks listen is a config choice (`report_to`). Each backend imports
 its heavy package (torch's SummaryWriter, wandb) in its constructor, so a run that reports nowhere never pays for
-it. Files go under the run's output directory: tensorboard/ holds the event files, wandb/ the W&B run. W&B runs
-offline (no network; `wandb sync` uploads the run later) unless the environment sets WANDB_MODE itself.
+it. Files go under the run's output directory: tensorboard/ holds the event files, wandb/ the W&B run and the id
+that a restarted trainer resumes. W&B runs offline (no network; `wandb sync` uploads the run later) unless the
+config's wandb_mode or the environment's WANDB_MODE says "online".
 
 The x axis is the number of optimizer steps done: a step's figures are logged at step + 1, an evaluation at the
 step count it ran after (0 = before training), so the held-out curve lines up with the reward curve.
@@ -13,6 +14,7 @@ step count it ran after (0 = before training), so the held-out curve lines up wi
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -78,17 +80,43 @@ class TensorBoardSink:
         self.writer.close()
 
 
-class WandbSink:
-    """A W&B run whose files live under `out`/wandb; offline unless WANDB_MODE says otherwise."""
+RUN_ID_FILE = "run-id"
+"""Under `out`/wandb: the W&B run id of this output directory, so a restarted trainer resumes the same run."""
 
-    def __init__(self, out: Path, name: str, config: dict) -> None:
+
+def wandb_run_id(out: Path) -> str:
+    """The W&B run id kept in `out`/wandb (written once, atomically, on the first start): every restart of the
+    same output directory logs into the same run, its steps continuing the curves."""
+    path = Path(out) / "wandb" / RUN_ID_FILE
+    try:
+        kept = path.read_text().strip()
+    except OSError:
+        kept = ""
+    if kept.isalnum() and len(kept) <= 64:
+        return kept
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = secrets.token_hex(4)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(fresh + "\n")
+    os.replace(tmp, path)
+    return fresh
+
+
+class WandbSink:
+    """A W&B run whose files live under `out`/wandb, resumed across restarts (wandb_run_id); its project, name,
+    tags and mode come from the config, the mode from WANDB_MODE (else offline) when the config names none."""
+
+    def __init__(self, out: Path, name: str, config: dict, options: dict | None = None) -> None:
         import wandb
 
+        options = options or {}
         Path(out).mkdir(parents=True, exist_ok=True)
-        mode = os.environ.get("WANDB_MODE", "offline")
+        mode = options.get("mode") or os.environ.get("WANDB_MODE", "offline")
+        project = options.get("project") or os.environ.get("WANDB_PROJECT", "rl-swarm")
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False)
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rl-swarm"), name=name, dir=str(out),
-                              mode=mode, config=config, settings=settings, reinit="create_new")
+        self.run = wandb.init(project=project, name=options.get("name") or name, tags=list(options.get("tags", ())),
+                              id=wandb_run_id(out), resume="allow", dir=str(out), mode=mode, config=config,
+                              settings=settings, reinit="create_new")
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.run.log(dict(scalars), step=step)
@@ -100,7 +128,9 @@ class WandbSink:
 def open_sink(name: str, out: Path, run_name: str, config: dict) -> Sink:
     if name == "tensorboard":
         return TensorBoardSink(out)
-    return WandbSink(out, run_name, config)
+    options = {"project": config.get("wandb_project"), "name": config.get("wandb_name"),
+               "tags": config.get("wandb_tags") or (), "mode": config.get("wandb_mode")}
+    return WandbSink(out, run_name, config, options)
 
 
 class RunTracker:
@@ -133,7 +163,7 @@ class RunTracker:
 def open_tracker(cfg, rank: int = 0) -> RunTracker:
     """The tracker `cfg.report_to` asks for; none but rank 0's reports (the other ranks hold the same figures)."""
     names = parse_report_to(cfg.report_to) if rank == 0 else ()
-    config = _plain(asdict(cfg)) if is_dataclass(cfg) else {}
+    config = _plain(asdict(cfg) if is_dataclass(cfg) else cfg.model_dump() if hasattr(cfg, "model_dump") else {})
     return RunTracker([open_sink(name, Path(cfg.out), cfg.run, config) for name in names])
 
 

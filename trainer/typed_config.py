@@ -72,7 +72,17 @@ def did_you_mean(key: str, sections: Sections) -> str:
     if not close:
         by_field = {name.split(".", 1)[1]: name for name in reversed(dotted_keys(sections))}
         close = [by_field[word] for word in difflib.get_close_matches(field, list(by_field), n=1, cutoff=0.6)]
-    return f"; did you mean {close[0]!r}?" if close else ""
+    if not close and key.partition(".")[0] not in sections:  # a misspelt section rather than a field
+        return section_hint(key.partition(".")[0], list(sections))
+    if not close:
+        return ""
+    return f"; did you mean {close[0]!r}?"
+
+
+def section_hint(name: str, known: list[str]) -> str:
+    """"; did you mean [x]?" for the known table name closest to `name` (a misspelt section), or ""."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean [{close[0]}]?" if close else ""
 
 
 def check_key(key: str, sections: Sections, origin: str, error: type[Exception]) -> tuple[str, str]:

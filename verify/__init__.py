@@ -5,7 +5,9 @@ Modules (import the one you need; this package imports nothing heavy, so seed-on
   rollout      RolloutGroup wire schema and bounds (lead's contract)
   toploc       build_proof(s) / verify_proof(s): TOPLOC proofs, byte-identical to the reference toploc 0.1.6
   ndd          polynomial interpolation and evaluation modulo 65497, vectorised over chunks
-  reward_fns   the reward functions (exact, numeric, math, rg:<dataset>) and extract_answer
+  reward_fns   the reward functions (exact, numeric, math, rg:<dataset>, a run's own) and extract_answer
+  reward_loading  a run's own reward (module:function or file.py:function, TRL's reward_funcs shape) and the
+               BLAKE3 hash of its code that every peer compares
   rewards      compute_reward(reward_fn, text, entry) in [0, 1]: the slow ones in a scorer process (scorer_worker)
                under a deadline
   verdicts     CheckResult and Verdict: what the checks conclude, free of torch

@@ -15,7 +15,9 @@ Answer extraction rule (`extract_answer`), first that applies, on the completion
 The extracted answer is capped at 256 characters before any parser sees it, which bounds the parser's work.
 
 Registry names: "exact" (normalised string equality), "numeric" (numbers equal within 1e-6 relative), "math"
-(math-verify equivalence), "rg:<name>" (the reasoning-gym dataset's own scorer).
+(math-verify equivalence), "rg:<name>" (the reasoning-gym dataset's own scorer). Any other name with a ':' is a
+run's own reward (module:function or path/to/file.py:function, verify/reward_loading.py). Each is called in TRL's
+reward_funcs shape (`resolve`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,17 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
+from verify.reward_loading import call_reward, is_custom_reward, load_reward
+
 _TAIL_CHARS = 4000
 _ANSWER_CAP = 256
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|[-+]?\.\d+")
 _ANSWER_TAG = re.compile(r"answer\s*:", re.IGNORECASE)
 
 RewardFn = Callable[[str, dict], float]
+"""One completion and its task entry -> its reward."""
+BatchRewardFn = Callable[..., list[float]]
+"""TRL's reward_funcs shape: completions and the row's fields as keyword lists -> one reward per completion."""
 
 
 def extract_answer(text: str) -> str:
@@ -132,25 +139,60 @@ def reward_reasoning_gym(name: str, completion: str, entry: dict) -> float:
 
 
 REGISTRY: dict[str, RewardFn] = {"exact": reward_exact, "numeric": reward_numeric, "math": reward_math}
+"""The built-in scorers of one completion against its task entry."""
+
+
+def batch_reward(score: RewardFn) -> BatchRewardFn:
+    """`score` in TRL's reward_funcs shape (verify/reward_loading.py), so a built-in and a run's own reward are
+    called the same way: row i of the task is the i-th value of every keyword list."""
+    def reward(completions: list[str], **row_fields: list) -> list[float]:
+        rows = [dict(zip(row_fields, values)) for values in zip(*row_fields.values())] or [{}] * len(completions)
+        return [score(completion, row) for completion, row in zip(completions, rows)]
+
+    reward.__name__ = getattr(score, "__name__", "reward")
+    return reward
+
+
+BUILTIN_REWARDS: dict[str, BatchRewardFn] = {name: batch_reward(fn) for name, fn in REGISTRY.items()}
+"""The registry's scorers in the reward_funcs shape."""
 
 
 def is_known(reward_fn: str) -> bool:
-    """True for a registry name or 'rg:<dataset>' naming an installed reasoning-gym dataset."""
+    """True for a registry name, 'rg:<dataset>' naming an installed reasoning-gym dataset, or a custom reward
+    (module:function) that loads."""
     if reward_fn in REGISTRY:
         return True
+    try:
+        resolve(reward_fn)
+        return True
+    except Exception:  # noqa: BLE001 - an unknown dataset or a reward that does not load is just unknown
+        return False
+
+
+def resolve(reward_fn: str) -> BatchRewardFn:
+    """The reward_funcs-shaped function a reward name stands for: a built-in, "rg:<dataset>"'s scorer, or a run's
+    own module:function (loaded once per process; verify/reward_loading.py checks its hash where a run names one).
+    Raises KeyError for a name that is none of these, RewardError for a custom reward that does not load."""
+    if reward_fn in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[reward_fn]
     if isinstance(reward_fn, str) and reward_fn.startswith("rg:"):
-        try:
-            _rg_dataset(reward_fn[3:])
-            return True
-        except Exception:  # noqa: BLE001 - an unknown dataset name is just unknown
-            return False
-    return False
+        _rg_dataset(reward_fn[3:])
+        return _rg_reward(reward_fn[3:])
+    if is_custom_reward(reward_fn):
+        return load_reward(reward_fn).fn
+    raise KeyError(reward_fn)
+
+
+@functools.lru_cache(maxsize=64)
+def _rg_reward(name: str) -> BatchRewardFn:
+    return batch_reward(functools.partial(reward_reasoning_gym, name))
 
 
 def score_direct(reward_fn: str, completion: str, entry: dict) -> float:
     """The named reward function on `completion`, in this process (0.0 for an unknown name); it may raise or
     take unbounded time on hostile text, so callers isolate it (verify/rewards.py says how)."""
-    if reward_fn.startswith("rg:"):
-        return reward_reasoning_gym(reward_fn[3:], completion, entry)
-    fn = REGISTRY.get(reward_fn)
-    return fn(completion, entry) if fn is not None else 0.0
+    try:
+        fn = resolve(reward_fn)
+    except KeyError:
+        return 0.0
+    return call_reward(fn, reward_fn, [completion], entry)[0]

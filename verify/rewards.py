@@ -1,9 +1,10 @@
 """Rewards of completions, shared by inference (claimed rewards) and validators (recomputed rewards): where each
 reward function of verify/reward_fns.py runs, and what a failure costs.
 
-"exact" and "numeric" (pure Python, bounded work) run in the caller's process; "math" and "rg:*" run in one scorer
-process (verify/scorer_worker.py) under a deadline. Whatever happens (an unknown function, a scorer that raises,
-hangs or dies, a non-finite score), a completion scores a float in [0, 1] and nothing raises.
+"exact" and "numeric" (pure Python, bounded work) run in the caller's process; "math", "rg:*" and a run's own
+reward (module:function, verify/reward_loading.py) run in one scorer process (verify/scorer_worker.py) under a
+deadline. Whatever happens (an unknown function, a scorer that raises, hangs or dies, a non-finite score), a
+completion scores a float in [0, 1] and nothing raises.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from verify.reward_fns import REGISTRY, score_direct
+from verify.reward_loading import is_custom_reward
 from verify.scorer_worker import ForkedScorer, fork_is_safe
 
 _SCORER_TIMEOUT_S = 5.0
@@ -195,7 +197,7 @@ def compute_rewards_many(jobs: Sequence[tuple[str, Sequence[str], dict]]) -> lis
         if reward_fn in _IN_PROCESS:
             for i in valid:
                 values[-1][i] = _clamped(_direct_or_zero(reward_fn, texts[i], entry))
-        elif (reward_fn in REGISTRY or reward_fn.startswith("rg:")) and valid:
+        elif _out_of_process(reward_fn) and valid:
             remote.append((len(values) - 1, valid))
     if remote:
         try:
@@ -207,6 +209,12 @@ def compute_rewards_many(jobs: Sequence[tuple[str, Sequence[str], dict]]) -> lis
             for i, value in zip(valid, group_scores):
                 values[j][i] = _clamped(value)
     return values
+
+
+def _out_of_process(reward_fn: str) -> bool:
+    """Whether a reward runs in the scorer process: math, reasoning-gym and a run's own reward, whose work on a
+    hostile completion nothing here bounds."""
+    return reward_fn in REGISTRY or reward_fn.startswith("rg:") or is_custom_reward(reward_fn)
 
 
 def _direct_or_zero(reward_fn: str, text: str, entry: dict) -> float:

@@ -3,14 +3,18 @@
 The held-out prompts are the same split `swarm train` sets aside for the same --task, --seed, --size and
 --eval-fraction, so a policy is never scored on a prompt it was trained on. With --config the model, task, task
 settings, seed, size, held-out share and generation limit are the trainer TOML's (each flag given overrides its
-value), so a policy is scored as its trainer scored it. On a terminal, bars on stderr show the model's conversion
+value), so a policy is scored as its trainer scored it. Without --config, a swarm policy's directory gives its run's
+task settings (its model.json's run spec); otherwise the defaults are used and one line on stderr says which
+(--json: the `task_settings` field). On a terminal, bars on stderr show the model's conversion
 and loading and the prompts scored (swarm.progress); --json and pipes get none.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 
 from trainer.typed_config import add_set_flag
 
@@ -59,8 +63,14 @@ def run(args) -> int:
     from trainer.session import load_task_split
     overrides = {"model": args.model, "task": args.task, "seed": args.seed, "task_size": args.size,
                  "eval_fraction": args.eval_fraction, "prompt_key": args.prompt_key, "answer_key": args.answer_key}
-    cfg = load_config(args.config, overrides, args.set).config  # only flags given override the config's values
+    run_settings = {} if args.config else _policy_run_settings(args.model)
+    free = {key: value for key, value in run_settings.items() if overrides.get(key) is None
+            and not any(text.split("=", 1)[0].strip() == f"trainer.{key}" for text in args.set)}
+    cfg = load_config(args.config, {**overrides, **free}, args.set).config  # flags given override the config's
     check_model_spec(cfg.model)  # before the task set is built: a missing model is one line at once
+    settings_from = "config" if args.config else "policy's run" if free else "defaults"
+    if settings_from != "config" and not args.json:
+        print(_settings_line(cfg, bool(free)), file=sys.stderr)
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None:
         max_new_tokens = cfg.max_new_tokens if args.config else DEFAULT_MAX_NEW_TOKENS
@@ -75,7 +85,39 @@ def run(args) -> int:
                           temperature=args.temperature, batch=args.batch, on_progress=eval_bar.update)
     out = {"model": cfg.model, "task": cfg.task, "accuracy": result.accuracy, "mean_reward": result.mean_reward,
            "n": result.n, "mean_tokens": result.mean_tokens, "temperature": args.temperature, "seed": cfg.seed,
-           "max_new_tokens": max_new_tokens, "seconds": round(time.perf_counter() - started, 1)}
+           "max_new_tokens": max_new_tokens, "seconds": round(time.perf_counter() - started, 1),
+           "task_settings": settings_from}
     print(json.dumps(out) if args.json else
           f"accuracy {result.accuracy:.3f} on {result.n} held-out prompts of {cfg.task} ({cfg.model})")
     return 0
+
+
+def _policy_run_settings(model: str | None) -> dict:
+    """The task settings of the run a swarm policy directory was published in (its model.json's run spec), as
+    trainer config fields; {} for anything else (a `swarm train` policy names no run settings)."""
+    from swarm.errors import UserError
+    from swarm.policy.runspec import RunSpec
+
+    directory = Path(model) if model else None
+    try:
+        spec = RunSpec.from_model(json.loads((directory / "model.json").read_text()))
+    except (TypeError, OSError, ValueError, UserError):
+        return {}
+    settings = {"task": str(directory / spec.task) if spec.task_root else spec.task, "task_size": spec.task_size,
+                "task_config": json.loads(spec.task_config), "seed": spec.task_seed,
+                "eval_fraction": spec.eval_fraction}
+    if spec.reward:
+        if spec.reward_problem():  # scoring with other code than the run's would report another accuracy
+            raise UserError(f"the policy's run scores with its own reward: {spec.reward_problem()}")
+        settings["reward"] = spec.reward
+    return settings
+
+
+def _settings_line(cfg, from_policy: bool) -> str:
+    """Where the task settings of an evaluation without --config come from, said once, since scoring a policy on
+    another split or difficulty than its run's reads as a wrong accuracy."""
+    settings = f"task {cfg.task}, seed {cfg.seed}, task_size {cfg.task_size}, eval_fraction {cfg.eval_fraction}"
+    if from_policy:
+        return f"task settings of the policy's own run: {settings}"
+    return (f"default task settings, not necessarily the run's: {settings}; give --config with the run's trainer "
+            f"TOML to score the policy as its trainer did")

@@ -10,6 +10,7 @@ from pathlib import Path
 from swarm.cli.peer import add_metrics_port
 from swarm.cli.train import add_report_to
 from swarm.events import describe
+from swarm.readable import readable_counts
 from swarm.shutdown import run_trio
 from trainer.config import TrainerConfig
 from trainer.curriculum import PRESETS
@@ -253,8 +254,8 @@ def _render(report: dict, out: Path) -> str:
             f"  policy versions published: {report['versions_published']}, "
             f"copies completed by peers: {report['policy_copies_completed']}",
             f"  rollout groups generated: {report['groups_generated']}, "
-            f"rejecting votes: {report['votes_rejecting']} {report['rejection_reasons']}",
-            f"  trainer gate: {report['gate']}",
+            f"rejecting votes: {report['votes_rejecting']} ({readable_counts(report['rejection_reasons'])})",
+            f"  trainer gate: {readable_counts(report['gate'])}",
             f"  banned workers: {report['banned_workers']}",
             f"  final policy: {report['final_policy']}",
             *_heldout_line(report.get("heldout_accuracy")),

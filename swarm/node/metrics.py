@@ -1,4 +1,5 @@
-"""A peer's Prometheus endpoint (`--metrics-port`): pieces, gossip, votes, the trainer's gate, generation, versions.
+"""A peer's Prometheus endpoint (`--metrics-port`): pieces, gossip, votes, the trainer's gate and step figures,
+generation, versions; docs/grafana/swarm.json is a dashboard of them.
 
 Why a registry per node and a collector that reads the node when scraped: `swarm sim` runs many nodes in one
 process, and prometheus_client's default registry (which py-libp2p's own metrics classes fill) would mix them. What
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
+import math
 import socket
 from collections import Counter
 from dataclasses import dataclass, field
@@ -75,6 +77,7 @@ class RoleCounters:
     tokens: int = 0
     gate: dict[str, int] = field(default_factory=dict)  # the trainer's gate counts (cumulative: "gate", "train_step")
     trainer_step: int = -1
+    trainer_figures: dict[str, float] = field(default_factory=dict)  # the last step's, by train_step field
 
     def on_event(self, record: dict) -> None:
         kind = record.get("event")
@@ -88,8 +91,25 @@ class RoleCounters:
             self.gate = _gate_counts(record["counts"])
         elif kind == "train_step":
             self.trainer_step = max(self.trainer_step, _count(record.get("step")))
+            self.trainer_figures.update({key: float(record[key]) for key, _, _ in TRAINER_GAUGES
+                                         if _is_number(record.get(key))})
             if isinstance(record.get("gate"), dict):  # the counts the step trained from: a "gate" event comes only
                 self.gate = _gate_counts(record["gate"])  # at the gate's next tick
+
+
+TRAINER_GAUGES = (
+    ("reward", "rlswarm_trainer_reward", "Trainer role: mean reward of the last step's quorum-accepted groups"),
+    ("loss", "rlswarm_trainer_loss", "Trainer role: the last step's GRPO loss"),
+    ("kl", "rlswarm_trainer_kl", "Trainer role: the last step's KL to the initial policy (token mean)"),
+    ("entropy", "rlswarm_trainer_entropy", "Trainer role: the last step's policy entropy (token mean)"),
+    ("lr", "rlswarm_trainer_learning_rate", "Trainer role: the learning rate of the last step"),
+    ("step_seconds", "rlswarm_trainer_step_seconds", "Trainer role: seconds the last optimizer step took"),
+)
+"""(train_step field, metric, help) of the trainer's per-step figures; each is served once a step has reported it."""
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _gate_counts(counts: dict) -> dict[str, int]:
@@ -111,6 +131,7 @@ class NodeCollector:
         yield from self._gossip()
         yield from self._votes_and_gate()
         yield from self._generation()
+        yield from self._trainer()
         yield from self._peer()
 
     def _pieces(self):
@@ -171,6 +192,12 @@ class NodeCollector:
         yield _counter("rlswarm_generated_rollouts", "Completions this inference peer generated", self.roles.rollouts)
         yield _counter("rlswarm_generated_tokens", "Completion tokens this inference peer generated",
                        self.roles.tokens)
+
+    def _trainer(self):
+        figures = self.roles.trainer_figures
+        for key, name, documentation in TRAINER_GAUGES:
+            if key in figures:
+                yield GaugeMetricFamily(name, documentation, value=figures[key])
 
     def _peer(self):
         node = self.node

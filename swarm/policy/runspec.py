@@ -20,6 +20,7 @@ from tasks import load_tasks
 from tasks.errors import TaskError
 from tasks.loading import is_builtin_task, is_task_file
 from tasks.segments import segment
+from verify.reward_loading import RewardError, load_reward, split_name
 
 PRECISIONS = ("float32", "bfloat16")  # verify.checks.PRECISIONS (named here too: seed peers never import torch)
 
@@ -39,6 +40,8 @@ class RunSpec:
     validators: tuple[str, ...]  # hex Ed25519 public keys of the validators for this version's rollouts
     precision: str = "float32"
     task_root: str = ""  # hex BLAKE3 root of the task file among the manifest's files ("" for a built-in task set)
+    reward: str = ""  # the run's own reward, module:function or path/to/file.py:function ("" for the tasks' own)
+    reward_hash: str = ""  # hex BLAKE3 of that reward's module source bytes ("" without one)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -56,7 +59,8 @@ class RunSpec:
                        _whole(raw, "prompts_per_worker", 1, 1 << 16), _whole(raw, "async_level", 0, 1 << 10),
                        _whole(raw, "replicas", 1, 1 << 10), _whole(raw, "quorum", 1, 1 << 10), _validators(raw),
                        _text(raw, "precision", default="float32"),  # a manifest may name no precision
-                       _text(raw, "task_root", default=""))  # ... nor a task file that travels with the policy
+                       _text(raw, "task_root", default=""),  # ... nor a task file that travels with the policy
+                       _text(raw, "reward", default=""), _text(raw, "reward_hash", default=""))  # ... nor a reward
         except KeyError as exc:
             raise UserError(f"the manifest's run_spec is malformed (no {exc})") from None
         if spec.task_root and not (_is_hex_root(spec.task_root) and _is_task_file_name(spec.task)):
@@ -65,9 +69,22 @@ class RunSpec:
             raise UserError("the manifest's run_spec names a task set that is neither built in nor sent with it")
         if spec.segment not in ("short", "all", "long") or not 1 <= spec.quorum <= spec.replicas:
             raise UserError("the manifest's run_spec names an unknown segment or an impossible quorum")
+        if spec.reward or spec.reward_hash:
+            _check_reward_name(spec)
         if spec.precision not in PRECISIONS:
             raise UserError(f"the manifest's run_spec names an unknown precision {spec.precision!r}")
         return spec
+
+    def reward_problem(self) -> str:
+        """Why this peer cannot score the run's rewards as the trainer does ("" when it can): the reward the spec
+        names does not load here, or its source bytes hash to another value than the spec's."""
+        if not self.reward:
+            return ""
+        try:
+            load_reward(self.reward, expected_hash=self.reward_hash)
+        except RewardError as exc:
+            return str(exc)
+        return ""
 
     def validator_keys(self) -> tuple[bytes, ...]:
         return tuple(bytes.fromhex(v) for v in self.validators)
@@ -90,12 +107,14 @@ def _peer_id_of(public_key: bytes) -> str:
 
 
 @lru_cache(maxsize=4)
-def training_tasks(task: str, task_size: int, task_config: str, task_seed: int, eval_fraction: float):
-    """The run's training split, identical on every peer (held-out prompts are never assigned)."""
+def training_tasks(task: str, task_size: int, task_config: str, task_seed: int, eval_fraction: float,
+                   reward: str = ""):
+    """The run's training split, identical on every peer (held-out prompts are never assigned), every prompt
+    scored by the run's own reward when it names one."""
     config = json.loads(task_config) or None
     tasks = load_tasks(task, size=None if is_task_file(task) else task_size, seed=task_seed, config=config)
     train, _heldout = tasks.split(eval_fraction, seed=task_seed)
-    return train
+    return train.with_reward(reward) if reward else train
 
 
 def eligible_indices(spec: RunSpec, directory: Path | str | None = None) -> list[int]:
@@ -109,15 +128,16 @@ def spec_tasks(spec: RunSpec, directory: Path | str | None = None):
     set): it is read from the version's directory, where `materialize` reassembled it from pieces verified against
     the signed manifest, so every peer reads the trainer's exact bytes without being handed the file."""
     if not spec.task_root:
-        return training_tasks(spec.task, spec.task_size, spec.task_config, spec.task_seed, spec.eval_fraction)
+        return training_tasks(spec.task, spec.task_size, spec.task_config, spec.task_seed, spec.eval_fraction,
+                              spec.reward)
     if directory is None:
         raise UserError(f"the run's task file {spec.task} travels with the policy: give the version's directory")
-    key = (spec.task_root, spec.task_config, spec.task_seed, spec.eval_fraction)
+    key = (spec.task_root, spec.task_config, spec.task_seed, spec.eval_fraction, spec.reward)
     if key not in _FILE_TASKS:  # every version carries the same file: parse it once, not once per version
         if len(_FILE_TASKS) >= 4:
             _FILE_TASKS.pop(next(iter(_FILE_TASKS)))
         _FILE_TASKS[key] = training_tasks(str(Path(directory) / spec.task), spec.task_size, spec.task_config,
-                                          spec.task_seed, spec.eval_fraction)
+                                          spec.task_seed, spec.eval_fraction, spec.reward)
     return _FILE_TASKS[key]
 
 
@@ -136,7 +156,7 @@ class VersionTasks:
 def version_tasks(spec: RunSpec, manifest, directory: Path | str) -> VersionTasks:
     """Blocking: a version's tasks, read from its directory when its task file travels with it; raises one
     user-facing line when that file is not among the version's files or cannot be read."""
-    problem = task_file_problem(spec, manifest.files)
+    problem = task_file_problem(spec, manifest.files) or spec.reward_problem()
     if problem:
         raise UserError(problem)
     try:
@@ -194,6 +214,16 @@ def _validators(raw: dict) -> tuple[str, ...]:
                                                                    for v in value):
         raise UserError("the manifest's run_spec names its validators other than as a list of 64-hex-digit keys")
     return tuple(value)
+
+
+def _check_reward_name(spec: RunSpec) -> None:
+    """A reward named by a well-formed name and its 64-hex-digit hash, both or neither."""
+    try:
+        split_name(spec.reward)
+    except RewardError:
+        raise UserError("the manifest's run_spec names its reward by a malformed name") from None
+    if not _is_hex_root(spec.reward_hash):
+        raise UserError("the manifest's run_spec names a reward without a 64-hex-digit BLAKE3 hash of its code")
 
 
 def _is_hex_root(text: str) -> bool:

@@ -23,6 +23,7 @@ from swarm.policy.trust import parse_public_key
 from swarm.roles.batch_wait import BatchWait, GateCounts, SwarmFacts, why_publish_now
 from swarm.roles.gate import RolloutGate
 from trainer.tracking import gate_scalars
+from verify.reward_loading import load_reward
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ class SwarmPublisher:
                        json.dumps(cfg.task_config, sort_keys=True), cfg.seed, cfg.eval_fraction, segment,
                        config.trainer.prompts_per_worker, cfg.async_level, config.trainer.replicas,
                        config.trainer.quorum, self.known_validators(), config.trainer.precision,
-                       task_file.root if task_file else "")
+                       task_file.root if task_file else "", cfg.reward,
+                       load_reward(cfg.reward).code_hash if cfg.reward else "")
 
     async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
         from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
@@ -285,6 +287,8 @@ def _step_event(record: dict, batch: list, gate: RolloutGate, tokenizer) -> dict
         "mean_tokens": round(sum(len(c.tokens) for c in completions) / max(1, len(completions)), 1),
         "hit_length": sum(c.finish_reason == "length" for c in completions), "completions": len(completions),
         "entropy": round(record.get("entropy", 0.0), 3), "skipped": record.get("skipped", ""),
+        "loss": record.get("loss"), "kl": record.get("kl"), "lr": record.get("lr"),
+        "step_seconds": record.get("seconds"),  # the figures a Prometheus scrape shows (swarm.node.metrics)
         "workers": sorted({g.worker for g in batch}), "gate": dict(gate.counts),
         "sample": _sample_text(batch, tokenizer),
     }

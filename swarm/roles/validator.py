@@ -37,6 +37,7 @@ class VersionModels:
         self.specs: dict[int, RunSpec] = {}
         self.policies: dict[int, object] = {}
         self.tasks: dict[int, VersionTasks] = {}
+        self.refused_rewards: set[tuple[str, str]] = set()  # (reward, hash) this peer said once it cannot score
 
     async def sync(self, node) -> None:
         from inference.weights import load_weights_in_place
@@ -49,6 +50,8 @@ class VersionModels:
                 spec = RunSpec.from_model(policy.manifest.model)
             except Exception as exc:  # noqa: BLE001 - a version without a usable spec cannot be validated
                 log.warning("version %d has no usable run spec: %s", version, exc)
+                continue
+            if self.refuses_reward(node, spec):
                 continue
             model = copy.deepcopy(self.loaded.model)
             try:
@@ -65,6 +68,17 @@ class VersionModels:
         for version in [v for v in self.models if newest in self.specs and v < newest - self.specs[newest].async_level]:
             for table in (self.models, self.specs, self.policies, self.tasks):
                 table.pop(version, None)
+
+
+    def refuses_reward(self, node, spec: RunSpec) -> bool:
+        """Whether this validator lacks the run's own reward as the spec hashes it; said once per reward, since a
+        vote on rewards computed by other code would reject honest work."""
+        problem = spec.reward_problem()
+        if problem and (spec.reward, spec.reward_hash) not in self.refused_rewards:
+            self.refused_rewards.add((spec.reward, spec.reward_hash))
+            node.events.emit("reward_refused", reward=spec.reward, expected=spec.reward_hash, message=(
+                f"refusing to vote on run {node.config.peer.run}: {problem}"))
+        return bool(problem)
 
 
 def assigned_to_me(slot_key: bytes, worker: str, spec: RunSpec, my_key: bytes) -> bool:

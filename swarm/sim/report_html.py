@@ -9,8 +9,13 @@ string from the report is escaped: a task name or a peer's reason is text, never
 
 from __future__ import annotations
 
+import math
 from html import escape
 
+from swarm.readable import readable_counts
+
+PEER_NAME_CHARS = 24
+"""Longest peer name drawn beside its row (the simulation's are ten characters or so)."""
 WIDTH, HEIGHT = 720, 240
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 36
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -19,7 +24,7 @@ STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:760px
 h1{font-size:1.4em}h2{font-size:1.1em;margin-top:2em}svg{background:#fafafa;border:1px solid #ddd}
 .axis{stroke:#888;stroke-width:1}.grid{stroke:#e4e4e4;stroke-width:1}text{font-size:11px;fill:#444}
 .legend{font-size:12px}table{border-collapse:collapse}td,th{padding:2px 8px;text-align:left}
-.ban{color:#b00}"""
+.ban{color:#b00}.swatch{display:inline-block;width:10px;height:10px;margin:0 4px 0 12px}"""
 
 
 def render_html(report: dict) -> str:
@@ -37,38 +42,58 @@ def _summary(report: dict) -> str:
             ("trainer steps", report.get("steps")), ("versions published", report.get("versions_published")),
             ("policy copies completed", report.get("policy_copies_completed")),
             ("rollout groups generated", report.get("groups_generated")),
-            ("rejecting votes", f"{report.get('votes_rejecting')} {report.get('rejection_reasons')}"),
-            ("held-out accuracy", report.get("heldout_accuracy")), ("final policy", report.get("final_policy"))]
+            ("rejecting votes", f"{report.get('votes_rejecting')} "
+                                f"({readable_counts(report.get('rejection_reasons'))})"),
+            ("held-out accuracy", _accuracy_text(report.get("heldout_accuracy"))),
+            ("final policy", report.get("final_policy"))]
     cells = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)
     return f'<section id="summary"><h2>Summary</h2><table>{cells}</table></section>'
+
+
+_EVALUATIONS = (("before", "before training"), ("during", "during"), ("after", "after"),
+                ("constant_answer", "always the most frequent training answer"))
+
+
+def _accuracy_text(accuracy: object) -> str:
+    """The held-out evaluations as words: "before training 0.100, after 0.400, ..." ("none" without any)."""
+    if not isinstance(accuracy, dict) or not accuracy:
+        return "none"
+    named = dict(_EVALUATIONS)
+    order = [key for key, _ in _EVALUATIONS if key in accuracy] + sorted(k for k in accuracy if k not in named)
+    return ", ".join(f"{named.get(key, key)} {_share(accuracy[key])}" for key in order)
+
+
+def _share(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else str(value)
 
 
 # ------------------------------------------------------------------------------------------------------ charts
 class Frame:
     """A chart's plotting area: data coordinates to SVG pixels (y grows downwards in SVG)."""
 
-    def __init__(self, x_range: tuple[float, float], y_range: tuple[float, float], height: int = HEIGHT) -> None:
+    def __init__(self, x_range: tuple[float, float], y_range: tuple[float, float], height: int = HEIGHT,
+                 left: int = LEFT) -> None:
         self.x0, self.x1 = x_range[0], x_range[1] if x_range[1] > x_range[0] else x_range[0] + 1
         self.y0, self.y1 = y_range[0], y_range[1] if y_range[1] > y_range[0] else y_range[0] + 1
-        self.height = height
+        self.height, self.left = height, left
 
     def x(self, value: float) -> float:
-        return round(LEFT + (value - self.x0) / (self.x1 - self.x0) * (WIDTH - LEFT - RIGHT), 1)
+        return round(self.left + (value - self.x0) / (self.x1 - self.x0) * (WIDTH - self.left - RIGHT), 1)
 
     def y(self, value: float) -> float:
         return round(self.height - BOTTOM - (value - self.y0) / (self.y1 - self.y0) * (self.height - TOP - BOTTOM), 1)
 
     def axes(self, x_label: str, y_label: str, y_ticks: list[float], x_ticks: list[float]) -> str:
-        bottom, parts = self.height - BOTTOM, []
+        bottom, parts, left = self.height - BOTTOM, [], self.left
         for tick in y_ticks:
-            parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{self.y(tick)}" '
-                         f'y2="{self.y(tick)}"/><text x="{LEFT - 6}" y="{self.y(tick) + 4}" '
+            parts.append(f'<line class="grid" x1="{left}" x2="{WIDTH - RIGHT}" y1="{self.y(tick)}" '
+                         f'y2="{self.y(tick)}"/><text x="{left - 6}" y="{self.y(tick) + 4}" '
                          f'text-anchor="end">{_number(tick)}</text>')
         for tick in x_ticks:
             parts.append(f'<text x="{self.x(tick)}" y="{bottom + 14}" text-anchor="middle">{_number(tick)}</text>')
-        parts.append(f'<line class="axis" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{bottom}" y2="{bottom}"/>'
-                     f'<line class="axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{bottom}"/>'
-                     f'<text x="{(LEFT + WIDTH - RIGHT) / 2}" y="{self.height - 4}" text-anchor="middle">'
+        parts.append(f'<line class="axis" x1="{left}" x2="{WIDTH - RIGHT}" y1="{bottom}" y2="{bottom}"/>'
+                     f'<line class="axis" x1="{left}" x2="{left}" y1="{TOP}" y2="{bottom}"/>'
+                     f'<text x="{(left + WIDTH - RIGHT) / 2}" y="{self.height - 4}" text-anchor="middle">'
                      f'{escape(x_label)}</text><text x="12" y="{(TOP + bottom) / 2}" text-anchor="middle" '
                      f'transform="rotate(-90 12 {(TOP + bottom) / 2})">{escape(y_label)}</text>')
         return "".join(parts)
@@ -93,10 +118,16 @@ def _step_ticks(steps: list[int], most: int = 12) -> list[int]:
 
 
 def _ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round ticks inside [low, high], `count` to twice as many: multiples of 1, 2, 2.5 or 5 times a power of ten
+    (0, 5, 10, 15 rather than 0, 6.175, 12.35)."""
     if high <= low:
         return [low]
-    step = (high - low) / (count - 1)
-    return [round(low + i * step, 3) for i in range(count)]
+    raw = (high - low) / max(1, count - 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = max(m * power for m in (1, 2, 2.5, 5) if m * power <= raw * (1 + 1e-9))  # count to twice as many
+    first = math.ceil(low / step - 1e-9)
+    ticks = [(first + i) * step for i in range(int((high - first * step) / step + 1e-9) + 1)]
+    return [int(t) if float(t).is_integer() else round(t, 6) for t in ticks]
 
 
 def _series(frame: Frame, points: list[tuple[float, float]], css_class: str, color: str, label: str) -> str:
@@ -111,13 +142,11 @@ def _series(frame: Frame, points: list[tuple[float, float]], css_class: str, col
             f'stroke-width="2"/>{dots}')
 
 
-def _legend(entries: list[tuple[str, str]], y: int = TOP + 4) -> str:
-    parts = []
-    x = WIDTH - RIGHT - 200
-    for i, (label, color) in enumerate(entries):
-        parts.append(f'<rect x="{x}" y="{y + 16 * i}" width="10" height="10" fill="{color}"/>'
-                     f'<text class="legend" x="{x + 14}" y="{y + 16 * i + 9}">{escape(label)}</text>')
-    return "".join(parts)
+def _legend(entries: list[tuple[str, str]]) -> str:
+    """A chart's key, below its picture rather than on it, where it would hide the points under it."""
+    items = "".join(f'<span class="swatch" style="background:{color}"></span>{escape(label)}'
+                    for label, color in entries)
+    return '<p class="legend">' + items + "</p>"
 
 
 # ---------------------------------------------------------------------------------------------------- sections
@@ -136,10 +165,10 @@ def _reward_section(line: dict) -> str:
     body = (frame.axes("trainer step", "reward / accuracy", _ticks(frame.y0, frame.y1),
                        _step_ticks([int(x) for x in xs]))
             + _series(frame, rewards, "reward", PALETTE[0], "reward")
-            + _series(frame, heldout, "heldout", PALETTE[2], "held-out accuracy")
-            + _legend([("reward on the trained groups", PALETTE[0]), ("held-out accuracy (greedy)", PALETTE[2])]))
+            + _series(frame, heldout, "heldout", PALETTE[2], "held-out accuracy"))
+    legend = _legend([("reward on the trained groups", PALETTE[0]), ("held-out accuracy (greedy)", PALETTE[2])])
     return ('<section id="reward"><h2>Reward and held-out accuracy</h2>'
-            f'{_svg(body, "reward and held-out accuracy per trainer step")}</section>')
+            f'{_svg(body, "reward and held-out accuracy per trainer step")}{legend}</section>')
 
 
 def _groups_section(line: dict) -> str:
@@ -159,9 +188,10 @@ def _groups_section(line: dict) -> str:
                         f'data-value="{s[key]}"><title>step {_number(s["step"])}: {s[key]} {key}</title></rect>')
     body = (frame.axes("trainer step", "groups settled", _ticks(0, top, min(5, top + 1)),
                        _step_ticks(list(range(len(steps)))))
-            + "".join(bars) + _legend([("accepted by the quorum", PALETTE[2]), ("rejected", PALETTE[3])]))
+            + "".join(bars))
+    legend = _legend([("accepted by the quorum", PALETTE[2]), ("rejected", PALETTE[3])])
     return ('<section id="groups"><h2>Accepted and rejected groups per step</h2>'
-            f'{_svg(body, "groups accepted and rejected per trainer step")}</section>')
+            f'{_svg(body, "groups accepted and rejected per trainer step")}{legend}</section>')
 
 
 def _spread_section(line: dict) -> str:
@@ -174,10 +204,12 @@ def _spread_section(line: dict) -> str:
     end = max(float(line.get("ended_s") or 0.0), 1.0)
     row = 22
     height = TOP + BOTTOM + row * len(peers)
-    frame = Frame((0.0, end), (0, len(peers)), height)
-    parts = [frame.axes("seconds since the start", "", [], _ticks(0.0, round(end, 1)))]
+    left = max(LEFT, 12 + 7 * max(len(peer[:PEER_NAME_CHARS]) for peer in peers))  # room for the whole name
+    frame = Frame((0.0, end), (0, len(peers)), height, left)
+    parts = [frame.axes("seconds since the start", "", [], _ticks(0.0, end))]
     for i, peer in enumerate(peers):
-        parts.append(f'<text x="{LEFT - 6}" y="{TOP + row * i + 15}" text-anchor="end">{escape(peer[:12])}</text>')
+        parts.append(f'<text x="{left - 6}" y="{TOP + row * i + 15}" text-anchor="end">'
+                     f'{escape(peer[:PEER_NAME_CHARS])}</text>')
     for version, held in spread.items():
         color = PALETTE[int(version) % len(PALETTE)]
         for peer, (start, until) in held.items():
@@ -194,9 +226,12 @@ def _spread_section(line: dict) -> str:
         parts.append(f'<line class="ban" x1="{x}" x2="{x}" y1="{TOP}" y2="{height - BOTTOM}" stroke="#b00" '
                      f'stroke-dasharray="4 3" data-at="{ban["at_s"]}"><title>{escape(str(ban.get("peer") or ""))} '
                      f'banned at {ban["at_s"]} s</title></line>')
+    legend = _legend([(f"v{version}", PALETTE[int(version) % len(PALETTE)])
+                      for version in sorted(spread, key=int)[:len(PALETTE)]])
     return ('<section id="spread"><h2>Policy versions over the peers</h2><p>Each span: a peer holding a verified '
-            'copy of one version (colour by version), until it left the async window. Dashed: a ban.</p>'
-            f'{_svg("".join(parts), "policy versions held by each peer over time", height)}</section>')
+            'copy of one version (colour by version, repeating after ten), until it left the async window. Dashed: '
+            f'a ban.</p>{_svg("".join(parts), "policy versions held by each peer over time", height)}{legend}'
+            '</section>')
 
 
 def _peer_order(peer: str) -> tuple[int, str]:
