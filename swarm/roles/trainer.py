@@ -38,13 +38,15 @@ class SwarmPublisher:
         keys = node.config.trainer.validator_keys
         self.allowed = {parse_public_key(k, "--validator-key") for k in keys} if keys else None
         self.ignored: set[str] = set()  # heard-from validators outside `allowed`, reported once
+        self.excluded = lambda key: False  # the gate's banned validators (RolloutGate.validator_banned): never named
 
     def known_validators(self) -> tuple[str, ...]:
         """Public keys (hex, sorted) of the validators this peer hears heartbeats from (only those of
-        --validator-key when it is given; another is reported once and ignored)."""
+        --validator-key when it is given; another is reported once and ignored), banned ones left out."""
         from p2p.identity import public_bytes_from_peer_id
 
         heard = {p: public_bytes_from_peer_id(p) for p, roles in self.node.peer_roles.items() if "validator" in roles}
+        heard = {p: key for p, key in heard.items() if not self.excluded(key)}
         if self.allowed is None:
             return tuple(sorted(k.hex() for k in heard.values()))
         for peer in [p for p, k in heard.items() if k not in self.allowed and p not in self.ignored]:
@@ -181,6 +183,7 @@ async def trainer_role(node) -> None:
     publisher = SwarmPublisher(node, node.identity, cfg, config.mirror.piece_kb, task_file)
     gate = RolloutGate(config.peer.run, config.trainer.replicas, config.trainer.quorum,
                        config.trainer.quorum_timeout_s, async_level=cfg.async_level)
+    publisher.excluded = gate.validator_banned
     rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
     evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
