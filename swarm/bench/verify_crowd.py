@@ -9,10 +9,14 @@ with the proof rebuilt), keeping each group's verdict and near-tie row. Then a r
 RolloutGate with signed votes: `honest_workers` long-lived honest workers answer every version (the first
 `warmup_versions` alone, a run already under way), and from then on `identities` fresh attacking identities per
 version answer their slots once each, before the honest workers (the trainer takes the freshest groups, first
-come first). Six validators, two replicas, quorum two; each group's assigned validators vote
-its pooled verdict and row, except the liars, which accept every attacking group and report no flips in it. After
-each version the trainer takes one batch (`prompts_per_step` groups). A row reports the attack's groups sent and
-trained, and their share of everything trained.
+come first). The honest workers answer less than a batch, so a batch has room the crowd competes for. Six
+validators, two replicas, quorum two; each group's assigned validators vote its pooled verdict and row, except the
+liars, which vote the verdict but report no flips in an attacking group; a validator the gate bans leaves the next
+version's panel, as the trainer's SwarmPublisher does. After each version the trainer takes one batch
+(`prompts_per_step` groups). A row reports the attack's groups sent, admitted (accepted by the quorum and not
+refused: what a batch could take had it room) and trained, and their share of everything trained. The
+`honest_newcomers` rows measure what the gate costs honest throughput: `identities` fresh honest workers join when
+the attack would begin and stay, and the row reports how many of their groups were trained.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ class CrowdConfig:
     pool_groups: int = 40
     identities: tuple[int, ...] = (1, 10, 100)
     liars: tuple[int, ...] = (0, 1, 2)
-    honest_workers: int = 4
+    honest_workers: int = 3
     prompts_per_worker: int = 2
     prompts_per_step: int = 8
     warmup_versions: int = 6
@@ -87,6 +91,7 @@ def run_crowd(pooled: dict[str, list[Pooled]], cfg: CrowdConfig) -> dict:
     """Every (attack, identities, liars) row of the grid, and the pools' acceptance rates."""
     rows = [replay(pooled, attack, n, liars, cfg) for attack in ("near_ties_steered", "int8_decoded_reproved")
             for n in cfg.identities for liars in cfg.liars]
+    rows += [replay(pooled, "honest_newcomers", n, 0, cfg) for n in cfg.identities if n <= 10]
     return {"config": cfg.__dict__, "pool_accepted": {k: sum(p.accepted for p in v) / max(1, len(v))
                                                       for k, v in pooled.items()}, "rows": rows}
 
@@ -99,9 +104,11 @@ class _Panel:
         self.keys = {public_key_of(k): k for k in private}
         self.liars = set(list(self.keys)[:liars])
 
-    def spec(self, cfg: CrowdConfig) -> RunSpec:
+    def spec(self, cfg: CrowdConfig, gate: RolloutGate) -> RunSpec:
+        """The next version's panel: the banned validators left out, as the trainer's publisher does."""
+        banned = getattr(gate, "validator_banned", lambda key: False)
         return RunSpec("basic_arithmetic", 100_000, "{}", 0, 0.2, "all", cfg.prompts_per_worker, 1, cfg.replicas,
-                       cfg.replicas, tuple(key.hex() for key in self.keys))
+                       cfg.replicas, tuple(key.hex() for key in self.keys if not banned(key)))
 
 
 def replay(pooled: dict[str, list[Pooled]], attack: str, identities: int, liars: int, cfg: CrowdConfig) -> dict:
@@ -109,28 +116,35 @@ def replay(pooled: dict[str, list[Pooled]], attack: str, identities: int, liars:
     rng = random.Random(f"{cfg.seed}-{attack}-{identities}-{liars}")
     panel = _Panel(cfg.validators, liars, rng)
     gate = RolloutGate("bench", replicas=cfg.replicas, quorum=cfg.replicas, timeout_s=60.0, async_level=1)
-    sent, trained, total = 0, 0, 0
+    sent, trained, total, admitted = 0, 0, 0, set()
     for version in range(cfg.warmup_versions + cfg.versions):
-        gate.specs[version], gate.newest = panel.spec(cfg), version
+        gate.specs[version], gate.newest = panel.spec(cfg, gate), version
         now = float(version * 100)
         if version >= cfg.warmup_versions:  # the crowd answers first: the trainer takes the freshest, first come
             for i in range(identities):
                 for task in range(cfg.prompts_per_worker):
-                    g = _group(version, f"{attack}-v{version}-{i}", task)
+                    g = _group(version, _identity(attack, version, i), task)
                     sent += 1
-                    _send(gate, panel, g, rng.choice(pooled[attack]), True, now)
+                    _send(gate, panel, g, rng.choice(pooled.get(attack) or pooled["honest"]), True, now)
         for w in range(cfg.honest_workers):
             for task in range(cfg.prompts_per_worker):
                 _send(gate, panel, _group(version, f"honest-{w}", task), rng.choice(pooled["honest"]), False, now)
         gate.tick(now + 99.0)
+        admitted |= {g.rollout_id() for g in gate.accepted if g.worker.startswith(attack)}
         batch = gate.take(cfg.prompts_per_step)
         if version >= cfg.warmup_versions:
             total += len(batch)
             trained += sum(g.worker.startswith(attack) for g in batch)
         gate.forget_old(now + 99.0)
     return {"attack": attack, "identities_per_version": identities, "lying_validators": liars,
-            "attack_groups_sent": sent, "attack_groups_trained": trained, "groups_trained": total,
+            "attack_groups_sent": sent, "attack_groups_admitted": len(admitted), "attack_groups_trained": trained,
+            "groups_trained": total,
             "attack_share_of_training": round(trained / max(1, total), 4)}
+
+
+def _identity(attack: str, version: int, i: int) -> str:
+    """A fresh name per version for an attacking identity; the same name every version for an honest newcomer."""
+    return f"{attack}-{i}" if attack == "honest_newcomers" else f"{attack}-v{version}-{i}"
 
 
 def _group(version: int, worker: str, task: int) -> RolloutGroup:
@@ -142,9 +156,8 @@ def _group(version: int, worker: str, task: int) -> RolloutGroup:
 def _send(gate: RolloutGate, panel: _Panel, g: RolloutGroup, pooled: Pooled, attacking: bool, now: float) -> None:
     """The group to the gate, then its assigned validators' votes: the pooled verdict, or a liar's for an attack."""
     gate.on_rollout(g, now)
-    for key in assign_validators(g.slot().key(), list(panel.keys), gate.replicas):
-        lying = attacking and key in panel.liars
-        accept, flips = (True, 0) if lying else (pooled.accepted, pooled.flips)
+    for key in assign_validators(g.slot().key(), gate.specs[g.policy_version].validator_keys(), gate.replicas):
+        accept, flips = pooled.accepted, 0 if attacking and key in panel.liars else pooled.flips
         row = CheckResult(*evidence_row(NearTies(pooled.tokens, flips, NO_NEAR_TIES.gap_bins)))
         gate.on_vote(sign_vote(panel.keys[key], g.rollout_id(), accept, [CheckResult("sampling", accept, ""), row]),
                      now)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from swarm.policy.runspec import RunSpec
+from swarm.roles import gate_state
 from swarm.roles.gate_evidence import NEAR_TIES, GateEvidence
 from swarm.roles.gate_probation import Probation, ProbationConfig
 
@@ -70,6 +71,15 @@ class RolloutGate:
     def validator_banned(self, key: bytes) -> bool:
         """A validator the reputation banned for votes against the settled outcomes: its votes no longer count."""
         return self.reputation.is_banned(key)
+
+    def snapshot(self) -> dict:
+        """The gate's judgements (histories, bans, reputation, probation) as JSON values for the trainer's
+        checkpoint (swarm.roles.gate_state)."""
+        return gate_state.snapshot(self)
+
+    def restore(self, data) -> None:
+        """Take back a checkpoint's judgements (validated; None leaves the gate as it is)."""
+        gate_state.restore(self, data)
 
     def take_new_bans(self) -> list[tuple[str, str]]:
         """The (worker, reason) pairs the near-tie test banned since the last call: each is reported once."""

@@ -70,6 +70,16 @@ class GateEvidence:
         """The workers banned for their near-ties (each history remembers at most its `max_workers`)."""
         return {w for h in self._histories.values() for w in h.banned()}
 
+    def export(self) -> dict[str, tuple[list, list]]:
+        """Each precision's history as (records, bans) (WorkerHistory.export)."""
+        return {precision: history.export() for precision, history in self._histories.items()}
+
+    def load(self, histories: dict[str, tuple[list, list]]) -> None:
+        """Replace the histories by validated ones (the pending rows of unsettled groups are not kept)."""
+        self._histories = {}
+        for precision, (records, banned) in histories.items():
+            self._history(precision).load(records, banned)
+
     def _history(self, precision: str) -> WorkerHistory:
         if precision not in self._histories:
             self._histories[precision] = WorkerHistory(HistoryConfig.for_precision(precision))

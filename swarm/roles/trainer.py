@@ -184,6 +184,7 @@ async def trainer_role(node) -> None:
     gate = RolloutGate(config.peer.run, config.trainer.replicas, config.trainer.quorum,
                        config.trainer.quorum_timeout_s, async_level=cfg.async_level)
     publisher.excluded = gate.validator_banned
+    gate.restore(run.state.extra.get("gate"))  # the histories, bans and records of the checkpoint resumed, if any
     rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
     evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
@@ -242,6 +243,7 @@ async def trainer_role(node) -> None:
                     await progress.wait()
                     progress = trio.Event()
             batch = gate.take(cfg.prompts_per_step)
+            run.state.extra["gate"] = gate.snapshot()  # every checkpoint carries the gate's judgements
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
             run.tracker.log(gate_scalars(gate.counts), record["step"] + 1)  # beside the step's own figures
