@@ -66,3 +66,36 @@ def test_a_liar_claiming_flips_in_honest_groups_only_disputes_them_and_bans_nobo
         send(gate, validators, group("honest", task), 0, liar=liar, lie=TOKENS)
     assert not gate.is_banned("honest")
     assert len(gate.accepted) + gate.counts["refused:disputed"] == 200 and gate.counts["refused:disputed"] > 30
+
+
+def test_a_liar_that_leaves_out_its_evidence_row_disputes_the_group_as_one_that_reports_none():
+    """An accepting vote without exactly one evidence row, beside one that carries a row, is no way around the
+    dispute: the liar's silence is as good as its zero."""
+    from tests.test_swarm_gate_near_ties import evidence_vote
+    from verify.checks import CheckResult
+    from verify.votes import assign_validators, sign_vote
+
+    validators = panel(2)
+    gate = gate_with(validators, replicas=2)
+    liar, honest = list(validators)
+    for task, checks in enumerate(([CheckResult("sampling", True, "")],
+                                   [CheckResult("near_ties", True, "0/256"), CheckResult("near_ties", True, "0/256")])):
+        g = group(f"steer-{task}", task)
+        assert set(assign_validators(g.slot().key(), list(validators), 2)) == {liar, honest}
+        gate.on_rollout(g, 0.0)
+        gate.on_vote(sign_vote(validators[liar], g.rollout_id(), True, checks), 0.0)
+        gate.on_vote(evidence_vote(validators[honest], g, 3), 0.0)
+    assert gate.take(8) == [] and gate.counts["refused:disputed"] == 2
+
+
+def test_votes_that_carry_no_evidence_at_all_dispute_nothing():
+    from verify.checks import CheckResult
+    from verify.votes import sign_vote
+
+    validators = panel(2)
+    gate = gate_with(validators, replicas=2)
+    g = group("w", 1)
+    gate.on_rollout(g, 0.0)
+    for private in validators.values():
+        gate.on_vote(sign_vote(private, g.rollout_id(), True, [CheckResult("reward", True, "")]), 0.0)
+    assert gate.take(8) == [g]

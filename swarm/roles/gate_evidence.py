@@ -13,8 +13,10 @@ cheater's flips. With two rows (the default 2 of 2) the lower row enters the his
 frame anyone; but a liar claiming none would hide them, so two rows that disagree beyond what honest kernels do
 (`tolerance`) make the group *disputed*: it is not trained, whoever lied, and no one is blamed. A liar thereby hides
 a cheater's flips only from the history, never gets a group trained that its honest partner saw cheat, and against an
-honest worker only withholds the groups it settles, as a rejecting vote would. A group settled by a single vote adds
-nothing unless the run has one replica (that validator is the run's whole judgement anyway).
+honest worker only withholds the groups it settles, as a rejecting vote would. An accepting vote without exactly one
+evidence row beside a vote that carries one is a dispute too, or a liar would leave its row out instead of writing
+zero. A group settled by a single vote adds nothing unless the run has one replica (that validator is the run's
+whole judgement anyway).
 
 Sans-IO: votes and settlements in, judgements out. State is bounded: at most `max_rollouts` rollouts' rows wait
 for their settlement (oldest forgotten first) and WorkerHistory bounds its workers.
@@ -36,16 +38,15 @@ class GateEvidence:
 
     def __init__(self, replicas: int, *, max_rollouts: int = 16_384) -> None:
         self.replicas, self.max_rollouts = replicas, max_rollouts
-        self._rows: OrderedDict[bytes, dict[bytes, tuple[int, int]]] = OrderedDict()
+        self._rows: OrderedDict[bytes, dict[bytes, tuple[int, int] | None]] = OrderedDict()  # None: no row
         self._histories: dict[str, WorkerHistory] = {}
 
     def on_vote(self, vote) -> None:
-        """Keep a vote's evidence row until its rollout settles (the first row per validator counts)."""
+        """Keep a vote's evidence row until its rollout settles (the first vote per validator counts); a vote
+        without exactly one row (a ban's failing row, or an ambiguous vote) is kept as None."""
         rows = [row for row in map(parse_evidence_row, vote.checks) if row is not None]
-        if len(rows) != 1:  # no evidence (a group never prefilled, or a ban's failing row), or an ambiguous vote
-            return
         by_validator = self._rows.pop(vote.rollout_id, None) or {}
-        by_validator.setdefault(vote.validator, rows[0])
+        by_validator.setdefault(vote.validator, rows[0] if len(rows) == 1 else None)
         self._rows[vote.rollout_id] = by_validator
         if len(self._rows) > self.max_rollouts:
             self._rows.popitem(last=False)
@@ -54,11 +55,13 @@ class GateEvidence:
         """(judgement after adding the settled group's combined row to `worker`'s history, or None when the group
         carried too few rows; whether its rows are disputed)."""
         rows = self._rows.pop(settlement.rollout_id, {})
-        counted = [row for validator, row in rows.items() if validator in settlement.votes]
+        counted = [row for validator, row in rows.items() if validator in settlement.votes and row is not None]
+        silent = any(row is None and settlement.votes.get(validator) for validator, row in rows.items())
         row, disputed = combine_rows(counted, tolerance(precision, max((t for _, t in counted), default=0)),
                                      replicas=self.replicas)
+        disputed = disputed or (silent and bool(counted) and self.replicas > 1)
         if row is None:
-            return None, False
+            return None, disputed
         flips, tokens = row
         record = NearTies(tokens, min(flips, tokens), NO_NEAR_TIES.gap_bins)
         return self._history(precision).observe(worker, record), disputed
