@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from swarm.bench.fuzz_mutations import edit_tree
 from swarm.roles.gate_probation import ProbationConfig
 from tests.test_swarm_gate_near_ties import TOKENS, gate_with, group, panel, send
 from trainer.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -109,3 +113,20 @@ def test_the_state_stays_bounded_however_many_identities_the_run_saw():
     assert len(snap["reputation"]["scores"]) <= 50 and len(snap["probation"]["unproven"]) <= 50
     assert len(snap["reputation"]["banned"]) <= 50 and gate.validator_banned(liar)  # workers evict only workers
     assert len(json.dumps(snap)) < 50 * 3 * 100
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.randoms(use_true_random=False))
+def test_any_edit_of_a_gate_state_restores_or_refuses_in_one_sentence(judged, rng: random.Random):
+    """The state comes from disk: whatever it holds, restoring it either succeeds or refuses the resume with a
+    TrainerError, and a refused state changes nothing."""
+    validators, before = judged
+    tree = copy.deepcopy(before.snapshot())
+    for _ in range(rng.choice((1, 1, 2, 3))):
+        tree = edit_tree(tree, rng)
+    gate = gate_with(validators, replicas=2)
+    try:
+        gate.restore(tree)
+    except TrainerError:
+        assert gate.probation.size() == 0 and gate.evidence.export() == {}
