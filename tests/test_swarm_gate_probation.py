@@ -4,6 +4,7 @@ a banned validator's votes no longer count and it leaves the next version's vali
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from swarm.roles.gate_probation import ProbationConfig
@@ -130,3 +131,16 @@ def test_a_banned_validator_leaves_the_next_versions_validators(tmp_path):
     for _ in range(4):
         gate.reputation.record(liar, False)
     assert sorted(publisher.known_validators()) == sorted(k.hex() for k in validators if k != liar)
+
+
+def test_a_crowd_first_to_answer_a_new_version_takes_no_batch_before_the_proven_workers_answer_it():
+    """Synchronous runs (async level 0) judge only the newest version: right after it goes out no proven worker
+    has answered it yet, which must not read as a run with no proven worker."""
+    validators = panel(6)
+    gate = gate_with(validators, replicas=2)
+    gate.async_level = 0
+    prove(gate, validators, "honest")
+    gate.specs[2], gate.newest = gate.specs[1], 2
+    for i in range(20):
+        send(gate, validators, dataclasses.replace(group(f"fresh-{i}", 0), policy_version=2, step=2), 0)
+    assert gate.expire() == 0 and gate.take(8) == []

@@ -277,11 +277,12 @@ class RolloutGate:
         return self.probation.trainable(kept, self._proven_active())
 
     def _proven_active(self) -> bool:
-        """Whether a proven worker answered a version in the async window: then unproven workers fill only their
-        share of a batch (no identity can make a proven worker inactive; a crowd only adds unproven ones)."""
-        floor = self.newest - self.async_level
+        """Whether a proven worker answered a version the gate still judges (the async window and JUDGED_BEHIND
+        more): then unproven workers fill only their share of a batch. Why wider than the async window: right
+        after a version goes out no one has answered it, and in a synchronous run a crowd answering first would
+        otherwise find no proven worker active and fill the batch. No identity can make a proven worker inactive."""
         return any(self.probation.is_proven(worker) and not self.is_banned(worker)
-                   for version, by_worker in self.answers.items() if version >= floor for worker in by_worker)
+                   for by_worker in self.answers.values() for worker in by_worker)
 
     def take(self, n: int) -> list:
         """The `n` freshest accepted groups inside the async window (arrival order among equals), unproven workers'
