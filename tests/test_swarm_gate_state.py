@@ -130,3 +130,12 @@ def test_any_edit_of_a_gate_state_restores_or_refuses_in_one_sentence(judged, rn
         gate.restore(tree)
     except TrainerError:
         assert gate.probation.size() == 0 and gate.evidence.export() == {}
+
+
+def test_the_judgements_go_into_the_trainer_state_only_when_a_checkpoint_is_due(judged):
+    _, gate = judged
+    extra = {"tokens": 5}
+    gate.keep_in(extra, due=False)
+    assert extra == {"tokens": 5}
+    gate.keep_in(extra, due=True)
+    assert extra["gate"] == gate.snapshot() and json.loads(json.dumps(extra))["gate"] == extra["gate"]

@@ -77,6 +77,13 @@ class RolloutGate:
         checkpoint (swarm.roles.gate_state)."""
         return gate_state.snapshot(self)
 
+    def keep_in(self, extra: dict, *, due: bool) -> None:
+        """Put the judgements into a trainer state's `extra` when its next step writes a checkpoint (`due`). Why
+        not every step: a snapshot of full tables (10,000 workers each, 5.4 MB of JSON) takes about half a second
+        on the event loop."""
+        if due:
+            extra["gate"] = self.snapshot()
+
     def restore(self, data) -> None:
         """Take back a checkpoint's judgements (validated; None leaves the gate as it is)."""
         gate_state.restore(self, data)

@@ -243,7 +243,7 @@ async def trainer_role(node) -> None:
                     await progress.wait()
                     progress = trio.Event()
             batch = gate.take(cfg.prompts_per_step)
-            run.state.extra["gate"] = gate.snapshot()  # every checkpoint carries the gate's judgements
+            gate.keep_in(run.state.extra, due=(run.state.step + 1) % cfg.checkpoint_every == 0)  # with checkpoints
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
             run.tracker.log(gate_scalars(gate.counts), record["step"] + 1)  # beside the step's own figures
@@ -267,6 +267,7 @@ def _report_reputation_bans(node, gate: RolloutGate, reported: set[str]) -> None
 
 async def _finish_training(node, run, evaluator, gate: RolloutGate, heldout: dict) -> None:
     """Save the final policy, score it on the held-out split, close the trackers and say what was trained."""
+    gate.keep_in(run.state.extra, due=True)  # the final checkpoint carries the gate's judgements too
     final = await trio.to_thread.run_sync(run.finish)
     await _evaluate(node, evaluator, run, heldout, "after")
     await trio.to_thread.run_sync(run.tracker.close)  # W&B finishes its run: seconds, off the event loop
