@@ -90,7 +90,9 @@ def test_bench_verify_crowd_section_at_the_smallest_size(capsys):
     assert {(r["attack"], r["identities_per_version"], r["lying_validators"]) for r in rows} == {
         (a, n, liars) for a in ("near_ties_steered", "int8_decoded_reproved") for n in (1, 3) for liars in (0, 1, 2)
     } | {("honest_newcomers", 1, 0), ("honest_newcomers", 3, 0)}
-    assert all(r["attack_groups_sent"] == 8 * 2 * r["identities_per_version"] for r in rows)
+    assert [r["identities_per_version"] for r in rows if r["from_start"]] == [1, 3]
+    assert all(r["attack_groups_sent"] == (14 if r["from_start"] else 8) * 2 * r["identities_per_version"]
+               for r in rows)
     assert all(r["attack_groups_trained"] <= r["attack_groups_admitted"] <= r["attack_groups_sent"] for r in rows)
     assert all(0.0 <= r["attack_share_of_training"] <= 1.0 and r["groups_trained"] > 0 for r in rows)
 

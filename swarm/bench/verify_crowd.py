@@ -16,7 +16,9 @@ version's panel, as the trainer's SwarmPublisher does. After each version the tr
 (`prompts_per_step` groups). A row reports the attack's groups sent, admitted (accepted by the quorum and not
 refused: what a batch could take had it room) and trained, and their share of everything trained. The
 `honest_newcomers` rows measure what the gate costs honest throughput: `identities` fresh honest workers join when
-the attack would begin and stay, and the row reports how many of their groups were trained.
+the attack would begin and stay, and the row reports how many of their groups were trained. The `from_start` rows
+replay a crowd present from the run's first version, before any worker is proven (then unproven workers may fill
+whole batches, the workers with the longest records first).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def run_crowd(pooled: dict[str, list[Pooled]], cfg: CrowdConfig) -> dict:
     rows = [replay(pooled, attack, n, liars, cfg) for attack in ("near_ties_steered", "int8_decoded_reproved")
             for n in cfg.identities for liars in cfg.liars]
     rows += [replay(pooled, "honest_newcomers", n, 0, cfg) for n in cfg.identities if n <= 10]
+    rows += [replay(pooled, "near_ties_steered", n, 0, cfg, from_start=True) for n in cfg.identities]
     return {"config": cfg.__dict__, "pool_accepted": {k: sum(p.accepted for p in v) / max(1, len(v))
                                                       for k, v in pooled.items()}, "rows": rows}
 
@@ -111,16 +114,19 @@ class _Panel:
                        cfg.replicas, tuple(key.hex() for key in self.keys if not banned(key)))
 
 
-def replay(pooled: dict[str, list[Pooled]], attack: str, identities: int, liars: int, cfg: CrowdConfig) -> dict:
-    """One run of the grid through a RolloutGate; returns the attack's groups sent and trained."""
-    rng = random.Random(f"{cfg.seed}-{attack}-{identities}-{liars}")
+def replay(pooled: dict[str, list[Pooled]], attack: str, identities: int, liars: int, cfg: CrowdConfig, *,
+           from_start: bool = False) -> dict:
+    """One run of the grid through a RolloutGate; returns the attack's groups sent and trained. `from_start`: the
+    crowd comes from the run's first version, when no worker is proven yet, and the row counts every version."""
+    rng = random.Random(f"{cfg.seed}-{attack}-{identities}-{liars}-{from_start}")
+    first = 0 if from_start else cfg.warmup_versions
     panel = _Panel(cfg.validators, liars, rng)
     gate = RolloutGate("bench", replicas=cfg.replicas, quorum=cfg.replicas, timeout_s=60.0, async_level=1)
     sent, trained, total, admitted = 0, 0, 0, set()
     for version in range(cfg.warmup_versions + cfg.versions):
         gate.specs[version], gate.newest = panel.spec(cfg, gate), version
         now = float(version * 100)
-        if version >= cfg.warmup_versions:  # the crowd answers first: the trainer takes the freshest, first come
+        if version >= first:  # the crowd answers first: the trainer takes the freshest, first come
             for i in range(identities):
                 for task in range(cfg.prompts_per_worker):
                     g = _group(version, _identity(attack, version, i), task)
@@ -132,11 +138,11 @@ def replay(pooled: dict[str, list[Pooled]], attack: str, identities: int, liars:
         gate.tick(now + 99.0)
         admitted |= {g.rollout_id() for g in gate.accepted if g.worker.startswith(attack)}
         batch = gate.take(cfg.prompts_per_step)
-        if version >= cfg.warmup_versions:
+        if version >= first:
             total += len(batch)
             trained += sum(g.worker.startswith(attack) for g in batch)
         gate.forget_old(now + 99.0)
-    return {"attack": attack, "identities_per_version": identities, "lying_validators": liars,
+    return {"attack": attack, "identities_per_version": identities, "lying_validators": liars, "from_start": from_start,
             "attack_groups_sent": sent, "attack_groups_admitted": len(admitted), "attack_groups_trained": trained,
             "groups_trained": total,
             "attack_share_of_training": round(trained / max(1, total), 4)}
