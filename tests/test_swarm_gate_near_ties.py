@@ -98,7 +98,8 @@ def test_one_lying_validator_cannot_get_an_honest_worker_banned(replicas):
     gate = gate_with(validators, replicas=replicas)
     for task in range(300):  # the liar sits in a sixth or a quarter of the groups, claiming every token flipped
         send(gate, validators, group("honest", task), 0, liar=next(iter(validators)))
-    assert not gate.is_banned("honest") and len(gate.accepted) == 300
+    assert not gate.is_banned("honest")  # the groups it settles with one other row are disputed, not trained
+    assert len(gate.accepted) + gate.counts.get("refused:disputed", 0) == 300 and len(gate.accepted) > 200
 
 
 def test_a_steering_worker_is_still_banned_when_one_validator_lies_for_it():

@@ -78,3 +78,25 @@ def test_bench_config_defaults_match_the_command_line():
     shared = sorted(set(args) & set(defaults))
     assert {"honest_groups", "per_worker", "attempts", "history"} <= set(shared)
     assert {k: args[k] for k in shared} == {k: defaults[k] for k in shared}
+
+
+def test_bench_verify_crowd_section_at_the_smallest_size(capsys):
+    """The crowd section alone: one row per attack, identities and lying validators, with the shares trained."""
+    assert main(["bench", "verify", "--json", "--group-size", "2", "--max-new-tokens", "8", "--crowd", "only",
+                 "--crowd-pool", "3", "--crowd-identities", "1,3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cases"] == [] and "history" not in report
+    rows = report["crowd"]["rows"]
+    assert {(r["attack"], r["identities_per_version"], r["lying_validators"]) for r in rows} == {
+        (a, n, liars) for a in ("near_ties_steered", "int8_decoded_reproved") for n in (1, 3) for liars in (0, 1, 2)
+    } | {("honest_newcomers", 1, 0), ("honest_newcomers", 3, 0)}
+    assert [r["identities_per_version"] for r in rows if r["from_start"]] == [1, 3]
+    assert all(r["attack_groups_sent"] == (14 if r["from_start"] else 8) * 2 * r["identities_per_version"]
+               for r in rows)
+    assert all(r["attack_groups_trained"] <= r["attack_groups_admitted"] <= r["attack_groups_sent"] for r in rows)
+    assert all(0.0 <= r["attack_share_of_training"] <= 1.0 and r["groups_trained"] > 0 for r in rows)
+
+
+def test_bench_verify_refuses_malformed_crowd_identities(capsys):
+    assert main(["bench", "verify", "--crowd", "only", "--crowd-identities", "1,x"]) == 2
+    assert "--crowd-identities must be positive integers" in capsys.readouterr().err

@@ -153,6 +153,21 @@ class WorkerHistory:
         return Judgement(banned, banned and not was_banned, evidence, record.groups, tokens, flips,
                          self._banned.get(worker, ""))
 
+    def export(self) -> tuple[list[tuple[str, int, int, int]], list[tuple[str, str]]]:
+        """((worker, groups, tokens, flips) per record, (worker, reason) per ban), least recently seen first."""
+        records = [(w, r.groups, r.total.tokens, r.total.flips) for w, r in self._records.items()]
+        return records, list(self._banned.items())
+
+    def load(self, records: list[tuple[str, int, int, int]], banned: list[tuple[str, str]]) -> None:
+        """Replace the state by validated records and bans (bounded again by this config; a record keeps its totals,
+        not its gap bins, which the test does not read)."""
+        self._records, self._banned = OrderedDict(), OrderedDict()
+        for worker, groups, tokens, flips in records[-self.config.max_workers:]:
+            record = self._records[worker] = _Record()
+            record.groups, record.total = groups, NearTies(tokens, flips, NO_NEAR_TIES.gap_bins)
+        for worker, reason in banned:
+            self._ban(worker, reason)
+
     def _ban(self, worker: str, reason: str) -> None:
         self._banned[worker] = reason
         if len(self._banned) > self.config.max_workers:

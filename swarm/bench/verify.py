@@ -14,7 +14,10 @@ every class and the costs but cannot show the issue's targets (`targets_met` sta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+
+from swarm.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,24 +49,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
                         help="what workers generate in (bfloat16: as vLLM on GPUs, checked with that "
                              "precision's tolerances by float32 validators; default float32)")
+    parser.add_argument("--crowd", choices=("on", "off", "only"), default="off",
+                        help="the crowd section: the share of training that fresh attacking identities per version "
+                             "buy, with lying validators among six (swarm/bench/verify_crowd.py); 'only' skips the "
+                             "cases and the history section (default off)")
+    parser.add_argument("--crowd-pool", type=int, default=40, dest="crowd_pool",
+                        help="real groups generated and validated per class for the crowd section (default 40)")
+    parser.add_argument("--crowd-identities", default="1,10,100", dest="crowd_identities",
+                        help="fresh attacking identities per version, comma-separated (default 1,10,100)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from swarm.bench.verify_crowd import pools, run_crowd
     from swarm.bench.verify_harness import BenchConfig, run_cases
     from swarm.bench.verify_history import HistoryBenchConfig, run_history
     from swarm.errors import require_at_least_one
 
     require_at_least_one(groups=args.groups, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                          threads=args.threads, honest_groups=args.honest_groups, per_worker=args.per_worker,
-                         attempts=args.attempts)
+                         attempts=args.attempts, crowd_pool=args.crowd_pool)
     config = BenchConfig(model=args.model, groups=args.groups, group_size=args.group_size,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, threads=args.threads,
                          seed=args.seed, min_eos_prob=args.min_eos_prob, honest_only=args.honest_only,
                          precision=args.precision, history=args.history, honest_groups=args.honest_groups,
                          per_worker=args.per_worker, attempts=args.attempts)
+    crowd = _crowd_config(args)
+    if args.crowd == "only":
+        config = dataclasses.replace(config, history="only")
     harness, report = run_cases(config)
-    if not config.honest_only and config.history != "off":
+    if not config.honest_only and config.history != "off" and args.crowd != "only":
         report["history"] = run_history(harness, HistoryBenchConfig(
             honest_groups=config.honest_groups, per_worker=config.per_worker, attempts=config.attempts))
+    if args.crowd != "off" and not config.honest_only:
+        report["crowd"] = run_crowd(pools(harness, crowd), crowd)
     print(json.dumps(report, indent=None if args.json else 2))
     return 0
+
+
+def _crowd_config(args: argparse.Namespace):
+    """The crowd section's grid from the command line (identities: positive integers, comma-separated)."""
+    from swarm.bench.verify_crowd import CrowdConfig
+
+    try:
+        identities = tuple(int(x) for x in args.crowd_identities.split(","))
+    except ValueError:
+        identities = ()
+    if not identities or min(identities) < 1:
+        raise UserError(f"--crowd-identities must be positive integers separated by commas, got "
+                        f"{args.crowd_identities!r}")
+    return CrowdConfig(pool_groups=args.crowd_pool, identities=identities, seed=args.seed)

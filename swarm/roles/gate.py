@@ -3,7 +3,10 @@
 Sans-IO (swarm.roles.trainer moves the bytes), so every decision is tested without sockets. One slot, one rollout
 (verify.slots): the gate opens a quorum for the first group of a slot and refuses every other group for it.
 A worker's history decides what one group cannot (swarm.roles.gate_evidence): the near-tie rows of the votes that
-settle each group add up per worker, and a worker the sequential test bans has its groups refused (`near_ties`).
+settle each group add up per worker, and a worker the sequential test bans has its groups refused (`near_ties`); a
+group whose two rows disagree is refused (`disputed`). Identities are free, so an unproven worker's groups train
+beside proven workers' only within a bounded share of each batch (swarm.roles.gate_probation), and a validator the
+reputation banned has its votes refused and is left out of the next version (the trainer's SwarmPublisher).
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from swarm.policy.runspec import RunSpec
+from swarm.roles import gate_state
 from swarm.roles.gate_evidence import NEAR_TIES, GateEvidence
+from swarm.roles.gate_probation import Probation, ProbationConfig
 
 SLOT_TAKEN = "another group for an answered slot"
+DISPUTED = "disputed"
 TOO_STALE = "too stale"
 JUDGED_BEHIND = 4
 """Versions behind the async window whose rollouts are still judged, never trained on. Why: a cheating worker that
@@ -39,6 +45,7 @@ class RolloutGate:
     pending: dict[bytes, object] = field(default_factory=dict)  # rollout id -> RolloutGroup awaiting votes
     accepted: list = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    probation_config: ProbationConfig = field(default_factory=ProbationConfig)
 
     def __post_init__(self) -> None:
         from verify.quorum import QuorumConfig, QuorumTracker
@@ -55,10 +62,31 @@ class RolloutGate:
         self._pruned_below: int | None = None  # the window floor forget_old last pruned to
         self.evidence = GateEvidence(self.replicas)  # each worker's near-tie flips over the groups settled here
         self.new_bans: list[tuple[str, str]] = []  # (worker, reason) banned by its near-ties, not yet reported
+        self.probation = Probation(self.probation_config)  # each worker's accepted groups, and the unproven share
 
     def is_banned(self, worker: str) -> bool:
         """Banned for its rejected rollouts (reputation) or for its near-tie flips (evidence)."""
         return self.reputation.is_banned(worker) or self.evidence.is_banned(worker)
+
+    def validator_banned(self, key: bytes) -> bool:
+        """A validator the reputation banned for votes against the settled outcomes: its votes no longer count."""
+        return self.reputation.is_banned(key)
+
+    def snapshot(self) -> dict:
+        """The gate's judgements (histories, bans, reputation, probation) as JSON values for the trainer's
+        checkpoint (swarm.roles.gate_state)."""
+        return gate_state.snapshot(self)
+
+    def keep_in(self, extra: dict, *, due: bool) -> None:
+        """Put the judgements into a trainer state's `extra` when its next step writes a checkpoint (`due`). Why
+        not every step: a snapshot of full tables (10,000 workers each, 5.4 MB of JSON) takes about half a second
+        on the event loop."""
+        if due:
+            extra["gate"] = self.snapshot()
+
+    def restore(self, data) -> None:
+        """Take back a checkpoint's judgements (validated; None leaves the gate as it is)."""
+        gate_state.restore(self, data)
 
     def take_new_bans(self) -> list[tuple[str, str]]:
         """The (worker, reason) pairs the near-tie test banned since the last call: each is reported once."""
@@ -149,6 +177,9 @@ class RolloutGate:
             len(answers.get(worker, ())) >= spec.prompts_per_worker for worker in workers)
 
     def on_vote(self, vote, now: float) -> str:
+        if self.validator_banned(vote.validator):
+            self.count("vote:validator banned")
+            return "validator banned"
         if vote.validator not in self._validators():
             # any key could sign votes for rollouts not seen yet, and their flood evicted the honest early votes
             # from the tracker's bounded buffer, so accepted rollouts timed out
@@ -187,7 +218,9 @@ class RolloutGate:
 
     def on_validators(self, present: set[bytes], now: float) -> None:
         """The validators heard from now: rollouts only departed ones could settle time out at once (see
-        QuorumTracker.validator_gone); one heard from again owes its votes once more."""
+        QuorumTracker.validator_gone); one heard from again owes its votes once more. A banned validator counts
+        as departed: its votes are refused, so rollouts that need them could never settle."""
+        present = {key for key in present if not self.validator_banned(key)}
         for key in self.present - present:
             for s in self.tracker.validator_gone(key, now):
                 self._settle(s)
@@ -203,32 +236,41 @@ class RolloutGate:
             return
         self.reputation.settle(settlement, group.worker)
         self.count(settlement.outcome.value)
-        self._weigh_near_ties(settlement, group)
+        disputed = self._weigh_near_ties(settlement, group)
+        if self.is_banned(group.worker):
+            self.probation.forget(group.worker)
+        elif settlement.outcome is Outcome.ACCEPTED and not disputed:
+            self.probation.on_accepted(group.worker)
         if settlement.rollout_id in self.judged_only:
             self.judged_only.discard(settlement.rollout_id)
         elif settlement.outcome is Outcome.ACCEPTED:
             if self.evidence.is_banned(group.worker):
                 self.count(f"refused:{NEAR_TIES}")
+            elif disputed:
+                self.count(f"refused:{DISPUTED}")
             else:
                 self.accepted.append(group)
 
-    def _weigh_near_ties(self, settlement, group) -> None:
+    def _weigh_near_ties(self, settlement, group) -> bool:
         """Add the settled group's near-ties to its worker's history; a worker this bans loses its accepted groups
-        not yet trained on (they are refused with `near_ties`) and is reported once (take_new_bans)."""
+        not yet trained on (they are refused with `near_ties`) and is reported once (take_new_bans). Returns
+        whether the group's evidence rows are disputed (swarm.roles.gate_evidence.combine_rows)."""
         spec = self.specs.get(group.policy_version)
         if spec is None:  # its version left the window: no precision to judge it by, and nothing to train
-            return
-        judgement = self.evidence.on_settled(settlement, group.worker, spec.precision)
+            return False
+        judgement, disputed = self.evidence.on_settled(settlement, group.worker, spec.precision)
         if judgement is None or not judgement.newly_banned:
-            return
+            return disputed
         self.new_bans.append((group.worker, judgement.reason))
         kept = [g for g in self.accepted if g.worker != group.worker]
         if len(kept) < len(self.accepted):
             self.count(f"refused:{NEAR_TIES}", len(self.accepted) - len(kept))
         self.accepted = kept
+        return disputed
 
     def expire(self) -> int:
-        """Drop accepted groups the newest version has left behind; returns how many in-window groups remain.
+        """Drop accepted groups the newest version has left behind; returns how many of the in-window groups a
+        batch may take now (all of them, less the unproven ones beyond the share: swarm.roles.gate_probation).
 
         Why: a group is in the async window when its quorum opens, but it may wait in `accepted` while the trainer
         publishes newer versions. The training run refuses such a group (trainer.admission), so handing it out
@@ -239,10 +281,19 @@ class RolloutGate:
         if len(kept) < len(self.accepted):
             self.count("expired", len(self.accepted) - len(kept))
         self.accepted = kept
-        return len(kept)
+        return self.probation.trainable(kept, self._proven_active())
+
+    def _proven_active(self) -> bool:
+        """Whether a proven worker answered a version the gate still judges (the async window and JUDGED_BEHIND
+        more): then unproven workers fill only their share of a batch. Why wider than the async window: right
+        after a version goes out no one has answered it, and in a synchronous run a crowd answering first would
+        otherwise find no proven worker active and fill the batch. No identity can make a proven worker inactive."""
+        return any(self.probation.is_proven(worker) and not self.is_banned(worker)
+                   for by_worker in self.answers.values() for worker in by_worker)
 
     def take(self, n: int) -> list:
-        """The `n` freshest accepted groups inside the async window (arrival order among equals).
+        """The `n` freshest accepted groups inside the async window (arrival order among equals), unproven workers'
+        within their share (swarm.roles.gate_probation).
 
         Why freshest first: workers together answer more prompts per version than one step consumes, so a
         first-in-first-out queue grows by the difference every step and its head ages past the async window;
@@ -250,5 +301,5 @@ class RolloutGate:
         """
         self.expire()
         ranked = sorted(self.accepted, key=lambda g: -g.policy_version)  # stable: arrival order among equals
-        batch, self.accepted = ranked[:n], ranked[n:]
+        batch, self.accepted = self.probation.batch(ranked, n, self._proven_active())
         return batch

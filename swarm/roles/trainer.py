@@ -39,13 +39,15 @@ class SwarmPublisher:
         keys = node.config.trainer.validator_keys
         self.allowed = {parse_public_key(k, "--validator-key") for k in keys} if keys else None
         self.ignored: set[str] = set()  # heard-from validators outside `allowed`, reported once
+        self.excluded = lambda key: False  # the gate's banned validators (RolloutGate.validator_banned): never named
 
     def known_validators(self) -> tuple[str, ...]:
         """Public keys (hex, sorted) of the validators this peer hears heartbeats from (only those of
-        --validator-key when it is given; another is reported once and ignored)."""
+        --validator-key when it is given; another is reported once and ignored), banned ones left out."""
         from p2p.identity import public_bytes_from_peer_id
 
         heard = {p: public_bytes_from_peer_id(p) for p, roles in self.node.peer_roles.items() if "validator" in roles}
+        heard = {p: key for p, key in heard.items() if not self.excluded(key)}
         if self.allowed is None:
             return tuple(sorted(k.hex() for k in heard.values()))
         for peer in [p for p, k in heard.items() if k not in self.allowed and p not in self.ignored]:
@@ -183,6 +185,8 @@ async def trainer_role(node) -> None:
     publisher = SwarmPublisher(node, node.identity, cfg, config.mirror.piece_kb, task_file)
     gate = RolloutGate(config.peer.run, config.trainer.replicas, config.trainer.quorum,
                        config.trainer.quorum_timeout_s, async_level=cfg.async_level)
+    publisher.excluded = gate.validator_banned
+    gate.restore(run.state.extra.get("gate"))  # the histories, bans and records of the checkpoint resumed, if any
     rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
     evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
@@ -241,6 +245,7 @@ async def trainer_role(node) -> None:
                     await progress.wait()
                     progress = trio.Event()
             batch = gate.take(cfg.prompts_per_step)
+            gate.keep_in(run.state.extra, due=(run.state.step + 1) % cfg.checkpoint_every == 0)  # with checkpoints
             record = await trio.to_thread.run_sync(run.step, batch)
             node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
             run.tracker.log(gate_scalars(gate.counts), record["step"] + 1)  # beside the step's own figures
@@ -264,6 +269,7 @@ def _report_reputation_bans(node, gate: RolloutGate, reported: set[str]) -> None
 
 async def _finish_training(node, run, evaluator, gate: RolloutGate, heldout: dict) -> None:
     """Save the final policy, score it on the held-out split, close the trackers and say what was trained."""
+    gate.keep_in(run.state.extra, due=True)  # the final checkpoint carries the gate's judgements too
     final = await trio.to_thread.run_sync(run.finish)
     await _evaluate(node, evaluator, run, heldout, "after")
     await trio.to_thread.run_sync(run.tracker.close)  # W&B finishes its run: seconds, off the event loop
