@@ -1,5 +1,5 @@
-"""Loading a policy model: "tiny", "smollm2", any local Hugging Face directory (a trainer's policy included) or a
-Hugging Face hub id (`Qwen/Qwen2.5-0.5B-Instruct`) found in the local Hugging Face cache.
+"""Loading a policy model: "tiny", "tiny-sum", "smollm2", any local Hugging Face directory (a trainer's policy
+included) or a Hugging Face hub id (`Qwen/Qwen2.5-0.5B-Instruct`) found in the local Hugging Face cache.
 
 Why a cache directory: the tiny model is rebuilt from code and SmolLM2 is dequantised from GGUF (about 20 s);
 both are written once as safetensors + config + tokenizer, the same layout a trainer publishes, so every later
@@ -24,11 +24,12 @@ import torch
 
 from inference.errors import InferenceError
 from inference.tiny import TINY_VERSION, build_tiny
+from inference.tiny_sum import TINY_SUM_VERSION, build_tiny_sum
 from tasks.hub_cache import NotCached, cached_snapshot, fetch_hint, hub_cache_dir, parse_reference, snapshot_repo_id
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct-q4_1"
-BUILT_IN_MODELS = ("tiny", "smollm2")
+BUILT_IN_MODELS = ("tiny", "tiny-sum", "smollm2")
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ def resolve_model_dir(spec: str) -> Path:
         return Path(spec)
     reference = parse_reference(spec)
     if reference is None:
-        raise InferenceError(f"model {spec!r} is neither 'tiny', 'smollm2' nor an existing directory, and not a "
-                             f"Hugging Face hub id (ORG/NAME)")
+        raise InferenceError(f"model {spec!r} is neither 'tiny', 'tiny-sum', 'smollm2' nor an existing directory, and "
+                             f"not a Hugging Face hub id (ORG/NAME)")
     try:
         snapshot = cached_snapshot(reference, "model")
     except NotCached:
@@ -110,10 +111,11 @@ def load_model(spec: str, dtype=None, cache_dir: str | Path | None = None,
     hears each long step as it starts (a first use converts SmolLM2's GGUF: minutes on 2 cores)."""
     dtype = dtype or torch.float32
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    if spec == "tiny":
-        directory = _cached(cache / TINY_VERSION, build_tiny)
+    if spec in ("tiny", "tiny-sum"):
+        version, build = (TINY_VERSION, build_tiny) if spec == "tiny" else (TINY_SUM_VERSION, build_tiny_sum)
+        directory = _cached(cache / version, build)
         on_step("loading the model")
-        return load_directory(directory, dtype, name="tiny")
+        return load_directory(directory, dtype, name=spec)
     if spec == "smollm2":
         directory = _cached(cache / SMOLLM2_DIRNAME, lambda tmp: convert_smollm2(tmp, on_step))
         on_step("loading the model")

@@ -37,6 +37,7 @@ class SimSettings:
     seeds: int = 1
     cheaters: int = 0
     steps: int = 16
+    lr: float | None = None  # None: the trainer's default
     prompts_per_worker: int = 4
     prompts_per_step: int = 0  # 0: half of what the honest workers answer per version
     group_size: int = 16
@@ -90,6 +91,7 @@ def _trainer_toml(s: SimSettings) -> Path:
         f"max_new_tokens = {s.max_new_tokens}", "steps_per_policy = 1", f"async_level = {s.async_level}",
         f"curriculum = {json.dumps(s.curriculum)}", "checkpoint_every = 1000", f"eval_every = {s.eval_every}",
         f"time_limit_min = {s.time_limit_min}", f"report_to = {json.dumps(s.report_to)}", f"# {workers} workers",
+        *([] if s.lr is None else [f"lr = {s.lr}"]),
     ]) + "\n")
     return path
 
