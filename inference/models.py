@@ -67,8 +67,8 @@ def resolve_model_dir(spec: str) -> Path:
         return Path(spec)
     reference = parse_reference(spec)
     if reference is None:
-        raise InferenceError(f"model {spec!r} is neither 'tiny', 'tiny-sum', 'smollm2' nor an existing directory, and "
-                             f"not a Hugging Face hub id (ORG/NAME)")
+        raise InferenceError(f"model {spec!r} is neither built in ({', '.join(BUILT_IN_MODELS)}), an existing "
+                             f"directory, nor a Hugging Face hub id (ORG/NAME)")
     try:
         snapshot = cached_snapshot(reference, "model")
     except NotCached:

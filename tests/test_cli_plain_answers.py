@@ -37,8 +37,9 @@ def test_an_unknown_bare_model_name_lists_what_this_machine_holds_instead_of_a_d
     with pytest.raises(InferenceError) as caught:
         check_model_spec("nosuch")
     assert str(caught.value) == (
-        "model 'nosuch' is neither built in (tiny, smollm2), in the local Hugging Face cache (Qwen/Qwen2.5-0.5B) "
-        "nor a directory: name a model directory by its path (e.g. ./models/mine) or a cached hub model as ORG/NAME")
+        "model 'nosuch' is neither built in (tiny, tiny-sum, smollm2), in the local Hugging Face cache "
+        "(Qwen/Qwen2.5-0.5B) nor a directory: name a model directory by its path (e.g. ./models/mine) or a cached hub "
+        "model as ORG/NAME")
     with pytest.raises(InferenceError, match="hf download org/nosuch"):  # a hub id keeps its fetch hint
         check_model_spec("org/nosuch")
 

@@ -107,7 +107,7 @@ def test_a_partly_cached_model_and_a_name_that_is_no_hub_id_are_each_one_sentenc
     line = _one_line_refusal(capsys, ["eval", "--model", "org/half"])
     assert "model 'org/half' is only partly in the local Hugging Face cache" in line and "no config.json" in line
     line = _one_line_refusal(capsys, ["eval", "--model", "not a/model id"])
-    assert "is neither 'tiny', 'smollm2' nor an existing directory" in line
+    assert "is neither built in (tiny, tiny-sum, smollm2), an existing directory, nor a Hugging Face hub id" in line
 
 
 @pytest.mark.parametrize("spec, parsed", [
