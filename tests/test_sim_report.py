@@ -105,6 +105,19 @@ def test_the_page_draws_the_curves_bars_spans_and_ban_from_the_report_and_escape
     assert "cheater0 (C) banned by trainer at 4.0 s (reputation): </svg><script>alert(1)</script> & more" in words
 
 
+def test_the_held_out_curve_is_drawn_against_the_starting_score_and_the_constant_answer():
+    trained = {"event": "trained", "t": 110.0, "peer": "trainer", "gate": {}, "banned": [], "final": "f",
+               "heldout": {"before": 0.1, "constant_answer": 0.05, "after": 0.4}}
+    page = Page(render_html(summarize([*events(), trained], {"timed_out": False, "wall_s": 9.0})))
+    [start] = page.all("line", "start")
+    [constant] = page.all("line", "constant")
+    assert (start["data-value"], constant["data-value"]) == ("0.1", "0.05")
+    assert float(constant["y1"]) > float(start["y1"])  # lower on the chart: SVG's y grows downwards
+    words = " ".join(page.text)
+    assert "held-out accuracy before training: 0.100 (dashed)" in words
+    assert "always the most frequent training answer: 0.050 (dashed)" in words
+
+
 def test_a_run_with_no_step_and_no_ban_still_draws_a_page_that_says_so():
     text = render_html(summarize([], {"timed_out": True, "wall_s": 1.0}))
     page = Page(text)

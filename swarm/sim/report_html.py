@@ -30,7 +30,8 @@ h1{font-size:1.4em}h2{font-size:1.1em;margin-top:2em}svg{background:#fafafa;bord
 def render_html(report: dict) -> str:
     """The whole page for a report that `swarm.sim.run.summarize` made (its `timeline` included)."""
     line = report.get("timeline") or {}
-    sections = [_summary(report), _reward_section(line), _groups_section(line), _spread_section(line),
+    sections = [_summary(report), _reward_section(line, report.get("heldout_accuracy")), _groups_section(line),
+                _spread_section(line),
                 _ban_section(line, report)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>swarm sim report</title>"
             f"<style>{STYLE}</style></head><body>\n<h1>swarm sim report</h1>\n" + "\n".join(sections) +
@@ -150,25 +151,47 @@ def _legend(entries: list[tuple[str, str]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- sections
-def _reward_section(line: dict) -> str:
+def _reward_section(line: dict, accuracy: object = None) -> str:
     """The trainer's reward per step and the held-out accuracy (before training, during, after), one axis: both
-    are a share of the task solved, in [0, 1] for every built-in task."""
+    are a share of the task solved, in [0, 1] for every built-in task. Two dashed lines give the held-out score to
+    beat: the starting policy's, and always giving the most frequent training answer's, so a curve that only
+    learned the commonest answer shows as one that never left its line."""
     steps = [s for s in line.get("steps", []) if isinstance(s.get("reward"), (int, float))]
     rewards = [(s["step"], s["reward"]) for s in steps]
     heldout = [(e["step"], e["accuracy"]) for e in line.get("heldout", [])
                if isinstance(e.get("step"), int) and isinstance(e.get("accuracy"), (int, float))]
     if not rewards and not heldout:
         return '<section id="reward"><h2>Reward and held-out accuracy</h2><p>No step was trained.</p></section>'
+    marks = _reference_marks(accuracy)
     xs = [x for x, _ in rewards + heldout]
-    ys = [y for _, y in rewards + heldout]
+    ys = [y for _, y in rewards + heldout] + [y for _, _, y, _ in marks]
     frame = Frame((min(xs), max(xs)), (min(0.0, min(ys)), max(1.0, max(ys))))
     body = (frame.axes("trainer step", "reward / accuracy", _ticks(frame.y0, frame.y1),
                        _step_ticks([int(x) for x in xs]))
+            + "".join(_level(frame, css, y, color, label) for css, label, y, color in marks)
             + _series(frame, rewards, "reward", PALETTE[0], "reward")
             + _series(frame, heldout, "heldout", PALETTE[2], "held-out accuracy"))
-    legend = _legend([("reward on the trained groups", PALETTE[0]), ("held-out accuracy (greedy)", PALETTE[2])])
+    legend = _legend([("reward on the trained groups", PALETTE[0]), ("held-out accuracy (greedy)", PALETTE[2])]
+                     + [(f"{label}: {_share(y)} (dashed)", color) for _, label, y, color in marks])
     return ('<section id="reward"><h2>Reward and held-out accuracy</h2>'
             f'{_svg(body, "reward and held-out accuracy per trainer step")}{legend}</section>')
+
+
+def _reference_marks(accuracy: object) -> list[tuple[str, str, float, str]]:
+    """(css class, label, held-out accuracy, colour) of the starting policy and of the constant answer."""
+    if not isinstance(accuracy, dict):
+        return []
+    wanted = (("start", "before", "held-out accuracy before training", PALETTE[1]),
+              ("constant", "constant_answer", "always the most frequent training answer", PALETTE[3]))
+    return [(css, label, float(accuracy[key]), color) for css, key, label, color in wanted
+            if isinstance(accuracy.get(key), (int, float))]
+
+
+def _level(frame: Frame, css_class: str, y: float, color: str, label: str) -> str:
+    """A dashed horizontal line across the chart at `y`, with its value in a tooltip."""
+    return (f'<line class="{css_class}" x1="{frame.x(frame.x0)}" x2="{frame.x(frame.x1)}" y1="{frame.y(y)}" '
+            f'y2="{frame.y(y)}" stroke="{color}" stroke-width="1.5" stroke-dasharray="6 4" data-value="{_number(y)}">'
+            f'<title>{escape(label)}: {_number(y)}</title></line>')
 
 
 def _groups_section(line: dict) -> str:
