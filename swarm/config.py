@@ -227,8 +227,6 @@ class InferenceSection(ConfigSection):
     gpu_memory: float = Field(0.3, description=(
         "Inference role with the vllm backend: the share of the GPU's memory vLLM may take (weights and KV "
         "cache); raise it (e.g. 0.85) on a GPU this peer does not share with a validator or trainer."))
-    cheat: str = Field("", description=(
-        "Inference role, for demonstrations and tests only: 'reward' claims reward 1.0 for every completion."))
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "InferenceSection":
@@ -236,8 +234,6 @@ class InferenceSection(ConfigSection):
             raise UserError(f"unknown backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
         if not 0.05 <= self.gpu_memory <= 0.95:
             raise UserError(f"gpu_memory {self.gpu_memory} is outside 0.05..0.95 (a share of the GPU's memory)")
-        if self.cheat not in ("", "reward"):
-            raise UserError(f"unknown cheat {self.cheat!r}")
         return self
 
 

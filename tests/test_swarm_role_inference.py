@@ -39,7 +39,7 @@ class JitteringBackend:
 
 
 def worker(tmp_path):
-    config = SimpleNamespace(peer=SimpleNamespace(run="run1", data_dir=tmp_path), inference=SimpleNamespace(cheat=""))
+    config = SimpleNamespace(peer=SimpleNamespace(run="run1", data_dir=tmp_path))
     return SimpleNamespace(config=config, peer_id="12D3KooWworker")
 
 
@@ -98,3 +98,23 @@ def test_an_unreadable_ledger_stops_the_worker_with_one_sentence_and_is_kept(tmp
             PublishedSlots.load(path)
         assert "\n" not in str(caught.value) and path.read_text() == text
     assert len(PublishedSlots.load(tmp_path / "none-yet.json")) == 0
+
+
+def test_the_simulations_cheater_claims_reward_one_for_groups_the_honest_role_built_and_records_them(tmp_path, tiny):
+    from swarm.sim.cheater import claim_full_reward
+
+    node, backend = worker(tmp_path), JitteringBackend(tiny)
+    published = PublishedSlots.load(published_slots_path(node.config))
+    groups = _generate(node, backend, tiny, policy(1), TASKS, "unused", published, 1, claim_full_reward)
+    assert len(groups) == PROMPTS and all(c.reward == 1.0 for g in groups for c in g.completions)
+    honest = answer(node, JitteringBackend(tiny), tiny, 1, PublishedSlots(tmp_path / "elsewhere.json"))
+    assert any(c.reward < 1.0 for g in honest for c in g.completions)  # so the claim above is the cheater's doing
+    assert len(PublishedSlots.load(published_slots_path(node.config))) == PROMPTS
+
+
+def test_no_peer_config_takes_a_cheating_setting():
+    from swarm.config import load_config
+    from swarm.errors import UserError
+
+    with pytest.raises(UserError, match="cheat"):
+        load_config(None, {"roles": ("inference",), "cheat": "reward"})

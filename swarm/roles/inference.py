@@ -10,7 +10,7 @@ answered again (inference.published): a second group for a slot costs its worker
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -21,7 +21,14 @@ from swarm.policy.runspec import RunSpec
 log = logging.getLogger(__name__)
 
 
-async def inference_role(node) -> None:
+def unchanged(groups: list) -> list:
+    """What an honest worker does to its groups before publishing them: nothing."""
+    return groups
+
+
+async def inference_role(node, tamper: Callable[[list], list] = unchanged) -> None:
+    """`tamper` rewrites each version's groups before they are recorded and published: `unchanged` here; the
+    simulation's cheater (swarm.sim.cheater) passes one that lies about its rewards."""
     from inference.published import PublishedSlots
     from inference.select import open_backend
     from swarm.messages.rollout_transport import serve_rollout_blobs
@@ -51,7 +58,7 @@ async def inference_role(node) -> None:
                 # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
                 node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
                 groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, tasks, directory,
-                                                       published, spec.async_level)
+                                                       published, spec.async_level, tamper)
         except VersionUnusable as exc:  # skipped, not fatal
             node.events.emit("skipped", version=done, message=str(exc))
             continue
@@ -82,7 +89,8 @@ def published_slots_path(config) -> Path:
     return Path(config.peer.data_dir) / f"published-slots-{config.peer.run}.json"
 
 
-def _generate(node, backend, loaded, policy, tasks, directory, published, async_level: int) -> list:
+def _generate(node, backend, loaded, policy, tasks, directory, published, async_level: int,
+              tamper: Callable[[list], list] = unchanged) -> list:
     """Blocking: swap weights, generate this worker's assigned groups it has not published yet, with proofs, and
     record their slots in `published` before they are returned for publishing (a crash after this loses the
     groups' work, never answers a slot twice)."""
@@ -103,10 +111,8 @@ def _generate(node, backend, loaded, policy, tasks, directory, published, async_
     requests = [make_request(loaded.tokenizer, e, run=run, worker=worker, step=step, group_size=gen.group_size,
                              temperature=gen.temperature, max_new_tokens=gen.max_new_tokens) for e in entries]
     results = backend.generate(requests)
-    groups = [build_rollout_group(r, e, loaded.tokenizer, run=run, worker=worker, step=step)
-              for r, e in zip(results, entries)]
-    if node.config.inference.cheat == "reward":
-        groups = [replace(g, completions=tuple(replace(c, reward=1.0) for c in g.completions)) for g in groups]
+    groups = tamper([build_rollout_group(r, e, loaded.tokenizer, run=run, worker=worker, step=step)
+                     for r, e in zip(results, entries)])
     published.record([g.slot() for g in groups], floor=manifest.version - async_level)
     return groups
 

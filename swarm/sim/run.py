@@ -22,6 +22,7 @@ from swarm.config import load_config
 from swarm.events import EventSink
 from swarm.node.node import open_node_parts
 from swarm.roles.registry import ROLE_TASKS
+from swarm.sim.cheater import cheating_inference_role
 from swarm.sim.report_html import render_html
 from swarm.sim.timeline import timeline
 from tasks.loading import is_task_file
@@ -114,13 +115,13 @@ def task_reference(task: str) -> str:
     return str(Path(task).resolve()) if is_task_file(task) else task
 
 
-def _peer_config(s: SimSettings, peer: SimPeer, bootstrap: tuple[str, ...], trainer_toml: Path, cheat: str):
+def _peer_config(s: SimSettings, peer: SimPeer, bootstrap: tuple[str, ...], trainer_toml: Path):
     return load_config(None, {
         "roles": peer.roles, "run": "sim", "data_dir": s.out / peer.name, "bootstrap": bootstrap,
         "bootstrap_file": s.out / "no-bootstrap.txt", "model": s.model, "trainer_config": trainer_toml,
         "prompts_per_worker": s.prompts_per_worker, "replicas": min(2, max(1, s.validators)),
         "quorum": min(2, max(1, s.validators)), "quorum_timeout_s": 120.0, "exit_when_trained": True,
-        "status_every_s": 3.0, "cheat": cheat, "data_exempt_loopback": True,  # every peer is ours, on 127.0.0.1
+        "status_every_s": 3.0, "data_exempt_loopback": True,  # every peer is ours, on 127.0.0.1
         "metrics_port": peer.metrics_port})
 
 
@@ -144,7 +145,7 @@ async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict],
     sink.listeners.append(watch.on_event)  # every peer's sink copies the listeners: add it before peers start
 
     async def start(nursery, peer: SimPeer, bootstrap: tuple[str, ...]) -> None:
-        config = _peer_config(s, peer, bootstrap, trainer_toml, "reward" if peer.name.startswith("cheater") else "")
+        config = _peer_config(s, peer, bootstrap, trainer_toml)
         config.peer.data_dir.mkdir(parents=True, exist_ok=True)
         identity = load_or_create_identity(config.peer.data_dir)
 
@@ -157,7 +158,8 @@ async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict],
 
         peer_sink = EventSink(json_lines=sink.json_lines, stream=sink.stream)
         peer_sink.listeners += [tag, *sink.listeners]
-        roles = [capture] + [ROLE_TASKS[r] for r in peer.roles if r in ROLE_TASKS]
+        tasks = {**ROLE_TASKS, "inference": cheating_inference_role} if peer.name.startswith("cheater") else ROLE_TASKS
+        roles = [capture] + [tasks[r] for r in peer.roles if r in tasks]
         trust = identity.public_bytes if "trainer" in peer.roles else peers[0].node.identity.public_bytes
         nursery.start_soon(open_node_parts, config, identity, peer_sink, roles, trust)
         await peer.ready.wait()
