@@ -3,9 +3,10 @@
 Why py-libp2p's relay: its reservation (HOP RESERVE), circuit (HOP CONNECT / STOP CONNECT) and the upgrade of the
 relayed byte stream into a Noise+Yamux connection work between our hosts (tests/test_reach*.py), and the circuit
 multiaddr `/ip4/R/tcp/P/p2p/<relay>/p2p-circuit/p2p/<peer>` is the libp2p standard any peer can dial. What it lacks,
-and this module adds: a bandwidth cap (it enforces reservations, circuits per peer, duration and bytes per circuit,
-but not rate), a dial entry point our host's `connect` can use (its swarm drops /p2p-circuit addresses), and one
-place that says which relays hold our reservation.
+and this module adds: p2p.reach.relay_guard's node-wide bounds on reservations and circuits (and the release of a
+reservation whose holder left), a bandwidth cap (it enforces duration and bytes per circuit, but not rate), a dial
+entry point our host's `connect` can use (its swarm drops /p2p-circuit addresses), and one place that says which
+relays hold our reservation.
 """
 
 from __future__ import annotations
@@ -21,17 +22,22 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID, STOP_PROTOCOL_ID, CircuitV2Protocol
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.resources import RelayLimits as Libp2pLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from p2p.ratelimit import TokenBucket, acquire_all
+from p2p.reach.relay_guard import RelayGuard
 from p2p.reach.relay_limits import RelayLimits, connection_kind, is_circuit
 
-__all__ = ["RelayLimits", "Relaying", "connection_kind", "is_circuit", "open_relaying", "relay_protocol"]
+__all__ = ["GuardedRelay", "RelayLimits", "Relaying", "connection_kind", "is_circuit", "open_relaying",
+           "relay_protocol"]
 
 log = logging.getLogger(__name__)
+SWEEP_EVERY_S = 1.0
+"""How often the reservations of holders that left are looked for."""
 
 
 def _bucket(mbps: float) -> TokenBucket:
@@ -54,21 +60,66 @@ class _PacedStream:
         return getattr(self._stream, name)
 
 
-def relay_protocol(libp2p_host: Any, limits: RelayLimits, hop: bool) -> Any:
+class GuardedRelay(CircuitV2Protocol):
+    """py-libp2p's relay within p2p.reach.relay_guard's bounds, relaying at most `circuit_mbps` per circuit and
+    `total_mbps` in all."""
+
+    def __init__(self, libp2p_host: Any, limits: RelayLimits, hop: bool) -> None:
+        libp2p_limits = Libp2pLimits(duration=limits.circuit_duration_s, data=limits.circuit_mb << 20,
+                                     max_circuit_conns=limits.max_circuits_per_peer,
+                                     max_reservations=limits.max_reservations)
+        super().__init__(libp2p_host, limits=libp2p_limits, allow_hop=hop)
+        self.guard = RelayGuard(limits)
+        self._circuit_mbps = limits.circuit_mbps
+        self._total = _bucket(limits.total_mbps)
+
+    async def _handle_reserve(self, stream: Any, msg: Any) -> None:
+        """A reservation for the peer that asks (never one its message names), within the guard's caps."""
+        msg.ClearField("peer")
+        remote = stream.get_remote_address()
+        if not self.guard.admit_reservation(str(stream.muxed_conn.peer_id), str(remote[0]) if remote else ""):
+            await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "reservation limit")
+            return
+        await super()._handle_reserve(stream, msg)
+
+    async def _handle_connect(self, stream: Any, msg: Any) -> None:
+        """A circuit within the guard's caps, counted from the request until it ends (py-libp2p's handler returns
+        when the circuit closes)."""
+        source, destination = str(stream.muxed_conn.peer_id), bytes(msg.peer.id).hex()
+        if not self.guard.open_circuit(source, destination, trio.current_time()):
+            await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "circuit limit")
+            await stream.reset()
+            return
+        try:
+            await super()._handle_connect(stream, msg)
+        finally:
+            self.guard.close_circuit(source, destination)
+
+    async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
+        paced = _PacedStream(dst_stream, [_bucket(self._circuit_mbps), self._total])
+        await super()._relay_data(src_stream, paced, *args, **kwargs)
+
+    def drop_departed(self, now: float) -> list[str]:
+        """Drop the reservations whose holders left RESERVATION_GRACE_S ago (p2p.reach.relay_guard.sweep)."""
+        table = self.resource_manager._reservations
+        connections = self.host.get_network().connections
+        present = {str(peer) for peer, held in table.items() if not held.is_expired() and connections.get(peer)}
+        gone = self.guard.sweep(present, now)
+        for peer in gone:
+            table.pop(ID.from_base58(peer), None)
+        return gone
+
+
+def relay_protocol(libp2p_host: Any, limits: RelayLimits, hop: bool) -> GuardedRelay:
     """py-libp2p's CircuitV2Protocol with our limits; `hop`: serve as a relay (else only accept circuits)."""
-    total = _bucket(limits.total_mbps)
+    return GuardedRelay(libp2p_host, limits, hop)
 
-    class PacedRelay(CircuitV2Protocol):
-        """Relays data at most `circuit_mbps` per circuit and `total_mbps` in all."""
 
-        async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
-            paced = _PacedStream(dst_stream, [_bucket(limits.circuit_mbps), total])
-            await super()._relay_data(src_stream, paced, *args, **kwargs)
-
-    libp2p_limits = Libp2pLimits(duration=limits.circuit_duration_s, data=limits.circuit_mb << 20,
-                                 max_circuit_conns=limits.max_circuits_per_peer,
-                                 max_reservations=limits.max_reservations)
-    return PacedRelay(libp2p_host, limits=libp2p_limits, allow_hop=hop)
+async def _drop_departed(protocol: GuardedRelay) -> None:
+    while True:
+        for peer in protocol.drop_departed(trio.current_time()):
+            log.debug("relay reservation of %s dropped: it left", peer)
+        await trio.sleep(SWEEP_EVERY_S)
 
 
 @dataclass
@@ -108,10 +159,14 @@ async def open_relaying(host: Any, limits: RelayLimits, hop: bool) -> AsyncItera
     protocol = relay_protocol(host.libp2p, limits, hop)
     roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if hop else RelayRole(0))
     config = RelayConfig(roles=roles, limits=protocol.limits)
-    async with background_trio_service(protocol):
+    async with background_trio_service(protocol), trio.open_nursery() as nursery:
         await protocol.event_started.wait()
         transport = CircuitV2Transport(host.libp2p, protocol, config)
         host.set_guarded_handler(STOP_PROTOCOL_ID, protocol._handle_stop_stream, timeout=None)
         if hop:
             host.set_guarded_handler(PROTOCOL_ID, protocol._handle_hop_stream, timeout=None)
-        yield Relaying(protocol, transport)
+            nursery.start_soon(_drop_departed, protocol)
+        try:
+            yield Relaying(protocol, transport)
+        finally:
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,98 @@
+"""What a relay grants: reservations and circuits, bounded node-wide and per holder, released when holders leave.
+
+py-libp2p's relay keeps a reservation for an hour after its holder disconnects and counts it against its cap all
+that time, lets the HOP RESERVE message name any peer id to reserve for, and counts a circuit against its
+destination's cap only once the circuit is up (so circuits requested together all pass the check). Identities are
+free, so what a crowd of them can hold is bounded here for the node as a whole, and per holder (peer id, and the IP
+it connects from) on top:
+
+- a reservation is held by the peer id of the connection that asked, at most `max_reservations` in all and
+  `max_reservations_per_ip` from one IP; once its holder has no connection to us it stops serving circuits at once
+  (py-libp2p checks that) and after RESERVATION_GRACE_S it is gone, its place free for another peer;
+- a circuit is counted from the moment it is asked for until it ends: at most `max_circuits_per_peer` to one
+  destination and from one source, `max_circuits` in all, `circuits_per_s` opened per second in all.
+
+Pure: `now` is passed in; the IO is p2p.reach.relay.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from p2p.ratelimit import Allowance
+from p2p.reach.relay_limits import RelayLimits
+
+RESERVATION_GRACE_S = 2.0
+"""How long a reservation outlives its holder's last connection (a reconnect within it keeps its place)."""
+
+
+@dataclass
+class _Holder:
+    ip: str
+    left_at: float | None = None
+
+
+class RelayGuard:
+    """The reservations and circuits a relay holds, and whether to grant one more."""
+
+    def __init__(self, limits: RelayLimits) -> None:
+        self.limits = limits
+        self._holders: dict[str, _Holder] = {}
+        self._circuits_to: Counter[str] = Counter()
+        self._circuits_from: Counter[str] = Counter()
+        self.circuits = 0
+        self._circuit_rate = Allowance(limits.circuits_per_s, max(1.0, 4 * limits.circuits_per_s))
+        self.refused = 0
+
+    @property
+    def holders(self) -> list[str]:
+        return list(self._holders)
+
+    def admit_reservation(self, peer: str, ip: str) -> bool:
+        """Whether `peer`, connected from `ip`, may hold (or renew) a reservation; if so it holds one."""
+        holder = self._holders.get(peer)
+        if holder is not None and holder.ip == ip:
+            holder.left_at = None
+            return True
+        others = [h for p, h in self._holders.items() if p != peer]
+        if len(others) >= self.limits.max_reservations or \
+                sum(h.ip == ip for h in others) >= self.limits.max_reservations_per_ip:
+            self.refused += 1
+            return False
+        self._holders[peer] = _Holder(ip)
+        return True
+
+    def sweep(self, present: Collection[str], now: float) -> list[str]:
+        """The holders to drop now: those not `present` (connected, with a live reservation) for RESERVATION_GRACE_S;
+        they are forgotten here and the caller drops them from py-libp2p's table."""
+        gone: list[str] = []
+        for peer, holder in list(self._holders.items()):
+            if peer in present:
+                holder.left_at = None
+            elif holder.left_at is None:
+                holder.left_at = now
+            elif now - holder.left_at >= RESERVATION_GRACE_S:
+                del self._holders[peer]
+                gone.append(peer)
+        return gone
+
+    def open_circuit(self, source: str, destination: str, now: float) -> bool:
+        """Whether a circuit from `source` to `destination` may open now; if so it counts until `close_circuit`."""
+        cap = self.limits.max_circuits_per_peer
+        if (self._circuits_to[destination] >= cap or self._circuits_from[source] >= cap
+                or self.circuits >= self.limits.max_circuits or not self._circuit_rate.take(1, now)):
+            self.refused += 1
+            return False
+        self._circuits_to[destination] += 1
+        self._circuits_from[source] += 1
+        self.circuits += 1
+        return True
+
+    def close_circuit(self, source: str, destination: str) -> None:
+        for counts, peer in ((self._circuits_to, destination), (self._circuits_from, source)):
+            counts[peer] -= 1
+            if counts[peer] <= 0:
+                del counts[peer]
+        self.circuits -= 1
