@@ -130,6 +130,24 @@ def test_a_crowd_naming_one_victim_gets_few_dials_at_it_over_the_whole_attack():
     assert dials <= IP_SESSIONS * SESSION_ADDRS * 3
 
 
+def test_a_crowd_spending_the_session_rate_leaves_our_own_punches_theirs():
+    guard = PunchGuard()
+    assert sum(guard.may_start(f"id{i}", 0.0) for i in range(1000)) == SESSIONS_BURST
+    for i in range(MAX_PUNCHES_AT_ONCE):
+        guard.end(f"id{i}")
+    assert guard.may_start("relayed-peer", 0.0, ours=True)
+
+
+def test_targets_in_one_ipv6_64_share_one_budget():
+    guard, admitted = PunchGuard(), 0
+    for i in range(4 * IP_SESSIONS):
+        now = i / SESSIONS_PER_S
+        assert guard.may_start(f"id{i}", now)
+        admitted += bool(guard.admit(f"id{i}", [f"/ip6/2001:db8::{i:x}:1/tcp/80"], now))
+        guard.end(f"id{i}")
+    assert admitted == IP_SESSIONS
+
+
 def test_punch_dials_keep_a_node_wide_rate_whatever_the_sessions():
     guard, dialed = PunchGuard(), 0
     for second in range(100):

@@ -26,7 +26,8 @@ def test_reservations_are_capped_in_all_and_per_ip_and_one_holder_renews_its_own
     assert guard.admit_reservation("a", "10.0.0.1") and guard.admit_reservation("b", "10.0.0.1")
     assert not guard.admit_reservation("c", "10.0.0.1")  # a third id from the same address
     assert guard.admit_reservation("a", "10.0.0.1")  # renewing takes no new place
-    assert guard.admit_reservation("c", "10.0.0.2") and guard.admit_reservation("d", "10.0.0.3")
+    assert guard.admit_reservation("c", "2001:db8::1") and guard.admit_reservation("d", "2001:db8::2:3")
+    assert not guard.admit_reservation("e", "2001:db8::ffff:1")  # the same /64: the same party
     assert not guard.admit_reservation("e", "10.0.0.4")  # full, whatever the address
     assert sorted(guard.holders) == ["a", "b", "c", "d"]
 
@@ -44,16 +45,18 @@ def test_a_reservation_goes_a_short_grace_after_its_holder_left_and_a_reconnect_
 def test_circuits_are_capped_per_destination_per_source_in_all_and_per_second():
     limits = RelayLimits(max_circuits_per_peer=3, max_circuits=5, circuits_per_s=2.0)
     guard = RelayGuard(limits)
-    opened = [guard.open_circuit(f"src{i}", "dst", 0.0) for i in range(5)]
+    opened = [guard.open_circuit(f"src{i}", f"10.0.0.{i}", "dst", 0.0) for i in range(5)]
     assert opened == [True, True, True, False, False]  # per destination, however many sources
     guard = RelayGuard(limits)
-    assert [guard.open_circuit("src", f"dst{i}", 10.0 + i) for i in range(4)] == [True, True, True, False]
+    assert [guard.open_circuit("src", "10.0.0.1", f"dst{i}", 10.0 + i) for i in range(4)] == [True] * 3 + [False]
+    guard = RelayGuard(limits)  # fresh ids from one IPv6 /64
+    assert [guard.open_circuit(f"s{i}", f"2001:db8::{i}", f"d{i}", 10.0 + i) for i in range(4)] == [True] * 3 + [False]
     guard = RelayGuard(limits)
-    assert sum(guard.open_circuit(f"s{i}", f"d{i}", 100.0 + i) for i in range(10)) == limits.max_circuits
-    guard.close_circuit("s0", "d0")
-    assert guard.open_circuit("s9", "d9", 200.0) and guard.circuits == limits.max_circuits
+    assert sum(guard.open_circuit(f"s{i}", f"10.0.0.{i}", f"d{i}", 100.0 + i) for i in range(10)) == 5
+    guard.close_circuit("s0", "10.0.0.0", "d0")
+    assert guard.open_circuit("s9", "10.0.0.9", "d9", 200.0) and guard.circuits == limits.max_circuits
     guard = RelayGuard(RelayLimits(max_circuits=100, circuits_per_s=2.0))  # 1,000 ids at one instant: the burst
-    assert sum(guard.open_circuit(f"s{i}", f"d{i}", 0.0) for i in range(1000)) == 4 * 2.0
+    assert sum(guard.open_circuit(f"s{i}", f"10.0.{i >> 8}.{i & 255}", f"d{i}", 0.0) for i in range(1000)) == 8
 
 
 async def _hop(host, relay_id: str, msg: HopMessage) -> HopMessage | None:

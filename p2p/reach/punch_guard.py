@@ -5,10 +5,12 @@ reached us through a relay; identities are free and reconnecting is free, so eve
 none resets when a peer reconnects:
 
 - sessions: at most MAX_PUNCH_ATTEMPTS per peer id within PUNCH_WINDOW_S (remembered for PUNCH_MEMORY ids), at most
-  MAX_PUNCHES_AT_ONCE under way, at most SESSIONS_PER_S started per second in all;
+  MAX_PUNCHES_AT_ONCE under way, at most SESSIONS_PER_S started per second by others in all, and as many by us (a
+  crowd spending the first does not stop our own punches);
 - addresses: only plain TCP/IP ones (no DNS name to resolve, no relay), all of them on ONE IP (a peer behind a NAT
   has one public address; a list spanning many IPs names hosts that are not the peer), at most SESSION_ADDRS of
-  them, and sessions toward any one IP at most IP_SESSIONS within PUNCH_WINDOW_S whoever asks;
+  them, and sessions toward any one IP (an IPv6 /64 counting as one) at most IP_SESSIONS within PUNCH_WINDOW_S
+  whoever asks;
 - dials: only the addresses admitted for that peer's session under way, at most DIALS_PER_S per second in all.
 
 Pure: `now` is passed in; the IO is p2p.reach.service.
@@ -21,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from p2p.ratelimit import Allowance
+from p2p.reach.relay_limits import ip_group
 
 MAX_PUNCH_ATTEMPTS = 3
 """DCUtR sessions with one peer id, started by either end, within PUNCH_WINDOW_S (each tries three rounds)."""
@@ -95,7 +98,7 @@ class PunchGuard:
         """Peers a session with is under way."""
         self._sessions = _Counts(PUNCH_WINDOW_S, PUNCH_MEMORY)
         self._ips = _Counts(PUNCH_WINDOW_S, PUNCH_MEMORY)
-        self._session_rate = Allowance(SESSIONS_PER_S, SESSIONS_BURST)
+        self._session_rate = {ours: Allowance(SESSIONS_PER_S, SESSIONS_BURST) for ours in (True, False)}
         self._dial_rate = Allowance(DIALS_PER_S, DIALS_BURST)
         self._admitted: dict[str, set[tuple[str, int]]] = {}
         self.refused = 0
@@ -107,10 +110,11 @@ class PunchGuard:
     def remembered(self) -> int:
         return len(self._sessions)
 
-    def may_start(self, peer: str, now: float) -> bool:
-        """Whether a session with `peer` may start now; if so it is counted as started (call `end` when done)."""
+    def may_start(self, peer: str, now: float, ours: bool = False) -> bool:
+        """Whether a session with `peer` (`ours`: one we start) may start now; if so it is counted as started (call
+        `end` when done)."""
         if (peer in self.punching or len(self.punching) >= MAX_PUNCHES_AT_ONCE
-                or self.attempts(peer, now) >= MAX_PUNCH_ATTEMPTS or not self._session_rate.take(1, now)):
+                or self.attempts(peer, now) >= MAX_PUNCH_ATTEMPTS or not self._session_rate[ours].take(1, now)):
             self.refused += 1
             return False
         self.punching.add(peer)
@@ -138,9 +142,9 @@ class PunchGuard:
             kept.append(addr)
             if len(kept) >= SESSION_ADDRS:
                 break
-        if not kept or self._ips.count(kept_ip, now) >= IP_SESSIONS:
+        if not kept or self._ips.count(ip_group(kept_ip), now) >= IP_SESSIONS:
             return []
-        self._ips.add(kept_ip, now)
+        self._ips.add(ip_group(kept_ip), now)
         self._admitted[peer] = endpoints
         return kept
 

@@ -60,6 +60,15 @@ class _PacedStream:
         return getattr(self._stream, name)
 
 
+def _remote_ip(stream: Any) -> str:
+    """The IP a stream's connection comes from ("" when unknown: all such count as one address)."""
+    try:
+        remote = stream.get_remote_address()
+    except Exception:  # noqa: BLE001 - a connection closing under us
+        return ""
+    return str(remote[0]) if remote else ""
+
+
 class GuardedRelay(CircuitV2Protocol):
     """py-libp2p's relay within p2p.reach.relay_guard's bounds, relaying at most `circuit_mbps` per circuit and
     `total_mbps` in all."""
@@ -76,8 +85,7 @@ class GuardedRelay(CircuitV2Protocol):
     async def _handle_reserve(self, stream: Any, msg: Any) -> None:
         """A reservation for the peer that asks (never one its message names), within the guard's caps."""
         msg.ClearField("peer")
-        remote = stream.get_remote_address()
-        if not self.guard.admit_reservation(str(stream.muxed_conn.peer_id), str(remote[0]) if remote else ""):
+        if not self.guard.admit_reservation(str(stream.muxed_conn.peer_id), _remote_ip(stream)):
             await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "reservation limit")
             return
         await super()._handle_reserve(stream, msg)
@@ -85,15 +93,15 @@ class GuardedRelay(CircuitV2Protocol):
     async def _handle_connect(self, stream: Any, msg: Any) -> None:
         """A circuit within the guard's caps, counted from the request until it ends (py-libp2p's handler returns
         when the circuit closes)."""
-        source, destination = str(stream.muxed_conn.peer_id), bytes(msg.peer.id).hex()
-        if not self.guard.open_circuit(source, destination, trio.current_time()):
+        ends = str(stream.muxed_conn.peer_id), _remote_ip(stream), bytes(msg.peer.id).hex()
+        if not self.guard.open_circuit(*ends, trio.current_time()):
             await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "circuit limit")
             await stream.reset()
             return
         try:
             await super()._handle_connect(stream, msg)
         finally:
-            self.guard.close_circuit(source, destination)
+            self.guard.close_circuit(*ends)
 
     async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
         paced = _PacedStream(dst_stream, [_bucket(self._circuit_mbps), self._total])

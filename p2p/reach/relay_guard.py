@@ -10,7 +10,8 @@ it connects from) on top:
   `max_reservations_per_ip` from one IP; once its holder has no connection to us it stops serving circuits at once
   (py-libp2p checks that) and after RESERVATION_GRACE_S it is gone, its place free for another peer;
 - a circuit is counted from the moment it is asked for until it ends: at most `max_circuits_per_peer` to one
-  destination and from one source, `max_circuits` in all, `circuits_per_s` opened per second in all.
+  destination, from one source and from one source IP, `max_circuits` in all, `circuits_per_s` opened per second
+  in all.
 
 Pure: `now` is passed in; the IO is p2p.reach.relay.
 """
@@ -22,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from p2p.ratelimit import Allowance
-from p2p.reach.relay_limits import RelayLimits
+from p2p.reach.relay_limits import RelayLimits, ip_group
 
 RESERVATION_GRACE_S = 2.0
 """How long a reservation outlives its holder's last connection (a reconnect within it keeps its place)."""
@@ -42,6 +43,7 @@ class RelayGuard:
         self._holders: dict[str, _Holder] = {}
         self._circuits_to: Counter[str] = Counter()
         self._circuits_from: Counter[str] = Counter()
+        self._circuits_from_ip: Counter[str] = Counter()
         self.circuits = 0
         self._circuit_rate = Allowance(limits.circuits_per_s, max(1.0, 4 * limits.circuits_per_s))
         self.refused = 0
@@ -51,7 +53,9 @@ class RelayGuard:
         return list(self._holders)
 
     def admit_reservation(self, peer: str, ip: str) -> bool:
-        """Whether `peer`, connected from `ip`, may hold (or renew) a reservation; if so it holds one."""
+        """Whether `peer`, connected from `ip`, may hold (or renew) a reservation; if so it holds one. An IPv6
+        address counts with its /64."""
+        ip = ip_group(ip)
         holder = self._holders.get(peer)
         if holder is not None and holder.ip == ip:
             holder.left_at = None
@@ -78,21 +82,27 @@ class RelayGuard:
                 gone.append(peer)
         return gone
 
-    def open_circuit(self, source: str, destination: str, now: float) -> bool:
-        """Whether a circuit from `source` to `destination` may open now; if so it counts until `close_circuit`."""
+    def open_circuit(self, source: str, source_ip: str, destination: str, now: float) -> bool:
+        """Whether a circuit from `source` (connected from `source_ip`) to `destination` may open now; if so it counts
+        until `close_circuit` with the same arguments."""
         cap = self.limits.max_circuits_per_peer
-        if (self._circuits_to[destination] >= cap or self._circuits_from[source] >= cap
-                or self.circuits >= self.limits.max_circuits or not self._circuit_rate.take(1, now)):
+        ends = self._ends(source, source_ip, destination)
+        if (any(counts[key] >= cap for counts, key in ends) or self.circuits >= self.limits.max_circuits
+                or not self._circuit_rate.take(1, now)):
             self.refused += 1
             return False
-        self._circuits_to[destination] += 1
-        self._circuits_from[source] += 1
+        for counts, key in ends:
+            counts[key] += 1
         self.circuits += 1
         return True
 
-    def close_circuit(self, source: str, destination: str) -> None:
-        for counts, peer in ((self._circuits_to, destination), (self._circuits_from, source)):
-            counts[peer] -= 1
-            if counts[peer] <= 0:
-                del counts[peer]
+    def close_circuit(self, source: str, source_ip: str, destination: str) -> None:
+        for counts, key in self._ends(source, source_ip, destination):
+            counts[key] -= 1
+            if counts[key] <= 0:
+                del counts[key]
         self.circuits -= 1
+
+    def _ends(self, source: str, source_ip: str, destination: str) -> list[tuple[Counter[str], str]]:
+        return [(self._circuits_to, destination), (self._circuits_from, source),
+                (self._circuits_from_ip, ip_group(source_ip))]

@@ -3,6 +3,7 @@ told: plain settings and string checks, no networking (a config imports them wit
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import weakref
 from dataclasses import dataclass
@@ -51,6 +52,20 @@ class RelayLimits:
     def circuit_bytes_per_s(self) -> float:
         """The per-circuit cap in bytes per second (inf without one): what a Kumar-Ross bound over relays uses."""
         return self.circuit_mbps * 1e6 / 8 if self.circuit_mbps else math.inf
+
+
+def ip_group(ip: str) -> str:
+    """The address block one party holds for the cost of one: the IPv4 address itself, the /64 of an IPv6 one (a
+    host gets a whole /64 and picks any address in it). What is not an IP is its own group."""
+    try:
+        parsed = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
+    return str(parsed)
 
 
 def is_circuit(multiaddr: str) -> bool:

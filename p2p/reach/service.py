@@ -125,7 +125,7 @@ def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -
     now = trio.current_time()
     attempts = {peer: state.punches.attempts(peer, now) for peer in links}
     for peer in punch_targets(str(libp2p_host.get_id()), links, state.punching, attempts):
-        if state.punches.may_start(peer, now):
+        if state.punches.may_start(peer, now, ours=True):
             nursery.start_soon(_punch, state, ids[peer])
 
 
