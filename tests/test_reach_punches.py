@@ -174,7 +174,8 @@ def test_the_punch_tables_do_not_grow_with_identities():
 
 async def test_a_punch_dials_only_admitted_addresses_whatever_the_peer_claimed(autojump_clock):
     """The CONNECT message names third parties and identify holds 300 more claimed addresses: a session dials the
-    admitted ones only, its unilateral upgrade dials none, and the claims never enter the peerstore."""
+    admitted ones only, each once a round (the swarm's retries would make each dial four connections), its
+    unilateral upgrade dials none, and the claims never enter the peerstore."""
     from multiaddr import Multiaddr
 
     from p2p.reach.punching import GuardedDCUtR
@@ -185,11 +186,20 @@ async def test_a_punch_dials_only_admitted_addresses_whatever_the_peer_claimed(a
                             peer_info=lambda peer: SimpleNamespace(addrs=[]))
     dialed: list[str] = []
 
-    async def dial_addr(addr, peer_id, source=None):
+    async def attempt(addr, peer_id, source=None):
         dialed.append(str(addr))
         raise OSError("refused")
 
-    network = SimpleNamespace(connections={}, dial_addr=dial_addr, dial_addr_as_responder=dial_addr)
+    async def dial_with_retries(addr, peer_id, source=None):  # the swarm's dial_addr: three retries more
+        for _ in range(4):
+            try:
+                return await attempt(addr, peer_id, source)
+            except OSError:
+                pass
+        raise OSError("refused four times")
+
+    network = SimpleNamespace(connections={}, dial_addr=dial_with_retries, dial_addr_as_responder=attempt,
+                              _dial_addr_single_attempt=attempt)
     host = SimpleNamespace(get_peerstore=lambda: store, get_network=lambda: network, get_addrs=lambda: [])
     guard = PunchGuard()
     dcutr = GuardedDCUtR(host, guard)
@@ -201,5 +211,5 @@ async def test_a_punch_dials_only_admitted_addresses_whatever_the_peer_claimed(a
     assert len(addrs) <= MAX_PUNCH_ADDRS
     dcutr.host.get_peerstore().add_addrs("stranger", addrs, 600)
     assert stored == []
-    assert not await dcutr._perform_hole_punch("stranger", addrs)
+    assert not await dcutr._perform_hole_punch("stranger", addrs)  # we answer its session: dial_addr, not as responder
     assert set(dialed) == {THIRD_PARTY[0]} and len(dialed) <= 3  # one address on one IP, three rounds at most

@@ -40,14 +40,32 @@ class _FewAddrs:
         return getattr(self._peerstore, name)
 
 
+class _OneAttempt:
+    """The swarm as DCUtR sees it: `dial_addr` makes one attempt. Why: the swarm's own dial retries three times
+    more, with backoff, so each hole-punch dial of an address a stranger named became four connections to it; a
+    punch's rounds are its retries."""
+
+    def __init__(self, network: Any) -> None:
+        self._network = network
+
+    async def dial_addr(self, addr: Any, peer_id: Any, source: Any = None) -> Any:
+        return await self._network._dial_addr_single_attempt(addr, peer_id, source)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._network, name)
+
+
 class _PunchHost:
-    """The libp2p host as DCUtR sees it: the same, but for its peerstore (`_FewAddrs`)."""
+    """The libp2p host as DCUtR sees it: the same, but for its peerstore (`_FewAddrs`) and swarm (`_OneAttempt`)."""
 
     def __init__(self, host: Any) -> None:
         self._host = host
 
     def get_peerstore(self) -> _FewAddrs:
         return _FewAddrs(self._host.get_peerstore())
+
+    def get_network(self) -> _OneAttempt:
+        return _OneAttempt(self._host.get_network())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._host, name)
