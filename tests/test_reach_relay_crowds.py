@@ -130,3 +130,18 @@ async def test_circuits_asked_for_at_once_keep_to_the_per_peer_cap():
                     nursery.start_soon(connect)
         opened = sum(answer is not None and answer.status == OK for answer in answers)
         assert 0 < opened <= cap and relay.reach.relaying.protocol.guard.circuits == opened
+
+
+async def test_circuits_asked_for_peers_without_a_reservation_spend_none_of_the_relays_circuit_rate():
+    async with open_host(_relay_config()) as relay, open_host(_private(relay)) as target, \
+            open_host(HostConfig(bootstrap=(relay.multiaddrs[0],), reach=ReachConfig(mode="public"))) as crowd:
+        bogus = HopMessage(type=HopMessage.CONNECT)
+        bogus.peer.id = secrets.token_bytes(34)
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for _ in range(40):  # past the rate's burst of 16
+                    nursery.start_soon(_hop, crowd, relay.peer_id, bogus)
+        real = HopMessage(type=HopMessage.CONNECT)
+        real.peer.id = target.libp2p.get_id().to_bytes()
+        answer = await _hop(crowd, relay.peer_id, real)
+        assert answer is not None and answer.status == OK

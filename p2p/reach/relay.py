@@ -93,6 +93,9 @@ class GuardedRelay(CircuitV2Protocol):
     async def _handle_connect(self, stream: Any, msg: Any) -> None:
         """A circuit within the guard's caps, counted from the request until it ends (py-libp2p's handler returns
         when the circuit closes)."""
+        if not self._reserved(bytes(msg.peer.id)):  # py-libp2p refuses it: no place or rate spent on it
+            await super()._handle_connect(stream, msg)
+            return
         ends = str(stream.muxed_conn.peer_id), _remote_ip(stream), bytes(msg.peer.id).hex()
         if not self.guard.open_circuit(*ends, trio.current_time()):
             await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "circuit limit")
@@ -102,6 +105,13 @@ class GuardedRelay(CircuitV2Protocol):
             await super()._handle_connect(stream, msg)
         finally:
             self.guard.close_circuit(*ends)
+
+    def _reserved(self, peer_id: bytes) -> bool:
+        """Whether `peer_id` (as a CONNECT names it) holds a reservation here that can take a circuit."""
+        try:
+            return self.resource_manager.can_accept_connection(ID(peer_id))
+        except Exception:  # noqa: BLE001 - bytes that are no peer id: nobody holds a reservation under them
+            return False
 
     async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
         paced = _PacedStream(dst_stream, [_bucket(self._circuit_mbps), self._total])
