@@ -6,7 +6,8 @@ none resets when a peer reconnects:
 
 - sessions: at most MAX_PUNCH_ATTEMPTS per peer id within PUNCH_WINDOW_S (remembered for PUNCH_MEMORY ids), at most
   MAX_PUNCHES_AT_ONCE under way, at most SESSIONS_PER_S started per second by others in all, and as many by us (a
-  crowd spending the first does not stop our own punches);
+  crowd opening sessions toward us does not spend those we start, though by reaching us through relays it makes us
+  start some);
 - addresses: only plain TCP/IP ones (no DNS name to resolve, no relay), all of them on ONE IP (a peer behind a NAT
   has one public address; a list spanning many IPs names hosts that are not the peer), at most SESSION_ADDRS of
   them, and sessions toward any one IP (an IPv6 /64 counting as one) at most IP_SESSIONS within PUNCH_WINDOW_S
