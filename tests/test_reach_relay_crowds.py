@@ -145,3 +145,23 @@ async def test_circuits_asked_for_peers_without_a_reservation_spend_none_of_the_
         real.peer.id = target.libp2p.get_id().to_bytes()
         answer = await _hop(crowd, relay.peer_id, real)
         assert answer is not None and answer.status == OK
+
+
+async def test_a_circuit_ends_when_its_source_leaves_and_gives_its_place_back():
+    """py-libp2p stops relaying one direction when its source is gone but keeps reading the other, from a
+    destination that has nothing to say: the circuit held its place for good, so a crowd opening circuits and
+    leaving would fill the relay's circuits and a private peer's for good."""
+    async with open_host(_relay_config()) as relay, open_host(_private(relay)) as target:
+        guard = relay.reach.relaying.protocol.guard
+        async with open_host(HostConfig(reach=ReachConfig(mode="public", hole_punch=False))) as crowd:
+            await crowd.connect(target.multiaddrs[0])
+            await trio.sleep(1)  # the connection settles (identify runs over it both ways)
+            assert guard.circuits == 1
+            await crowd.disconnect(relay.peer_id)
+        with trio.fail_after(10):
+            while guard.circuits:
+                await trio.sleep(0.2)
+        assert not relay.reach.relaying.protocol._active_relays  # py-libp2p's table of circuits keeps none of it
+        with trio.fail_after(10):  # the destination's relayed connection to the crowd ends with it
+            while crowd.peer_id in {str(p) for p in target.libp2p.get_connected_peers()}:
+                await trio.sleep(0.2)

@@ -31,6 +31,7 @@ from multiaddr import Multiaddr
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.reach.relay_guard import RelayGuard
 from p2p.reach.relay_limits import RelayLimits, connection_kind, is_circuit
+from p2p.stream_guard import reset_quietly
 
 __all__ = ["GuardedRelay", "RelayLimits", "Relaying", "connection_kind", "is_circuit", "open_relaying",
            "relay_protocol"]
@@ -81,6 +82,8 @@ class GuardedRelay(CircuitV2Protocol):
         self.guard = RelayGuard(limits)
         self._circuit_mbps = limits.circuit_mbps
         self._total = _bucket(limits.total_mbps)
+        self._directions: dict[frozenset[int], list[trio.CancelScope]] = {}
+        """The directions under way of each circuit (its two streams' ids): one ending ends the other."""
 
     async def _handle_reserve(self, stream: Any, msg: Any) -> None:
         """A reservation for the peer that asks (never one its message names), within the guard's caps."""
@@ -105,6 +108,15 @@ class GuardedRelay(CircuitV2Protocol):
             await super()._handle_connect(stream, msg)
         finally:
             self.guard.close_circuit(*ends)
+            self._forget_streams(stream, [stream.muxed_conn.peer_id, ID(bytes(msg.peer.id))])
+
+    def _forget_streams(self, stream: Any, peers: list[Any]) -> None:
+        """Drop what py-libp2p's table of relayed streams still holds of a circuit that ended: it keeps the source's
+        entry of a circuit that failed to open for good, one per source id, and ids are free."""
+        for peer in peers:
+            held = self._active_relays.get(peer)
+            if held is not None and held[0] is stream:
+                del self._active_relays[peer]
 
     def _reserved(self, peer_id: bytes) -> bool:
         """Whether `peer_id` (as a CONNECT names it) holds a reservation here that can take a circuit."""
@@ -114,8 +126,24 @@ class GuardedRelay(CircuitV2Protocol):
             return False
 
     async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
+        """One direction of a circuit; when it ends, so does the circuit (both streams reset). Why: py-libp2p would
+        go on reading the other direction from an end with nothing to say, and the circuit kept its place for good
+        after its source left."""
         paced = _PacedStream(dst_stream, [_bucket(self._circuit_mbps), self._total])
-        await super()._relay_data(src_stream, paced, *args, **kwargs)
+        circuit = frozenset((id(src_stream), id(dst_stream)))  # both directions of one circuit share it
+        directions = self._directions.setdefault(circuit, [])
+        with trio.CancelScope() as scope:
+            directions.append(scope)
+            try:
+                await super()._relay_data(src_stream, paced, *args, **kwargs)
+            finally:
+                for direction in directions:
+                    direction.cancel()
+        directions.remove(scope)
+        if not directions:
+            del self._directions[circuit]
+        await reset_quietly(src_stream)
+        await reset_quietly(dst_stream)
 
     def drop_departed(self, now: float) -> list[str]:
         """Drop the reservations whose holders left RESERVATION_GRACE_S ago (p2p.reach.relay_guard.sweep)."""
