@@ -165,3 +165,33 @@ async def test_a_circuit_ends_when_its_source_leaves_and_gives_its_place_back():
         with trio.fail_after(10):  # the destination's relayed connection to the crowd ends with it
             while crowd.peer_id in {str(p) for p in target.libp2p.get_connected_peers()}:
                 await trio.sleep(0.2)
+
+
+def test_a_peer_accepts_relayed_connections_only_through_its_relays_and_at_a_node_wide_rate():
+    from p2p.reach.relay_guard import STOP_BURST, CircuitAcceptor
+
+    acceptor = CircuitAcceptor()
+    assert not acceptor.accept("stranger", {"relay"}, 0.0)  # a peer we hold no reservation with is no relay of ours
+    assert sum(acceptor.accept("relay", {"relay"}, 0.0) for _ in range(1000)) == STOP_BURST
+
+
+async def test_a_stranger_cannot_open_relayed_connections_to_a_peer_that_holds_no_reservation_with_it():
+    """Every host serves STOP: each STOP CONNECT makes it build a whole libp2p connection (Noise, Yamux, identify)
+    for a source id the sender names, as many as it sends on one connection."""
+    from libp2p.relay.circuit_v2.pb.circuit_pb2 import StopMessage
+    from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID
+
+    async with open_host(HostConfig(reach=ReachConfig(mode="public"))) as public, \
+            open_host(HostConfig(bootstrap=(public.multiaddrs[0],), reach=ReachConfig(mode="public"))) as stranger:
+        answers = []
+        for _ in range(4):
+            msg = StopMessage(type=StopMessage.CONNECT)
+            msg.peer.id = secrets.token_bytes(34)
+            with trio.fail_after(10):
+                try:
+                    stream = await stranger.new_stream(public.peer_id, STOP_PROTOCOL_ID)
+                    await write_delimited_msg(stream, msg)
+                    answers.append((await read_delimited_msg(stream, StopMessage)).status)
+                except Exception:  # noqa: BLE001 - reset: refused
+                    answers.append(None)
+        assert answers == [None] * 4

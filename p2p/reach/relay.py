@@ -29,7 +29,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from p2p.ratelimit import TokenBucket, acquire_all
-from p2p.reach.relay_guard import RelayGuard
+from p2p.reach.relay_guard import CircuitAcceptor, RelayGuard
 from p2p.reach.relay_limits import RelayLimits, connection_kind, is_circuit
 from p2p.stream_guard import reset_quietly
 
@@ -176,6 +176,8 @@ class Relaying:
     transport: Any
     reservations: dict[str, str] = field(default_factory=dict)
     """Relay peer id -> the relay's multiaddr (with /p2p/<relay>) through which this peer is reachable."""
+    acceptor: CircuitAcceptor = field(default_factory=CircuitAcceptor)
+    """Which relayed connections to us are accepted."""
 
     async def reserve(self, relay_addr: str, relay_peer: str, nursery: trio.Nursery, timeout: float) -> bool:
         """Ask `relay_peer` (already connected) for a reservation; True when it granted one."""
@@ -192,6 +194,14 @@ class Relaying:
             return bool(granted)
         return False
 
+    async def accept_circuit(self, stream: Any) -> None:
+        """A relay's STOP stream: a relayed connection to us, accepted within p2p.reach.relay_guard.CircuitAcceptor;
+        else reset."""
+        if not self.acceptor.accept(str(stream.muxed_conn.peer_id), self.reservations, trio.current_time()):
+            await reset_quietly(stream)
+            return
+        await self.protocol._handle_stop_stream(stream)
+
     async def dial(self, circuit_addr: str) -> None:
         """Connect through a relay: `circuit_addr` is /.../p2p/<relay>/p2p-circuit/p2p/<peer>."""
         await self.transport.dial(Multiaddr(circuit_addr))
@@ -207,12 +217,12 @@ async def open_relaying(host: Any, limits: RelayLimits, hop: bool) -> AsyncItera
     config = RelayConfig(roles=roles, limits=protocol.limits)
     async with background_trio_service(protocol), trio.open_nursery() as nursery:
         await protocol.event_started.wait()
-        transport = CircuitV2Transport(host.libp2p, protocol, config)
-        host.set_guarded_handler(STOP_PROTOCOL_ID, protocol._handle_stop_stream, timeout=None)
+        relaying = Relaying(protocol, CircuitV2Transport(host.libp2p, protocol, config))
+        host.set_guarded_handler(STOP_PROTOCOL_ID, relaying.accept_circuit, timeout=None)
         if hop:
             host.set_guarded_handler(PROTOCOL_ID, protocol._handle_hop_stream, timeout=None)
             nursery.start_soon(_drop_departed, protocol)
         try:
-            yield Relaying(protocol, transport)
+            yield relaying
         finally:
             nursery.cancel_scope.cancel()

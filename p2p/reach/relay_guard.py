@@ -25,6 +25,10 @@ from dataclasses import dataclass
 from p2p.ratelimit import Allowance
 from p2p.reach.relay_limits import RelayLimits, ip_group
 
+STOP_PER_S = 4.0
+"""Relayed connections this peer accepts as their destination per second, through all its relays (bursts of
+STOP_BURST): each costs a whole connection's handshakes."""
+STOP_BURST = 16.0
 RESERVATION_GRACE_S = 2.0
 """How long a reservation outlives its holder's last connection (a reconnect within it keeps its place)."""
 
@@ -106,3 +110,19 @@ class RelayGuard:
     def _ends(self, source: str, source_ip: str, destination: str) -> list[tuple[Counter[str], str]]:
         return [(self._circuits_to, destination), (self._circuits_from, source),
                 (self._circuits_from_ip, ip_group(source_ip))]
+
+
+class CircuitAcceptor:
+    """Which relayed connections this peer accepts as their destination (py-libp2p's STOP handler accepts any, from
+    any peer that opens the stream, for any source id it names): only through a relay holding our reservation (no
+    other relay has a reason to bring us one), at most STOP_PER_S a second in all."""
+
+    def __init__(self) -> None:
+        self._rate = Allowance(STOP_PER_S, STOP_BURST)
+        self.refused = 0
+
+    def accept(self, relay: str, reserved: Collection[str], now: float) -> bool:
+        if relay in reserved and self._rate.take(1, now):
+            return True
+        self.refused += 1
+        return False
