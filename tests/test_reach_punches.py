@@ -213,3 +213,34 @@ async def test_a_punch_dials_only_admitted_addresses_whatever_the_peer_claimed(a
     assert stored == []
     assert not await dcutr._perform_hole_punch("stranger", addrs)  # we answer its session: dial_addr, not as responder
     assert set(dialed) == {THIRD_PARTY[0]} and len(dialed) <= 3  # one address on one IP, three rounds at most
+
+
+async def test_a_punch_of_ours_put_off_by_the_session_rate_starts_once_the_rate_allows(autojump_clock):
+    """The watcher looks at connections again only when they change; a punch the rate put off must not wait for
+    that, or a relayed pair that came in with a crowd stays relayed for good."""
+    from p2p.reach.probe import ReachConfig
+    from p2p.reach.service import _watch
+
+    class Conn:
+        muxed_conn = SimpleNamespace(is_initiator=False)  # it dialed us: ours to punch
+
+        def get_transport_addresses(self):
+            return ["/ip4/10.0.0.1/tcp/4001/p2p/QmRelay/p2p-circuit"]
+
+    started: list[str] = []
+
+    class Punches:
+        async def initiate_hole_punch(self, peer_id):
+            started.append(str(peer_id))
+
+    network = SimpleNamespace(connections={"peer": [Conn()]})
+    libp2p = SimpleNamespace(get_network=lambda: network, get_id=lambda: "me")
+    state = ReachState(Reachability.PUBLIC, relaying=None, dcutr=Punches())
+    for i in range(int(SESSIONS_BURST)):  # a crowd spent the rate just now
+        assert state.punches.may_start(f"crowd{i}", trio.current_time(), ours=True)
+        state.punches.end(f"crowd{i}")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch, state, SimpleNamespace(libp2p=libp2p), ReachConfig(mode="public"), nursery)
+        await trio.sleep(1 + 2 / SESSIONS_PER_S)
+        nursery.cancel_scope.cancel()
+    assert started and set(started) == {"peer"}  # (a punch that fails is tried again, within the peer's budget)

@@ -115,8 +115,9 @@ def _connections_seen(state: ReachState, libp2p_host: Any) -> tuple:
     return tuple(conn for entry in conns for conn in _as_list(entry)), frozenset(state.punching)
 
 
-def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -> None:
-    """Start a hole punch, each in its own task, to every peer p2p.reach.probe.punch_targets names."""
+def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -> bool:
+    """Start a hole punch, each in its own task, to every peer p2p.reach.probe.punch_targets names that the guard's
+    rate lets start now; True when it put one off (the watcher then looks again next round)."""
     connections = libp2p_host.get_network().connections
     ids = {str(peer): peer for peer in connections}
     links = {str(peer): [(connection_kind(c) == "relayed", _we_dialed(c))
@@ -124,9 +125,13 @@ def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -
              for peer, conns in connections.items()}
     now = trio.current_time()
     attempts = {peer: state.punches.attempts(peer, now) for peer in links}
+    put_off = False
     for peer in punch_targets(str(libp2p_host.get_id()), links, state.punching, attempts):
         if state.punches.may_start(peer, now, ours=True):
             nursery.start_soon(_punch, state, ids[peer])
+        else:
+            put_off = True
+    return put_off
 
 
 async def _punch(state: ReachState, peer_id: Any) -> None:
@@ -186,11 +191,10 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
     while True:
         if _connections_seen(state, host.libp2p) != seen:  # else nothing to note or punch anew
             state.note_relayed(host.libp2p)
-            if state.dcutr is not None:
-                _drive_punches(state, host.libp2p, nursery)
+            put_off = state.dcutr is not None and _drive_punches(state, host.libp2p, nursery)
             seen = _connections_seen(state, host.libp2p)  # with the punches just started
-            if not all(map(kind_settled, seen[0])):  # one that showed no address yet passed for direct: look again
-                seen = ()
+            if put_off or not all(map(kind_settled, seen[0])):  # a punch to start later, or one that showed no
+                seen = ()  # address yet passed for direct: look again
         if (state.status is Reachability.UNKNOWN and config.mode == "auto" and trio.current_time() >= next_check
                 and _connected_bootstrap(host)):
             next_check = trio.current_time() + config.recheck_s
