@@ -248,10 +248,11 @@ class ReachSection(ConfigSection):
     relay_serve: bool = Field(True, description="Serve as a relay for private peers when publicly reachable.")
     relay_max_reservations: int = Field(32, description=(
         "Private peers that may hold a relayed address on this relay at once."))
-    relay_circuit_mbps: float = Field(80.0, description=(
+    relay_circuit_mbps: float = Field(16.0, description=(
         "Bandwidth cap of one relayed connection through this relay, each direction, Mbit/s (0: none)."))
-    relay_total_mbps: float = Field(400.0, description=(
-        "Bandwidth cap of all relayed connections through this relay together, Mbit/s (0: none)."))
+    relay_total_mbps: float = Field(24.0, description=(
+        "Bandwidth cap of all relayed connections through this relay together, Mbit/s (0: none); each relayed "
+        "MiB/s costs about 3 % of a core."))
     relay_circuit_duration_s: int = Field(3600, description="A relayed connection is cut after this many seconds.")
     relay_circuit_mb: int = Field(4096, description="MiB one relayed connection may carry before it is cut.")
 

@@ -42,6 +42,7 @@ from p2p.bootstrap import peer_id_of
 from p2p.errors import HostError
 from p2p.host.addresses import dialable, interface_ips
 from p2p.host.conn_trim import libp2p_peers_in_use
+from p2p.host.dial_pacing import DialPacer, pace_dials
 from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import cache_signed_records, index_service_tasks, read_tcp_ahead, tune_yamux
 from p2p.reach.probe import ReachConfig
@@ -186,6 +187,7 @@ def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Seq
         transports=transports,
     )
     host.multiselect.handlers = _HandlerTable(host.multiselect.handlers)
+    pace_dials(host, DialPacer())  # remote claims (identify, DHT answers, announcements) name what it dials
     return host
 
 

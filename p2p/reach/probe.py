@@ -26,6 +26,7 @@ import trio
 
 from p2p.errors import HostError
 from p2p.ratelimit import Allowance
+from p2p.reach.punch_guard import MAX_PUNCH_ATTEMPTS, MAX_PUNCHES_AT_ONCE
 from p2p.reach.relay_limits import RelayLimits, connection_kind
 from p2p.stream_guard import read_exactly
 
@@ -83,22 +84,17 @@ def verdict(answers: Sequence[bool | None]) -> Reachability:
     return Reachability.UNKNOWN
 
 
-MAX_PUNCH_ATTEMPTS = 3
-"""DCUtR sessions a peer starts toward one connected peer (each tries three rounds of simultaneous opens)."""
-MAX_PUNCHES_AT_ONCE = 8
-"""DCUtR sessions under way at once, ours and those peers start toward us together: each dials the addresses the
-other end sends, so strangers that reach us through relays under many identities must not set off more than a few
-at a time."""
 MAX_PUNCH_ADDRS = 8
-"""Addresses of a peer's DCUtR message a session dials (each three rounds over): a 4 KiB message holds hundreds,
-which would make us a reflector of dials at addresses of the sender's choosing."""
+"""Addresses of a peer's DCUtR message decoded at all (a 4 KiB message holds hundreds); p2p.reach.punch_guard admits
+fewer still to a session's dials."""
 
 
 def punch_targets(me: str, links: Mapping[str, Sequence[tuple[bool, bool]]], punching: Collection[str],
                   attempts: Mapping[str, int]) -> list[str]:
     """The peers to start a hole punch to now, from each peer's connections as (relayed, we dialed it): those reached
     only through relays, over a connection they dialed (over connections both ends dialed: by the end whose peer id
-    sorts first), not being punched already, with attempts left; at most MAX_PUNCHES_AT_ONCE under way.
+    sorts first), not being punched already, with attempts left (`attempts`: sessions with each within
+    p2p.reach.punch_guard.PUNCH_WINDOW_S, reconnects or not); at most MAX_PUNCHES_AT_ONCE under way.
 
     Why one end only (the dialed end, as the DCUtR spec has it, and go-libp2p does): when both ends start a session
     at once, both sessions dial between the same two listen ports, as opposite handshake roles; the dials collide
@@ -114,14 +110,6 @@ def punch_targets(me: str, links: Mapping[str, Sequence[tuple[bool, bool]]], pun
     wanted = [peer for peer, conns in links.items()
               if ours(peer, conns) and peer not in punching and attempts.get(peer, 0) < MAX_PUNCH_ATTEMPTS]
     return wanted[:max(0, MAX_PUNCHES_AT_ONCE - len(punching))]
-
-
-def may_answer_punch(peer: str, punching: Collection[str], attempts: Mapping[str, int]) -> bool:
-    """Whether to take part in a DCUtR session `peer` starts toward us: one at a time per peer, at most
-    MAX_PUNCH_ATTEMPTS per connected peer and MAX_PUNCHES_AT_ONCE in all, the bounds of those we start (a stranger
-    opens as many DCUtR streams as it likes, and each session dials the addresses it sends)."""
-    return (peer not in punching and attempts.get(peer, 0) < MAX_PUNCH_ATTEMPTS
-            and len(punching) < MAX_PUNCHES_AT_ONCE)
 
 
 def decode_port(raw: bytes) -> int:

@@ -3,9 +3,10 @@
 Why py-libp2p's relay: its reservation (HOP RESERVE), circuit (HOP CONNECT / STOP CONNECT) and the upgrade of the
 relayed byte stream into a Noise+Yamux connection work between our hosts (tests/test_reach*.py), and the circuit
 multiaddr `/ip4/R/tcp/P/p2p/<relay>/p2p-circuit/p2p/<peer>` is the libp2p standard any peer can dial. What it lacks,
-and this module adds: a bandwidth cap (it enforces reservations, circuits per peer, duration and bytes per circuit,
-but not rate), a dial entry point our host's `connect` can use (its swarm drops /p2p-circuit addresses), and one
-place that says which relays hold our reservation.
+and this module adds: p2p.reach.relay_guard's node-wide bounds on reservations and circuits (and the release of a
+reservation whose holder left), a bandwidth cap (it enforces duration and bytes per circuit, but not rate), a dial
+entry point our host's `connect` can use (its swarm drops /p2p-circuit addresses), and one place that says which
+relays hold our reservation.
 """
 
 from __future__ import annotations
@@ -21,17 +22,23 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID, STOP_PROTOCOL_ID, CircuitV2Protocol
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.resources import RelayLimits as Libp2pLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from p2p.ratelimit import TokenBucket, acquire_all
+from p2p.reach.relay_guard import CircuitAcceptor, RelayGuard
 from p2p.reach.relay_limits import RelayLimits, connection_kind, is_circuit
+from p2p.stream_guard import reset_quietly
 
-__all__ = ["RelayLimits", "Relaying", "connection_kind", "is_circuit", "open_relaying", "relay_protocol"]
+__all__ = ["GuardedRelay", "RelayLimits", "Relaying", "connection_kind", "is_circuit", "open_relaying",
+           "relay_protocol"]
 
 log = logging.getLogger(__name__)
+SWEEP_EVERY_S = 1.0
+"""How often the reservations of holders that left are looked for."""
 
 
 def _bucket(mbps: float) -> TokenBucket:
@@ -54,21 +61,111 @@ class _PacedStream:
         return getattr(self._stream, name)
 
 
-def relay_protocol(libp2p_host: Any, limits: RelayLimits, hop: bool) -> Any:
+def _remote_ip(stream: Any) -> str:
+    """The IP a stream's connection comes from ("" when unknown: all such count as one address)."""
+    try:
+        remote = stream.get_remote_address()
+    except Exception:  # noqa: BLE001 - a connection closing under us
+        return ""
+    return str(remote[0]) if remote else ""
+
+
+class GuardedRelay(CircuitV2Protocol):
+    """py-libp2p's relay within p2p.reach.relay_guard's bounds, relaying at most `circuit_mbps` per circuit and
+    `total_mbps` in all."""
+
+    def __init__(self, libp2p_host: Any, limits: RelayLimits, hop: bool) -> None:
+        libp2p_limits = Libp2pLimits(duration=limits.circuit_duration_s, data=limits.circuit_mb << 20,
+                                     max_circuit_conns=limits.max_circuits_per_peer,
+                                     max_reservations=limits.max_reservations)
+        super().__init__(libp2p_host, limits=libp2p_limits, allow_hop=hop)
+        self.guard = RelayGuard(limits)
+        self._circuit_mbps = limits.circuit_mbps
+        self._total = _bucket(limits.total_mbps)
+        self._directions: dict[frozenset[int], list[trio.CancelScope]] = {}
+        """The directions under way of each circuit (its two streams' ids): one ending ends the other."""
+
+    async def _handle_reserve(self, stream: Any, msg: Any) -> None:
+        """A reservation for the peer that asks (never one its message names), within the guard's caps."""
+        msg.ClearField("peer")
+        if not self.guard.admit_reservation(str(stream.muxed_conn.peer_id), _remote_ip(stream)):
+            await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "reservation limit")
+            return
+        await super()._handle_reserve(stream, msg)
+
+    async def _handle_connect(self, stream: Any, msg: Any) -> None:
+        """A circuit within the guard's caps, counted from the request until it ends (py-libp2p's handler returns
+        when the circuit closes)."""
+        if not self._reserved(bytes(msg.peer.id)):  # py-libp2p refuses it: no place or rate spent on it
+            await super()._handle_connect(stream, msg)
+            return
+        ends = str(stream.muxed_conn.peer_id), _remote_ip(stream), bytes(msg.peer.id).hex()
+        if not self.guard.open_circuit(*ends, trio.current_time()):
+            await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "circuit limit")
+            await stream.reset()
+            return
+        try:
+            await super()._handle_connect(stream, msg)
+        finally:
+            self.guard.close_circuit(*ends)
+            self._forget_streams(stream, [stream.muxed_conn.peer_id, ID(bytes(msg.peer.id))])
+
+    def _forget_streams(self, stream: Any, peers: list[Any]) -> None:
+        """Drop what py-libp2p's table of relayed streams still holds of a circuit that ended: it keeps the source's
+        entry of a circuit that failed to open for good, one per source id, and ids are free."""
+        for peer in peers:
+            held = self._active_relays.get(peer)
+            if held is not None and held[0] is stream:
+                del self._active_relays[peer]
+
+    def _reserved(self, peer_id: bytes) -> bool:
+        """Whether `peer_id` (as a CONNECT names it) holds a reservation here that can take a circuit."""
+        try:
+            return self.resource_manager.can_accept_connection(ID(peer_id))
+        except Exception:  # noqa: BLE001 - bytes that are no peer id: nobody holds a reservation under them
+            return False
+
+    async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
+        """One direction of a circuit; when it ends, so does the circuit (both streams reset). Why: py-libp2p would
+        go on reading the other direction from an end with nothing to say, and the circuit kept its place for good
+        after its source left."""
+        paced = _PacedStream(dst_stream, [_bucket(self._circuit_mbps), self._total])
+        circuit = frozenset((id(src_stream), id(dst_stream)))  # both directions of one circuit share it
+        directions = self._directions.setdefault(circuit, [])
+        with trio.CancelScope() as scope:
+            directions.append(scope)
+            try:
+                await super()._relay_data(src_stream, paced, *args, **kwargs)
+            finally:
+                for direction in directions:
+                    direction.cancel()
+        directions.remove(scope)
+        if not directions:
+            del self._directions[circuit]
+        await reset_quietly(src_stream)
+        await reset_quietly(dst_stream)
+
+    def drop_departed(self, now: float) -> list[str]:
+        """Drop the reservations whose holders left RESERVATION_GRACE_S ago (p2p.reach.relay_guard.sweep)."""
+        table = self.resource_manager._reservations
+        connections = self.host.get_network().connections
+        present = {str(peer) for peer, held in table.items() if not held.is_expired() and connections.get(peer)}
+        gone = self.guard.sweep(present, now)
+        for peer in gone:
+            table.pop(ID.from_base58(peer), None)
+        return gone
+
+
+def relay_protocol(libp2p_host: Any, limits: RelayLimits, hop: bool) -> GuardedRelay:
     """py-libp2p's CircuitV2Protocol with our limits; `hop`: serve as a relay (else only accept circuits)."""
-    total = _bucket(limits.total_mbps)
+    return GuardedRelay(libp2p_host, limits, hop)
 
-    class PacedRelay(CircuitV2Protocol):
-        """Relays data at most `circuit_mbps` per circuit and `total_mbps` in all."""
 
-        async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
-            paced = _PacedStream(dst_stream, [_bucket(limits.circuit_mbps), total])
-            await super()._relay_data(src_stream, paced, *args, **kwargs)
-
-    libp2p_limits = Libp2pLimits(duration=limits.circuit_duration_s, data=limits.circuit_mb << 20,
-                                 max_circuit_conns=limits.max_circuits_per_peer,
-                                 max_reservations=limits.max_reservations)
-    return PacedRelay(libp2p_host, limits=libp2p_limits, allow_hop=hop)
+async def _drop_departed(protocol: GuardedRelay) -> None:
+    while True:
+        for peer in protocol.drop_departed(trio.current_time()):
+            log.debug("relay reservation of %s dropped: it left", peer)
+        await trio.sleep(SWEEP_EVERY_S)
 
 
 @dataclass
@@ -79,6 +176,8 @@ class Relaying:
     transport: Any
     reservations: dict[str, str] = field(default_factory=dict)
     """Relay peer id -> the relay's multiaddr (with /p2p/<relay>) through which this peer is reachable."""
+    acceptor: CircuitAcceptor = field(default_factory=CircuitAcceptor)
+    """Which relayed connections to us are accepted."""
 
     async def reserve(self, relay_addr: str, relay_peer: str, nursery: trio.Nursery, timeout: float) -> bool:
         """Ask `relay_peer` (already connected) for a reservation; True when it granted one."""
@@ -95,6 +194,14 @@ class Relaying:
             return bool(granted)
         return False
 
+    async def accept_circuit(self, stream: Any) -> None:
+        """A relay's STOP stream: a relayed connection to us, accepted within p2p.reach.relay_guard.CircuitAcceptor;
+        else reset."""
+        if not self.acceptor.accept(str(stream.muxed_conn.peer_id), self.reservations, trio.current_time()):
+            await reset_quietly(stream)
+            return
+        await self.protocol._handle_stop_stream(stream)
+
     async def dial(self, circuit_addr: str) -> None:
         """Connect through a relay: `circuit_addr` is /.../p2p/<relay>/p2p-circuit/p2p/<peer>."""
         await self.transport.dial(Multiaddr(circuit_addr))
@@ -108,10 +215,14 @@ async def open_relaying(host: Any, limits: RelayLimits, hop: bool) -> AsyncItera
     protocol = relay_protocol(host.libp2p, limits, hop)
     roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if hop else RelayRole(0))
     config = RelayConfig(roles=roles, limits=protocol.limits)
-    async with background_trio_service(protocol):
+    async with background_trio_service(protocol), trio.open_nursery() as nursery:
         await protocol.event_started.wait()
-        transport = CircuitV2Transport(host.libp2p, protocol, config)
-        host.set_guarded_handler(STOP_PROTOCOL_ID, protocol._handle_stop_stream, timeout=None)
+        relaying = Relaying(protocol, CircuitV2Transport(host.libp2p, protocol, config))
+        host.set_guarded_handler(STOP_PROTOCOL_ID, relaying.accept_circuit, timeout=None)
         if hop:
             host.set_guarded_handler(PROTOCOL_ID, protocol._handle_hop_stream, timeout=None)
-        yield Relaying(protocol, transport)
+            nursery.start_soon(_drop_departed, protocol)
+        try:
+            yield relaying
+        finally:
+            nursery.cancel_scope.cancel()

@@ -3,6 +3,7 @@ told: plain settings and string checks, no networking (a config imports them wit
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import weakref
 from dataclasses import dataclass
@@ -18,21 +19,32 @@ class RelayLimits:
     serve: bool = True
     """Serve as a relay when this peer is publicly reachable (a private peer never does)."""
     max_reservations: int = 32
-    """Private peers that may hold a reservation (a relayed address) on this relay at once."""
+    """Private peers that may hold a reservation (a relayed address) on this relay at once, whatever their ids."""
+    max_reservations_per_ip: int = 8
+    """Reservations held by peers connecting from one IP (go-libp2p's default): ids are free, addresses less so."""
     max_circuits_per_peer: int = 16
-    """Relayed connections open at once to one reserved peer."""
+    """Relayed connections open at once to one reserved peer, and from one peer."""
+    max_circuits: int = 64
+    """Relayed connections open at once through this relay, whatever the peers at their ends."""
+    circuits_per_s: float = 4.0
+    """Relayed connections this relay opens per second (bursts of four times as many): each costs a stream to the
+    destination and its handshakes."""
     circuit_duration_s: int = 3600
     """A relayed connection is cut after this long (hole punching usually replaces it within seconds)."""
     circuit_mb: int = 4096
     """Bytes (MiB) one relayed connection may carry, both directions together, before it is cut."""
-    circuit_mbps: float = 80.0
+    circuit_mbps: float = 16.0
     """Bandwidth cap of one relayed connection in each direction, Mbit/s (0: none)."""
-    total_mbps: float = 400.0
-    """Bandwidth cap of all relayed connections of this relay together, both directions, Mbit/s (0: none)."""
+    total_mbps: float = 24.0
+    """Bandwidth cap of all relayed connections of this relay together, both directions, Mbit/s (0: none). Each
+    relayed MiB/s costs the relay about 3 % of a core (decrypting and re-encrypting both legs): 24 Mbit/s keeps
+    relaying under a tenth of a core, whoever asks; bulk data between private peers goes by hole punching."""
 
     def __post_init__(self) -> None:
-        if min(self.max_reservations, self.max_circuits_per_peer, self.circuit_duration_s, self.circuit_mb) < 1:
-            raise HostError("relay limits (reservations, circuits, duration, MiB) must be at least 1")
+        if min(self.max_reservations, self.max_reservations_per_ip, self.max_circuits_per_peer, self.max_circuits,
+               self.circuit_duration_s, self.circuit_mb) < 1 or self.circuits_per_s <= 0:
+            raise HostError("relay limits (reservations, circuits, duration, MiB) must be at least 1, the circuit "
+                            "rate positive")
         if self.circuit_mbps < 0 or self.total_mbps < 0:
             raise HostError("relay bandwidth caps must be 0 (none) or positive")
 
@@ -40,6 +52,20 @@ class RelayLimits:
     def circuit_bytes_per_s(self) -> float:
         """The per-circuit cap in bytes per second (inf without one): what a Kumar-Ross bound over relays uses."""
         return self.circuit_mbps * 1e6 / 8 if self.circuit_mbps else math.inf
+
+
+def ip_group(ip: str) -> str:
+    """The address block one party holds for the cost of one: the IPv4 address itself, the /64 of an IPv6 one (a
+    host gets a whole /64 and picks any address in it). What is not an IP is its own group."""
+    try:
+        parsed = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
+    return str(parsed)
 
 
 def is_circuit(multiaddr: str) -> bool:

@@ -16,21 +16,19 @@ from typing import Any
 
 import trio
 from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL
-from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
-from libp2p.tools.anyio_service import background_trio_service
 
 from p2p.bootstrap import peer_id_of
 from p2p.reach.probe import (
     DIALBACK_PROTOCOL,
-    MAX_PUNCH_ADDRS,
     DialBackServer,
     Reachability,
     ReachConfig,
     ask_dial_back,
-    may_answer_punch,
     punch_targets,
     verdict,
 )
+from p2p.reach.punch_guard import PunchGuard
+from p2p.reach.punching import hole_punching
 from p2p.reach.relay import Relaying, connection_kind, is_circuit, open_relaying
 from p2p.reach.relay_limits import kind_settled
 
@@ -50,10 +48,13 @@ class ReachState:
     ever_relayed: dict[str, None] = field(default_factory=dict)
     """Peers once connected through a relay (oldest first, at most MAX_REMEMBERED): a direct connection to one of
     them now is a hole-punched one."""
-    punching: set[str] = field(default_factory=set)
-    """Peers a hole punch with is under way, started by us or by them."""
-    punch_attempts: dict[str, int] = field(default_factory=dict)
-    """Hole punches with each connected peer, started by us or by them (a peer that disconnects starts afresh)."""
+    punches: PunchGuard = field(default_factory=PunchGuard)
+    """The node-wide bounds on hole punches, started by us or by them (p2p.reach.punch_guard)."""
+
+    @property
+    def punching(self) -> set[str]:
+        """Peers a hole punch with is under way, started by us or by them."""
+        return self.punches.punching
 
     @property
     def relayed_addrs(self) -> list[str]:
@@ -114,19 +115,23 @@ def _connections_seen(state: ReachState, libp2p_host: Any) -> tuple:
     return tuple(conn for entry in conns for conn in _as_list(entry)), frozenset(state.punching)
 
 
-def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -> None:
-    """Start a hole punch, each in its own task, to every peer p2p.reach.probe.punch_targets names."""
+def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -> bool:
+    """Start a hole punch, each in its own task, to every peer p2p.reach.probe.punch_targets names that the guard's
+    rate lets start now; True when it put one off (the watcher then looks again next round)."""
     connections = libp2p_host.get_network().connections
     ids = {str(peer): peer for peer in connections}
     links = {str(peer): [(connection_kind(c) == "relayed", _we_dialed(c))
                          for c in _as_list(conns)]
              for peer, conns in connections.items()}
-    for gone in [peer for peer in state.punch_attempts if peer not in ids]:
-        del state.punch_attempts[gone]
-    for peer in punch_targets(str(libp2p_host.get_id()), links, state.punching, state.punch_attempts):
-        state.punching.add(peer)
-        state.punch_attempts[peer] = state.punch_attempts.get(peer, 0) + 1
-        nursery.start_soon(_punch, state, ids[peer])
+    now = trio.current_time()
+    attempts = {peer: state.punches.attempts(peer, now) for peer in links}
+    put_off = False
+    for peer in punch_targets(str(libp2p_host.get_id()), links, state.punching, attempts):
+        if state.punches.may_start(peer, now, ours=True):
+            nursery.start_soon(_punch, state, ids[peer])
+        else:
+            put_off = True
+    return put_off
 
 
 async def _punch(state: ReachState, peer_id: Any) -> None:
@@ -135,22 +140,20 @@ async def _punch(state: ReachState, peer_id: Any) -> None:
     except Exception as exc:  # noqa: BLE001 - a failed punch leaves the relayed connection as it was
         log.debug("hole punch to %s failed: %s", peer_id, exc)
     finally:
-        state.punching.discard(str(peer_id))
+        state.punches.end(str(peer_id))
 
 
 async def _answer_punch(state: ReachState, stream: Any) -> None:
-    """Serve a DCUtR session a peer starts toward us within the bounds of our own (p2p.reach.probe.may_answer_punch);
-    past them the stream is reset: the peer's relayed connection stays as it is."""
+    """Serve a DCUtR session a peer starts toward us within the node-wide bounds of our own
+    (p2p.reach.punch_guard.PunchGuard); past them the stream is reset: the peer's relayed connection stays as it is."""
     peer = str(stream.muxed_conn.peer_id)
-    if not may_answer_punch(peer, state.punching, state.punch_attempts):
+    if not state.punches.may_start(peer, trio.current_time()):
         await stream.reset()
         return
-    state.punching.add(peer)
-    state.punch_attempts[peer] = state.punch_attempts.get(peer, 0) + 1
     try:
         await state.dcutr._handle_dcutr_stream(stream)
     finally:
-        state.punching.discard(peer)
+        state.punches.end(peer)
 
 
 async def check_reachability(host: Any, config: ReachConfig) -> Reachability:
@@ -188,11 +191,10 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
     while True:
         if _connections_seen(state, host.libp2p) != seen:  # else nothing to note or punch anew
             state.note_relayed(host.libp2p)
-            if state.dcutr is not None:
-                _drive_punches(state, host.libp2p, nursery)
+            put_off = state.dcutr is not None and _drive_punches(state, host.libp2p, nursery)
             seen = _connections_seen(state, host.libp2p)  # with the punches just started
-            if not all(map(kind_settled, seen[0])):  # one that showed no address yet passed for direct: look again
-                seen = ()
+            if put_off or not all(map(kind_settled, seen[0])):  # a punch to start later, or one that showed no
+                seen = ()  # address yet passed for direct: look again
         if (state.status is Reachability.UNKNOWN and config.mode == "auto" and trio.current_time() >= next_check
                 and _connected_bootstrap(host)):
             next_check = trio.current_time() + config.recheck_s
@@ -216,62 +218,6 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
         await trio.sleep(WATCH_EVERY_S)
 
 
-class _FewAddrs:
-    """A peerstore that shows at most MAX_PUNCH_ADDRS addresses of each peer. Why: DCUtR dials every address of the
-    peer it holds (a direct dial first, then each round of the punch), and identify keeps up to 1,000 addresses a
-    peer claims: a stranger would have us dial a thousand places of its choosing per session."""
-
-    def __init__(self, peerstore: Any) -> None:
-        self._peerstore = peerstore
-
-    def addrs(self, peer_id: Any) -> list[Any]:
-        return list(self._peerstore.addrs(peer_id))[:MAX_PUNCH_ADDRS]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._peerstore, name)
-
-
-class _PunchHost:
-    """The libp2p host as DCUtR sees it: the same, but for its peerstore (`_FewAddrs`)."""
-
-    def __init__(self, host: Any) -> None:
-        self._host = host
-
-    def get_peerstore(self) -> _FewAddrs:
-        return _FewAddrs(self._host.get_peerstore())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._host, name)
-
-
-class _DrivenDCUtR(DCUtRProtocol):
-    """py-libp2p's DCUtR without its own drive loop, which starts a session toward every relayed peer from both
-    ends (and toward one peer after another): `_watch` starts them instead, see p2p.reach.probe.punch_targets. It dials
-    at most MAX_PUNCH_ADDRS addresses of a peer (`_PunchHost`)."""
-
-    def __init__(self, host: Any) -> None:
-        super().__init__(_PunchHost(host))
-        host._dcutr_protocol = self  # the host tells it of disconnections (it resets its caches then)
-
-    async def _auto_drive_loop(self) -> None:
-        await trio.sleep_forever()
-
-    def _decode_observed_addrs(self, addr_bytes: list[bytes]) -> list[Any]:
-        """The first MAX_PUNCH_ADDRS addresses a peer's DCUtR message names: the session dials each of them."""
-        return super()._decode_observed_addrs(addr_bytes[:MAX_PUNCH_ADDRS])[:MAX_PUNCH_ADDRS]
-
-
-@asynccontextmanager
-async def _hole_punching(host: Any, enabled: bool) -> AsyncIterator[Any]:
-    if not enabled:
-        yield None
-        return
-    dcutr = _DrivenDCUtR(host.libp2p)
-    async with background_trio_service(dcutr):
-        await dcutr.event_started.wait()
-        yield dcutr
-
-
 @asynccontextmanager
 async def open_reach(host: Any) -> AsyncIterator[ReachState]:
     """Serve dial-backs, learn our reachability, relay for others when public, reserve relays when private, punch
@@ -281,9 +227,10 @@ async def open_reach(host: Any) -> AsyncIterator[ReachState]:
     host.set_guarded_handler(DIALBACK_PROTOCOL, server.handle, timeout=config.dial_back_timeout_s + 5)
     status = await check_reachability(host, config)
     hop = status is not Reachability.PRIVATE and config.relay.serve
+    punches = PunchGuard()
     async with open_relaying(host, config.relay, hop) as relaying, \
-            _hole_punching(host, config.hole_punch) as dcutr, trio.open_nursery() as nursery:
-        state = ReachState(status, relaying, dcutr)
+            hole_punching(host.libp2p, punches, config.hole_punch) as dcutr, trio.open_nursery() as nursery:
+        state = ReachState(status, relaying, dcutr, punches=punches)
         if dcutr is not None:
             host.set_guarded_handler(DCUTR_PROTOCOL, functools.partial(_answer_punch, state), timeout=None)
         if status is Reachability.PRIVATE:

@@ -334,6 +334,7 @@ def dht_record_samples() -> list[bytes]:
 
 
 def _targets() -> tuple[FuzzTarget, ...]:
+    from swarm.bench import fuzz_reach_targets as reach
     from swarm.bench import fuzz_stream_targets as stream
     from swarm.errors import UserError
     from swarm.messages.rollout_codec import RolloutRefused
@@ -363,6 +364,8 @@ def _targets() -> tuple[FuzzTarget, ...]:
         FuzzTarget("preamble_head", stream.decode_preamble_head, stream.preamble_head_samples, (ChannelError,)),
         FuzzTarget("channel_records", stream.decode_channel_records, stream.channel_record_samples,
                    (ChannelError,)),
+        FuzzTarget("punch_connect", reach.decode_punch_connect, reach.punch_connect_samples, reach.ERRORS),
+        FuzzTarget("hop_request", reach.decode_hop_request, reach.hop_request_samples, reach.ERRORS),
     )
 
 
