@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from inference.models import BUILT_IN_MODELS
 from swarm.cli.main import main
 from swarm.config import PeerConfig
 from swarm.config import load_config as load_peer_config
@@ -142,7 +143,7 @@ def test_a_trainer_config_with_its_own_stages_round_trips(capsys, tmp_path):
 @pytest.mark.parametrize("path", sorted(Path("trainer/configs").glob("*.toml")), ids=lambda p: p.name)
 def test_the_shipped_trainer_configs_load(path):
     loaded = load_trainer_config(path)
-    assert loaded.config.model in ("tiny", "smollm2") and loaded.config.curriculum == "none"
+    assert loaded.config.model in BUILT_IN_MODELS and loaded.config.curriculum == "none"
 
 
 OLD_PEER_TOML = """\
