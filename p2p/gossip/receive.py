@@ -136,7 +136,7 @@ class GossipReceiver:
             return
         log.debug("rejected a message from %s: %s", peer, reason)
         banned = self.scores.penalize(peer, reason, trio.current_time()) is Verdict.BAN
-        if banned and peer not in self._banned_ids:
+        if banned:
             self._ban(peer, peer_id)
         try:
             self._rejections_in.send_nowait(Rejection(peer, reason, banned))
@@ -145,7 +145,10 @@ class GossipReceiver:
 
     def _ban(self, peer: str, peer_id: Any) -> None:
         """Blacklist in pubsub (nothing it sends or originates is read or forwarded again), refuse its pubsub
-        streams, and hang up on it, until the ban ends."""
+        streams, and hang up on it, until the ban ends. A peer banned already is left as it is: every path that
+        bans (refused messages, a handler's `Ignored`, the host's faults) may reach here for the same peer."""
+        if peer in self._banned_ids:
+            return
         log.warning("peer %s banned from gossip after repeated invalid messages", peer)
         self.stats.bans += 1
         self._banned_ids[peer] = peer_id
