@@ -204,13 +204,13 @@ def test_a_node_refuses_an_inline_manifest_signed_by_another_key_than_the_runs_b
     trainer, forger = Identity.generate(), Identity.generate()
     _, manifest, forged = signed_checkpoint(tmp_path / "f", forger, floats=1000)
     _, _, real = signed_checkpoint(tmp_path / "r", trainer, floats=1000)
-    decode = run_decoders(lambda: trainer.public_bytes)["manifest"]
+    decode = run_decoders(lambda: trainer.public_bytes, now=lambda: 0.0)["manifest"]
     for signed in (forged, b"not a manifest", b"\x92\x01"):
         with pytest.raises(EnvelopeError):
             decode(env({"id": manifest.id, "version": 1, "signed": signed}))
     assert decode(env({"id": manifest.id, "version": 1, "signed": real})).signed == real
     assert decode(env({"id": manifest.id, "version": 1})).signed is None  # by id: fetched and verified later
-    unknown_key = run_decoders(lambda: None)["manifest"]  # no key yet: the mirror verifies and pins it
+    unknown_key = run_decoders(lambda: None, now=lambda: 0.0)["manifest"]  # no key yet: the mirror pins it
     assert unknown_key(env({"id": manifest.id, "version": 1, "signed": forged})).signed == forged
 
 

@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping
 import trio
 
 from p2p.errors import EnvelopeError
-from p2p.pieces.manifest import decode_signed
 from p2p.ratelimit import Allowance
+from swarm.messages.manifest_check import ManifestSignatures
 from swarm.messages.rollout_codec import DEFAULT_LIMITS, TransportLimits
 from swarm.messages.rollout_transport import items_or_refusal
 from swarm.messages.votes import MAX_VOTES
@@ -208,31 +208,29 @@ def decode_rollouts(env: Any, spend: Callable[[int], bool] | None = None) -> Rol
 
 
 def run_decoders(trainer_key: Callable[[], bytes | None], now: Callable[[], float] = trio.current_time,
-                 limits: TransportLimits = DEFAULT_LIMITS) -> Mapping[str, Any]:
-    """DECODERS for one node that knows (or will learn) its run's trainer key: an inline manifest signed by any
-    other key is refused before it is forwarded. `trainer_key()` is read per message (a first-use key is pinned
-    later). Compressed rollouts draw on one allowance of inflated bytes for the whole node (`limits`'
-    node_inflate_*), read at `now()`, so any number of senders together inflate no more than it allows."""
+                 limits: TransportLimits = DEFAULT_LIMITS,
+                 signatures: ManifestSignatures | None = None) -> Mapping[str, Any]:
+    """DECODERS for one node that knows (or will learn) its run's trainer key. `trainer_key()` is read per message
+    (a first-use key is pinned later); node-wide allowances are read at `now()`.
+
+    - An inline manifest is forwarded only once its signature verifies against the trainer key (before a key is
+      pinned, the key it names) and it is the manifest announced (swarm.messages.manifest_check; `signatures`
+      holds its node-wide allowance and the manifests verified already).
+    - Compressed rollouts draw on one allowance of inflated bytes for the whole node (`limits`' node_inflate_*),
+      so any number of senders together inflate no more than it allows."""
+    checks = signatures if signatures is not None else ManifestSignatures()
     inflation = Allowance(limits.node_inflate_bytes_per_s, limits.node_inflate_burst_bytes)
+
+    def decode_announcement(env: Any) -> ManifestAnnouncement:
+        ann = decode_manifest_announcement(env)
+        if ann.signed is not None:
+            checks.check(ann.signed, ann.manifest_id, ann.version, env.sender, trainer_key(), now())
+        return ann
 
     def decode_node_rollouts(env: Any) -> RolloutMessage:
         return decode_rollouts(env, lambda size: inflation.take(size, now()))
 
-    def decode_announcement(env: Any) -> ManifestAnnouncement:
-        ann = decode_manifest_announcement(env)
-        key = trainer_key()
-        if ann.signed is not None and key is not None and _signer(ann.signed) != key:
-            raise _refuse("the announced manifest is not signed by the run's trainer key")
-        return ann
-
     return MappingProxyType({**DECODERS, "manifest": decode_announcement, "rollout": decode_node_rollouts})
-
-
-def _signer(signed: bytes) -> bytes | None:
-    try:
-        return decode_signed(signed).public_key
-    except Exception:  # noqa: BLE001 - whatever a hostile wrapper makes the decoder raise, it names no signer
-        return None
 
 
 DECODERS: Mapping[str, Any] = MappingProxyType({
