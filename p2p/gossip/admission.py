@@ -16,8 +16,16 @@ Three budgets, each a token bucket that refuses rather than waits (p2p.ratelimit
   `forwarder_share` of the node's budget, so one connection cannot take all of it; the excess is refused as
   "relay_busy", which costs nobody when the forwarder relays others' messages (and counts as "flooding" when
   they are its own);
+- messages from strangers, over every stranger together: an origin is a stranger until its first admitted message
+  is `known_after_s` old, so any number of fresh identities together get `stranger_messages_per_s` (not that many
+  times the per-origin rates); the excess is refused as "strangers_busy", which costs nobody (an honest newcomer
+  may be caught in it), and peers the node knows keep their own allowances through such a flood;
 - bytes decoded by the whole node: any number of fresh identities together cannot push the node past it; the
   excess is refused as "node_busy", which costs nobody (honest traffic may be caught in it).
+
+Known origins are remembered, least recently heard forgotten first, up to `max_tracked`; a new one is remembered
+only when a stranger's message is admitted, so a crowd rotating identities adds at most `stranger_messages_per_s`
+a second and cannot push out a peer heard every few seconds.
 """
 
 from __future__ import annotations
@@ -30,7 +38,11 @@ from typing import Mapping
 from p2p.gossip.envelope import KINDS
 from p2p.ratelimit import Allowance
 
-REFUSALS = ("rate_limited", "flooding", "relay_busy", "node_busy")
+REFUSALS = ("rate_limited", "flooding", "relay_busy", "strangers_busy", "node_busy")
+BLAMELESS = ("relay_busy", "strangers_busy", "node_busy")
+"""Refusals by budgets shared with others (a relay's, the strangers', the node's): honest traffic may be caught in
+them, so they cost nobody (p2p.gossip.receive), except "relay_busy" for a forwarder's own messages, which
+`admit` reports as "flooding" instead."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,13 @@ class AdmissionConfig:
     """Bytes the whole node decodes per second at most, whoever sends them."""
     node_burst_bytes: float = 16 * 1024 * 1024
     """Bytes the whole node decodes at once at most."""
+    stranger_messages_per_s: float = 50.0
+    """Messages per second the node decodes from strangers (origins first heard less than `known_after_s` ago),
+    all of them together. A swarm of 1,000 peers starting at once is heard within half a minute."""
+    stranger_burst: float = 100.0
+    """Messages from strangers decoded at once, all of them together."""
+    known_after_s: float = 20.0
+    """Seconds after its first admitted message from which an origin is known (a few heartbeats)."""
     message_cost_bytes: int = 4 * 1024
     """What each message costs in the byte budgets besides its size: two signature checks and pubsub's work."""
     max_tracked: int = 4096
@@ -80,7 +99,8 @@ class AdmissionConfig:
         if set(self.rates) != set(KINDS):
             raise ValueError(f"rates must name each of {KINDS}")
         if min(self.heartbeat_interval_s, self.sender_bytes_per_s, self.sender_burst_bytes, self.node_bytes_per_s,
-               self.node_burst_bytes, self.max_tracked, self.forwarder_share) <= 0 or self.message_cost_bytes < 0:
+               self.node_burst_bytes, self.max_tracked, self.forwarder_share, self.stranger_messages_per_s,
+               self.stranger_burst) <= 0 or self.message_cost_bytes < 0 or self.known_after_s < 0:
             raise ValueError("admission limits must be positive")
 
     def rate_of(self, kind: str) -> KindRate:
@@ -119,6 +139,8 @@ class GossipAdmission:
             Allowance(config.sender_bytes_per_s, config.sender_burst_bytes) if key[0] == "origin" else
             Allowance(config.node_bytes_per_s * share, config.node_burst_bytes * share)))
         self._node = Allowance(config.node_bytes_per_s, config.node_burst_bytes)
+        self._strangers = Allowance(config.stranger_messages_per_s, config.stranger_burst)
+        self._first_heard: collections.OrderedDict[str, float] = collections.OrderedDict()
 
     def admit(self, kind: str, origin: str, forwarder: str, size: int, now: float) -> str | None:
         """None when a `kind` message of `size` bytes from `origin`, handed over by `forwarder`, may be decoded;
@@ -132,12 +154,30 @@ class GossipAdmission:
             return "flooding"
         if senders[1].available(now) < cost:
             return "flooding" if forwarder == origin else "relay_busy"
+        stranger = self._is_stranger(origin, now)
+        if stranger and self._strangers.available(now) < 1:
+            return "strangers_busy"
         if not self._node.take(cost, now):
             return "node_busy"
+        if stranger:
+            self._strangers.take(1, now)
+            self._first_heard.setdefault(origin, now)
+            while len(self._first_heard) > self.config.max_tracked:
+                self._first_heard.popitem(last=False)
         rate.take(1, now)
         for bucket in senders:
             bucket.take(cost, now)
         return None
+
+
+    def _is_stranger(self, origin: str, now: float) -> bool:
+        """Whether `origin` was first heard less than `known_after_s` before `now` (or never); a known origin
+        counts as heard again, so it is forgotten last."""
+        first = self._first_heard.get(origin)
+        if first is None or now - first < self.config.known_after_s:
+            return True
+        self._first_heard.move_to_end(origin)
+        return False
 
 
 def _allowance(rate: KindRate) -> Allowance:

@@ -20,6 +20,7 @@ import trio
 from libp2p.peer.id import ID
 
 from p2p.errors import EnvelopeError
+from p2p.gossip.admission import BLAMELESS
 from p2p.gossip.envelope import Envelope, open_envelope
 from p2p.gossip.parts import Rejection
 from p2p.scores import Verdict
@@ -121,8 +122,8 @@ class GossipReceiver:
         burst, so rates, budgets, staleness and replays cost the origin only when it handed the message over
         itself, and never cost a relay."""
         self.stats.rejected[reason] += 1
-        if reason in ("node_busy", "relay_busy"):
-            return  # shared budgets (the node's, a relay's): honest traffic may be caught in them, nobody is to blame
+        if reason in BLAMELESS:
+            return  # shared budgets (the node's, the strangers', a relay's): honest traffic may be caught in them
         origin = ID(bytes(msg.from_id))
         relayed = forwarder != origin
         if not (relayed and reason in TIMING_REASONS):

@@ -1,0 +1,57 @@
+"""What a crowd of fresh identities can make one node decode: together, no more than the node's allowance for
+strangers, however many identities there are (p2p.gossip.admission); peers the node knows keep their own
+allowances through such a flood, and a stranger's refusal costs nobody (p2p.gossip.receive)."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2p.gossip.admission import AdmissionConfig, GossipAdmission
+
+CONFIG = AdmissionConfig(heartbeat_interval_s=3.0, stranger_messages_per_s=20.0, stranger_burst=40.0,
+                         known_after_s=30.0)
+
+
+def crowd_admitted(gate: GossipAdmission, identities: int, seconds: int, start: float = 0.0) -> int:
+    """Every identity sends a heartbeat every 100 ms for `seconds` (rotating through them), from `start`."""
+    admitted = 0
+    for tick in range(seconds * 10):
+        now = start + tick / 10
+        for i in range(identities):
+            admitted += gate.admit("heartbeat", f"fresh{i}", f"fresh{i}", 300, now) is None
+    return admitted
+
+
+@pytest.mark.parametrize("identities", [10, 100, 1000])
+def test_any_number_of_fresh_identities_together_get_the_strangers_allowance_and_no_more(identities):
+    gate = GossipAdmission(CONFIG)
+    bound = CONFIG.stranger_burst + CONFIG.stranger_messages_per_s * 5
+    assert crowd_admitted(gate, identities, seconds=5) <= bound
+
+
+def test_known_peers_keep_their_allowance_while_a_crowd_of_strangers_floods():
+    gate = GossipAdmission(CONFIG)
+    assert gate.admit("heartbeat", "honest", "honest", 300, 0.0) is None  # first heard before the flood
+    honest = 0
+    for second in range(31, 61):
+        for i in range(200):  # 200 fresh identities per second, each a burst of heartbeats
+            for _ in range(3):
+                gate.admit("heartbeat", f"fresh{second}-{i}", f"fresh{second}-{i}", 300, float(second))
+        if second % 6 == 0:  # the honest peer's heartbeat every 6 s, relayed by a stranger or not
+            honest += gate.admit("heartbeat", "honest", f"fresh{second}-0", 300, second + 0.5) is None
+    assert honest == 5
+    for i in range(200):
+        gate.admit("heartbeat", f"fresh61-{i}", f"fresh61-{i}", 300, 61.0)
+    assert gate.admit("heartbeat", "newcomer", "newcomer", 300, 61.0) == "strangers_busy"
+    assert gate.admit("heartbeat", "newcomer", "newcomer", 300, 63.0) is None  # the allowance refills
+
+
+def test_a_stranger_becomes_known_only_after_it_has_been_heard_for_a_while():
+    gate = GossipAdmission(CONFIG)
+    assert gate.admit("heartbeat", "p", "p", 300, 0.0) is None
+    for i in range(int(CONFIG.stranger_burst)):
+        gate.admit("vote", f"crowd{i}", f"crowd{i}", 300, 4.0)
+    assert gate.admit("heartbeat", "p", "p", 300, 4.0) == "strangers_busy"  # heard once: still a stranger
+    for i in range(int(CONFIG.stranger_burst)):
+        gate.admit("vote", f"crowd-late{i}", f"crowd-late{i}", 300, 33.0)
+    assert gate.admit("heartbeat", "p", "p", 300, 33.0) is None  # heard 33 s ago: known
