@@ -59,6 +59,17 @@ def test_a_stranger_becomes_known_only_after_it_has_been_heard_for_a_while():
     assert gate.admit("heartbeat", "p", "p", 300, 33.0) is None  # heard 33 s ago: known
 
 
+def test_a_stranger_flooding_past_its_own_rate_is_refused_for_it_even_while_the_strangers_allowance_is_spent():
+    """A refusal for the shared allowance costs nobody, so it must not hide a flood: what a stranger sends past its
+    own rate is refused as "rate_limited" (which costs it) whether or not the shared allowance had room."""
+    gate = GossipAdmission(CONFIG)
+    for i in range(int(CONFIG.stranger_burst)):
+        gate.admit("vote", f"crowd{i}", f"crowd{i}", 300, 0.0)
+    verdicts = [gate.admit("heartbeat", "flooder", "flooder", 300, t / 100) for t in range(100)]
+    assert verdicts[:2] == ["strangers_busy"] * 2
+    assert verdicts.count("rate_limited") >= 90
+
+
 def test_scoring_a_crowd_of_identities_forgets_the_mildest_in_batches_not_at_every_penalty():
     """Every refused message costs a penalty: with the score table full, forgetting its mildest entry must not cost
     a sort of the whole table each time (10,000 tracked identities made each penalty cost 14 ms)."""

@@ -19,7 +19,8 @@ Three budgets, each a token bucket that refuses rather than waits (p2p.ratelimit
 - messages from strangers, over every stranger together: an origin is a stranger until its first admitted message
   is `known_after_s` old, so any number of fresh identities together get `stranger_messages_per_s` (not that many
   times the per-origin rates); the excess is refused as "strangers_busy", which costs nobody (an honest newcomer
-  may be caught in it), and peers the node knows keep their own allowances through such a flood;
+  may be caught in it) but counts against the origin's own message rate, so a stranger flooding past that rate is
+  refused for it, and scored, as any flood is; peers the node knows keep their own allowances through such a flood;
 - bytes decoded by the whole node: any number of fresh identities together cannot push the node past it; the
   excess is refused as "node_busy", which costs nobody (honest traffic may be caught in it).
 
@@ -144,7 +145,8 @@ class GossipAdmission:
 
     def admit(self, kind: str, origin: str, forwarder: str, size: int, now: float) -> str | None:
         """None when a `kind` message of `size` bytes from `origin`, handed over by `forwarder`, may be decoded;
-        else the refusal's reason (REFUSALS). Nothing is spent from any budget for a refused message."""
+        else the refusal's reason (REFUSALS). Nothing is spent from any budget for a refused message, except a
+        stranger's own message rate when the strangers' allowance refuses it."""
         cost = size + self.config.message_cost_bytes
         rate = self._rates.get((origin, kind))
         if rate.available(now) < 1:
@@ -156,6 +158,7 @@ class GossipAdmission:
             return "flooding" if forwarder == origin else "relay_busy"
         stranger = self._is_stranger(origin, now)
         if stranger and self._strangers.available(now) < 1:
+            rate.take(1, now)  # a refusal that costs nobody must not hide a flood past the origin's own rate
             return "strangers_busy"
         if not self._node.take(cost, now):
             return "node_busy"
