@@ -10,9 +10,10 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
-from p2p.gossip.service import Gossip, open_gossip
+from p2p.gossip.service import Gossip, open_gossip, topic_for
 from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity
+from swarm.bench.gossip_flood import heartbeat_envelope
 
 RUN = "run-ban-race"
 LIMIT = 30
@@ -98,3 +99,36 @@ async def test_a_peer_banned_while_its_pubsub_stream_opens_is_not_left_registere
             for _ in range(20):
                 await trio.sleep(0.01)
             assert bad not in target.pubsub.peers and bad not in target.pubsub.peer_queues
+
+
+async def test_a_crowd_of_fresh_identities_flooding_until_banned_leaves_the_target_serving():
+    """Fresh identities, one after another, each connects and floods valid heartbeats until it is banned (banned
+    and hung up on at once): the target's pubsub keeps running, keeps no state of the banned, and still delivers."""
+    with trio.fail_after(2 * LIMIT):
+        async with AsyncExitStack() as stack:
+            target, first, witness = await _star(stack)
+            crowd = [first]
+            for i in range(5):
+                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([110 + i]) * 32))))
+                crowd.append(await stack.enter_async_context(open_gossip(host, RUN)))
+            topic = topic_for(RUN, "heartbeat")
+            for mallory in crowd:
+                if mallory is not first:
+                    await mallory.host.connect(target.host.multiaddrs[0])
+                    await mallory.wait_for_mesh(target.host.peer_id, "heartbeat")
+                mallory.pubsub.remove_topic_validator(topic)
+                for seq in range(40):  # a burst of valid heartbeats, far past one peer's rate
+                    await mallory.pubsub.publish(topic, heartbeat_envelope(RUN, mallory.identity, mallory.clock(),
+                                                                           1_000 + seq))
+                while mallory.host.peer_id not in target.banned_peers():
+                    await trio.sleep(0.05)
+            assert target.stats.bans == len(crowd)
+            for _ in range(20):
+                await trio.sleep(0.01)
+            assert target.pubsub.manager.is_running
+            honest = {ID.from_base58(witness.host.peer_id)}
+            assert set(target.pubsub.peers) == set(target.pubsub.peer_queues) == honest
+            assert set(target.pubsub.router.peer_protocol) == honest
+            inbox = witness.subscribe("heartbeat")
+            await target.publish("heartbeat", {"roles": ["seed"]})
+            assert (await inbox.receive()).sender_peer_id == target.host.peer_id
