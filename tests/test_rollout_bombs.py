@@ -110,3 +110,14 @@ def test_senders_announce_what_receivers_would_refuse_inline_and_batch_within_th
     assert len(batches) == 3  # two groups per body at most: together they inflate to no more than accepted
     for batch in batches:
         assert len(parse_items_strictly(batch, roomy)) in (1, 2)
+
+
+def test_a_body_declaring_more_than_accepted_costs_its_sender_even_when_the_node_allowance_would_refuse_it():
+    """Declaring more than any receiver accepts is a lie of the sender's, not a busy node: it is refused as such
+    before the node-wide allowance is asked."""
+    decode = run_decoders(lambda: None, now=lambda: 0.0)["rollout"]
+    sender = Identity(bytes([5]) * 32)
+    for body in (bomb(DEFAULT_LIMITS.node_inflate_burst_bytes + MIB), {"batch": [bomb(3 * MIB), bomb(3 * MIB)]}):
+        with pytest.raises(EnvelopeError) as refused:
+            decode(SimpleNamespace(body=body, sender=sender.public_bytes, sender_peer_id=sender.peer_id))
+        assert refused.value.reason == "bad_body"

@@ -216,8 +216,8 @@ def parse_items(body: object,
                 limits: TransportLimits = DEFAULT_LIMITS) -> list[RolloutGroup | Announcement | RolloutRefused]:
     """Every item a gossip body carries (one, or a batch's), each a group, an announcement or its own refusal.
 
-    RolloutRefused is raised only for a batch refused as a whole: not a list, empty, longer than MAX_BATCH_ITEMS, or
-    declaring more inflated bytes in total than one body may carry (a batch must not multiply the zip-bomb bound).
+    RolloutRefused is raised only for a body refused as a whole: a batch that is not a list, empty or longer than
+    MAX_BATCH_ITEMS, or a body declaring more inflated bytes in total than one body may carry.
     """
     return [_parsed_or_refusal(item, limits) for item in _bodies(body, limits)]
 
@@ -243,16 +243,15 @@ def parse_items_strictly(body: object, limits: TransportLimits = DEFAULT_LIMITS,
 
 
 def _bodies(body: object, limits: TransportLimits) -> list:
-    """The bodies a gossip body carries (itself, or a batch's), once the batch as a whole is within its bounds."""
-    if not (isinstance(body, dict) and "batch" in body):
-        return [body]
-    items = body["batch"]
+    """The bodies a gossip body carries (itself, or a batch's), once they declare no more inflated bytes together
+    than a receiver accepts inline (a batch must not multiply the zip-bomb bound)."""
+    items = body["batch"] if isinstance(body, dict) and "batch" in body else [body]
     if not isinstance(items, list) or not 0 < len(items) <= MAX_BATCH_ITEMS:
         raise RolloutRefused("schema", f"a rollout batch must list 1 to {MAX_BATCH_ITEMS} bodies")
     declared = sum(_declared(item) for item in items)
     if declared > limits.inline_raw_limit:
-        raise RolloutRefused("oversized", f"a rollout batch declares {declared} inflated bytes, above the "
-                             f"{limits.inline_raw_limit}-byte bound")
+        raise RolloutRefused("oversized", f"a rollout body declares {declared} inflated bytes, above the "
+                             f"{limits.inline_raw_limit}-byte bound (larger groups are announced)")
     return items
 
 
