@@ -6,7 +6,7 @@ reason names). Why before decoding: what a message costs a receiver (msgpack, th
 signature, the typed body) grows with its size, so an allowance on bytes decoded per second is an allowance on
 CPU; a message refused here costs a dictionary lookup.
 
-Three budgets, each a token bucket that refuses rather than waits (p2p.ratelimit.Allowance):
+The budgets, each a token bucket that refuses rather than waits (p2p.ratelimit.Allowance):
 - messages per origin and kind: a peer's heartbeats at most one per `heartbeat_interval_s` in the long run, other
   kinds at their own pace (`KindRate`); the excess is refused as "rate_limited" and costs the origin;
 - bytes decoded per origin (every message also costs `message_cost_bytes`, for its signatures and bookkeeping):
@@ -171,7 +171,6 @@ class GossipAdmission:
         for bucket in senders:
             bucket.take(cost, now)
         return None
-
 
     def _is_stranger(self, origin: str, now: float) -> bool:
         """Whether `origin` was first heard less than `known_after_s` before `now` (or never); a known origin

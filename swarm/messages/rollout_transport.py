@@ -264,8 +264,8 @@ def items_or_refusal(body: object, limits: TransportLimits = DEFAULT_LIMITS,
     (swarm.messages.rollout_codec.parse_items_strictly).
 
     Why not raise: a refusal raised while inflating a compressed group carries a traceback whose frames hold the
-    inflated buffer (130 MiB for one 64-item batch would stay alive that way); the refusal comes back without it,
-    and every reference to the parsed items goes with it."""
+    inflated buffer (up to the body's inflated bound would stay alive that way); the refusal comes back without
+    it, and every reference to the parsed items goes with it."""
     try:
         return [_without_traceback(item) for item in parse_items_strictly(body, limits, spend)], None
     except RolloutRefused as exc:
