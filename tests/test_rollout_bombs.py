@@ -1,19 +1,25 @@
 """Compressed rollout bodies cost a receiver what it would accept, never what they declare: one body is refused
 before inflating when it declares more than a receiver accepts inline, a batch stops at its first refused item,
-and any number of senders together inflate no more than the node-wide allowance (swarm.messages.gossip_bodies)."""
+and any number of senders together inflate no more than the node-wide allowance (swarm.messages.gossip_bodies); on
+loopback, a bomb is refused by the relay before inflating, never forwarded, and bans its sender."""
 
 from __future__ import annotations
 
 import gc
 import tracemalloc
 import zlib
+from contextlib import AsyncExitStack
 from types import SimpleNamespace
 
 import pytest
+import trio
 
 from p2p.errors import EnvelopeError
+from p2p.gossip.envelope import seal
+from p2p.gossip.service import open_gossip, topic_for
+from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity
-from swarm.messages.gossip_bodies import run_decoders
+from swarm.messages.gossip_bodies import DECODERS, run_decoders
 from swarm.messages.rollout_codec import (
     DEFAULT_LIMITS,
     RolloutRefused,
@@ -121,3 +127,40 @@ def test_a_body_declaring_more_than_accepted_costs_its_sender_even_when_the_node
         with pytest.raises(EnvelopeError) as refused:
             decode(SimpleNamespace(body=body, sender=sender.public_bytes, sender_peer_id=sender.peer_id))
         assert refused.value.reason == "bad_body"
+
+
+async def test_a_rollout_bomb_on_loopback_is_refused_unread_unforwarded_and_its_sender_banned():
+    """Line mallory - target - witness, the target decoding as a node does: bodies of 64 KiB declaring 64 MiB of
+    zeros (the largest group) are refused before inflating, never reach the witness, and ban their sender."""
+    with trio.fail_after(30):
+        async with AsyncExitStack() as stack:
+            gossips = []
+            for i, decoders in enumerate([DECODERS, run_decoders(lambda: None), DECODERS]):
+                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([120 + i]) * 32))))
+                gossips.append(await stack.enter_async_context(
+                    open_gossip(host, "run-bomb", kinds=tuple(DECODERS), decoders=decoders)))
+            mallory, target, witness = gossips
+            for left, right in ((mallory, target), (target, witness)):
+                await left.host.connect(right.host.multiaddrs[0])
+                await left.wait_for_mesh(right.host.peer_id, "rollout")
+                await right.wait_for_mesh(left.host.peer_id, "rollout")
+            heard = witness.subscribe("rollout")
+            body = bomb(DEFAULT_LIMITS.max_group_bytes - MIB)
+            assert len(body["z"]) < 66 * 1024
+            topic = topic_for("run-bomb", "rollout")
+            mallory.pubsub.remove_topic_validator(topic)
+            bombs = [seal("rollout", "run-bomb", body, mallory.identity, mallory.clock(), seq + 1) for seq in range(5)]
+            gc.collect()
+            tracemalloc.start()  # every host runs in this process: the peak counts what the target inflated
+            try:
+                for data in bombs:  # 20 points each: banned at the fourth (scores decay a little meanwhile)
+                    await mallory.pubsub.publish(topic, data)
+                while mallory.host.peer_id not in target.banned_peers():
+                    await trio.sleep(0.05)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert target.stats.rejected["bad_body"] >= 4 and target.stats.delivered == 0
+            assert peak < 16 * MIB  # the 63 MiB each bomb declared were never inflated
+            with pytest.raises(trio.WouldBlock):
+                heard.receive_nowait()
