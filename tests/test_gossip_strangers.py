@@ -48,14 +48,24 @@ def test_known_peers_keep_their_allowance_while_a_crowd_of_strangers_floods():
     assert gate.admit("heartbeat", "newcomer", "newcomer", 300, 63.0) is None  # the allowance refills
 
 
+def test_a_crowd_flooding_one_kind_leaves_the_strangers_allowance_of_the_others():
+    """Heartbeats of honest newcomers (under one a second from a whole run: they stretch with its size) are not
+    crowded out by a flood of strangers' votes or rollouts, nor the other way round."""
+    gate = GossipAdmission(CONFIG)
+    for i in range(1000):
+        gate.admit("vote", f"crowd{i}", f"crowd{i}", 300, 0.0)
+    assert gate.admit("vote", "newcomer", "newcomer", 300, 0.0) == "strangers_busy"
+    assert gate.admit("heartbeat", "newcomer", "newcomer", 300, 0.0) is None
+
+
 def test_a_stranger_becomes_known_only_after_it_has_been_heard_for_a_while():
     gate = GossipAdmission(CONFIG)
     assert gate.admit("heartbeat", "p", "p", 300, 0.0) is None
     for i in range(int(CONFIG.stranger_burst)):
-        gate.admit("vote", f"crowd{i}", f"crowd{i}", 300, 4.0)
+        gate.admit("heartbeat", f"crowd{i}", f"crowd{i}", 300, 4.0)
     assert gate.admit("heartbeat", "p", "p", 300, 4.0) == "strangers_busy"  # heard once: still a stranger
     for i in range(int(CONFIG.stranger_burst)):
-        gate.admit("vote", f"crowd-late{i}", f"crowd-late{i}", 300, 33.0)
+        gate.admit("heartbeat", f"crowd-late{i}", f"crowd-late{i}", 300, 33.0)
     assert gate.admit("heartbeat", "p", "p", 300, 33.0) is None  # heard 33 s ago: known
 
 
@@ -64,7 +74,7 @@ def test_a_stranger_flooding_past_its_own_rate_is_refused_for_it_even_while_the_
     own rate is refused as "rate_limited" (which costs it) whether or not the shared allowance had room."""
     gate = GossipAdmission(CONFIG)
     for i in range(int(CONFIG.stranger_burst)):
-        gate.admit("vote", f"crowd{i}", f"crowd{i}", 300, 0.0)
+        gate.admit("heartbeat", f"crowd{i}", f"crowd{i}", 300, 0.0)
     verdicts = [gate.admit("heartbeat", "flooder", "flooder", 300, t / 100) for t in range(100)]
     assert verdicts[:2] == ["strangers_busy"] * 2
     assert verdicts.count("rate_limited") >= 90

@@ -16,17 +16,19 @@ The budgets, each a token bucket that refuses rather than waits (p2p.ratelimit.A
   `forwarder_share` of the node's budget, so one connection cannot take all of it; the excess is refused as
   "relay_busy", which costs nobody when the forwarder relays others' messages (and counts as "flooding" when
   they are its own);
-- messages from strangers, over every stranger together: an origin is a stranger until its first admitted message
-  is `known_after_s` old, so any number of fresh identities together get `stranger_messages_per_s` (not that many
-  times the per-origin rates); the excess is refused as "strangers_busy", which costs nobody (an honest newcomer
-  may be caught in it) but counts against the origin's own message rate, so a stranger flooding past that rate is
-  refused for it, and scored, as any flood is; peers the node knows keep their own allowances through such a flood;
+- messages of each kind from strangers, over every stranger together: an origin is a stranger until its first
+  admitted message is `known_after_s` old, so any number of fresh identities together get
+  `stranger_messages_per_s` of each kind (not that many times the per-origin rates), and a flood of one kind does
+  not crowd out another (honest newcomers' heartbeats, under one a second from a whole run, among them); the
+  excess is refused as "strangers_busy", which costs nobody (an honest newcomer may be caught in it) but counts
+  against the origin's own message rate, so a stranger flooding past that rate is refused for it, and scored, as
+  any flood is; peers the node knows keep their own allowances through such a flood;
 - bytes decoded by the whole node: any number of fresh identities together cannot push the node past it; the
   excess is refused as "node_busy", which costs nobody (honest traffic may be caught in it).
 
 Known origins are remembered, least recently heard forgotten first, up to `max_tracked`; a new one is remembered
 only when a stranger's message is admitted, so a crowd rotating identities adds at most `stranger_messages_per_s`
-a second and cannot push out a peer heard every few seconds.
+a second per kind and cannot push out a peer heard every few seconds.
 """
 
 from __future__ import annotations
@@ -84,10 +86,11 @@ class AdmissionConfig:
     node_burst_bytes: float = 16 * 1024 * 1024
     """Bytes the whole node decodes at once at most."""
     stranger_messages_per_s: float = 50.0
-    """Messages per second the node decodes from strangers (origins first heard less than `known_after_s` ago),
-    all of them together. A swarm of 1,000 peers starting at once is heard within half a minute."""
+    """Messages of one kind per second the node decodes from strangers (origins first heard less than
+    `known_after_s` ago), all of them together. A swarm of 1,000 peers starting at once is heard within half a
+    minute."""
     stranger_burst: float = 100.0
-    """Messages from strangers decoded at once, all of them together."""
+    """Messages of one kind from strangers decoded at once, all of them together."""
     known_after_s: float = 20.0
     """Seconds after its first admitted message from which an origin is known (a few heartbeats)."""
     message_cost_bytes: int = 4 * 1024
@@ -140,7 +143,7 @@ class GossipAdmission:
             Allowance(config.sender_bytes_per_s, config.sender_burst_bytes) if key[0] == "origin" else
             Allowance(config.node_bytes_per_s * share, config.node_burst_bytes * share)))
         self._node = Allowance(config.node_bytes_per_s, config.node_burst_bytes)
-        self._strangers = Allowance(config.stranger_messages_per_s, config.stranger_burst)
+        self._strangers = {kind: Allowance(config.stranger_messages_per_s, config.stranger_burst) for kind in KINDS}
         self._first_heard: collections.OrderedDict[str, float] = collections.OrderedDict()
 
     def admit(self, kind: str, origin: str, forwarder: str, size: int, now: float) -> str | None:
@@ -157,13 +160,13 @@ class GossipAdmission:
         if senders[1].available(now) < cost:
             return "flooding" if forwarder == origin else "relay_busy"
         stranger = self._is_stranger(origin, now)
-        if stranger and self._strangers.available(now) < 1:
+        if stranger and self._strangers[kind].available(now) < 1:
             rate.take(1, now)  # a refusal that costs nobody must not hide a flood past the origin's own rate
             return "strangers_busy"
         if not self._node.take(cost, now):
             return "node_busy"
         if stranger:
-            self._strangers.take(1, now)
+            self._strangers[kind].take(1, now)
             self._first_heard.setdefault(origin, now)
             while len(self._first_heard) > self.config.max_tracked:
                 self._first_heard.popitem(last=False)
