@@ -72,7 +72,8 @@ def test_admission_remembers_a_bounded_number_of_senders():
     gate = GossipAdmission(AdmissionConfig(max_tracked=8))
     for i in range(1000):
         gate.admit("heartbeat", f"id{i}", f"id{i}", 100, 0.0)
-    assert len(gate._rates._by_key) == 8 and len(gate._bytes._by_key) <= 16
+    tables = [*gate._rates.values(), *gate._origin_bytes.values(), gate._forwarder_bytes]
+    assert max(len(table._by_key) for table in tables) == 8 and len(gate._first_heard) <= 8
 
 
 # ---- the envelope: budgets while decoding, finite numbers ---------------------------------------------------------

@@ -58,6 +58,19 @@ def test_a_crowd_flooding_one_kind_leaves_the_strangers_allowance_of_the_others(
     assert gate.admit("heartbeat", "newcomer", "newcomer", 300, 0.0) is None
 
 
+def test_a_crowd_churning_fresh_identities_does_not_reset_the_allowances_of_known_peers():
+    """Every message a fresh identity sends makes buckets for it; they must not push out a known peer's, which
+    would hand it a fresh burst each time the crowd churned the table."""
+    config = AdmissionConfig(heartbeat_interval_s=3.0, max_tracked=500, known_after_s=30.0)
+    gate = GossipAdmission(config)
+    assert gate.admit("heartbeat", "known", "known", 300, 0.0) is None
+    verdicts = [gate.admit("heartbeat", "known", "known", 300, 40.0) for _ in range(3)]
+    assert verdicts == [None, None, "rate_limited"]  # known from 30 s on; its burst of two spent
+    for i in range(1000):
+        gate.admit("heartbeat", f"fresh{i}", f"fresh{i}", 300, 40.0)
+    assert gate.admit("heartbeat", "known", "known", 300, 40.0) == "rate_limited"
+
+
 def test_a_stranger_becomes_known_only_after_it_has_been_heard_for_a_while():
     gate = GossipAdmission(CONFIG)
     assert gate.admit("heartbeat", "p", "p", 300, 0.0) is None

@@ -96,8 +96,8 @@ class AdmissionConfig:
     message_cost_bytes: int = 4 * 1024
     """What each message costs in the byte budgets besides its size: two signature checks and pubsub's work."""
     max_tracked: int = 4096
-    """Most senders whose buckets are kept; past it the least recently heard are forgotten (the node-wide
-    budget still holds for them)."""
+    """Most senders whose buckets are kept, known origins, strangers and forwarders each; past it the least
+    recently heard are forgotten (the node-wide budgets still hold for them)."""
 
     def __post_init__(self) -> None:
         if set(self.rates) != set(KINDS):
@@ -137,11 +137,15 @@ class GossipAdmission:
 
     def __init__(self, config: AdmissionConfig = AdmissionConfig()) -> None:
         self.config = config
-        self._rates = _Buckets(config.max_tracked, lambda key: _allowance(config.rate_of(key[1])))
+        # Known origins' buckets and strangers' apart: a crowd's fresh identities, each making buckets with every
+        # message, push out only strangers' buckets, never a known peer's (which would hand it a fresh burst).
+        self._rates = {known: _Buckets(config.max_tracked, lambda key: _allowance(config.rate_of(key[1])))
+                       for known in (True, False)}
+        self._origin_bytes = {known: _Buckets(config.max_tracked, lambda key: Allowance(
+            config.sender_bytes_per_s, config.sender_burst_bytes)) for known in (True, False)}
         share = config.forwarder_share
-        self._bytes = _Buckets(2 * config.max_tracked, lambda key: (
-            Allowance(config.sender_bytes_per_s, config.sender_burst_bytes) if key[0] == "origin" else
-            Allowance(config.node_bytes_per_s * share, config.node_burst_bytes * share)))
+        self._forwarder_bytes = _Buckets(config.max_tracked, lambda key: Allowance(
+            config.node_bytes_per_s * share, config.node_burst_bytes * share))
         self._node = Allowance(config.node_bytes_per_s, config.node_burst_bytes)
         self._strangers = {kind: Allowance(config.stranger_messages_per_s, config.stranger_burst) for kind in KINDS}
         self._first_heard: collections.OrderedDict[str, float] = collections.OrderedDict()
@@ -151,15 +155,15 @@ class GossipAdmission:
         else the refusal's reason (REFUSALS). Nothing is spent from any budget for a refused message, except a
         stranger's own message rate when the strangers' allowance refuses it."""
         cost = size + self.config.message_cost_bytes
-        rate = self._rates.get((origin, kind))
+        stranger = self._is_stranger(origin, now)
+        rate = self._rates[not stranger].get((origin, kind))
         if rate.available(now) < 1:
             return "rate_limited"
-        senders = [self._bytes.get(("origin", origin)), self._bytes.get(("forwarder", forwarder))]
+        senders = [self._origin_bytes[not stranger].get(origin), self._forwarder_bytes.get(forwarder)]
         if senders[0].available(now) < cost:
             return "flooding"
         if senders[1].available(now) < cost:
             return "flooding" if forwarder == origin else "relay_busy"
-        stranger = self._is_stranger(origin, now)
         if stranger and self._strangers[kind].available(now) < 1:
             rate.take(1, now)  # a refusal that costs nobody must not hide a flood past the origin's own rate
             return "strangers_busy"
