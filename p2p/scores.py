@@ -10,6 +10,7 @@ per reason: a bad signature or garbage bytes is never an accident; a stale or re
 from __future__ import annotations
 
 import enum
+import heapq
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -49,7 +50,8 @@ class ScoreConfig:
     ban_s: float = 600.0
     """How long a ban lasts before the peer may talk again (with a clean score)."""
     max_peers: int = 10_000
-    """Most peers tracked at once; past it the mildest scores are forgotten (memory stays bounded)."""
+    """Peers tracked at once; past it by an eighth, the mildest scores are forgotten down to it (memory stays
+    bounded)."""
 
     def __post_init__(self) -> None:
         if self.ban_threshold >= 0 or self.half_life_s <= 0 or self.ban_s <= 0 or self.max_peers <= 0:
@@ -105,10 +107,12 @@ class PeerScores:
         return [peer for peer, until in self._banned_until.items() if until > now]
 
     def _bound(self, now: float) -> None:
-        """Keep at most `max_peers` scores: forget the ones closest to zero, i.e. the least suspicious."""
+        """Keep at most `max_peers` scores, and an eighth more between trims: past that, forget the ones closest
+        to zero, i.e. the least suspicious, down to `max_peers`. Why in batches: every refused message is a
+        penalty, and choosing the mildest of a full table at each one cost 14 ms per penalty at 10,000 identities;
+        a batch costs one selection per max_peers / 8 new peers."""
         excess = len(self._scores) - self.config.max_peers
-        if excess <= 0:
+        if excess <= self.config.max_peers // 8:
             return
-        mildest = sorted(self._scores, key=lambda peer: -self.score(peer, now))[:excess]
-        for peer in mildest:
+        for peer in heapq.nlargest(excess, self._scores, key=lambda peer: self.score(peer, now)):
             del self._scores[peer]

@@ -6,7 +6,7 @@ reason names). Why before decoding: what a message costs a receiver (msgpack, th
 signature, the typed body) grows with its size, so an allowance on bytes decoded per second is an allowance on
 CPU; a message refused here costs a dictionary lookup.
 
-Three budgets, each a token bucket that refuses rather than waits (p2p.ratelimit.Allowance):
+The budgets, each a token bucket that refuses rather than waits (p2p.ratelimit.Allowance):
 - messages per origin and kind: a peer's heartbeats at most one per `heartbeat_interval_s` in the long run, other
   kinds at their own pace (`KindRate`); the excess is refused as "rate_limited" and costs the origin;
 - bytes decoded per origin (every message also costs `message_cost_bytes`, for its signatures and bookkeeping):
@@ -16,8 +16,19 @@ Three budgets, each a token bucket that refuses rather than waits (p2p.ratelimit
   `forwarder_share` of the node's budget, so one connection cannot take all of it; the excess is refused as
   "relay_busy", which costs nobody when the forwarder relays others' messages (and counts as "flooding" when
   they are its own);
+- messages of each kind from strangers, over every stranger together: an origin is a stranger until its first
+  admitted message is `known_after_s` old, so any number of fresh identities together get
+  `stranger_messages_per_s` of each kind (not that many times the per-origin rates), and a flood of one kind does
+  not crowd out another (honest newcomers' heartbeats, under one a second from a whole run, among them); the
+  excess is refused as "strangers_busy", which costs nobody (an honest newcomer may be caught in it) but counts
+  against the origin's own message rate, so a stranger flooding past that rate is refused for it, and scored, as
+  any flood is; peers the node knows keep their own allowances through such a flood;
 - bytes decoded by the whole node: any number of fresh identities together cannot push the node past it; the
   excess is refused as "node_busy", which costs nobody (honest traffic may be caught in it).
+
+Known origins are remembered, least recently heard forgotten first, up to `max_tracked`; a new one is remembered
+only when a stranger's message is admitted, so a crowd rotating identities adds at most `stranger_messages_per_s`
+a second per kind and cannot push out a peer heard every few seconds.
 """
 
 from __future__ import annotations
@@ -30,7 +41,11 @@ from typing import Mapping
 from p2p.gossip.envelope import KINDS
 from p2p.ratelimit import Allowance
 
-REFUSALS = ("rate_limited", "flooding", "relay_busy", "node_busy")
+REFUSALS = ("rate_limited", "flooding", "relay_busy", "strangers_busy", "node_busy")
+BLAMELESS = ("relay_busy", "strangers_busy", "node_busy")
+"""Refusals by budgets shared with others (a relay's, the strangers', the node's): honest traffic may be caught in
+them, so they cost nobody (p2p.gossip.receive), except "relay_busy" for a forwarder's own messages, which
+`admit` reports as "flooding" instead."""
 
 
 @dataclass(frozen=True)
@@ -70,17 +85,26 @@ class AdmissionConfig:
     """Bytes the whole node decodes per second at most, whoever sends them."""
     node_burst_bytes: float = 16 * 1024 * 1024
     """Bytes the whole node decodes at once at most."""
+    stranger_messages_per_s: float = 50.0
+    """Messages of one kind per second the node decodes from strangers (origins first heard less than
+    `known_after_s` ago), all of them together. A swarm of 1,000 peers starting at once is heard within half a
+    minute."""
+    stranger_burst: float = 100.0
+    """Messages of one kind from strangers decoded at once, all of them together."""
+    known_after_s: float = 20.0
+    """Seconds after its first admitted message from which an origin is known (a few heartbeats)."""
     message_cost_bytes: int = 4 * 1024
     """What each message costs in the byte budgets besides its size: two signature checks and pubsub's work."""
     max_tracked: int = 4096
-    """Most senders whose buckets are kept; past it the least recently heard are forgotten (the node-wide
-    budget still holds for them)."""
+    """Most senders whose buckets are kept, known origins, strangers and forwarders each; past it the least
+    recently heard are forgotten (the node-wide budgets still hold for them)."""
 
     def __post_init__(self) -> None:
         if set(self.rates) != set(KINDS):
             raise ValueError(f"rates must name each of {KINDS}")
         if min(self.heartbeat_interval_s, self.sender_bytes_per_s, self.sender_burst_bytes, self.node_bytes_per_s,
-               self.node_burst_bytes, self.max_tracked, self.forwarder_share) <= 0 or self.message_cost_bytes < 0:
+               self.node_burst_bytes, self.max_tracked, self.forwarder_share, self.stranger_messages_per_s,
+               self.stranger_burst) <= 0 or self.message_cost_bytes < 0 or self.known_after_s < 0:
             raise ValueError("admission limits must be positive")
 
     def rate_of(self, kind: str) -> KindRate:
@@ -113,31 +137,56 @@ class GossipAdmission:
 
     def __init__(self, config: AdmissionConfig = AdmissionConfig()) -> None:
         self.config = config
-        self._rates = _Buckets(config.max_tracked, lambda key: _allowance(config.rate_of(key[1])))
+        # Known origins' buckets and strangers' apart: a crowd's fresh identities, each making buckets with every
+        # message, push out only strangers' buckets, never a known peer's (which would hand it a fresh burst).
+        self._rates = {known: _Buckets(config.max_tracked, lambda key: _allowance(config.rate_of(key[1])))
+                       for known in (True, False)}
+        self._origin_bytes = {known: _Buckets(config.max_tracked, lambda key: Allowance(
+            config.sender_bytes_per_s, config.sender_burst_bytes)) for known in (True, False)}
         share = config.forwarder_share
-        self._bytes = _Buckets(2 * config.max_tracked, lambda key: (
-            Allowance(config.sender_bytes_per_s, config.sender_burst_bytes) if key[0] == "origin" else
-            Allowance(config.node_bytes_per_s * share, config.node_burst_bytes * share)))
+        self._forwarder_bytes = _Buckets(config.max_tracked, lambda key: Allowance(
+            config.node_bytes_per_s * share, config.node_burst_bytes * share))
         self._node = Allowance(config.node_bytes_per_s, config.node_burst_bytes)
+        self._strangers = {kind: Allowance(config.stranger_messages_per_s, config.stranger_burst) for kind in KINDS}
+        self._first_heard: collections.OrderedDict[str, float] = collections.OrderedDict()
 
     def admit(self, kind: str, origin: str, forwarder: str, size: int, now: float) -> str | None:
         """None when a `kind` message of `size` bytes from `origin`, handed over by `forwarder`, may be decoded;
-        else the refusal's reason (REFUSALS). Nothing is spent from any budget for a refused message."""
+        else the refusal's reason (REFUSALS). Nothing is spent from any budget for a refused message, except a
+        stranger's own message rate when the strangers' allowance refuses it."""
         cost = size + self.config.message_cost_bytes
-        rate = self._rates.get((origin, kind))
+        stranger = self._is_stranger(origin, now)
+        rate = self._rates[not stranger].get((origin, kind))
         if rate.available(now) < 1:
             return "rate_limited"
-        senders = [self._bytes.get(("origin", origin)), self._bytes.get(("forwarder", forwarder))]
+        senders = [self._origin_bytes[not stranger].get(origin), self._forwarder_bytes.get(forwarder)]
         if senders[0].available(now) < cost:
             return "flooding"
         if senders[1].available(now) < cost:
             return "flooding" if forwarder == origin else "relay_busy"
+        if stranger and self._strangers[kind].available(now) < 1:
+            rate.take(1, now)  # a refusal that costs nobody must not hide a flood past the origin's own rate
+            return "strangers_busy"
         if not self._node.take(cost, now):
             return "node_busy"
+        if stranger:
+            self._strangers[kind].take(1, now)
+            self._first_heard.setdefault(origin, now)
+            while len(self._first_heard) > self.config.max_tracked:
+                self._first_heard.popitem(last=False)
         rate.take(1, now)
         for bucket in senders:
             bucket.take(cost, now)
         return None
+
+    def _is_stranger(self, origin: str, now: float) -> bool:
+        """Whether `origin` was first heard less than `known_after_s` before `now` (or never); a known origin
+        counts as heard again, so it is forgotten last."""
+        first = self._first_heard.get(origin)
+        if first is None or now - first < self.config.known_after_s:
+            return True
+        self._first_heard.move_to_end(origin)
+        return False
 
 
 def _allowance(rate: KindRate) -> Allowance:

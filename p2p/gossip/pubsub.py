@@ -141,6 +141,38 @@ class LeanPubsub(Pubsub):
         self.counter = next_seqno(self.counter, time.time())
         return self.counter.to_bytes(8, "big")
 
+    def add_to_blacklist(self, peer_id: Any) -> None:
+        """Blacklist `peer_id` and tear its pubsub state down; safe to call again, and while the service stops."""
+        self.blacklisted_peers.add(peer_id)
+        if self.manager.is_running:
+            self.manager.run_task(self._teardown_if_connected, peer_id)
+
+    async def _teardown_if_connected(self, peer_id: Any) -> None:
+        """Forget a blacklisted peer as a dead one is forgotten, before the first await, then reset its stream.
+
+        Why not py-libp2p's: it awaits the stream's reset and then deletes the peer, and a hang-up on the same
+        peer (a ban closes the connection too) removes it during that await, so the delete raised KeyError, which
+        ended the pubsub service and the node. It also left the peer's outbound queue open (its sending task
+        waiting forever) and its router state behind: one of each per banned identity."""
+        stream = self.peers.pop(peer_id, None)
+        queue = self.peer_queues.pop(peer_id, None)
+        if queue is not None:
+            queue.close()
+        self.router.remove_peer(peer_id)
+        self._forget_all_subscriptions(peer_id)
+        if stream is not None:
+            try:
+                await stream.reset()
+            except Exception:  # noqa: BLE001 - the stream of a peer being banned may be broken already
+                log.debug("resetting the pubsub stream of blacklisted %s failed", peer_id, exc_info=True)
+
+    async def _handle_new_peer(self, peer_id: Any) -> None:
+        """py-libp2p's, plus a teardown when the peer was blacklisted while its stream opened (py-libp2p reads the
+        blacklist before that await and registers the peer after it)."""
+        await super()._handle_new_peer(peer_id)
+        if peer_id in self.peers and self.is_peer_blacklisted(peer_id):
+            await self._teardown_if_connected(peer_id)
+
     async def continuously_read_stream(self, stream: Any) -> None:
         peer_id = stream.muxed_conn.peer_id
         try:

@@ -20,6 +20,7 @@ import trio
 from libp2p.peer.id import ID
 
 from p2p.errors import EnvelopeError
+from p2p.gossip.admission import BLAMELESS
 from p2p.gossip.envelope import Envelope, open_envelope
 from p2p.gossip.parts import Rejection
 from p2p.scores import Verdict
@@ -121,8 +122,8 @@ class GossipReceiver:
         burst, so rates, budgets, staleness and replays cost the origin only when it handed the message over
         itself, and never cost a relay."""
         self.stats.rejected[reason] += 1
-        if reason in ("node_busy", "relay_busy"):
-            return  # shared budgets (the node's, a relay's): honest traffic may be caught in them, nobody is to blame
+        if reason in BLAMELESS:
+            return  # shared budgets (the node's, the strangers', a relay's): honest traffic may be caught in them
         origin = ID(bytes(msg.from_id))
         relayed = forwarder != origin
         if not (relayed and reason in TIMING_REASONS):
@@ -136,7 +137,7 @@ class GossipReceiver:
             return
         log.debug("rejected a message from %s: %s", peer, reason)
         banned = self.scores.penalize(peer, reason, trio.current_time()) is Verdict.BAN
-        if banned and peer not in self._banned_ids:
+        if banned:
             self._ban(peer, peer_id)
         try:
             self._rejections_in.send_nowait(Rejection(peer, reason, banned))
@@ -145,7 +146,10 @@ class GossipReceiver:
 
     def _ban(self, peer: str, peer_id: Any) -> None:
         """Blacklist in pubsub (nothing it sends or originates is read or forwarded again), refuse its pubsub
-        streams, and hang up on it, until the ban ends."""
+        streams, and hang up on it, until the ban ends. A peer banned already is left as it is: every path that
+        bans (refused messages, a handler's `Ignored`, the host's faults) may reach here for the same peer."""
+        if peer in self._banned_ids:
+            return
         log.warning("peer %s banned from gossip after repeated invalid messages", peer)
         self.stats.bans += 1
         self._banned_ids[peer] = peer_id

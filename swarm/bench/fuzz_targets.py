@@ -156,7 +156,7 @@ def decode_gossip_manifest(data: bytes) -> Any:
     """A manifest announcement as a node that knows its run's trainer key (the fuzzing key) decodes it."""
     from swarm.messages.gossip_bodies import run_decoders
 
-    return run_decoders(lambda: SENDER.public_bytes)["manifest"](_envelope_of(data, "manifest"))
+    return run_decoders(lambda: SENDER.public_bytes, now=lambda: NOW)["manifest"](_envelope_of(data, "manifest"))
 
 
 @_cached
@@ -173,9 +173,10 @@ def decode_gossip_votes(data: bytes) -> Any:
 
 
 def decode_gossip_rollouts(data: bytes) -> Any:
-    from swarm.messages.gossip_bodies import decode_rollouts
+    """Rollouts as a node decodes them: stopping at the first refused item, within the node's inflation allowance."""
+    from swarm.messages.gossip_bodies import run_decoders
 
-    return decode_rollouts(_envelope_of(data, "rollout"))
+    return run_decoders(lambda: SENDER.public_bytes, now=lambda: NOW)["rollout"](_envelope_of(data, "rollout"))
 
 
 # ---------------------------------------------------------------------------------------------- rollouts

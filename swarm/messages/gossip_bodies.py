@@ -19,8 +19,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+import trio
+
 from p2p.errors import EnvelopeError
-from p2p.pieces.manifest import decode_signed
+from p2p.ratelimit import Allowance
+from swarm.messages.manifest_check import ManifestSignatures
+from swarm.messages.rollout_codec import DEFAULT_LIMITS, TransportLimits
 from swarm.messages.rollout_transport import items_or_refusal
 from swarm.messages.votes import MAX_VOTES
 from verify.votes import Vote, VoteError, verify_vote
@@ -186,13 +190,15 @@ def decode_votes(env: Any) -> VoteBatch:
     return VoteBatch(tuple(votes))
 
 
-def decode_rollouts(env: Any) -> RolloutMessage:
+def decode_rollouts(env: Any, spend: Callable[[int], bool] | None = None) -> RolloutMessage:
     """swarm.messages.rollout_codec's items of the body; any refused item, one of another worker, or two items for one
     slot (an honest worker answers a slot once) refuse the message. The refusal keeps no traceback (its frames hold the
-    inflated buffers of compressed groups)."""
-    items, refusal = items_or_refusal(env.body)
+    inflated buffers of compressed groups). `spend` is the node's inflation allowance (run_decoders): what it
+    refuses is refused as "node_busy", which costs the sender nothing."""
+    items, refusal = items_or_refusal(env.body, spend=spend)
     if refusal is not None:
-        raise _refuse(f"a rollout item is refused: {refusal}")
+        reason = "node_busy" if refusal.reason == "node_busy" else REASON
+        raise EnvelopeError(reason, f"a rollout item is refused: {refusal} ({refusal.reason})")
     sender = env.sender_peer_id
     if any(getattr(item, "worker", None) != sender for item in items):
         raise _refuse("a rollout item names another worker than its sender")
@@ -201,24 +207,30 @@ def decode_rollouts(env: Any) -> RolloutMessage:
     return RolloutMessage(tuple(items))
 
 
-def run_decoders(trainer_key: Callable[[], bytes | None]) -> Mapping[str, Any]:
-    """DECODERS for a node that knows (or will learn) its run's trainer key: an inline manifest signed by any other
-    key is refused before it is forwarded. `trainer_key()` is read per message (a first-use key is pinned later)."""
+def run_decoders(trainer_key: Callable[[], bytes | None], now: Callable[[], float] = trio.current_time,
+                 limits: TransportLimits = DEFAULT_LIMITS,
+                 signatures: ManifestSignatures | None = None) -> Mapping[str, Any]:
+    """DECODERS for one node that knows (or will learn) its run's trainer key. `trainer_key()` is read per message
+    (a first-use key is pinned later); node-wide allowances are read at `now()`.
+
+    - An inline manifest is forwarded only once its signature verifies against the trainer key (before a key is
+      pinned, the key it names) and it is the manifest announced (swarm.messages.manifest_check; `signatures`
+      holds its node-wide allowance and the manifests verified already).
+    - Compressed rollouts draw on one allowance of inflated bytes for the whole node (`limits`' node_inflate_*),
+      so any number of senders together inflate no more than it allows."""
+    checks = signatures if signatures is not None else ManifestSignatures()
+    inflation = Allowance(limits.node_inflate_bytes_per_s, limits.node_inflate_burst_bytes)
+
     def decode_announcement(env: Any) -> ManifestAnnouncement:
         ann = decode_manifest_announcement(env)
-        key = trainer_key()
-        if ann.signed is not None and key is not None and _signer(ann.signed) != key:
-            raise _refuse("the announced manifest is not signed by the run's trainer key")
+        if ann.signed is not None:
+            checks.check(ann.signed, ann.manifest_id, ann.version, env.sender, trainer_key(), now())
         return ann
 
-    return MappingProxyType({**DECODERS, "manifest": decode_announcement})
+    def decode_node_rollouts(env: Any) -> RolloutMessage:
+        return decode_rollouts(env, lambda size: inflation.take(size, now()))
 
-
-def _signer(signed: bytes) -> bytes | None:
-    try:
-        return decode_signed(signed).public_key
-    except Exception:  # noqa: BLE001 - whatever a hostile wrapper makes the decoder raise, it names no signer
-        return None
+    return MappingProxyType({**DECODERS, "manifest": decode_announcement, "rollout": decode_node_rollouts})
 
 
 DECODERS: Mapping[str, Any] = MappingProxyType({

@@ -23,13 +23,17 @@ rollouts sees both in one subscription):
 
 Every bound is checked before the work it protects: the declared sizes before fetching, the blob's length and
 BLAKE3 before inflating it, the inflated size while inflating (a zip bomb stops at its declared size), and the
-schema, the rollout id and the slot (worker included) after decoding.
+schema, the rollout id and the slot (worker included) after decoding. What a gossip body may declare is bounded by
+what a receiver accepts inline (`max_inline_raw_bytes` for all its items together), not by the largest group, and
+gossip's validator (parse_items_strictly) stops at the first item refused and asks a node-wide allowance before
+inflating each one, so neither one body nor many senders together make a receiver inflate more than it accepts.
 """
 
 from __future__ import annotations
 
 import collections
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import blake3
@@ -58,15 +62,34 @@ class TransportLimits:
     max_group_bytes: int = 64 << 20
     """Largest decoded group accepted or published (the inflation bound). FastCuRL's 24k-token stage with 16
     completions is about 8 MiB; a worker cannot make a receiver inflate more than this."""
+    max_inline_raw_bytes: int = 4 << 20
+    """Largest inflated size of the compressed groups one gossip body carries, all its items together. A group
+    that would inflate to more is announced by hash instead (pack_group, batch_bodies), so a receiver refuses a
+    body declaring more before inflating a byte. Honest groups shrink to about three quarters, so an 800 KiB blob
+    inflates to about 1.1 MiB; a zip bomb could declare a thousand times its size."""
+    node_inflate_bytes_per_s: float = 16 << 20
+    """Inflated bytes per second one node spends on gossip bodies in the long run, over every sender together
+    (gossip_bodies.run_decoders): above what gossip's node-wide admission of 8 MiB/s of envelopes inflates to
+    honestly, far below what 1,000 senders of one bomb each would declare."""
+    node_inflate_burst_bytes: float = 32 << 20
+    """Inflated bytes one node spends on gossip bodies at once."""
     max_blob_bytes: int = 64 << 20
     """Largest compressed blob a receiver fetches (zlib never grows data by more than a few bytes per 16 KiB)."""
     level: int = 1
     """zlib level. Measured on a synthetic 7.8 MiB group (16 x 24k tokens): level 1 gives 0.75 of the size in
     0.6 s, level 6 0.72 in 2.4 s; proofs and logprob mantissas are near-random, so the extra effort buys little."""
 
+    @property
+    def inline_raw_limit(self) -> int:
+        """The most one gossip body may inflate to: what a receiver accepts inline, and never above one group."""
+        return min(self.max_inline_raw_bytes, self.max_group_bytes)
+
     def __post_init__(self) -> None:
-        if min(self.inline_bytes, self.max_group_bytes, self.max_blob_bytes) <= 0 or not 0 <= self.level <= 9:
+        if min(self.inline_bytes, self.max_group_bytes, self.max_blob_bytes, self.max_inline_raw_bytes,
+               self.node_inflate_bytes_per_s) <= 0 or not 0 <= self.level <= 9:
             raise ValueError("transport limits must be positive and the zlib level within 0..9")
+        if self.node_inflate_burst_bytes < self.max_inline_raw_bytes:
+            raise ValueError("node_inflate_burst_bytes must hold one body's max_inline_raw_bytes")
 
 
 DEFAULT_LIMITS = TransportLimits()
@@ -145,7 +168,7 @@ def pack_group(group: RolloutGroup, addrs: tuple[str, ...] = (), limits: Transpo
     blob = zlib.compress(raw, limits.level)
     if len(raw) <= len(blob) and len(raw) <= limits.inline_bytes:
         return Outgoing({"group": group.to_wire()})
-    if len(blob) <= limits.inline_bytes:
+    if len(blob) <= limits.inline_bytes and len(raw) <= limits.inline_raw_limit:
         return Outgoing({"z": blob, "n": len(raw)})
     ann = Announcement(blake3.blake3(blob).digest(), len(blob), len(raw), group.worker, blake3.blake3(raw).digest(),
                        group.policy_version, _own_addrs(addrs, group.worker), group.run, group.step, group.dataset,
@@ -163,6 +186,9 @@ def parse_body(body: object, limits: TransportLimits = DEFAULT_LIMITS) -> Rollou
         blob, raw_size = body["z"], body.get("n")
         if not isinstance(blob, bytes) or not _is_size(raw_size):
             raise RolloutRefused("schema", "a compressed rollout needs bytes 'z' and a size 'n'")
+        if raw_size > limits.inline_raw_limit:
+            raise RolloutRefused("oversized", f"an inline rollout declares {raw_size} inflated bytes, above the "
+                                 f"{limits.inline_raw_limit}-byte bound (larger groups are announced)")
         return decode_blob(blob, raw_size, limits)
     if "ann" in body:
         return parse_announcement(body["ann"], limits)
@@ -170,17 +196,19 @@ def parse_body(body: object, limits: TransportLimits = DEFAULT_LIMITS) -> Rollou
 
 
 def batch_bodies(bodies: list[dict], limits: TransportLimits = DEFAULT_LIMITS) -> list[dict]:
-    """pack_group bodies combined, in order, into as few gossip bodies as fit `inline_bytes` (and MAX_BATCH_ITEMS)
-    each; a body that ends up alone is sent as itself."""
+    """pack_group bodies combined, in order, into as few gossip bodies as fit `inline_bytes`, MAX_BATCH_ITEMS and
+    `max_inline_raw_bytes` inflated each; a body that ends up alone is sent as itself."""
     out: list[list[dict]] = []
-    size = 0
+    size = inflated = 0
     for body in bodies:
-        body_size = len(msgpack.packb(body, use_bin_type=True))
-        if not out or len(out[-1]) == MAX_BATCH_ITEMS or size + body_size > limits.inline_bytes:
+        body_size, body_inflated = len(msgpack.packb(body, use_bin_type=True)), _declared(body)
+        if (not out or len(out[-1]) == MAX_BATCH_ITEMS or size + body_size > limits.inline_bytes
+                or inflated + body_inflated > limits.inline_raw_limit):
             out.append([])
-            size = 0
+            size = inflated = 0
         out[-1].append(body)
         size += body_size
+        inflated += body_inflated
     return [items[0] if len(items) == 1 else {"batch": items} for items in out]
 
 
@@ -188,19 +216,50 @@ def parse_items(body: object,
                 limits: TransportLimits = DEFAULT_LIMITS) -> list[RolloutGroup | Announcement | RolloutRefused]:
     """Every item a gossip body carries (one, or a batch's), each a group, an announcement or its own refusal.
 
-    RolloutRefused is raised only for a batch refused as a whole: not a list, empty, longer than MAX_BATCH_ITEMS, or
-    declaring more inflated bytes in total than one group may have (a batch must not multiply the zip-bomb bound).
+    RolloutRefused is raised only for a body refused as a whole: a batch that is not a list, empty or longer than
+    MAX_BATCH_ITEMS, or a body declaring more inflated bytes in total than one body may carry.
     """
-    if not (isinstance(body, dict) and "batch" in body):
-        return [_parsed_or_refusal(body, limits)]
-    items = body["batch"]
+    return [_parsed_or_refusal(item, limits) for item in _bodies(body, limits)]
+
+
+def parse_items_strictly(body: object, limits: TransportLimits = DEFAULT_LIMITS,
+                         spend: Callable[[int], bool] | None = None) -> list[RolloutGroup | Announcement]:
+    """Every item of a gossip body, or RolloutRefused for the first item refused: no item after it is inflated.
+
+    Why: gossip's validator refuses the whole message for any refused item, so parsing on would only spend CPU
+    and memory on a message that is dropped anyway. `spend(n)` is the node-wide allowance, asked for a compressed
+    item's declared inflated size before it is inflated; False refuses it as "node_busy" (hostile=False: the
+    node's budget is shared, the sender may be honest)."""
+    items = []
+    for item in _bodies(body, limits):
+        declared = _declared(item)
+        if declared and spend is not None and not spend(declared):
+            raise RolloutRefused("node_busy", "this node inflates no more rollout bytes for now", hostile=False)
+        parsed = _parsed_or_refusal(item, limits)
+        if isinstance(parsed, RolloutRefused):
+            raise parsed
+        items.append(parsed)
+    return items
+
+
+def _bodies(body: object, limits: TransportLimits) -> list:
+    """The bodies a gossip body carries (itself, or a batch's), once they declare no more inflated bytes together
+    than a receiver accepts inline (a batch must not multiply the zip-bomb bound)."""
+    items = body["batch"] if isinstance(body, dict) and "batch" in body else [body]
     if not isinstance(items, list) or not 0 < len(items) <= MAX_BATCH_ITEMS:
         raise RolloutRefused("schema", f"a rollout batch must list 1 to {MAX_BATCH_ITEMS} bodies")
-    declared = sum(item["n"] for item in items if isinstance(item, dict) and "z" in item and _is_size(item.get("n")))
-    if declared > limits.max_group_bytes:
-        raise RolloutRefused("oversized", f"a rollout batch declares {declared} inflated bytes, above the "
-                             f"{limits.max_group_bytes}-byte bound")
-    return [_parsed_or_refusal(item, limits) for item in items]
+    declared = sum(_declared(item) for item in items)
+    if declared > limits.inline_raw_limit:
+        raise RolloutRefused("oversized", f"a rollout body declares {declared} inflated bytes, above the "
+                             f"{limits.inline_raw_limit}-byte bound (larger groups are announced)")
+    return items
+
+
+def _declared(body: object) -> int:
+    """The inflated size a compressed inline body declares (0 for any other body)."""
+    if isinstance(body, dict) and "z" in body and _is_size(body.get("n")):
+        return body["n"]
+    return 0
 
 
 def _parsed_or_refusal(body: object, limits: TransportLimits) -> RolloutGroup | Announcement | RolloutRefused:

@@ -42,6 +42,7 @@ from swarm.messages.rollout_codec import (
     open_blob,
     pack_group,
     parse_items,
+    parse_items_strictly,
 )
 from swarm.node.ports import HostPort, PeerNetwork
 
@@ -256,18 +257,19 @@ async def receive_envelope(node: PeerNetwork, env: Any, refused: Callable[[str],
     return groups
 
 
-def items_or_refusal(body: object, limits: TransportLimits = DEFAULT_LIMITS) -> tuple[list, str | None]:
-    """(the items of a rollout body, None), or ([], why) when the body or any item of it is refused.
+def items_or_refusal(body: object, limits: TransportLimits = DEFAULT_LIMITS,
+                     spend: Callable[[int], bool] | None = None) -> tuple[list, RolloutRefused | None]:
+    """(the items of a rollout body, None), or ([], the refusal) for the first item refused (none after it is
+    inflated) or the body as a whole; `spend` is the node-wide inflation allowance
+    (swarm.messages.rollout_codec.parse_items_strictly).
 
-    Why not the exceptions themselves: a refusal raised while inflating a compressed group carries a traceback
-    whose frames hold the inflated buffer (130 MiB for one 64-item batch would stay alive that way); only its text is
-    kept, and every reference to the parsed items goes with the refusal."""
+    Why not raise: a refusal raised while inflating a compressed group carries a traceback whose frames hold the
+    inflated buffer (up to the body's inflated bound would stay alive that way); the refusal comes back without
+    it, and every reference to the parsed items goes with it."""
     try:
-        items = [_without_traceback(item) for item in parse_items(body, limits)]
+        return [_without_traceback(item) for item in parse_items_strictly(body, limits, spend)], None
     except RolloutRefused as exc:
-        return [], f"{_without_traceback(exc)} ({exc.reason})"
-    refusals = [f"{item} ({item.reason})" for item in items if isinstance(item, RolloutRefused)]
-    return ([], refusals[0]) if refusals else (items, None)
+        return [], _without_traceback(exc)
 
 
 def _without_traceback(exc):
