@@ -78,8 +78,12 @@ def test_train_sim_and_the_config_share_task_async_level_and_learning_rate(tmp_p
     assert (train.task, train.async_level, train.lr) == (None, None, None)  # unset: the config's default holds
     sim = build_parser(["sim"]).parse_args(["sim"])
     assert sim.task is None  # unset: the simulation's default, or its --config file's, holds
-    assert SIM_DEFAULTS["task"] == defaults.task == SimSettings(out=tmp_path).task
+    assert defaults.task == SimSettings(out=tmp_path).task  # settings built in code default to the trainer's
     assert sim.async_level == SIM_ASYNC_LEVEL == SimSettings(out=tmp_path).async_level != defaults.async_level
     simulated = load_config(_trainer_toml(SimSettings(out=tmp_path))).config
     assert (simulated.task, simulated.lr) == (defaults.task, defaults.lr)
+    # the command's own defaults: tiny-sum on its task at its learning rate (swarm.cli.sim.SIM_LEARNING_RATES)
+    assert (SIM_DEFAULTS["model"], SIM_DEFAULTS["task"]) == ("tiny-sum", "chain_sum")
+    demo = load_config(_trainer_toml(SimSettings(out=tmp_path, model="tiny-sum", lr=5e-4))).config
+    assert (demo.model, demo.lr) == ("tiny-sum", 5e-4)
     assert simulated.async_level == SIM_ASYNC_LEVEL  # the one override, named in --async-level's help

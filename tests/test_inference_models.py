@@ -38,7 +38,7 @@ def test_a_trainer_written_directory_loads_with_its_description(tmp_path, tiny):
 
 
 def test_paths_that_do_not_load_are_one_clear_error(tmp_path):
-    with pytest.raises(InferenceError, match="neither 'tiny', 'smollm2' nor an existing directory"):
+    with pytest.raises(InferenceError, match=r"neither built in \(tiny, tiny-sum, smollm2\), an existing directory"):
         load_model(str(tmp_path / "nope"))
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -43,7 +43,7 @@ def run_swarm(*args: str) -> subprocess.CompletedProcess:
             ["peer", "start", "--validator-key", "ab" * 32],
             "--validator-key lists 1 distinct key(s) but the quorum needs 2 validators",
         ),
-        (["peer", "start", "--role", "inference", "--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
+        (["peer", "start", "--role", "inference", "--model", "/nonexistent/model"], "is neither built in (tiny,"),
         (
             ["peer", "start", "--role", "trainer", "--trainer-config", "/nonexistent.toml"],
             "/nonexistent.toml does not exist",
@@ -204,7 +204,7 @@ def test_a_data_or_output_directory_that_is_a_file_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("flags, fragment", [
     (["--task", "nosuchtask"], "unknown task 'nosuchtask'"),
-    (["--model", "/nonexistent/model"], "is neither 'tiny', 'smollm2' nor"),
+    (["--model", "/nonexistent/model"], "is neither built in (tiny,"),
 ])
 def test_a_refused_train_creates_no_output_directory(tmp_path, flags, fragment):
     """The refusal comes once --out exists (the task and the model load inside the session); what the command

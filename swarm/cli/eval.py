@@ -69,12 +69,12 @@ def run(args) -> int:
     cfg = load_config(args.config, {**overrides, **free}, args.set).config  # flags given override the config's
     check_model_spec(cfg.model)  # before the task set is built: a missing model is one line at once
     settings_from = "config" if args.config else "policy's run" if free else "defaults"
-    if settings_from != "config" and not args.json:
-        print(_settings_line(cfg, bool(free)), file=sys.stderr)
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None:
         max_new_tokens = cfg.max_new_tokens if args.config else DEFAULT_MAX_NEW_TOKENS
-    _, heldout = load_task_split(cfg)
+    _, heldout = load_task_split(cfg)  # a task that does not load is one line, with no settings line before it
+    if settings_from != "config" and not args.json:
+        print(_settings_line(cfg, bool(free)), file=sys.stderr)
     with progress_bars(bar_console(args.json)) as bars:
         model_bar = bars.bar(f"model {cfg.model}")
         loaded = load_model(cfg.model, on_step=model_bar.step)
