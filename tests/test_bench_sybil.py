@@ -1,0 +1,49 @@
+"""`swarm bench sybil` at its smallest: four fresh identities against real `swarm peer start` targets, a few seconds
+per kind. The JSON has one row per kind with the target's measured cost, and the measurements are real: the flood's
+identities are banned by the target and its CPU and memory come from the running process."""
+
+from __future__ import annotations
+
+import json
+
+from swarm.bench.sybil import finish_row
+from swarm.cli.main import main
+
+ROW_KEYS = {"kind", "identities", "target_cpu_share", "target_rss_above_baseline_mib", "honest_completion_s",
+            "forwarded", "bans", "third_party_connections", "peer_died", "targets", "pass"}
+
+
+def test_gossip_kinds_report_the_targets_real_cost_as_json(capsys):
+    argv = ["bench", "sybil", "--identities", "4", "--seconds", "5", "--parallel", "2",
+            "--kinds", "gossip-flood,rollout-bombs", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    flood, bombs = report["kinds"]
+    assert report["identities"] == 4 and [flood["kind"], bombs["kind"]] == ["gossip-flood", "rollout-bombs"]
+    for row in (flood, bombs):
+        assert ROW_KEYS <= set(row)
+        assert row["peer_died"] is False and row["target_cpu_share"] > 0
+        assert row["target_baseline_rss_mib"] > 50 and row["identities_used"] >= 1
+        assert set(row["targets"]) == {"no_peer_died", "cpu_under_10pct", "rss_under_150mib"}
+        assert row["pass"] == all(row["targets"].values())
+    assert flood["bans"] > 0 and flood["refused"] > 0 and flood["sent"] > flood["forwarded"]
+    assert bombs["sent"] > 0
+
+
+def test_each_target_is_judged_from_the_row():
+    row = finish_row("relay", 10, {"target_cpu_share": 0.5, "target_rss_above_baseline_mib": 10.0,
+                                   "peer_died": False, "honest_completion_s": {"with": 31.0, "without": 10.0},
+                                   "third_party_connections": 30, "reservation_after_s": None})
+    assert row["targets"] == {"no_peer_died": True, "cpu_under_10pct": False, "rss_under_150mib": True,
+                              "honest_within_3x": False, "third_party_few_per_identity": True,
+                              "reservation_within_seconds": False}
+    assert row["pass"] is False
+    fine = finish_row("relay", 10, {"target_cpu_share": 0.01, "target_rss_above_baseline_mib": 1.0,
+                                    "peer_died": False, "honest_completion_s": {"with": 29.0, "without": 10.0},
+                                    "third_party_connections": 31, "reservation_after_s": 1.5})
+    assert fine["targets"]["honest_within_3x"] and not fine["targets"]["third_party_few_per_identity"]
+
+
+def test_an_unknown_kind_is_one_sentence(capsys):
+    assert main(["bench", "sybil", "--kinds", "gossip-flood,teleport"]) == 2
+    assert "teleport" in capsys.readouterr().err
