@@ -31,6 +31,8 @@ import trio
 
 from swarm.bench.sybil_gossip import gossip_flood, rollout_bombs
 from swarm.bench.sybil_measure import fresh_identities, start_peer
+from swarm.bench.sybil_punch import run_hole_punches
+from swarm.bench.sybil_relay import relay_reservations
 from swarm.errors import UserError
 
 RUN = "bench-sybil"
@@ -41,11 +43,11 @@ THIRD_PARTY_PER_IDENTITY_MAX = 3.0
 RESERVATION_WITHIN_S = 5.0
 
 
-def _single_target(attack: Callable) -> Callable[[Path, int, argparse.Namespace], dict]:
-    """A kind whose target is one seed peer and whose attack runs against it alone."""
+def _single_target(attack: Callable, *flags: str) -> Callable[[Path, int, argparse.Namespace], dict]:
+    """A kind whose target is one seed peer (started with `flags`) and whose attack runs against it alone."""
 
     def run_kind(work: Path, n: int, args: argparse.Namespace) -> dict:
-        target = start_peer(work, "target", RUN)
+        target = start_peer(work, "target", RUN, *flags)
         try:
             return trio.run(attack, target, RUN, fresh_identities(n), args)
         finally:
@@ -57,6 +59,8 @@ def _single_target(attack: Callable) -> Callable[[Path, int, argparse.Namespace]
 KINDS: dict[str, Callable[[Path, int, argparse.Namespace], dict]] = {
     "gossip-flood": _single_target(gossip_flood),
     "rollout-bombs": _single_target(rollout_bombs),
+    "relay": _single_target(relay_reservations, "--set", "reach.mode=public"),
+    "hole-punch": lambda work, n, args: run_hole_punches(work, RUN, n, args),
 }
 
 
@@ -67,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="messages a second each gossip attacker sends")
     parser.add_argument("--per-identity-s", dest="per_identity_s", type=float, default=10.0,
                         help="longest a gossip attacker goes on before the next identity takes its place")
-    parser.add_argument("--parallel", type=int, default=4, help="gossip attackers attacking at once")
+    parser.add_argument("--parallel", type=int, default=4, help="attackers attacking at once (gossip, reservations)")
+    parser.add_argument("--reservation-wait-s", dest="reservation_wait_s", type=float, default=15.0,
+                        help="longest the honest private peer asks the relay for a reservation")
     parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep the peers' files here (default: temp)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
 

@@ -137,6 +137,24 @@ def attacker_config(identity: Identity, reach_mode: str = "public") -> HostConfi
                       reach=ReachConfig(mode=reach_mode, hole_punch=False, relay=RelayLimits(serve=False)))
 
 
+async def in_lanes(identities: list[Identity], parallel: int, each) -> list:
+    """`each(identity)` for every identity, `parallel` at a time; an identity whose attempt raised gives None."""
+    queue, results = list(identities), []
+
+    async def lane() -> None:
+        while queue:
+            identity = queue.pop(0)
+            try:
+                results.append(await each(identity))
+            except Exception:  # noqa: BLE001 - the target refused this identity: the next one
+                results.append(None)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(max(1, parallel)):
+            nursery.start_soon(lane)
+    return results
+
+
 def fresh_identities(n: int) -> list[Identity]:
     return [Identity.generate() for _ in range(n)]
 
