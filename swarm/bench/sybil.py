@@ -30,6 +30,7 @@ from pathlib import Path
 import trio
 
 from swarm.bench.sybil_gossip import gossip_flood, rollout_bombs
+from swarm.bench.sybil_links import run_link_squatting
 from swarm.bench.sybil_measure import fresh_identities, start_peer
 from swarm.bench.sybil_punch import run_hole_punches
 from swarm.bench.sybil_relay import relay_reservations
@@ -59,6 +60,7 @@ def _single_target(attack: Callable, *flags: str) -> Callable[[Path, int, argpar
 KINDS: dict[str, Callable[[Path, int, argparse.Namespace], dict]] = {
     "gossip-flood": _single_target(gossip_flood),
     "rollout-bombs": _single_target(rollout_bombs),
+    "link-squatting": lambda work, n, args: run_link_squatting(work, RUN, n, args),
     "relay": _single_target(relay_reservations, "--set", "reach.mode=public"),
     "hole-punch": lambda work, n, args: run_hole_punches(work, RUN, n, args),
 }
@@ -74,6 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=int, default=4, help="attackers attacking at once (gossip, reservations)")
     parser.add_argument("--reservation-wait-s", dest="reservation_wait_s", type=float, default=15.0,
                         help="longest the honest private peer asks the relay for a reservation")
+    parser.add_argument("--squat-mb", dest="squat_mb", type=float, default=8.0,
+                        help="size of the policy the honest peers fetch in the link-squatting runs, MiB")
+    parser.add_argument("--squat-mbps", dest="squat_mbps", type=float, default=64.0,
+                        help="upload cap of the publisher and honest peers in the link-squatting runs, Mbit/s")
     parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep the peers' files here (default: temp)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
 
@@ -120,8 +126,9 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="swarm-bench-sybil-") as tmp:
         for kind in kinds:
-            work = (args.work_dir or Path(tmp)) / kind
-            work.mkdir(parents=True, exist_ok=True)
+            base = args.work_dir or Path(tmp)
+            base.mkdir(parents=True, exist_ok=True)
+            work = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=base))  # a kept --work-dir is never reused
             rows.append(finish_row(kind, args.identities, KINDS[kind](work, args.identities, args)))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # each kind as it is measured
     print(json.dumps({"identities": args.identities, "kinds": rows, "pass": all(r["pass"] for r in rows)}))

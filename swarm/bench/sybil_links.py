@@ -1,0 +1,152 @@
+"""`swarm bench sybil`'s link-squatting attack: a crowd of fresh identities opens a data link to every peer for each
+new policy version, claims to hold no piece, and never requests or serves one.
+
+Two runs of a publisher and three honest peers (`swarm bench broadcast`'s processes, fully connected and warmed up
+as there): one without the crowd, one with N identities connected to every peer before the version is announced;
+each identity learns the version from gossip (one spy stands in for all of them) and opens a link to every peer.
+Reported: the honest peers' completion time (announcement to the last honest peer holding every piece) with and
+without the crowd, the publisher's CPU and memory over the run with the crowd (it holds the only copy at first, so a
+squatter there costs every honest peer), and the links the crowd got open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import trio
+
+from p2p.channel.service import open_data_channel
+from p2p.gossip.service import open_gossip
+from p2p.host.p2p_host import open_host
+from p2p.identity import Identity, write_key_file
+from p2p.pieces.manifest import open_signed_manifest
+from p2p.pieces.wire import FrameDecoder, Hello, message_frame, pack_bits, read_frame, send_buffers
+from swarm.bench.broadcast import _PUBLISHER, EventProcess, _make_checkpoint, _peer_argvs, _warm_up
+from swarm.bench.local_ports import free_ports
+from swarm.bench.sybil_measure import Meter, attacker_config, fresh_identities, sample_until_cancelled
+from swarm.messages.gossip_bodies import DECODERS, decode_manifest_announcement
+from swarm.policy.link_preamble import inline_manifest, send_preamble
+
+HONEST_PEERS = 3
+PIECE_KB = 256
+START_TIMEOUT_S = 60.0
+WARMUP_S = 20.0
+LINK_TIMEOUT_S = 10.0
+
+
+async def squat(host, peer_id: str, manifest_id: bytes, signed: bytes, num_pieces: int, opened: list[int]) -> None:
+    """One link to `peer_id` for the version: the preamble, a Hello holding nothing, then silence; what the peer
+    sends is read and dropped until it hangs up."""
+    with trio.move_on_after(LINK_TIMEOUT_S) as opening:
+        stream = await open_data_channel(host, peer_id)
+        await send_preamble(stream, manifest_id, inline_manifest(signed))
+        await send_buffers(stream, message_frame(Hello(manifest_id, pack_bits(bytes(num_pieces)))))
+    if opening.cancelled_caught:
+        return
+    opened[0] += 1
+    decoder = FrameDecoder(max_payload=4 << 20)
+    while await read_frame(stream, decoder) is not None:
+        pass
+
+
+async def crowd_member(identity: Identity, addrs: list[str], version: trio.Event, found: dict, opened: list[int],
+                       task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Connect to every peer, wait for the version, open a link to each and hold them."""
+    async with open_host(attacker_config(identity)) as host, trio.open_nursery() as nursery:
+        for addr in addrs:
+            await _quietly(host.connect, addr)
+        task_status.started()
+        await version.wait()
+        for addr in addrs:
+            nursery.start_soon(_quietly, squat, host, addr.rsplit("/p2p/", 1)[1], found["id"], found["signed"],
+                               found["pieces"], opened)
+
+
+async def _quietly(fn, *args) -> None:
+    try:
+        await fn(*args)
+    except Exception:  # noqa: BLE001 - a peer refused this squatter's dial or link: it tries the others
+        pass
+
+
+async def spy(run: str, addr: str, found: dict, version: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Hear the version's announcement for the whole crowd and set `version` with its manifest in `found`."""
+    async with open_host(attacker_config(Identity.generate())) as host, \
+            open_gossip(host, run, kinds=("manifest",), decoders=DECODERS) as gossip:
+        await host.connect(addr)
+        task_status.started()
+        async for env in gossip.subscribe("manifest"):
+            announced = decode_manifest_announcement(env)
+            if announced.signed is not None:
+                manifest = open_signed_manifest(announced.signed).manifest
+                found.update(id=announced.manifest_id, signed=announced.signed, pieces=manifest.num_pieces)
+                version.set()
+                return
+
+
+def _start(work: Path, tag: str, key: Identity, args) -> list[EventProcess]:
+    """The publisher (waiting for a line on stdin) and the honest peers, all started at once."""
+    seed_port, *ports = free_ports(HONEST_PEERS + 1)
+    seed_listen = f"/ip4/127.0.0.1/tcp/{seed_port}"
+    pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
+                        str(work / f"{tag}-seed"), str(PIECE_KB), str(args.squat_mbps), seed_listen],
+                       work / f"{tag}-seed.log", stdin=subprocess.PIPE)
+    procs = [pub]
+    peer_args = SimpleNamespace(peers=HONEST_PEERS, upload_mbps=args.squat_mbps)
+    for i, argv in enumerate(_peer_argvs(work, peer_args, tag, key.public_bytes.hex(),
+                                         f"{seed_listen}/p2p/{key.peer_id}", True, ports)):
+        procs.append(EventProcess(argv, work / f"{tag}-peer{i}.log"))
+    return procs
+
+
+def _completion(procs: list[EventProcess], timeout: float) -> float | None:
+    """Announcement to the last honest peer's `complete`; None when one did not complete in time."""
+    published = procs[0].wait_for("published", time.monotonic() + timeout)
+    try:
+        done = [p.wait_for("complete", time.monotonic() + timeout, id=published["id"]) for p in procs[1:]]
+    except Exception:  # noqa: BLE001 - UserError: a peer exited or ran out of time
+        return None
+    return round(max(d["t"] for d in done) - published["t"], 2)
+
+
+async def squat_phase(work: Path, tag: str, key: Identity, identities: list[Identity], args) -> dict:
+    """One run: start, warm up, connect the crowd, announce, time the honest peers' completion."""
+    procs = _start(work, tag, key, args)
+    try:
+        listening = [await trio.to_thread.run_sync(p.wait_for, "listening", time.monotonic() + START_TIMEOUT_S)
+                     for p in procs]
+        addrs = [event["addrs"][0] for event in listening]
+        await trio.to_thread.run_sync(_warm_up, procs, time.monotonic() + WARMUP_S)
+        meter, found, version, opened = Meter(procs[0].popen.pid), {}, trio.Event(), [0]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(spy, f"bench-{tag}", addrs[0], found, version)
+            for identity in identities:
+                await nursery.start(crowd_member, identity, addrs, version, found, opened)
+            meter.start()
+            nursery.start_soon(sample_until_cancelled, meter)
+            procs[0].popen.stdin.write("go\n")
+            procs[0].popen.stdin.flush()
+            took = await trio.to_thread.run_sync(_completion, procs, args.seconds * 3)
+            meter.stop()
+            nursery.cancel_scope.cancel()
+        died = any(p.popen.poll() is not None for p in procs)
+    finally:
+        for p in procs:
+            p.stop()
+    return {"completion_s": took, "links_opened": opened[0], "meter": meter, "died": died}
+
+
+def run_link_squatting(work: Path, run: str, n: int, args: argparse.Namespace) -> dict:
+    """Without the crowd, then with it; the publisher measured over the run with it."""
+    _make_checkpoint(work / "ckpt", args.squat_mb)
+    key = Identity.generate()
+    write_key_file(work / "trainer.key", key)
+    without = trio.run(squat_phase, work, "squat-alone", key, [], args)
+    crowd = trio.run(squat_phase, work, "squat-crowd", key, fresh_identities(n), args)
+    return {**crowd["meter"].result(), "target": "publisher", "size_mb": args.squat_mb,
+            "honest_completion_s": {"with": crowd["completion_s"], "without": without["completion_s"]},
+            "links_opened": crowd["links_opened"], "peer_died": crowd["died"] or without["died"]}
