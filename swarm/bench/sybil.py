@@ -12,6 +12,8 @@ object with one row per kind:
 - bans: peers the target banned during the attack (its metrics);
 - third_party_connections: connections a listener the bench owns received (hole punches; else null);
 - peer_died: whether any peer the bench started exited during the attack;
+- reservation_after_s, honest_circuit_after_crowd_s: seconds until an honest private peer holds a reservation on the
+  relay once the attackers left, and an honest circuit through it once their circuits closed (relay; null: never);
 - targets: each pass/fail below, and `pass` when all hold.
 
 The kinds (swarm/bench/sybil_*.py): gossip-flood, rollout-bombs, link-squatting, relay, hole-punch. The machine is
@@ -98,6 +100,8 @@ def targets(row: dict, n: int) -> dict[str, bool]:
     if "reservation_after_s" in row:
         waited = row["reservation_after_s"]
         checks["reservation_within_seconds"] = waited is not None and waited <= RESERVATION_WITHIN_S
+    if "honest_circuit_after_crowd_s" in row:
+        checks["honest_circuit_after_crowd"] = row["honest_circuit_after_crowd_s"] is not None
     return checks
 
 

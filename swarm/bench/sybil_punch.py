@@ -3,7 +3,9 @@ sessions whose CONNECT names third-party addresses; the private peer answers SYN
 
 The third party is the bench's own: listeners on 127.0.0.2 to 127.0.0.9 that count every TCP connection they receive
 (and close it). Each identity runs up to PUNCH_SESSIONS sessions on one circuit, then reconnects with the same
-identity and runs them again (RECONNECTS circuits in all): a bound that a reconnection resets is no bound. Reported:
+identity and runs them again (RECONNECTS circuits in all): a bound that a reconnection resets is no bound. Circuits
+the relay refuses are counted (`circuits_refused`): a relay that runs out of circuits to the private peer caps the
+attack, and shuts out honest peers just the same. Reported:
 the private peer's CPU and memory, the third-party connections, and the sessions the peer took part in.
 """
 
@@ -88,22 +90,36 @@ async def punch_from(identity: Identity, relay_addr: str, peer_id: str, addrs: l
     for _ in range(RECONNECTS):
         async with open_host(attacker_config(identity)) as host:
             await host.connect(relay_addr)
-            await host.connect(f"{relay_addr}/p2p-circuit/p2p/{peer_id}")
+            try:
+                await host.connect(f"{relay_addr}/p2p-circuit/p2p/{peer_id}")
+            except Exception:  # noqa: BLE001 - HostError: the relay refused the circuit
+                tally["circuits_refused"] += 1
+                continue
             tally["circuits"] += 1
-            for _ in range(PUNCH_SESSIONS):
-                try:
-                    answered = await punch_session(host, peer_id, addrs)
-                except Exception:  # noqa: BLE001 - the peer reset the stream or the circuit: refused
-                    answered = False
-                tally["sessions_answered" if answered else "sessions_refused"] += 1
-                if not answered:
-                    break
+            await _sessions(host, peer_id, addrs, tally)
+
+
+async def _sessions(host, peer_id: str, addrs: list[str], tally: dict) -> None:
+    """Up to PUNCH_SESSIONS sessions on one circuit; after a refusal, the next waits for the peer's punch under way
+    to end (it answers one session at a time); two refusals in a row end the circuit's turn."""
+    refused_in_a_row = 0
+    for _ in range(PUNCH_SESSIONS):
+        try:
+            answered = await punch_session(host, peer_id, addrs)
+        except Exception:  # noqa: BLE001 - the peer reset the stream or the circuit: refused
+            answered = False
+        tally["sessions_answered" if answered else "sessions_refused"] += 1
+        refused_in_a_row = 0 if answered else refused_in_a_row + 1
+        if refused_in_a_row == 2:
+            return
+        if not answered:
+            await trio.sleep(SESSION_TIMEOUT_S)
 
 
 async def hole_punches(private: Target, relay: Target, identities: list[Identity], args) -> dict:
     """The attack against `private`, reached through `relay`, measured over the attack."""
     meter, third = Meter(private.pid), ThirdParty()
-    tally = {"circuits": 0, "sessions_answered": 0, "sessions_refused": 0}
+    tally = {"circuits": 0, "circuits_refused": 0, "sessions_answered": 0, "sessions_refused": 0}
     async with trio.open_nursery() as nursery:
         await nursery.start(third.serve)
         meter.start()

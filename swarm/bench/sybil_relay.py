@@ -1,10 +1,11 @@
 """`swarm bench sybil`'s relay attack: N fresh identities take reservations on a public peer serving as a relay and
 leave; then an honest private peer asks that relay for a reservation; then every identity holds a circuit through
-the relay to the honest peer while another honest peer dials it through the relay.
+the relay to an honest private peer that reserved before the crowd came, while an honest peer dials it through the
+relay, and dials it again once the crowd has closed its circuits.
 
 Reported beside the relay's CPU and memory: reservations the attackers were granted, seconds from the last attacker
 leaving to the honest peer's reservation (null: none within `--reservation-wait-s`), circuits the attackers held, and
-seconds the honest circuit took (null: refused or timed out).
+seconds each honest circuit took (null: refused or timed out).
 """
 
 from __future__ import annotations
@@ -71,15 +72,18 @@ async def timed_circuit(relay_addr: str, peer_id: str) -> float | None:
 
 
 async def circuits_phase(identities: list[Identity], relay_addr: str, peer_id: str) -> dict:
-    """Every identity holds a circuit to `peer_id`, opened all at once; meanwhile an honest peer dials one."""
+    """Every identity holds a circuit to `peer_id`, opened all at once; meanwhile an honest peer dials one, and
+    again once the crowd has closed its circuits (a relay that does not take them back stays shut)."""
     held, release = [0], trio.Event()
     async with trio.open_nursery() as nursery:
         for identity in identities:
             nursery.start_soon(_quietly, hold_circuit, identity, relay_addr, peer_id, held, release)
         await trio.sleep(min(CIRCUIT_TIMEOUT_S, 1.0 + 0.1 * len(identities)))  # the crowd's dials go out first
-        honest_s = await timed_circuit(relay_addr, peer_id)
+        during = await timed_circuit(relay_addr, peer_id)
         release.set()
-    return {"circuits_held": held[0], "honest_circuit_s": honest_s}
+    await trio.sleep(1.0)
+    after = await timed_circuit(relay_addr, peer_id)
+    return {"circuits_held": held[0], "honest_circuit_s": during, "honest_circuit_after_crowd_s": after}
 
 
 async def _quietly(fn, *args) -> None:
@@ -92,17 +96,15 @@ async def _quietly(fn, *args) -> None:
 async def relay_reservations(relay: Target, run: str, identities: list[Identity], args) -> dict:
     """The whole relay attack against `relay` (a public `swarm peer start`), measured from the first reservation."""
     meter = Meter(relay.pid)
-    async with trio.open_nursery() as nursery:
+    async with open_host(private_config(Identity.generate(), relay.addr)) as early, trio.open_nursery() as nursery:
         meter.start()
         nursery.start_soon(sample_until_cancelled, meter)
         with trio.move_on_after(args.seconds):
             granted = await in_lanes(identities, args.parallel, lambda i: reserve_and_leave(i, relay.addr))
         left_at = trio.current_time()
-        async with open_host(private_config(Identity.generate(), relay.addr)) as honest:
-            after = await wait_reserved(honest, relay.addr, left_at, args.reservation_wait_s)
-            circuits = {"circuits_held": None, "honest_circuit_s": None}
-            if after is not None:
-                circuits = await circuits_phase(identities, relay.addr, honest.peer_id)
+        async with open_host(private_config(Identity.generate(), relay.addr)) as late:
+            after = await wait_reserved(late, relay.addr, left_at, args.reservation_wait_s)
+        circuits = await circuits_phase(identities, relay.addr, early.peer_id)
         meter.stop()
         nursery.cancel_scope.cancel()
     return {**meter.result(), "reservations_granted": sum(bool(g) for g in granted),
