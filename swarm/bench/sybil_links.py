@@ -36,6 +36,8 @@ PIECE_KB = 256
 START_TIMEOUT_S = 60.0
 WARMUP_S = 20.0
 LINK_TIMEOUT_S = 10.0
+CROWD_CONNECT_S = 30.0
+"""Longest the crowd has to connect to every peer before the version is announced."""
 
 
 async def squat(host, peer_id: str, manifest_id: bytes, signed: bytes, num_pieces: int, opened: list[int]) -> None:
@@ -54,12 +56,12 @@ async def squat(host, peer_id: str, manifest_id: bytes, signed: bytes, num_piece
 
 
 async def crowd_member(identity: Identity, addrs: list[str], version: trio.Event, found: dict, opened: list[int],
-                       task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Connect to every peer, wait for the version, open a link to each and hold them."""
+                       ready: list[int]) -> None:
+    """Connect to every peer (counted in `ready`), wait for the version, open a link to each and hold them."""
     async with open_host(attacker_config(identity)) as host, trio.open_nursery() as nursery:
         for addr in addrs:
             await _quietly(host.connect, addr)
-        task_status.started()
+        ready[0] += 1
         await version.wait()
         for addr in addrs:
             nursery.start_soon(_quietly, squat, host, addr.rsplit("/p2p/", 1)[1], found["id"], found["signed"],
@@ -88,26 +90,27 @@ async def spy(run: str, addr: str, found: dict, version: trio.Event, task_status
                 return
 
 
-def _start(work: Path, tag: str, key: Identity, args) -> list[EventProcess]:
-    """The publisher (waiting for a line on stdin) and the honest peers, all started at once."""
+def _start(work: Path, tag: str, key: Identity, args, procs: list[EventProcess]) -> None:
+    """The publisher (waiting for a line on stdin) and the honest peers, all started at once, into `procs` as each
+    starts (the caller stops every one that did)."""
     seed_port, *ports = free_ports(HONEST_PEERS + 1)
     seed_listen = f"/ip4/127.0.0.1/tcp/{seed_port}"
     pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
                         str(work / f"{tag}-seed"), str(PIECE_KB), str(args.squat_mbps), seed_listen],
                        work / f"{tag}-seed.log", stdin=subprocess.PIPE)
-    procs = [pub]
+    procs.append(pub)
     peer_args = SimpleNamespace(peers=HONEST_PEERS, upload_mbps=args.squat_mbps)
     for i, argv in enumerate(_peer_argvs(work, peer_args, tag, key.public_bytes.hex(),
                                          f"{seed_listen}/p2p/{key.peer_id}", True, ports)):
         procs.append(EventProcess(argv, work / f"{tag}-peer{i}.log"))
-    return procs
 
 
 def _completion(procs: list[EventProcess], timeout: float) -> float | None:
     """Announcement to the last honest peer's `complete`; None when one did not complete in time."""
-    published = procs[0].wait_for("published", time.monotonic() + timeout)
+    deadline = time.monotonic() + timeout
+    published = procs[0].wait_for("published", deadline)
     try:
-        done = [p.wait_for("complete", time.monotonic() + timeout, id=published["id"]) for p in procs[1:]]
+        done = [p.wait_for("complete", deadline, id=published["id"]) for p in procs[1:]]
     except Exception:  # noqa: BLE001 - UserError: a peer exited or ran out of time
         return None
     return round(max(d["t"] for d in done) - published["t"], 2)
@@ -115,17 +118,21 @@ def _completion(procs: list[EventProcess], timeout: float) -> float | None:
 
 async def squat_phase(work: Path, tag: str, key: Identity, identities: list[Identity], args) -> dict:
     """One run: start, warm up, connect the crowd, announce, time the honest peers' completion."""
-    procs = _start(work, tag, key, args)
+    procs: list[EventProcess] = []
     try:
+        _start(work, tag, key, args, procs)
         listening = [await trio.to_thread.run_sync(p.wait_for, "listening", time.monotonic() + START_TIMEOUT_S)
                      for p in procs]
         addrs = [event["addrs"][0] for event in listening]
         await trio.to_thread.run_sync(_warm_up, procs, time.monotonic() + WARMUP_S)
-        meter, found, version, opened = Meter(procs[0].popen.pid), {}, trio.Event(), [0]
+        meter, found, version, opened, ready = Meter(procs[0].popen.pid), {}, trio.Event(), [0], [0]
         async with trio.open_nursery() as nursery:
             await nursery.start(spy, f"bench-{tag}", addrs[0], found, version)
             for identity in identities:
-                await nursery.start(crowd_member, identity, addrs, version, found, opened)
+                nursery.start_soon(crowd_member, identity, addrs, version, found, opened, ready)
+            with trio.move_on_after(CROWD_CONNECT_S):
+                while ready[0] < len(identities):
+                    await trio.sleep(0.2)
             meter.start()
             nursery.start_soon(sample_until_cancelled, meter)
             procs[0].popen.stdin.write("go\n")
@@ -137,7 +144,8 @@ async def squat_phase(work: Path, tag: str, key: Identity, identities: list[Iden
     finally:
         for p in procs:
             p.stop()
-    return {"completion_s": took, "links_opened": opened[0], "meter": meter, "died": died}
+    return {"completion_s": took, "links_opened": opened[0], "crowd_connected": ready[0], "meter": meter,
+            "died": died}
 
 
 def run_link_squatting(work: Path, run: str, n: int, args: argparse.Namespace) -> dict:
@@ -149,4 +157,5 @@ def run_link_squatting(work: Path, run: str, n: int, args: argparse.Namespace) -
     crowd = trio.run(squat_phase, work, "squat-crowd", key, fresh_identities(n), args)
     return {**crowd["meter"].result(), "target": "publisher", "size_mb": args.squat_mb,
             "honest_completion_s": {"with": crowd["completion_s"], "without": without["completion_s"]},
-            "links_opened": crowd["links_opened"], "peer_died": crowd["died"] or without["died"]}
+            "crowd_connected": crowd["crowd_connected"], "links_opened": crowd["links_opened"],
+            "peer_died": crowd["died"] or without["died"]}
