@@ -5,7 +5,8 @@ Identities are free, so every bound a node keeps must hold for any number of the
 publisher), runs the attack from the bench's own process with N fresh Ed25519 identities, and reports one JSON
 object with one row per kind:
 
-- target_cpu_share: the target's CPU seconds per wall second over the attack (one core is 1.0; /proc);
+- target_cpu_share: the target's CPU seconds per wall second over the attack (one core is 1.0; /proc), up to its
+  last sample if it died (target_died_after_s says when);
 - target_rss_above_baseline_mib: its largest resident memory during the attack above the one before it;
 - honest_completion_s: {"with": ..., "without": ...} where honest peers have work to finish (else null);
 - forwarded: attackers' messages an honest witness received through the target (gossip kinds);

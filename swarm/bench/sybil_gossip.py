@@ -21,7 +21,16 @@ from p2p.gossip.service import GossipConfig, open_gossip, topic_for
 from p2p.host.p2p_host import open_host
 from p2p.identity import Identity
 from swarm.bench.gossip_flood import heartbeat_envelope
-from swarm.bench.sybil_measure import Meter, Target, Witness, attacker_config, counter, sample_until_cancelled, scrape
+from swarm.bench.sybil_measure import (
+    Meter,
+    Target,
+    Witness,
+    attacker_config,
+    counter,
+    sample_until_cancelled,
+    scrape,
+    scrape_until_cancelled,
+)
 
 BOMB_INFLATED = 64 * 2**20
 MESH_WAIT_S = 10.0
@@ -95,19 +104,20 @@ async def measure_gossip_attack(target: Target, run: str, identities: list[Ident
     and refusals (its counters' growth), and the attackers' messages the witness received through it."""
     witness = Witness(attackers={i.peer_id for i in identities})
     meter = Meter(target.pid)
-    before = scrape(target.metrics_port)
+    before, after = scrape(target.metrics_port), {}
     async with trio.open_nursery() as nursery:
         await nursery.start(witness.run, run, target.addr, ("heartbeat", "rollout"))
         await trio.sleep(SETTLE_S)
         meter.start()
         nursery.start_soon(sample_until_cancelled, meter)
+        nursery.start_soon(scrape_until_cancelled, target.metrics_port, after)
         started = trio.current_time()
         attack = await attack_with(identities, target.addr, run, kind, envelope, args.rate, args.per_identity_s,
                                    args.parallel, started + args.seconds)
         await trio.sleep_until(started + min(MIN_WINDOW_S, args.seconds))
         meter.stop()
         nursery.cancel_scope.cancel()
-    after = scrape(target.metrics_port)
+    after.update(scrape(target.metrics_port))  # the final counters, if the target still answers
     return {**meter.result(), **attack, "forwarded": witness.forwarded,
             "bans": counter(after, "rlswarm_gossip_bans") - counter(before, "rlswarm_gossip_bans"),
             "refused": counter(after, "rlswarm_gossip_refused") - counter(before, "rlswarm_gossip_refused"),

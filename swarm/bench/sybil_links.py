@@ -3,10 +3,11 @@ new policy version, claims to hold no piece, and never requests or serves one.
 
 Two runs of a publisher and three honest peers (`swarm bench broadcast`'s processes, fully connected and warmed up
 as there): one without the crowd, one with N identities connected to every peer before the version is announced;
-each identity learns the version from gossip (one spy stands in for all of them) and opens a link to every peer.
+each identity opens a data channel to every peer ahead of the version, as an honest mirror keeps spares, learns the
+version from gossip (one spy stands in for all of them) and makes each channel a link that holds nothing.
 Reported: the honest peers' completion time (announcement to the last honest peer holding every piece) with and
 without the crowd, the publisher's CPU and memory over the run with the crowd (it holds the only copy at first, so a
-squatter there costs every honest peer), and the links the crowd got open.
+squatter there costs every honest peer), and the spares and links the crowd got open.
 """
 
 from __future__ import annotations
@@ -40,14 +41,28 @@ CROWD_CONNECT_S = 30.0
 """Longest the crowd has to connect to every peer before the version is announced."""
 
 
-async def squat(host, peer_id: str, manifest_id: bytes, signed: bytes, num_pieces: int, opened: list[int]) -> None:
-    """One link to `peer_id` for the version: the preamble, a Hello holding nothing, then silence; what the peer
-    sends is read and dropped until it hangs up."""
-    with trio.move_on_after(LINK_TIMEOUT_S) as opening:
-        stream = await open_data_channel(host, peer_id)
-        await send_preamble(stream, manifest_id, inline_manifest(signed))
-        await send_buffers(stream, message_frame(Hello(manifest_id, pack_bits(bytes(num_pieces)))))
-    if opening.cancelled_caught:
+async def open_spares(host, addrs: list[str]) -> list:
+    """A data channel to each peer, opened ahead of any version as an honest mirror keeps its spares (a link then
+    starts at once); a peer that refuses or is too slow gets none."""
+    spares: list = []
+
+    async def one(peer_id: str) -> None:
+        with trio.move_on_after(LINK_TIMEOUT_S):
+            spares.append(await open_data_channel(host, peer_id))
+
+    async with trio.open_nursery() as nursery:
+        for addr in addrs:
+            nursery.start_soon(_quietly, one, addr.rsplit("/p2p/", 1)[1])
+    return spares
+
+
+async def squat(stream, found: dict, opened: list[int]) -> None:
+    """Make a spare the version's link: the preamble, a Hello holding nothing, then silence; what the peer sends
+    is read and dropped until it hangs up."""
+    with trio.move_on_after(LINK_TIMEOUT_S) as sending:
+        await send_preamble(stream, found["id"], inline_manifest(found["signed"]))
+        await send_buffers(stream, message_frame(Hello(found["id"], pack_bits(bytes(found["pieces"])))))
+    if sending.cancelled_caught:
         return
     opened[0] += 1
     decoder = FrameDecoder(max_payload=4 << 20)
@@ -55,17 +70,18 @@ async def squat(host, peer_id: str, manifest_id: bytes, signed: bytes, num_piece
         pass
 
 
-async def crowd_member(identity: Identity, addrs: list[str], version: trio.Event, found: dict, opened: list[int],
-                       ready: list[int]) -> None:
-    """Connect to every peer (counted in `ready`), wait for the version, open a link to each and hold them."""
+async def crowd_member(identity: Identity, addrs: list[str], version: trio.Event, found: dict, counts: dict) -> None:
+    """Connect to every peer and open a spare to each (counted in `counts`), wait for the version, make every
+    spare a link that holds nothing, and hold them."""
     async with open_host(attacker_config(identity)) as host, trio.open_nursery() as nursery:
         for addr in addrs:
             await _quietly(host.connect, addr)
-        ready[0] += 1
+        spares = await open_spares(host, addrs)
+        counts["ready"] += 1
+        counts["spares"] += len(spares)
         await version.wait()
-        for addr in addrs:
-            nursery.start_soon(_quietly, squat, host, addr.rsplit("/p2p/", 1)[1], found["id"], found["signed"],
-                               found["pieces"], opened)
+        for stream in spares:
+            nursery.start_soon(_quietly, squat, stream, found, counts["links"])
 
 
 async def _quietly(fn, *args) -> None:
@@ -125,13 +141,14 @@ async def squat_phase(work: Path, tag: str, key: Identity, identities: list[Iden
                      for p in procs]
         addrs = [event["addrs"][0] for event in listening]
         await trio.to_thread.run_sync(_warm_up, procs, time.monotonic() + WARMUP_S)
-        meter, found, version, opened, ready = Meter(procs[0].popen.pid), {}, trio.Event(), [0], [0]
+        meter, found, version = Meter(procs[0].popen.pid), {}, trio.Event()
+        counts = {"ready": 0, "spares": 0, "links": [0]}
         async with trio.open_nursery() as nursery:
             await nursery.start(spy, f"bench-{tag}", addrs[0], found, version)
             for identity in identities:
-                nursery.start_soon(crowd_member, identity, addrs, version, found, opened, ready)
+                nursery.start_soon(crowd_member, identity, addrs, version, found, counts)
             with trio.move_on_after(CROWD_CONNECT_S):
-                while ready[0] < len(identities):
+                while counts["ready"] < len(identities):
                     await trio.sleep(0.2)
             meter.start()
             nursery.start_soon(sample_until_cancelled, meter)
@@ -144,8 +161,8 @@ async def squat_phase(work: Path, tag: str, key: Identity, identities: list[Iden
     finally:
         for p in procs:
             p.stop()
-    return {"completion_s": took, "links_opened": opened[0], "crowd_connected": ready[0], "meter": meter,
-            "died": died}
+    return {"completion_s": took, "crowd_ready": counts["ready"], "spares_opened": counts["spares"],
+            "links_opened": counts["links"][0], "meter": meter, "died": died}
 
 
 def run_link_squatting(work: Path, run: str, n: int, args: argparse.Namespace) -> dict:
@@ -157,5 +174,6 @@ def run_link_squatting(work: Path, run: str, n: int, args: argparse.Namespace) -
     crowd = trio.run(squat_phase, work, "squat-crowd", key, fresh_identities(n), args)
     return {**crowd["meter"].result(), "target": "publisher", "size_mb": args.squat_mb,
             "honest_completion_s": {"with": crowd["completion_s"], "without": without["completion_s"]},
-            "crowd_connected": crowd["crowd_connected"], "links_opened": crowd["links_opened"],
+            "crowd_ready": crowd["crowd_ready"], "spares_opened": crowd["spares_opened"],
+            "links_opened": crowd["links_opened"],
             "peer_died": crowd["died"] or without["died"]}

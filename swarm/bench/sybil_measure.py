@@ -78,6 +78,16 @@ def scrape(port: int) -> dict[str, float]:
     return values
 
 
+async def scrape_until_cancelled(port: int, latest: dict[str, float], every_s: float = 1.0) -> None:
+    """Keep `latest` at the target's newest counters, so a target that dies leaves those it had just before."""
+    while True:
+        values = await trio.to_thread.run_sync(scrape, port)
+        if values:
+            latest.clear()
+            latest.update(values)
+        await trio.sleep(every_s)
+
+
 def counter(values: dict[str, float], name: str) -> int:
     """A counter's value (exposed as `name`_total), labels summed; 0 when absent."""
     total = name + "_total"
@@ -93,35 +103,40 @@ class Meter:
     peak_mib: float = 0.0
     cpu0: float = 0.0
     t0: float = 0.0
+    last: tuple[float, float] = (0.0, 0.0)
+    """CPU seconds and the monotonic time of the last sample the process answered."""
     died: bool = False
+    died_after_s: float | None = None
     cpu_share: float | None = None
     wall_s: float = 0.0
 
     def start(self) -> None:
         self.baseline_mib = self.peak_mib = rss_mib(self.pid)
         self.cpu0, self.t0 = cpu_seconds(self.pid), time.monotonic()
+        self.last = (self.cpu0, self.t0)
 
     def sample(self) -> None:
-        if self.died or not Path(f"/proc/{self.pid}").exists():
-            self.died = True
+        if self.died:
             return
         try:
             self.peak_mib = max(self.peak_mib, rss_mib(self.pid))
-        except (OSError, RuntimeError):  # ended between the check and the read
+            self.last = (cpu_seconds(self.pid), time.monotonic())
+        except (OSError, RuntimeError):  # gone (or a zombie without memory): the process ended
             self.died = True
+            self.died_after_s = round(time.monotonic() - self.t0, 1)
 
     def stop(self) -> None:
-        """Close the window: the CPU share over it (None if the process died)."""
+        """Close the window: the CPU share over it, or up to the last sample of a process that died."""
         self.sample()
         self.wall_s = time.monotonic() - self.t0
-        if not self.died:
-            self.cpu_share = (cpu_seconds(self.pid) - self.cpu0) / max(self.wall_s, 1e-9)
+        cpu, at = self.last
+        self.cpu_share = (cpu - self.cpu0) / max(at - self.t0, 1e-9)
 
     def result(self) -> dict:
         return {"target_cpu_share": None if self.cpu_share is None else round(self.cpu_share, 4),
                 "target_baseline_rss_mib": round(self.baseline_mib, 1),
                 "target_rss_above_baseline_mib": round(self.peak_mib - self.baseline_mib, 1),
-                "window_s": round(self.wall_s, 1)}
+                "window_s": round(self.wall_s, 1), "target_died_after_s": self.died_after_s}
 
 
 async def sample_until_cancelled(meter: Meter) -> None:
