@@ -58,6 +58,7 @@ def test_relay_and_hole_punch_kinds_measure_reservations_and_third_party_dials(c
     assert relay["reservation_after_s"] is not None and relay["circuits_held"] == 4
     assert relay["honest_circuit_s"] is not None and relay["honest_circuit_after_crowd_s"] is not None
     assert relay["targets"]["reservation_within_seconds"] and relay["targets"]["honest_circuit_after_crowd"]
+    assert punch["relay"] == "bench" and punch["circuits_refused"] == 0  # the bench's relay has room for all
     assert punch["circuits"] >= 1 and punch["sessions_answered"] >= 1
     assert punch["third_party_connections"] > 0  # the private peer dialed the addresses the attackers named
     assert "third_party_few_per_identity" in punch["targets"]

@@ -83,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="size of the policy the honest peers fetch in the link-squatting runs, MiB")
     parser.add_argument("--squat-mbps", dest="squat_mbps", type=float, default=64.0,
                         help="upload cap of the publisher and honest peers in the link-squatting runs, Mbit/s")
+    parser.add_argument("--punch-relay", dest="punch_relay", choices=("bench", "peer"), default="bench",
+                        help="hole-punch kind's relay: the bench's own with room for every circuit, or a peer's")
     parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep the peers' files here (default: temp)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the only output form)")
 

@@ -3,9 +3,10 @@ sessions whose CONNECT names third-party addresses; the private peer answers SYN
 
 The third party is the bench's own: listeners on 127.0.0.2 to 127.0.0.9 that count every TCP connection they receive
 (and close it). Each identity runs up to PUNCH_SESSIONS sessions on one circuit, then reconnects with the same
-identity and runs them again (RECONNECTS circuits in all): a bound that a reconnection resets is no bound. Circuits
-the relay refuses are counted (`circuits_refused`): a relay that runs out of circuits to the private peer caps the
-attack, and shuts out honest peers just the same. Reported:
+identity and runs them again (RECONNECTS circuits in all): a bound that a reconnection resets is no bound. The relay
+is the bench's own host with room for every circuit, so the private peer's bounds are what is measured; with
+`--punch-relay peer` it is a `swarm peer start` with the default limits, and the circuits it refuses
+(`circuits_refused`) cap the attack. Reported:
 the private peer's CPU and memory, the third-party connections, and the sessions the peer took part in.
 """
 
@@ -21,8 +22,10 @@ from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from multiaddr import Multiaddr
 
-from p2p.host.p2p_host import open_host
+from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity
+from p2p.reach.probe import ReachConfig
+from p2p.reach.relay_limits import RelayLimits
 from swarm.bench.sybil_measure import (
     Meter,
     Target,
@@ -116,8 +119,8 @@ async def _sessions(host, peer_id: str, addrs: list[str], tally: dict) -> None:
             await trio.sleep(SESSION_TIMEOUT_S)
 
 
-async def hole_punches(private: Target, relay: Target, identities: list[Identity], args) -> dict:
-    """The attack against `private`, reached through `relay`, measured over the attack."""
+async def hole_punches(private: Target, relay_addr: str, relay_died, identities: list[Identity], args) -> dict:
+    """The attack against `private`, reached through the relay at `relay_addr`, measured over the attack."""
     meter, third = Meter(private.pid), ThirdParty()
     tally = {"circuits": 0, "circuits_refused": 0, "sessions_answered": 0, "sessions_refused": 0}
     async with trio.open_nursery() as nursery:
@@ -127,24 +130,44 @@ async def hole_punches(private: Target, relay: Target, identities: list[Identity
         addrs = third.addrs * 2  # each listener named twice: past any cap that keeps the first few
         with trio.move_on_after(args.seconds):
             await in_lanes(identities, args.parallel,
-                           lambda i: punch_from(i, relay.addr, private.peer_id, addrs, tally))
+                           lambda i: punch_from(i, relay_addr, private.peer_id, addrs, tally))
         await trio.sleep(DIAL_GRACE_S)
         meter.stop()
         nursery.cancel_scope.cancel()
     return {**meter.result(), **tally, "third_party_connections": third.connections,
             "third_party_per_identity": round(third.connections / len(identities), 2),
-            "peer_died": meter.died or not private.alive() or not relay.alive()}
+            "peer_died": meter.died or not private.alive() or relay_died()}
+
+
+ROOMY_RELAY = RelayLimits(max_reservations=1024, max_circuits_per_peer=1 << 20)
+"""The bench's own relay: room for every circuit the attackers open, so what bounds their punches is the private
+peer's, not the relay's (`--punch-relay peer` uses a `swarm peer start` relay with the defaults instead)."""
+
+
+async def _with_bench_relay(work: Path, run: str, identities: list[Identity], args) -> dict:
+    config = HostConfig(identity=Identity.generate(), listen=("/ip4/127.0.0.1/tcp/0",),
+                        reach=ReachConfig(mode="public", hole_punch=False, relay=ROOMY_RELAY))
+    async with open_host(config) as relay:
+        private = await trio.to_thread.run_sync(start_peer, work, "private", run, "--set", "reach.mode=private",
+                                                "--bootstrap", relay.multiaddrs[0])
+        try:
+            return await hole_punches(private, relay.multiaddrs[0], lambda: False, identities, args)
+        finally:
+            await trio.to_thread.run_sync(private.proc.stop)
 
 
 def run_hole_punches(work: Path, run: str, n: int, args: argparse.Namespace) -> dict:
-    """A public relay and a private peer holding a reservation on it, both `swarm peer start`; the attack on the
-    private one."""
+    """A private `swarm peer start` holding a reservation on a relay (the bench's own by default, else a public
+    `swarm peer start`); the attack on the private one."""
+    if args.punch_relay == "bench":
+        return {**trio.run(_with_bench_relay, work, run, fresh_identities(n), args), "relay": "bench"}
     relay = start_peer(work, "relay", run, "--set", "reach.mode=public")
     try:
         private = start_peer(work, "private", run, "--set", "reach.mode=private", "--bootstrap", relay.addr)
         try:
-            return trio.run(hole_punches, private, relay, fresh_identities(n), args)
+            result = trio.run(hole_punches, private, relay.addr, lambda: not relay.alive(), fresh_identities(n), args)
         finally:
             private.proc.stop()
     finally:
         relay.proc.stop()
+    return {**result, "relay": "peer"}
