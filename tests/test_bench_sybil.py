@@ -63,3 +63,13 @@ def test_relay_and_hole_punch_kinds_measure_reservations_and_third_party_dials(c
     assert punch["third_party_connections"] > 0  # the private peer dialed the addresses the attackers named
     assert "third_party_few_per_identity" in punch["targets"]
     assert not relay["peer_died"] and not punch["peer_died"]
+
+
+def test_a_crowd_cut_short_by_the_time_limit_still_reports_what_it_did(capsys):
+    argv = ["bench", "sybil", "--identities", "12", "--parallel", "1", "--seconds", "0.3", "--kinds", "relay",
+            "--json"]
+    assert main(argv) == 0
+    relay = json.loads(capsys.readouterr().out)["kinds"][0]
+    tried = relay["reservations_granted"] + relay["reservations_refused"] + relay["attackers_failed"]
+    assert tried < 12  # the time limit came first; the honest peers' figures are still measured
+    assert relay["reservation_after_s"] is not None

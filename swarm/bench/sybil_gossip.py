@@ -27,6 +27,7 @@ from swarm.bench.sybil_measure import (
     Witness,
     attacker_config,
     counter,
+    in_lanes,
     sample_until_cancelled,
     scrape,
     scrape_until_cancelled,
@@ -77,25 +78,22 @@ async def _one_identity(identity: Identity, target_addr: str, run: str, kind: st
 
 async def attack_with(identities: list[Identity], target_addr: str, run: str, kind: str, envelope: Envelope,
                       rate: float, per_identity_s: float, parallel: int, deadline: float) -> dict:
-    """Every identity in turn, `parallel` at a time, each for at most `per_identity_s`; all end by `deadline`."""
-    record = {"identities_used": 0, "sent": 0, "hung_up": 0, "failed": 0}
-    queue = list(identities)
+    """Every identity in turn, `parallel` at a time, each for at most `per_identity_s`; all end by `deadline`, and
+    an identity whose turn comes after it never starts."""
+    record = {"identities_used": 0, "sent": 0, "hung_up": 0}
 
-    async def lane() -> None:
-        while queue and trio.current_time() < deadline:
-            identity = queue.pop(0)
-            record["identities_used"] += 1
-            try:
-                await _one_identity(identity, target_addr, run, kind, envelope, rate,
-                                    min(deadline, trio.current_time() + per_identity_s), record)
-            except Exception:  # noqa: BLE001 - the target refused this identity's dial or stream: the next one
-                record["failed"] += 1
+    async def turn(identity: Identity) -> bool:
+        if trio.current_time() >= deadline:
+            return False
+        record["identities_used"] += 1
+        await _one_identity(identity, target_addr, run, kind, envelope, rate,
+                            min(deadline, trio.current_time() + per_identity_s), record)
+        return True
 
+    turns: list = []
     with trio.move_on_at(deadline + MESH_WAIT_S):
-        async with trio.open_nursery() as nursery:
-            for _ in range(max(1, parallel)):
-                nursery.start_soon(lane)
-    return record
+        await in_lanes(identities, parallel, turn, turns)
+    return {**record, "failed": turns.count(None)}  # the target refused the identity's dial or stream
 
 
 async def measure_gossip_attack(target: Target, run: str, identities: list[Identity], kind: str,

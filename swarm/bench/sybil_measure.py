@@ -152,9 +152,11 @@ def attacker_config(identity: Identity, reach_mode: str = "public") -> HostConfi
                       reach=ReachConfig(mode=reach_mode, hole_punch=False, relay=RelayLimits(serve=False)))
 
 
-async def in_lanes(identities: list[Identity], parallel: int, each) -> list:
-    """`each(identity)` for every identity, `parallel` at a time; an identity whose attempt raised gives None."""
-    queue, results = list(identities), []
+async def in_lanes(identities: list[Identity], parallel: int, each, results: list | None = None) -> list:
+    """`each(identity)` for every identity, `parallel` at a time, its result appended to `results` as it comes (so a
+    caller that cancels this keeps those that came); an identity whose attempt raised gives None."""
+    queue = list(identities)
+    results = [] if results is None else results
 
     async def lane() -> None:
         while queue:

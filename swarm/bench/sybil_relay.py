@@ -99,8 +99,9 @@ async def relay_reservations(relay: Target, run: str, identities: list[Identity]
     async with open_host(private_config(Identity.generate(), relay.addr)) as early, trio.open_nursery() as nursery:
         meter.start()
         nursery.start_soon(sample_until_cancelled, meter)
+        granted: list = []
         with trio.move_on_after(args.seconds):
-            granted = await in_lanes(identities, args.parallel, lambda i: reserve_and_leave(i, relay.addr))
+            await in_lanes(identities, args.parallel, lambda i: reserve_and_leave(i, relay.addr), granted)
         left_at = trio.current_time()
         async with open_host(private_config(Identity.generate(), relay.addr)) as late:
             after = await wait_reserved(late, relay.addr, left_at, args.reservation_wait_s)
