@@ -42,6 +42,10 @@ def test_each_target_is_judged_from_the_row():
                                     "peer_died": False, "honest_completion_s": {"with": 29.0, "without": 10.0},
                                     "third_party_connections": 31, "reservation_after_s": 1.5})
     assert fine["targets"]["honest_within_3x"] and not fine["targets"]["third_party_few_per_identity"]
+    few_acted = finish_row("hole-punch", 100, {"target_cpu_share": 0.01, "target_rss_above_baseline_mib": 1.0,
+                                               "peer_died": False, "third_party_connections": 40,
+                                               "identities_used": 10})
+    assert not few_acted["targets"]["third_party_few_per_identity"]  # per identity that attacked, not per one made
 
 
 def test_an_unknown_kind_is_one_sentence(capsys):

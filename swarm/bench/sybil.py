@@ -99,7 +99,8 @@ def targets(row: dict, n: int) -> dict[str, bool]:
         checks["honest_within_3x"] = (honest["with"] is not None and honest["without"] is not None
                                       and honest["with"] <= HONEST_SLOWDOWN_MAX * honest["without"])
     if row.get("third_party_connections") is not None:
-        checks["third_party_few_per_identity"] = row["third_party_connections"] <= THIRD_PARTY_PER_IDENTITY_MAX * n
+        used = row.get("identities_used", n)  # those the time limit let attack
+        checks["third_party_few_per_identity"] = row["third_party_connections"] <= THIRD_PARTY_PER_IDENTITY_MAX * used
     if "reservation_after_s" in row:
         waited = row["reservation_after_s"]
         checks["reservation_within_seconds"] = waited is not None and waited <= RESERVATION_WITHIN_S

@@ -2,7 +2,8 @@
 sessions whose CONNECT names third-party addresses; the private peer answers SYNC by dialing them.
 
 The third party is the bench's own: listeners on 127.0.0.2 to 127.0.0.9 that count every TCP connection they receive
-(and close it). Each identity runs up to PUNCH_SESSIONS sessions on one circuit, then reconnects with the same
+(and close it). A quarter of the identities (at least `--parallel`) attack at once, as their sessions mostly wait.
+Each identity runs up to PUNCH_SESSIONS sessions on one circuit, then reconnects with the same
 identity and runs them again (RECONNECTS circuits in all): a bound that a reconnection resets is no bound. The relay
 is the bench's own host with room for every circuit, so the private peer's bounds are what is measured; with
 `--punch-relay peer` it is a `swarm peer start` with the default limits, and the circuits it refuses
@@ -90,6 +91,7 @@ async def punch_session(host, peer_id: str, addrs: list[str]) -> bool:
 
 async def punch_from(identity: Identity, relay_addr: str, peer_id: str, addrs: list[str], tally: dict) -> None:
     """RECONNECTS circuits to the peer with one identity, each carrying up to PUNCH_SESSIONS sessions."""
+    tally["identities_used"] += 1
     for _ in range(RECONNECTS):
         async with open_host(attacker_config(identity)) as host:
             await host.connect(relay_addr)
@@ -122,20 +124,21 @@ async def _sessions(host, peer_id: str, addrs: list[str], tally: dict) -> None:
 async def hole_punches(private: Target, relay_addr: str, relay_died, identities: list[Identity], args) -> dict:
     """The attack against `private`, reached through the relay at `relay_addr`, measured over the attack."""
     meter, third = Meter(private.pid), ThirdParty()
-    tally = {"circuits": 0, "circuits_refused": 0, "sessions_answered": 0, "sessions_refused": 0}
+    tally = {"identities_used": 0, "circuits": 0, "circuits_refused": 0, "sessions_answered": 0,
+             "sessions_refused": 0}
     async with trio.open_nursery() as nursery:
         await nursery.start(third.serve)
         meter.start()
         nursery.start_soon(sample_until_cancelled, meter)
         addrs = third.addrs * 2  # each listener named twice: past any cap that keeps the first few
         with trio.move_on_after(args.seconds):
-            await in_lanes(identities, args.parallel,
+            await in_lanes(identities, max(args.parallel, len(identities) // 4),
                            lambda i: punch_from(i, relay_addr, private.peer_id, addrs, tally))
         await trio.sleep(DIAL_GRACE_S)
         meter.stop()
         nursery.cancel_scope.cancel()
     return {**meter.result(), **tally, "third_party_connections": third.connections,
-            "third_party_per_identity": round(third.connections / len(identities), 2),
+            "third_party_per_identity": round(third.connections / max(1, tally["identities_used"]), 2),
             "peer_died": meter.died or not private.alive() or relay_died()}
 
 
