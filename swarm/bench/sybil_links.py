@@ -37,7 +37,7 @@ PIECE_KB = 256
 START_TIMEOUT_S = 60.0
 WARMUP_S = 20.0
 LINK_TIMEOUT_S = 10.0
-CROWD_CONNECT_S = 30.0
+CROWD_CONNECT_S = 60.0
 """Longest the crowd has to connect to every peer before the version is announced."""
 
 
@@ -74,8 +74,9 @@ async def crowd_member(identity: Identity, addrs: list[str], version: trio.Event
     """Connect to every peer and open a spare to each (counted in `counts`), wait for the version, make every
     spare a link that holds nothing, and hold them."""
     async with open_host(attacker_config(identity)) as host, trio.open_nursery() as nursery:
-        for addr in addrs:
-            await _quietly(host.connect, addr)
+        async with trio.open_nursery() as dials:
+            for addr in addrs:
+                dials.start_soon(_quietly, host.connect, addr)
         spares = await open_spares(host, addrs)
         counts["ready"] += 1
         counts["spares"] += len(spares)
