@@ -48,9 +48,11 @@ def test_each_target_is_judged_from_the_row():
     assert not few_acted["targets"]["third_party_few_per_identity"]  # per identity that attacked, not per one made
 
 
-def test_an_unknown_kind_is_one_sentence(capsys):
+def test_an_unknown_kind_or_a_nonsense_size_is_one_sentence(capsys):
     assert main(["bench", "sybil", "--kinds", "gossip-flood,teleport"]) == 2
     assert "teleport" in capsys.readouterr().err
+    assert main(["bench", "sybil", "--squat-mb", "0"]) == 2
+    assert "--squat-mb" in capsys.readouterr().err
 
 
 def test_relay_and_hole_punch_kinds_measure_reservations_and_third_party_dials(capsys):

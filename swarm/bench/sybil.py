@@ -72,11 +72,15 @@ KINDS: dict[str, Callable[[Path, int, argparse.Namespace], dict]] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--identities", type=int, default=32, help="fresh attacker identities per kind")
     parser.add_argument("--kinds", default=",".join(KINDS), help="attack kinds, comma-separated")
-    parser.add_argument("--seconds", type=float, default=40.0, help="longest attack of each kind, in seconds")
+    parser.add_argument("--seconds", type=float, default=40.0,
+                        help="longest attack of each kind, in seconds (link squatting: the honest peers have 3x this "
+                             "to finish)")
     parser.add_argument("--rate", type=float, default=200.0, help="messages a second each gossip attacker sends")
     parser.add_argument("--per-identity-s", dest="per_identity_s", type=float, default=10.0,
                         help="longest a gossip attacker goes on before the next identity takes its place")
-    parser.add_argument("--parallel", type=int, default=4, help="attackers attacking at once (gossip, reservations)")
+    parser.add_argument("--parallel", type=int, default=4,
+                        help="attackers attacking at once (gossip, reservations; hole punches: at least a quarter "
+                             "of them)")
     parser.add_argument("--reservation-wait-s", dest="reservation_wait_s", type=float, default=15.0,
                         help="longest the honest private peer asks the relay for a reservation")
     parser.add_argument("--squat-mb", dest="squat_mb", type=float, default=8.0,
@@ -128,9 +132,10 @@ def _kinds(text: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     kinds = _kinds(args.kinds)
-    if args.identities < 1 or args.seconds <= 0 or args.rate <= 0 or args.per_identity_s <= 0 or args.parallel < 1:
-        raise UserError("--identities and --parallel must be at least 1; --seconds, --rate and --per-identity-s "
-                        "positive")
+    positive = (args.seconds, args.rate, args.per_identity_s, args.reservation_wait_s, args.squat_mb, args.squat_mbps)
+    if args.identities < 1 or args.parallel < 1 or min(positive) <= 0:
+        raise UserError("--identities and --parallel must be at least 1; --seconds, --rate, --per-identity-s, "
+                        "--reservation-wait-s, --squat-mb and --squat-mbps positive")
     rows = []
     with tempfile.TemporaryDirectory(prefix="swarm-bench-sybil-") as tmp:
         for kind in kinds:
