@@ -58,6 +58,11 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
         "swarm.bench.churn",
         "keep killing and restarting peers of a training run; count its steps",
     ),
+    (
+        ("bench", "sybil"),
+        "swarm.bench.sybil",
+        "measure what N fresh identities cost a target peer, per attack kind (floods, bombs, links, relays, punches)",
+    ),
     (("bench", "scale"), "swarm.bench.scale", "benchmark per-peer protocol cost as the swarm grows; estimate at 1,000"),
     (("bench", "fuzz"), "swarm.bench.fuzz", "fuzz every decoder of network input for N seconds; report failures"),
     (("bench", "device"), "swarm.bench.device", "check every GPU path against its CPU twin (prepared GPU check)"),
