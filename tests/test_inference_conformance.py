@@ -8,8 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from inference import BASE_MANIFEST_ID, GenerationRequest, InferenceError, TorchBackend, load_model
+from inference.backend import BASE_MANIFEST_ID, GenerationRequest
+from inference.errors import InferenceError
+from inference.models import load_model
 from inference.testing import prefill, requests_for
+from inference.torch_backend import TorchBackend
 from verify.sampling import SamplingKey, gumbel_noise, perturbed_scores
 from verify.toploc import proof_size, verify_proof
 

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from inference import InferenceError, load_model
+from inference.errors import InferenceError
+from inference.models import load_model
 from tasks import load_tasks, render_prompt_tokens
 
 
@@ -45,3 +46,11 @@ def test_paths_that_do_not_load_are_one_clear_error(tmp_path):
     (broken / "config.json").write_text("{not json")
     with pytest.raises(InferenceError, match=r"model directory .*broken does not load"):
         load_model(str(broken))
+
+
+def test_the_package_and_its_errors_import_without_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, inference, inference.errors; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

@@ -2,7 +2,9 @@
 
 import pytest
 
-from inference import TorchBackend, build_rollout_group, make_request, solve_rate_estimator
+from inference.rollouts import build_rollout_group, make_request
+from inference.solve_rate import solve_rate_estimator
+from inference.torch_backend import TorchBackend
 from tasks import DifficultyBand, decode_completion, filter_by_solve_rate, load_tasks
 from verify.rewards import compute_reward
 from verify.rollout import RolloutGroup

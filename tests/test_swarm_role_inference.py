@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from inference import TorchBackend
 from inference.published import PublishedSlots, PublishedSlotsUnreadable
+from inference.torch_backend import TorchBackend
 from swarm.policy.runspec import RunSpec, VersionTasks
 from swarm.roles.gate import SLOT_TAKEN, RolloutGate
 from swarm.roles.inference import _generate, published_slots_path

@@ -36,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from inference import TorchBackend, load_model, make_request
+    from inference.models import load_model
+    from inference.rollouts import make_request
+    from inference.torch_backend import TorchBackend
     from tasks import load_tasks
     from verify.toploc import build_proofs
 
