@@ -294,6 +294,7 @@ class SwarmEngine:
         if state is None:
             return []
         state.open_requests += 1
+        state.asked = True
         if state.open_requests > self.config.max_queued_requests:  # an honest peer stays within its pipeline
             return self._drop(peer, "flooded us with requests", now)
         if index in state.delivered:
@@ -414,16 +415,23 @@ class SwarmEngine:
 
     def _least_sent(self, state: PeerState) -> int | None:
         """Never-sent, unpromised pieces first; while any never-sent piece is promised elsewhere, reveal nothing
-        rather than a second copy; after the first full copy, the least-sent and then rarest piece."""
+        rather than a second copy; after the first full copy, the least-sent and then rarest piece.
+
+        A promise holds its piece back from others only once its peer has asked for a piece on its link: a link
+        that only takes a place and never asks (a crowd of them, each promised pieces) held back every piece of a
+        small version, and the peers that did ask got nothing until those links were released."""
         promised = np.zeros(self.num_pieces, dtype=np.int64)
+        holding = np.zeros(self.num_pieces, dtype=np.int64)
         for other in self.peers.values():
             if other.revealed:
                 promised[list(other.revealed)] += 1
+                if other.asked:
+                    holding[list(other.revealed)] += 1
         candidates = ~state.bits
         if state.revealed:
             candidates[list(state.revealed)] = False
         if not self.sent_count.all():  # first round: only pieces nobody has been sent or promised
-            candidates &= (self.sent_count == 0) & (promised == 0)
+            candidates &= (self.sent_count == 0) & (holding == 0)
         idx = np.flatnonzero(candidates)
         if idx.size == 0:
             return None
