@@ -42,8 +42,11 @@ from p2p.pieces.manifest import PolicyManifest, decode_signed, verify_manifest
 from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import SwarmService, TransferConfig
 from p2p.ratelimit import TokenBucket
+from swarm.policy.link_places import LINK_IDLE_AFTER
 from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
 from swarm.policy.mirror_dial import _DIAL_ERRORS, SPARE_TTL, TOP_UP_AFTER, OutboundLinks
+from swarm.policy.mirror_places import LinkPlaces
+from swarm.policy.served_record import ServedRecord
 from swarm.policy.trust import TrainerTrust
 
 log = logging.getLogger(__name__)
@@ -69,11 +72,15 @@ class MirroredPolicy:
     announced: dict[str, float] = field(default_factory=dict)  # smaller peers we handed the manifest to -> when
     dropped: set[str] = field(default_factory=set)  # peers this version's service dropped: linked again only last
     opened: set[str] = field(default_factory=set)  # peers whose link this peer opened (dialed, or announced)
+    released: set[str] = field(default_factory=set)  # peers whose link idled: re-admitted only if trusted
+    admitting: dict[str, float] = field(default_factory=dict)  # peers admitted whose link is not served yet -> when
+    providers: set[str] = field(default_factory=set)  # peers the DHT's signed provider records name for it
+    tended_at: float = -math.inf  # when its links were last looked at (mirror_places)
     announced_complete: bool = False
     adopted_at: float = 0.0  # trio time this peer adopted it
 
 
-class PolicyMirror(OutboundLinks):
+class PolicyMirror(OutboundLinks, LinkPlaces):
     """The set of policy versions a peer mirrors, and the piece services that move them."""
 
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
@@ -81,7 +88,8 @@ class PolicyMirror(OutboundLinks):
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
                  spare_ttl: float = SPARE_TTL, adoption_wait: float = 30.0, announce_after: float = 1.0,
                  copies_dir: Path | None = None, preamble_rate: ByteRate = PREAMBLE_RATE,
-                 links_per_version: int = 8, top_up_after: float = TOP_UP_AFTER) -> None:
+                 links_per_version: int = 8, top_up_after: float = TOP_UP_AFTER, stranger_places: int | None = None,
+                 idle_after: float = LINK_IDLE_AFTER) -> None:
         self.store = store
         # where versions are reassembled into loadable files (swarm.policy.files); each copy goes with its version
         self.copies_dir = copies_dir
@@ -108,6 +116,10 @@ class PolicyMirror(OutboundLinks):
         # links a version needs before this peer stops opening (dials or announcements) its own; others may add more
         self.links_per_version = links_per_version
         self.top_up_after = top_up_after  # before this, a version's own half only (mirror_dial._enough_links)
+        # links others open per version (swarm.policy.link_places); a link idle this long gives its place up
+        self.stranger_places = max(1, links_per_version // 2) if stranger_places is None else stranger_places
+        self.idle_after = idle_after
+        self.served = ServedRecord()  # peers that moved verified pieces with us: trusted with link places
         # this process's secret in its link order (mirror_dial.link_order): nobody can grind identities to be first
         self.link_salt = secrets.token_bytes(16)
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel, no manifest yet; retire at)
@@ -370,8 +382,8 @@ class PolicyMirror(OutboundLinks):
             await self._link_over_announcement(peer, stream, route)
             return
         policy = await self._adopted(route, self.adoption_wait if wait is None else wait)
-        if policy is None or policy.service is None or not self._may_link(policy, peer):
-            return  # unknown manifest, or one this peer does not share with `peer`: the dialer retries later
+        if not (policy and policy.service and self._may_link(policy, peer) and self._admit(policy, peer)):
+            return  # unknown manifest, not shared with `peer`, or no place for it: the dialer links elsewhere
         self._linked(policy, peer, dir="in")
         await policy.service.serve_link(peer, stream)
 
@@ -385,7 +397,7 @@ class PolicyMirror(OutboundLinks):
         policy = self.policies.get(route)
         if (policy is None or policy.service is None or not self.is_mirrored(policy) or not self._may_link(policy, peer)
                 or peer in policy.service.peers or peer in policy.dialing
-                or len(policy.service.peers) >= self._max_links):
+                or len(policy.service.peers) >= self._max_links or not self._admit(policy, peer)):
             return
         policy.dialing.add(peer)
         try:
@@ -424,15 +436,6 @@ class PolicyMirror(OutboundLinks):
             while manifest_id not in self.policies:
                 await self.changed.wait()
         return self.policies.get(manifest_id)
-
-    def linked_peers(self) -> set[str]:
-        """Peers we hold a data link or a spare channel with, or are dialing for one."""
-        linked = set(self._spares) | self._spare_dialing
-        for policy in list(self.policies.values()):
-            linked |= policy.dialing
-            if policy.service is not None:
-                linked |= set(policy.service.peers)
-        return linked
 
     def is_mirrored(self, policy: MirroredPolicy) -> bool:
         """Whether `policy` is still mirrored (a newer version may have pushed it out of the window meanwhile).
