@@ -59,8 +59,23 @@ def test_own_links_go_to_trusted_peers_but_one_optimistic_place_and_released_str
     drawn = ["s1", "t1", "s2", "t2", "t3", "s3", "origin"]
     trusted = {"t1", "t2", "t3", "origin"}.__contains__
     assert choose_order(drawn, trusted, 4)[:4] == ["t1", "t2", "t3", "s1"]
+    assert choose_order(drawn, trusted, 1)[0] == "t1"  # a single place goes to a trusted peer
     order = choose_order(drawn, trusted, 4, last={"t1"}, released={"s1", "origin"})
     assert order == ["t2", "t3", "s2", "s3", "t1", "origin"]  # a released trusted peer is tried again, last
+
+
+def test_own_places_go_to_the_peers_that_did_most_for_us_when_a_crowd_bought_trust_cheaply():
+    """A piece taken buys trust; a crowd of identities that each took one must not fill the trusted places ahead of
+    the peers that served us or fetched the version from us."""
+    record = ServedRecord()
+    crowd = [f"s{i}" for i in range(50)]
+    for peer in crowd:
+        record.note(peer, served=0, took=1)
+    record.note("server", served=5, took=0)
+    record.note("follower", served=0, took=12)
+    drawn = crowd + ["follower", "server", "stranger"]
+    order = choose_order(drawn, record.trusted, 4, rank=record.score)
+    assert order[:4] == ["server", "follower", "s0", "stranger"]  # the optimistic place: a stranger
 
 
 def test_trust_is_earned_by_pieces_moved_forgotten_on_demand_and_bounded_for_any_number_of_identities():

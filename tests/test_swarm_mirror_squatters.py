@@ -23,19 +23,19 @@ async def publish(tmp, key, version, publisher, honest, crowd, deadline: float =
     signed, directory = signed_policy(tmp / "versions", key, version, VERSION_BYTES)
     started = trio.current_time()
     publisher.mirror.adopt(signed, local_dir=directory)
-    if crowd is not None:
-        await crowd.command(f"squat {signed.hex()}")
-    policies = [peer.mirror.adopt(signed) for peer in honest]
     took = [math.inf] * len(honest)
 
     async def wait(i, followed) -> None:
         await followed.service.completed.wait()
         took[i] = trio.current_time() - started
 
-    with trio.move_on_after(deadline):
-        async with trio.open_nursery() as waits:
-            for i, followed in enumerate(policies):
-                waits.start_soon(wait, i, followed)
+    async with trio.open_nursery() as waits:
+        if crowd is not None:  # told at once, its answer not awaited: the crowd links while the peers fetch
+            waits.start_soon(crowd.command, f"squat {signed.hex()}")
+        with trio.move_on_after(deadline):
+            async with trio.open_nursery() as fetching:
+                for i, peer in enumerate(honest):
+                    fetching.start_soon(wait, i, peer.mirror.adopt(signed))
     return took
 
 

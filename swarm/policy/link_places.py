@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from p2p.pieces.transfer_stats import LinkActivity
 
@@ -88,15 +89,19 @@ def admit(newcomer: str, theirs: Mapping[str, LinkActivity], *, places: int, now
 
 def choose_order(drawn: list[str], trusted: Callable[[str], bool], own_places: int,
                  last: set[str] | frozenset[str] = frozenset(),
-                 released: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """The order this peer opens its own links in: trusted peers first for all its own places but one, which goes
-    to the first stranger of `drawn` (the version's secret order); then the rest of `drawn`. Peers in `last` (links
-    of this version dropped) come after all others; untrusted peers in `released` (links of this version that
-    idled) not at all, so each neighbour takes the optimistic place at most once per version and a crowd of
-    connected identities is tried through once, not round and round."""
+                 released: set[str] | frozenset[str] = frozenset(),
+                 rank: Callable[[str], Any] = lambda peer: 0) -> list[str]:
+    """The order this peer opens its own links in: trusted peers first, highest `rank` first (ties in `drawn`
+    order), for all its own places but one (all of a single place), the next going to the first stranger of `drawn`
+    (the version's secret order); then the rest of `drawn`. Peers in `last` (links of this version dropped) come
+    after all others; untrusted peers in `released` (links of this version that idled) not at all, so each
+    neighbour takes the optimistic place at most once per version and a crowd of connected identities is tried
+    through once, not round and round. Why a rank: trust is cheap to buy (a piece taken), so peers that did the
+    most for us come first."""
     fresh = [peer for peer in drawn if peer not in last and peer not in released]
-    first = [peer for peer in fresh if trusted(peer)][:max(0, own_places - 1)]
-    chosen = set(first)
+    first = sorted((peer for peer in fresh if trusted(peer)), key=rank, reverse=True)[:max(1, own_places - 1)]
+    optimistic = [peer for peer in fresh if not trusted(peer)][:1]
+    chosen = set(first + optimistic)
     rest = [peer for peer in fresh if peer not in chosen]
     again = [peer for peer in drawn if (peer in last or peer in released) and (peer not in released or trusted(peer))]
-    return first + rest + again
+    return first + optimistic + rest + again

@@ -112,7 +112,8 @@ class OutboundLinks:
                 continue  # most rounds: nothing to open, so no order to draw (every round, every version)
             drawn = link_order(policy.manifest.id, self.link_salt, peers, last=policy.dropped | policy.released)
             trusted = self.trusted_for(policy)
-            for peer in choose_order(drawn, trusted, (wanted + 1) // 2, policy.dropped, policy.released):
+            for peer in choose_order(drawn, trusted, (wanted + 1) // 2, policy.dropped, policy.released,
+                                     self.trust_rank(policy)):
                 if _enough_links(policy, wanted, own_half_only):
                     break
                 if (peer == self.my_id or peer in service.peers or peer in policy.dialing

@@ -43,6 +43,10 @@ class LinkPlaces:
                 linked |= set(policy.service.peers)
         return linked
 
+    def trust_rank(self, policy: MirroredPolicy) -> Callable[[str], tuple]:
+        """Trusted peers' order for `policy`'s own links: its origin, then by what each did for us, then providers."""
+        return lambda peer: (peer == policy.origin, self.served.score(peer))
+
     def note_providers(self, manifest_id: bytes, peers: Iterable[str]) -> None:
         """Peers whose signed DHT provider records say they hold the version (at most MAX_PROVIDERS kept)."""
         policy = self.policies.get(manifest_id)

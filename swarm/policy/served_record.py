@@ -40,6 +40,11 @@ class ServedRecord:
         served, took = self._peers.get(peer, (0, 0))
         return served > 0 or took >= self.took_for_trust
 
+    def score(self, peer: str) -> tuple[int, int]:
+        """How much `peer` did for us, for ranking trusted peers: pieces served first (they cost its upload), then
+        pieces taken (a crowd can take one each cheaply, not as many as the followers that fetch from us)."""
+        return self._peers.get(peer, (0, 0))
+
     def forget(self, peer: str) -> None:
         self._peers.pop(peer, None)
 
