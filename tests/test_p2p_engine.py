@@ -362,10 +362,14 @@ def test_super_seed_promises_to_peers_that_never_ask_hold_no_piece_back():
     seed = SwarmEngine(4, b"\x01" * 4, config=cfg, rng=random.Random(0))
     for squatter in ("s1", "s2"):
         assert len(seed.peer_connected(squatter, bytes(4), 0.0)) == 2  # every piece promised, none ever asked
-    revealed = seed.peer_connected("honest", bytes(4), 0.1)
+    grace = cfg.reveal_grace
+    assert seed.peer_connected("early", bytes(4), grace / 2) == []  # within the grace: they may still ask
+    assert seed.reveal_lapsed(grace * 0.9) == []
+    assert len(seed.reveal_lapsed(grace)) == 2  # lapsed: the early peer hears of two pieces
+    revealed = seed.peer_connected("honest", bytes(4), grace)
     assert len(revealed) == 2
     index = revealed[0].message.index
-    assert seed.peer_request("honest", index, 0.2) == [SendPiece("honest", index)]
+    assert seed.peer_request("honest", index, grace + 0.1) == [SendPiece("honest", index)]
 
 
 def test_super_seed_serves_every_copy_when_peers_cannot_share():

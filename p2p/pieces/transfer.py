@@ -192,6 +192,10 @@ class SwarmService:
         lacks = state is not None and bool((self.engine.have & ~state.bits).any())
         return LinkActivity(link.opened_at, link.active_at, state is not None, offers, lacks)
 
+    def reveal_lapsed(self) -> None:
+        """Super-seed: announce the pieces whose promises to peers that never asked have lapsed (engine)."""
+        self._dispatch(self.engine.reveal_lapsed(trio.current_time()))
+
     def release(self, peer: str, why: str) -> None:
         """Close the link to `peer` (not for a breach: it may link again), reported to `on_drop` like any drop."""
         link = self._links.get(peer)

@@ -92,11 +92,14 @@ class LinkPlaces:
         return decision.admit
 
     def _tend_places(self, policy: MirroredPolicy, now: float) -> None:
-        """At most every TEND_EVERY: remember what linked peers moved with us, and release idle links."""
+        """At most every TEND_EVERY: remember what linked peers moved with us, and release idle links; as a
+        super-seed, every round, announce what lapsed promises freed."""
+        service = policy.service
+        if service.engine.super_seeding:  # every round: a peer waits for pieces whose promises lapsed
+            service.reveal_lapsed()
         if now - policy.tended_at < TEND_EVERY:
             return
         policy.tended_at = now
-        service = policy.service
         trusted = self.trusted_for(policy)
         for peer in service.peers:
             stats = service.stats.get(peer)
