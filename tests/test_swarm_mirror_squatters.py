@@ -12,7 +12,7 @@ from p2p.identity import Identity
 from swarm.policy.link_places import LINK_IDLE_AFTER
 from tests.link_squatters import crowd_process, honest_peer, signed_policy
 
-SQUATTERS = 16
+SQUATTERS = 40
 HONEST = 3
 VERSION_BYTES = 8 << 20  # 32 pieces: about a second to spread on loopback without the crowd, as in the attack
 
@@ -42,8 +42,9 @@ async def publish(tmp, key, version, publisher, honest, crowd, deadline: float =
 async def test_a_crowd_of_squatters_keeps_no_honest_peer_from_any_version(tmp_path):
     """Version 0 spreads without the crowd (a long-lived trainer's peers have served each other before), versions 1
     and 2 measure the time without it; then the crowd connects, and versions 3 to 5 must each reach every honest
-    peer within 3x the slowest time without it, with a floor of 2 s: the four honest peers share one process, which
-    also accepts every channel the crowd opens, on a machine whose load varies by more than a second."""
+    peer within 3x the slowest time without it, with a floor of 3 s: the four honest peers share one process, which
+    also accepts every channel the crowd opens, on a machine whose load varies by seconds (a version without the
+    crowd now and then takes 5 s here too). Before links gave their places up, no version reached any of them."""
     key = Identity.generate()
     async with AsyncExitStack() as stack:
         publisher = await stack.enter_async_context(honest_peer(tmp_path / "pub", key, identity=key))
@@ -53,7 +54,7 @@ async def test_a_crowd_of_squatters_keeps_no_honest_peer_from_any_version(tmp_pa
             for other in everyone[i + 1:]:
                 await peer.host.connect(other.host.multiaddrs[0])
         quiet = [await publish(tmp_path, key, version, publisher, honest, None) for version in (0, 1, 2)]
-        bound = 3 * max(2.0, *quiet[1], *quiet[2])
+        bound = 3 * max(3.0, *quiet[1], *quiet[2])
         crowd = await stack.enter_async_context(crowd_process(SQUATTERS))
         for peer in everyone:
             await crowd.command(f"connect {peer.host.multiaddrs[0]}")
