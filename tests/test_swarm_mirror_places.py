@@ -8,7 +8,8 @@ import trio.testing
 
 from p2p.pieces.wire import Hello, Request, message_frame, pack_bits, send_buffers
 from swarm.policy.link_places import FIRST_ASK_WITHIN
-from swarm.policy.mirror_places import TEND_EVERY
+from swarm.policy.mirror import MAX_BANNED
+from swarm.policy.mirror_places import MAX_RELEASED, TEND_EVERY
 from tests.test_swarm_mirror import signed_version
 from tests.test_swarm_mirror_links import running_mirror
 
@@ -79,4 +80,15 @@ async def test_a_peer_that_served_us_before_takes_the_place_of_a_squatter(tmp_pa
         await open_link(nursery, mirror, policy, "a-friend")
         await trio.sleep(0.1)
         assert policy.service.peers == ["a-friend"] and "a-squatter" in policy.released
+        nursery.cancel_scope.cancel()
+
+
+async def test_what_a_version_remembers_of_released_and_dropped_peers_is_bounded_for_any_number_of_identities(
+        tmp_path, autojump_clock):
+    async with running_mirror(tmp_path, "me") as (mirror, key, nursery):
+        policy = mirror.adopt(signed_version(tmp_path, key, 0))
+        await trio.sleep(0.1)
+        for i in range(MAX_RELEASED + 100):
+            mirror._dropped(policy, f"sybil-{i}", "carried nothing it could have carried", hostile=False)
+        assert len(policy.dropped) <= MAX_RELEASED and len(mirror._gone) <= MAX_BANNED
         nursery.cancel_scope.cancel()

@@ -45,7 +45,7 @@ from p2p.ratelimit import TokenBucket
 from swarm.policy.link_places import LINK_IDLE_AFTER
 from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
 from swarm.policy.mirror_dial import _DIAL_ERRORS, SPARE_TTL, TOP_UP_AFTER, OutboundLinks
-from swarm.policy.mirror_places import LinkPlaces
+from swarm.policy.mirror_places import MAX_RELEASED, LinkPlaces
 from swarm.policy.served_record import ServedRecord
 from swarm.policy.trust import TrainerTrust
 
@@ -230,14 +230,16 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         Why across versions: a peer that served a corrupt piece once would otherwise be linked again at once, for
         this version and each next one, costing a piece download each time; a peer that merely left or stalled
         may be linked again when it is back."""
-        policy.dropped.add(peer)
+        if len(policy.dropped) < MAX_RELEASED:  # identities are free: the memory of a crowd is bounded
+            policy.dropped.add(peer)
         policy.opened.discard(peer)
         if hostile:
             self._ban(peer, why)
         else:
             if peer in self._gone:  # a peer that left ends the links of every version at once: say it once
                 return
-            self._gone.add(peer)
+            if len(self._gone) < MAX_BANNED:
+                self._gone.add(peer)
         self.on_event("peer_dropped", {"version": policy.manifest.version, "dropped": peer, "reason": why,
                                        "banned": hostile})
 
