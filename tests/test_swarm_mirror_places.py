@@ -92,3 +92,19 @@ async def test_what_a_version_remembers_of_released_and_dropped_peers_is_bounded
             mirror._dropped(policy, f"sybil-{i}", "carried nothing it could have carried", hostile=False)
         assert len(policy.dropped) <= MAX_RELEASED and len(mirror._gone) <= MAX_BANNED
         nursery.cancel_scope.cancel()
+
+
+async def test_asking_for_pieces_we_lack_is_no_activity(tmp_path, autojump_clock):
+    """A request keeps a link busy only when it asks for a piece we hold: one for a piece we lack costs its sender
+    nothing, and a squatter sending one every few seconds would keep its place for ever."""
+    async with running_mirror(tmp_path, "me") as (mirror, key, nursery):
+        policy = mirror.adopt(signed_version(tmp_path, key, 0))  # fetching: it holds no piece yet
+        await trio.sleep(0.1)
+        faker = await open_link(nursery, mirror, policy, "a-faker")
+        await trio.sleep(1.0)
+        for index in range(policy.manifest.num_pieces):
+            await send_buffers(faker, message_frame(Request(index)))
+        await trio.sleep(1.0)
+        activity = policy.service.activity("a-faker")
+        assert activity is not None and activity.active_at == activity.opened_at
+        nursery.cancel_scope.cancel()

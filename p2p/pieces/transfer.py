@@ -292,7 +292,8 @@ class SwarmService:
             elif isinstance(msg, Have):
                 self._dispatch(self.engine.peer_have(link.peer, msg.index, now))
             elif isinstance(msg, Request):
-                link.active_at = now
+                if self.engine.have[msg.index]:  # it takes from us; asking for what we lack costs it nothing
+                    link.active_at = now
                 self._dispatch(self.engine.peer_request(link.peer, msg.index, now))
             elif isinstance(msg, Cancel):
                 self._dispatch(self.engine.peer_cancel(link.peer, msg.index, now))

@@ -33,7 +33,7 @@ class LinkActivity:
     channel, and its place could go to a peer that moves pieces)."""
 
     opened_at: float  # when the link was added
-    active_at: float  # last verified piece received, piece sent, or request received on it (else opened_at)
+    active_at: float  # last verified piece received, piece sent, or request for a piece we hold (else opened_at)
     greeted: bool  # the peer's hello came: until then nothing is known of what it holds
     offers: bool  # it claims a piece we lack
     lacks: bool  # it lacks a piece we hold (as far as it told us and we sent it)
