@@ -4,16 +4,16 @@ A place costs a data channel and a share of the peer's attention, and identities
 while its link moves pieces:
 
 - a link is idle when it could carry pieces (one side claims a piece the other lacks) and has carried none, in
-  either direction, and no request from its peer, for `idle_after` seconds; an idle link is released and its peer
-  is not admitted again for that version unless this peer chooses it. Unproductive *for whom* matters: an honest
-  newcomer holds nothing either, but it asks for what we hold at once, so its link is busy; a squatter that claims
-  nothing and asks nothing is idle. Two peers that both hold everything have nothing to move: their link is not
-  idle (closing it would only have it reopened), but it is the first to go when a place is needed;
+  either direction, nor a request for a piece we hold, for `idle_after` seconds; an idle link is released and its
+  peer is not admitted again for that version unless this peer chooses it. Unproductive *for whom* matters: an
+  honest newcomer holds nothing either, but it asks for what we hold at once, so its link is busy; a squatter that
+  claims nothing and asks nothing is idle. Two peers that both hold everything have nothing to move: their link is
+  not idle (closing it would only have it reopened), but it is the first to go when a place is needed;
 - an untrusted peer that lacks pieces we hold, claims none we lack and has asked for nothing within
   `first_ask_within` of its link opening is idle sooner: an honest newcomer asks within a round trip;
-- links others opened to us hold at most `stranger_places` per version (a node-wide bound per version, whatever
-  the number of identities); a newcomer past it takes the place of an idle link, a trusted newcomer (one that
-  served us before, or the version's origin, or a provider) the place of any link of an untrusted peer that has
+- links others opened to us hold at most `stranger_places` per version (a node-wide bound per version, whatever the
+  number of identities); a newcomer past it takes the place of a link quiet for `idle_after`, a trusted one (one
+  that served us before, or the version's origin, or a provider) the place of any link of an untrusted peer that has
   carried nothing lately, else it is refused (the dialer links elsewhere);
 - this peer's own choices go first to trusted peers, keeping one place for a stranger drawn in the version's
   secret order (BitTorrent's optimistic unchoke): an idle link is replaced by the next candidate in that order, so
@@ -32,10 +32,11 @@ FIRST_ASK_WITHIN = 2.0
 """Seconds a peer that lacks pieces we hold may go without asking for any, from its hello, before its link is idle:
 an honest peer asks for what it lacks within a round trip of hearing of it, a squatter never does."""
 LINK_IDLE_AFTER = 5.0
-"""Seconds a link that could carry pieces may carry none (and no request) before its place is released. Why 5 s: an
-honest peer asks for a piece it lacks within a round trip and a busy uploader refuses (BUSY) rather than queues for
-long, so 5 s of silence on a link with something to move is a peer holding a place for nothing; longer let a crowd
-of identities that each take a place per version hold them through a whole small version."""
+"""Seconds a link that could carry pieces may carry none (nor a request for a piece we hold) before its place is
+released. Why 5 s: an honest peer asks for a piece it lacks within a round trip and a busy uploader refuses (BUSY)
+rather than queues for long, so 5 s of silence on a link with something to move is a peer holding a place for
+nothing, and a longer wait lets a crowd of identities, each taking a place per version, hold them through a whole
+small version."""
 
 
 @dataclass(frozen=True)
