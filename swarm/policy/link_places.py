@@ -14,7 +14,7 @@ while its link moves pieces:
 - links others opened to us hold at most `stranger_places` per version (a node-wide bound per version, whatever the
   number of identities); a newcomer past it takes the place of a link quiet for `idle_after`, a trusted one (one
   that served us before, or the version's origin, or a provider) the place of any link of an untrusted peer that has
-  carried nothing lately, else it is refused (the dialer links elsewhere);
+  never carried anything, else it is refused (the dialer links elsewhere);
 - this peer's own choices go first to trusted peers, keeping one place for a stranger drawn in the version's
   secret order (BitTorrent's optimistic unchoke): an idle link is replaced by the next candidate in that order, so
   the optimistic place rotates through the neighbours until one moves pieces.
