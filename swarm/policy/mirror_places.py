@@ -22,7 +22,7 @@ log = logging.getLogger("swarm.policy.mirror")
 TEND_EVERY = 1.0
 """Seconds between two looks at a version's links (what they moved, which idle): a look reads every link's have-map,
 and the rounds that open links run four times a second while a version is fetched."""
-MAX_PROVIDERS = 20  # peers per version that DHT provider records name, trusted with its links
+MAX_PROVIDERS = 20  # peers per version the DHT named as its providers, trusted with its links
 MAX_RELEASED = 4096  # peers per version whose link was released as idle (bounds only the memory of a crowd)
 
 
@@ -48,7 +48,8 @@ class LinkPlaces:
         return lambda peer: (peer == policy.origin, self.served.score(peer))
 
     def note_providers(self, manifest_id: bytes, peers: Iterable[str]) -> None:
-        """Peers whose signed DHT provider records say they hold the version (at most MAX_PROVIDERS kept)."""
+        """Peers the DHT named as providers of the version (at most MAX_PROVIDERS kept): a fallback, ranked below
+        the peers that moved pieces with us, since any identity may announce itself as one."""
         policy = self.policies.get(manifest_id)
         if policy is None:
             return
