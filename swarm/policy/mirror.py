@@ -9,15 +9,16 @@ two peers never open crossing duplicate links; it also keeps one spare channel o
 version's link does not wait seconds for a dial (see `reconcile`). A peer with the larger id that holds a version
 first announces it over its own spare; the smaller peer then dials the link over that same channel by writing its
 preamble back. A peer opens links (dials or announcements) for a version only while it has fewer than
-`links_per_version` (at least half of them its own), to the neighbours first in an order it draws per version;
-others may still link to it. Why: each link costs a data channel, a handshake and a have message per piece, so a
-peer linking every version to all of its neighbours paid in proportion to them (6 % of a core per peer at 8 peers
-and 12 % at 16, one version every 20 s); in virtual time 8 links per peer finish a broadcast within 1.3x of the
-bound at 64 to 1,000 peers. For a version's first `top_up_after` seconds a peer opens only its own half: all peers
-opening every place at once, before the links others chose to open to them arrived, left each with about twice as
-many (15.7 per version at 64 peers, where 8 were meant). A peer holding a version it did not sign opens no top-ups
-for it: they would bring it sources it no longer needs (`OutboundLinks._holds_as_follower`). A peer that does not
-re-seed (the single-origin baseline) links only with the manifest's origin, the trainer's peer.
+`links_per_version` (at least half of them its own, trusted peers first: swarm.policy.link_places, which also says
+who holds the places others open); others may link to it. Why: each link costs a data channel, a handshake and a
+have message per piece, so a peer linking every version to all of its neighbours paid in proportion to them (6 % of
+a core per peer at 8 peers and 12 % at 16, one version every 20 s); in virtual time 8 links per peer finish a
+broadcast within 1.3x of the bound at 64 to 1,000 peers. For a version's first `top_up_after` seconds a peer opens
+only its own half: all peers opening every place at once, before the links others chose to open to them arrived,
+left each with about twice as many (15.7 per version at 64 peers, where 8 were meant). A peer holding a version it
+did not sign opens no top-ups for it: they would bring it sources it no longer needs
+(`OutboundLinks._holds_as_follower`). A peer that does not re-seed (the single-origin baseline) links only with the
+manifest's origin, the trainer's peer.
 """
 
 from __future__ import annotations
