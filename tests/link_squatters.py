@@ -8,6 +8,7 @@ import subprocess
 import sys
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import trio
@@ -27,6 +28,7 @@ from swarm.policy.trust import TrainerTrust
 ENDED = (ChannelError, FrameError, P2PError, OSError, trio.BrokenResourceError, trio.ClosedResourceError,
          trio.TooSlowError)
 MAX_PEERS = 64
+REPO = Path(__file__).resolve().parents[1]
 
 
 def signed_policy(tmp, key: Identity, version: int, size: int = 2 << 20) -> tuple[bytes, object]:
@@ -166,7 +168,7 @@ class CrowdProcess:
 async def crowd_process(count: int):
     """Start `count` squatters in a child process; yield its driver."""
     process = await trio.lowlevel.open_process([sys.executable, "-m", "tests.link_squatters", str(count)],
-                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO)
     try:
         crowd = CrowdProcess(process)
         await crowd.command("ready")
