@@ -343,13 +343,33 @@ def test_a_timed_out_piece_is_asked_again_of_its_only_holder():
 
 def test_super_seed_withdraws_a_cancelled_promise_so_the_first_round_goes_on():
     cfg = EngineConfig(super_seed=True, super_seed_reveal=1)
-    seed = SwarmEngine(2, b"\x01\x01", config=cfg, rng=random.Random(0))
-    (first,) = seed.peer_connected("a", b"\x00\x00", 0.0)
-    promised = first.message.index
-    assert seed.peer_connected("b", b"\x00\x00", 0.0) == [Send("b", Have(1 - promised))]
-    assert seed.peer_request("b", 1 - promised, 1.0) == [SendPiece("b", 1 - promised)]
-    assert seed.upload_done("b", 1 - promised, 2.0) == []  # the only never-sent piece is promised to a
+    seed = SwarmEngine(3, b"\x01\x01\x01", config=cfg, rng=random.Random(0))
+    (first,) = seed.peer_connected("a", b"\x00\x00\x00", 0.0)
+    assert seed.peer_request("a", first.message.index, 0.5) == [SendPiece("a", first.message.index)]
+    (second,) = seed.upload_done("a", first.message.index, 0.6)  # a asked before: this promise holds its piece
+    promised = second.message.index
+    (other,) = {0, 1, 2} - {first.message.index, promised}
+    assert seed.peer_connected("b", b"\x00\x00\x00", 0.0) == [Send("b", Have(other))]
+    assert seed.peer_request("b", other, 1.0) == [SendPiece("b", other)]
+    assert seed.upload_done("b", other, 2.0) == []  # the only never-sent piece is promised to a
     assert seed.peer_cancel("a", promised, 3.0) == [Send("b", Have(promised))]
+
+
+def test_super_seed_promises_to_peers_that_never_ask_hold_no_piece_back():
+    """Links that take a place and never ask were each promised pieces; holding those back left the peers that
+    asked with nothing until the silent links were released."""
+    cfg = EngineConfig(super_seed=True, super_seed_reveal=2)
+    seed = SwarmEngine(4, b"\x01" * 4, config=cfg, rng=random.Random(0))
+    for squatter in ("s1", "s2"):
+        assert len(seed.peer_connected(squatter, bytes(4), 0.0)) == 2  # every piece promised, none ever asked
+    grace = cfg.reveal_grace
+    assert seed.peer_connected("early", bytes(4), grace / 2) == []  # within the grace: they may still ask
+    assert seed.reveal_lapsed(grace * 0.9) == []
+    assert len(seed.reveal_lapsed(grace)) == 2  # lapsed: the early peer hears of two pieces
+    revealed = seed.peer_connected("honest", bytes(4), grace)
+    assert len(revealed) == 2
+    index = revealed[0].message.index
+    assert seed.peer_request("honest", index, grace + 0.1) == [SendPiece("honest", index)]
 
 
 def test_super_seed_serves_every_copy_when_peers_cannot_share():

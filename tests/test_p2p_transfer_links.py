@@ -120,7 +120,7 @@ async def test_requests_to_a_silent_peer_time_out_and_go_elsewhere(tmp_path, aut
 
 
 async def test_router_hands_inbound_links_to_the_service_of_their_manifest(tmp_path, autojump_clock):
-    from p2p.pieces.transfer import SwarmRouter
+    from p2p.pieces.router import SwarmRouter
 
     v1 = make_policy(tmp_path / "v1", 1 * MB, seed=1)
     v2 = make_policy(tmp_path / "v2", 1 * MB, seed=2)
@@ -240,7 +240,7 @@ async def test_a_link_served_in_the_callers_task_ends_when_its_service_stops(tmp
 async def test_a_link_that_arrives_after_the_service_stopped_is_refused_not_a_crash(tmp_path, autojump_clock):
     """A dial that completes while the node shuts down: add_link says no (the caller closes the stream) instead of
     raising into a closed nursery, and the router closes such a link itself."""
-    from p2p.pieces.transfer import SwarmRouter
+    from p2p.pieces.router import SwarmRouter
 
     v1 = make_policy(tmp_path / "v1", 1 * MB, seed=1)
     store = PieceStore(tmp_path / "seed")

@@ -177,7 +177,7 @@ async def test_links_strangers_open_to_a_peer_never_stop_it_from_choosing_its_ow
             else:
                 nursery.start_soon(mirror._link_over_announcement, f"z-sybil-{i}", ours, policy.manifest.id)
         await trio.sleep(0.1)
-        assert len(policy.service.peers) == 6
+        assert len(policy.service.peers) >= mirror.stranger_places  # every place strangers may hold is theirs
         await mirror.reconcile(neighbours, dial, max_links=32)
         first_two = link_order(policy.manifest.id, mirror.link_salt, neighbours)[:2]
         assert policy.dialing == set(first_two)  # half its places

@@ -107,12 +107,12 @@ class SwarmEngine:
         if peer in self.peers:
             raise ValueError(f"peer {peer} is already connected (the adapter keeps one link per peer)")
         empty = np.zeros(self.num_pieces, dtype=bool)
-        self.peers[peer] = PeerState(empty, empty.copy(), last_piece_at=now)
+        self.peers[peer] = PeerState(empty, empty.copy(), last_piece_at=now, linked_at=now)
         out = self.peer_bitfield(peer, flags, now)
         if told is not None and not self.super_seeding:
             since = self.have & ~as_flags(told) & ~self.peers[peer].bits
             out += [Send(peer, Have(int(index))) for index in np.flatnonzero(since)]
-        return out + self._reveal(peer)
+        return out + self._reveal(peer, now)
 
     def peer_bitfield(self, peer: str, flags: bytes | bytearray, now: float) -> list[Action]:
         state = self.peers.get(peer)
@@ -137,7 +137,7 @@ class SwarmEngine:
         for i in state.requested:
             self._unpend(i, peer)
         self._uploads_active -= len(state.sending)
-        return self._fill_all(now) + self._schedule_uploads() + self._reveal_all()
+        return self._fill_all(now) + self._schedule_uploads() + self._reveal_all(now)
 
     def _drop(self, peer: str, reason: str, now: float, hostile: bool = True) -> list[Action]:
         return [DropPeer(peer, reason, hostile)] + self._forget(peer, now)
@@ -161,7 +161,7 @@ class SwarmEngine:
         self.availability[index] += 1
         out = self._fill(peer, now) if not self.have[index] else []
         if index in state.revealed:
-            out += self._reveal(peer)
+            out += self._reveal(peer, now)
         return out
 
     def peer_reject(self, peer: str, index: int, now: float, busy: bool = False) -> list[Action]:
@@ -294,6 +294,7 @@ class SwarmEngine:
         if state is None:
             return []
         state.open_requests += 1
+        state.asked = True
         if state.open_requests > self.config.max_queued_requests:  # an honest peer stays within its pipeline
             return self._drop(peer, "flooded us with requests", now)
         if index in state.delivered:
@@ -345,7 +346,7 @@ class SwarmEngine:
         state.revealed.discard(index)
         out: list[Action] = []
         for name in [n for n in self.peers if n != peer] + [peer]:  # offered to the others before the canceller
-            out += self._reveal(name)
+            out += self._reveal(name, now)
         return out
 
     def upload_done(self, peer: str, index: int, now: float, delivered: bool = True) -> list[Action]:
@@ -358,7 +359,7 @@ class SwarmEngine:
         if delivered:
             state.delivered.add(index)
             self.ledger.note_sent(peer)
-        return self._schedule_uploads() + self._reveal_all()
+        return self._schedule_uploads() + self._reveal_all(now)
 
     def _schedule_uploads(self) -> list[Action]:
         """Hand free upload slots round-robin to peers with queued requests."""
@@ -389,7 +390,7 @@ class SwarmEngine:
 
     # ------------------------------------------------------------------ super-seeding
 
-    def _reveal(self, peer: str) -> list[Action]:
+    def _reveal(self, peer: str, now: float) -> list[Action]:
         """Super-seed: keep `super_seed_reveal` unsent pieces announced to `peer`, least-sent first."""
         if not self.super_seeding or peer not in self.peers:
             return []
@@ -399,31 +400,45 @@ class SwarmEngine:
         # after the first full copy, one piece at a time: the peers hold every piece by then and should trade
         limit = self.config.super_seed_reveal if not self.sent_count.all() else 1
         while len(state.revealed) < limit:
-            index = self._least_sent(state)
+            index = self._least_sent(state, now)
             if index is None:
                 break
             state.revealed.add(index)
             out.append(Send(peer, Have(index)))
         return out
 
-    def _reveal_all(self) -> list[Action]:
+    def reveal_lapsed(self, now: float) -> list[Action]:
+        """Super-seed: reveal the pieces whose promises lapsed (their peers never asked within `reveal_grace`); the
+        adapter calls this now and then, since a complete seed gets no other event while its peers wait."""
+        return self._reveal_all(now) if self.super_seeding else []
+
+    def _reveal_all(self, now: float) -> list[Action]:
         out: list[Action] = []
         for name in list(self.peers):
-            out += self._reveal(name)
+            out += self._reveal(name, now)
         return out
 
-    def _least_sent(self, state: PeerState) -> int | None:
+    def _least_sent(self, state: PeerState, now: float) -> int | None:
         """Never-sent, unpromised pieces first; while any never-sent piece is promised elsewhere, reveal nothing
-        rather than a second copy; after the first full copy, the least-sent and then rarest piece."""
+        rather than a second copy; after the first full copy, the least-sent and then rarest piece.
+
+        A promise holds its piece back from others while its peer may still ask for it: once it has asked for a
+        piece on its link, or for `reveal_grace` after its link opened. A link that only takes a place and never
+        asks (a crowd of them, each promised pieces) held back every piece of a small version, and the peers that
+        did ask got nothing until those links were released; a grace of none sent peers that linked together the
+        same pieces, before any of them had asked."""
         promised = np.zeros(self.num_pieces, dtype=np.int64)
+        holding = np.zeros(self.num_pieces, dtype=np.int64)
         for other in self.peers.values():
             if other.revealed:
                 promised[list(other.revealed)] += 1
+                if other.asked or now - other.linked_at < self.config.reveal_grace:
+                    holding[list(other.revealed)] += 1
         candidates = ~state.bits
         if state.revealed:
             candidates[list(state.revealed)] = False
         if not self.sent_count.all():  # first round: only pieces nobody has been sent or promised
-            candidates &= (self.sent_count == 0) & (promised == 0)
+            candidates &= (self.sent_count == 0) & (holding == 0)
         idx = np.flatnonzero(candidates)
         if idx.size == 0:
             return None

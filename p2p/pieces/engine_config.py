@@ -21,6 +21,7 @@ class EngineConfig:
     stall_timeout: float = 120.0  # seconds a peer may owe pieces without sending any before it is dropped
     super_seed: bool = False  # act as a super-seed while we hold everything
     super_seed_reveal: int = 4  # pieces revealed and not yet sent, per peer, in super-seed mode
+    reveal_grace: float = 0.5  # seconds a super-seed's promise to a peer that has not asked yet holds its piece back
     upload_factor: float = 3.0  # pieces one peer may take from us, in copies of the version (upload_ledger.py)
     earn_per_piece: float = 1.0  # more pieces a peer may take for each verified piece it served us
 

@@ -25,6 +25,8 @@ class PeerState:
     delivered: set[int] = field(default_factory=set)  # pieces sent to it on this link: asking again is a breach
     forgiven: set[int] = field(default_factory=set)  # delivered pieces it cancelled once (one re-request allowed)
     revealed: set[int] = field(default_factory=set)  # super-seed: pieces announced to it and not yet sent
+    asked: bool = False  # it asked for a piece on this link (a super-seed's promise to it holds the piece back)
+    linked_at: float = 0.0  # when it connected
     last_piece_at: float = 0.0  # last piece received, or when it last started owing us pieces
     refused_since: float = float("-inf")  # start of the backoff window its BUSY refusals are counted in
     refusals: int = 0  # its requests refused as BUSY since refused_since

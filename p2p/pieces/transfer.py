@@ -32,7 +32,7 @@ from p2p.pieces.manifest import PolicyManifest
 from p2p.pieces.outbox import Outbox
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.pieces.store import PieceStore
-from p2p.pieces.transfer_stats import PeerStats, Progress
+from p2p.pieces.transfer_stats import LinkActivity, PeerStats, Progress
 from p2p.pieces.wire import (
     RECEIVE_CHUNK, Bitfield, Cancel, FrameDecoder, Have, Hello, Piece, Reject, Request, Stream, message_frame,
     pack_bits, parse_message, read_frame, send_buffers, unpack_bits, write_frame,
@@ -96,6 +96,8 @@ class _Link:
     lease: BudgetLease
     scope: trio.CancelScope | None = None
     greeted: bool = False  # the handshake completed: the peer took part in the protocol
+    opened_at: float = 0.0
+    active_at: float = 0.0  # last piece moved either way or request received (LinkActivity)
 
 
 class SwarmService:
@@ -180,6 +182,27 @@ class SwarmService:
     def peers(self) -> list[str]:
         return list(self._links)
 
+    def activity(self, peer: str) -> LinkActivity | None:
+        """What the open link to `peer` has carried lately; None when there is none."""
+        link = self._links.get(peer)
+        if link is None:
+            return None
+        state = self.engine.peers.get(peer)
+        offers = state is not None and bool((state.bits & ~self.engine.have).any())
+        lacks = state is not None and bool((self.engine.have & ~state.bits).any())
+        return LinkActivity(link.opened_at, link.active_at, state is not None, offers, lacks)
+
+    def reveal_lapsed(self) -> None:
+        """Super-seed: announce the pieces whose promises to peers that never asked have lapsed (engine)."""
+        self._dispatch(self.engine.reveal_lapsed(trio.current_time()))
+
+    def release(self, peer: str, why: str) -> None:
+        """Close the link to `peer` (not for a breach: it may link again), reported to `on_drop` like any drop."""
+        link = self._links.get(peer)
+        if link is not None and link.scope is not None:
+            self._note_drop(peer, why, hostile=False)
+            link.scope.cancel()
+
     def progress(self) -> Progress:
         return Progress(self.engine.held, self.engine.num_pieces,
                         {p: s.bytes_up for p, s in self.stats.items()},
@@ -204,8 +227,9 @@ class SwarmService:
         if peer in self._links or peer in self.banned:  # one link per peer (have-maps are per peer), none if banned
             await trio.aclose_forcefully(stream)
             return
+        now = trio.current_time()
         link = _Link(peer, stream, Outbox(), TokenBucket(self.config.peer_upload_bps),
-                     self._budget.lease("a piece frame"))
+                     self._budget.lease("a piece frame"), opened_at=now, active_at=now)
         self._links[peer] = link
         self._link_opened.set()
         self.stats.setdefault(peer, PeerStats())
@@ -264,10 +288,12 @@ class SwarmService:
             msg = parse_message(*frame, num_pieces=n)
             now = trio.current_time()
             if isinstance(msg, Piece):
-                self._on_piece(link.peer, msg, now)
+                self._on_piece(link, msg, now)
             elif isinstance(msg, Have):
                 self._dispatch(self.engine.peer_have(link.peer, msg.index, now))
             elif isinstance(msg, Request):
+                if self.engine.have[msg.index]:  # it takes from us; asking for what we lack costs it nothing
+                    link.active_at = now
                 self._dispatch(self.engine.peer_request(link.peer, msg.index, now))
             elif isinstance(msg, Cancel):
                 self._dispatch(self.engine.peer_cancel(link.peer, msg.index, now))
@@ -284,9 +310,12 @@ class SwarmService:
         link.lease.resize(decoder.buffered)
         return frame
 
-    def _on_piece(self, peer: str, msg: Piece, now: float) -> None:
+    def _on_piece(self, link: _Link, msg: Piece, now: float) -> None:
         ref = self.manifest.pieces[msg.index]
         ok = len(msg.data) == ref.length and blake3.blake3(msg.data).digest() == ref.hash
+        peer = link.peer
+        if ok:
+            link.active_at = now
         stats = self.stats[peer]
         stats.bytes_down += len(msg.data)
         stats.pieces_down += 1
@@ -318,6 +347,7 @@ class SwarmService:
         await acquire_all([self._bucket, link.bucket], len(data))
         with trio.fail_after(self.config.send_timeout):
             await write_frame(link.stream, {"t": "piece", "index": index}, data)
+        link.active_at = trio.current_time()
         stats = self.stats[link.peer]
         stats.bytes_up += len(data)
         stats.pieces_up += 1
@@ -407,39 +437,3 @@ async def run_swarm(manifest: PolicyManifest, store: PieceStore, links: trio.Mem
             async for peer, stream in links:
                 if not service.add_link(peer, stream):
                     await trio.aclose_forcefully(stream)
-
-
-class SwarmRouter:
-    """Hands each inbound link to the SwarmService of the manifest its hello names.
-
-    One node serves several policy versions at once (the async window); a dialer opens one link per (peer,
-    manifest) and speaks first, so the accepting side reads the hello, then routes. Unknown manifests, silence
-    and garbage close the link without touching any service.
-    """
-
-    def __init__(self, handshake_timeout: float = 10.0, max_payload: int = 4 << 20) -> None:
-        self.handshake_timeout = handshake_timeout
-        self.max_payload = max_payload
-        self.services: dict[bytes, SwarmService] = {}
-
-    def register(self, service: SwarmService) -> None:
-        self.services[service.manifest.id] = service
-
-    def unregister(self, manifest_id: bytes) -> None:
-        self.services.pop(manifest_id, None)
-
-    async def accept(self, peer: str, stream: Stream) -> bool:
-        """Route one inbound link; False (and the link closed) when no running service wants it."""
-        decoder = FrameDecoder(max_payload=self.max_payload)
-        try:
-            with trio.fail_after(self.handshake_timeout):
-                frame = await read_frame(stream, decoder)
-        except _LINK_ERRORS:
-            frame = None
-        service = None
-        if frame is not None and frame[0].get("t") == "hello" and isinstance(frame[0].get("manifest_id"), bytes):
-            service = self.services.get(frame[0]["manifest_id"])
-        if service is None or not service.add_link(peer, stream, _Opened(decoder, frame)):
-            await trio.aclose_forcefully(stream)
-            return False
-        return True

@@ -414,6 +414,7 @@ async def _adopt_latest_from_dht(node: Node) -> None:
         await fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
         if record.manifest_id in node.mirror.policies:
             break
+    node.mirror.note_providers(record.manifest_id, [provider.peer_id for provider in providers])
 
 
 async def _reconcile_links(node: Node, open_data_channel) -> None:

@@ -9,15 +9,16 @@ two peers never open crossing duplicate links; it also keeps one spare channel o
 version's link does not wait seconds for a dial (see `reconcile`). A peer with the larger id that holds a version
 first announces it over its own spare; the smaller peer then dials the link over that same channel by writing its
 preamble back. A peer opens links (dials or announcements) for a version only while it has fewer than
-`links_per_version` (at least half of them its own), to the neighbours first in an order it draws per version;
-others may still link to it. Why: each link costs a data channel, a handshake and a have message per piece, so a
-peer linking every version to all of its neighbours paid in proportion to them (6 % of a core per peer at 8 peers
-and 12 % at 16, one version every 20 s); in virtual time 8 links per peer finish a broadcast within 1.3x of the
-bound at 64 to 1,000 peers. For a version's first `top_up_after` seconds a peer opens only its own half: all peers
-opening every place at once, before the links others chose to open to them arrived, left each with about twice as
-many (15.7 per version at 64 peers, where 8 were meant). A peer holding a version it did not sign opens no top-ups
-for it: they would bring it sources it no longer needs (`OutboundLinks._holds_as_follower`). A peer that does not
-re-seed (the single-origin baseline) links only with the manifest's origin, the trainer's peer.
+`links_per_version` (at least half of them its own, trusted peers first: swarm.policy.link_places, which also says
+who holds the places others open); others may link to it. Why: each link costs a data channel, a handshake and a
+have message per piece, so a peer linking every version to all of its neighbours paid in proportion to them (6 % of
+a core per peer at 8 peers and 12 % at 16, one version every 20 s); in virtual time 8 links per peer finish a
+broadcast within 1.3x of the bound at 64 to 1,000 peers. For a version's first `top_up_after` seconds a peer opens
+only its own half: all peers opening every place at once, before the links others chose to open to them arrived,
+left each with about twice as many (15.7 per version at 64 peers, where 8 were meant). A peer holding a version it
+did not sign opens no top-ups for it: they would bring it sources it no longer needs
+(`OutboundLinks._holds_as_follower`). A peer that does not re-seed (the single-origin baseline) links only with the
+manifest's origin, the trainer's peer.
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ from p2p.pieces.manifest import PolicyManifest, decode_signed, verify_manifest
 from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import SwarmService, TransferConfig
 from p2p.ratelimit import TokenBucket
+from swarm.policy.link_places import LINK_IDLE_AFTER
 from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
 from swarm.policy.mirror_dial import _DIAL_ERRORS, SPARE_TTL, TOP_UP_AFTER, OutboundLinks
+from swarm.policy.mirror_places import MAX_RELEASED, LinkPlaces
+from swarm.policy.served_record import ServedRecord
 from swarm.policy.trust import TrainerTrust
 
 log = logging.getLogger(__name__)
@@ -69,11 +73,15 @@ class MirroredPolicy:
     announced: dict[str, float] = field(default_factory=dict)  # smaller peers we handed the manifest to -> when
     dropped: set[str] = field(default_factory=set)  # peers this version's service dropped: linked again only last
     opened: set[str] = field(default_factory=set)  # peers whose link this peer opened (dialed, or announced)
+    released: set[str] = field(default_factory=set)  # peers whose link idled: re-admitted only if trusted
+    admitting: dict[str, float] = field(default_factory=dict)  # peers admitted whose link is not served yet -> when
+    providers: set[str] = field(default_factory=set)  # peers the DHT's signed provider records name for it
+    tended_at: float = -math.inf  # when its links were last looked at (mirror_places)
     announced_complete: bool = False
     adopted_at: float = 0.0  # trio time this peer adopted it
 
 
-class PolicyMirror(OutboundLinks):
+class PolicyMirror(OutboundLinks, LinkPlaces):
     """The set of policy versions a peer mirrors, and the piece services that move them."""
 
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
@@ -81,7 +89,8 @@ class PolicyMirror(OutboundLinks):
                  on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
                  spare_ttl: float = SPARE_TTL, adoption_wait: float = 30.0, announce_after: float = 1.0,
                  copies_dir: Path | None = None, preamble_rate: ByteRate = PREAMBLE_RATE,
-                 links_per_version: int = 8, top_up_after: float = TOP_UP_AFTER) -> None:
+                 links_per_version: int = 8, top_up_after: float = TOP_UP_AFTER, stranger_places: int | None = None,
+                 idle_after: float = LINK_IDLE_AFTER) -> None:
         self.store = store
         # where versions are reassembled into loadable files (swarm.policy.files); each copy goes with its version
         self.copies_dir = copies_dir
@@ -108,6 +117,10 @@ class PolicyMirror(OutboundLinks):
         # links a version needs before this peer stops opening (dials or announcements) its own; others may add more
         self.links_per_version = links_per_version
         self.top_up_after = top_up_after  # before this, a version's own half only (mirror_dial._enough_links)
+        # links others open per version (swarm.policy.link_places); a link idle this long gives its place up
+        self.stranger_places = max(1, links_per_version // 2) if stranger_places is None else stranger_places
+        self.idle_after = idle_after
+        self.served = ServedRecord()  # peers that moved verified pieces with us: trusted with link places
         # this process's secret in its link order (mirror_dial.link_order): nobody can grind identities to be first
         self.link_salt = secrets.token_bytes(16)
         self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel, no manifest yet; retire at)
@@ -219,14 +232,16 @@ class PolicyMirror(OutboundLinks):
         Why across versions: a peer that served a corrupt piece once would otherwise be linked again at once, for
         this version and each next one, costing a piece download each time; a peer that merely left or stalled
         may be linked again when it is back."""
-        policy.dropped.add(peer)
+        if len(policy.dropped) < MAX_RELEASED:  # identities are free: the memory of a crowd is bounded
+            policy.dropped.add(peer)
         policy.opened.discard(peer)
         if hostile:
             self._ban(peer, why)
         else:
             if peer in self._gone:  # a peer that left ends the links of every version at once: say it once
                 return
-            self._gone.add(peer)
+            if len(self._gone) < MAX_BANNED:
+                self._gone.add(peer)
         self.on_event("peer_dropped", {"version": policy.manifest.version, "dropped": peer, "reason": why,
                                        "banned": hostile})
 
@@ -371,8 +386,8 @@ class PolicyMirror(OutboundLinks):
             await self._link_over_announcement(peer, stream, route)
             return
         policy = await self._adopted(route, self.adoption_wait if wait is None else wait)
-        if policy is None or policy.service is None or not self._may_link(policy, peer):
-            return  # unknown manifest, or one this peer does not share with `peer`: the dialer retries later
+        if not (policy and policy.service and self._may_link(policy, peer) and self._admit(policy, peer)):
+            return  # unknown manifest, not shared with `peer`, or no place for it: the dialer links elsewhere
         self._linked(policy, peer, dir="in")
         await policy.service.serve_link(peer, stream)
 
@@ -386,7 +401,7 @@ class PolicyMirror(OutboundLinks):
         policy = self.policies.get(route)
         if (policy is None or policy.service is None or not self.is_mirrored(policy) or not self._may_link(policy, peer)
                 or peer in policy.service.peers or peer in policy.dialing
-                or len(policy.service.peers) >= self._max_links):
+                or len(policy.service.peers) >= self._max_links or not self._admit(policy, peer)):
             return
         policy.dialing.add(peer)
         try:
@@ -425,15 +440,6 @@ class PolicyMirror(OutboundLinks):
             while manifest_id not in self.policies:
                 await self.changed.wait()
         return self.policies.get(manifest_id)
-
-    def linked_peers(self) -> set[str]:
-        """Peers we hold a data link or a spare channel with, or are dialing for one."""
-        linked = set(self._spares) | self._spare_dialing
-        for policy in list(self.policies.values()):
-            linked |= policy.dialing
-            if policy.service is not None:
-                linked |= set(policy.service.peers)
-        return linked
 
     def is_mirrored(self, policy: MirroredPolicy) -> bool:
         """Whether `policy` is still mirrored (a newer version may have pushed it out of the window meanwhile).

@@ -18,6 +18,7 @@ import trio
 
 from p2p.channel.messages import HandshakeBreach
 from p2p.errors import P2PError
+from swarm.policy.link_places import choose_order
 from swarm.policy.link_preamble import inline_manifest, send_preamble
 
 if TYPE_CHECKING:
@@ -103,10 +104,16 @@ class OutboundLinks:
         wanted = min(max_links, self.links_per_version)
         for policy in list(self.policies.values()):
             service = policy.service
+            if service is None or service._nursery is None:
+                continue
+            self._tend_places(policy, now)  # idle links give their places up first
             own_half_only = now - policy.adopted_at < self.top_up_after or self._holds_as_follower(policy)
-            if service is None or service._nursery is None or _enough_links(policy, wanted, own_half_only):
+            if _enough_links(policy, wanted, own_half_only):
                 continue  # most rounds: nothing to open, so no order to draw (every round, every version)
-            for peer in link_order(policy.manifest.id, self.link_salt, peers, last=policy.dropped):
+            drawn = link_order(policy.manifest.id, self.link_salt, peers, last=policy.dropped | policy.released)
+            trusted = self.trusted_for(policy)
+            for peer in choose_order(drawn, trusted, (wanted + 1) // 2, policy.dropped, policy.released,
+                                     self.trust_rank(policy)):
                 if _enough_links(policy, wanted, own_half_only):
                     break
                 if (peer == self.my_id or peer in service.peers or peer in policy.dialing
