@@ -12,15 +12,17 @@ import logging
 import time
 import weakref
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from libp2p.io.exceptions import IOException, MessageTooLarge
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.stream.exceptions import StreamEOF, StreamError
+from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import GossipsubEvent, Pubsub
 from libp2p.pubsub.utils import maybe_consume_signed_record
+from libp2p.pubsub.validators import signature_validator
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,33 @@ class LeanPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._record_sent: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.on_forged: Callable[[Any], None] | None = None
+        """Called with the peer that handed over a message whose pubsub signature does not verify."""
+
+    async def push_msg(self, msg_forwarder: Any, msg: Any) -> None:
+        """py-libp2p's, with a received message whose signature does not verify reported to `on_forged`.
+
+        Why: py-libp2p drops such a message without a word, before any of our checks, so a peer could send
+        forgeries without end, each costing a signature check, and never be scored. An honest peer checks every
+        signature before it forwards a message, so a forged one is the forwarder's own. The signature is checked
+        once: py-libp2p reads `strict_signing` before its first await (`validate_msg`), which sets it back."""
+        if (msg_forwarder == self.my_id or not self.strict_signing or self.is_peer_blacklisted(msg_forwarder)
+                or self.is_peer_blacklisted(ID(msg.from_id)) or self._is_msg_seen(msg)):
+            await super().push_msg(msg_forwarder, msg)
+            return
+        if not signature_validator(msg):
+            if self.on_forged is not None:
+                self.on_forged(msg_forwarder)
+            return
+        self.strict_signing = False
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        finally:
+            self.strict_signing = True
+
+    async def validate_msg(self, msg_forwarder: Any, msg: Any) -> None:
+        self.strict_signing = True  # our own publishes, from other tasks, are signed again (see push_msg)
+        await super().validate_msg(msg_forwarder, msg)
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
         if rpc_msg.HasField("senderRecord"):

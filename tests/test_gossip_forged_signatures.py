@@ -1,0 +1,46 @@
+"""Messages whose pubsub signature does not verify, against real py-libp2p hosts on loopback: py-libp2p drops them
+before any of our checks, and each must still cost the peer that handed it over, as any forgery does, up to a ban;
+an honest peer's messages keep flowing meanwhile. Every wait is bounded."""
+
+from __future__ import annotations
+
+import os
+from contextlib import AsyncExitStack
+
+import trio
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+
+from p2p.gossip.service import open_gossip, topic_for
+from p2p.host.p2p_host import HostConfig, open_host
+from p2p.identity import Identity
+
+RUN = "run-forged"
+LIMIT = 30
+
+
+async def test_a_peer_sending_messages_with_forged_pubsub_signatures_is_scored_and_banned():
+    with trio.fail_after(LIMIT):
+        async with AsyncExitStack() as stack:
+            nodes = []
+            for i in range(3):
+                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([90 + i]) * 32))))
+                nodes.append(await stack.enter_async_context(open_gossip(host, RUN)))
+            target, mallory, witness = nodes
+            for other in (mallory, witness):
+                await target.host.connect(other.host.multiaddrs[0])
+                await target.wait_for_mesh(other.host.peer_id, "heartbeat")
+            target_id, bad = ID.from_base58(target.host.peer_id), ID.from_base58(mallory.host.peer_id)
+            rpc = rpc_pb2.RPC()
+            for _ in range(4):  # signed by nobody: random bytes where mallory's signature belongs
+                rpc.publish.append(rpc_pb2.Message(from_id=bad.to_bytes(), data=b"\x00" * 64, seqno=os.urandom(8),
+                                                   topicIDs=[topic_for(RUN, "heartbeat")], signature=os.urandom(64)))
+            await mallory.pubsub.write_msg(mallory.pubsub.peers[target_id], rpc)
+            with trio.move_on_after(5):
+                while target.stats.bans == 0:
+                    await trio.sleep(0.01)
+            assert target.stats.rejected["bad_signature"] == 4 and target.stats.bans == 1
+            assert target.scores.is_banned(mallory.host.peer_id, trio.current_time())
+            inbox = target.subscribe("heartbeat")
+            await witness.publish("heartbeat", {"roles": ["seed"]})
+            assert (await inbox.receive()).sender_peer_id == witness.host.peer_id
