@@ -1,6 +1,7 @@
-"""Messages whose pubsub signature does not verify, against real py-libp2p hosts on loopback: py-libp2p drops them
-before any of our checks, and each must still cost the peer that handed it over, as any forgery does, up to a ban;
-an honest peer's messages keep flowing meanwhile. Every wait is bounded."""
+"""Signatures a peer's pubsub RPCs make us check before any of our bounds, against real py-libp2p hosts on
+loopback: a message whose pubsub signature does not verify (py-libp2p drops it before our checks) still costs the
+peer that handed it over, as any forgery does, up to a ban, and a peer's signed record is checked once per stream,
+however many RPCs carry it. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from contextlib import AsyncExitStack
 
 import trio
 from libp2p.peer.id import ID
+from libp2p.peer.peerstore import env_to_send_in_RPC
 from libp2p.pubsub.pb import rpc_pb2
+from libp2p.utils.varint import encode_varint_prefixed as varint_prefixed
 
 from p2p.gossip.service import open_gossip, topic_for
 from p2p.host.p2p_host import HostConfig, open_host
@@ -44,3 +47,36 @@ async def test_a_peer_sending_messages_with_forged_pubsub_signatures_is_scored_a
             inbox = target.subscribe("heartbeat")
             await witness.publish("heartbeat", {"roles": ["seed"]})
             assert (await inbox.receive()).sender_peer_id == witness.host.peer_id
+
+
+async def test_a_peer_attaching_its_signed_record_to_every_rpc_has_it_checked_once_per_stream(monkeypatch):
+    """A valid record costs its sender nothing and each check of it a signature check: only the stream's first one
+    is read."""
+    import p2p.gossip.pubsub as lean
+
+    checked: list[str] = []
+
+    def counting(rpc, host, peer_id):
+        if rpc.HasField("senderRecord"):
+            checked.append(str(peer_id))
+        return consume(rpc, host, peer_id)
+
+    consume = lean.maybe_consume_signed_record
+    monkeypatch.setattr(lean, "maybe_consume_signed_record", counting)
+    with trio.fail_after(LIMIT):
+        async with AsyncExitStack() as stack:
+            nodes = []
+            for i in range(2):
+                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([95 + i]) * 32))))
+                nodes.append(await stack.enter_async_context(open_gossip(host, RUN)))
+            target, mallory = nodes
+            await target.host.connect(mallory.host.multiaddrs[0])
+            await target.wait_for_mesh(mallory.host.peer_id, "heartbeat")
+            record, _ = env_to_send_in_RPC(mallory.host.libp2p)
+            stream = mallory.pubsub.peers[ID.from_base58(target.host.peer_id)]
+            for _ in range(100):
+                await stream.write(varint_prefixed(rpc_pb2.RPC(senderRecord=record).SerializeToString()))
+            inbox = target.subscribe("heartbeat")  # the stream is read in order: this comes after all 100
+            await mallory.publish("heartbeat", {"roles": ["seed"]})
+            await inbox.receive()
+            assert checked.count(mallory.host.peer_id) <= 1
