@@ -80,3 +80,28 @@ async def test_a_peer_attaching_its_signed_record_to_every_rpc_has_it_checked_on
             await mallory.publish("heartbeat", {"roles": ["seed"]})
             await inbox.receive()
             assert checked.count(mallory.host.peer_id) <= 1
+
+
+async def test_a_prune_naming_peers_to_exchange_makes_us_dial_none_of_them():
+    """Peer exchange would have us check a signed record and dial each peer a PRUNE names (16 per PRUNE, any
+    addresses, ids free): our peers never send it, so none is taken."""
+    with trio.fail_after(LIMIT):
+        async with AsyncExitStack() as stack:
+            nodes = []
+            for i in range(2):
+                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([97 + i]) * 32))))
+                nodes.append(await stack.enter_async_context(open_gossip(host, RUN)))
+            target, mallory = nodes
+            decoy = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([99]) * 32))))
+            await target.host.connect(mallory.host.multiaddrs[0])
+            await target.wait_for_mesh(mallory.host.peer_id, "heartbeat")
+            record, _ = env_to_send_in_RPC(decoy.libp2p)
+            px = rpc_pb2.PeerInfo(peerID=ID.from_base58(decoy.peer_id).to_bytes(), signedPeerRecord=record)
+            prune = rpc_pb2.ControlPrune(topicID=topic_for(RUN, "vote"), peers=[px])
+            stream = mallory.pubsub.peers[ID.from_base58(target.host.peer_id)]
+            await stream.write(varint_prefixed(rpc_pb2.RPC(control=rpc_pb2.ControlMessage(prune=[prune]))
+                                               .SerializeToString()))
+            inbox = target.subscribe("heartbeat")  # the stream is read in order: this comes after the PRUNE
+            await mallory.publish("heartbeat", {"roles": ["seed"]})
+            await inbox.receive()
+            assert ID.from_base58(decoy.peer_id) not in target.host.libp2p.get_connected_peers()

@@ -89,6 +89,13 @@ class LeanGossipSub(GossipSub):
         if self.heartbeats % OPPORTUNISTIC_GRAFT_TICKS == 0:
             await super()._maintain_mesh_quality(topic)
 
+    async def _do_px(self, px_peers: Any) -> None:
+        """Nothing: the peers a PRUNE names are neither checked nor dialed. Why: py-libp2p takes peer exchange from
+        any peer (its score gate lets every score through), checking a signed record and dialing the addresses in
+        it for each of up to 16 peers per PRUNE, ids and addresses of the sender's choosing: a crowd would choose
+        our connections, or aim our dials at any host. Our peers never send it (do_px is off); they meet through
+        the DHT and bootstrap peers."""
+
     async def _emit_idontwant_for_message(self, msg_id: bytes, topic_ids: Any) -> None:
         message = self.mcache.get(msg_id)  # put there just before, under the same (from, seqno) id
         if message is not None and len(message.data) < IDONTWANT_MIN_BYTES:
