@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from typing import Any, Callable
 
 from libp2p.io.exceptions import IOException, MessageTooLarge
@@ -21,7 +21,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import GossipsubEvent, Pubsub
-from libp2p.pubsub.utils import maybe_consume_signed_record
+from libp2p.pubsub.utils import maybe_consume_signed_record, safe_bytes_from_hex
 from libp2p.pubsub.validators import signature_validator
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
@@ -34,6 +34,10 @@ GOSSIP_EVERY_TICKS = 3
 """Heartbeats between two rounds of IHAVE gossip, and the gossip window (heartbeats of messages each round
 advertises): every message is advertised in exactly one round, up to this many heartbeats after it arrived."""
 IDONTWANT_MIN_BYTES = 1024
+IWANT_RETRANSMISSIONS = 3
+"""Times one peer is sent one message it asks for by IWANT (go-libp2p's GossipRetransmission)."""
+IWANT_MEMORY = 65536
+"""(peer, message) pairs whose IWANT answers are counted, the least recently asked forgotten first."""
 """Smallest message worth an IDONTWANT (go-libp2p's IDontWantMessageThreshold): below it the control RPC costs as
 much as the duplicate it would save."""
 
@@ -68,6 +72,7 @@ class LeanGossipSub(GossipSub):
         kwargs.setdefault("gossip_history", GOSSIP_EVERY_TICKS + 2)  # and can still serve the IWANTs it draws
         super().__init__(*args, **kwargs)
         self.heartbeats = 0
+        self._iwant_served: OrderedDict[tuple[Any, bytes], int] = OrderedDict()
         if self.scorer is not None and not decays_anything(self.scorer.params):
             self.scorer.on_heartbeat = _nothing_decays  # type: ignore[method-assign]
 
@@ -88,6 +93,26 @@ class LeanGossipSub(GossipSub):
     async def _maintain_mesh_quality(self, topic: str) -> None:
         if self.heartbeats % OPPORTUNISTIC_GRAFT_TICKS == 0:
             await super()._maintain_mesh_quality(topic)
+
+    async def handle_iwant(self, iwant_msg: Any, sender_peer_id: Any) -> None:
+        """py-libp2p's answer, for each cached message the request names (once, however often it repeats the id)
+        that the peer was sent fewer than IWANT_RETRANSMISSIONS times by IWANT. Why: py-libp2p copies a message into
+        its answer once per time its id is named, so one IWANT of 1 MiB naming a 900 KiB rollout ten thousand
+        times built gigabytes in memory, and a peer could ask for the same messages again ten times a second."""
+        wanted = []
+        for wire_id in dict.fromkeys(iwant_msg.messageIDs):
+            mid = safe_bytes_from_hex(wire_id)
+            if mid is None or self.mcache.get(mid) is None:
+                continue
+            key = (sender_peer_id, mid)
+            served = self._iwant_served.pop(key, 0)
+            self._iwant_served[key] = served + 1
+            if served < IWANT_RETRANSMISSIONS:
+                wanted.append(wire_id)
+        while len(self._iwant_served) > IWANT_MEMORY:
+            self._iwant_served.popitem(last=False)
+        if wanted:
+            await super().handle_iwant(rpc_pb2.ControlIWant(messageIDs=wanted), sender_peer_id)
 
     async def _do_px(self, px_peers: Any) -> None:
         """Nothing: the peers a PRUNE names are neither checked nor dialed. Why: py-libp2p takes peer exchange from
