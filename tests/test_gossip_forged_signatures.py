@@ -1,7 +1,8 @@
-"""Signatures a peer's pubsub RPCs make us check before any of our bounds, against real py-libp2p hosts on
-loopback: a message whose pubsub signature does not verify (py-libp2p drops it before our checks) still costs the
-peer that handed it over, as any forgery does, up to a ban, and a peer's signed record is checked once per stream,
-however many RPCs carry it. Every wait is bounded."""
+"""What a peer's pubsub RPCs make py-libp2p do before any of our bounds, against real hosts on loopback: a message
+whose pubsub signature does not verify (py-libp2p drops it before our checks) still costs the peer that handed it
+over, as any forgery does, up to a ban; a peer's signed record is checked once per stream, however many RPCs carry
+it; the peers a PRUNE names are not dialed; a PRUNE for a topic we are not in leaves no state. Every wait is
+bounded."""
 
 from __future__ import annotations
 
@@ -105,3 +106,29 @@ async def test_a_prune_naming_peers_to_exchange_makes_us_dial_none_of_them():
             await mallory.publish("heartbeat", {"roles": ["seed"]})
             await inbox.receive()
             assert ID.from_base58(decoy.peer_id) not in target.host.libp2p.get_connected_peers()
+
+
+async def test_prunes_for_topics_we_are_not_in_leave_no_state_behind():
+    """py-libp2p kept a back-off entry for every topic a PRUNE named, subscribed or not, until that topic was
+    grafted again (never, for a made-up one), and after its sender left: memory without end, one entry per name."""
+    with trio.fail_after(LIMIT):
+        async with AsyncExitStack() as stack:
+            nodes = []
+            for i in range(2):
+                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([100 + i]) * 32))))
+                nodes.append(await stack.enter_async_context(open_gossip(host, RUN)))
+            target, mallory = nodes
+            await target.host.connect(mallory.host.multiaddrs[0])
+            await target.wait_for_mesh(mallory.host.peer_id, "heartbeat")
+            router = target.pubsub.router
+            before = sum(map(len, router.back_off.values()))
+            prunes = [rpc_pb2.ControlPrune(topicID=f"made-up-{i}", backoff=2**40) for i in range(2000)]
+            stream = mallory.pubsub.peers[ID.from_base58(target.host.peer_id)]
+            await stream.write(varint_prefixed(rpc_pb2.RPC(control=rpc_pb2.ControlMessage(prune=prunes))
+                                               .SerializeToString()))
+            inbox = target.subscribe("heartbeat")  # the stream is read in order: this comes after the PRUNEs
+            await mallory.publish("heartbeat", {"roles": ["seed"]})
+            await inbox.receive()
+            assert sum(map(len, router.back_off.values())) == before
+            assert not any(topic.startswith("made-up") for topic in router.graft_flood_tracking.get(
+                ID.from_base58(mallory.host.peer_id), {}))

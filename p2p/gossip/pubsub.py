@@ -114,6 +114,13 @@ class LeanGossipSub(GossipSub):
         if wanted:
             await super().handle_iwant(rpc_pb2.ControlIWant(messageIDs=wanted), sender_peer_id)
 
+    async def handle_prune(self, prune_msg: Any, sender_peer_id: Any) -> None:
+        """py-libp2p's, for topics we are in only. Why: it keeps a back-off entry (and a flood-tracking one) for
+        every topic a PRUNE names, until that topic is grafted again, also after its sender left, so PRUNEs naming
+        made-up topics grew memory without end; a PRUNE for a topic we are not in has nothing to take us out of."""
+        if prune_msg.topicID in self.mesh:
+            await super().handle_prune(prune_msg, sender_peer_id)
+
     async def _do_px(self, px_peers: Any) -> None:
         """Nothing: the peers a PRUNE names are neither checked nor dialed. Why: py-libp2p takes peer exchange from
         any peer (its score gate lets every score through), checking a signed record and dialing the addresses in
