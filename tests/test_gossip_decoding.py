@@ -69,11 +69,14 @@ def test_any_number_of_fresh_identities_together_stay_within_the_node_budget():
 
 
 def test_admission_remembers_a_bounded_number_of_senders():
-    gate = GossipAdmission(AdmissionConfig(max_tracked=8))
-    for i in range(1000):
-        gate.admit("heartbeat", f"id{i}", f"id{i}", 100, 0.0)
+    config = AdmissionConfig(max_tracked=8)
+    gate = GossipAdmission(config)
+    for now in (0.0, config.known_after_s + 1):  # strangers first, then the same origins known
+        for i in range(1000):
+            gate.admit("heartbeat", f"id{i}", f"id{i}", 100, now)
     tables = [*gate._rates.values(), *gate._origin_bytes.values(), gate._forwarder_bytes]
-    assert max(len(table._by_key) for table in tables) == 8 and len(gate._first_heard) <= 8
+    assert max(len(table._by_key) for table in tables) == 8 and len(gate._known) == 8
+    assert len(gate._first_heard) <= 2 * config.stranger_burst  # the strangers' allowance bounds it
 
 
 # ---- the envelope: budgets while decoding, finite numbers ---------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from p2p.gossip.admission import AdmissionConfig, GossipAdmission
+from p2p.gossip.envelope import KINDS
 from p2p.scores import PeerScores, ScoreConfig
 
 CONFIG = AdmissionConfig(heartbeat_interval_s=3.0, stranger_messages_per_s=20.0, stranger_burst=40.0,
@@ -104,3 +105,24 @@ def test_scoring_a_crowd_of_identities_forgets_the_mildest_in_batches_not_at_eve
     assert max(sizes) <= 900  # at most an eighth above the bound
     trims = sum(1 for before, after in zip(sizes, sizes[1:]) if after < before)
     assert 1 <= trims <= 2000 // 100
+
+
+def test_a_crowd_rotating_identities_in_every_kind_cannot_keep_an_admitted_newcomer_a_stranger():
+    """An origin admitted once is known `known_after_s` later: a crowd admitting fresh identities of every kind at
+    the strangers' allowances (more new origins a second than `max_tracked` holds for `known_after_s`) does not
+    push it out before then, else it would stay a stranger, refused with the crowd, for as long as the crowd goes
+    on."""
+    config = AdmissionConfig()
+    gate = GossipAdmission(config)
+    assert gate.admit("heartbeat", "newcomer", "newcomer", 300, 0.0) is None
+    fresh = 0
+    for tick in range(int(config.known_after_s * 10) + 10):
+        now = tick / 10
+        for kind in KINDS:
+            for _ in range(int(config.stranger_messages_per_s / 10) + 5):
+                fresh += 1
+                gate.admit(kind, f"crowd{fresh}", "relay", 300, now)
+    for _ in range(int(config.stranger_burst)):
+        gate.admit("heartbeat", f"crowd{fresh}", "relay", 300, config.known_after_s + 1.5)
+        fresh += 1
+    assert gate.admit("heartbeat", "newcomer", "newcomer", 300, config.known_after_s + 1.5) is None

@@ -59,6 +59,24 @@ def test_circuits_are_capped_per_destination_per_source_in_all_and_per_second():
     assert sum(guard.open_circuit(f"s{i}", f"10.0.{i >> 8}.{i & 255}", f"d{i}", 0.0) for i in range(1000)) == 8
 
 
+def test_one_address_opening_and_closing_circuits_cannot_spend_the_relays_whole_circuit_rate():
+    """Circuits that end at once never meet the caps on open circuits, so only the rate bounds them: one address
+    (any number of ids, to a destination of its own) spends at most its share, and others' circuits still open."""
+    limits = RelayLimits()
+    guard = RelayGuard(limits)
+    hostile = 0
+    for tick in range(600):  # a minute of requests every 100 ms, each circuit closed as soon as it opens
+        now = tick / 10
+        for i in range(8):
+            if guard.open_circuit(f"crowd{tick}-{i}", "203.0.113.9", "crowd-dst", now):
+                guard.close_circuit(f"crowd{tick}-{i}", "203.0.113.9", "crowd-dst")
+                hostile += 1
+        if tick % 10 == 5:
+            assert guard.open_circuit(f"honest{tick}", f"198.51.100.{tick // 10}", "private", now)
+            guard.close_circuit(f"honest{tick}", f"198.51.100.{tick // 10}", "private")
+    assert hostile <= 60 * limits.circuits_per_s / 2
+
+
 async def _hop(host, relay_id: str, msg: HopMessage) -> HopMessage | None:
     """The relay's answer to `msg`, or None when it reset the stream instead."""
     stream = await host.new_stream(relay_id, PROTOCOL_ID)

@@ -5,6 +5,7 @@ loopback, a bomb is refused by the relay before inflating, never forwarded, and 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import tracemalloc
 import zlib
@@ -164,3 +165,27 @@ async def test_a_rollout_bomb_on_loopback_is_refused_unread_unforwarded_and_its_
             assert peak < 16 * MIB  # the 63 MiB each bomb declared were never inflated
             with pytest.raises(trio.WouldBlock):
                 heard.receive_nowait()
+
+
+def test_one_sender_of_groups_that_compress_well_takes_only_its_share_of_the_node_inflation_allowance():
+    """Honest-looking groups a hundred times smaller compressed: one sender's few messages a second would spend
+    the whole node's allowance, and every other worker's compressed groups would be refused as node_busy."""
+    limits = DEFAULT_LIMITS
+    decode = run_decoders(lambda: None, now=lambda: 0.0)["rollout"]
+    hog, honest = Identity(b"\x31" * 32), Identity(b"\x32" * 32)
+
+    def bodies(sender: Identity, first: int, count: int) -> list[dict]:
+        groups = [dataclasses.replace(repetitive_group(task), worker=sender.peer_id)
+                  for task in range(first, first + count)]
+        return batch_bodies([pack_group(g, limits=limits).body for g in groups], limits)
+
+    def outcome(sender: Identity, body: dict) -> str:
+        try:
+            decode(SimpleNamespace(body=body, sender=sender.public_bytes, sender_peer_id=sender.peer_id))
+        except EnvelopeError as refused:
+            return refused.reason
+        return "decoded"
+
+    hogged = [outcome(hog, body) for body in bodies(hog, 0, 2000)]
+    assert "decoded" in hogged and hogged[-1] == "node_busy"
+    assert [outcome(honest, body) for body in bodies(honest, 0, 8)] == ["decoded"] * len(bodies(honest, 0, 8))

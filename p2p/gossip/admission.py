@@ -26,9 +26,13 @@ The budgets, each a token bucket that refuses rather than waits (p2p.ratelimit.A
 - bytes decoded by the whole node: any number of fresh identities together cannot push the node past it; the
   excess is refused as "node_busy", which costs nobody (honest traffic may be caught in it).
 
-Known origins are remembered, least recently heard forgotten first, up to `max_tracked`; a new one is remembered
-only when a stranger's message is admitted, so a crowd rotating identities adds at most `stranger_messages_per_s`
-a second per kind and cannot push out a peer heard every few seconds.
+Known origins are remembered, least recently heard forgotten first, up to `max_tracked`; an origin becomes known
+only when heard again after its first admitted message is `known_after_s` old, so a crowd rotating identities adds
+at most `stranger_messages_per_s` a second per kind and cannot push out a peer heard every few seconds. Strangers'
+first admitted messages are kept apart, each for twice `known_after_s` whatever arrives after it (the strangers'
+allowances bound how many that is): a crowd admitting fresh identities of every kind cannot push out an admitted
+newcomer before it is known, which would keep it a stranger, refused with the crowd, for as long as the crowd
+goes on.
 """
 
 from __future__ import annotations
@@ -148,7 +152,8 @@ class GossipAdmission:
             config.node_bytes_per_s * share, config.node_burst_bytes * share))
         self._node = Allowance(config.node_bytes_per_s, config.node_burst_bytes)
         self._strangers = {kind: Allowance(config.stranger_messages_per_s, config.stranger_burst) for kind in KINDS}
-        self._first_heard: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._first_heard: collections.OrderedDict[str, float] = collections.OrderedDict()  # strangers, oldest first
+        self._known: collections.OrderedDict[str, None] = collections.OrderedDict()  # least recently heard first
 
     def admit(self, kind: str, origin: str, forwarder: str, size: int, now: float) -> str | None:
         """None when a `kind` message of `size` bytes from `origin`, handed over by `forwarder`, may be decoded;
@@ -172,7 +177,8 @@ class GossipAdmission:
         if stranger:
             self._strangers[kind].take(1, now)
             self._first_heard.setdefault(origin, now)
-            while len(self._first_heard) > self.config.max_tracked:
+            horizon = now - 2 * self.config.known_after_s
+            while self._first_heard and next(iter(self._first_heard.values())) < horizon:
                 self._first_heard.popitem(last=False)
         rate.take(1, now)
         for bucket in senders:
@@ -182,10 +188,16 @@ class GossipAdmission:
     def _is_stranger(self, origin: str, now: float) -> bool:
         """Whether `origin` was first heard less than `known_after_s` before `now` (or never); a known origin
         counts as heard again, so it is forgotten last."""
+        if origin in self._known:
+            self._known.move_to_end(origin)
+            return False
         first = self._first_heard.get(origin)
         if first is None or now - first < self.config.known_after_s:
             return True
-        self._first_heard.move_to_end(origin)
+        del self._first_heard[origin]
+        self._known[origin] = None
+        while len(self._known) > self.config.max_tracked:
+            self._known.popitem(last=False)
         return False
 
 

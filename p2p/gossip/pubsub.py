@@ -11,16 +11,18 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections import defaultdict
-from typing import Any
+from collections import OrderedDict, defaultdict
+from typing import Any, Callable
 
 from libp2p.io.exceptions import IOException, MessageTooLarge
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.stream.exceptions import StreamEOF, StreamError
+from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import GossipsubEvent, Pubsub
-from libp2p.pubsub.utils import maybe_consume_signed_record
+from libp2p.pubsub.utils import maybe_consume_signed_record, safe_bytes_from_hex
+from libp2p.pubsub.validators import signature_validator
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,10 @@ GOSSIP_EVERY_TICKS = 3
 """Heartbeats between two rounds of IHAVE gossip, and the gossip window (heartbeats of messages each round
 advertises): every message is advertised in exactly one round, up to this many heartbeats after it arrived."""
 IDONTWANT_MIN_BYTES = 1024
+IWANT_RETRANSMISSIONS = 3
+"""Times one peer is sent one message it asks for by IWANT (go-libp2p's GossipRetransmission)."""
+IWANT_MEMORY = 65536
+"""(peer, message) pairs whose IWANT answers are counted, the least recently asked forgotten first."""
 """Smallest message worth an IDONTWANT (go-libp2p's IDontWantMessageThreshold): below it the control RPC costs as
 much as the duplicate it would save."""
 
@@ -66,6 +72,7 @@ class LeanGossipSub(GossipSub):
         kwargs.setdefault("gossip_history", GOSSIP_EVERY_TICKS + 2)  # and can still serve the IWANTs it draws
         super().__init__(*args, **kwargs)
         self.heartbeats = 0
+        self._iwant_served: OrderedDict[tuple[Any, bytes], int] = OrderedDict()
         if self.scorer is not None and not decays_anything(self.scorer.params):
             self.scorer.on_heartbeat = _nothing_decays  # type: ignore[method-assign]
 
@@ -86,6 +93,40 @@ class LeanGossipSub(GossipSub):
     async def _maintain_mesh_quality(self, topic: str) -> None:
         if self.heartbeats % OPPORTUNISTIC_GRAFT_TICKS == 0:
             await super()._maintain_mesh_quality(topic)
+
+    async def handle_iwant(self, iwant_msg: Any, sender_peer_id: Any) -> None:
+        """py-libp2p's answer, for each cached message the request names (once, however often it repeats the id)
+        that the peer was sent fewer than IWANT_RETRANSMISSIONS times by IWANT. Why: py-libp2p copies a message into
+        its answer once per time its id is named, so one IWANT of 1 MiB naming a 900 KiB rollout ten thousand
+        times built gigabytes in memory, and a peer could ask for the same messages again ten times a second."""
+        wanted = []
+        for wire_id in dict.fromkeys(iwant_msg.messageIDs):
+            mid = safe_bytes_from_hex(wire_id)
+            if mid is None or self.mcache.get(mid) is None:
+                continue
+            key = (sender_peer_id, mid)
+            served = self._iwant_served.pop(key, 0)
+            self._iwant_served[key] = served + 1
+            if served < IWANT_RETRANSMISSIONS:
+                wanted.append(wire_id)
+        while len(self._iwant_served) > IWANT_MEMORY:
+            self._iwant_served.popitem(last=False)
+        if wanted:
+            await super().handle_iwant(rpc_pb2.ControlIWant(messageIDs=wanted), sender_peer_id)
+
+    async def handle_prune(self, prune_msg: Any, sender_peer_id: Any) -> None:
+        """py-libp2p's, for topics we are in only. Why: it keeps a back-off entry (and a flood-tracking one) for
+        every topic a PRUNE names, until that topic is grafted again, also after its sender left, so PRUNEs naming
+        made-up topics grew memory without end; a PRUNE for a topic we are not in has nothing to take us out of."""
+        if prune_msg.topicID in self.mesh:
+            await super().handle_prune(prune_msg, sender_peer_id)
+
+    async def _do_px(self, px_peers: Any) -> None:
+        """Nothing: the peers a PRUNE names are neither checked nor dialed. Why: py-libp2p takes peer exchange from
+        any peer (its score gate lets every score through), checking a signed record and dialing the addresses in
+        it for each of up to 16 peers per PRUNE, ids and addresses of the sender's choosing: a crowd would choose
+        our connections, or aim our dials at any host. Our peers never send it (do_px is off); they meet through
+        the DHT and bootstrap peers."""
 
     async def _emit_idontwant_for_message(self, msg_id: bytes, topic_ids: Any) -> None:
         message = self.mcache.get(msg_id)  # put there just before, under the same (from, seqno) id
@@ -125,6 +166,33 @@ class LeanPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._record_sent: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.on_forged: Callable[[Any], None] | None = None
+        """Called with the peer that handed over a message whose pubsub signature does not verify."""
+
+    async def push_msg(self, msg_forwarder: Any, msg: Any) -> None:
+        """py-libp2p's, with a received message whose signature does not verify reported to `on_forged`.
+
+        Why: py-libp2p drops such a message without a word, before any of our checks, so a peer could send
+        forgeries without end, each costing a signature check, and never be scored. An honest peer checks every
+        signature before it forwards a message, so a forged one is the forwarder's own. The signature is checked
+        once: py-libp2p reads `strict_signing` before its first await (`validate_msg`), which sets it back."""
+        if (msg_forwarder == self.my_id or not self.strict_signing or self.is_peer_blacklisted(msg_forwarder)
+                or self.is_peer_blacklisted(ID(msg.from_id)) or self._is_msg_seen(msg)):
+            await super().push_msg(msg_forwarder, msg)
+            return
+        if not signature_validator(msg):
+            if self.on_forged is not None:
+                self.on_forged(msg_forwarder)
+            return
+        self.strict_signing = False
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        finally:
+            self.strict_signing = True
+
+    async def validate_msg(self, msg_forwarder: Any, msg: Any) -> None:
+        self.strict_signing = True  # our own publishes, from other tasks, are signed again (see push_msg)
+        await super().validate_msg(msg_forwarder, msg)
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
         if rpc_msg.HasField("senderRecord"):
@@ -174,12 +242,20 @@ class LeanPubsub(Pubsub):
             await self._teardown_if_connected(peer_id)
 
     async def continuously_read_stream(self, stream: Any) -> None:
+        """py-libp2p's reader, with the peer's signed record checked in the first RPC of the stream that carries
+        one and ignored in any later one. Why: checking a record is a signature check (about 70 us for a 216-byte
+        RPC), a peer may attach its own valid record to every RPC at no cost to itself, and our peers send it
+        once per stream (see the class docstring)."""
         peer_id = stream.muxed_conn.peer_id
+        record_read = False
         try:
             while self.manager.is_running:
                 data = await read_varint_prefixed_bytes_limited(stream, self.max_inbound_rpc_size)
                 rpc = rpc_pb2.RPC()
                 rpc.ParseFromString(data)
+                if rpc.HasField("senderRecord") and record_read:
+                    rpc.ClearField("senderRecord")
+                record_read = record_read or rpc.HasField("senderRecord")
                 if not maybe_consume_signed_record(rpc, self.host, peer_id):
                     log.debug("pubsub RPC from %s carried an invalid signed record; ignored", peer_id)
                     continue

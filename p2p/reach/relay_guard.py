@@ -11,14 +11,17 @@ it connects from) on top:
   (py-libp2p checks that) and after RESERVATION_GRACE_S it is gone, its place free for another peer;
 - a circuit is counted from the moment it is asked for until it ends: at most `max_circuits_per_peer` to one
   destination, from one source and from one source IP, `max_circuits` in all, `circuits_per_s` opened per second
-  in all.
+  in all and IP_RATE_SHARE of that from one source IP. Why a share per IP: circuits that end as soon as they open
+  never meet the caps on open circuits, so one address asking without pause would spend the whole rate and no
+  honest circuit would open through this relay; with the share it takes several addresses (IP_MEMORY remembered,
+  least recently asking forgotten first).
 
 Pure: `now` is passed in; the IO is p2p.reach.relay.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -30,6 +33,10 @@ STOP_PER_S = 4.0
 STOP_BURST): each costs a whole connection's handshakes."""
 STOP_BURST = 16.0
 RESERVATION_GRACE_S = 2.0
+IP_RATE_SHARE = 0.25
+"""Share of the relay's circuit rate (and burst) the circuits asked from one source IP may spend."""
+IP_MEMORY = 4096
+"""Source IPs whose share of the circuit rate is remembered."""
 """How long a reservation outlives its holder's last connection (a reconnect within it keeps its place)."""
 
 
@@ -50,6 +57,7 @@ class RelayGuard:
         self._circuits_from_ip: Counter[str] = Counter()
         self.circuits = 0
         self._circuit_rate = Allowance(limits.circuits_per_s, max(1.0, 4 * limits.circuits_per_s))
+        self._ip_rates: OrderedDict[str, Allowance] = OrderedDict()
         self.refused = 0
 
     @property
@@ -91,10 +99,12 @@ class RelayGuard:
         until `close_circuit` with the same arguments."""
         cap = self.limits.max_circuits_per_peer
         ends = self._ends(source, source_ip, destination)
+        ip_rate = self._ip_rate(ip_group(source_ip))
         if (any(counts[key] >= cap for counts, key in ends) or self.circuits >= self.limits.max_circuits
-                or not self._circuit_rate.take(1, now)):
+                or ip_rate.available(now) < 1 or not self._circuit_rate.take(1, now)):
             self.refused += 1
             return False
+        ip_rate.take(1, now)
         for counts, key in ends:
             counts[key] += 1
         self.circuits += 1
@@ -106,6 +116,16 @@ class RelayGuard:
             if counts[key] <= 0:
                 del counts[key]
         self.circuits -= 1
+
+    def _ip_rate(self, ip: str) -> Allowance:
+        rate = self._ip_rates.pop(ip, None)
+        if rate is None:
+            share = self.limits.circuits_per_s * IP_RATE_SHARE
+            rate = Allowance(share, max(1.0, 4 * share))
+        self._ip_rates[ip] = rate
+        while len(self._ip_rates) > IP_MEMORY:
+            self._ip_rates.popitem(last=False)
+        return rate
 
     def _ends(self, source: str, source_ip: str, destination: str) -> list[tuple[Counter[str], str]]:
         return [(self._circuits_to, destination), (self._circuits_from, source),

@@ -15,6 +15,7 @@ run is never forwarded.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -207,6 +208,14 @@ def decode_rollouts(env: Any, spend: Callable[[int], bool] | None = None) -> Rol
     return RolloutMessage(tuple(items))
 
 
+SENDER_INFLATE_SHARE = 0.25
+"""Share of the node's inflation allowance (rate and burst, the burst at least one body's) one sender may spend:
+above what an honest worker sends at gossip's per-sender byte rate (2 MiB/s compressed, about 2.7 MiB/s
+inflated)."""
+INFLATE_SENDERS = 4096
+"""Senders whose share is remembered, the least recently heard forgotten first."""
+
+
 def run_decoders(trainer_key: Callable[[], bytes | None], now: Callable[[], float] = trio.current_time,
                  limits: TransportLimits = DEFAULT_LIMITS,
                  signatures: ManifestSignatures | None = None) -> Mapping[str, Any]:
@@ -217,9 +226,23 @@ def run_decoders(trainer_key: Callable[[], bytes | None], now: Callable[[], floa
       pinned, the key it names) and it is the manifest announced (swarm.messages.manifest_check; `signatures`
       holds its node-wide allowance and the manifests verified already).
     - Compressed rollouts draw on one allowance of inflated bytes for the whole node (`limits`' node_inflate_*),
-      so any number of senders together inflate no more than it allows."""
+      so any number of senders together inflate no more than it allows, and each sender on its own share of it
+      (SENDER_INFLATE_SHARE, for the INFLATE_SENDERS senders heard last). Why a share: gossip admits a message by
+      its compressed size, and groups that compress a hundredfold (long runs of one token) cost their sender a
+      few messages a second to spend the whole allowance, every other worker's compressed groups refused."""
     checks = signatures if signatures is not None else ManifestSignatures()
     inflation = Allowance(limits.node_inflate_bytes_per_s, limits.node_inflate_burst_bytes)
+    shares: OrderedDict[bytes, Allowance] = OrderedDict()
+
+    def spend(sender: bytes, size: int) -> bool:
+        share = shares.pop(sender, None) or Allowance(
+            limits.node_inflate_bytes_per_s * SENDER_INFLATE_SHARE,
+            max(limits.max_inline_raw_bytes, limits.node_inflate_burst_bytes * SENDER_INFLATE_SHARE))
+        shares[sender] = share
+        while len(shares) > INFLATE_SENDERS:
+            shares.popitem(last=False)
+        at = now()
+        return share.available(at) >= size and inflation.take(size, at) and share.take(size, at)
 
     def decode_announcement(env: Any) -> ManifestAnnouncement:
         ann = decode_manifest_announcement(env)
@@ -228,7 +251,7 @@ def run_decoders(trainer_key: Callable[[], bytes | None], now: Callable[[], floa
         return ann
 
     def decode_node_rollouts(env: Any) -> RolloutMessage:
-        return decode_rollouts(env, lambda size: inflation.take(size, now()))
+        return decode_rollouts(env, lambda size: spend(env.sender, size))
 
     return MappingProxyType({**DECODERS, "manifest": decode_announcement, "rollout": decode_node_rollouts})
 
