@@ -13,7 +13,7 @@ def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_repor
     from swarm.roles.batch_wait import BatchWait
 
     validators = keys(2)
-    gate = gate_with(validators)
+    gate = gate_with(validators, prompts=8)  # one worker answers the version's groups as they come
     wait = BatchWait(wanted=4, since=100.0, patience_s=30.0, report_every_s=20.0)
     for task in range(3):  # the fourth group of this version was lost: no worker will send another
         accept(gate, validators, group(task=task))

@@ -27,8 +27,9 @@ def keys(n):
     return [Ed25519PrivateKey.generate().private_bytes_raw() for _ in range(n)]
 
 
-def spec(validators) -> RunSpec:
-    return RunSpec("basic_arithmetic", 64, "{}", 0, 0.2, "all", 2, 2, 2, 2,
+def spec(validators, prompts=2) -> RunSpec:
+    """`prompts` per worker: the gate refuses a worker's groups for more distinct slots of a version."""
+    return RunSpec("basic_arithmetic", 64, "{}", 0, 0.2, "all", prompts, 2, 2, 2,
                    tuple(public_key_of(k).hex() for k in validators))
 
 
@@ -38,10 +39,10 @@ def group(version=1, step=None, worker="w1", task=3, reward=1.0) -> RolloutGroup
                         task, (1, 2), 0.6, 16, (completion, completion))
 
 
-def gate_with(validators, newest=1) -> RolloutGate:
+def gate_with(validators, newest=1, prompts=2) -> RolloutGate:
     gate = RolloutGate("run", replicas=2, quorum=2, timeout_s=10.0, async_level=1)
     for v in range(newest + 1):
-        gate.specs[v] = spec(validators)
+        gate.specs[v] = spec(validators, prompts)
     gate.newest = newest
     return gate
 
@@ -130,7 +131,7 @@ def test_batches_stay_inside_the_async_window_when_workers_outpace_the_trainer()
     validators = keys(2)
     gate = gate_with(validators, newest=0)
     for version in range(8):  # the trainer is at `version`; every worker answered it
-        gate.specs[version], gate.newest = spec(validators), version
+        gate.specs[version], gate.newest = spec(validators, prompts=4), version
         for task in range(8):
             accept(gate, validators, group(version=version, worker=f"w{task % 2}", task=task))
         batch = gate.take(4)
@@ -257,7 +258,7 @@ def test_the_gate_forgets_what_the_async_window_left_behind_so_a_long_run_stays_
     validators = keys(2)
     gate = gate_with(validators, newest=0)
     for version in range(30):
-        gate.specs[version], gate.newest = spec(validators), version
+        gate.specs[version], gate.newest = spec(validators, prompts=4), version
         for task in range(4):
             accept(gate, validators, group(version=version, task=task), now=10.0 * version)
         gate.take(4)

@@ -1,7 +1,9 @@
 """The trainer's rollout gate: rollouts and votes in, quorum-accepted groups out, the rest refused with a reason.
 
 Sans-IO (swarm.roles.trainer moves the bytes), so every decision is tested without sockets. One slot, one rollout
-(verify.slots): the gate opens a quorum for the first group of a slot and refuses every other group for it.
+(verify.slots): the gate opens a quorum for the first group of a slot and refuses every other group for it, and a
+worker's groups for one version fill at most the spec's prompts per worker slots (SLOTS_FULL), so what one identity
+holds here and asks of the validators is bounded by its assignment, not by the rate it sends at.
 A worker's history decides what one group cannot (swarm.roles.gate_evidence): the near-tie rows of the votes that
 settle each group add up per worker, and a worker the sequential test bans has its groups refused (`near_ties`); a
 group whose two rows disagree is refused (`disputed`). Identities are free, so an unproven worker's groups train
@@ -21,6 +23,10 @@ from swarm.roles.gate_probation import Probation, ProbationConfig
 SLOT_TAKEN = "another group for an answered slot"
 DISPUTED = "disputed"
 TOO_STALE = "too stale"
+SLOTS_FULL = "more slots than the worker was assigned"
+"""A group for a new slot of a version whose worker already filled the spec's prompts per worker: an honest worker
+answers exactly its assigned prompts, one group each (swarm.roles.inference), so the group is dishonest; it costs its
+worker and is kept nowhere, and one identity holds at most that many quorums, slots and answers per version."""
 JUDGED_BEHIND = 4
 """Versions behind the async window whose rollouts are still judged, never trained on. Why: a cheating worker that
 is always late (a slow machine, or on purpose) would otherwise have every false claim refused as too stale before
@@ -102,18 +108,19 @@ class RolloutGate:
 
         One slot, one rollout: a second group for a slot already opened is refused whatever its bytes, and unless
         it is the very same bytes again (a gossip echo) it counts against its worker, as a rejected rollout does.
+        So does a group for a slot past the worker's prompts per worker (SLOTS_FULL).
         """
         rid = group.rollout_id()
         reason = self._refusal(group, rid)
         in_window = group.policy_version >= self.newest - self.async_level
         if group.run == self.run and group.policy_version in self.specs and in_window:  # a banned worker's too
-            self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set()).add(group.slot().key())
+            self._note_answer(group)
         if reason == TOO_STALE and self._judgeable(group):
             self.judged_only.add(rid)
             self._open(group, rid, now)
         if reason:
             self.count(f"refused:{reason}")
-            if reason == SLOT_TAKEN:
+            if reason in (SLOT_TAKEN, SLOTS_FULL):
                 self.reputation.record(group.worker, False)
             return reason
         self._open(group, rid, now)
@@ -151,16 +158,36 @@ class RolloutGate:
         if not self.specs[group.policy_version].quorum_reachable(group.worker):
             return "fewer validators than the quorum"  # not the worker's fault: no penalty
         if group.policy_version < self.newest - self.async_level:
-            return TOO_STALE  # judged all the same (on_rollout)
+            return TOO_STALE  # judged all the same (on_rollout), within the worker's prompts (_judgeable)
+        if self._slots_full(group):
+            return SLOTS_FULL
         return ""
 
+    def _taken(self, group) -> set[bytes]:
+        """The slots of the group's worker answered for the group's version inside the async window."""
+        return self.answers.get(group.policy_version, {}).get(group.worker, set())
+
+    def _slots_full(self, group) -> bool:
+        """Whether an in-window `group` is for a new slot of a worker that already answered the version's prompts
+        per worker (late groups have their own bound: _judgeable)."""
+        taken = self._taken(group)
+        return group.slot().key() not in taken and len(taken) >= self.specs[group.policy_version].prompts_per_worker
+
+    def _note_answer(self, group) -> None:
+        """Record the group's slot among its worker's answers to its version, refused or not (answered_in_full),
+        but never past the prompts per worker: a refused worker's flood must not grow the table either."""
+        taken = self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set())
+        if len(taken) < self.specs[group.policy_version].prompts_per_worker:
+            taken.add(group.slot().key())
+
     def _judgeable(self, group) -> bool:
-        """A late rollout inside the judging window and within its bounds (JUDGED_BEHIND)."""
+        """A late rollout inside the judging window and within its bounds (JUDGED_BEHIND): the worker's slots of
+        the version, answered in time or judged late, stay within its prompts per worker."""
         spec = self.specs.get(group.policy_version)
         if spec is None or len(self.judged_only) >= MAX_JUDGED_ONLY:
             return False
         key = (group.policy_version, group.worker)
-        if self.late_slots.get(key, 0) >= spec.prompts_per_worker:
+        if len(self._taken(group)) + self.late_slots.get(key, 0) >= spec.prompts_per_worker:
             return False
         self.late_slots[key] = self.late_slots.get(key, 0) + 1
         return True
