@@ -260,3 +260,17 @@ def test_a_listen_address_that_is_not_ip_and_tcp_is_one_host_error(listen):
     """A UDP address was reported as "no address could be bound (is the IP one of this machine's?)"."""
     with pytest.raises(HostError, match=r"must be /ip4/IP/tcp/PORT or /ip6/IP/tcp/PORT"):
         HostConfig(listen=(listen,))
+
+
+async def test_a_closed_host_closes_the_connections_it_had_and_its_peers_see_them_end():
+    """py-libp2p's host leaves its connections open when it stops (nothing closes their sockets): the peers it
+    had kept them, and all they had granted it (a relay's reservation, a circuit's place) for as long."""
+    async with open_host() as server:
+        async with open_host() as client:
+            await client.connect(server.multiaddrs[0])
+            conns = server.libp2p.get_network().connections[client.libp2p.get_id()]
+            (conn,) = conns if isinstance(conns, list) else [conns]
+        assert not client.libp2p.get_network().connections
+        with trio.fail_after(5):
+            await conn.event_closed.wait()
+        assert client.peer_id not in server.connected_peers()
