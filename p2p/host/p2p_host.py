@@ -44,6 +44,7 @@ from p2p.host.addresses import dialable, interface_ips
 from p2p.host.closing import close_sockets
 from p2p.host.conn_trim import libp2p_peers_in_use
 from p2p.host.dial_pacing import DialPacer, pace_dials
+from p2p.host.inbound_cap import count_open_inbound
 from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import cache_signed_records, index_service_tasks, read_tcp_ahead, tune_yamux
 from p2p.reach.probe import ReachConfig
@@ -189,6 +190,7 @@ def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Seq
     )
     host.multiselect.handlers = _HandlerTable(host.multiselect.handlers)
     pace_dials(host, DialPacer())  # remote claims (identify, DHT answers, announcements) name what it dials
+    count_open_inbound(host.get_network())  # else each inbound connection ever accepted keeps a place of its cap
     return host
 
 
