@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 
+from p2p.host.p2p_host import open_host
+from p2p.identity import Identity
 from swarm.bench.sybil import finish_row
+from swarm.bench.sybil_measure import attacker_config, dialing_from, loopback_ip
 from swarm.cli.main import main
 
 ROW_KEYS = {"kind", "identities", "target_cpu_share", "target_rss_above_baseline_mib", "honest_completion_s",
@@ -60,7 +63,7 @@ def test_relay_and_hole_punch_kinds_measure_reservations_and_third_party_dials(c
     assert main(argv) == 0
     relay, punch = json.loads(capsys.readouterr().out)["kinds"]
     assert ROW_KEYS <= set(relay) and ROW_KEYS <= set(punch)
-    assert relay["reservations_granted"] == 4  # four fit under the relay's reservation cap
+    assert relay["crowd_ips"] == "many" and relay["reservations_granted"] == 4  # all fit under the relay's caps
     assert relay["reservation_after_s"] is not None and relay["circuits_held"] == 4
     assert relay["honest_circuit_s"] is not None and relay["honest_circuit_after_crowd_s"] is not None
     assert relay["targets"]["reservation_within_seconds"] and relay["targets"]["honest_circuit_after_crowd"]
@@ -79,3 +82,24 @@ def test_a_crowd_cut_short_by_the_time_limit_still_reports_what_it_did(capsys):
     tried = relay["reservations_granted"] + relay["reservations_refused"] + relay["attackers_failed"]
     assert tried < 12  # the time limit came first; the honest peers' figures are still measured
     assert relay["reservation_after_s"] is not None
+
+
+async def test_a_bench_host_connects_from_its_own_loopback_address():
+    """The per-IP caps of a target see each bench party apart only if its connections leave from its own address."""
+    ip = loopback_ip(5)
+    assert ip == "127.0.0.21" and loopback_ip(250) == "127.0.1.10"
+    async with open_host() as target, open_host(attacker_config(Identity.generate(), ip=ip), dialing_from(ip)) as host:
+        await host.connect(target.multiaddrs[0])
+        (conn,) = target.libp2p.get_network().connections[host.libp2p.get_id()]
+        assert [str(a).split("/")[2] for a in conn.get_transport_addresses()] == [ip]
+
+
+def test_a_crowd_on_the_honest_peers_ip_leaves_the_relay_free_for_them_once_it_is_gone(capsys):
+    """All on 127.0.0.1, the relay's per-IP cap lumps the honest peers in with the crowd: the early honest peer and
+    seven attackers fill it, yet once the crowd's hosts close their places are free again and the late honest peer
+    reserves, and an honest circuit opens once the crowd's circuits closed."""
+    argv = ["bench", "sybil", "--identities", "10", "--kinds", "relay", "--crowd-ips", "one", "--json"]
+    assert main(argv) == 0
+    relay = json.loads(capsys.readouterr().out)["kinds"][0]
+    assert relay["crowd_ips"] == "one" and (relay["reservations_granted"], relay["reservations_refused"]) == (7, 3)
+    assert relay["targets"]["reservation_within_seconds"] and relay["targets"]["honest_circuit_after_crowd"]

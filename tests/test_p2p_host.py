@@ -260,3 +260,31 @@ def test_a_listen_address_that_is_not_ip_and_tcp_is_one_host_error(listen):
     """A UDP address was reported as "no address could be bound (is the IP one of this machine's?)"."""
     with pytest.raises(HostError, match=r"must be /ip4/IP/tcp/PORT or /ip6/IP/tcp/PORT"):
         HostConfig(listen=(listen,))
+
+
+async def test_a_closed_host_closes_the_connections_it_had_and_its_peers_see_them_end():
+    """py-libp2p's host leaves its connections open when it stops (nothing closes their sockets): the peers it
+    had kept them, and all they had granted it (a relay's reservation, a circuit's place) for as long."""
+    async with open_host() as server:
+        async with open_host() as client:
+            await client.connect(server.multiaddrs[0])
+            conns = server.libp2p.get_network().connections[client.libp2p.get_id()]
+            (conn,) = conns if isinstance(conns, list) else [conns]
+        assert not client.libp2p.get_network().connections
+        with trio.fail_after(5):
+            await conn.event_closed.wait()
+        assert client.peer_id not in server.connected_peers()
+
+
+async def test_inbound_connections_that_ended_give_their_place_back():
+    """py-libp2p holds a place under its inbound cap for each connection until the whole host stops, not until the
+    connection ends: a public peer that had accepted max_connections - min_connections connections in its life
+    turned every new one away, whoever asked. Here a peer whose cap is three takes a fourth once one has left."""
+    async with open_host() as server:
+        server.libp2p.get_network()._inbound_limiter.total_tokens = 3
+        for _ in range(4):
+            async with open_host() as client:
+                await client.connect(server.multiaddrs[0])
+                with trio.fail_after(5):
+                    stream = await client.new_stream(server.peer_id, "/ipfs/id/1.0.0")
+                    await stream.reset()

@@ -213,3 +213,34 @@ async def test_a_stranger_cannot_open_relayed_connections_to_a_peer_that_holds_n
                 except Exception:  # noqa: BLE001 - reset: refused
                     answers.append(None)
         assert answers == [None] * 4
+
+
+async def test_a_circuit_that_ends_leaves_the_other_circuits_to_its_destination_open():
+    """py-libp2p files each circuit under its ends' peer ids, one entry per id, and a circuit that ends closes the
+    entry's streams: those of the last circuit filed under the same destination (or source) id, whoever holds it.
+    A crowd opening and closing circuits to a peer would cut an honest peer's circuit to it each time."""
+    echo = "/test/echo/1"
+
+    async def reply(stream) -> None:
+        await stream.write(await stream.read(64))
+        await stream.close()
+
+    async with open_host(_relay_config()) as relay, open_host(_private(relay)) as target:
+        target.set_guarded_handler(echo, reply)
+        guard = relay.reach.relaying.protocol.guard
+        circuit = f"{relay.multiaddrs[0]}/p2p-circuit/p2p/{target.peer_id}"
+        public = HostConfig(reach=ReachConfig(mode="public", hole_punch=False))
+        async with open_host(public) as honest:
+            async with open_host(public) as crowd:
+                await crowd.connect(circuit)
+                await honest.connect(circuit)  # filed after the crowd's
+                with trio.fail_after(10):
+                    while guard.circuits < 2:
+                        await trio.sleep(0.1)
+            with trio.fail_after(10):  # the crowd's host closed: its circuit ends
+                while guard.circuits > 1:
+                    await trio.sleep(0.1)
+            with trio.fail_after(10):
+                stream = await honest.new_stream(target.peer_id, echo)
+                await stream.write(b"still here")
+                assert await stream.read(64) == b"still here"

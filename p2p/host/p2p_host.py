@@ -41,8 +41,10 @@ from multiaddr import Multiaddr
 from p2p.bootstrap import peer_id_of
 from p2p.errors import HostError
 from p2p.host.addresses import dialable, interface_ips
+from p2p.host.closing import close_sockets
 from p2p.host.conn_trim import libp2p_peers_in_use
 from p2p.host.dial_pacing import DialPacer, pace_dials
+from p2p.host.inbound_cap import count_open_inbound
 from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import cache_signed_records, index_service_tasks, read_tcp_ahead, tune_yamux
 from p2p.reach.probe import ReachConfig
@@ -188,6 +190,7 @@ def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Seq
     )
     host.multiselect.handlers = _HandlerTable(host.multiselect.handlers)
     pace_dials(host, DialPacer())  # remote claims (identify, DHT answers, announcements) name what it dials
+    count_open_inbound(host.get_network())  # else each inbound connection ever accepted keeps a place of its cap
     return host
 
 
@@ -391,19 +394,6 @@ async def ensure_connected(host: P2PHost, peer_id: str, addrs: Sequence[str]) ->
             log.debug("announced address %s unreachable: %s", addr, exc)
 
 
-async def _close_listeners(libp2p_host: Any) -> None:
-    """Close the host's listening sockets. Why: py-libp2p 0.8.1 leaves them open when its host stops (its listener
-    lives in a system task), so a closed host's port kept accepting connections nobody served, and a peer
-    restarted in the same process found its port taken."""
-    with trio.move_on_after(5) as scope:
-        scope.shield = True
-        for listener in list(libp2p_host.get_network().listeners.values()):
-            try:
-                await listener.close()
-            except Exception as exc:  # noqa: BLE001 - closing is best effort; the process exit closes them anyway
-                log.debug("closing a listener failed: %s", exc)
-
-
 async def _dial_bootstrap(host: P2PHost, addr: str) -> None:
     try:
         await host.connect(addr)
@@ -429,7 +419,7 @@ async def open_host(
             await stack.enter_async_context(libp2p_host.run(listen_addrs=listen))
         except Exception as exc:  # noqa: BLE001 - a busy port or bad interface: one sentence, not a traceback
             raise HostError(f"cannot listen on {', '.join(config.listen)}: {_one_line(exc)}") from exc
-        stack.push_async_callback(_close_listeners, libp2p_host)  # runs before the libp2p host's own exit
+        stack.push_async_callback(close_sockets, libp2p_host)  # runs before the libp2p host's own exit
         bound = bool(libp2p_host.get_addrs())  # py-libp2p logs a failed bind (an IP not of this machine), runs deaf
         if bound:
             nursery = await stack.enter_async_context(trio.open_nursery())

@@ -70,6 +70,17 @@ def _remote_ip(stream: Any) -> str:
     return str(remote[0]) if remote else ""
 
 
+class _Unfiled:
+    """A circuit end's peer id as py-libp2p's table of circuits (and of reservations) never finds it; it prints as
+    the id in py-libp2p's log lines."""
+
+    def __init__(self, peer_id: Any) -> None:
+        self.peer_id = peer_id
+
+    def __str__(self) -> str:
+        return str(self.peer_id)
+
+
 class GuardedRelay(CircuitV2Protocol):
     """py-libp2p's relay within p2p.reach.relay_guard's bounds, relaying at most `circuit_mbps` per circuit and
     `total_mbps` in all."""
@@ -125,17 +136,21 @@ class GuardedRelay(CircuitV2Protocol):
         except Exception:  # noqa: BLE001 - bytes that are no peer id: nobody holds a reservation under them
             return False
 
-    async def _relay_data(self, src_stream: Any, dst_stream: Any, *args: Any, **kwargs: Any) -> None:
-        """One direction of a circuit; when it ends, so does the circuit (both streams reset). Why: py-libp2p would
-        go on reading the other direction from an end with nothing to say, and the circuit kept its place for good
-        after its source left."""
+    async def _relay_data(self, src_stream: Any, dst_stream: Any, peer_id: Any, *args: Any, **kwargs: Any) -> None:
+        """One direction of a circuit; when it ends, so does the circuit (both streams reset), and no other. Why:
+        py-libp2p would go on reading the other direction from an end with nothing to say, and the circuit kept its
+        place for good after its source left; and on its end it closes the streams filed under `peer_id` in its
+        table of circuits, one entry per id, which are those of the last circuit filed under that id: ending one
+        circuit cut another with the same destination or source, so a crowd opening and closing circuits to a peer
+        cut every honest circuit to it. Its cleanup is handed an id it never finds; ours resets this circuit's
+        streams and `_forget_streams` its entries."""
         paced = _PacedStream(dst_stream, [_bucket(self._circuit_mbps), self._total])
         circuit = frozenset((id(src_stream), id(dst_stream)))  # both directions of one circuit share it
         directions = self._directions.setdefault(circuit, [])
         with trio.CancelScope() as scope:
             directions.append(scope)
             try:
-                await super()._relay_data(src_stream, paced, *args, **kwargs)
+                await super()._relay_data(src_stream, paced, _Unfiled(peer_id), *args, **kwargs)
             finally:
                 for direction in directions:
                     direction.cancel()

@@ -83,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "of them)")
     parser.add_argument("--reservation-wait-s", dest="reservation_wait_s", type=float, default=15.0,
                         help="longest the honest private peer asks the relay for a reservation")
+    parser.add_argument("--crowd-ips", dest="crowd_ips", choices=("many", "one"), default="many",
+                        help="relay kind: each attacker and honest peer connects from a loopback address of its own "
+                             "(many), or all from 127.0.0.1 (one: the relay's per-IP caps lump them together)")
     parser.add_argument("--squat-mb", dest="squat_mb", type=float, default=8.0,
                         help="size of the policy the honest peers fetch in the link-squatting runs, MiB")
     parser.add_argument("--squat-mbps", dest="squat_mbps", type=float, default=64.0,

@@ -9,6 +9,7 @@ target competes with them and with anything else running for the same cores.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -146,10 +147,30 @@ async def sample_until_cancelled(meter: Meter) -> None:
         await trio.sleep(SAMPLE_EVERY_S)
 
 
-def attacker_config(identity: Identity, reach_mode: str = "public") -> HostConfig:
-    """A bench host: a fresh identity on a loopback port, serving nobody as a relay and asking nobody to dial back."""
-    return HostConfig(identity=identity, listen=("/ip4/127.0.0.1/tcp/0",),
+def attacker_config(identity: Identity, reach_mode: str = "public", ip: str = "127.0.0.1") -> HostConfig:
+    """A bench host: a fresh identity on a loopback port of `ip`, serving nobody as a relay and asking nobody to dial
+    back."""
+    return HostConfig(identity=identity, listen=(f"/ip4/{ip}/tcp/0",),
                       reach=ReachConfig(mode=reach_mode, hole_punch=False, relay=RelayLimits(serve=False)))
+
+
+def dialing_from(ip: str) -> list:
+    """The transports of a bench host whose connections leave from `ip`, a loopback address of its own (Linux
+    routes all of 127/8 to lo). Why: py-libp2p's TCP dials from the address the kernel picks, 127.0.0.1 toward a
+    peer on 127.0.0.1, so every host of the bench would count as one IP to a target's per-IP caps, honest peers
+    and the crowd alike, where real ones each come from their own."""
+    from libp2p.transport.tcp.tcp import TCP
+
+    class FromIp(TCP):
+        async def dial(self, maddr):
+            return await self.dial_with_source(maddr, (ip, 0))
+
+    return [FromIp()]
+
+
+def loopback_ip(index: int, first: str = "127.0.0.16") -> str:
+    """The `index`-th loopback address from `first` on (past .255 into the next /24: all of 127/8 is loopback)."""
+    return str(ipaddress.ip_address(first) + index)
 
 
 async def in_lanes(identities: list[Identity], parallel: int, each, results: list | None = None) -> list:
