@@ -19,9 +19,9 @@ and relayed (circuit) connections are not gated here: they never come through th
 from __future__ import annotations
 
 import collections
-import contextvars
 import logging
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,15 +96,14 @@ class InboundAdmission:
             self._admitted.popitem(last=False)
 
 
-_VIA_LISTENER: contextvars.ContextVar[bool] = contextvars.ContextVar("via_tcp_listener", default=False)
-"""True in the task py-libp2p's TCP listener runs an inbound connection in (its upgrade runs in that same task)."""
-
-
 def gate_inbound(libp2p_host: Any, admission: InboundAdmission) -> InboundAdmission:
     """Install `admission` on a py-libp2p host: its TCP listener's connections and their security upgrade."""
     swarm = libp2p_host.get_network()
     handle_inbound = swarm._handle_inbound_connection
     upgrade_security = swarm.upgrader.upgrade_security
+    # The TCP listener's sockets (held weakly): only their upgrades are gated, not those of relayed connections,
+    # which py-libp2p may run in tasks descending from a TCP connection's.
+    via_listener: weakref.WeakSet = weakref.WeakSet()
 
     async def gated_connection(read_write_closer: Any, maddr: Any) -> None:
         if not admission.admit_handshake(trio.current_time()):
@@ -114,7 +113,7 @@ def gate_inbound(libp2p_host: Any, admission: InboundAdmission) -> InboundAdmiss
             except Exception:  # noqa: BLE001 - the socket may be gone already
                 pass
             return
-        _VIA_LISTENER.set(True)
+        via_listener.add(read_write_closer)
         await handle_inbound(read_write_closer, maddr)
 
     async def gated_security(raw_conn: Any, is_initiator: bool, peer_id: Any = None) -> Any:
@@ -122,7 +121,7 @@ def gate_inbound(libp2p_host: Any, admission: InboundAdmission) -> InboundAdmiss
         peer = str(secured.get_remote_peer())
         if is_initiator:
             admission.dialed(peer)
-        elif _VIA_LISTENER.get() and not admission.admit_peer(peer, trio.current_time()):
+        elif getattr(raw_conn, "stream", None) in via_listener and not admission.admit_peer(peer, trio.current_time()):
             try:
                 await secured.close()
             except Exception:  # noqa: BLE001 - the peer may have hung up already
