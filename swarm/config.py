@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from p2p.bootstrap import parse_bootstrap_lines
 from p2p.errors import BootstrapError, HostError
+from p2p.host.inbound_admission import InboundLimits
 from p2p.reach.probe import ReachConfig
 from p2p.reach.relay_limits import RelayLimits
 from swarm.errors import UserError
@@ -161,6 +162,14 @@ class LimitsSection(ConfigSection):
     max_peers: int = Field(32, description=(
         "Upper bound on data connections this peer keeps open; past it plus 8, the libp2p connections nothing uses "
         "close (p2p/host/conn_trim.py)."))
+    new_peers_per_s: float = Field(1.0, description=(
+        "Peers this peer has never dialed nor served for a minute that it accepts a second, node-wide, after a "
+        "burst of 32 (p2p/host/inbound_admission.py): each costs about 30 ms of CPU (handshake, identify, pubsub), "
+        "so a crowd of fresh identities stays within a few percent of a core. A public bootstrap peer of a large "
+        "swarm that many peers join at once may raise it."))
+    inbound_handshakes_per_s: float = Field(4.0, description=(
+        "Inbound TCP connections this peer starts a handshake for a second, node-wide, after a burst of 16; the "
+        "excess is closed before its handshake, and dialers retry."))
     data_exempt_loopback: bool = Field(False, description=(
         "Lift the data port's per-IP cap on sockets still presenting their token for 127.0.0.0/8 and ::1. Only "
         "for a simulation or benchmark that runs every peer on loopback (`swarm sim` sets it); a peer that other "
@@ -171,7 +180,13 @@ class LimitsSection(ConfigSection):
     def _check_ranges(self) -> "LimitsSection":
         if self.upload_mbps < 0:
             raise UserError("upload_mbps must not be negative")
+        if not (self.new_peers_per_s > 0 and self.inbound_handshakes_per_s > 0):  # NaN fails too
+            raise UserError("new_peers_per_s and inbound_handshakes_per_s must be positive")
         return self
+
+    def inbound_limits(self) -> InboundLimits:
+        """The host's node-wide admission of inbound connections (p2p.host.inbound_admission)."""
+        return InboundLimits(handshakes_per_s=self.inbound_handshakes_per_s, strangers_per_s=self.new_peers_per_s)
 
 
 class TrainerRoleSection(ConfigSection):

@@ -11,6 +11,7 @@ from inference.models import BUILT_IN_MODELS
 from swarm.cli.main import main
 from swarm.config import PeerConfig
 from swarm.config import load_config as load_peer_config
+from swarm.errors import UserError
 from trainer.config import TrainerConfig
 from trainer.config import load_config as load_trainer_config
 
@@ -186,3 +187,11 @@ def test_peer_field_names_are_unique_across_sections_so_flat_files_find_each_key
     names = [field for section in SECTIONS.values() for field in section.model_fields]
     # and two old names: trainer_config (trainer.config) and reach (reach.mode)
     assert len(names) == len(set(names)) == len(FLAT_NAMES) - 2
+
+
+def test_the_inbound_admission_rates_reach_the_host_and_must_be_positive():
+    limits = load_peer_config(None, {"new_peers_per_s": 3.0, "inbound_handshakes_per_s": 9.0}).limits.inbound_limits()
+    assert (limits.strangers_per_s, limits.handshakes_per_s) == (3.0, 9.0)
+    for bad in (0.0, -1.0):  # NaN is refused as no finite number before this check
+        with pytest.raises(UserError, match="must be positive"):
+            load_peer_config(None, {"new_peers_per_s": bad})

@@ -154,6 +154,9 @@ class GossipReceiver:
         self.stats.bans += 1
         self._banned_ids[peer] = peer_id
         self.pubsub.add_to_blacklist(peer_id)
+        inbound = getattr(self.host, "inbound", None)  # the host's memory of it: a stranger again when it returns
+        if inbound is not None:
+            inbound.forget(peer)
         if self._nursery is not None and not self._closing:
             self._nursery.start_soon(self._hang_up, peer_id)
 

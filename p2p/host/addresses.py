@@ -14,6 +14,9 @@ import socket
 from collections.abc import Sequence
 
 import psutil
+from multiaddr import Multiaddr
+
+from p2p.errors import HostError
 
 UNSPECIFIED = {"ip4": "0.0.0.0", "ip6": "::"}
 
@@ -46,3 +49,27 @@ def dialable(bound: Sequence[str], ips: dict[str, list[str]]) -> list[str]:
             continue
         out.extend("/".join([*parts[:2], ip, *parts[3:]]) for ip in ips.get(parts[1], []))
     return list(dict.fromkeys(out))  # one entry per address, first position kept
+
+
+def check_listen_ports_free(listen: Sequence[str], timeout: float = 0.5) -> None:
+    """Refuse, in one sentence, a fixed TCP listen port on which something already accepts connections.
+
+    Why: py-libp2p listens with SO_REUSEPORT (for hole punching), so a second peer started on the same port binds
+    it silently and the kernel splits incoming connections between two peers of different ids; dials then fail on
+    the peer-id check. Why a connection and not a bind probe: py-libp2p's outgoing connections use the listen port
+    too, and a restarted peer must not be refused because its predecessor's connections still linger on it.
+    """
+    for text in listen:
+        addr = Multiaddr(text)  # HostConfig has parsed it already
+        protocols = {p.name for p in addr.protocols()}
+        if "tcp" not in protocols or not ({"ip4", "ip6"} & protocols) or int(addr.value_for_protocol("tcp")) == 0:
+            continue
+        port = int(addr.value_for_protocol("tcp"))
+        ip = addr.value_for_protocol("ip4") if "ip4" in protocols else addr.value_for_protocol("ip6")
+        ip = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(ip, ip)
+        try:
+            with socket.create_connection((ip, port), timeout=timeout):
+                pass
+        except OSError:
+            continue  # refused, unreachable or silent: nothing of ours listens there
+        raise HostError(f"cannot listen on {text}: port {port} is in use (another peer on this machine?)")

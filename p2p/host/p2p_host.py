@@ -19,7 +19,6 @@ Other packages (gossip, DHT) reach the raw libp2p host through `P2PHost.libp2p`.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -40,10 +39,11 @@ from multiaddr import Multiaddr
 
 from p2p.bootstrap import peer_id_of
 from p2p.errors import HostError
-from p2p.host.addresses import dialable, interface_ips
+from p2p.host.addresses import check_listen_ports_free, dialable, interface_ips
 from p2p.host.closing import close_sockets
 from p2p.host.conn_trim import libp2p_peers_in_use
 from p2p.host.dial_pacing import DialPacer, pace_dials
+from p2p.host.inbound_admission import InboundAdmission, InboundLimits, gate_inbound
 from p2p.host.inbound_cap import count_open_inbound
 from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import cache_signed_records, index_service_tasks, read_tcp_ahead, tune_yamux
@@ -109,6 +109,8 @@ class HostConfig:
     """Default limit on one inbound stream handler; a handler may ask for another or None (it then owns timeouts)."""
     reach: ReachConfig = ReachConfig()
     """Reachability check, relaying for others and through others, hole punching (p2p/reach/probe.py)."""
+    inbound: InboundLimits = InboundLimits()
+    """Node-wide rates of inbound handshakes and of new peers served (p2p/host/inbound_admission.py)."""
 
     def __post_init__(self) -> None:
         if not self.listen:
@@ -142,30 +144,6 @@ def _parse_multiaddr(text: str) -> Multiaddr:
         return Multiaddr(text)
     except Exception as exc:  # noqa: BLE001 - the multiaddr library raises many types for bad input
         raise HostError(f"{text!r} is not a valid multiaddr ({exc})") from exc
-
-
-def check_listen_ports_free(listen: Sequence[str], timeout: float = 0.5) -> None:
-    """Refuse, in one sentence, a fixed TCP listen port on which something already accepts connections.
-
-    Why: py-libp2p listens with SO_REUSEPORT (for hole punching), so a second peer started on the same port binds
-    it silently and the kernel splits incoming connections between two peers of different ids; dials then fail on
-    the peer-id check. Why a connection and not a bind probe: py-libp2p's outgoing connections use the listen port
-    too, and a restarted peer must not be refused because its predecessor's connections still linger on it.
-    """
-    for text in listen:
-        addr = _parse_multiaddr(text)
-        protocols = {p.name for p in addr.protocols()}
-        if "tcp" not in protocols or not ({"ip4", "ip6"} & protocols) or int(addr.value_for_protocol("tcp")) == 0:
-            continue
-        port = int(addr.value_for_protocol("tcp"))
-        ip = addr.value_for_protocol("ip4") if "ip4" in protocols else addr.value_for_protocol("ip6")
-        ip = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(ip, ip)
-        try:
-            with socket.create_connection((ip, port), timeout=timeout):
-                pass
-        except OSError:
-            continue  # refused, unreachable or silent: nothing of ours listens there
-        raise HostError(f"cannot listen on {text}: port {port} is in use (another peer on this machine?)")
 
 
 def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Sequence[Any] | None = None):
@@ -237,6 +215,8 @@ class P2PHost:
     """Called with (peer id, protocol) on each such fault, e.g. to fold it into the node's own peer scores."""
     reach: Any = None
     """The reachability service's state (p2p.reach.service.ReachState) once the host is open."""
+    inbound: InboundAdmission = field(default_factory=InboundAdmission)
+    """What inbound connections the host serves; a banned peer is forgotten there (a stranger again)."""
     _interface_ips: dict[str, list[str]] | None = None  # looked up once, on first use of `multiaddrs`
 
     @property
@@ -344,6 +324,7 @@ class P2PHost:
             listener(peer, protocol)
         if verdict is Verdict.BAN and newly:
             log.warning("peer %s banned for %g s after repeated handler faults", peer, self.faults.config.ban_s)
+            self.inbound.forget(peer)
             self.nursery.start_soon(self._disconnect, peer)
 
     async def _disconnect(self, peer: str) -> None:
@@ -428,7 +409,8 @@ async def open_host(
             # KeyboardInterrupt unwinding through here and then be swallowed by that very scope (Ctrl-C would end
             # the peer as if its work were done).
             stack.callback(nursery.cancel_scope.cancel)
-            host = P2PHost(libp2p_host, identity, config, nursery)
+            host = P2PHost(libp2p_host, identity, config, nursery,
+                           inbound=gate_inbound(libp2p_host, InboundAdmission(config.inbound)))
             async with trio.open_nursery() as dials:
                 for addr in config.bootstrap:
                     dials.start_soon(_dial_bootstrap, host, addr)

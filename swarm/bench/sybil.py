@@ -6,7 +6,9 @@ publisher), runs the attack from the bench's own process with N fresh Ed25519 id
 object with one row per kind:
 
 - target_cpu_share: the target's CPU seconds per wall second over the attack (one core is 1.0; /proc), up to its
-  last sample if it died (target_died_after_s says when);
+  last sample if it died (target_died_after_s says when); the gossip kinds measure at least 10 s from the attack's
+  start and 2 s past a longer one (swarm.bench.sybil_gossip.MIN_WINDOW_S), and report target_cpu_s, the CPU
+  seconds themselves, which do not depend on the window;
 - target_rss_above_baseline_mib: its largest resident memory during the attack above the one before it;
 - honest_completion_s: {"with": ..., "without": ...} where honest peers have work to finish (else null);
 - forwarded: attackers' messages an honest witness received through the target (gossip kinds);

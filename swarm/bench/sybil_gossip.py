@@ -37,8 +37,14 @@ BOMB_INFLATED = 64 * 2**20
 MESH_WAIT_S = 10.0
 SETTLE_S = 3.0
 """Seconds the witness has to join the target's mesh before the baseline is taken."""
-MIN_WINDOW_S = 5.0
-"""The shortest window the target is measured over: an attack over sooner is measured with its aftermath."""
+MIN_WINDOW_S = 10.0
+"""The shortest window the target is measured over, from the attack's start. Why fixed rather than the crowd's own
+duration: the crowd ends as soon as the target has refused or banned every identity, so a target that refuses
+faster would be measured over a shorter window (the same work, a larger share), and work the crowd leaves behind
+(hang-ups, pubsub's cleanup, refused handshakes still in flight) would fall outside it. A short crowd is thus
+measured as a burst within a fixed window; a crowd that lasts longer is measured over all of it."""
+AFTERMATH_S = 2.0
+"""Seconds the window goes on after a crowd that outlasts MIN_WINDOW_S, for the work it leaves behind."""
 FLOODER = GossipConfig(router_rate_limit=5000.0, publish_rate=4000.0)
 """The attackers' own pacing, lifted far above what any receiver admits."""
 
@@ -112,13 +118,14 @@ async def measure_gossip_attack(target: Target, run: str, identities: list[Ident
         started = trio.current_time()
         attack = await attack_with(identities, target.addr, run, kind, envelope, args.rate, args.per_identity_s,
                                    args.parallel, started + args.seconds)
-        await trio.sleep_until(started + min(MIN_WINDOW_S, args.seconds))
+        await trio.sleep_until(max(started + min(MIN_WINDOW_S, args.seconds), trio.current_time() + AFTERMATH_S))
         meter.stop()
         nursery.cancel_scope.cancel()
     after.update(scrape(target.metrics_port))  # the final counters, if the target still answers
     return {**meter.result(), **attack, "forwarded": witness.forwarded,
             "bans": counter(after, "rlswarm_gossip_bans") - counter(before, "rlswarm_gossip_bans"),
             "refused": counter(after, "rlswarm_gossip_refused") - counter(before, "rlswarm_gossip_refused"),
+            "inbound_refused": counter(after, "rlswarm_inbound_refused") - counter(before, "rlswarm_inbound_refused"),
             "peer_died": meter.died or not target.alive()}
 
 

@@ -135,6 +135,7 @@ class Meter:
 
     def result(self) -> dict:
         return {"target_cpu_share": None if self.cpu_share is None else round(self.cpu_share, 4),
+                "target_cpu_s": round(self.last[0] - self.cpu0, 3),
                 "target_baseline_rss_mib": round(self.baseline_mib, 1),
                 "target_rss_above_baseline_mib": round(self.peak_mib - self.baseline_mib, 1),
                 "window_s": round(self.wall_s, 1), "target_died_after_s": self.died_after_s}

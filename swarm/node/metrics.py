@@ -216,6 +216,12 @@ class NodeCollector:
         for direction, n in _connection_counts(node).items():
             connections.add_metric([direction], n)
         yield connections
+        refused = CounterMetricFamily("rlswarm_inbound_refused", "Inbound connections refused by the node-wide "
+                                      "rates of handshakes and of new peers (p2p.host.inbound_admission)",
+                                      labels=["reason"])
+        for reason, n in getattr(getattr(node.host, "inbound", None), "refused", {}).items():
+            refused.add_metric([reason], n)
+        yield refused
 
 
 def _counter(name: str, documentation: str, value: int) -> CounterMetricFamily:

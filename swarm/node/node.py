@@ -229,7 +229,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
         transfer = TransferConfig(upload_bps=upload)
         async with open_host(HostConfig(identity=identity, data_dir=config.peer.data_dir, listen=config.peer.listen,
                                         announce=config.peer.announce, reach=config.reach_config(),
-                                        bootstrap=bootstrap)) as host:
+                                        bootstrap=bootstrap, inbound=config.limits.inbound_limits())) as host:
             for addr, why in host.bootstrap_failures.items():
                 events.emit("bootstrap_unreachable", address=addr, reason=why)
             mirror = PolicyMirror(store, host.peer_id, trust, run=config.peer.run, transfer=transfer,
