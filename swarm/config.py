@@ -162,14 +162,16 @@ class LimitsSection(ConfigSection):
     max_peers: int = Field(32, description=(
         "Upper bound on data connections this peer keeps open; past it plus 8, the libp2p connections nothing uses "
         "close (p2p/host/conn_trim.py)."))
-    new_peers_per_s: float = Field(1.0, description=(
+    new_peers_per_s: float = Field(2.0, description=(
         "Peers this peer has never dialed nor served for a minute that it accepts a second, node-wide, after a "
-        "burst of 32 (p2p/host/inbound_admission.py): each costs about 30 ms of CPU (handshake, identify, pubsub), "
-        "so a crowd of fresh identities stays within a few percent of a core. A public bootstrap peer of a large "
+        "burst of 64 (p2p/host/inbound_admission.py): each costs about 30 ms of CPU (handshake, identify, pubsub), "
+        "so a churning crowd of fresh identities stays under a tenth of a core. A public bootstrap peer of a large "
         "swarm that many peers join at once may raise it."))
-    inbound_handshakes_per_s: float = Field(4.0, description=(
-        "Inbound TCP connections this peer starts a handshake for a second, node-wide, after a burst of 16; the "
-        "excess is closed before its handshake, and dialers retry."))
+    inbound_handshakes_per_s: float = Field(32.0, description=(
+        "Inbound TCP connections this peer starts a handshake for a second, node-wide, after a burst of 64; the "
+        "excess is closed before its handshake, and dialers retry. Known peers need one too (who dials is known "
+        "only after the handshake), so it sits well above what honest reconnections ask; new_peers_per_s bounds "
+        "the costlier work after it."))
     data_exempt_loopback: bool = Field(False, description=(
         "Lift the data port's per-IP cap on sockets still presenting their token for 127.0.0.0/8 and ::1. Only "
         "for a simulation or benchmark that runs every peer on loopback (`swarm sim` sets it); a peer that other "

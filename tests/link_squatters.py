@@ -192,9 +192,12 @@ async def _serve_commands(count: int) -> None:
                 buffer += chunk
             line, buffer = buffer.split(b"\n", 1)
             verb, _, arg = line.decode().partition(" ")
-            if verb == "connect":
+            if verb == "connect":  # every squatter that the peer's admission of new peers lets in
                 for squatter in crowd:
-                    squatter.targets.append(await squatter.host.connect(arg))
+                    try:
+                        squatter.targets.append(await squatter.host.connect(arg))
+                    except P2PError:
+                        pass
             elif verb == "squat":
                 signed = bytes.fromhex(arg)
                 manifest = verify_manifest(signed, decode_signed(signed).public_key)

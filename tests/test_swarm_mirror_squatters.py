@@ -44,7 +44,8 @@ async def test_a_crowd_of_squatters_keeps_no_honest_peer_from_any_version(tmp_pa
     and 2 measure the time without it; then the crowd connects, and versions 3 to 5 must each reach every honest
     peer within 3x the slowest time without it, with a floor of 3 s: the four honest peers share one process, which
     also accepts every channel the crowd opens, on a machine whose load varies by seconds (a version without the
-    crowd now and then takes 5 s here too). Before links gave their places up, no version reached any of them."""
+    crowd now and then takes 5 s here too). Before links gave their places up, no version reached any of them. Each
+    peer lets in a burst of 64 new peers at once (p2p.host.inbound_admission), so the whole crowd gets in."""
     key = Identity.generate()
     async with AsyncExitStack() as stack:
         publisher = await stack.enter_async_context(honest_peer(tmp_path / "pub", key, identity=key))

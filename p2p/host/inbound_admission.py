@@ -40,10 +40,10 @@ OUTBOUND = -math.inf
 class InboundLimits:
     """The node-wide rates; the defaults keep a crowd's connections to a few percent of a core."""
 
-    handshakes_per_s: float = 4.0
-    handshakes_burst: float = 16.0
-    strangers_per_s: float = 1.0
-    strangers_burst: float = 32.0
+    handshakes_per_s: float = 32.0
+    handshakes_burst: float = 64.0
+    strangers_per_s: float = 2.0
+    strangers_burst: float = 64.0
     known_after_s: float = 60.0
     max_tracked: int = 4096
     """Peers remembered (least recently admitted forgotten first); a crowd adds at most `strangers_per_s` a second."""
