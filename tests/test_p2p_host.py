@@ -282,9 +282,12 @@ async def test_inbound_connections_that_ended_give_their_place_back():
     turned every new one away, whoever asked. Here a peer whose cap is three takes a fourth once one has left."""
     async with open_host() as server:
         server.libp2p.get_network()._inbound_limiter.total_tokens = 3
+        served = 0
         for _ in range(4):
             async with open_host() as client:
                 await client.connect(server.multiaddrs[0])
                 with trio.fail_after(5):
                     stream = await client.new_stream(server.peer_id, "/ipfs/id/1.0.0")
                     await stream.reset()
+                served += 1
+        assert served == 4
