@@ -14,6 +14,7 @@ from p2p.gossip.service import Gossip, open_gossip, topic_for
 from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity
 from swarm.bench.gossip_flood import heartbeat_envelope
+from tests.gossip_nodes import meshed_nodes
 
 RUN = "run-ban-race"
 LIMIT = 30
@@ -21,14 +22,7 @@ LIMIT = 30
 
 async def _star(stack: AsyncExitStack) -> tuple[Gossip, Gossip, Gossip]:
     """target in the middle, connected to mallory and to an honest witness, all three meshed on heartbeats."""
-    out = []
-    for i in range(3):
-        host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([70 + i]) * 32))))
-        out.append(await stack.enter_async_context(open_gossip(host, RUN)))
-    target, mallory, witness = out
-    for other in (mallory, witness):
-        await target.host.connect(other.host.multiaddrs[0])
-        await target.wait_for_mesh(other.host.peer_id, "heartbeat")
+    target, mallory, witness = await meshed_nodes(stack, RUN, 70, 3)
     return target, mallory, witness
 
 

@@ -15,9 +15,10 @@ from libp2p.peer.peerstore import env_to_send_in_RPC
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_varint_prefixed as varint_prefixed
 
-from p2p.gossip.service import open_gossip, topic_for
+from p2p.gossip.service import topic_for
 from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity
+from tests.gossip_nodes import meshed_nodes
 
 RUN = "run-forged"
 LIMIT = 30
@@ -26,14 +27,7 @@ LIMIT = 30
 async def test_a_peer_sending_messages_with_forged_pubsub_signatures_is_scored_and_banned():
     with trio.fail_after(LIMIT):
         async with AsyncExitStack() as stack:
-            nodes = []
-            for i in range(3):
-                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([90 + i]) * 32))))
-                nodes.append(await stack.enter_async_context(open_gossip(host, RUN)))
-            target, mallory, witness = nodes
-            for other in (mallory, witness):
-                await target.host.connect(other.host.multiaddrs[0])
-                await target.wait_for_mesh(other.host.peer_id, "heartbeat")
+            target, mallory, witness = await meshed_nodes(stack, RUN, 90, 3)
             target_id, bad = ID.from_base58(target.host.peer_id), ID.from_base58(mallory.host.peer_id)
             rpc = rpc_pb2.RPC()
             for _ in range(4):  # signed by nobody: random bytes where mallory's signature belongs
@@ -66,13 +60,7 @@ async def test_a_peer_attaching_its_signed_record_to_every_rpc_has_it_checked_on
     monkeypatch.setattr(lean, "maybe_consume_signed_record", counting)
     with trio.fail_after(LIMIT):
         async with AsyncExitStack() as stack:
-            nodes = []
-            for i in range(2):
-                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([95 + i]) * 32))))
-                nodes.append(await stack.enter_async_context(open_gossip(host, RUN)))
-            target, mallory = nodes
-            await target.host.connect(mallory.host.multiaddrs[0])
-            await target.wait_for_mesh(mallory.host.peer_id, "heartbeat")
+            target, mallory = await meshed_nodes(stack, RUN, 95, 2)
             record, _ = env_to_send_in_RPC(mallory.host.libp2p)
             stream = mallory.pubsub.peers[ID.from_base58(target.host.peer_id)]
             for _ in range(100):
@@ -88,14 +76,8 @@ async def test_a_prune_naming_peers_to_exchange_makes_us_dial_none_of_them():
     addresses, ids free): our peers never send it, so none is taken."""
     with trio.fail_after(LIMIT):
         async with AsyncExitStack() as stack:
-            nodes = []
-            for i in range(2):
-                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([97 + i]) * 32))))
-                nodes.append(await stack.enter_async_context(open_gossip(host, RUN)))
-            target, mallory = nodes
+            target, mallory = await meshed_nodes(stack, RUN, 97, 2)
             decoy = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([99]) * 32))))
-            await target.host.connect(mallory.host.multiaddrs[0])
-            await target.wait_for_mesh(mallory.host.peer_id, "heartbeat")
             record, _ = env_to_send_in_RPC(decoy.libp2p)
             px = rpc_pb2.PeerInfo(peerID=ID.from_base58(decoy.peer_id).to_bytes(), signedPeerRecord=record)
             prune = rpc_pb2.ControlPrune(topicID=topic_for(RUN, "vote"), peers=[px])
@@ -113,13 +95,7 @@ async def test_prunes_for_topics_we_are_not_in_leave_no_state_behind():
     grafted again (never, for a made-up one), and after its sender left: memory without end, one entry per name."""
     with trio.fail_after(LIMIT):
         async with AsyncExitStack() as stack:
-            nodes = []
-            for i in range(2):
-                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([100 + i]) * 32))))
-                nodes.append(await stack.enter_async_context(open_gossip(host, RUN)))
-            target, mallory = nodes
-            await target.host.connect(mallory.host.multiaddrs[0])
-            await target.wait_for_mesh(mallory.host.peer_id, "heartbeat")
+            target, mallory = await meshed_nodes(stack, RUN, 100, 2)
             router = target.pubsub.router
             before = sum(map(len, router.back_off.values()))
             prunes = [rpc_pb2.ControlPrune(topicID=f"made-up-{i}", backoff=2**40) for i in range(2000)]

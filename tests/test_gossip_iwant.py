@@ -13,9 +13,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_varint_prefixed as varint_prefixed
 
 from p2p.gossip.pubsub import IWANT_RETRANSMISSIONS
-from p2p.gossip.service import open_gossip
-from p2p.host.p2p_host import HostConfig, open_host
-from p2p.identity import Identity
+from tests.gossip_nodes import meshed_nodes
 
 RUN = "run-iwant"
 LIMIT = 30
@@ -24,13 +22,7 @@ LIMIT = 30
 async def test_a_message_named_many_times_in_iwants_is_sent_at_most_a_few_times():
     with trio.fail_after(LIMIT):
         async with AsyncExitStack() as stack:
-            nodes = []
-            for i in range(2):
-                host = await stack.enter_async_context(open_host(HostConfig(identity=Identity(bytes([80 + i]) * 32))))
-                nodes.append(await stack.enter_async_context(open_gossip(host, RUN)))
-            target, mallory = nodes
-            await target.host.connect(mallory.host.multiaddrs[0])
-            await target.wait_for_mesh(mallory.host.peer_id, "heartbeat")
+            target, mallory = await meshed_nodes(stack, RUN, 80, 2)
             router, bad = target.pubsub.router, ID.from_base58(mallory.host.peer_id)
             sent: list[int] = []
             send_rpc = router.send_rpc

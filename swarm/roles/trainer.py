@@ -55,10 +55,7 @@ async def trainer_role(node) -> None:
     cfg, task_file = await trio.to_thread.run_sync(_with_task_file_snapshot, cfg, config)
     run = await _start_training_run(node, cfg, curriculum)
     publisher = SwarmPublisher(node, node.identity, cfg, config.mirror.piece_kb, task_file)
-    gate = RolloutGate(config.peer.run, config.trainer.replicas, config.trainer.quorum,
-                       config.trainer.quorum_timeout_s, async_level=cfg.async_level)
-    publisher.excluded = gate.validator_banned
-    gate.restore(run.state.extra.get("gate"))  # the histories, bans and records of the checkpoint resumed, if any
+    gate = _open_gate(config, cfg, run, publisher)
     rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
     evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
@@ -128,6 +125,16 @@ async def trainer_role(node) -> None:
         nursery.cancel_scope.cancel()
     if config.trainer.exit_when_trained:
         node.done.set()
+
+
+def _open_gate(config, cfg, run, publisher: SwarmPublisher) -> RolloutGate:
+    """The run's gate, with the judgements of the checkpoint resumed (if any); the validators it bans leave the
+    publisher's next versions."""
+    gate = RolloutGate(config.peer.run, config.trainer.replicas, config.trainer.quorum,
+                       config.trainer.quorum_timeout_s, async_level=cfg.async_level)
+    publisher.excluded = gate.validator_banned
+    gate.restore(run.state.extra.get("gate"))
+    return gate
 
 
 def _report_reputation_bans(node, gate: RolloutGate, reported: set[str]) -> None:
