@@ -254,8 +254,8 @@ def sample_manifest():
     for name, size in (("model-00000.safetensors", 300_000), ("model-00001.safetensors", 70_000)):
         hashes = tuple(blake3.blake3(f"{name}/{i}".encode()).digest() for i in range(-(-size // MIN_PIECE_SIZE)))
         files.append(FileEntry(name, size, MIN_PIECE_SIZE, hashes, blake3.blake3(b"".join(hashes)).digest()))
-    tensors = (TensorEntry("layer0.w", files[0].name, 120, 1200, "F32", (20, 15)),
-               TensorEntry("layer1.b", files[1].name, 88, 56, "I64", (7,)))
+    tensors = (TensorEntry("layer0.w", files[0].name, 120, 1200, "F32", (20, 15), bytes(range(32))),
+               TensorEntry("layer1.b", files[1].name, 88, 56, "I64", (7,), bytes(32)))
     return PolicyManifest(RUN, 3, 2, NOW, manifest_model(), GenerationSettings(4, 0.6, 64, 0), tensors, tuple(files))
 
 
