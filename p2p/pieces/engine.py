@@ -33,6 +33,7 @@ import numpy as np
 
 from p2p.pieces.engine_actions import Action, Completed, DropPeer, Send, SendPiece, StorePiece
 from p2p.pieces.engine_config import EngineConfig
+from p2p.pieces.engine_superseed import SuperSeeding
 from p2p.pieces.peer_state import PeerState
 from p2p.pieces.picker import Picker, RarestFirstPicker
 from p2p.pieces.upload_ledger import UploadLedger
@@ -53,7 +54,7 @@ def as_flags(flags) -> np.ndarray:
     return np.asarray(flags).astype(bool)
 
 
-class SwarmEngine:
+class SwarmEngine(SuperSeeding):
     """Swarm decisions for one manifest of `num_pieces` pieces.
 
     Per-piece state lives in numpy arrays (have, pending, availability, rank) so a pick is a few vector operations
@@ -61,16 +62,21 @@ class SwarmEngine:
     """
 
     def __init__(self, num_pieces: int, have: bytes | bytearray, *, config: EngineConfig = EngineConfig(),
-                 rng: random.Random | None = None, picker: Picker | None = None) -> None:
-        if len(have) != num_pieces:
-            raise ValueError("have-flags must hold one entry per piece")
+                 rng: random.Random | None = None, picker: Picker | None = None,
+                 wanted: bytes | bytearray | None = None) -> None:
+        """wanted: 0/1 per piece, the pieces to fetch (default all). A version that is also a patch over its parent
+        is fetched in one of two forms, its full files or its patch (swarm.policy.patch_form): the rest of its pieces
+        are neither asked for nor waited on, and may still be served once held."""
+        if len(have) != num_pieces or (wanted is not None and len(wanted) != num_pieces):
+            raise ValueError("have-flags and wanted-flags must hold one entry per piece")
         self.config = config
         self.num_pieces = num_pieces
         self.rng = rng or random.Random()  # per-node randomness: identical ranks would make every peer pick alike
         self.picker = picker or RarestFirstPicker(config.random_first)
         self.have = as_flags(have).copy()
         self.held = int(self.have.sum())
-        self.missing: set[int] = set(np.flatnonzero(~self.have).tolist())
+        self.wanted = np.ones(num_pieces, dtype=bool) if wanted is None else as_flags(wanted).copy()
+        self.missing: set[int] = set(np.flatnonzero(self.wanted & ~self.have).tolist())
         self.pending: dict[int, set[str]] = {}  # piece -> peers asked for it
         self.pending_mask = np.zeros(num_pieces, dtype=bool)  # the keys of `pending`, as flags
         self.availability = np.zeros(num_pieces, dtype=np.int64)  # connected peers holding each piece
@@ -91,6 +97,22 @@ class SwarmEngine:
     @property
     def complete(self) -> bool:
         return not self.missing
+
+    def want(self, flags: bytes | bytearray, now: float) -> list[Action]:
+        """Fetch these pieces too (a patch that cannot be applied: the version's full files instead)."""
+        more = as_flags(flags) & ~self.wanted
+        self.wanted |= more
+        self.missing.update(np.flatnonzero(more & ~self.have).tolist())
+        return self._fill_all(now)
+
+    def pieces_added(self, indices: list[int], now: float) -> list[Action]:
+        """Pieces stored without the protocol (files rebuilt from a patch, verified by the store): announce them,
+        and stop asking for them."""
+        out: list[Action] = []
+        for index in indices:
+            if not self.have[index]:
+                out += self._accept(index, now, fill=False)
+        return out + self._fill_all(now)
 
     def hello_flags(self) -> bytearray:
         """Our have-flags for the handshake: empty while super-seeding (pieces are revealed one by one)."""
@@ -200,8 +222,8 @@ class SwarmEngine:
             return self._fill(peer, now)
         return self._accept(index, now)
 
-    def _accept(self, index: int, now: float) -> list[Action]:
-        out: list[Action] = [StorePiece(index)]
+    def _accept(self, index: int, now: float, fill: bool = True) -> list[Action]:
+        out: list[Action] = [StorePiece(index)] if fill else []
         self.have[index] = True
         self.held += 1
         self.missing.discard(index)
@@ -212,9 +234,9 @@ class SwarmEngine:
             other_state.cancelled.add(index)
             out.append(Send(other, Cancel(index)))
         out += [Send(p, Have(index)) for p, s in self.peers.items() if not s.bits[index]]
-        if not self.missing:
+        if not self.missing and self.wanted[index]:
             out.append(Completed())
-        return out + self._fill_all(now)
+        return out + self._fill_all(now) if fill else out
 
     def _fill_all(self, now: float) -> list[Action]:
         out: list[Action] = []
@@ -284,7 +306,7 @@ class SwarmEngine:
 
     def _only_holder(self, state: PeerState) -> bool:
         """Whether the peer holds a piece we lack that no other connected peer holds."""
-        return bool((state.bits & ~self.have & (self.availability <= 1)).any())
+        return bool((state.bits & self.wanted & ~self.have & (self.availability <= 1)).any())
 
     # ------------------------------------------------------------------ uploading
 
@@ -387,61 +409,3 @@ class SwarmEngine:
                 self.availability[index] += 1
             out.append(SendPiece(name, index))
         return out
-
-    # ------------------------------------------------------------------ super-seeding
-
-    def _reveal(self, peer: str, now: float) -> list[Action]:
-        """Super-seed: keep `super_seed_reveal` unsent pieces announced to `peer`, least-sent first."""
-        if not self.super_seeding or peer not in self.peers:
-            return []
-        state = self.peers[peer]
-        state.revealed = {i for i in state.revealed if not state.bits[i]}
-        out: list[Action] = []
-        # after the first full copy, one piece at a time: the peers hold every piece by then and should trade
-        limit = self.config.super_seed_reveal if not self.sent_count.all() else 1
-        while len(state.revealed) < limit:
-            index = self._least_sent(state, now)
-            if index is None:
-                break
-            state.revealed.add(index)
-            out.append(Send(peer, Have(index)))
-        return out
-
-    def reveal_lapsed(self, now: float) -> list[Action]:
-        """Super-seed: reveal the pieces whose promises lapsed (their peers never asked within `reveal_grace`); the
-        adapter calls this now and then, since a complete seed gets no other event while its peers wait."""
-        return self._reveal_all(now) if self.super_seeding else []
-
-    def _reveal_all(self, now: float) -> list[Action]:
-        out: list[Action] = []
-        for name in list(self.peers):
-            out += self._reveal(name, now)
-        return out
-
-    def _least_sent(self, state: PeerState, now: float) -> int | None:
-        """Never-sent, unpromised pieces first; while any never-sent piece is promised elsewhere, reveal nothing
-        rather than a second copy; after the first full copy, the least-sent and then rarest piece.
-
-        A promise holds its piece back from others while its peer may still ask for it: once it has asked for a
-        piece on its link, or for `reveal_grace` after its link opened. A link that only takes a place and never
-        asks (a crowd of them, each promised pieces) held back every piece of a small version, and the peers that
-        did ask got nothing until those links were released; a grace of none sent peers that linked together the
-        same pieces, before any of them had asked."""
-        promised = np.zeros(self.num_pieces, dtype=np.int64)
-        holding = np.zeros(self.num_pieces, dtype=np.int64)
-        for other in self.peers.values():
-            if other.revealed:
-                promised[list(other.revealed)] += 1
-                if other.asked or now - other.linked_at < self.config.reveal_grace:
-                    holding[list(other.revealed)] += 1
-        candidates = ~state.bits
-        if state.revealed:
-            candidates[list(state.revealed)] = False
-        if not self.sent_count.all():  # first round: only pieces nobody has been sent or promised
-            candidates &= (self.sent_count == 0) & (holding == 0)
-        idx = np.flatnonzero(candidates)
-        if idx.size == 0:
-            return None
-        n = self.num_pieces
-        key = ((self.sent_count[idx] + promised[idx]) * (n + 1) + self.availability[idx]) * n + self.rank[idx]
-        return int(idx[np.argmin(key)])

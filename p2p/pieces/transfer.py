@@ -107,7 +107,8 @@ class SwarmService:
                  on_progress: Callable[[Progress], None] | None = None,
                  on_drop: Callable[[str, str, bool], None] | None = None,
                  rng: random.Random | None = None, upload_bucket: TokenBucket | None = None,
-                 budget: MemoryBudget = NODE_BUDGET) -> None:
+                 budget: MemoryBudget = NODE_BUDGET, wanted: bytes | None = None) -> None:
+        """wanted: the pieces to fetch (SwarmEngine's `wanted`; default all), widened later by `want`."""
         store.add_manifest(manifest)
         self.manifest = manifest
         self.store = store
@@ -115,8 +116,9 @@ class SwarmService:
         self.on_progress = on_progress
         # (peer, why, hostile) once per dropped peer: the user hears of a hostile or vanished peer, the caller may ban
         self.on_drop = on_drop
-        self.engine = SwarmEngine(manifest.num_pieces, store.bitfield(manifest), config=config.engine, rng=rng)
-        self.completed = trio.Event()
+        self.engine = SwarmEngine(manifest.num_pieces, store.bitfield(manifest), config=config.engine, rng=rng,
+                                  wanted=wanted)
+        self.completed, self._more_wanted = trio.Event(), trio.Event()  # every wanted piece held; `want` called
         self.stats: dict[str, PeerStats] = {}
         self.drops: dict[str, str] = {}
         self.banned: set[str] = set()  # peers that broke the protocol: a new link from or to them is closed at once
@@ -137,26 +139,24 @@ class SwarmService:
     # ------------------------------------------------------------------ service
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests while a link is open
-        and pieces are missing. Why not once complete: a tick then finds nothing to time out or ask (the engine only
-        requests, and a held piece is never missing again), and a version is served complete for most of its window
-        with its links open, every one of its kept versions waking the peer each second.
-
-        A store failure (disk full, I/O error) ends the service with that one user-facing error, not a group.
-        """
+        """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests only while a link is
+        open and wanted pieces are missing (a complete version, served for most of its window, never wakes the peer).
+        A store failure (disk full, I/O error) ends the service with that one user-facing error, not a group."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self.engine.complete:
                     self.completed.set()
                 task_status.started(self)
-                while not self.engine.complete:
-                    if not self._links:  # nothing to time out or ask while no link is open: wait for one
-                        await self._link_opened.wait()
-                    self._link_opened = trio.Event()
-                    await trio.sleep(self.config.tick_interval)
-                    self._dispatch(self.engine.tick(trio.current_time()))
-                await trio.sleep_forever()  # complete: serving answers the peers' requests, and needs no ticks
+                while True:
+                    while not self.engine.complete:
+                        if not self._links:  # nothing to time out or ask while no link is open: wait for one
+                            await self._link_opened.wait()
+                        self._link_opened = trio.Event()
+                        await trio.sleep(self.config.tick_interval)
+                        self._dispatch(self.engine.tick(trio.current_time()))
+                    await self._more_wanted.wait()  # complete: serving answers requests and needs no ticks
+                    self._more_wanted = trio.Event()
         except* StoreError as group:
             raise first_leaf(group) from None
         finally:
@@ -188,9 +188,20 @@ class SwarmService:
         if link is None:
             return None
         state = self.engine.peers.get(peer)
-        offers = state is not None and bool((state.bits & ~self.engine.have).any())
+        offers = state is not None and bool((state.bits & self.engine.wanted & ~self.engine.have).any())
         lacks = state is not None and bool((self.engine.have & ~state.bits).any())
         return LinkActivity(link.opened_at, link.active_at, state is not None, offers, lacks)
+
+    def want(self, flags: bytes) -> None:
+        """Fetch these pieces too; `completed` is a new event until they are held."""
+        self._dispatch(self.engine.want(flags, trio.current_time()))
+        if not self.engine.complete and self.completed.is_set():
+            self.completed = trio.Event()
+        self._more_wanted.set()
+
+    def add_stored(self, indices: list[int]) -> None:
+        """Announce pieces the store holds that came over no link (files rebuilt from a patch)."""
+        self._dispatch(self.engine.pieces_added(indices, trio.current_time()))
 
     def reveal_lapsed(self) -> None:
         """Super-seed: announce the pieces whose promises to peers that never asked have lapsed (engine)."""
