@@ -353,6 +353,8 @@ class PolicyTrainer:
         """
         if not rows or self.current_version is None or getattr(self.collective, "lockstep", False):
             return False  # under FSDP every rank must run the same passes, whatever its own rows are
+        if self.cfg.publish_dtype != "float32":  # the rows were sampled with the bf16-rounded weights, not these
+            return False
         if any(groups[g].policy_version != self.current_version for g, _ in rows):
             return False
         return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())

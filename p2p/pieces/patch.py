@@ -229,6 +229,26 @@ def rebuild_tensor(entry: TensorPatch, spot: TensorLayout, positions: memoryview
     return fresh.tobytes()
 
 
+def check_blocks(patch: bytes) -> int:
+    """Decode a patch's head and every block it carries, without a parent (what `swarm bench fuzz` drives); returns
+    the changed elements it counts. Raises PatchError for anything apply_patch would refuse before reading a parent."""
+    files, start = decode_head(patch)
+    _check_payload(files, len(patch) - start)
+    payload, changed = memoryview(patch)[start:], 0
+    for file in files:
+        for entry, spot in zip(file.tensors, file.layout):
+            positions, values = payload[: entry.positions_len], payload[entry.positions_len:
+                                                                         entry.positions_len + entry.values_len]
+            payload = payload[entry.positions_len + entry.values_len:]
+            if entry.encoding == "full":
+                inflate(values, spot.nbytes, spot.name)
+            elif entry.encoding != "same":
+                decode_positions(entry, spot, positions)
+                inflate(values, entry.changed * spot.itemsize, spot.name)
+            changed += entry.changed
+    return changed
+
+
 def decode_positions(entry: TensorPatch, spot: TensorLayout, block: memoryview) -> np.ndarray:
     """The changed element positions, checked to be in range, sorted, distinct and as many as counted."""
     what = f"tensor {spot.name!r} of the patch"
