@@ -111,7 +111,7 @@ class ByteRate:
 
     Why: a byte limit held at once bounds memory, not CPU. Every byte a channel delivers is decrypted before
     anyone can tell it is worthless, and channels dropped for a full budget are reopened at once: sixteen fresh
-    identities pushed 600 MiB of stalled preambles through a target in 20 s (13 % of a core, a third of it
+    identities push 600 MiB of stalled preambles through a target in 20 s (13 % of a core, a third of it
     reading and decrypting them). Readers reserve bytes here before they read them; a reader whose bytes would
     come later than `max_wait` seconds from now is refused before it reads anything (BudgetExhausted), so any
     number of identities together get at most `rate` bytes per second (plus `burst` once) read this way.

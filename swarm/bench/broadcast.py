@@ -70,7 +70,7 @@ class EventProcess:
     """A child process whose JSON event lines a thread collects as they come.
 
     Why a thread per process: a child whose stdout pipe is not drained blocks in its next print (and with it its
-    whole trio loop, uploads included); reading processes one after another stalled the ones not being read.
+    whole trio loop, uploads included); reading processes one after another stalls the ones not being read.
     """
 
     def __init__(self, argv: list[str], log_path: Path, stdin: int | None = None) -> None:
@@ -260,7 +260,7 @@ def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed
     peer, distinct), and bootstraps from the seed and from every peer before it (a tracker's peer list), so the
     swarm is fully connected without waiting for heartbeat discovery, and only one of each pair dials. Why chosen
     first: then every process starts at once; one after another, their start-ups (each a Python process importing
-    the node) added up to minutes on a loaded machine."""
+    the node) add up to minutes on a loaded machine."""
     known = [seed_addr]
     argvs = []
     for i, port in enumerate(ports):
