@@ -99,8 +99,7 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         self.trust = trust
         self.run = run
         self.transfer = transfer
-        # `upload_bps` is this peer's whole upload (bytes/s, --upload-mbps): one bucket that every version's service
-        # draws on, so a peer serving three versions still uploads at most that
+        # this peer's whole upload (bytes/s, --upload-mbps), one bucket that every version's service draws on
         self.upload_bucket = TokenBucket(upload_bps)
         self.reseed = reseed
         self.keep = keep
