@@ -155,8 +155,8 @@ class LeanPubsub(Pubsub):
       address book fed, instead of in every RPC, where the receiver verifies it twice (LeanGossipSub says what
       that cost).
     - py-libp2p starts a service task per received message (`manager.run_task(push_msg)`): a task object, a
-      generated name, a cancel scope and two scheduler passes, about a tenth of what a peer spent per message
-      while heartbeats flowed. Everything `push_msg` awaits is bounded (sync validators, enqueueing forwards), as
+      generated name, a cancel scope and two scheduler passes, about a tenth of what a peer spends per message
+      while heartbeats flow. Everything `push_msg` awaits is bounded (sync validators, enqueueing forwards), as
       is the control handling py-libp2p already runs in line, so the stream's own reader runs it: messages from
       one peer are handled one after the other, which also holds back a peer that sends faster than we handle,
       and an error its message causes ends its stream (and costs it, through p2p.host.p2p_host's handler guard) instead
