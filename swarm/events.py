@@ -77,7 +77,7 @@ class EventSink:
 
 def _describe_safely(r: dict) -> str | None:
     """The event's line; a record missing a field its line names is printed raw instead of ending the role that
-    emitted it (`swarm publish` once died this way right after publishing, since only JSON output was tested)."""
+    emitted it: a line is for a person, and a missing field must not end a command whose work is done."""
     try:
         return describe(r)
     except (KeyError, TypeError, ValueError) as exc:
