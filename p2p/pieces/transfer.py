@@ -47,11 +47,8 @@ _LINK_ERRORS = (FrameError, ChannelError, trio.BrokenResourceError, trio.ClosedR
 
 @dataclass(frozen=True)
 class TransferConfig:
-    """How one node runs the piece protocol for one manifest.
-
-    The node's own upload cap is no field here: it spans every manifest the node serves, so it is one TokenBucket
-    the node hands to each of its services (`SwarmService(upload_bucket=...)`).
-    """
+    """How one node runs the piece protocol for one manifest. The node's upload cap is no field here: it spans every
+    manifest the node serves, one TokenBucket handed to each of its services (`SwarmService(upload_bucket=...)`)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     peer_upload_bps: float = math.inf  # cap on this manifest's upload to any one peer (bytes/s), per link
@@ -111,14 +108,11 @@ class SwarmService:
                  on_drop: Callable[[str, str, bool], None] | None = None,
                  rng: random.Random | None = None, upload_bucket: TokenBucket | None = None,
                  budget: MemoryBudget = NODE_BUDGET, wanted: bytes | None = None) -> None:
-        """wanted: the pieces to fetch (SwarmEngine's `wanted`; default all), widened later by `want`."""
         store.add_manifest(manifest)
-        self.manifest = manifest
-        self.store = store
-        self.config = config
-        self.on_progress = on_progress
-        # (peer, why, hostile) once per dropped peer: the user hears of a hostile or vanished peer, the caller may ban
-        self.on_drop = on_drop
+        self.manifest, self.store, self.config = manifest, store, config
+        # on_drop: (peer, why, hostile) once per dropped peer: the caller may ban a hostile one
+        self.on_progress, self.on_drop = on_progress, on_drop
+        # wanted: the pieces to fetch (SwarmEngine's `wanted`; default all), widened later by `want`
         self.engine = SwarmEngine(manifest.num_pieces, store.bitfield(manifest), config=config.engine, rng=rng,
                                   wanted=wanted)
         self.completed, self._more_wanted = trio.Event(), trio.Event()  # every wanted piece held; `want` called
@@ -128,8 +122,8 @@ class SwarmService:
         self._reported: set[str] = set()  # linked peers whose drop was already reported (once per link)
         self.corrupt_pieces: set[int] = set()  # pieces whose stored copy went bad on disk (refused since)
         self._links: dict[str, _Link] = {}
-        # set when a link opens: the ticker sleeps on it while there is none. Why: a version kept for its window
-        # would tick every second for nothing, and periodic wake-ups make up most of an idle peer's CPU
+        # set when a link opens: the ticker sleeps on it while there is none (a version kept for its window would
+        # tick every second for nothing)
         self._link_opened = trio.Event()
         # the node's upload cap: one bucket shared by the services of every version the node serves; none, uncapped
         self._bucket = upload_bucket if upload_bucket is not None else TokenBucket(math.inf)
@@ -201,8 +195,7 @@ class SwarmService:
             self.completed = trio.Event()
         self._more_wanted.set()
 
-    def add_stored(self, indices: list[int]) -> None:
-        """Announce pieces the store holds that came over no link (files rebuilt from a patch)."""
+    def add_stored(self, indices: list[int]) -> None:  # pieces that came over no link (files rebuilt from a patch)
         self._dispatch(self.engine.pieces_added(indices, trio.current_time()))
 
     def reveal_lapsed(self) -> None:
