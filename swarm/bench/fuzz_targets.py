@@ -264,9 +264,21 @@ def sample_manifest():
     return PolicyManifest(RUN, 3, 2, NOW, manifest_model(), GenerationSettings(4, 0.6, 64, 0), tensors, tuple(files))
 
 
+def sample_patched_manifest():
+    """The sample manifest as a patch over its parent: one more file, the patch, and the reference to it."""
+    from dataclasses import replace
+
+    from p2p.pieces.manifest import MIN_PIECE_SIZE, FileEntry, PatchRef
+
+    base = sample_manifest()
+    hashes = (blake3.blake3(b"patch").digest(),)
+    patch = FileEntry("model.patch", 9_000, MIN_PIECE_SIZE, hashes, blake3.blake3(b"".join(hashes)).digest())
+    return replace(base, files=base.files + (patch,), patch=PatchRef(bytes(range(32)), 2, "model.patch"))
+
+
 @_cached
 def manifest_samples() -> list[bytes]:
-    return [sample_manifest().encode()]
+    return [sample_manifest().encode(), sample_patched_manifest().encode()]
 
 
 def signed_bytes(manifest_bytes: bytes) -> bytes:
@@ -333,6 +345,7 @@ def dht_record_samples() -> list[bytes]:
 
 
 def _targets() -> tuple[FuzzTarget, ...]:
+    from swarm.bench import fuzz_patch_targets as patch
     from swarm.bench import fuzz_reach_targets as reach
 
     return (
@@ -361,6 +374,7 @@ def _targets() -> tuple[FuzzTarget, ...]:
                    (ChannelError,)),
         FuzzTarget("punch_connect", reach.decode_punch_connect, reach.punch_connect_samples, reach.ERRORS),
         FuzzTarget("hop_request", reach.decode_hop_request, reach.hop_request_samples, reach.ERRORS),
+        FuzzTarget("policy_patch", patch.decode_patch, patch.patch_samples, patch.ERRORS),
     )
 
 
