@@ -152,3 +152,37 @@ def test_a_patch_laying_out_tensors_otherwise_than_its_manifest_is_refused(tmp_p
 def test_check_blocks_decodes_every_block_of_a_real_patch(tmp_path):
     _, _, _, new = parent_and_child(tmp_path)
     assert check_blocks((new / "model.patch").read_bytes()) > 0
+
+
+@pytest.mark.parametrize("mutate, why", [
+    (lambda d: d["patch"].update(parent_version=2), "patch parent version"),  # itself: a cycle
+    (lambda d: d["patch"].update(parent_version=3), "patch parent version"),  # a parent newer than its child
+    (lambda d: d["patch"].update(parent_id=b"x" * 31), "patch parent id"),
+    (lambda d: d["patch"].update(file="model.safetensors"), "patch file"),  # the weights as their own patch
+    (lambda d: d["patch"].update(file="absent.patch"), "patch file"),
+    (lambda d: d["patch"].update(extra=1), "patch reference"),
+    (lambda d: d["tensors"][0].update(hash=b"short"), "tensor hash"),
+])
+def test_manifests_with_malformed_patch_references_are_refused(tmp_path, mutate, why):
+    from p2p.errors import ManifestError
+    from p2p.pieces.manifest import decode_manifest
+
+    _, child, _, _ = parent_and_child(tmp_path)
+    raw = msgpack.unpackb(child.encode())
+    mutate(raw)
+    with pytest.raises(ManifestError, match=why):
+        decode_manifest(msgpack.packb(raw, use_bin_type=True))
+
+
+def test_a_patch_names_one_parent_and_no_chain_so_an_old_parent_costs_one_full_copy(tmp_path):
+    """A version 10,000 versions after the parent its patch names: a peer that does not follow that exact parent
+    fetches the version's full files, never a chain."""
+    from p2p.pieces.manifest import PatchRef
+    from swarm.policy.patch_form import form_flags, patch_parent
+
+    parent, child, _, new = parent_and_child(tmp_path)
+    far = manifest_of(new, 10_002, PatchRef(parent.id, 2, "model.patch"))
+    assert patch_parent(far, {}) is None
+    flags = form_flags(far, patch_form=False)
+    fetched = sum(ref.length for ref, wanted in zip(far.pieces, flags) if wanted)
+    assert fetched == far.full_size() == (new / "model.safetensors").stat().st_size
