@@ -145,6 +145,10 @@ _WARNINGS = {"bootstrap_retry": "warning", "bootstrap_gave_up": "error", "traine
 """Events whose message is a warning or the error that ends the peer (swarm.node.watchdogs)."""
 
 
+def _patch_detail(r: dict) -> str:
+    return f", as a {r['patch_bytes'] / 2**20:.2f} MiB patch" if r.get("patch_bytes") else ""
+
+
 def _run_details(r: dict) -> str:
     """A trainer's version names its validators and curriculum stage; `swarm publish` of a checkpoint has neither."""
     details = [f"{r['validators']} validators" if "validators" in r else "",
@@ -163,7 +167,8 @@ def _train_step_line(r: dict) -> str:
 
 
 _ROLE_LINES = {
-    "published": lambda r: f"published policy v{r['version']} ({r['bytes'] / 2**20:.2f} MiB{_run_details(r)})",
+    "published": lambda r: (f"published policy v{r['version']} ({r['bytes'] / 2**20:.2f} MiB"
+                            f"{_patch_detail(r)}{_run_details(r)})"),
     "train_step": _train_step_line,
     "trainer_waiting": lambda r: (
         f"waiting {r['waited_s']} s for a batch: {r['ready']}/{r['wanted']} accepted groups "

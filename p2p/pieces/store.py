@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -100,6 +101,7 @@ class PieceStore:
         self._manifests: dict[bytes, PolicyManifest] = {}
         self._files: dict[bytes, _FileState] = {}
         self._local: dict[str, str] = self._read_local()
+        shutil.rmtree(self.dir / "rebuild", ignore_errors=True)  # files a crash left half rebuilt from a patch
         for path in sorted((self.dir / "manifests").glob("*.manifest")):
             self._load_manifest_file(path)
 
