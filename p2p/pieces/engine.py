@@ -76,6 +76,7 @@ class SwarmEngine(SuperSeeding):
         self.have = as_flags(have).copy()
         self.held = int(self.have.sum())
         self.wanted = np.ones(num_pieces, dtype=bool) if wanted is None else as_flags(wanted).copy()
+        self.wanted_count = int(self.wanted.sum())
         self.missing: set[int] = set(np.flatnonzero(self.wanted & ~self.have).tolist())
         self.pending: dict[int, set[str]] = {}  # piece -> peers asked for it
         self.pending_mask = np.zeros(num_pieces, dtype=bool)  # the keys of `pending`, as flags
@@ -102,6 +103,7 @@ class SwarmEngine(SuperSeeding):
         """Fetch these pieces too (a patch that cannot be applied: the version's full files instead)."""
         more = as_flags(flags) & ~self.wanted
         self.wanted |= more
+        self.wanted_count += int(more.sum())
         self.missing.update(np.flatnonzero(more & ~self.have).tolist())
         return self._fill_all(now)
 

@@ -209,8 +209,9 @@ class SwarmService:
             self._note_drop(peer, why, hostile=False)
             link.scope.cancel()
 
-    def progress(self) -> Progress:
-        return Progress(self.engine.held, self.engine.num_pieces,
+    def progress(self) -> Progress:  # over the pieces of the form this peer fetches (all, its full files or patch)
+        wanted = self.engine.wanted_count
+        return Progress(wanted - len(self.engine.missing), wanted,
                         {p: s.bytes_up for p, s in self.stats.items()},
                         {p: s.bytes_down for p, s in self.stats.items()}, dict(self.drops))
 
