@@ -5,8 +5,9 @@ update exceeds about |w|/256; with RL's small learning rates most elements keep 
 next, so the changed positions and their new bytes are a small fraction of a full copy. Nothing is a float
 difference: a rebuilt tensor is compared by BLAKE3 with the hash its signed manifest names before it is kept.
 
-Encoding reads both versions one tensor at a time; applying reads the parent one tensor at a time and writes the new
-files through a temporary name, so memory stays at the largest tensor plus the patch.
+Encoding reads both versions one tensor at a time; applying reads the parent one tensor at a time, patches it in
+place and writes the new files through a temporary name, so memory stays near the largest tensor (its bytes, its
+changed positions as int32 and their new bytes) while the patch itself can be a memory map.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from p2p.pieces.patch_format import (
     encode_head,
     inflate,
     parse_header,
+    planes,
     shuffle,
     unshuffle,
 )
@@ -75,6 +77,16 @@ def _read(path: Path, spot: TensorLayout) -> bytes:
         data = os.pread(fh.fileno(), spot.nbytes, spot.start)
     if len(data) != spot.nbytes:
         raise PatchError(f"{path.name} ends inside tensor {spot.name!r}")
+    return data
+
+
+def _read_into(path: Path, spot: TensorLayout) -> bytearray:
+    """A tensor's bytes in a buffer of its own, to be patched in place (one copy of the tensor)."""
+    data = bytearray(spot.nbytes)
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(spot.start)
+        if fh.readinto(data) != spot.nbytes:
+            raise PatchError(f"{path.name} ends inside tensor {spot.name!r}")
     return data
 
 
@@ -143,7 +155,7 @@ def encode_patch(parent_files: list[Path], child_files: list[Path], out: Path, l
 # ---------------------------------------------------------------------------------------------- applying
 
 
-def apply_patch(patch: bytes, parent_files: list[Path], out_dir: Path,
+def apply_patch(patch: bytes | memoryview, parent_files: list[Path], out_dir: Path,
                 expected: Mapping[str, tuple[str, TensorLayout, bytes]]) -> list[Path]:
     """Rebuild a version's safetensors files in `out_dir` from its parent's and the patch.
 
@@ -174,7 +186,9 @@ def _check_payload(files: tuple[FilePatch, ...], available: int) -> None:
 
 
 def _check_against(files: tuple[FilePatch, ...], expected: Mapping[str, tuple[str, TensorLayout, bytes]]) -> None:
-    """The patch must rebuild exactly the tensors the manifest names, where it names them."""
+    """The patch must rebuild exactly the files and tensors the manifest names, where it names them."""
+    if {f.name for f in files} != {want[0] for want in expected.values()}:
+        raise PatchError("policy patch rebuilds other files than its manifest's weight files")
     seen = 0
     for file in files:
         for spot in file.layout:
@@ -190,6 +204,8 @@ def _rebuild_file(file: FilePatch, payload: memoryview, parent: dict, out_dir: P
                   expected: Mapping[str, tuple[str, TensorLayout, bytes]]) -> memoryview:
     dest = out_dir / file.name
     tmp = out_dir / f".{file.name}.tmp"
+    if dest.parent != out_dir:  # decode_head admits bare names only; kept here since a path is about to be written
+        raise PatchError(f"policy patch names a file outside its directory: {file.name!r}")
     try:
         with open(tmp, "wb") as fh:
             fh.write(file.header)
@@ -220,13 +236,20 @@ def rebuild_tensor(entry: TensorPatch, spot: TensorLayout, positions: memoryview
     source = parent.get(spot.name)
     if source is None or not _same_kind(source[1], spot):
         raise PatchError(f"{what} patches a parent tensor that is missing or of another dtype or shape")
-    old = _read(*source)
+    data = _read_into(*source)
     if entry.encoding == "same":
-        return old
+        return data
     index = decode_positions(entry, spot, positions)
-    fresh = np.frombuffer(old, dtype=np.uint8).reshape(-1, spot.itemsize).copy()
-    fresh[index] = unshuffle(inflate(values, entry.changed * spot.itemsize, what), spot.itemsize)
-    return fresh.tobytes()
+    elements = np.frombuffer(data, dtype=np.uint8).reshape(-1, spot.itemsize)
+    for byte, plane in enumerate(planes(inflate(values, entry.changed * spot.itemsize, what), spot.itemsize)):
+        column = elements[:, byte]  # a view: one byte of every element
+        column[index] = plane  # a plain boolean or integer selector, so numpy builds no array of positions
+    return data
+
+
+def _index_type(elements: int) -> type:
+    """int32 positions while they fit: half the memory of int64 for the tensors of real models."""
+    return np.int32 if elements < 1 << 31 else np.int64
 
 
 def check_blocks(patch: bytes) -> int:
@@ -250,22 +273,28 @@ def check_blocks(patch: bytes) -> int:
 
 
 def decode_positions(entry: TensorPatch, spot: TensorLayout, block: memoryview) -> np.ndarray:
-    """The changed element positions, checked to be in range, sorted, distinct and as many as counted."""
+    """The changed elements, checked to be in range, sorted, distinct and as many as counted: a boolean selector
+    over the elements for a bitmask, their positions for gaps."""
     what = f"tensor {spot.name!r} of the patch"
     if entry.changed == 0:
         raise PatchError(f"{what} is marked changed but counts no changed element")
     if entry.encoding == "mask":
         raw = np.frombuffer(inflate(block, -(-spot.elements // 8), what), dtype=np.uint8)
-        flags = np.unpackbits(raw, bitorder="little")
+        flags = np.unpackbits(raw, bitorder="little").view(bool)
         if flags[spot.elements:].any():
             raise PatchError(f"{what} flags positions past the tensor's end")
-        index = np.flatnonzero(flags[: spot.elements])
+        flags = flags[: spot.elements]  # a boolean selector: no array of positions is built
+        if int(np.count_nonzero(flags)) != entry.changed:
+            raise PatchError(f"{what} flags {int(np.count_nonzero(flags))} positions and counts {entry.changed}")
+        return flags
     else:
         width = DELTA_WIDTHS[entry.encoding]
-        gaps = np.frombuffer(inflate(block, entry.changed * width, what), dtype=f"<u{width}").astype(np.int64)
+        gaps = np.frombuffer(inflate(block, entry.changed * width, what), dtype=f"<u{width}")
         if (gaps < 1).any():
             raise PatchError(f"{what} lists positions out of order or twice")
-        index = np.cumsum(gaps) - 1
+        if int(gaps.sum(dtype=np.uint64)) > spot.elements:  # checked before the running sum, which cannot overflow
+            raise PatchError(f"{what} lists a position past the tensor's end")
+        index = np.cumsum(gaps, dtype=_index_type(spot.elements + 1)) - 1
         if index[-1] >= spot.elements:
             raise PatchError(f"{what} lists a position past the tensor's end")
     if index.size != entry.changed:

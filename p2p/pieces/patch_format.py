@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass
 
 import msgpack
@@ -47,6 +48,7 @@ MAX_TENSORS = 1 << 17
 MAX_HEADER_BYTES = 100 << 20
 READ_CHUNK = 16 << 20
 """Bytes inflated per read: the output buffer of one read is this size, whatever a block claims."""
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ENCODINGS = ("same", "full", "mask", "delta1", "delta2", "delta4")
 DELTA_WIDTHS = {"delta1": 1, "delta2": 2, "delta4": 4}
 DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -107,8 +109,8 @@ def parse_header(prefix: bytes, what: str) -> tuple[TensorLayout, ...]:
         raise PatchError(f"{what}: the safetensors header length does not match its bytes")
     try:
         meta = json.loads(prefix[8:])
-    except (ValueError, UnicodeDecodeError):
-        raise PatchError(f"{what}: the safetensors header is not JSON") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise PatchError(f"{what}: the safetensors header is not JSON (or nests too deep)") from None
     if not isinstance(meta, dict):
         raise PatchError(f"{what}: the safetensors header is not a JSON object")
     layout = [_tensor_layout(name, entry, 8 + length, what) for name, entry in meta.items() if name != "__metadata__"]
@@ -145,27 +147,31 @@ def compress(data: bytes | memoryview, level: int) -> bytes:
     return zstandard.ZstdCompressor(level=level).compress(data) if len(data) else b""
 
 
-def inflate(block: bytes | memoryview, expected: int, what: str) -> bytes:
-    """A block inflated to exactly `expected` bytes; inflation stops one byte past it, so a block that claims or
-    holds more costs no more memory than its tensor."""
+def inflate(block: bytes | memoryview, expected: int, what: str) -> bytearray:
+    """A block inflated to exactly `expected` bytes, into one buffer of that size (plus one byte); inflation stops
+    there, so a block that claims or holds more costs no more memory than its tensor."""
     if expected == 0:
         if len(block):
             raise PatchError(f"{what}: an empty block carries bytes")
-        return b""
-    out = bytearray()
+        return bytearray()
+    out = bytearray(expected + 1)
+    view, filled = memoryview(out), 0
     try:
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(block), read_across_frames=False) as reader:
-            while len(out) <= expected:
-                chunk = reader.read(min(expected + 1 - len(out), READ_CHUNK))
-                if not chunk:
+            while filled <= expected:
+                got = reader.readinto(view[filled: min(expected + 1, filled + READ_CHUNK)])
+                if not got:
                     break
-                out += chunk
+                filled += got
     except zstandard.ZstdError:
         raise PatchError(f"{what}: a block is not valid zstd") from None
-    if len(out) != expected:
-        raise PatchError(f"{what}: a block inflates to {'more' if len(out) > expected else 'fewer'} bytes than its "
+    finally:
+        view.release()
+    if filled != expected:
+        raise PatchError(f"{what}: a block inflates to {'more' if filled > expected else 'fewer'} bytes than its "
                          "tensor holds")
-    return bytes(out)
+    del out[expected:]
+    return out
 
 
 def shuffle(values: np.ndarray) -> bytes:
@@ -173,11 +179,31 @@ def shuffle(values: np.ndarray) -> bytes:
     return np.ascontiguousarray(values.T).tobytes()
 
 
-def unshuffle(data: bytes, itemsize: int) -> np.ndarray:
+def unshuffle(data: bytes | bytearray, itemsize: int) -> np.ndarray:
+    """Shuffled bytes as elements [n, itemsize] (a strided view: no copy)."""
     return np.frombuffer(data, dtype=np.uint8).reshape(itemsize, -1).T
 
 
+def planes(data: bytes | bytearray, itemsize: int) -> np.ndarray:
+    """Shuffled bytes as [itemsize, n]: each row one byte of every element, contiguous."""
+    return np.frombuffer(data, dtype=np.uint8).reshape(itemsize, -1)
+
+
 # ---------------------------------------------------------------------------------------------- head
+
+
+class _ContainerBudget:
+    """A msgpack hook that stops decoding past one container per 8 bytes of head: a real head holds a few per
+    tensor, and a head of nested empty arrays would otherwise decode into far more memory than its bytes."""
+
+    def __init__(self, length: int) -> None:
+        self.left = 64 + length // 8
+
+    def __call__(self, obj):
+        self.left -= 1
+        if self.left < 0:
+            raise PatchError("policy patch head holds more maps and arrays than its size allows")
+        return obj
 
 
 def encode_head(files: list[dict]) -> bytes:
@@ -193,10 +219,13 @@ def decode_head(data: bytes | memoryview) -> tuple[tuple[FilePatch, ...], int]:
     start = len(MAGIC) + 4
     if length > MAX_HEAD_BYTES or start + length > len(data):
         raise PatchError("policy patch head is larger than allowed or than the patch")
+    budget = _ContainerBudget(length)
     try:
         raw = msgpack.unpackb(bytes(data[start: start + length]), raw=False, strict_map_key=True,
                               max_array_len=MAX_TENSORS, max_map_len=8, max_bin_len=MAX_HEADER_BYTES + 8,
-                              max_str_len=4096)
+                              max_str_len=4096, list_hook=budget, object_hook=budget)
+    except PatchError:
+        raise
     except Exception:  # noqa: BLE001 - msgpack raises many types on hostile bytes; all mean "not a patch"
         raise PatchError("policy patch head is not valid msgpack") from None
     if not (isinstance(raw, dict) and set(raw) == {"v", "files"} and raw["v"] == FORMAT):
@@ -216,6 +245,8 @@ def _decode_file(raw: object) -> FilePatch:
     name, header, tensors = raw["name"], raw["header"], raw["tensors"]
     if not (isinstance(name, str) and isinstance(header, bytes) and isinstance(tensors, list)):
         raise PatchError("policy patch has a file entry of the wrong types")
+    if not (SAFE_NAME.match(name) and name.endswith(".safetensors")):
+        raise PatchError(f"policy patch names a file {name[:80]!r} that is not a bare safetensors file name")
     layout = parse_header(header, f"patch of {name!r}")
     if len(tensors) != len(layout):
         raise PatchError(f"patch of {name!r} lists {len(tensors)} tensors, its header {len(layout)}")
