@@ -68,6 +68,7 @@ class TorchBackend:
                     changed: frozenset[str] | None = None) -> None:
         if len(manifest_id) != 32:
             raise ValueError("manifest_id must be 32 bytes")
+        self.manifest_id = BASE_MANIFEST_ID  # until the load is whole: a partial one must not be built upon
         load_weights_in_place(self.model, directory, changed)
         self.policy_version, self.manifest_id = version, manifest_id
 

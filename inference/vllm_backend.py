@@ -236,6 +236,7 @@ class VllmBackend:
         if len(manifest_id) != 32:
             raise ValueError("manifest_id must be 32 bytes")
         names = None if changed is None else sorted(changed)
+        self.manifest_id = BASE_MANIFEST_ID  # until the load is whole: a partial one must not be built upon
         self.llm.collective_rpc("swarm_load_policy", args=([str(p) for p in safetensors_files(directory)], names))
         if hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()  # cached KV of the old weights must not be reused

@@ -28,7 +28,8 @@ def _with_extra_file(patch: bytes, name: str, first: bool = True) -> bytes:
 
 def test_a_patch_cannot_write_a_file_outside_its_rebuild_directory(tmp_path):
     parent, child, old, new = parent_and_child(tmp_path)
-    hostile = _with_extra_file((new / "model.patch").read_bytes(), "./../../../escaped")  # its temporary name resolves too
+    # its temporary name would resolve there too
+    hostile = _with_extra_file((new / "model.patch").read_bytes(), "./../../../escaped")
     out = tmp_path / "store" / "rebuild" / "abc"
     out.mkdir(parents=True)
     try:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import tracemalloc
 
+import blake3
 import torch
 from safetensors.torch import save_file
 
-from p2p.pieces.patch import apply_patch, encode_patch, tensor_index, _read
-import blake3
+from p2p.pieces.patch import _read, apply_patch, encode_patch, tensor_index
 
 
 def test_applying_a_patch_holds_about_one_tensor_besides_the_patch(tmp_path):

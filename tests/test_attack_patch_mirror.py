@@ -54,8 +54,8 @@ async def test_a_version_pushed_out_of_the_window_while_its_patch_is_applied_doe
         real_rebuild, real_make_full = patch_form.rebuild_files, mirror_module.make_full
         finished = trio.Event()
 
-        def rebuild_then_newer_versions(store, manifest, parent_manifest):
-            files = real_rebuild(store, manifest, parent_manifest)
+        def rebuild_then_newer_versions(patch, parent_weights, out, manifest):
+            files = real_rebuild(patch, parent_weights, out, manifest)
             # meanwhile the trainer published three more versions (a large model rebuilds for seconds)
             trio.from_thread.run_sync(lambda: [peer.adopt(s) for s in newer])
             return files
@@ -81,8 +81,11 @@ async def test_a_version_pushed_out_of_the_window_while_its_patch_is_applied_doe
             with trio.fail_after(30):
                 await finished.wait()
             await trio.lowlevel.checkpoint()
+            # held while it was rebuilt, so it stayed mirrored and is ready; the next collection drops it
+            assert policy.ready.is_set() and s_peer.holds_full(child)
+            assert not list(s_peer.rebuild_dir().iterdir()), "the rebuilt files stay on disk"
+            peer._collect_garbage()  # the next collection: it leaves the window now that nobody holds it
             assert not peer.is_mirrored(policy)
-            assert not list(s_peer.rebuild_dir().iterdir()), "the dropped version's rebuilt files stay on disk"
             nursery.cancel_scope.cancel()
 
 

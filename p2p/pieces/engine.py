@@ -37,8 +37,10 @@ from p2p.pieces.engine_superseed import SuperSeeding
 from p2p.pieces.peer_state import PeerState
 from p2p.pieces.picker import Picker, RarestFirstPicker
 from p2p.pieces.upload_ledger import UploadLedger
-from p2p.pieces.wire import Cancel, Have, Reject, Request
+from p2p.pieces.wire import Bitfield, Cancel, Have, Reject, Request, pack_bits
 
+BULK_HAVES = 64
+"""More pieces than this, stored at once outside the protocol, are announced with one have-map per peer."""
 BUSY = "busy"  # the reason of a Reject that means "loaded: ask another holder for now", not "I lack the piece"
 
 __all__ = ["BUSY", "Action", "Completed", "DropPeer", "EngineConfig", "PeerState", "Send", "SendPiece", "StorePiece",
@@ -108,13 +110,16 @@ class SwarmEngine(SuperSeeding):
         return self._fill_all(now)
 
     def pieces_added(self, indices: list[int], now: float) -> list[Action]:
-        """Pieces stored without the protocol (files rebuilt from a patch, verified by the store): announce them,
-        and stop asking for them."""
-        out: list[Action] = []
-        for index in indices:
-            if not self.have[index]:
-                out += self._accept(index, now, fill=False)
-        return out + self._fill_all(now)
+        """Pieces stored without the protocol (files rebuilt from a patch, verified by the store): stop asking for
+        them and announce them, as one have-map per peer when they are many (a have each would queue thousands of
+        messages on every link at once)."""
+        fresh = [i for i in dict.fromkeys(indices) if not self.have[i]]
+        if len(fresh) <= BULK_HAVES:
+            return [a for index in fresh for a in self._accept(index, now, fill=False)] + self._fill_all(now)
+        for index in fresh:
+            self._accept(index, now, fill=False, announce=False)
+        flags = self.have.astype(np.uint8).tobytes()
+        return [Send(peer, Bitfield(pack_bits(flags))) for peer in self.peers] + self._fill_all(now)
 
     def hello_flags(self) -> bytearray:
         """Our have-flags for the handshake: empty while super-seeding (pieces are revealed one by one)."""
@@ -224,7 +229,7 @@ class SwarmEngine(SuperSeeding):
             return self._fill(peer, now)
         return self._accept(index, now)
 
-    def _accept(self, index: int, now: float, fill: bool = True) -> list[Action]:
+    def _accept(self, index: int, now: float, fill: bool = True, announce: bool = True) -> list[Action]:
         out: list[Action] = [StorePiece(index)] if fill else []
         self.have[index] = True
         self.held += 1
@@ -235,7 +240,8 @@ class SwarmEngine(SuperSeeding):
             del other_state.requested[index]
             other_state.cancelled.add(index)
             out.append(Send(other, Cancel(index)))
-        out += [Send(p, Have(index)) for p, s in self.peers.items() if not s.bits[index]]
+        if announce:
+            out += [Send(p, Have(index)) for p, s in self.peers.items() if not s.bits[index]]
         if not self.missing and self.wanted[index]:
             out.append(Completed())
         return out + self._fill_all(now) if fill else out

@@ -64,6 +64,33 @@ def _atomic_write(path: Path, data: bytes, what: str) -> None:
         raise _enospc(exc, what) from None
 
 
+def check_rebuilt(manifest: PolicyManifest, name: str, path: Path) -> None:
+    """Raise PieceVerifyError unless the file at `path` is, piece by piece, the manifest's weight file `name`."""
+    entry = next((e for e in manifest.files if e.name == name and name.endswith(".safetensors")), None)
+    if entry is None:
+        raise PieceVerifyError(f"rebuilt {name!r} is no weight file of policy v{manifest.version}")
+    with _disk(f"checking rebuilt {name}"), open(path, "rb", buffering=0) as fh:
+        if os.fstat(fh.fileno()).st_size != entry.size:
+            raise PieceVerifyError(f"rebuilt {name} has {os.fstat(fh.fileno()).st_size} bytes, not {entry.size}")
+        for i, expected in enumerate(entry.piece_hashes):
+            data = os.pread(fh.fileno(), entry.piece_length(i), i * entry.piece_size)
+            if blake3.blake3(data).digest() != expected:
+                raise PieceVerifyError(f"piece {i} of rebuilt {name} does not match the signed manifest")
+
+
+def _check_tensor_hashes(manifest: PolicyManifest, directory: Path) -> None:
+    """Every tensor hashes as its manifest signs: a loader that copies only the tensors whose hashes changed since
+    its last version must be able to trust them, whichever form of the version this peer fetched."""
+    for tensor in manifest.tensors:
+        hasher = blake3.blake3()
+        with _disk(f"checking {tensor.file}"), open(directory / tensor.file, "rb", buffering=0) as fh:
+            for start in range(tensor.offset, tensor.offset + tensor.nbytes, 1 << 20):  # one MiB at a time
+                hasher.update(os.pread(fh.fileno(), min(1 << 20, tensor.offset + tensor.nbytes - start), start))
+        if hasher.digest() != tensor.hash:
+            raise PieceVerifyError(f"tensor {tensor.name!r} of policy v{manifest.version} does not match its signed "
+                                   "hash")
+
+
 def _full_files(manifest: PolicyManifest) -> list[FileEntry]:
     patch = manifest.patch_file
     return [e for e in manifest.files if e is not patch]
@@ -104,8 +131,15 @@ class PieceStore:
         shutil.rmtree(self.dir / "rebuild", ignore_errors=True)  # files a crash left half rebuilt from a patch
         for path in sorted((self.dir / "manifests").glob("*.manifest")):
             self._load_manifest_file(path)
+        self._drop_orphans()
 
     # ------------------------------------------------------------------ lifecycle
+
+    def _drop_orphans(self) -> None:
+        """Delete stored files no manifest held names (their manifest was dropped, or no longer decodes)."""
+        for path in (self.dir / "files").iterdir():
+            if path.suffix in (".data", ".part") and bytes.fromhex(path.stem) not in self._files:
+                path.unlink(missing_ok=True)
 
     def _take_lock(self) -> int:
         fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
@@ -240,29 +274,17 @@ class PieceStore:
             raise StoreError(f"{name} of policy version {manifest.version} is not complete")
         return state.path
 
-    @staticmethod
-    def check_rebuilt(manifest: PolicyManifest, name: str, path: Path) -> None:
-        """Raise PieceVerifyError unless every piece of the file at `path` hashes as the manifest's file `name`
-        (reads only: safe in a worker thread)."""
-        entry = next(e for e in manifest.files if e.name == name)
-        with _disk(f"checking rebuilt {name}"), open(path, "rb", buffering=0) as fh:
-            if os.fstat(fh.fileno()).st_size != entry.size:
-                raise PieceVerifyError(f"rebuilt {name} has {os.fstat(fh.fileno()).st_size} bytes, not {entry.size}")
-            for i, expected in enumerate(entry.piece_hashes):
-                data = os.pread(fh.fileno(), entry.piece_length(i), i * entry.piece_size)
-                if blake3.blake3(data).digest() != expected:
-                    raise PieceVerifyError(f"piece {i} of rebuilt {name} does not match the signed manifest")
 
     def adopt_rebuilt(self, manifest: PolicyManifest, name: str, path: Path) -> list[int]:
         """Take a file rebuilt outside the protocol and checked by `check_rebuilt` as the manifest's file `name`;
         returns the global indices of the pieces newly held. `path` is renamed into place (same file system)."""
         entry = next(e for e in manifest.files if e.name == name)
         state = self._files[entry.root]
-        if state.complete:
-            path.unlink(missing_ok=True)
-            return []
         first = next(p.index for p in manifest.pieces if p.file.root == entry.root)
-        added = [first + i for i in range(len(entry.piece_hashes)) if not state.have[i]]
+        added = list(range(first, first + len(entry.piece_hashes)))  # the caller's engine skips what it holds
+        if state.complete:  # another version completed the same file meanwhile
+            path.unlink(missing_ok=True)
+            return added
         done = self.dir / "files" / f"{entry.root.hex()}.data"
         with _disk(f"storing rebuilt {name}"):
             os.replace(path, done)
@@ -368,6 +390,7 @@ class PieceStore:
             raise StoreError(f"policy version {manifest.version} is not complete yet")
         for entry in _full_files(manifest):
             self._copy_verified(manifest, entry, out_dir / entry.name)
+        _check_tensor_hashes(manifest, out_dir)
         model = json.dumps(manifest.model, sort_keys=True, indent=1).encode()
         _atomic_write(out_dir / MODEL_FILE, model, "writing model.json")
         return out_dir

@@ -217,7 +217,8 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
             # another has never gone out (docs/reference.md#torrent-mechanics). Not for a version with a patch:
             # its peers want one of two forms, and a piece revealed to a peer that does not want it is wasted.
             config = replace(config, engine=replace(config.engine, super_seed=True))
-        policy.parent = patch_parent(policy.manifest, self.policies)
+        held = self.store.holds_full(policy.manifest)  # a restart: nothing to fetch, no patch to apply
+        policy.parent = None if held else patch_parent(policy.manifest, self.policies)
         policy.service = SwarmService(policy.manifest, self.store, config=config, upload_bucket=self.upload_bucket,
                                       on_drop=lambda peer, why, hostile: self._dropped(policy, peer, why, hostile),
                                       wanted=form_flags(policy.manifest, patch_form=policy.parent is not None))
@@ -232,11 +233,8 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         self._nursery.start_soon(serve)
 
     def _dropped(self, policy: MirroredPolicy, peer: str, why: str, hostile: bool) -> None:
-        """A version's service dropped `peer`: say so, and ban a hostile peer from every version.
-
-        Why across versions: a peer that served a corrupt piece once would otherwise be linked again at once, for
-        this version and each next one, costing a piece download each time; a peer that merely left or stalled
-        may be linked again when it is back."""
+        """A version's service dropped `peer`: say so, and ban a hostile peer from every version (each would cost
+        a piece download again); a peer that merely left or stalled may be linked again when it is back."""
         if len(policy.dropped) < MAX_RELEASED:  # identities are free: the memory of a crowd is bounded
             policy.dropped.add(peer)
         policy.opened.discard(peer)
@@ -265,6 +263,7 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
 
     async def _watch_completion(self, policy: MirroredPolicy) -> None:
         await make_full(policy, self.store, policy.parent, self.is_mirrored, lambda: self.changed, self.holding)
+        policy.parent = None  # a version never keeps its parent (and through it the run's history) alive
         policy.ready.set()
         policy.announced_complete = True
         self.on_event("complete", {"version": policy.manifest.version, "id": policy.manifest.id.hex()})
@@ -294,6 +293,7 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
                 if policy.scope is not None:
                     policy.scope.cancel()
                 del self.policies[mid]
+                policy.parent = None  # its watcher may never have run to clear it: nothing keeps history alive
                 self.on_event("dropped", {"version": policy.manifest.version})
         self.store.gc(self.keep, pinned=set(self.policies))
         self._prune_copies()

@@ -144,7 +144,7 @@ class OutboundLinks:
         each a channel, a preamble, two hellos and a teardown at both ends for nothing. The origin keeps topping
         up: at first it is the only source there is."""
         service = policy.service
-        return service is not None and policy.ready.is_set() and policy.origin != self.my_id
+        return service is not None and service.completed.is_set() and policy.origin != self.my_id
 
     def reconcile_pause(self) -> float:
         """Seconds until the next `reconcile` round: RECONCILE_BUSY_S while some version is incomplete here or

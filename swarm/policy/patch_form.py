@@ -12,18 +12,20 @@ fetch of the full files instead; nothing it produced is kept.
 from __future__ import annotations
 
 import logging
+import mmap
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Protocol
 
 import trio
 
-from p2p.errors import PatchError, PieceVerifyError, StoreError
+from p2p.errors import P2PError
 from p2p.pieces.manifest import PolicyManifest
 from p2p.pieces.patch import apply_patch
 from p2p.pieces.patch_format import TensorLayout
-from p2p.pieces.store import PieceStore
+from p2p.pieces.store import PieceStore, check_rebuilt
 from p2p.pieces.transfer import SwarmService
 
 log = logging.getLogger(__name__)
@@ -62,20 +64,16 @@ def expected_tensors(manifest: PolicyManifest) -> dict[str, tuple[str, TensorLay
             for t in manifest.tensors}
 
 
-def rebuild_files(store: PieceStore, manifest: PolicyManifest, parent: PolicyManifest) -> list:
-    """Rebuild `manifest`'s weight files from `parent`'s and the patch, each checked piece by piece (worker
-    thread: reads the store's complete files and writes only in its scratch directory). Returns the paths."""
-    patch = store.file_path(manifest, manifest.patch.file).read_bytes()
-    out = store.rebuild_dir() / manifest.id.hex()[:16]
+def rebuild_files(patch: Path, parent_weights: list[Path], out: Path, manifest: PolicyManifest) -> list[Path]:
+    """Rebuild `manifest`'s weight files in `out` from the parent's and the patch, each checked piece by piece.
+    Runs in a worker thread: it is handed paths resolved beforehand and touches no state of the store."""
     shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
-    try:
-        files = apply_patch(patch, store.weight_paths(parent), out, expected_tensors(manifest))
-        for path in files:
-            store.check_rebuilt(manifest, path.name, path)
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
-        raise
+    out.mkdir(parents=True)
+    with open(patch, "rb") as fh:  # the map outlives the file; it closes once no view of it is left
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    files = apply_patch(memoryview(mapped), parent_weights, out, expected_tensors(manifest))
+    for path in files:
+        check_rebuilt(manifest, path.name, path)
     return files
 
 
@@ -84,25 +82,42 @@ async def make_full(policy: Mirrored, store: PieceStore, parent: Mirrored | None
                     holding: Callable[[Mirrored], AbstractContextManager]) -> None:
     """Return once `policy`'s full files are held: fetched, or rebuilt from its patch over `parent`."""
     service = policy.service
-    await service.completed.wait()
+    if not store.holds_full(policy.manifest):
+        await service.completed.wait()
     if store.holds_full(policy.manifest):
         return
+    problem = "its parent left the window first"
     if parent is not None:
         while not parent.ready.is_set() and still_mirrored(parent):
             await changed().wait()
-        problem = "its parent left the window first"
         if parent.ready.is_set() and still_mirrored(parent):
-            with holding(parent):
-                try:
-                    files = await trio.to_thread.run_sync(rebuild_files, store, policy.manifest, parent.manifest)
-                except (PatchError, PieceVerifyError, StoreError) as exc:
-                    problem = str(exc)
-                else:
-                    added = [i for path in files for i in store.adopt_rebuilt(policy.manifest, path.name, path)]
-                    shutil.rmtree(store.rebuild_dir() / policy.manifest.id.hex()[:16], ignore_errors=True)
-                    service.add_stored(added)
-                    return
-        log.warning("policy v%d: its patch cannot be applied (%s); fetching its full files", policy.manifest.version,
-                    problem)
+            problem = await _rebuild(policy, store, parent, still_mirrored, holding)
+            if problem is None:
+                return
+    log.warning("policy v%d: its patch cannot be applied (%s); fetching its full files", policy.manifest.version,
+                problem)
     service.want(form_flags(policy.manifest, patch_form=False) or bytes([1]) * policy.manifest.num_pieces)
     await service.completed.wait()
+
+
+async def _rebuild(policy: Mirrored, store: PieceStore, parent: Mirrored,
+                   still_mirrored: Callable[[Mirrored], bool],
+                   holding: Callable[[Mirrored], AbstractContextManager]) -> str | None:
+    """Rebuild and adopt `policy`'s full files; None when done, else why not (one line). Both versions are held
+    meanwhile, so neither leaves the store under the worker thread; any error of the rebuild, whatever its type,
+    costs this version its patch, never the mirror."""
+    manifest = policy.manifest
+    out = store.rebuild_dir() / manifest.id.hex()[:16]
+    with holding(parent), holding(policy):
+        try:
+            patch, weights = store.file_path(manifest, manifest.patch.file), store.weight_paths(parent.manifest)
+            files = await trio.to_thread.run_sync(rebuild_files, patch, weights, out, manifest)
+            if not still_mirrored(policy):
+                return "it left the window while it was rebuilt"
+            added = [i for path in files for i in store.adopt_rebuilt(manifest, path.name, path)]
+        except Exception as exc:  # noqa: BLE001 - a patch signed by the run's key can still be wrong: fall back
+            return str(exc) if isinstance(exc, P2PError) else f"{type(exc).__name__}: {exc}"
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    policy.service.add_stored(added)
+    return None
