@@ -31,6 +31,7 @@ from p2p.identity import Identity, read_key_file, write_key_file
 from swarm.bench.broadcast_virtual import VirtualSwarm, run_virtual
 from swarm.bench.local_ports import free_ports
 from swarm.errors import UserError
+from swarm.event_types import Published
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -198,7 +199,7 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
         signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
         await trio.wrap_file(sys.stdin).readline()
         node.mirror.adopt(signed, local_dir=Path(ckpt))
-        events.emit("published", version=1, id=manifest.id.hex(), bytes=manifest.total_size)
+        events.emit(Published(version=1, id=manifest.id.hex(), bytes=manifest.total_size))
         await node.announce_policy(signed, manifest)
 
     return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)

@@ -62,6 +62,7 @@ from swarm.bench.heartbeat_sim import run_heartbeat_sim
 from swarm.bench.scale_measure import measure, wait_links_settled, wait_synced
 from swarm.config import DHT_PROVIDERS_WANTED, LimitsSection, MirrorSection, load_config
 from swarm.errors import UserError
+from swarm.event_types import ChatterFailed, GossipStats, Published
 from swarm.events import EventSink
 from swarm.node.gc_warmup import run_freezing_after_warmup
 from swarm.node.gossip import heartbeat_body
@@ -126,7 +127,7 @@ async def report_gossip(node) -> None:
         stats = {"delivered": node.gossip.stats.delivered, "published": node.gossip.stats.published,
                  "peers_known": len(node.peer_heard), **gauges}
         if stats != last:
-            node.events.emit("gossip_stats", **stats)
+            node.events.emit(GossipStats(**stats))
             last = stats
         await trio.sleep(1.0)
 
@@ -148,7 +149,7 @@ def publisher_main(argv: list[str]) -> int:
             signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
             node.mirror.adopt(signed, local_dir=Path(ckpt))
             await node.announce_policy(signed, manifest)
-            events.emit("published", version=version)
+            events.emit(Published(version=version))
             if not await lines.readline():
                 await trio.sleep_forever()  # the bench closed our stdin: keep serving until it stops us
 
@@ -195,7 +196,7 @@ async def _chatter(node, scope: trio.CancelScope) -> None:
             try:
                 await node.gossip.publish("heartbeat", heartbeat_body(node))
             except P2PError as exc:
-                node.events.emit("chatter_failed", error=str(exc))
+                node.events.emit(ChatterFailed(error=str(exc)))
             await trio.sleep(CHATTER_EVERY_S)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import trio
 
+from swarm.event_types import Published, Warned
 from swarm.shutdown import run_trio
 
 
@@ -146,7 +147,7 @@ async def next_version(node, run: str, trainer_key: bytes, wait_s: float = SWARM
                 record = await node.dht.get_latest_manifest(run, trainer_key)
             except P2PError as exc:
                 record = None
-                node.events.emit("warning", message=f"could not ask the DHT for the run's newest version: {exc}")
+                node.events.emit(Warned(message=f"could not ask the DHT for the run's newest version: {exc}"))
             if record is not None:
                 known.append(record.version)
     newest = node.mirror.latest()
@@ -199,8 +200,8 @@ def run(args: argparse.Namespace) -> int:
         while len(node.connected_peers()) < args.announce_after:
             await trio.sleep(0.1)
         node.mirror.adopt(signed, local_dir=policy_dir)
-        events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
-                    trainer_key=key.public_bytes.hex())
+        events.emit(Published(version=version, id=manifest.id.hex(), bytes=manifest.total_size,
+                              trainer_key=key.public_bytes.hex()))
         await node.announce_policy(signed, manifest)
 
     return run_trio(open_node_parts, config, key, events, [publish], key.public_bytes)

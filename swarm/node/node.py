@@ -35,7 +35,17 @@ from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import TransferConfig
 from swarm.config import DHT_PROVIDERS_WANTED, PeerConfig
 from swarm.errors import usable_directory
-from swarm.events import EventSink
+from swarm.event_types import (
+    BootstrapReconnected,
+    BootstrapUnreachable,
+    DhtFound,
+    Generated,
+    Listening,
+    PeerGone,
+    TrainStep,
+    Validated,
+)
+from swarm.events import Emitted, EventSink
 from swarm.messages.gossip_bodies import DECODERS, run_decoders
 from swarm.node.gossip import (
     MAX_KNOWN_PEERS,
@@ -51,6 +61,7 @@ from swarm.node.gossip import (
 from swarm.node.metrics import serve_node_metrics
 from swarm.node.parts import dial_any, run_part
 from swarm.node.ports import DhtPort, GossipPort, HostPort
+from swarm.node.reports import report_progress
 from swarm.node.watchdogs import reach_bootstrap, watch_trainer_key
 from swarm.policy.manifest_protocol import fetch_manifest, install_manifest_server
 from swarm.policy.mirror import PolicyMirror
@@ -143,17 +154,17 @@ class Node:
                 silent.append(peer)
         return {peer: self._forget(peer) for peer in silent}
 
-    def note_progress(self, record: dict) -> None:
+    def note_progress(self, emitted: Emitted) -> None:
         """Keep the roles' latest milestones (an event listener) for heartbeats, so `swarm status` can show a
         trainer's step and reward, a worker's groups and a validator's verdicts without asking anyone."""
-        kind = record.get("event")
-        if kind == "train_step":
-            self.progress.update(step=record.get("step"), reward=record.get("reward"), stage=record.get("stage"))
-        elif kind == "generated":
-            self.progress["groups_sent"] = self.progress.get("groups_sent", 0) + int(record.get("groups") or 0)
-            self.progress["answered"] = record.get("version")
-        elif kind == "validated":
-            self.progress.update({k: record.get(k) for k in ("checked", "accepted", "rejected")})
+        event = emitted.event
+        if isinstance(event, TrainStep):
+            self.progress.update(step=event.step, reward=event.reward, stage=event.stage)
+        elif isinstance(event, Generated):
+            self.progress["groups_sent"] = self.progress.get("groups_sent", 0) + event.groups
+            self.progress["answered"] = event.version
+        elif isinstance(event, Validated):
+            self.progress.update(checked=event.checked, accepted=event.accepted, rejected=event.rejected)
 
     def connected_peers(self) -> list[str]:
         return self.host.connected_peers()
@@ -231,7 +242,7 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                                         announce=config.peer.announce, reach=config.reach_config(),
                                         bootstrap=bootstrap, inbound=config.limits.inbound_limits())) as host:
             for addr, why in host.bootstrap_failures.items():
-                events.emit("bootstrap_unreachable", address=addr, reason=why)
+                events.emit(BootstrapUnreachable(address=addr, reason=why))
             mirror = PolicyMirror(store, host.peer_id, trust, run=config.peer.run, transfer=transfer,
                                   reseed=config.mirror.reseed, keep=config.mirror.keep_versions, on_event=events.emit,
                                   copies_dir=config.peer.data_dir / "policies",
@@ -253,10 +264,10 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 install_manifest_server(
                     host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None
                 )
-                events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.peer.roles))
+                events.emit(Listening(peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.peer.roles)))
                 for part, *args in [(receive_manifests,), (receive_heartbeats,), (send_heartbeats,),
                                     (_forget_silent_peers,), (_keep_bootstrap_links, tuple(bootstrap)),
-                                    (_reconcile_links, open_data_channel), (_report_progress,), (_provide_held,),
+                                    (_reconcile_links, open_data_channel), (report_progress,), (_provide_held,),
                                     (_find_latest_on_dht,), (_trim_connections, tuple(bootstrap)),
                                     (reach_bootstrap, tuple(bootstrap)), (watch_trainer_key,),
                                     *((role,) for role in roles)]:
@@ -304,16 +315,16 @@ async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:
             except P2PError as exc:
                 log.debug("bootstrap peer %s still unreachable: %s", addr, exc, exc_info=True)
             else:
-                node.events.emit("bootstrap_reconnected", address=addr, message=f"connected to bootstrap peer {addr}")
+                node.events.emit(BootstrapReconnected(address=addr, message=f"connected to bootstrap peer {addr}"))
 
 
 async def _forget_silent_peers(node: Node) -> None:
     while True:
         await trio.sleep(node.config.peer.status_every_s)
         for peer, roles in node.forget_silent(trio.current_time()).items():
-            node.events.emit("peer_gone", peer=peer, roles=list(roles), message=(
+            node.events.emit(PeerGone(peer=peer, roles=list(roles), message=(
                 f"{', '.join(roles) or 'peer'} {peer} sent no heartbeat for {node.config.peer.peer_silence_s:g} s; "
-                f"its roles no longer count"))
+                f"its roles no longer count")))
 
 
 async def _provide_held(node: Node) -> None:
@@ -408,7 +419,7 @@ async def _adopt_latest_from_dht(node: Node) -> None:
     except P2PError as exc:
         log.debug("DHT lookup failed: %s", exc)
         return
-    node.events.emit("dht_found", version=record.version, providers=len(providers))
+    node.events.emit(DhtFound(version=record.version, providers=len(providers)))
     for provider in providers[:4]:
         await dial_any(node, provider.peer_id, list(provider.multiaddrs)[:4])
         await fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
@@ -424,25 +435,6 @@ async def _reconcile_links(node: Node, open_data_channel) -> None:
         await node.mirror.reconcile(node.connected_peers(), dial, node.config.limits.max_peers)
         with trio.move_on_after(node.mirror.reconcile_pause()):
             await changed.wait()
-
-
-async def _report_progress(node: Node) -> None:
-    last: dict[bytes, tuple[int, int, float]] = {}
-    while True:
-        await trio.sleep(node.config.peer.status_every_s)
-        now = trio.current_time()
-        for mid, p in list(node.mirror.policies.items()):
-            if p.service is None:
-                continue
-            prog = p.service.progress()
-            up, down = sum(prog.bytes_up.values()), sum(prog.bytes_down.values())
-            prev_up, prev_down, prev_t = last.get(mid, (0, 0, now - node.config.peer.status_every_s))
-            dt = max(1e-6, now - prev_t)
-            last[mid] = (up, down, now)
-            node.events.emit("progress", version=p.manifest.version, pieces=prog.pieces_done,
-                             total=prog.pieces_total, up_mib_s=round((up - prev_up) / dt / 2**20, 2),
-                             down_mib_s=round((down - prev_down) / dt / 2**20, 2), peers=len(p.service.peers),
-                             up_bytes=up, down_bytes=down)
 
 
 def wall_clock() -> float:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from p2p.host.p2p_host import ensure_connected
+from swarm.event_types import RoleFailed
 from swarm.shutdown import short_path
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ async def run_part(node: Node, part: Callable[..., Awaitable[None]], *args: Any)
         name = getattr(part, "__name__", "role")
         message = describe_failure(exc)
         log.debug("%s failed: %s", name, message, exc_info=True)
-        node.events.emit("role_failed", role=name, message=message)  # the one report: "<role> FAILED: <message>"
+        node.events.emit(RoleFailed(role=name, message=message))  # the one report: "<role> FAILED: <message>"
         node.failed = True
         node.done.set()
 

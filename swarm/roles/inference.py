@@ -15,6 +15,7 @@ from pathlib import Path
 
 import trio
 
+from swarm.event_types import Generated, Generating, Skipped
 from swarm.policy.files import VersionUnusable, load_base_model, newest_complete, open_version
 from swarm.policy.runspec import RunSpec
 
@@ -44,11 +45,11 @@ async def inference_role(node, tamper: Callable[[list], list] = unchanged) -> No
         try:
             spec = RunSpec.from_model(policy.manifest.model)
         except Exception as exc:  # noqa: BLE001 - a malformed spec skips this version, it does not stop the peer
-            node.events.emit("skipped", version=done, message=str(exc))
+            node.events.emit(Skipped(version=done, message=str(exc)))
             continue
         why = unanswerable(spec, node.peer_id, done)
         if why:
-            node.events.emit("skipped", version=done, message=why)
+            node.events.emit(Skipped(version=done, message=why))
             continue
         if backend is None:  # vLLM takes minutes to start
             backend = await trio.to_thread.run_sync(open_backend, node.config.inference.backend, loaded, spec.precision,
@@ -56,21 +57,21 @@ async def inference_role(node, tamper: Callable[[list], list] = unchanged) -> No
         try:
             async with open_version(node, spec, policy) as (directory, tasks):
                 # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
-                node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
+                node.events.emit(Generating(version=done, prompts=spec.prompts_per_worker))
                 groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, tasks, directory,
                                                        published, spec.async_level, tamper)
         except VersionUnusable as exc:  # skipped, not fatal
-            node.events.emit("skipped", version=done, message=str(exc))
+            node.events.emit(Skipped(version=done, message=str(exc)))
             continue
         if not groups:
-            node.events.emit("skipped", version=done, message="every slot of this version was published before")
+            node.events.emit(Skipped(version=done, message="every slot of this version was published before"))
             continue
         await _publish_groups(node, groups, blobs)
-        node.events.emit("generated", version=done, groups=len(groups),
-                         completions=sum(len(g.completions) for g in groups),
-                         tokens=sum(len(c.tokens) for g in groups for c in g.completions),
-                         mean_reward=round(sum(c.reward for g in groups for c in g.completions)
-                                           / max(1, sum(len(g.completions) for g in groups)), 3))
+        node.events.emit(Generated(version=done, groups=len(groups),
+                                   completions=sum(len(g.completions) for g in groups),
+                                   tokens=sum(len(c.tokens) for g in groups for c in g.completions),
+                                   mean_reward=round(sum(c.reward for g in groups for c in g.completions)
+                                                     / max(1, sum(len(g.completions) for g in groups)), 3)))
 
 
 def unanswerable(spec: RunSpec, worker: str, version: int) -> str:
@@ -124,7 +125,7 @@ async def _publish_groups(node, groups, blobs) -> None:
     from swarm.messages.rollout_transport import publish_groups
 
     def skipped(group, exc) -> None:
-        node.events.emit("skipped", message=f"rollout group for task {group.task_index} not published: {exc}")
+        node.events.emit(Skipped(message=f"rollout group for task {group.task_index} not published: {exc}"))
 
     try:
         await publish_groups(node, groups, blobs, skipped=skipped)

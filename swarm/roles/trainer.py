@@ -10,15 +10,30 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
+from swarm.event_types import (
+    Evaluated,
+    Gate,
+    NumberedPast,
+    PublishingEarly,
+    Resumed,
+    Trained,
+    TrainerDevice,
+    TrainStep,
+    WorkerBanned,
+)
 from swarm.policy.runspec import RunSpec
 from swarm.policy.task_file import snapshot_task_file
 from swarm.roles.batch_wait import BatchWait, GateCounts, SwarmFacts, why_publish_now
 from swarm.roles.gate import RolloutGate
 from swarm.roles.trainer_publisher import SwarmPublisher
 from trainer.tracking import gate_scalars
+
+if TYPE_CHECKING:
+    from trainer.step_record import StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +99,7 @@ async def trainer_role(node) -> None:
                 gate.on_vote(vote, trio.current_time())
             report_reputation_bans()
             for worker, reason in gate.take_new_bans():  # reported once, when its near-ties cross the test
-                node.events.emit("worker_banned", worker=worker, by="near_ties", reason=reason)
+                node.events.emit(WorkerBanned(worker=worker, by="near_ties", reason=reason))
             progress.set()
 
     async def ticks() -> None:
@@ -97,7 +112,7 @@ async def trainer_role(node) -> None:
             progress.set()
             if gate.counts != last:  # what the gate has seen so far, for the status view and the report
                 last = dict(gate.counts)
-                node.events.emit("gate", waiting=len(gate.pending), ready=len(gate.accepted), counts=last)
+                node.events.emit(Gate(waiting=len(gate.pending), ready=len(gate.accepted), counts=last))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(rollouts)
@@ -109,15 +124,15 @@ async def trainer_role(node) -> None:
             while not waiting.ready(counts := gate_counts(gate, publisher.known_workers()), trio.current_time()):
                 await _publish_when_stuck(node, run, publisher, gate, waiting, counts)
                 if waiting.should_report(trio.current_time()):
-                    node.events.emit("trainer_waiting", **waiting.status(counts, trio.current_time()))
+                    node.events.emit(waiting.status(counts, trio.current_time()))
                 with trio.move_on_after(1.0):
                     await progress.wait()
                     progress = trio.Event()
             batch = gate.take(cfg.prompts_per_step)
             gate.keep_in(run.state.extra, due=(run.state.step + 1) % cfg.checkpoint_every == 0)  # with checkpoints
             record = await trio.to_thread.run_sync(run.step, batch)
-            node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
-            run.tracker.log(gate_scalars(gate.counts), record["step"] + 1)  # beside the step's own figures
+            node.events.emit(_step_event(record, batch, gate, run.loaded.tokenizer))
+            run.tracker.log(gate_scalars(gate.counts), record.step + 1)  # beside the step's own figures
             await _publish_newest(run, publisher, gate)
             if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.wants_step(cfg.steps):
                 await _evaluate(node, evaluator, run, heldout, "during")
@@ -141,9 +156,9 @@ def _report_reputation_bans(node, gate: RolloutGate, reported: set[str]) -> None
     """A worker the reputation rule banned (its rollouts rejected by the quorum) is reported once, with why."""
     for worker in sorted({w for w in gate.reputation.banned() if isinstance(w, str)} - reported):
         reported.add(worker)
-        node.events.emit("worker_banned", worker=worker, by="reputation", reason=(
+        node.events.emit(WorkerBanned(worker=worker, by="reputation", reason=(
             f"the validators' quorum rejected its rollouts until its reputation fell to "
-            f"{gate.reputation.score(worker):.1f} (banned at {gate.reputation.config.ban_below:g} or below)"))
+            f"{gate.reputation.score(worker):.1f} (banned at {gate.reputation.config.ban_below:g} or below)")))
 
 
 async def _finish_training(node, run, evaluator, gate: RolloutGate, heldout: dict) -> None:
@@ -152,31 +167,30 @@ async def _finish_training(node, run, evaluator, gate: RolloutGate, heldout: dic
     final = await trio.to_thread.run_sync(run.finish)
     await _evaluate(node, evaluator, run, heldout, "after")
     await trio.to_thread.run_sync(run.tracker.close)  # W&B finishes its run: seconds, off the event loop
-    node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
-                     gate=dict(gate.counts), heldout=heldout,
-                     banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned()))
+    node.events.emit(Trained(steps=run.state.step, version=run.state.version, final=str(final),
+                             gate=dict(gate.counts), heldout=heldout,
+                             banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned())))
 
 
-def _step_event(record: dict, batch: list, gate: RolloutGate, tokenizer) -> dict:
+def _step_event(record: StepRecord, batch: list, gate: RolloutGate, tokenizer) -> TrainStep:
     """The train_step event: what the step trained on, so a flat reward can be told from an empty batch."""
     from collections import Counter
 
     completions = [c for g in batch for c in g.completions]
     rewards = [[round(c.reward, 3) for c in g.completions] for g in batch]
-    return {
-        "step": record["step"], "reward": record.get("reward") if record.get("groups") else None,
-        "stage": record["stage"], "version": record["version"], "groups": len(batch), "refused": record["refused"],
-        "trained_groups": record.get("groups_trained"), "zero_advantage_groups": sum(
-            len(set(r)) < 2 for r in rewards), "lags": dict(Counter(gate.newest - g.policy_version for g in batch)),
-        "group_rewards": [round(sum(r) / len(r), 3) for r in rewards if r],
-        "mean_tokens": round(sum(len(c.tokens) for c in completions) / max(1, len(completions)), 1),
-        "hit_length": sum(c.finish_reason == "length" for c in completions), "completions": len(completions),
-        "entropy": round(record.get("entropy", 0.0), 3), "skipped": record.get("skipped", ""),
-        "loss": record.get("loss"), "kl": record.get("kl"), "lr": record.get("lr"),
-        "step_seconds": record.get("seconds"),  # the figures a Prometheus scrape shows (swarm.node.metrics)
-        "workers": sorted({g.worker for g in batch}), "gate": dict(gate.counts),
-        "sample": _sample_text(batch, tokenizer),
-    }
+    return TrainStep(
+        step=record.step, reward=record.reward if record.groups else None,
+        stage=record.stage, version=record.version, groups=len(batch), refused=record.refused,
+        trained_groups=record.groups_trained, zero_advantage_groups=sum(
+            len(set(r)) < 2 for r in rewards), lags=dict(Counter(gate.newest - g.policy_version for g in batch)),
+        group_rewards=[round(sum(r) / len(r), 3) for r in rewards if r],
+        mean_tokens=round(sum(len(c.tokens) for c in completions) / max(1, len(completions)), 1),
+        hit_length=sum(c.finish_reason == "length" for c in completions), completions=len(completions),
+        entropy=round(record.entropy, 3), skipped=record.skipped, loss=record.loss, kl=record.kl, lr=record.lr,
+        step_seconds=record.seconds,  # the figures a Prometheus scrape shows (swarm.node.metrics)
+        workers=sorted({g.worker for g in batch}), gate=dict(gate.counts),
+        sample=_sample_text(batch, tokenizer),
+    )
 
 
 def _sample_text(batch: list, tokenizer) -> str:
@@ -230,9 +244,9 @@ async def _evaluate(node, evaluator, run, heldout: dict, when: str) -> None:
     record = await trio.to_thread.run_sync(evaluator, run.state.step)
     heldout[when] = record["accuracy"]
     heldout["constant_answer"] = evaluator.constant_answer[1]
-    node.events.emit("evaluated", when=when, step=record["step"], accuracy=record["accuracy"], n=record["n"],
-                     message=f"held-out accuracy {when} training (step {record['step']}): {record['accuracy']:.3f} "
-                             f"on {record['n']} prompts never trained on")
+    node.events.emit(Evaluated(when=when, step=record["step"], accuracy=record["accuracy"], n=record["n"], message=(
+        f"held-out accuracy {when} training (step {record['step']}): {record['accuracy']:.3f} "
+        f"on {record['n']} prompts never trained on")))
 
 
 async def _start_training_run(node, cfg, curriculum):
@@ -243,7 +257,7 @@ async def _start_training_run(node, cfg, curriculum):
     loaded = await load_base_model(cfg.model)
     device = resolve_device(node.config.peer.device)
     await trio.to_thread.run_sync(loaded.model.to, device)  # it only trains: no CPU generator shares it here
-    node.events.emit("trainer_device", device=str(device), message=f"training on {device}")
+    node.events.emit(TrainerDevice(device=str(device), message=f"training on {device}"))
     run = await trio.to_thread.run_sync(_open_training_run, loaded, cfg, curriculum)
     if run.state.step > 0:
         await _resumed(node, run)
@@ -255,9 +269,9 @@ async def _resumed(node, run) -> None:
     stopped, so the same weights go out under a new version number."""
     resumed_at = run.state.version
     await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
-    node.events.emit("resumed", step=run.state.step, version=run.state.version, message=(
+    node.events.emit(Resumed(step=run.state.step, version=run.state.version, message=(
         f"resumed at step {run.state.step}; the rollouts of v{resumed_at} went with the previous process, so its "
-        f"weights go out again as v{run.state.version}"))
+        f"weights go out again as v{run.state.version}")))
 
 
 async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait,
@@ -272,9 +286,9 @@ async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: Rollou
     if (held := newest_in_swarm(node)) > gate.newest:
         run.number_past(held)  # workers answer the newest version they hold: one below it would go unanswered
     await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
-    node.events.emit("publishing_early", version=run.state.version, message=(
+    node.events.emit(PublishingEarly(version=run.state.version, message=(
         f"v{gate.newest} cannot bring the next batch: {why}; so the weights of step {run.state.step} go out as "
-        f"v{run.state.version}"))
+        f"v{run.state.version}")))
     await _publish_newest(run, publisher, gate)
     waiting.restart(trio.current_time())
 
@@ -289,8 +303,8 @@ async def _number_past_the_swarm(node, run, publisher: SwarmPublisher) -> None:
         return
     run.number_past(held)
     await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
-    node.events.emit("numbered_past", held=held, version=run.state.version, message=(
-        f"peers hold v{held} from an earlier process of this run; its weights go out as v{run.state.version}"))
+    node.events.emit(NumberedPast(held=held, version=run.state.version, message=(
+        f"peers hold v{held} from an earlier process of this run; its weights go out as v{run.state.version}")))
 
 
 async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import trio
 
+from swarm.event_types import Published, ValidatorIgnored, WaitingForValidators
 from swarm.policy.runspec import RunSpec
 from swarm.policy.task_file import place_task_file
 from swarm.policy.trust import parse_public_key
@@ -44,8 +45,8 @@ class SwarmPublisher:
             return tuple(sorted(k.hex() for k in heard.values()))
         for peer in [p for p, k in heard.items() if k not in self.allowed and p not in self.ignored]:
             self.ignored.add(peer)
-            self.node.events.emit("validator_ignored", peer=peer, message=(
-                f"validator {peer} is not among --validator-key; its votes will not count"))
+            self.node.events.emit(ValidatorIgnored(peer=peer, message=(
+                f"validator {peer} is not among --validator-key; its votes will not count")))
         return tuple(sorted(k.hex() for k in heard.values() if k in self.allowed))
 
     def workers_known(self) -> bool:
@@ -85,11 +86,11 @@ class SwarmPublisher:
             now = trio.current_time()
             if now - reported >= report_every_s:
                 reported = now
-                self.node.events.emit("waiting_for_validators", known=known, quorum=quorum,
-                                      waited_s=round(now - since, 1), message=(
-                                          f"the quorum needs {quorum} validators and {known} are heard from"
-                                          f"{'' if self.allowed is None else ' (of those --validator-key lists)'}: "
-                                          f"no version goes out until enough join ({now - since:.0f} s so far)"))
+                self.node.events.emit(WaitingForValidators(
+                    known=known, quorum=quorum, waited_s=round(now - since, 1), message=(
+                        f"the quorum needs {quorum} validators and {known} are heard from"
+                        f"{'' if self.allowed is None else ' (of those --validator-key lists)'}: "
+                        f"no version goes out until enough join ({now - since:.0f} s so far)")))
             await trio.sleep(0.2)
 
     def spec_for(self, segment: str) -> RunSpec:
@@ -126,8 +127,8 @@ class SwarmPublisher:
         before_announce(spec)  # the gate must know the version before any worker can answer it
         await self.node.announce_policy(signed, manifest)
         self.published.add(version)
-        self.node.events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
-                              validators=len(spec.validators), stage=generation["stage"])
+        self.node.events.emit(Published(version=version, id=manifest.id.hex(), bytes=manifest.total_size,
+                                        validators=len(spec.validators), stage=generation["stage"]))
         return spec
 
     def prune(self) -> None:

@@ -14,11 +14,19 @@ from __future__ import annotations
 import copy
 import logging
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
+from swarm.event_types import RejectedRollout, RewardRefused, Validated, ValidatorDevice, WorkerBanned
 from swarm.policy.files import VersionUnusable, load_base_model, open_version
 from swarm.policy.runspec import RunSpec, VersionTasks
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from swarm.policy.mirror import MirroredPolicy
+    from verify.worker_history import WorkerHistory
 
 log = logging.getLogger(__name__)
 BATCH_WINDOW_S = 0.5
@@ -33,9 +41,9 @@ class VersionModels:
     def __init__(self, loaded, device=None) -> None:
         self.loaded = loaded
         self.device = device
-        self.models: dict[int, object] = {}
+        self.models: dict[int, nn.Module] = {}
         self.specs: dict[int, RunSpec] = {}
-        self.policies: dict[int, object] = {}
+        self.policies: dict[int, MirroredPolicy] = {}
         self.tasks: dict[int, VersionTasks] = {}
         self.refused_rewards: set[tuple[str, str]] = set()  # (reward, hash) this peer said once it cannot score
 
@@ -76,8 +84,8 @@ class VersionModels:
         problem = spec.reward_problem()
         if problem and (spec.reward, spec.reward_hash) not in self.refused_rewards:
             self.refused_rewards.add((spec.reward, spec.reward_hash))
-            node.events.emit("reward_refused", reward=spec.reward, expected=spec.reward_hash, message=(
-                f"refusing to vote on run {node.config.peer.run}: {problem}"))
+            node.events.emit(RewardRefused(reward=spec.reward, expected=spec.reward_hash, message=(
+                f"refusing to vote on run {node.config.peer.run}: {problem}")))
         return bool(problem)
 
 
@@ -139,7 +147,7 @@ class NearTieHistories:
 
     def __init__(self, reputation) -> None:
         self.reputation = reputation
-        self.by_precision: dict[str, object] = {}
+        self.by_precision: dict[str, WorkerHistory] = {}
 
     def of(self, precision: str):
         from verify.worker_history import HistoryConfig, WorkerHistory
@@ -164,7 +172,7 @@ class NearTieHistories:
             verdict, judgement = judge_verdict(history, group.worker, verdict)
             if judgement is not None and judgement.newly_banned:
                 log.warning("banned worker %s: %s", group.worker, judgement.reason)
-                node.events.emit("worker_banned", worker=group.worker, reason=judgement.reason)
+                node.events.emit(WorkerBanned(worker=group.worker, reason=judgement.reason))
             out.append(verdict)
         return out
 
@@ -198,7 +206,7 @@ async def validator_role(node) -> None:
     device = resolve_device(node.config.peer.device)
     loaded = await load_base_model(node.config.peer.model)
     models = VersionModels(loaded, device)
-    node.events.emit("validator_device", device=str(device), message=f"prefills run on {device}")
+    node.events.emit(ValidatorDevice(device=str(device), message=f"prefills run on {device}"))
     my_key = node.identity.public_bytes
     workers = Reputation()  # this validator's own verdicts; a worker it bans is no longer checked
     slots = SlotLedger()  # one rollout per slot: a second group for one is refused unchecked (verify.slots)
@@ -251,5 +259,5 @@ async def validator_role(node) -> None:
                 stats["checked"] += 1
                 stats["accepted" if verdict.accepted else "rejected"] += 1
                 if not verdict.accepted:
-                    node.events.emit("rejected_rollout", reason=verdict.reason)
-            node.events.emit("validated", **stats)
+                    node.events.emit(RejectedRollout(reason=verdict.reason))
+            node.events.emit(Validated(**stats))
