@@ -103,15 +103,15 @@ class GossipReceiver:
         except EnvelopeError as exc:
             raise Refused(exc.reason) from None
 
-    def penalize(self, peer: Any, reason: str) -> None:
-        """Score `peer` (a libp2p ID) down for content that proved false after the envelope checks passed.
+    def penalize(self, peer: str, reason: str) -> None:
+        """Score `peer` (its base58 peer id) down for content that proved false after the envelope checks passed.
 
         Why public: some lies only show later, outside gossip (a rollout blob fetched by hash that does not match
         its announced id, an announced manifest that does not verify); they must cost the liar exactly what a
         forged envelope costs, bans included.
         """
         self.stats.rejected[reason] += 1
-        self._score(peer, reason)
+        self._score(ID.from_base58(peer), reason)
 
     def _reject_message(self, forwarder: Any, msg: Any, reason: str) -> None:
         """Count one refused message and score who is to blame for it.
@@ -187,4 +187,4 @@ class GossipReceiver:
         log.warning("dropped a %s message from %s: %s", env.kind, sender,
                     str(exc) if isinstance(exc, Ignored) else f"{type(exc).__name__}: {exc}")
         exc.__traceback__ = None
-        self.penalize(ID.from_base58(sender), reason)
+        self.penalize(sender, reason)

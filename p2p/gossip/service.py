@@ -360,7 +360,7 @@ async def open_gossip(
     config = config or GossipConfig()
     gossip = Gossip(host, run, identity or host.identity, tuple(kinds), config, clock, decoders)
     gossip.pubsub, router = _build_pubsub(host, config)
-    gossip.pubsub.on_forged = lambda peer: gossip.penalize(peer, "bad_signature")
+    gossip.pubsub.on_forged = lambda peer: gossip.penalize(str(peer), "bad_signature")
     for protocol in router.get_protocols():  # an exception in pubsub's reader must not kill the host
         host.set_guarded_handler(protocol, gossip._inbound_stream, timeout=None)
     async with background_trio_service(gossip.pubsub), background_trio_service(router):

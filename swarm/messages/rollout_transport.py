@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from libp2p.peer.id import ID
 
 from p2p.errors import HostError
 from p2p.gossip.envelope import DEFAULT_POLICY, count_containers
@@ -388,6 +387,6 @@ def _score_down(node: PeerNetwork, peer: str, reason: str) -> None:
         return
 
     try:
-        gossip.penalize(ID.from_base58(peer), reason)
+        gossip.penalize(peer, reason)
     except Exception:  # noqa: BLE001 - scoring is best effort; a refused rollout is already dropped
         log.debug("could not score down %s", peer, exc_info=True)

@@ -13,7 +13,6 @@ import random
 from typing import TYPE_CHECKING, Any
 
 import trio
-from libp2p.peer.id import ID
 
 from p2p.errors import P2PError
 from p2p.gossip.service import Ignored
@@ -145,7 +144,7 @@ def share_host_faults(host: HostPort, gossip: GossipPort) -> None:
 
 
     def on_fault(peer: str, protocol: str) -> None:
-        gossip.penalize(ID.from_base58(peer), HANDLER_FAULT)
+        gossip.penalize(peer, HANDLER_FAULT)
 
     host.fault_listeners.append(on_fault)
 
