@@ -31,6 +31,7 @@ from p2p.gossip.service import GossipConfig, open_gossip
 from p2p.host.conn_trim import TrimConfig, trim_connections
 from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity, peer_id_from_public_bytes
+from p2p.pieces.manifest import PolicyManifest
 from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import TransferConfig
 from swarm.config import DHT_PROVIDERS_WANTED, PeerConfig
@@ -169,7 +170,7 @@ class Node:
     def connected_peers(self) -> list[str]:
         return self.host.connected_peers()
 
-    async def announce_policy(self, signed: bytes, manifest: Any) -> None:
+    async def announce_policy(self, signed: bytes, manifest: PolicyManifest) -> None:
         """Tell the run about a new version: gossip (inline when small, by id otherwise) and the DHT record that
         names the run's latest manifest (signed by this peer, which must hold the trainer key)."""
 

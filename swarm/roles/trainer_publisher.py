@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -18,13 +19,16 @@ from swarm.policy.task_file import place_task_file
 from swarm.policy.trust import parse_public_key
 from verify.reward_loading import load_reward
 
+if TYPE_CHECKING:
+    from swarm.node.context import RoleContext
+
 log = logging.getLogger(__name__)
 
 
 class SwarmPublisher:
     """Turns the training run's newest policy directory into a signed, seeded manifest with the run spec."""
 
-    def __init__(self, node, identity, cfg, piece_kb: int, task_file=None) -> None:
+    def __init__(self, node: RoleContext, identity, cfg, piece_kb: int, task_file=None) -> None:
         self.node, self.identity, self.cfg, self.piece_kb = node, identity, cfg, piece_kb
         self.task_file = task_file  # swarm.policy.task_file.RunTaskFile: the run's task file, listed in every manifest
         self.root = Path(node.config.peer.data_dir) / "swarm-policies"
