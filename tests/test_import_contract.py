@@ -2,10 +2,11 @@
 
 Layers, bottom up: p2p and tasks, then verify, inference, trainer, swarm. Nothing imports upward; the libraries
 never import the network (p2p) or the swarm; p2p and tasks never import a model library; there is no import cycle
-(an import inside a function counts, one under `if TYPE_CHECKING:` does not: it never runs); an import sits at
-module top, except under swarm/cli, swarm/roles and swarm/bench (the boundary that keeps `swarm --help` and a
-seed-only peer light) and for the heavy optional dependencies, which a module imports where it needs them so that
-peers that never use them never load them; and no code file is longer than 450 lines.
+(an import inside a function counts, one under `if TYPE_CHECKING:` does not: it never runs), and none among
+swarm/node's modules even through TYPE_CHECKING; an import sits at module top, except under swarm/cli, swarm/roles
+and swarm/bench (the boundary that keeps `swarm --help` and a seed-only peer light) and for the heavy optional
+dependencies, which a module imports where it needs them so that peers that never use them never load them; and no
+code file is longer than 450 lines.
 
 Why from the syntax trees: nothing of the project is imported, so the checks take a fraction of a second and see
 every import, also those inside functions that a test run may never reach. Each check returns its offenders, and
@@ -40,6 +41,8 @@ P2P_ROOMS = {"": 0, "pieces": 1, "channel": 1, "reach": 1, "host": 2, "gossip": 
 scores), then pieces, the data channel and reachability side by side, the host that opens them, gossip over the
 host, and the DHT, which paces its publishing as gossip does."""
 MAX_LINES = 450
+STRICT_PACKAGES = ("swarm.node.",)
+"""Packages with no import cycle among their modules even through TYPE_CHECKING (cycles_in_strict_packages)."""
 CODE_DIRS = (*LAYERS, "tests")
 
 
@@ -269,6 +272,18 @@ def _components(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def cycles_in_strict_packages(tree: Tree) -> list[str]:
+    """(g) No cycle among the modules of a strict package, imports under TYPE_CHECKING included: a circle hidden
+    behind the guard still makes modules that cannot be read, tested or changed apart (the node's tasks take its
+    state, swarm.node.state, which imports none of them)."""
+    edges: dict[str, set[str]] = {m: set() for m in tree.modules if m.startswith(STRICT_PACKAGES)}
+    for i in tree.imports:
+        target = tree.resolve(i.target) if i.top in LAYERS and i.module in edges else None
+        if target in edges and target != i.module:
+            edges[i.module].add(target)
+    return [" <-> ".join(sorted(component)) for component in _components(edges) if len(component) > 1]
+
+
 def function_level_imports(tree: Tree) -> list[str]:
     """(e) An import inside a function only under swarm/cli, swarm/roles and swarm/bench, or of a heavy optional
     dependency."""
@@ -283,7 +298,7 @@ def long_files(tree: Tree) -> list[str]:
 
 CHECKS = [model_imports_in_the_bottom, network_imports_in_libraries, upward_imports, upward_imports_in_p2p,
 import_cycles,
-          function_level_imports, long_files]
+          cycles_in_strict_packages, function_level_imports, long_files]
 
 
 @pytest.fixture(scope="module")
@@ -370,6 +385,18 @@ def test_a_cycle_is_caught_through_functions_and_relative_imports_but_not_throug
         "verify/e.py": "from verify.d import D\n",
     })
     assert import_cycles(tree) == ["p2p.a <-> p2p.b <-> p2p.c"]
+
+
+def test_a_cycle_in_a_strict_package_is_caught_even_through_type_checking(tmp_path):
+    tree = _tree(tmp_path, {
+        "swarm/node/a.py": "from swarm.node.b import B\n",
+        "swarm/node/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from swarm.node.a import A\n",
+        "swarm/node/c.py": "from swarm.node.b import B\n",
+        "swarm/other/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from swarm.other.e import E\n",
+        "swarm/other/e.py": "from swarm.other.d import D\n",
+    })
+    assert cycles_in_strict_packages(tree) == ["swarm.node.a <-> swarm.node.b"]
+    assert import_cycles(tree) == []
 
 
 def test_a_type_checking_guard_that_runs_hides_nothing(tmp_path):

@@ -347,7 +347,7 @@ async def test_a_slow_dht_put_is_quiet_until_it_becomes_a_streak(caplog, autojum
     """One latest-manifest put that times out is routine (the DHT re-puts it); a streak of them is one warning."""
     import logging
 
-    from swarm.node.node import DHT_PUT_LIMIT_S, DHT_PUT_WARN_AFTER, Node
+    from swarm.node.state import DHT_PUT_LIMIT_S, DHT_PUT_WARN_AFTER, Node
 
     class StuckDht:
         stuck = True

@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import blake3
 
@@ -32,6 +33,9 @@ from swarm.bench.broadcast_virtual import VirtualSwarm, run_virtual
 from swarm.bench.local_ports import free_ports
 from swarm.errors import UserError
 from swarm.event_types import Published
+
+if TYPE_CHECKING:
+    from swarm.node.state import Node
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,7 +197,7 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
     events = EventSink(json_lines=True)
     events.configure_logging()
 
-    async def publish(node) -> None:
+    async def publish(node: Node) -> None:
         manifest = build_manifest(Path(ckpt), run=run, version=1, parent_version=None, created_at=time.time(),
                                   generation=GenerationSettings(8, 0.6, 256, 0), piece_size=piece_kb * 1024)
         signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()

@@ -16,11 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from swarm.event_types import Published, Warned
 from swarm.shutdown import run_trio
+
+if TYPE_CHECKING:
+    from swarm.node.state import Node
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,7 +136,7 @@ SWARM_VERSION_WAIT_S = 15.0
 """How long `swarm publish` asks the swarm for the run's newest version before numbering its own."""
 
 
-async def next_version(node, run: str, trainer_key: bytes, wait_s: float = SWARM_VERSION_WAIT_S) -> int:
+async def next_version(node: Node, run: str, trainer_key: bytes, wait_s: float = SWARM_VERSION_WAIT_S) -> int:
     """One past the newest version of `run` that this data directory holds or the swarm knows (the DHT's signed
     latest-manifest record, or a manifest gossip or heartbeats brought meanwhile).
 
@@ -189,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     events.configure_logging()
     generation = _generation(args.checkpoint_dir)
 
-    async def publish(node) -> None:
+    async def publish(node: Node) -> None:
         version = args.version if args.version is not None else await next_version(node, args.run, key.public_bytes)
         policy_dir = args.checkpoint_dir if hf_description is None else stage_hf_directory(
             args.checkpoint_dir, hf_description, config.peer.data_dir / "staged" / f"{args.run}-v{version}")

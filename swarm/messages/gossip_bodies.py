@@ -70,7 +70,7 @@ class Heartbeat:
     """Up to MAX_POLICIES versions held or being fetched."""
     progress: tuple[tuple[str, Any], ...]
     """Up to MAX_PROGRESS (name, value) milestones of its roles; values None, bool, int, finite float or short
-    printable text (swarm.node.node.Node.note_progress)."""
+    printable text (swarm.node.state.Node.note_progress)."""
 
 
 @dataclass(frozen=True)

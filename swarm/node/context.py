@@ -21,16 +21,9 @@ from p2p.identity import Identity
 from p2p.pieces.manifest import PolicyManifest
 from p2p.pieces.store import PieceStore
 from swarm.config import PeerConfig
-from swarm.event_types import Event
-from swarm.node.node import Node, RoleTask
-from swarm.node.ports import GossipPort, HostPort
+from swarm.node.ports import EventPort, GossipPort, HostPort
+from swarm.node.state import Node, RoleTask
 from swarm.policy.mirror import MirroredPolicy
-
-
-class EventPort(Protocol):
-    """Where a role says what it did (swarm.events.EventSink)."""
-
-    def emit(self, event: Event, t: float | None = None) -> None: ...
 
 
 class MirrorView(Protocol):

@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from swarm.errors import UserError
 from swarm.event_types import Gate, Generated, MetricsListening, TrainStep, Validated
 from swarm.events import Emitted
+from swarm.node.state import Node
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ def _count(value) -> int:
 class NodeCollector:
     """The prometheus_client collector of one node (registered in that node's own registry)."""
 
-    def __init__(self, node, pieces: PieceTotals, roles: RoleCounters) -> None:
+    def __init__(self, node: Node, pieces: PieceTotals, roles: RoleCounters) -> None:
         self.node, self.pieces, self.roles = node, pieces, roles
 
     def collect(self):
@@ -230,7 +231,7 @@ def _counter(name: str, documentation: str, value: int) -> CounterMetricFamily:
     return CounterMetricFamily(name, documentation, value=value)
 
 
-def _connection_counts(node) -> dict[str, int]:
+def _connection_counts(node: Node) -> dict[str, int]:
     """The host's open connections by direction (py-libp2p's own counts); nothing when it cannot say."""
     try:
         return node.host.connection_counts()
@@ -248,7 +249,7 @@ def software_version() -> str:
         return "unknown"
 
 
-def node_registry(node) -> CollectorRegistry:
+def node_registry(node: Node) -> CollectorRegistry:
     """A registry of `node`'s metrics alone; its event-fed counters listen to the node's events from now on."""
     pieces, roles = PieceTotals(), RoleCounters()
 
@@ -323,7 +324,7 @@ def check_port_free(host: str, port: int) -> None:
         raise UserError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
 
 
-async def serve_node_metrics(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_node_metrics(node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve `node`'s metrics on its config's metrics_host:metrics_port until cancelled; started() gets the port."""
     host, port = node.config.peer.metrics_host, node.config.peer.metrics_port
     try:

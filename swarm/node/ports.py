@@ -1,4 +1,5 @@
-"""The narrow views of a peer's networking that the rest of swarm/ uses: its host, its gossip and its DHT.
+"""The narrow views of a peer's networking that the rest of swarm/ uses: its host, its gossip and its DHT; and the
+sink its events go to.
 
 Why Protocols instead of the concrete classes of p2p/: a role or a message transport needs a handful of calls (open
 a stream, publish a body, look up a record), and naming exactly those keeps each of them testable with a small
@@ -17,6 +18,7 @@ from p2p.dht.service import LatestManifest, Provider
 from p2p.gossip.envelope import Envelope
 from p2p.gossip.parts import GossipStats
 from p2p.identity import Identity
+from swarm.event_types import Event
 
 StreamHandler = Callable[[Any], Awaitable[None]]
 
@@ -94,3 +96,9 @@ class PeerNetwork(Protocol):
 
     host: HostPort
     gossip: GossipPort
+
+
+class EventPort(Protocol):
+    """Where a part of the peer says what it did (swarm.events.EventSink)."""
+
+    def emit(self, event: Event, t: float | None = None) -> None: ...

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import trio
 
 from swarm.event_types import TransferProgress
-
-if TYPE_CHECKING:
-    from swarm.node.node import Node
+from swarm.node.state import Node
 
 
 async def report_progress(node: Node) -> None:

@@ -9,16 +9,13 @@ of the node (swarm.node.parts.run_part) and stop the peer the way a failed role 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import trio
 
 from p2p.bootstrap import peer_id_of
 from p2p.errors import P2PError
 from swarm.event_types import BootstrapGaveUp, BootstrapReconnected, BootstrapRetry, TrainerKeyGaveUp
-
-if TYPE_CHECKING:
-    from swarm.node.node import Node
+from swarm.node.state import Node
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from swarm.config import PeerConfig
 from swarm.event_types import Finished
-from swarm.node.node import Node, RoleTask
+from swarm.node.state import Node, RoleTask
 
 
 def build_roles(config: PeerConfig) -> list[RoleTask]:

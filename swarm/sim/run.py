@@ -34,6 +34,7 @@ from swarm.event_types import (
 )
 from swarm.events import Emitted, EventSink
 from swarm.node.node import open_node_parts
+from swarm.node.state import Node
 from swarm.roles.registry import ROLE_TASKS
 from swarm.sim.cheater import cheating_inference_role
 from swarm.sim.report_html import render_html
@@ -162,7 +163,7 @@ async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict],
         config.peer.data_dir.mkdir(parents=True, exist_ok=True)
         identity = load_or_create_identity(config.peer.data_dir)
 
-        async def capture(node) -> None:
+        async def capture(node: Node) -> None:
             peer.node = node
             peer.ready.set()
 
@@ -231,7 +232,7 @@ async def _watch(peers: list[SimPeer], activity: Activity, scope: trio.CancelSco
                                               **_peer_state(peer.node)))
 
 
-def _peer_state(node) -> dict:
+def _peer_state(node: Node) -> dict:
     known = sorted(p.manifest.version for p in node.mirror.policies.values())
     held = [p.manifest.version for p in node.mirror.complete_versions()]
     return {"knows": known[-1] if known else None, "holds": held[-1] if held else None,
