@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -167,7 +167,7 @@ class GossipReceiver:
         except Exception:  # noqa: BLE001 - a peer that already left needs no hanging up
             log.debug("disconnecting banned peer %s failed", peer_id, exc_info=True)
 
-    async def serve(self, kind: str, handle: Callable[[Envelope], Any]) -> None:
+    async def serve(self, kind: str, handle: Callable[[Envelope], Awaitable[None] | None]) -> None:
         """Call `handle(env)` on every `kind` envelope, each in a scope of its own: an exception raised for one
         message (an input nobody foresaw, or `Ignored` from a handler that could not use it) drops that message,
         costs its sender and logs one line; the loop, the role and the node go on."""

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any
 
 import trio
 
 from p2p.errors import P2PError
+from p2p.gossip.envelope import Envelope
 from p2p.gossip.service import Ignored
 from p2p.host.p2p_host import HANDLER_FAULT
 from swarm.messages.gossip_bodies import MAX_ADDRS, Heartbeat, ManifestAnnouncement, sendable_progress
@@ -35,7 +35,7 @@ async def receive_manifests(node: Node) -> None:
     await node.gossip.serve("manifest", lambda env: on_manifest(node, env, fetch_manifest))
 
 
-def on_manifest(node: Node, env: Any, fetch_manifest) -> None:
+def on_manifest(node: Node, env: Envelope, fetch_manifest) -> None:
     """Adopt an inline manifest, or fetch an announced one in the background (fetched in line, ten announcements
     of ids nobody serves held up the next real manifest for 150 s)."""
     ann: ManifestAnnouncement = env.message
@@ -132,7 +132,7 @@ async def receive_heartbeats(node: Node) -> None:
     await node.gossip.serve("heartbeat", lambda env: on_heartbeat(node, env, dialed, fetch_manifest))
 
 
-def on_heartbeat(node: Node, env: Any, dialed: dict[str, float], fetch_manifest) -> None:
+def on_heartbeat(node: Node, env: Envelope, dialed: dict[str, float], fetch_manifest) -> None:
 
     beat: Heartbeat = env.message
     sender = env.sender_peer_id

@@ -16,7 +16,6 @@ import math
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
 
 import blake3
 import trio
@@ -29,7 +28,7 @@ from p2p.gossip.admission import AdmissionConfig
 from p2p.gossip.service import GossipConfig, open_gossip
 from p2p.host.conn_trim import TrimConfig, trim_connections
 from p2p.host.p2p_host import HostConfig, open_host
-from p2p.identity import peer_id_from_public_bytes
+from p2p.identity import Identity, peer_id_from_public_bytes
 from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import TransferConfig
 from swarm.config import DHT_PROVIDERS_WANTED, PeerConfig
@@ -65,7 +64,7 @@ DHT_QUIET_MAX_S = 320.0
 """Longest wait between two DHT lookups for the run's latest manifest while no version arrives."""
 
 
-async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask],
+async def open_node_parts(config: PeerConfig, identity: Identity, events: EventSink, roles: list[RoleTask],
                           trust_key: bytes | None = None,
                           on_stopping: Callable[[Node], None] = lambda node: None) -> int:
     """Build host, gossip, store and mirror, run until cancelled, `done` or a role finishes; returns exit status.
@@ -89,7 +88,7 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
     return 1 if not built or built[0].failed else 0
 
 
-async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask], trust_key, bootstrap,
+async def _serve(config: PeerConfig, identity: Identity, events: EventSink, roles: list[RoleTask], trust_key, bootstrap,
                  built: list, teardown: trio.CancelScope, closed: trio.Event,
                  on_stopping: Callable[[Node], None]) -> None:
     """open_node_parts' body; `teardown` is the scope whose deadline bounds closing, `closed` is set once closed."""

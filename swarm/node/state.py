@@ -19,6 +19,7 @@ from p2p.pieces.manifest import PolicyManifest
 from swarm.config import PeerConfig
 from swarm.event_types import Generated, TrainStep, Validated
 from swarm.events import Emitted, EventSink
+from swarm.messages.gossip_bodies import ProgressValue
 from swarm.node.announcement import announcement_body
 from swarm.node.heartbeat_budget import MAX_KNOWN_PEERS, heartbeat_stretch, is_counted
 from swarm.node.parts import run_part
@@ -52,7 +53,7 @@ class Node:
     failed: bool = False
     dht_put_misses: int = 0  # latest-manifest puts in a row that did not complete
     # what its roles did (note_progress), carried by heartbeats for the status view
-    progress: dict[str, int | float | str | None] = field(default_factory=dict)
+    progress: dict[str, ProgressValue] = field(default_factory=dict)
     fetching: set[bytes] = field(default_factory=set)  # manifest ids being fetched now (fetch_manifest_soon)
 
     @property
