@@ -92,3 +92,10 @@ def test_listeners_receive_the_typed_event_with_its_time_and_peer():
     sink.listeners.append(heard.append)
     sink.emit(Validated(checked=1, accepted=1), t=3.0)
     assert [(e.event, e.t, e.peer) for e in heard] == [(Validated(checked=1, accepted=1), 3.0, "validator0")]
+
+
+def test_every_event_type_names_a_kind_of_its_own():
+    import swarm.event_types as types
+
+    kinds = [getattr(types, name).kind for name in types.__all__ if name != "Event"]
+    assert all(kinds) and len(set(kinds)) == len(kinds)

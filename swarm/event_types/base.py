@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 _OMIT_IF_NONE = {"omit_if_none": True}
 
 
-def optional(default: Any = None) -> Any:
-    """A field absent from the JSON line while it is None."""
-    return dataclasses.field(default=default, metadata=_OMIT_IF_NONE)
+def optional() -> Any:
+    """A field that defaults to None and leaves the JSON line while it is None."""
+    return dataclasses.field(default=None, metadata=_OMIT_IF_NONE)
 
 
 @dataclass(frozen=True, kw_only=True)
