@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import blake3
+from libp2p.abc import INetStream
 import trio
 
 from p2p.channel.addresses import is_loopback, listen_ip, note_socket_unreachable, remote_ip, socket_reachable
@@ -112,7 +113,7 @@ class DataChannelServer:
         """Data channels being served now (either transport)."""
         return self._open_channels
 
-    async def _handle_handshake(self, stream: Any) -> None:
+    async def _handle_handshake(self, stream: INetStream) -> None:
         if not self._handshakes.take(1, trio.current_time()):
             self.refused_handshakes += 1  # counted, not logged: a line each would cost what the refusal saves
             await close_quietly(stream)
@@ -136,7 +137,7 @@ class DataChannelServer:
             return
         await self._make_offer(stream, peer_id, request)
 
-    async def _make_offer(self, stream: Any, peer_id: str, request: ChannelRequest) -> None:
+    async def _make_offer(self, stream: INetStream, peer_id: str, request: ChannelRequest) -> None:
         aead = choose_aead(self.aead, None if request.aeads is None else list(request.aeads))
         token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
         if sum(o.peer_id == peer_id for o in self._offers.values()) >= self.config.max_offers_per_peer:

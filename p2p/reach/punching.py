@@ -14,6 +14,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
+from libp2p.abc import IHost
+from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
@@ -30,10 +32,10 @@ class _FewAddrs:
     def __init__(self, peerstore: Any) -> None:
         self._peerstore = peerstore
 
-    def addrs(self, peer_id: Any) -> list[Any]:
+    def addrs(self, peer_id: ID) -> list[Any]:
         return list(self._peerstore.addrs(peer_id))[:MAX_PUNCH_ADDRS]
 
-    def add_addrs(self, peer_id: Any, addrs: Any, ttl: Any) -> None:
+    def add_addrs(self, peer_id: ID, addrs: Any, ttl: Any) -> None:
         """Nothing: what DCUtR learns is a claim of the peer's, kept only for the session's own dials."""
 
     def __getattr__(self, name: str) -> Any:
@@ -48,7 +50,7 @@ class _OneAttempt:
     def __init__(self, network: Any) -> None:
         self._network = network
 
-    async def dial_addr(self, addr: Any, peer_id: Any, source: Any = None) -> Any:
+    async def dial_addr(self, addr: Any, peer_id: ID, source: Any = None) -> Any:
         return await self._network._dial_addr_single_attempt(addr, peer_id, source)
 
     def __getattr__(self, name: str) -> Any:
@@ -88,17 +90,17 @@ class GuardedDCUtR(DCUtRProtocol):
         """The first MAX_PUNCH_ADDRS addresses a peer's DCUtR message names (the guard admits fewer still)."""
         return super()._decode_observed_addrs(addr_bytes[:MAX_PUNCH_ADDRS])[:MAX_PUNCH_ADDRS]
 
-    async def _perform_hole_punch(self, peer_id: Any, addrs: list[Any], as_responder: bool = False) -> bool:
+    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Any], as_responder: bool = False) -> bool:
         admitted = self.guard.admit(str(peer_id), [str(a) for a in addrs], trio.current_time())
         return await super()._perform_hole_punch(peer_id, [Multiaddr(a) for a in admitted], as_responder)
 
-    async def _dial_peer(self, peer_id: Any, addr: Any, source: Any = None, as_responder: bool = False) -> None:
+    async def _dial_peer(self, peer_id: ID, addr: Any, source: Any = None, as_responder: bool = False) -> None:
         if self.guard.may_dial(str(peer_id), str(addr), trio.current_time()):
             await super()._dial_peer(peer_id, addr, source, as_responder)
 
 
 @asynccontextmanager
-async def hole_punching(libp2p_host: Any, guard: PunchGuard, enabled: bool) -> AsyncIterator[Any]:
+async def hole_punching(libp2p_host: IHost, guard: PunchGuard, enabled: bool) -> AsyncIterator[Any]:
     """A running GuardedDCUtR on `libp2p_host` (None when hole punching is off)."""
     if not enabled:
         yield None
