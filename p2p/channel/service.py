@@ -38,6 +38,7 @@ from p2p.channel.messages import (
 from p2p.channel.records import (
     AEADS, DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer, choose_aead, preferred_aead,
 )
+from p2p.channel.host_view import ChannelHost
 from p2p.channel.stream import SecureChannelStream, tune_socket
 from p2p.channel.tickets import Ticket, TicketBook, ticket_secret
 from p2p.errors import ChannelError
@@ -74,7 +75,7 @@ class _Offer:
 class DataChannelServer:
     """Accepts data channels for one host: libp2p handshakes, the data socket listener, token admission."""
 
-    def __init__(self, host: Any, callback: ChannelCallback, config: ChannelConfig = ChannelConfig()) -> None:
+    def __init__(self, host: ChannelHost, callback: ChannelCallback, config: ChannelConfig = ChannelConfig()) -> None:
         self.host = host
         self.callback = callback
         self.config = config
@@ -304,7 +305,7 @@ def _make_stream(sock: trio.SocketStream, keys: _ChannelKeys, side: int, config:
 
 
 async def serve_data_channels(
-    host: Any, callback: ChannelCallback, config: ChannelConfig = ChannelConfig(), *,
+    host: ChannelHost, callback: ChannelCallback, config: ChannelConfig = ChannelConfig(), *,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept data channels on `host` until cancelled; `callback(peer_id, stream)` runs once per channel.
@@ -325,7 +326,7 @@ TICKETS = TicketBook()
 _TICKETS_PER_PAIR = 2 * MAX_TICKETS
 
 
-async def open_data_channel(host: Any, peer_id: str, config: ChannelConfig = ChannelConfig()) -> Any:
+async def open_data_channel(host: ChannelHost, peer_id: str, config: ChannelConfig = ChannelConfig()) -> Any:
     """A byte stream to `peer_id`: the fast data socket (with a ticket when one is held, else after a handshake), or
     the libp2p stream when the socket is unreachable."""
     try_socket = config.use_socket and socket_reachable(host, peer_id)
@@ -351,7 +352,7 @@ class _SocketUnreachable(Exception):
     """Internal: the offer arrived but the data socket could not be used, so the libp2p stream is tried."""
 
 
-async def _open_with_ticket(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream | None:
+async def _open_with_ticket(host: ChannelHost, peer_id: str, config: ChannelConfig) -> SecureChannelStream | None:
     """A channel opened with a ticket held for `peer_id`; None when none is held or the listener refused it. A
     refusal drops that peer's other tickets too (it restarted, or dropped them under its caps) and is not taken for
     an unreachable socket: the caller opens the channel with a handshake instead."""
@@ -367,7 +368,7 @@ async def _open_with_ticket(host: Any, peer_id: str, config: ChannelConfig) -> S
         return None
 
 
-async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tuple[str, ChannelOffer]:
+async def _request_offer(host: ChannelHost, peer_id: str, config: ChannelConfig) -> tuple[str, ChannelOffer]:
     """The listener's offer over a new libp2p stream, and the IP its data socket is reached at."""
     stream = await host.new_stream(peer_id, PROTOCOL)
     request = ChannelRequest("socket", tuple(sorted(AEADS)), config.tickets_per_offer)
@@ -389,7 +390,7 @@ async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tupl
     return remote[0], offer
 
 
-async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream:
+async def _open_socket_channel(host: ChannelHost, peer_id: str, config: ChannelConfig) -> SecureChannelStream:
     ip, offer = await _request_offer(host, peer_id, config)
     expires = trio.current_time() + offer.ticket_s  # from the offer's arrival: a little after the listener's count
     keys = _ChannelKeys(offer.secret, offer.aead, host.peer_id, peer_id)
@@ -419,7 +420,7 @@ async def _connect_with_token(ip: str, port: int, token: bytes, keys: _ChannelKe
     return channel
 
 
-async def _open_stream_channel(host: Any, peer_id: str, config: ChannelConfig) -> Libp2pByteStream:
+async def _open_stream_channel(host: ChannelHost, peer_id: str, config: ChannelConfig) -> Libp2pByteStream:
     tune_yamux()
     stream = await host.new_stream(peer_id, PROTOCOL)
     try:
