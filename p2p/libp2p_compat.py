@@ -71,8 +71,8 @@ async def grant_window_at_half(stream: INetStream, *, bytes_read: int = 0) -> No
     any read while the sender has less than one frame of credit left.
 
     Why: py-libp2p 0.8.1 also grants "partial slack", the bytes of every read of a stream whose owed credit is
-    below that half, so each small gossip message read cost the reader a window-update frame (one Noise message and
-    one socket write): a third of the frames a peer sent while heartbeats flowed. The credit owed is what was read
+    below that half, so each small gossip message read costs the reader a window-update frame (one Noise message and
+    one socket write): a third of the frames a peer sends while heartbeats flow. The credit owed is what was read
     and not yet granted back. The second condition is for slow readers: py-libp2p's writer gives up and resets the
     stream after 5 s without credit, so a sender that has used its window is granted what each read frees.
     Most reads owe nothing yet: those are answered without taking the window lock (a scheduler pass per read).
@@ -119,8 +119,8 @@ def read_tcp_ahead() -> None:
 
     Why: Noise reads each message as its 2-byte length and then its body, two socket reads, and py-libp2p's TCP
     stream passes each to the socket as asked: a lock, a `recv` and two scheduler passes per read, three `recv`s
-    per small gossip frame (the first finds nothing yet). Socket reads were about a fifth of a peer's CPU while
-    heartbeats flowed. Read ahead, a frame costs one `recv` and the frames that arrived together share it. The
+    per small gossip frame (the first finds nothing yet). Socket reads are then about a fifth of a peer's CPU while
+    heartbeats flow. Read ahead, a frame costs one `recv` and the frames that arrived together share it. The
     bytes are served in order whoever reads; applied once per process.
     """
     if getattr(TrioTCPStream.read, "ahead", False):

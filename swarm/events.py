@@ -104,7 +104,7 @@ class EventSink:
 
 def _describe_safely(emitted: Emitted) -> str | None:
     """The event's line; an event whose figures its line cannot format is printed raw instead of ending the role
-    that emitted it."""
+    that emitted it: a line is for a person, and a figure it cannot show must not end a command whose work is done."""
     try:
         return emitted.event.line()
     except (TypeError, ValueError) as exc:

@@ -1,10 +1,11 @@
 """Progress bars for the commands' long work (a model's conversion and loading, an evaluation, a download).
 
-Why: `swarm eval --model smollm2` once printed nothing for 212 s (converting the GGUF, loading, generating), which
-looks the same as a hang. A bar says what is being done and how far it is. Bars are drawn on stderr, and only when
-stderr is a terminal and the command was not asked for --json: a pipe, a log file or a program reading JSON gets
-no escape codes and no carriage returns. The libraries' own tqdm bars (transformers writes one when it saves or
-loads weights) are switched off for every command (`silence_library_bars`), so a command's bars are its own.
+Why: converting, loading and evaluating a model take minutes (`swarm eval --model smollm2`: about 212 s on two
+cores), and minutes of silence look the same as a hang. A bar says what is being done and how far it is. Bars are
+drawn on stderr, and only when stderr is a terminal and the command was not asked for --json: a pipe, a log file or
+a program reading JSON gets no escape codes and no carriage returns. The libraries' own tqdm bars (transformers
+writes one when it saves or loads weights) are switched off for every command (`silence_library_bars`), so a
+command's bars are its own.
 """
 
 from __future__ import annotations

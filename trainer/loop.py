@@ -130,9 +130,9 @@ class TrainingRun:
     def _rank_0s(self, value: int) -> int:
         """Rank 0's `value` on every rank (a collective; `value` itself when training alone).
 
-        Why: what a rank finds on disk depends on when it looks, and rank 0 writes there. A rank that counted the
-        versions on disk after rank 0 had published the first one numbered its versions one higher, refused the
-        next batches as stale and trained none of its share (seen under load, as a flaky launch test).
+        Why: what a rank finds on disk depends on when it looks, and rank 0 writes there. A rank that counts the
+        versions on disk after rank 0 has published the first one numbers its versions one higher, refuses the next
+        batches as stale and trains none of its share.
         """
         if self.world_size == 1:
             return value

@@ -48,25 +48,25 @@ class LeanGossipSub(GossipSub):
     """py-libp2p 0.8.1's GossipSub minus most of its CPU per gossip message (with LeanPubsub: less than half).
 
     Why: every RPC costs about 2.5 ms of CPU in py-libp2p, and all hosts of a process share one trio thread. With
-    6 fully meshed hosts each publishing one small heartbeat a second, py-libp2p spent about 140 ms of CPU per
+    6 fully meshed hosts each publishing one small heartbeat a second, py-libp2p spends about 140 ms of CPU per
     publish (55 RPCs: 25 forwards and 30 IDONTWANTs, each carrying a signed peer record that the receiver verifies
     twice). Past the CPU the process gets, inbound bytes pile up in the sockets and a new stream's SYN and
-    protocol negotiation wait behind that backlog: opening any stream took 8-10 s, then timed out.
+    protocol negotiation wait behind that backlog: opening any stream takes 8-10 s, then times out.
     IDONTWANT is sent for every message received, whatever its size: only for messages of IDONTWANT_MIN_BYTES
     and more here, as go-libp2p does (large rollout messages keep the saving).
     Opportunistic grafting and mesh-quality replacement (score the mesh, swap its worst peer for a better one) run
     at every heartbeat, for every topic: here every OPPORTUNISTIC_GRAFT_TICKS heartbeats, as gossipsub v1.1 and
-    go-libp2p schedule them. Every second they scored each mesh and topic peer of six topics, about half of what
-    py-libp2p's heartbeat cost an idle peer of 32, and each swap is a PRUNE and a GRAFT.
+    go-libp2p schedule them. Every second they would score each mesh and topic peer of six topics, about half of what
+    py-libp2p's heartbeat costs an idle peer of 32, and each swap is a PRUNE and a GRAFT.
     IHAVE gossip goes out every GOSSIP_EVERY_TICKS heartbeats over a window of as many heartbeats (the router
     sets its window itself), not every heartbeat over the last three: each message is still advertised
     to D_lazy peers outside the mesh per topic, once instead of three times. Why: between versions the status
-    heartbeats keep every gossip window non-empty, so a peer with more neighbours than its mesh sent and received
-    about six IHAVE RPCs a second, most of the RPCs an idle peer of 64 handled (counted per RPC type), each
+    heartbeats keep every gossip window non-empty, so a peer with more neighbours than its mesh would send and receive
+    about six IHAVE RPCs a second, most of the RPCs an idle peer of 64 handles (counted per RPC type), each
     costing as much as a forward.
     The peer scorer's decay step runs only when some decay is below 1. Why: py-libp2p multiplies every counter of
     every peer and topic by its decay at each heartbeat, and its default parameters (ours: p2p.scores scores peers
-    instead) make every decay 1, so the step changed nothing and took about a twentieth of an idle peer's CPU.
+    instead) make every decay 1, so the step changes nothing and takes about a twentieth of an idle peer's CPU.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -157,8 +157,8 @@ class LeanPubsub(Pubsub):
       address book fed, instead of in every RPC, where the receiver verifies it twice (LeanGossipSub says what
       that cost).
     - py-libp2p starts a service task per received message (`manager.run_task(push_msg)`): a task object, a
-      generated name, a cancel scope and two scheduler passes, about a tenth of what a peer spent per message
-      while heartbeats flowed. Everything `push_msg` awaits is bounded (sync validators, enqueueing forwards), as
+      generated name, a cancel scope and two scheduler passes, about a tenth of what a peer spends per message
+      while heartbeats flow. Everything `push_msg` awaits is bounded (sync validators, enqueueing forwards), as
       is the control handling py-libp2p already runs in line, so the stream's own reader runs it: messages from
       one peer are handled one after the other, which also holds back a peer that sends faster than we handle,
       and an error its message causes ends its stream (and costs it, through p2p.host.p2p_host's handler guard) instead
@@ -305,7 +305,7 @@ class BufferedInboundStream:
 
     Why: py-libp2p reads a gossip RPC one byte per varint byte and then its body, and every read of a Yamux stream
     takes the connection's stream lock and re-checks the receive window (sometimes sending a window update). In
-    `swarm sim`, whose hosts share one trio thread, those reads and window checks were about a fifth of that
+    `swarm sim`, whose hosts share one trio thread, those reads and window checks are about a fifth of that
     thread's time. Here one Yamux read takes everything buffered (up to `chunk` bytes) and the varint and body are
     served from it. Only reads are buffered; reset, close and the connection pass through unchanged.
     """

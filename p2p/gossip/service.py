@@ -79,7 +79,7 @@ MAINTAIN_EVERY_S = 5.0
 due sooner (a peer that joined as we did may have refused py-libp2p's first try), and a heartbeat after a peer
 opened pubsub to us first. Why not every heartbeat: lifting a ban of minutes waits well on a few seconds, and a
 stream attempt is made every STREAM_RETRY_S at most, while every periodic wake-up of an idle peer also costs the
-scheduler a pass; once a second it was about 0.02 % of a core."""
+scheduler a pass (about 0.02 % of a core at once a second)."""
 
 
 def topic_for(run: str, kind: str) -> str:
@@ -94,8 +94,8 @@ class GossipConfig:
     """Mesh maintenance period (py-libp2p defaults to 120 s, far too slow for meshes to form)."""
     degree: int = 6
     """Target mesh degree D (degree_low = D - 2, degree_high = D + 2). Why not gossipsub's usual 2 D for the high
-    mark: py-libp2p accepts every inbound GRAFT and prunes only past the high mark, so meshes sat well above D (8.6
-    peers on average at 64 peers with 12), and every flooded message cost each peer a copy to and from each."""
+    mark: py-libp2p accepts every inbound GRAFT and prunes only past the high mark, so meshes sit well above D (8.6
+    peers on average at 64 peers with 12), and every flooded message costs each peer a copy to and from each."""
     publish_rate: float = 40.0
     """Our own publishes per topic per second; `publish` waits rather than exceed it (batch frequent updates)."""
     router_rate_limit: float = 200.0

@@ -111,7 +111,7 @@ def _we_dialed(conn: INetConn) -> bool:
 def _connections_seen(state: ReachState, libp2p_host: IHost) -> tuple:
     """What noting relayed connections and starting punches depend on: the connections open (the objects, compared
     by identity, so a new connection never passes for a closed one) and the punches under way. Why: unchanged, a
-    watch round would find what the last one did, and listing every connection's peer id and kind each second was
+    watch round would find what the last one did, and listing every connection's peer id and kind each second is
     about half a millisecond of an idle peer's CPU a second."""
     conns = libp2p_host.get_network().connections.values()
     return tuple(conn for entry in conns for conn in _as_list(entry)), frozenset(state.punching)

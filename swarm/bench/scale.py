@@ -118,7 +118,7 @@ async def report_gossip(node: Node) -> None:
     """A role task of the bench's processes: the node's gossip counters and mean mesh size (peers per topic whose
     messages each delivery is forwarded to), looked at every second and emitted as an event when they changed.
     Why only then: the bench reads the newest event, which is still exact, and the event itself (a JSON line and
-    the node's listeners) took about 3 % of what an idle peer of 64 spent when it went out every second. The
+    the node's listeners) costs about 3 % of what an idle peer of 64 spends when it goes out every second. The
     connections and mesh sizes, which list every connected peer, are looked at every GAUGES_EVERY seconds only: the
     counters are read each second, since the windows' rates are taken from them."""
     last: dict = {}

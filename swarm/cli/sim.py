@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
 from swarm.cli.peer import add_metrics_port
 from swarm.cli.train import add_report_to
+from swarm.errors import UserError, usable_directory
 from swarm.event_types import (
     Complete,
     DhtFound,
@@ -24,11 +26,16 @@ from swarm.event_types import (
     TrainStep,
     WorkerBanned,
 )
-from swarm.events import Emitted
+from swarm.events import Emitted, EventSink
+from swarm.node.gc_warmup import run_freezing_after_warmup
+from swarm.node.metrics import check_port_free
 from swarm.readable import readable_counts
-from swarm.shutdown import run_trio
+from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard, run_trio
+from tasks.loading import check_builtin_name, is_builtin_task, load_tasks
+from trainer.config import load_config
 from trainer.curriculum import PRESETS
 from trainer.errors import TrainerError
+from trainer.tracking import parse_report_to
 
 SIM_ASYNC_LEVEL = 1
 """The one trainer default the simulation overrides (the trainer's own is 0, synchronous): a swarm's point is that
@@ -80,12 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
-    from swarm.events import EventSink
-    from swarm.node.gc_warmup import run_freezing_after_warmup
-    from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
     from swarm.sim.run import run_sim, summarize, write_report
-    from trainer.tracking import parse_report_to
 
     parse_report_to(args.report_to or ())  # an unknown tracker is one line before any peer starts
     _check_metrics_ports(args)
@@ -137,7 +139,6 @@ def _settings(args: argparse.Namespace):
     """The simulation's settings from the flags, or from a trainer TOML (--config) and the flags that size the
     swarm; every problem is one line before any peer starts."""
     from inference.models import check_model_spec
-    from swarm.errors import UserError
     from swarm.sim.run import SimSettings
 
     too_few_steps = args.steps is not None and args.steps < 1
@@ -167,9 +168,7 @@ def _from_trainer_config(args: argparse.Namespace) -> dict:
     workers are each assigned an equal share of a step's prompts, so the honest ones together answer one step's
     worth per version (generation is what a CPU swarm waits on)."""
     from inference.models import check_model_spec
-    from swarm.errors import UserError
     from swarm.sim.run import task_reference
-    from trainer.config import load_config
 
     given = [name for name in TRAINER_FLAGS if getattr(args, name) is not None]
     if given:
@@ -187,7 +186,6 @@ def _from_trainer_config(args: argparse.Namespace) -> dict:
 def _check_task(task: str, prompt_key: str, answer_key: str) -> None:
     """A task file that does not load, or a name no reasoning-gym dataset has, is one line before any peer starts:
     otherwise the whole swarm would start, fail inside the trainer's role and end in a report of zero steps."""
-    from tasks.loading import check_builtin_name, is_builtin_task, load_tasks
 
     if not is_builtin_task(task):
         load_tasks(task, prompt_key=prompt_key, answer_key=answer_key)  # TaskError: the file and line, the
@@ -199,8 +197,6 @@ def _check_task(task: str, prompt_key: str, answer_key: str) -> None:
 def _check_metrics_ports(args: argparse.Namespace) -> None:
     """Every peer's metrics port (the trainer's --metrics-port and the next ones) is valid and free before any peer
     starts: one taken port would otherwise stop the simulation halfway through starting its peers."""
-    from swarm.errors import UserError
-    from swarm.node.metrics import check_port_free
 
     if not args.metrics_port:
         return
@@ -227,9 +223,6 @@ SIM_MARKER = ".swarm-sim"
 
 def _clear_previous_run(out: Path) -> None:
     """Delete an earlier simulation's directory, and nothing else: `--out ~/project` must not wipe a project."""
-    import shutil
-
-    from swarm.errors import UserError, usable_directory
 
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")

@@ -30,7 +30,6 @@ from p2p.host.conn_trim import TrimConfig, trim_connections
 from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity, peer_id_from_public_bytes
 from p2p.pieces.store import PieceStore
-from p2p.pieces.transfer import TransferConfig
 from swarm.config import DHT_PROVIDERS_WANTED, PeerConfig
 from swarm.errors import usable_directory
 from swarm.event_types import (
@@ -95,13 +94,12 @@ async def _serve(config: PeerConfig, identity: Identity, events: EventSink, role
     with PieceStore(config.peer.data_dir / "store", keep_versions=config.mirror.keep_versions) as store:
         trust = TrainerTrust(config.peer.run, trust_key, config.peer.data_dir, config.peer.wrong_key_timeout_s)
         upload = config.limits.upload_mbps * 1e6 / 8 if config.limits.upload_mbps > 0 else math.inf
-        transfer = TransferConfig(upload_bps=upload)
         async with open_host(HostConfig(identity=identity, data_dir=config.peer.data_dir, listen=config.peer.listen,
                                         announce=config.peer.announce, reach=config.reach_config(),
                                         bootstrap=bootstrap, inbound=config.limits.inbound_limits())) as host:
             for addr, why in host.bootstrap_failures.items():
                 events.emit(BootstrapUnreachable(address=addr, reason=why))
-            mirror = PolicyMirror(store, host.peer_id, trust, run=config.peer.run, transfer=transfer,
+            mirror = PolicyMirror(store, host.peer_id, trust, run=config.peer.run, upload_bps=upload,
                                   reseed=config.mirror.reseed, keep=config.mirror.keep_versions, on_event=events.emit,
                                   copies_dir=config.peer.data_dir / "policies",
                                   links_per_version=config.mirror.links_per_version)

@@ -86,7 +86,8 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
     """The set of policy versions a peer mirrors, and the piece services that move them."""
 
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
-                 transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
+                 transfer: TransferConfig = TransferConfig(), upload_bps: float = math.inf, reseed: bool = True,
+                 keep: int = 3,
                  on_event: Callable[[Event], None] = lambda event: None, dial_timeout: float = 15.0,
                  spare_ttl: float = SPARE_TTL, adoption_wait: float = 30.0, announce_after: float = 1.0,
                  copies_dir: Path | None = None, preamble_rate: ByteRate = PREAMBLE_RATE,
@@ -99,9 +100,8 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         self.trust = trust
         self.run = run
         self.transfer = transfer
-        # one upload cap for the node: each version's service had its own bucket, so a peer serving three versions
-        # uploaded up to three times what --upload-mbps allowed
-        self.upload_bucket = TokenBucket(transfer.upload_bps)
+        # this peer's whole upload (bytes/s, --upload-mbps), one bucket that every version's service draws on
+        self.upload_bucket = TokenBucket(upload_bps)
         self.reseed = reseed
         self.keep = keep
         self.on_event = on_event

@@ -215,10 +215,10 @@ class Activity:
 async def _watch(peers: list[SimPeer], activity: Activity, scope: trio.CancelScope, every_s: float) -> None:
     """Progress watchdog: when the trainer has not stepped for `every_s`, say what every peer holds and did last.
 
-    Why: one default run sat after publishing a version with nothing on screen until the 900 s limit (and one
-    sat for minutes with every inference peer holding v0 and none generating). A stall must be impossible to
-    miss, and the peer states (versions known and held, connections, last milestone) say where the chain
-    trainer -> policy -> rollouts -> votes -> trainer broke.
+    Why: a stall anywhere in the chain (a version not fetched, inference peers holding it but not generating)
+    otherwise shows nothing on screen until the time limit. A stall must be impossible to miss, and the peer states
+    (versions known and held, connections, last milestone) say where the chain trainer -> policy -> rollouts ->
+    votes -> trainer broke.
     """
     with scope:
         last = -1
