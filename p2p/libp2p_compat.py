@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 import trio
+from libp2p.abc import INetStream
 from libp2p.io.trio import TrioTCPStream
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.pubsub import gossipsub as gossipsub_module
@@ -65,7 +66,7 @@ def tune_yamux() -> None:
         yamux.Yamux._write_frame = write_frame  # type: ignore[method-assign]
 
 
-async def grant_window_at_half(stream: Any, *, bytes_read: int = 0) -> None:
+async def grant_window_at_half(stream: INetStream, *, bytes_read: int = 0) -> None:
     """Send a Yamux WINDOW_UPDATE once the credit owed reaches half the receive window (go-yamux's rule), or at
     any read while the sender has less than one frame of credit left.
 
@@ -90,7 +91,7 @@ async def grant_window_at_half(stream: Any, *, bytes_read: int = 0) -> None:
 grant_window_at_half.at_half = True  # type: ignore[attr-defined]
 
 
-def _grant_due(stream: Any) -> bool:
+def _grant_due(stream: INetStream) -> bool:
     """Whether half the receive window is owed, or the sender has less than one frame of credit (and any owed)."""
     buffered = len(stream.conn.stream_buffers.get(stream.stream_id, b""))
     owed = stream.target_recv_window - (stream.recv_window + buffered)
@@ -215,7 +216,7 @@ def index_service_tasks() -> None:
 class Libp2pByteStream:
     """A libp2p (Noise + Yamux) stream seen as a trio-style byte stream with bounded reads."""
 
-    def __init__(self, stream: Any, peer_id: str, read_chunk: int = READ_CHUNK) -> None:
+    def __init__(self, stream: INetStream, peer_id: str, read_chunk: int = READ_CHUNK) -> None:
         self._stream = stream
         self.peer_id = peer_id
         self.transport = "libp2p-stream"

@@ -18,6 +18,9 @@ from collections.abc import Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from swarm.event_types import Adopted, Complete, Dropped, Event, TransferProgress
+from swarm.events import Emitted
+
 
 def silence_library_bars() -> None:
     """Turn off huggingface_hub's and transformers' tqdm bars (both read HF_HUB_DISABLE_PROGRESS_BARS when
@@ -94,25 +97,26 @@ class DownloadBars:
 
     def __init__(self, console: Console | None) -> None:
         self.console = console
-        self.drawn_kinds = frozenset({"progress"}) if console is not None else frozenset()
+        self.drawn_kinds: frozenset[type[Event]] = frozenset({TransferProgress}) if console is not None else frozenset()
         self.progress: Progress | None = None
-        self.bars: dict[object, int] = {}  # version -> its task in `progress`
+        self.bars: dict[int, int] = {}  # version -> its task in `progress`
 
-    def on_event(self, record: dict) -> None:
-        if self.console is None:
+    def on_event(self, emitted: Emitted) -> None:
+        event = emitted.event
+        if self.console is None or not isinstance(event, (Adopted, TransferProgress, Complete, Dropped)):
             return
-        kind, version = record.get("event"), record.get("version")
-        if kind in ("adopted", "progress") and version not in self.bars:
-            self.bars[version] = self._started().add_task(f"policy v{version}", total=record.get("pieces") if
-                                                          kind == "adopted" else record.get("total"))
-        if kind == "progress" and version in self.bars:
-            self.progress.update(self.bars[version], completed=record.get("pieces", 0), total=record.get("total"),
-                                 description=f"policy v{version} ({record.get('peers', 0)} peers, "
-                                             f"{record.get('down_mib_s', 0):.1f} MiB/s down)")
-        elif kind == "complete" and version in self.bars:
+        version = event.version
+        if isinstance(event, (Adopted, TransferProgress)) and version not in self.bars:
+            total = event.pieces if isinstance(event, Adopted) else event.total
+            self.bars[version] = self._started().add_task(f"policy v{version}", total=total)
+        if isinstance(event, TransferProgress) and version in self.bars:
+            self.progress.update(self.bars[version], completed=event.pieces, total=event.total,
+                                 description=f"policy v{version} ({event.peers} peers, "
+                                             f"{event.down_mib_s:.1f} MiB/s down)")
+        elif isinstance(event, Complete) and version in self.bars:
             total = self.progress.tasks[self.bars[version]].total
             self.progress.update(self.bars[version], completed=total, description=f"policy v{version} complete")
-        elif kind == "dropped" and version in self.bars:
+        elif isinstance(event, Dropped) and version in self.bars:
             self.progress.remove_task(self.bars.pop(version))
         if self.progress is not None:
             self.progress.refresh()  # each event drawn as it comes (a status period apart), not only the latest

@@ -6,11 +6,12 @@ import logging
 from typing import Any
 
 import trio
+from libp2p.abc import IHost
 
 log = logging.getLogger(__name__)
 
 
-async def close_sockets(libp2p_host: Any) -> None:
+async def close_sockets(libp2p_host: IHost) -> None:
     """Close the host's connections, then its listening sockets. Why: py-libp2p 0.8.1 closes neither when its host
     stops (its swarm's close is never called), so the peers of a closed host keep their connections to it and all
     they granted over them (a relay's reservation, a circuit's place), its port keeps accepting connections nobody

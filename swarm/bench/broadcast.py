@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import blake3
 import numpy as np
@@ -37,7 +38,11 @@ from swarm.bench.broadcast_virtual import VirtualSwarm, run_virtual
 from swarm.bench.kumar_ross import min_distribution_time
 from swarm.bench.local_ports import free_ports
 from swarm.errors import UserError
+from swarm.event_types import Published
 from swarm.events import EventSink
+
+if TYPE_CHECKING:
+    from swarm.node.state import Node
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -194,13 +199,13 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
     events = EventSink(json_lines=True)
     events.configure_logging()
 
-    async def publish(node) -> None:
+    async def publish(node: Node) -> None:
         manifest = build_manifest(Path(ckpt), run=run, version=1, parent_version=None, created_at=time.time(),
                                   generation=GenerationSettings(8, 0.6, 256, 0), piece_size=piece_kb * 1024)
         signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
         await trio.wrap_file(sys.stdin).readline()
         node.mirror.adopt(signed, local_dir=Path(ckpt))
-        events.emit("published", version=1, id=manifest.id.hex(), bytes=manifest.total_size)
+        events.emit(Published(version=1, id=manifest.id.hex(), bytes=manifest.total_size))
         await node.announce_policy(signed, manifest)
 
     return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)

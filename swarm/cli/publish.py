@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -34,9 +35,13 @@ from p2p.pieces.manifest import (
     sign_manifest,
 )
 from swarm.errors import UserError
+from swarm.event_types import Published, Warned
 from swarm.events import EventSink
 from swarm.shutdown import run_trio
 from tasks.hub_cache import parse_reference
+
+if TYPE_CHECKING:
+    from swarm.node.state import Node
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +142,7 @@ SWARM_VERSION_WAIT_S = 15.0
 """How long `swarm publish` asks the swarm for the run's newest version before numbering its own."""
 
 
-async def next_version(node, run: str, trainer_key: bytes, wait_s: float = SWARM_VERSION_WAIT_S) -> int:
+async def next_version(node: Node, run: str, trainer_key: bytes, wait_s: float = SWARM_VERSION_WAIT_S) -> int:
     """One past the newest version of `run` that this data directory holds or the swarm knows (the DHT's signed
     latest-manifest record, or a manifest gossip or heartbeats brought meanwhile).
 
@@ -151,7 +156,7 @@ async def next_version(node, run: str, trainer_key: bytes, wait_s: float = SWARM
                 record = await node.dht.get_latest_manifest(run, trainer_key)
             except P2PError as exc:
                 record = None
-                node.events.emit("warning", message=f"could not ask the DHT for the run's newest version: {exc}")
+                node.events.emit(Warned(message=f"could not ask the DHT for the run's newest version: {exc}"))
             if record is not None:
                 known.append(record.version)
     newest = node.mirror.latest()
@@ -187,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     events.configure_logging()
     generation = _generation(args.checkpoint_dir)
 
-    async def publish(node) -> None:
+    async def publish(node: Node) -> None:
         version = args.version if args.version is not None else await next_version(node, args.run, key.public_bytes)
         policy_dir = args.checkpoint_dir if hf_description is None else stage_hf_directory(
             args.checkpoint_dir, hf_description, config.peer.data_dir / "staged" / f"{args.run}-v{version}")
@@ -198,8 +203,8 @@ def run(args: argparse.Namespace) -> int:
         while len(node.connected_peers()) < args.announce_after:
             await trio.sleep(0.1)
         node.mirror.adopt(signed, local_dir=policy_dir)
-        events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
-                    trainer_key=key.public_bytes.hex())
+        events.emit(Published(version=version, id=manifest.id.hex(), bytes=manifest.total_size,
+                              trainer_key=key.public_bytes.hex()))
         await node.announce_policy(signed, manifest)
 
     return run_trio(open_node_parts, config, key, events, [publish], key.public_bytes)

@@ -11,7 +11,22 @@ from pathlib import Path
 from swarm.cli.peer import add_metrics_port
 from swarm.cli.train import add_report_to
 from swarm.errors import UserError, usable_directory
-from swarm.events import EventSink, describe
+from swarm.event_types import (
+    Complete,
+    DhtFound,
+    Evaluated,
+    Generated,
+    Listening,
+    MetricsListening,
+    Published,
+    RejectedRollout,
+    RoleFailed,
+    Stalled,
+    TrainerWaiting,
+    TrainStep,
+    WorkerBanned,
+)
+from swarm.events import Emitted, EventSink
 from swarm.node.gc_warmup import run_freezing_after_warmup
 from swarm.node.metrics import check_port_free
 from swarm.readable import readable_counts
@@ -78,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     _check_metrics_ports(args)
     settings = _settings(args)
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
-    events: list[dict] = []
+    events: list[Emitted] = []
     sink = EventSink(json_lines=args.json, stream=sys.stdout if args.json else open("/dev/null", "w"))
     sink.listeners.append(events.append)
     if not args.json:
@@ -89,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         report = summarize(events, extra)
         write_report(args.out, report, events)
         print(json.dumps(report) if args.json else _render(report, args.out), flush=True)
-        return 1 if extra["timed_out"] or any(e["event"] == "role_failed" for e in events) else 0
+        return 1 if extra["timed_out"] or any(isinstance(e.event, RoleFailed) for e in events) else 0
 
     stopped: dict = {}
     guard = ExitGuard(HARD_EXIT_AFTER_S, before_exit=lambda: finish(stopped))
@@ -219,30 +234,29 @@ def _clear_previous_run(out: Path) -> None:
     (out / SIM_MARKER).write_text("a swarm sim run: `swarm sim` deletes this directory when it starts again\n")
 
 
-_NARRATED = ("published", "train_step", "trainer_waiting", "role_failed", "dht_found", "generated", "rejected_rollout",
-             "evaluated")
+_NARRATED = (Published, TrainStep, TrainerWaiting, RoleFailed, DhtFound, Generated, RejectedRollout, Evaluated)
 
 
-def _narrate(e: dict) -> None:
-    """The simulation's story: role milestones in the words a peer uses (swarm.events.describe), each prefixed by
-    the peer's name, plus the watchdog's stall reports and the seed-only peer's copies."""
-    kind, who = e["event"], e.get("peer", "?")
+def _narrate(e: Emitted) -> None:
+    """The simulation's story: role milestones in the words a peer uses (swarm.event_types' lines), each prefixed
+    by the peer's name, plus the watchdog's stall reports and the seed-only peer's copies."""
+    event, who = e.event, e.peer or "?"
     line = None
-    if kind in _NARRATED:
-        line = describe(e)
-    elif kind == "stalled":
-        line = (f"no trainer step for {e['seconds']:.0f} s: knows v{e['knows']}, holds v{e['holds']}, "
-                f"connected to {e['connected']} peers, last: {e['last']}{' (STOPPED)' if e['stopped'] else ''}")
-    elif kind == "metrics_listening":
-        line = e["message"]
-    elif kind == "worker_banned":
-        line = f"banned worker {e.get('worker')} ({e.get('by', 'near_ties')}): {e.get('reason')}"
-    elif kind == "complete" and who.startswith("seed"):
-        line = f"mirrored policy v{e['version']}"
-    elif kind == "listening" and who == "trainer" and e.get("addrs"):
+    if isinstance(event, _NARRATED):
+        line = event.line()
+    elif isinstance(event, Stalled):
+        line = (f"no trainer step for {event.seconds:.0f} s: knows v{event.knows}, holds v{event.holds}, "
+                f"connected to {event.connected} peers, last: {event.last}{' (STOPPED)' if event.stopped else ''}")
+    elif isinstance(event, MetricsListening):
+        line = event.message
+    elif isinstance(event, WorkerBanned):
+        line = f"banned worker {event.worker} ({event.by or 'near_ties'}): {event.reason}"
+    elif isinstance(event, Complete) and who.startswith("seed"):
+        line = f"mirrored policy v{event.version}"
+    elif isinstance(event, Listening) and who == "trainer" and event.addrs:
         line = (
-            f"listening on {e['addrs'][0]} "
-            f"(watch the run from another shell: swarm status --run sim --bootstrap {e['addrs'][0]})"
+            f"listening on {event.addrs[0]} "
+            f"(watch the run from another shell: swarm status --run sim --bootstrap {event.addrs[0]})"
         )
     if line:
         print(f"[{who}] {line}", flush=True)
