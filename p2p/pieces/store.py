@@ -261,7 +261,7 @@ class PieceStore:
 
     def holds_full(self, manifest: PolicyManifest) -> bool:
         """Whether every file of the version's full form (all but its patch) is complete."""
-        return all(self._files[e.root].complete for e in _full_files(manifest))
+        return all(self._files[e.root].complete if e.root in self._files else False for e in _full_files(manifest))
 
     def weight_paths(self, manifest: PolicyManifest) -> list[Path]:
         """Where the complete safetensors files of a version held in full lie (to rebuild a child from them)."""

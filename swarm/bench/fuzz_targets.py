@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import blake3
@@ -34,6 +34,7 @@ from p2p.pieces.manifest import (
     SIG_CONTEXT,
     FileEntry,
     GenerationSettings,
+    PatchRef,
     PolicyManifest,
     SignedManifest,
     TensorEntry,
@@ -41,6 +42,7 @@ from p2p.pieces.manifest import (
     open_signed_manifest,
 )
 from p2p.pieces.manifest_decode import MAX_MODEL_DEPTH, _is_plain_tree
+from swarm.bench import fuzz_patch_targets as patch
 from swarm.bench import fuzz_stream_targets as stream
 from swarm.errors import UserError
 from swarm.messages.rollout_codec import RolloutRefused, decode_blob, parse_items
@@ -266,10 +268,6 @@ def sample_manifest():
 
 def sample_patched_manifest():
     """The sample manifest as a patch over its parent: one more file, the patch, and the reference to it."""
-    from dataclasses import replace
-
-    from p2p.pieces.manifest import MIN_PIECE_SIZE, FileEntry, PatchRef
-
     base = sample_manifest()
     hashes = (blake3.blake3(b"patch").digest(),)
     patch = FileEntry("model.patch", 9_000, MIN_PIECE_SIZE, hashes, blake3.blake3(b"".join(hashes)).digest())
@@ -345,7 +343,6 @@ def dht_record_samples() -> list[bytes]:
 
 
 def _targets() -> tuple[FuzzTarget, ...]:
-    from swarm.bench import fuzz_patch_targets as patch
     from swarm.bench import fuzz_reach_targets as reach
 
     return (

@@ -82,6 +82,7 @@ async def make_full(policy: Mirrored, store: PieceStore, parent: Mirrored | None
                     holding: Callable[[Mirrored], AbstractContextManager]) -> None:
     """Return once `policy`'s full files are held: fetched, or rebuilt from its patch over `parent`."""
     service = policy.service
+    await trio.lowlevel.checkpoint()  # a version dropped before its watcher ran ends here, not in the store
     if not store.holds_full(policy.manifest):
         await service.completed.wait()
     if store.holds_full(policy.manifest):
