@@ -109,7 +109,8 @@ def encode_tensor(old: bytes | None, new: bytes, itemsize: int, level: int) -> t
     if changed.size > FULL_ABOVE * len(fresh):
         return "full", len(fresh), b"", compress(shuffle(fresh), level)
     encoding, positions = _smaller_positions(changed, len(fresh), level)
-    return encoding, int(changed.size), positions, compress(shuffle(fresh[changed]), level)
+    flipped = fresh[changed] ^ np.frombuffer(old, dtype=np.uint8).reshape(-1, itemsize)[changed]
+    return encoding, int(changed.size), positions, compress(shuffle(flipped), level)
 
 
 def _smaller_positions(changed: np.ndarray, elements: int, level: int) -> tuple[str, bytes]:
@@ -243,7 +244,7 @@ def rebuild_tensor(entry: TensorPatch, spot: TensorLayout, positions: memoryview
     elements = np.frombuffer(data, dtype=np.uint8).reshape(-1, spot.itemsize)
     for byte, plane in enumerate(planes(inflate(values, entry.changed * spot.itemsize, what), spot.itemsize)):
         column = elements[:, byte]  # a view: one byte of every element
-        column[index] = plane  # a plain boolean or integer selector, so numpy builds no array of positions
+        column[index] ^= plane  # a plain boolean or integer selector, so numpy builds no array of positions
     return data
 
 

@@ -12,15 +12,17 @@ in order: `a` bytes of compressed positions, then `b` bytes of compressed values
 
     same    unchanged: copied from the parent's tensor of the same name (a = b = 0)
     full    every byte anew (a = 0): a new tensor, or one whose dtype or shape changed
-    mask    positions as a bitmask over the elements (np.packbits, little bit order), then the new elements
+    mask    positions as a bitmask over the elements (np.packbits, little bit order), then the changed elements
     delta1, delta2, delta4
             positions as the first index then the gaps to each next one, in 1-, 2- or 4-byte unsigned integers,
-            then the new elements
+            then the changed elements
 
-Positions count elements (2 bytes each in bf16), not bytes, and the new elements travel byte-shuffled (every
-element's first byte, then every second byte...), so the sign-and-exponent bytes, nearly constant within a tensor,
-compress to almost nothing. Each block is one zstd frame. What is encoded is the new bytes themselves, never a float
-difference, so applying a patch is exact whatever the arithmetic of the machine.
+Positions count elements (2 bytes each in bf16), not bytes. A changed element's new bytes travel XORed with the
+parent's bytes of that element (`full` tensors travel as they are), byte-shuffled (every element's first byte, then
+every second byte...): an update of a few units in the last place leaves the sign-and-exponent byte's XOR zero, so
+it compresses to almost nothing (a third of the values' bytes against the new bytes as they are, on SmolLM2). Each
+block is one zstd frame. XOR is a bitwise transform of the bytes, never a float difference, so applying a patch is
+exact whatever the arithmetic of the machine.
 
 Limits before decoding: the head is at most MAX_HEAD_BYTES and decodes into at most MAX_FILES files of MAX_TENSORS
 tensors; every block's inflated size is known from the header of the tensor it rebuilds, and inflation stops one
