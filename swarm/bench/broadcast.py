@@ -7,7 +7,11 @@ What is measured, in one run so the ratios are fair on a noisy machine:
 - seed_upload_ratio: bytes the seed uploaded (its own counter, reported after the last peer completed) / file size;
 - all_verified: after the peers exit, every peer's store is reassembled and compared (BLAKE3) with the original;
 - peer_max_rss_mb: the largest peak RSS of a peer process (seed-only peers never load whole files), with
-  peer_upload_mb (what each peer served to the others) and seed_rss_mb (the publishing seed's peak RSS).
+  peer_upload_mb (what each peer served to the others) and seed_rss_mb (the publishing seed's peak RSS);
+- cpu: per phase, the CPU seconds every process spent from the announcement to the last completion (`cpu_s`),
+  a peer's CPU per MiB it moved (received plus sent; `peer_ms_per_mib`, the mean over peers) and the seed's per MiB
+  it sent (`seed_ms_per_mib`). Why: uncapped on one machine, CPU and not bandwidth is the limit, so CPU per byte
+  says what a distribution costs; `--profile DIR` writes every process's cProfile statistics to find where.
 Process start-up is not counted: the publisher announces once every pair of processes holds a warm data channel
 (`warm_links` says how many pairs were warm when the clock started; see `_warm_up`). The publisher is this module's
 `publisher_main`, `swarm publish` with an announce trigger.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for warm data channels between all processes before publishing")
     parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep files here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument("--profile", type=Path, help="write each process's cProfile statistics into this folder")
     parser.add_argument("--virtual", action="store_true",
                         help="simulate in virtual time over memnet instead (swarm/bench/broadcast_virtual.py)")
     parser.add_argument("--degree", type=int, default=8,
@@ -136,6 +142,14 @@ class EventProcess:
             pass
         return 0.0
 
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time of the running process so far (Linux /proc; 0 where unavailable)."""
+        try:
+            fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             self.popen.terminate()
@@ -165,6 +179,19 @@ def _warm_up(procs: list[EventProcess], deadline: float) -> tuple[int, int]:
 
 
 _PUBLISHER = "import sys; from swarm.bench.broadcast import publisher_main; sys.exit(publisher_main(sys.argv[1:]))"
+_PROFILED_PUBLISHER = ("import sys; from swarm.bench.broadcast import profiled_publisher_main; "
+                       "sys.exit(profiled_publisher_main(sys.argv[1:]))")
+
+
+def profiled_publisher_main(argv: list[str]) -> int:
+    """`publisher_main(argv[1:])` under cProfile, whose statistics go to the file argv[0] when it returns."""
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(publisher_main, argv[1:])
+    finally:
+        profile.dump_stats(argv[0])
 
 
 def publisher_main(argv: list[str]) -> int:
@@ -216,7 +243,8 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     seed_port, *ports = free_ports(args.peers + 1)  # all at once: each process its own
     seed_listen = f"/ip4/127.0.0.1/tcp/{seed_port}"
     seed_addr = f"{seed_listen}/p2p/{read_key_file(work / 'trainer.key').peer_id}"
-    pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
+    script = ["-c", _PROFILED_PUBLISHER, str(args.profile / f"{tag}-seed.prof")] if args.profile else ["-c", _PUBLISHER]
+    pub = EventProcess([*script, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
                         str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps), seed_listen],
                        work / f"{tag}-seed.log", stdin=subprocess.PIPE)
     peers: list[EventProcess] = []
@@ -226,17 +254,18 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
         for p in [pub] + peers:
             p.wait_for("listening", start_deadline)
         warm = _warm_up([pub] + peers, time.monotonic() + args.warmup)
+        cpu_before = [p.cpu_seconds() for p in [pub] + peers]
         pub.popen.stdin.write("go\n")
         pub.popen.stdin.flush()
         published = pub.wait_for("published", time.monotonic() + args.timeout)
         deadline = time.monotonic() + args.timeout
         done = [p.wait_for("complete", deadline, id=published["id"]) for p in peers]
+        cpu = [after - before for after, before in zip([p.cpu_seconds() for p in [pub] + peers], cpu_before)]
         t_done = max(d["t"] for d in done)
         # the seed's own counter, from its first progress report after the last peer completed
         seed_report = pub.wait_for("progress", deadline, after=t_done, version=published["version"])
         # what each peer served by then: the memory figure must cover serving, not only fetching
-        uploads = [p.wait_for("progress", deadline, after=t_done, version=published["version"])["up_bytes"]
-                   for p in peers]
+        reports = [p.wait_for("progress", deadline, after=t_done, version=published["version"]) for p in peers]
         rss = max(p.peak_rss_mb() for p in peers)
         seed_rss = pub.peak_rss_mb()
     finally:
@@ -247,11 +276,20 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
         "seed_upload_bytes": seed_report["up_bytes"],
         "max_rss_mb": rss,
         "seed_rss_mb": seed_rss,
-        "peer_upload_bytes": uploads,
+        "peer_upload_bytes": [r["up_bytes"] for r in reports],
         "warm": warm,
+        "cpu": _cpu_figures(cpu, seed_report["up_bytes"], reports),
         "manifest_id": published["id"],
         "verified": _verify(work, tag, args.peers, published["id"]),
     }
+
+
+def _cpu_figures(cpu: list[float], seed_up: int, reports: list[dict]) -> dict:
+    """A phase's CPU (`cpu`: the seed's seconds, then each peer's) per MiB moved; see the module docstring."""
+    moved = [(r["up_bytes"] + r["down_bytes"]) / 2**20 for r in reports]
+    per_peer = [1000 * seconds / mib for seconds, mib in zip(cpu[1:], moved) if mib]
+    return {"cpu_s": round(sum(cpu), 2), "peer_ms_per_mib": round(sum(per_peer) / max(1, len(per_peer)), 2),
+            "seed_ms_per_mib": round(1000 * cpu[0] / max(seed_up / 2**20, 1e-9), 2)}
 
 
 def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed: bool,
@@ -267,8 +305,10 @@ def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed
         key_file = work / f"{tag}-peer{i}.key"
         identity = Identity.generate()
         write_key_file(key_file, identity)
-        argvs.append(["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
-                      key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
+        profile = ["-m", "cProfile", "-o", str(args.profile / f"{tag}-peer{i}.prof")] if args.profile else []
+        argvs.append([*profile, "-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}",
+                      "--trainer-key", key_hex, "--data-dir", str(work / f"{tag}-peer{i}"),
+                      "--upload-mbps", str(args.upload_mbps),
                       "--identity-key", str(key_file), "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--json",
                       *[f for addr in known for f in ("--bootstrap", addr)], *([] if reseed else ["--no-reseed"])])
         known.append(f"/ip4/127.0.0.1/tcp/{port}/p2p/{identity.peer_id}")
@@ -322,6 +362,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
         _make_checkpoint(work / "ckpt", args.size_mb)
         key = Identity.generate()
         if not (work / "trainer.key").exists():
@@ -344,6 +386,8 @@ def run(args: argparse.Namespace) -> int:
         "peer_upload_mb": [round(b / 2**20, 1) for b in swarm["peer_upload_bytes"]],
         "seed_rss_mb": swarm["seed_rss_mb"],
         "warm_links": "{}/{}".format(*swarm["warm"]),
+        "cpu_swarm": swarm["cpu"],
+        "cpu_single_origin": single["cpu"] if single else None,
     }
     print(json.dumps(result))
     return 0
