@@ -179,19 +179,24 @@ def _warm_up(procs: list[EventProcess], deadline: float) -> tuple[int, int]:
 
 
 _PUBLISHER = "import sys; from swarm.bench.broadcast import publisher_main; sys.exit(publisher_main(sys.argv[1:]))"
-_PROFILED_PUBLISHER = ("import sys; from swarm.bench.broadcast import profiled_publisher_main; "
-                       "sys.exit(profiled_publisher_main(sys.argv[1:]))")
+_PROFILED = "import sys; from swarm.bench.broadcast import profiled_main; sys.exit(profiled_main(sys.argv[1:]))"
 
 
-def profiled_publisher_main(argv: list[str]) -> int:
-    """`publisher_main(argv[1:])` under cProfile, whose statistics go to the file argv[0] when it returns."""
+def profiled_main(argv: list[str]) -> int:
+    """argv: a statistics file, "publisher" or "swarm", then that entry point's arguments, run under cProfile.
+
+    Why CPU time and not cProfile's wall clock: nine processes share the machine's cores, and a function that was
+    merely waiting for one would look costly."""
     import cProfile
 
-    profile = cProfile.Profile()
+    from swarm.cli.main import main
+
+    path, which, *rest = argv
+    profile = cProfile.Profile(time.process_time)
     try:
-        return profile.runcall(publisher_main, argv[1:])
+        return profile.runcall(publisher_main if which == "publisher" else main, rest)
     finally:
-        profile.dump_stats(argv[0])
+        profile.dump_stats(path)
 
 
 def publisher_main(argv: list[str]) -> int:
@@ -231,6 +236,11 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
     return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)
 
 
+def _entry(args, name: str, which: str) -> list[str]:
+    """The interpreter arguments that run `which` ("publisher" or "swarm") under `profiled_main`."""
+    return ["-c", _PROFILED, str(args.profile / f"{name}.prof"), which]
+
+
 def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     """One distribution: peers stay up and keep re-seeding until the LAST one holds every piece.
 
@@ -243,7 +253,7 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     seed_port, *ports = free_ports(args.peers + 1)  # all at once: each process its own
     seed_listen = f"/ip4/127.0.0.1/tcp/{seed_port}"
     seed_addr = f"{seed_listen}/p2p/{read_key_file(work / 'trainer.key').peer_id}"
-    script = ["-c", _PROFILED_PUBLISHER, str(args.profile / f"{tag}-seed.prof")] if args.profile else ["-c", _PUBLISHER]
+    script = _entry(args, f"{tag}-seed", "publisher") if args.profile else ["-c", _PUBLISHER]
     pub = EventProcess([*script, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
                         str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps), seed_listen],
                        work / f"{tag}-seed.log", stdin=subprocess.PIPE)
@@ -305,8 +315,8 @@ def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed
         key_file = work / f"{tag}-peer{i}.key"
         identity = Identity.generate()
         write_key_file(key_file, identity)
-        profile = ["-m", "cProfile", "-o", str(args.profile / f"{tag}-peer{i}.prof")] if args.profile else []
-        argvs.append([*profile, "-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}",
+        entry = _entry(args, f"{tag}-peer{i}", "swarm") if args.profile else ["-m", "swarm"]
+        argvs.append([*entry, "peer", "start", "--role", "seed", "--run", f"bench-{tag}",
                       "--trainer-key", key_hex, "--data-dir", str(work / f"{tag}-peer{i}"),
                       "--upload-mbps", str(args.upload_mbps),
                       "--identity-key", str(key_file), "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--json",
