@@ -11,7 +11,9 @@ What is measured, in one run so the ratios are fair on a noisy machine:
 - cpu: per phase, the CPU seconds every process spent from the announcement to the last completion (`cpu_s`),
   a peer's CPU per MiB it moved (received plus sent; `peer_ms_per_mib`, the mean over peers) and the seed's per MiB
   it sent (`seed_ms_per_mib`). Why: uncapped on one machine, CPU and not bandwidth is the limit, so CPU per byte
-  says what a distribution costs; `--profile DIR` writes every process's cProfile statistics to find where.
+  says what a distribution costs; `idle_cpu_s_per_s` is what all processes spend warm and idle (measured for
+  IDLE_WINDOW seconds before the announcement), and `piece_path_ms_per_mib` the phase's CPU less that, per MiB the
+  peers moved; `--profile DIR` writes every process's cProfile statistics to find where it goes.
 Process start-up is not counted: the publisher announces once every pair of processes holds a warm data channel
 (`warm_links` says how many pairs were warm when the clock started; see `_warm_up`). The publisher is this module's
 `publisher_main`, `swarm publish` with an announce trigger.
@@ -264,6 +266,7 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
         for p in [pub] + peers:
             p.wait_for("listening", start_deadline)
         warm = _warm_up([pub] + peers, time.monotonic() + args.warmup)
+        idle = _idle_cpu([pub] + peers)
         cpu_before = [p.cpu_seconds() for p in [pub] + peers]
         pub.popen.stdin.write("go\n")
         pub.popen.stdin.flush()
@@ -288,10 +291,28 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
         "seed_rss_mb": seed_rss,
         "peer_upload_bytes": [r["up_bytes"] for r in reports],
         "warm": warm,
-        "cpu": _cpu_figures(cpu, seed_report["up_bytes"], reports),
+        "cpu": {**_cpu_figures(cpu, seed_report["up_bytes"], reports), "idle_cpu_s_per_s": idle,
+                "piece_path_ms_per_mib": _piece_path_ms(cpu, idle * (t_done - published["t"]), reports)},
         "manifest_id": published["id"],
         "verified": _verify(work, tag, args.peers, published["id"]),
     }
+
+
+IDLE_WINDOW = 2.0
+"""Seconds a warm swarm is watched idle before the announcement, to tell the piece path's CPU from the rest."""
+
+
+def _idle_cpu(procs: list[EventProcess]) -> float:
+    """CPU seconds per second all `procs` together spend while warm and idle (heartbeats, gossip, DHT)."""
+    before = sum(p.cpu_seconds() for p in procs)
+    time.sleep(IDLE_WINDOW)
+    return round((sum(p.cpu_seconds() for p in procs) - before) / IDLE_WINDOW, 3)
+
+
+def _piece_path_ms(cpu: list[float], idle_cpu: float, reports: list[dict]) -> float:
+    """CPU per MiB moved by the peers (received plus sent) over all processes, less what they spend idle."""
+    moved = sum(r["up_bytes"] + r["down_bytes"] for r in reports) / 2**20
+    return round(1000 * max(0.0, sum(cpu) - idle_cpu) / max(moved, 1e-9), 2)
 
 
 def _cpu_figures(cpu: list[float], seed_up: int, reports: list[dict]) -> dict:
