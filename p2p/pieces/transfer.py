@@ -36,7 +36,7 @@ from p2p.pieces.transfer_config import TransferConfig
 from p2p.pieces.transfer_stats import LinkActivity, PeerStats, Progress
 from p2p.pieces.wire import (
     Bitfield, Cancel, FrameDecoder, Have, Hello, Piece, Reject, Request, Stream, message_frame,
-    pack_bits, parse_message, read_frame, send_buffers, unpack_bits, write_frame,
+    pack_bits, parse_message, read_frame, send_buffers, unpack_bits,
 )
 
 log = logging.getLogger(__name__)
@@ -311,7 +311,7 @@ class SwarmService:
             control, piece = await link.outbox.take()
             if control:
                 with trio.fail_after(self.config.send_timeout):
-                    await send_buffers(link.stream, [b"".join(b for msg in control for b in message_frame(msg))])
+                    await send_buffers(link.stream, _control_frames(control))
             if piece is not None:
                 await self._send_piece(link, piece.index)
 
@@ -327,8 +327,9 @@ class SwarmService:
                 await _send_message(link.stream, Reject(index, "corrupt on disk"))
             return
         await acquire_all([self._bucket, link.bucket], len(data))
+        late = link.outbox.take_control()  # came while the piece was readied: they would wait for it anyway
         with trio.fail_after(self.config.send_timeout):
-            await write_frame(link.stream, {"t": "piece", "index": index}, data)
+            await send_buffers(link.stream, _control_frames(late) + message_frame(Piece(index, data)))
         link.active_at = trio.current_time()
         stats = self.stats[link.peer]
         stats.bytes_up += len(data)
@@ -395,6 +396,11 @@ class _ChargedReader:
         data = await self._stream.receive_some(max_bytes)
         self._lease.resize(self._decoder.buffered + len(data))
         return data
+
+
+def _control_frames(messages: list) -> list[bytes]:
+    """Control messages as one buffer (none for none): they share one record of the data channel."""
+    return [b"".join(b for msg in messages for b in message_frame(msg))] if messages else []
 
 
 async def _send_message(stream: Stream, msg) -> None:
