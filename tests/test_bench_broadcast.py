@@ -31,6 +31,10 @@ def test_a_tiny_broadcast_reports_every_figure_and_verifies_every_copy(tmp_path)
     assert 1.0 <= result["seed_upload_ratio"] <= 2.0
     assert len(result["peer_upload_mb"]) == 2 and sum(result["peer_upload_mb"]) <= file_mb * 1.05
     assert 0 < result["peer_max_rss_mb"] < 300 and 0 < result["seed_rss_mb"] < 300
+    for cpu in (result["cpu_swarm"], result["cpu_single_origin"]):  # CPU is counted in 10 ms ticks: one process's
+        assert cpu["cpu_s"] > 0  # share of a tiny run may read 0, all of them together do not
+        assert min(cpu["peer_ms_per_mib"], cpu["seed_ms_per_mib"], cpu["idle_cpu_s_per_s"],
+                   cpu["piece_path_ms_per_mib"]) >= 0
 
 
 class _ReusingKernel:
