@@ -91,11 +91,10 @@ class SwarmService:
         self.corrupt_pieces: set[int] = set()  # pieces whose stored copy went bad on disk (refused since)
         self._links: dict[str, _Link] = {}
         # set when a link opens: the ticker sleeps on it while there is none. Why: a version kept for its window
-        # ticked every second for nothing, one of the periodic wake-ups that made up most of an idle peer's CPU
+        # would tick every second for nothing, and periodic wake-ups make up most of an idle peer's CPU
         self._link_opened = trio.Event()
-        # the node's upload cap: a bucket shared by the services of every version it serves (config.upload_bps
-        # applies to this service alone only when none is given)
-        self._bucket = upload_bucket if upload_bucket is not None else TokenBucket(config.upload_bps)
+        # the node's upload cap: one bucket shared by the services of every version the node serves; none, uncapped
+        self._bucket = upload_bucket if upload_bucket is not None else TokenBucket(math.inf)
         self._nursery: trio.Nursery | None = None
         self._tick_wait: trio.CancelScope | None = None  # the ticker's sleep, while it sleeps
         self._stopped = False  # run() has returned: its nursery takes no new links
@@ -410,16 +409,20 @@ async def _send_message(stream: Stream, msg) -> None:
 
 
 async def run_swarm(manifest: PolicyManifest, store: PieceStore, links: trio.MemoryReceiveChannel, *,
-                    role: str = "peer", upload_bps: float = math.inf, config: TransferConfig | None = None,
+                    role: str = "peer", upload_bucket: TokenBucket | None = None,
+                    config: TransferConfig | None = None,
                     on_progress: Callable[[Progress], None] | None = None, rng: random.Random | None = None,
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve `manifest` over every (peer_id, stream) that arrives on `links`, until cancelled.
 
-    `role` and `upload_bps` pick a TransferConfig (see `TransferConfig.for_role`) unless `config` is given. The
-    started value is the SwarmService (its `completed` event, `progress()`, `add_link`).
+    `role` picks a TransferConfig (see `TransferConfig.for_role`) unless `config` is given. `upload_bucket` is the
+    node's upload cap, shared with every other manifest the node serves (as the policy mirror shares its own); none
+    leaves the upload uncapped. The started value is the SwarmService (its `completed` event, `progress()`,
+    `add_link`).
     """
-    config = config or TransferConfig.for_role(role, upload_bps=upload_bps)
-    service = SwarmService(manifest, store, config=config, on_progress=on_progress, rng=rng)
+    config = config or TransferConfig.for_role(role)
+    service = SwarmService(manifest, store, config=config, on_progress=on_progress, rng=rng,
+                           upload_bucket=upload_bucket)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         task_status.started(service)

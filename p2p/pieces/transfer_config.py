@@ -11,11 +11,14 @@ from p2p.pieces.wire import RECEIVE_CHUNK
 
 @dataclass(frozen=True)
 class TransferConfig:
-    """How one node runs the piece protocol for one manifest."""
+    """How one node runs the piece protocol for one manifest.
+
+    The node's own upload cap is no field here: it spans every manifest the node serves, so it is one TokenBucket
+    the node hands to each of its services (`SwarmService(upload_bucket=...)`).
+    """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
-    upload_bps: float = math.inf  # cap on this node's upload over all peers (bytes/s)
-    peer_upload_bps: float = math.inf  # cap on the upload to any one peer (bytes/s)
+    peer_upload_bps: float = math.inf  # cap on this manifest's upload to any one peer (bytes/s), per link
     handshake_timeout: float = 10.0  # the peer's hello must arrive within this
     send_timeout: float = 60.0  # one frame (a whole piece) must be sent within this
     tick_interval: float = 1.0  # how often request timeouts and stalls are checked
@@ -23,7 +26,7 @@ class TransferConfig:
     have_delay: float = 0.02  # a `have` may wait this long for others to share its record (p2p/pieces/outbox.py)
 
     @classmethod
-    def for_role(cls, role: str, *, upload_bps: float = math.inf, **overrides) -> TransferConfig:
+    def for_role(cls, role: str, **overrides) -> TransferConfig:
         """Transfer settings per role.
 
         `origin` (the publishing trainer) and `seed` (a node that starts with the whole policy and may face a flash
@@ -36,9 +39,9 @@ class TransferConfig:
         engine = overrides.pop("engine", EngineConfig())
         if role in ("origin", "seed"):
             engine = EngineConfig(**{**engine.__dict__, "super_seed": True})
-        return cls(engine=engine, upload_bps=upload_bps, **overrides)
+        return cls(engine=engine, **overrides)
 
     def __post_init__(self) -> None:
-        if min(self.handshake_timeout, self.send_timeout, self.tick_interval, self.upload_bps,
+        if min(self.handshake_timeout, self.send_timeout, self.tick_interval,
                self.peer_upload_bps) <= 0 or self.receive_chunk < 1 or self.have_delay < 0:
             raise ValueError("transfer timeouts, rates and chunk sizes must be positive, the have delay not negative")
