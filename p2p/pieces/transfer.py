@@ -208,7 +208,7 @@ class SwarmService:
             await trio.aclose_forcefully(stream)
             return
         now = trio.current_time()
-        link = _Link(peer, stream, Outbox(self.config.have_delay), TokenBucket(self.config.peer_upload_bps),
+        link = _Link(peer, stream, Outbox(), TokenBucket(self.config.peer_upload_bps),
                      self._budget.lease("a piece frame"), opened_at=now, active_at=now)
         self._links[peer] = link
         self._link_opened.set()
@@ -349,9 +349,7 @@ class SwarmService:
                     self._dispatch(self.engine.peer_gone(act.peer, trio.current_time()))
                     self._dispatch([DropPeer(act.peer, "does not read what we send", hostile=False)])
                     continue
-                if isinstance(act, Send) and isinstance(act.message, Have):
-                    link.outbox.put_lazy(act.message)
-                elif isinstance(act, Send):
+                if isinstance(act, Send):
                     link.outbox.put_control(act.message)
                 else:
                     link.outbox.put_piece(act)

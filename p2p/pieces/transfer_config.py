@@ -23,7 +23,6 @@ class TransferConfig:
     send_timeout: float = 60.0  # one frame (a whole piece) must be sent within this
     tick_interval: float = 1.0  # how often request timeouts and stalls are checked
     receive_chunk: int = RECEIVE_CHUNK  # bytes asked of the stream per read: a whole data-channel record, never a slice
-    have_delay: float = 0.02  # a `have` may wait this long for others to share its record (p2p/pieces/outbox.py)
 
     @classmethod
     def for_role(cls, role: str, **overrides) -> TransferConfig:
@@ -43,5 +42,5 @@ class TransferConfig:
 
     def __post_init__(self) -> None:
         if min(self.handshake_timeout, self.send_timeout, self.tick_interval,
-               self.peer_upload_bps) <= 0 or self.receive_chunk < 1 or self.have_delay < 0:
-            raise ValueError("transfer timeouts, rates and chunk sizes must be positive, the have delay not negative")
+               self.peer_upload_bps) <= 0 or self.receive_chunk < 1:
+            raise ValueError("transfer timeouts, rates and chunk sizes must be positive")
