@@ -31,6 +31,10 @@ def test_a_tiny_broadcast_reports_every_figure_and_verifies_every_copy(tmp_path)
     assert 1.0 <= result["seed_upload_ratio"] <= 2.0
     assert len(result["peer_upload_mb"]) == 2 and sum(result["peer_upload_mb"]) <= file_mb * 1.05
     assert 0 < result["peer_max_rss_mb"] < 300 and 0 < result["seed_rss_mb"] < 300
+    for cpu in (result["cpu_swarm"], result["cpu_single_origin"]):  # CPU is counted in 10 ms ticks: one process's
+        assert cpu["cpu_s"] > 0  # share of a tiny run may read 0, all of them together do not
+        assert min(cpu["peer_ms_per_mib"], cpu["seed_ms_per_mib"], cpu["idle_cpu_s_per_s"],
+                   cpu["piece_path_ms_per_mib"]) >= 0
 
 
 class _ReusingKernel:
@@ -70,7 +74,8 @@ def test_every_process_of_a_broadcast_gets_its_own_port_even_where_probed_ports_
     monkeypatch.setattr(local_ports.socket, "socket", _ReusingKernel)
     ports = local_ports.free_ports(7)
     assert len(set(ports)) == 7
-    argvs = broadcast._peer_argvs(tmp_path, SimpleNamespace(peers=6, upload_mbps=10.0), "swarm", "ab" * 32,
-                                  f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/seed", True, ports[1:])
+    shape = SimpleNamespace(peers=6, upload_mbps=10.0, profile=None)
+    seed = f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/seed"
+    argvs = broadcast._peer_argvs(tmp_path, shape, "swarm", "ab" * 32, seed, True, ports[1:])
     listens = [argv[argv.index("--listen") + 1] for argv in argvs]
     assert listens == [f"/ip4/127.0.0.1/tcp/{port}" for port in ports[1:]]

@@ -1,11 +1,13 @@
 """Busy refusals: a loaded uploader answers Reject(BUSY), and its requester asks the piece's other holders, leaves
 the busy peer alone for `busy_backoff`, asks it again on the tick after, and never takes BUSY for "lacks the
-piece". A peer that answers BUSY forever is bypassed, or dropped by the stall rule when it alone holds a piece."""
+piece". A peer that answers BUSY forever is bypassed, or dropped by the stall rule when it alone holds a piece. An
+uploader whose queue drains within the backoff queues instead of refusing."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 from test_p2p_engine import Sim
 
 from p2p.pieces.engine import BUSY, DropPeer, EngineConfig, Send, SendPiece, SwarmEngine
@@ -139,3 +141,45 @@ def test_a_busy_peer_is_not_dropped_for_refusing_a_piece_another_holder_served()
     eng.piece_received("b", 1, True, 2.0)
     assert eng.complete
     assert not any(isinstance(x, DropPeer) for x in eng.tick(100.0))  # a owes nothing: b served it all
+
+
+def test_an_uploader_whose_queue_drains_within_the_backoff_queues_instead_of_refusing():
+    """A refusal costs its requester the whole backoff; an uploader that sends a piece in a millisecond (uncapped
+    loopback) would have served the request many times over by then, so it queues it. A slow one still refuses."""
+    cfg = EngineConfig(upload_slots=1, upload_backlog=1, busy_backoff=0.2)
+    fast = SwarmEngine(8, b"\x01" * 8, config=cfg)
+    fast.peer_connected("x", b"\x00" * 8, 0.0)
+    assert fast.peer_request("x", 0, 0.0) == [SendPiece("x", 0)]
+    assert fast.peer_request("x", 1, 0.0) == []  # its one backlog place
+    assert fast.peer_request("x", 2, 0.0) == [Send("x", Reject(2, BUSY))]  # nothing timed yet: the counts decide
+    assert fast.upload_done("x", 0, 0.001) == [SendPiece("x", 1)]  # 1 ms a piece
+    assert fast.upload_timer.seconds == pytest.approx(0.001)
+    for index in (2, 3, 4):
+        assert fast.peer_request("x", index, 0.0015) == []  # three ahead of the last: 3 ms, far within 0.2 s
+    assert list(fast.peers["x"].queue) == [2, 3, 4]
+    slow = SwarmEngine(8, b"\x01" * 8, config=cfg)
+    slow.peer_connected("x", b"\x00" * 8, 0.0)
+    slow.peer_request("x", 0, 0.0)
+    slow.upload_done("x", 0, 0.25)  # a piece takes longer than the backoff: queueing is worse than a refusal
+    assert slow.peer_request("x", 1, 0.25) == [SendPiece("x", 1)]
+    assert slow.peer_request("x", 2, 0.25) == []
+    assert slow.peer_request("x", 3, 0.25) == [Send("x", Reject(3, BUSY))]
+
+
+def test_an_abandoned_upload_does_not_count_as_a_fast_one():
+    eng = SwarmEngine(4, b"\x01" * 4, config=EngineConfig(upload_slots=1))
+    eng.peer_connected("x", b"\x00" * 4, 0.0)
+    eng.peer_request("x", 0, 0.0)
+    eng.upload_done("x", 0, 0.0001, delivered=False)  # given up at once (corrupt on disk): says nothing of speed
+    assert eng.upload_timer.seconds is None
+
+
+def test_next_retry_is_the_end_of_the_earliest_busy_backoff_and_clears_once_asked_again():
+    cfg = EngineConfig(busy_backoff=0.5, endgame=False)
+    eng = SwarmEngine(2, b"\x00\x00", config=cfg, rng=random.Random(3))
+    assert eng.next_retry() is None
+    asked = requests_in(eng.peer_connected("a", b"\x01\x01", 0.0))
+    eng.peer_reject("a", asked[0][1], 1.0, busy=True)
+    assert eng.next_retry() == 1.5
+    assert requests_in(eng.tick(1.5)) == [("a", asked[0][1])]  # the adapter ticks at next_retry: asked at once
+    assert eng.next_retry() is None

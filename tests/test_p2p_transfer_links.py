@@ -293,3 +293,43 @@ async def test_a_burst_of_small_frames_does_not_hold_the_node_until_it_is_read(t
     # by the second yield at the latest (trio may run the receiver first in the batch after its first yield)
     assert handled_when_another_task_ran and handled_when_another_task_ran[0] < 2 * FRAMES_PER_CHECKPOINT
     c.close()
+
+
+async def _busy_once_holder(stream, manifest, store):
+    """Holds every piece; refuses its first request as busy, then serves every request at once."""
+    from p2p.pieces.engine import BUSY
+    from p2p.pieces.wire import FrameDecoder, Piece, Reject, Request, parse_message, read_frame, send_buffers
+
+    await send_buffers(stream, message_frame(Hello(manifest.id, pack_bits([1] * manifest.num_pieces))))
+    decoder, refused = FrameDecoder(), False
+    while (frame := await read_frame(stream, decoder)) is not None:
+        msg = parse_message(*frame, num_pieces=manifest.num_pieces)
+        if isinstance(msg, Request):
+            reply = Reject(msg.index, BUSY) if not refused else Piece(msg.index, store.read_piece(manifest, msg.index))
+            refused = True
+            await send_buffers(stream, message_frame(reply))
+
+
+async def test_a_requester_refused_as_busy_asks_again_when_its_backoff_ends_not_on_the_next_tick(tmp_path,
+                                                                                                autojump_clock):
+    """The only holder refuses once: the request goes out again when the 0.2 s backoff ends, though the periodic
+    tick comes only every 10 s (it used to wait for that tick, idling fast links for most of it)."""
+    manifest = make_policy(tmp_path / "src", 1 * MB)
+    seed_store = PieceStore(tmp_path / "seed")
+    seed_store.add_local_policy(manifest, tmp_path / "src")
+    cfg = TransferConfig(engine=EngineConfig(busy_backoff=0.2, endgame=False), tick_interval=10)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(tmp_path, nursery, manifest, tmp_path / "src")
+        node = await c.add("p0", config=cfg)
+        c.net.add_node("holder")
+        mine, theirs = c.net.connect("p0", "holder")
+        node.add_link("holder", mine)
+        nursery.start_soon(_busy_once_holder, theirs, manifest, seed_store)
+        with trio.fail_after(60):
+            await node.completed.wait()
+        done_at = trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert done_at < 1.0
+    c.assert_identical("p0")
+    c.close()
+    seed_store.close()

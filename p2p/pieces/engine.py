@@ -15,8 +15,10 @@ Policy, following the torrent practice for a cooperative flash crowd (docs/refer
   few copies of the version without serving any back, is dropped. A super-seed never refuses as BUSY.
 - Busy refusals: a loaded uploader (all slots busy, `upload_backlog` queued) answers Reject(BUSY): every neighbour
   asks a new piece's first holder at once, and a request queued there pins the piece while holders that got it
-  since sit idle. Refused, the requester asks the other holders and leaves the busy peer alone for `busy_backoff`.
-  BUSY says nothing about holding the piece; refusing all we need counts as owing pieces (stall rule below).
+  since sit idle. Refused, the requester asks the other holders and leaves the busy peer alone for `busy_backoff`
+  (the adapter wakes the engine when that ends: `next_retry`). BUSY says nothing about holding the piece; refusing
+  all we need counts as owing pieces (stall rule below). Only a slow uploader refuses: a queue that drains within
+  `busy_backoff` at the measured upload time costs the requester less than a refusal (p2p/pieces/upload_timer.py).
 - Super-seeding (an origin seed whose upload is the bottleneck): the seed advertises nothing and reveals pieces
   one by one, always a piece sent the fewest times so far, so it does not send any piece twice while another has
   never been sent; the peers spread each piece among themselves.
@@ -33,10 +35,11 @@ import numpy as np
 
 from p2p.pieces.engine_actions import Action, Completed, DropPeer, Send, SendPiece, StorePiece
 from p2p.pieces.engine_config import EngineConfig
-from p2p.pieces.engine_superseed import SuperSeeding
 from p2p.pieces.peer_state import PeerState
 from p2p.pieces.picker import Picker, RarestFirstPicker
+from p2p.pieces.super_seed import SuperSeeding
 from p2p.pieces.upload_ledger import UploadLedger
+from p2p.pieces.upload_timer import UploadTimer
 from p2p.pieces.wire import Bitfield, Cancel, Have, Reject, Request, pack_bits
 
 BULK_HAVES = 64
@@ -91,6 +94,7 @@ class SwarmEngine(SuperSeeding):
         self.super_seeding = config.super_seed and not self.missing
         self.ledger = UploadLedger(num_pieces, config.upload_factor, config.earn_per_piece)
         self._uploads_active = 0
+        self.upload_timer = UploadTimer()
         self._rr = 0
         self._busy_until: dict[str, float] = {}  # peer -> we ask it nothing before this (it refused us as BUSY)
         self._refusing: set[str] = set()  # peers refusing us as BUSY since their last piece: the stall clock runs
@@ -166,7 +170,8 @@ class SwarmEngine(SuperSeeding):
         for i in state.requested:
             self._unpend(i, peer)
         self._uploads_active -= len(state.sending)
-        return self._fill_all(now) + self._schedule_uploads() + self._reveal_all(now)
+        self.upload_timer.forget(peer, state.sending)
+        return self._fill_all(now) + self._schedule_uploads(now) + self._reveal_all(now)
 
     def _drop(self, peer: str, reason: str, now: float, hostile: bool = True) -> list[Action]:
         return [DropPeer(peer, reason, hostile)] + self._forget(peer, now)
@@ -260,6 +265,7 @@ class SwarmEngine(SuperSeeding):
         out: list[Action] = []
         if now < self._busy_until.get(peer, now):
             return out
+        self._busy_until.pop(peer, None)
         if not state.requested and peer not in self._refusing:  # the stall clock starts when it starts owing us
             state.last_piece_at = now
         room = self.config.pipeline_depth - len(state.requested)
@@ -272,6 +278,10 @@ class SwarmEngine(SuperSeeding):
                 break
             self._ask(peer, state, index, now, out)
         return out
+
+    def next_retry(self) -> float | None:
+        """When the earliest busy backoff ends (None if none): the adapter ticks then, not a whole tick later."""
+        return min(self._busy_until.values(), default=None)
 
     def _ask(self, peer: str, state: PeerState, index: int, now: float, out: list[Action]) -> None:
         state.requested[index] = now
@@ -340,7 +350,7 @@ class SwarmEngine(SuperSeeding):
             state.open_requests -= 1  # answered: an honest peer asks again only after its backoff
             return self._refuse_busy(peer, state, index, now)
         state.queue.append(index)
-        return self._schedule_uploads()
+        return self._schedule_uploads(now)
 
     def _refuse_busy(self, peer: str, state: PeerState, index: int, now: float) -> list[Action]:
         """Reject(BUSY), unless the peer had more refusals within one backoff than twice its pipeline: an honest
@@ -354,10 +364,15 @@ class SwarmEngine(SuperSeeding):
 
     def _refuses(self, state: PeerState) -> bool:
         """Every upload slot busy and either `upload_backlog` requests queued or one of this peer's: one place per
-        peer while loaded, so no requester holds the backlog, and with it every freed slot. Never a super-seed."""
+        peer while loaded, so no requester holds the backlog, and with it every freed slot. Never a super-seed,
+        and never while the request would start sending within `busy_backoff`: a refusal would cost more."""
         if self.super_seeding or self._uploads_active < self.config.upload_slots:
             return False
-        return bool(state.queue) or sum(len(s.queue) for s in self.peers.values()) >= self.config.upload_backlog
+        queued = sum(len(s.queue) for s in self.peers.values())
+        if not state.queue and queued < self.config.upload_backlog:
+            return False
+        ahead, cfg = self._uploads_active + queued, self.config
+        return not self.upload_timer.drains_within(ahead, cfg.upload_slots, cfg.busy_backoff)
 
     def peer_cancel(self, peer: str, index: int, now: float) -> list[Action]:
         """Forget a queued request. A super-seed also withdraws the piece's promise to that peer: a promise the
@@ -386,12 +401,13 @@ class SwarmEngine(SuperSeeding):
             return []
         state.sending.discard(index)
         self._uploads_active -= 1
+        self.upload_timer.ended(peer, index, now, delivered)
         if delivered:
             state.delivered.add(index)
             self.ledger.note_sent(peer)
-        return self._schedule_uploads() + self._reveal_all(now)
+        return self._schedule_uploads(now) + self._reveal_all(now)
 
-    def _schedule_uploads(self) -> list[Action]:
+    def _schedule_uploads(self, now: float) -> list[Action]:
         """Hand free upload slots round-robin to peers with queued requests."""
         out: list[Action] = []
         names = list(self.peers)
@@ -405,6 +421,7 @@ class SwarmEngine(SuperSeeding):
             index = state.queue.popleft()
             state.open_requests -= 1
             state.sending.add(index)
+            self.upload_timer.started(name, index, now)
             self._uploads_active += 1
             self.sent_count[index] += 1
             state.revealed.discard(index)  # a revealed piece counts as promised only until it is sent

@@ -40,7 +40,12 @@ class Outbox:
         while not self._control and not self._pieces:
             await self._lot.park()
         if self._control:
-            batch = list(self._control)
-            self._control.clear()
-            return batch, None
+            return self.take_control(), None
         return [], self._pieces.popleft()
+
+    def take_control(self) -> list[Any]:
+        """Every control message waiting now, without waiting: the sender takes those that came while it readied a
+        piece along in the piece's own send (one record and one system call fewer for each such batch)."""
+        batch = list(self._control)
+        self._control.clear()
+        return batch

@@ -18,24 +18,25 @@ import itertools
 import logging
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import blake3
 import trio
 
 from p2p.budget import NODE_BUDGET, BudgetLease, MemoryBudget
-from p2p.pieces.engine import BUSY, Completed, DropPeer, EngineConfig, Send, SendPiece, StorePiece, SwarmEngine
+from p2p.pieces.engine import BUSY, Completed, DropPeer, Send, SendPiece, StorePiece, SwarmEngine
 from p2p.errors import ChannelError, CorruptPieceError, FrameError, StoreError
 from p2p.pieces.link_errors import first_leaf, is_breach, link_failure
 from p2p.pieces.manifest import PolicyManifest
 from p2p.pieces.outbox import Outbox
 from p2p.ratelimit import TokenBucket, acquire_all
 from p2p.pieces.store import PieceStore
+from p2p.pieces.transfer_config import TransferConfig
 from p2p.pieces.transfer_stats import LinkActivity, PeerStats, Progress
 from p2p.pieces.wire import (
-    RECEIVE_CHUNK, Bitfield, Cancel, FrameDecoder, Have, Hello, Piece, Reject, Request, Stream, message_frame,
-    pack_bits, parse_message, read_frame, send_buffers, unpack_bits, write_frame,
+    Bitfield, Cancel, FrameDecoder, Have, Hello, Piece, Reject, Request, Stream, message_frame,
+    pack_bits, parse_message, read_frame, send_buffers, unpack_bits,
 )
 
 log = logging.getLogger(__name__)
@@ -43,40 +44,6 @@ MAX_OUTBOX = 4096  # messages queued to one peer; more means it stopped reading 
 # what a dying or hostile link may raise (ChannelError: p2p/channel*.py and p2p/libp2p_compat.py streams)
 FRAMES_PER_CHECKPOINT = 32
 _LINK_ERRORS = (FrameError, ChannelError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
-
-
-@dataclass(frozen=True)
-class TransferConfig:
-    """How one node runs the piece protocol for one manifest. The node's upload cap is no field here: it spans every
-    manifest the node serves, one TokenBucket handed to each of its services (`SwarmService(upload_bucket=...)`)."""
-
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    peer_upload_bps: float = math.inf  # cap on this manifest's upload to any one peer (bytes/s), per link
-    handshake_timeout: float = 10.0  # the peer's hello must arrive within this
-    send_timeout: float = 60.0  # one frame (a whole piece) must be sent within this
-    tick_interval: float = 1.0  # how often request timeouts and stalls are checked
-    receive_chunk: int = RECEIVE_CHUNK  # bytes asked of the stream per read: a whole data-channel record, never a slice
-
-    @classmethod
-    def for_role(cls, role: str, **overrides) -> TransferConfig:
-        """Transfer settings per role.
-
-        `origin` (the publishing trainer) and `seed` (a node that starts with the whole policy and may face a flash
-        crowd) super-seed: measured on memnet with N=8 and U=u, a plain full seed uploads 1.9x the file and the swarm
-        takes 1.9x the Kumar-Ross bound (peers ask it for the same pieces); a super-seed uploads 1.05x in 1.08x.
-        `peer`: a node that downloads and re-seeds.
-        """
-        if role not in ("origin", "seed", "peer"):
-            raise ValueError(f"unknown transfer role {role!r} (use 'origin', 'seed' or 'peer')")
-        engine = overrides.pop("engine", EngineConfig())
-        if role in ("origin", "seed"):
-            engine = EngineConfig(**{**engine.__dict__, "super_seed": True})
-        return cls(engine=engine, **overrides)
-
-    def __post_init__(self) -> None:
-        if min(self.handshake_timeout, self.send_timeout, self.tick_interval,
-               self.peer_upload_bps) <= 0 or self.receive_chunk < 1:
-            raise ValueError("transfer timeouts, rates and chunk sizes must be positive")
 
 
 @dataclass(frozen=True)
@@ -128,6 +95,7 @@ class SwarmService:
         # the node's upload cap: one bucket shared by the services of every version the node serves; none, uncapped
         self._bucket = upload_bucket if upload_bucket is not None else TokenBucket(math.inf)
         self._nursery: trio.Nursery | None = None
+        self._tick_wait: trio.CancelScope | None = None  # the ticker's sleep, while it sleeps
         self._stopped = False  # run() has returned: its nursery takes no new links
         self._max_payload = max(f.piece_size for f in manifest.files)
         self._budget = budget  # frames not yet whole (so not yet verified) hold their bytes on it
@@ -149,7 +117,7 @@ class SwarmService:
                         if not self._links:  # nothing to time out or ask while no link is open: wait for one
                             await self._link_opened.wait()
                         self._link_opened = trio.Event()
-                        await trio.sleep(self.config.tick_interval)
+                        await self._until_tick()
                         self._dispatch(self.engine.tick(trio.current_time()))
                     await self._more_wanted.wait()  # complete: serving answers requests and needs no ticks
                     self._more_wanted = trio.Event()
@@ -160,6 +128,19 @@ class SwarmService:
             for link in self._links.values():  # links served in a caller's task (serve_link) end with the service
                 if link.scope is not None:
                     link.scope.cancel()
+
+    async def _until_tick(self) -> None:
+        """Sleep `tick_interval`, or until a busy backoff ends if sooner (`_tick_at_retry`): a refused requester
+        asks the busy peer again on a tick, and waiting a whole tick (1 s) after a 0.2 s backoff idled fast links."""
+        with trio.move_on_after(self.config.tick_interval) as self._tick_wait:
+            self._tick_at_retry()
+            await trio.sleep_forever()
+        self._tick_wait = None
+
+    def _tick_at_retry(self) -> None:
+        retry = self.engine.next_retry()
+        if self._tick_wait is not None and retry is not None:
+            self._tick_wait.deadline = min(self._tick_wait.deadline, retry)
 
     def add_link(self, peer: str, stream: Stream, opened: _Opened | None = None) -> bool:
         """Start serving a new authenticated link (any time, also after completion); False once the service has
@@ -306,6 +287,7 @@ class SwarmService:
                 self._dispatch(self.engine.peer_cancel(link.peer, msg.index, now))
             elif isinstance(msg, Reject):
                 self._dispatch(self.engine.peer_reject(link.peer, msg.index, now, busy=msg.reason == BUSY))
+                self._tick_at_retry()
             elif isinstance(msg, Bitfield):
                 self._dispatch(self.engine.peer_bitfield(link.peer, unpack_bits(msg.bits, n), now))
             else:
@@ -336,7 +318,7 @@ class SwarmService:
             control, piece = await link.outbox.take()
             if control:
                 with trio.fail_after(self.config.send_timeout):
-                    await send_buffers(link.stream, [b"".join(b for msg in control for b in message_frame(msg))])
+                    await send_buffers(link.stream, _control_frames(control))
             if piece is not None:
                 await self._send_piece(link, piece.index)
 
@@ -352,8 +334,9 @@ class SwarmService:
                 await _send_message(link.stream, Reject(index, "corrupt on disk"))
             return
         await acquire_all([self._bucket, link.bucket], len(data))
+        late = link.outbox.take_control()  # came while the piece was readied: they would wait for it anyway
         with trio.fail_after(self.config.send_timeout):
-            await write_frame(link.stream, {"t": "piece", "index": index}, data)
+            await send_buffers(link.stream, _control_frames(late) + message_frame(Piece(index, data)))
         link.active_at = trio.current_time()
         stats = self.stats[link.peer]
         stats.bytes_up += len(data)
@@ -420,6 +403,11 @@ class _ChargedReader:
         data = await self._stream.receive_some(max_bytes)
         self._lease.resize(self._decoder.buffered + len(data))
         return data
+
+
+def _control_frames(messages: list) -> list[bytes]:
+    """Control messages as one buffer (none for none): they share one record of the data channel."""
+    return [b"".join(b for msg in messages for b in message_frame(msg))] if messages else []
 
 
 async def _send_message(stream: Stream, msg) -> None:

@@ -7,7 +7,13 @@ What is measured, in one run so the ratios are fair on a noisy machine:
 - seed_upload_ratio: bytes the seed uploaded (its own counter, reported after the last peer completed) / file size;
 - all_verified: after the peers exit, every peer's store is reassembled and compared (BLAKE3) with the original;
 - peer_max_rss_mb: the largest peak RSS of a peer process (seed-only peers never load whole files), with
-  peer_upload_mb (what each peer served to the others) and seed_rss_mb (the publishing seed's peak RSS).
+  peer_upload_mb (what each peer served to the others) and seed_rss_mb (the publishing seed's peak RSS);
+- cpu: per phase, the CPU seconds every process spent from the announcement to the last completion (`cpu_s`),
+  a peer's CPU per MiB it moved (received plus sent; `peer_ms_per_mib`, the mean over peers) and the seed's per MiB
+  it sent (`seed_ms_per_mib`). Why: uncapped on one machine, CPU and not bandwidth is the limit, so CPU per byte
+  says what a distribution costs; `idle_cpu_s_per_s` is what all processes spend warm and idle (measured for
+  IDLE_WINDOW seconds before the announcement), and `piece_path_ms_per_mib` the phase's CPU less that, per MiB the
+  peers moved; `--profile DIR` writes every process's cProfile statistics to find where it goes.
 Process start-up is not counted: the publisher announces once every pair of processes holds a warm data channel
 (`warm_links` says how many pairs were warm when the clock started; see `_warm_up`). The publisher is this module's
 `publisher_main`, `swarm publish` with an announce trigger.
@@ -16,8 +22,12 @@ Process start-up is not counted: the publisher announces once every pair of proc
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import math
+import os
+import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for warm data channels between all processes before publishing")
     parser.add_argument("--work-dir", dest="work_dir", type=Path, help="keep files here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument("--profile", type=Path, help="write each process's cProfile statistics into this folder")
     parser.add_argument("--virtual", action="store_true",
                         help="simulate in virtual time over memnet instead (swarm/bench/broadcast_virtual.py)")
     parser.add_argument("--degree", type=int, default=8,
@@ -146,6 +157,14 @@ class EventProcess:
             pass
         return 0.0
 
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time of the running process so far (Linux /proc; 0 where unavailable)."""
+        try:
+            fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             self.popen.terminate()
@@ -175,6 +194,27 @@ def _warm_up(procs: list[EventProcess], deadline: float) -> tuple[int, int]:
 
 
 _PUBLISHER = "import sys; from swarm.bench.broadcast import publisher_main; sys.exit(publisher_main(sys.argv[1:]))"
+_PROFILED = "import sys; from swarm.bench.broadcast import profiled_main; sys.exit(profiled_main(sys.argv[1:]))"
+
+
+def profiled_main(argv: list[str]) -> int:
+    """argv: a statistics file, "publisher" or "swarm", then that entry point's arguments, run under cProfile.
+
+    Why CPU time and not cProfile's wall clock: nine processes share the machine's cores, and a function that was
+    merely waiting for one would look costly."""
+    path, which, *rest = argv
+    if which == "publisher":  # `swarm` ends cleanly on SIGTERM; the publisher would die without writing its file
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    sys.argv = ["swarm", *rest]  # what `python -m swarm` reads
+    profile = cProfile.Profile(time.process_time)
+    try:
+        if which == "publisher":
+            return profile.runcall(publisher_main, rest)
+        return profile.runcall(runpy.run_module, "swarm", run_name="__main__")
+    except SystemExit as exit:  # `python -m swarm` ends in sys.exit
+        return exit.code if isinstance(exit.code, int) else 1
+    finally:
+        profile.dump_stats(path)
 
 
 def publisher_main(argv: list[str]) -> int:
@@ -211,6 +251,11 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
     return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)
 
 
+def _entry(args, name: str, which: str) -> list[str]:
+    """The interpreter arguments that run `which` ("publisher" or "swarm") under `profiled_main`."""
+    return ["-c", _PROFILED, str(args.profile / f"{name}.prof"), which]
+
+
 def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     """One distribution: peers stay up and keep re-seeding until the LAST one holds every piece.
 
@@ -223,7 +268,8 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     seed_port, *ports = free_ports(args.peers + 1)  # all at once: each process its own
     seed_listen = f"/ip4/127.0.0.1/tcp/{seed_port}"
     seed_addr = f"{seed_listen}/p2p/{read_key_file(work / 'trainer.key').peer_id}"
-    pub = EventProcess(["-c", _PUBLISHER, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
+    script = _entry(args, f"{tag}-seed", "publisher") if args.profile else ["-c", _PUBLISHER]
+    pub = EventProcess([*script, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
                         str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps), seed_listen],
                        work / f"{tag}-seed.log", stdin=subprocess.PIPE)
     peers: list[EventProcess] = []
@@ -233,17 +279,19 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
         for p in [pub] + peers:
             p.wait_for("listening", start_deadline)
         warm = _warm_up([pub] + peers, time.monotonic() + args.warmup)
+        idle = _idle_cpu([pub] + peers)
+        cpu_before = [p.cpu_seconds() for p in [pub] + peers]
         pub.popen.stdin.write("go\n")
         pub.popen.stdin.flush()
         published = pub.wait_for("published", time.monotonic() + args.timeout)
         deadline = time.monotonic() + args.timeout
         done = [p.wait_for("complete", deadline, id=published["id"]) for p in peers]
+        cpu = [after - before for after, before in zip([p.cpu_seconds() for p in [pub] + peers], cpu_before)]
         t_done = max(d["t"] for d in done)
         # the seed's own counter, from its first progress report after the last peer completed
         seed_report = pub.wait_for("progress", deadline, after=t_done, version=published["version"])
         # what each peer served by then: the memory figure must cover serving, not only fetching
-        uploads = [p.wait_for("progress", deadline, after=t_done, version=published["version"])["up_bytes"]
-                   for p in peers]
+        reports = [p.wait_for("progress", deadline, after=t_done, version=published["version"]) for p in peers]
         rss = max(p.peak_rss_mb() for p in peers)
         seed_rss = pub.peak_rss_mb()
     finally:
@@ -254,11 +302,38 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
         "seed_upload_bytes": seed_report["up_bytes"],
         "max_rss_mb": rss,
         "seed_rss_mb": seed_rss,
-        "peer_upload_bytes": uploads,
+        "peer_upload_bytes": [r["up_bytes"] for r in reports],
         "warm": warm,
+        "cpu": {**_cpu_figures(cpu, seed_report["up_bytes"], reports), "idle_cpu_s_per_s": idle,
+                "piece_path_ms_per_mib": _piece_path_ms(cpu, idle * (t_done - published["t"]), reports)},
         "manifest_id": published["id"],
         "verified": _verify(work, tag, args.peers, published["id"]),
     }
+
+
+IDLE_WINDOW = 2.0
+"""Seconds a warm swarm is watched idle before the announcement, to tell the piece path's CPU from the rest."""
+
+
+def _idle_cpu(procs: list[EventProcess]) -> float:
+    """CPU seconds per second all `procs` together spend while warm and idle (heartbeats, gossip, DHT)."""
+    before = sum(p.cpu_seconds() for p in procs)
+    time.sleep(IDLE_WINDOW)
+    return round((sum(p.cpu_seconds() for p in procs) - before) / IDLE_WINDOW, 3)
+
+
+def _piece_path_ms(cpu: list[float], idle_cpu: float, reports: list[dict]) -> float:
+    """CPU per MiB moved by the peers (received plus sent) over all processes, less what they spend idle."""
+    moved = sum(r["up_bytes"] + r["down_bytes"] for r in reports) / 2**20
+    return round(1000 * max(0.0, sum(cpu) - idle_cpu) / max(moved, 1e-9), 2)
+
+
+def _cpu_figures(cpu: list[float], seed_up: int, reports: list[dict]) -> dict:
+    """A phase's CPU (`cpu`: the seed's seconds, then each peer's) per MiB moved; see the module docstring."""
+    moved = [(r["up_bytes"] + r["down_bytes"]) / 2**20 for r in reports]
+    per_peer = [1000 * seconds / mib for seconds, mib in zip(cpu[1:], moved) if mib]
+    return {"cpu_s": round(sum(cpu), 2), "peer_ms_per_mib": round(sum(per_peer) / max(1, len(per_peer)), 2),
+            "seed_ms_per_mib": round(1000 * cpu[0] / max(seed_up / 2**20, 1e-9), 2)}
 
 
 def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed: bool,
@@ -274,8 +349,10 @@ def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed
         key_file = work / f"{tag}-peer{i}.key"
         identity = Identity.generate()
         write_key_file(key_file, identity)
-        argvs.append(["-m", "swarm", "peer", "start", "--role", "seed", "--run", f"bench-{tag}", "--trainer-key",
-                      key_hex, "--data-dir", str(work / f"{tag}-peer{i}"), "--upload-mbps", str(args.upload_mbps),
+        entry = _entry(args, f"{tag}-peer{i}", "swarm") if args.profile else ["-m", "swarm"]
+        argvs.append([*entry, "peer", "start", "--role", "seed", "--run", f"bench-{tag}",
+                      "--trainer-key", key_hex, "--data-dir", str(work / f"{tag}-peer{i}"),
+                      "--upload-mbps", str(args.upload_mbps),
                       "--identity-key", str(key_file), "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--json",
                       *[f for addr in known for f in ("--bootstrap", addr)], *([] if reseed else ["--no-reseed"])])
         known.append(f"/ip4/127.0.0.1/tcp/{port}/p2p/{identity.peer_id}")
@@ -326,6 +403,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="swarm-bench-") as tmp:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
         _make_checkpoint(work / "ckpt", args.size_mb)
         key = Identity.generate()
         if not (work / "trainer.key").exists():
@@ -348,6 +427,8 @@ def run(args: argparse.Namespace) -> int:
         "peer_upload_mb": [round(b / 2**20, 1) for b in swarm["peer_upload_bytes"]],
         "seed_rss_mb": swarm["seed_rss_mb"],
         "warm_links": "{}/{}".format(*swarm["warm"]),
+        "cpu_swarm": swarm["cpu"],
+        "cpu_single_origin": single["cpu"] if single else None,
     }
     print(json.dumps(result))
     return 0

@@ -1,0 +1,91 @@
+"""Which piece a super-seed reveals next to a peer (p2p/pieces/engine.py says when it reveals).
+
+A picker of the seed's side: it only chooses, from the engine's per-piece counts, and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from p2p.pieces.engine_actions import Action, Send
+from p2p.pieces.engine_config import EngineConfig
+from p2p.pieces.peer_state import PeerState
+from p2p.pieces.picker import SwarmView
+from p2p.pieces.wire import Have
+
+
+class SeedView(SwarmView, Protocol):
+    """What the choice reads of the engine beyond a picker's view."""
+
+    @property
+    def sent_count(self) -> np.ndarray: ...  # uploads started per piece
+
+
+def least_sent(engine: SeedView, state: PeerState, now: float, reveal_grace: float) -> int | None:
+    """Never-sent, unpromised pieces first; while any never-sent piece is promised elsewhere, reveal nothing
+    rather than a second copy; after the first full copy, the least-sent and then rarest piece.
+
+    A promise holds its piece back from others while its peer may still ask for it: once it has asked for a
+    piece on its link, or for `reveal_grace` after its link opened. A link that only takes a place and never
+    asks (a crowd of them, each promised pieces) held back every piece of a small version, and the peers that
+    did ask got nothing until those links were released; a grace of none sent peers that linked together the
+    same pieces, before any of them had asked."""
+    promised = np.zeros(engine.num_pieces, dtype=np.int64)
+    holding = np.zeros(engine.num_pieces, dtype=np.int64)
+    for other in engine.peers.values():
+        if other.revealed:
+            promised[list(other.revealed)] += 1
+            if other.asked or now - other.linked_at < reveal_grace:
+                holding[list(other.revealed)] += 1
+    candidates = ~state.bits
+    if state.revealed:
+        candidates[list(state.revealed)] = False
+    sent = engine.sent_count
+    if not sent.all():  # first round: only pieces nobody has been sent or promised
+        candidates &= (sent == 0) & (holding == 0)
+    idx = np.flatnonzero(candidates)
+    if idx.size == 0:
+        return None
+    n = engine.num_pieces
+    key = ((sent[idx] + promised[idx]) * (n + 1) + engine.availability[idx]) * n + engine.rank[idx]
+    return int(idx[np.argmin(key)])
+
+
+class SuperSeeding:
+    """The super-seed's reveals, part of p2p.pieces.engine.SwarmEngine, which holds the state they read: an origin
+    whose upload is the bottleneck advertises nothing and reveals pieces one by one, least-sent first."""
+
+    config: EngineConfig
+    peers: dict[str, PeerState]
+    super_seeding: bool
+    sent_count: np.ndarray
+
+    def _reveal(self, peer: str, now: float) -> list[Action]:
+        """Super-seed: keep `super_seed_reveal` unsent pieces announced to `peer`, least-sent first."""
+        if not self.super_seeding or peer not in self.peers:
+            return []
+        state = self.peers[peer]
+        state.revealed = {i for i in state.revealed if not state.bits[i]}
+        out: list[Action] = []
+        # after the first full copy, one piece at a time: the peers hold every piece by then and should trade
+        limit = self.config.super_seed_reveal if not self.sent_count.all() else 1
+        while len(state.revealed) < limit:
+            index = least_sent(self, state, now, self.config.reveal_grace)
+            if index is None:
+                break
+            state.revealed.add(index)
+            out.append(Send(peer, Have(index)))
+        return out
+
+    def reveal_lapsed(self, now: float) -> list[Action]:
+        """Super-seed: reveal the pieces whose promises lapsed (their peers never asked within `reveal_grace`); the
+        adapter calls this now and then, since a complete seed gets no other event while its peers wait."""
+        return self._reveal_all(now) if self.super_seeding else []
+
+    def _reveal_all(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        for name in list(self.peers):
+            out += self._reveal(name, now)
+        return out
