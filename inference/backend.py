@@ -76,6 +76,8 @@ class GenerationBackend(Protocol):
         """Complete every request; results are in request order."""
         ...
 
-    def load_policy(self, directory: str, *, version: int, manifest_id: bytes) -> None:
-        """Swap in the weights of a published policy directory (safetensors files) without rebuilding the model."""
+    def load_policy(self, directory: str, *, version: int, manifest_id: bytes,
+                    changed: frozenset[str] | None = None) -> None:
+        """Swap in the weights of a published policy directory (safetensors files) without rebuilding the model;
+        `changed`: only these tensors, the rest being those of the version loaded now (None: all of them)."""
         ...

@@ -64,10 +64,12 @@ class TorchBackend:
         if self.capture_proofs:
             self._captured = args[0][:, -1, :]
 
-    def load_policy(self, directory: str, *, version: int, manifest_id: bytes) -> None:
+    def load_policy(self, directory: str, *, version: int, manifest_id: bytes,
+                    changed: frozenset[str] | None = None) -> None:
         if len(manifest_id) != 32:
             raise ValueError("manifest_id must be 32 bytes")
-        load_weights_in_place(self.model, directory)
+        self.manifest_id = BASE_MANIFEST_ID  # until the load is whole: a partial one must not be built upon
+        load_weights_in_place(self.model, directory, changed)
         self.policy_version, self.manifest_id = version, manifest_id
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GroupResult]:

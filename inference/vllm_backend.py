@@ -189,12 +189,15 @@ class SwarmWorkerExtension:
             start += n
         return out
 
-    def swarm_load_policy(self, paths: list[str]) -> int:
+    def swarm_load_policy(self, paths: list[str], names: list[str] | None = None) -> int:
+        wanted = None if names is None else set(names)
+
         def weights():
             for path in paths:
                 with safe_open(path, framework="pt", device="cpu") as f:
                     for name in f.keys():
-                        yield name, f.get_tensor(name)
+                        if wanted is None or name in wanted:
+                            yield name, f.get_tensor(name)
 
         runner = self.model_runner
         if hasattr(runner, "reload_weights"):
@@ -228,10 +231,13 @@ class VllmBackend:
                        worker_extension_cls="inference.vllm_backend.SwarmWorkerExtension")
         self.llm.collective_rpc("swarm_install_capture")
 
-    def load_policy(self, directory: str, *, version: int, manifest_id: bytes) -> None:
+    def load_policy(self, directory: str, *, version: int, manifest_id: bytes,
+                    changed: frozenset[str] | None = None) -> None:
         if len(manifest_id) != 32:
             raise ValueError("manifest_id must be 32 bytes")
-        self.llm.collective_rpc("swarm_load_policy", args=([str(p) for p in safetensors_files(directory)],))
+        names = None if changed is None else sorted(changed)
+        self.manifest_id = BASE_MANIFEST_ID  # until the load is whole: a partial one must not be built upon
+        self.llm.collective_rpc("swarm_load_policy", args=([str(p) for p in safetensors_files(directory)], names))
         if hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()  # cached KV of the old weights must not be reused
         self.policy_version, self.manifest_id = version, manifest_id

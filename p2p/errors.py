@@ -26,6 +26,10 @@ class ManifestError(P2PError):
     """A policy manifest is malformed, oversized, tampered with or not signed by the run's trainer key."""
 
 
+class PatchError(P2PError):
+    """A policy patch is malformed, inflates past its tensors, or does not rebuild the tensors its manifest names."""
+
+
 class StoreError(P2PError):
     """The piece store cannot be used (locked by another process, disk full, corrupt content)."""
 

@@ -199,6 +199,9 @@ class TrainerRoleSection(ConfigSection):
     precision: str = Field("float32", description=(
         "Trainer role: what the run's workers generate in, written into every manifest: float32 (CPU workers) or "
         "bfloat16 (vLLM on GPUs); validators take their sampling and logprob tolerances from it."))
+    keyframe_every: int = Field(0, description=(
+        "Trainer role: publish every Nth version whole, without a patch over its parent (0 = only when a patch "
+        "would not pay; every version carries its full files anyway, so a late peer never needs a chain)."))
     prompts_per_worker: int = Field(4, description=(
         "Prompts each inference peer answers per policy version (trainer role: written into every manifest)."))
     replicas: int = Field(2, description="Validators assigned to each rollout (trainer role).")
@@ -224,6 +227,8 @@ class TrainerRoleSection(ConfigSection):
             raise UserError(str(exc)) from None
         if not 1 <= self.quorum <= self.replicas:
             raise UserError(f"quorum {self.quorum} must be between 1 and replicas ({self.replicas})")
+        if self.keyframe_every < 0:
+            raise UserError("keyframe_every must be 0 (never by schedule) or a positive number of versions")
         if self.prompts_per_worker < 1:
             raise UserError("prompts_per_worker must be at least 1")
         if self.precision not in PRECISIONS:

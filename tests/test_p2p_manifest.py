@@ -129,7 +129,7 @@ def test_tampered_manifest_is_refused(tmp_path):
         lambda d: d["tensors"][0].update(offset=10**12),
         lambda d: d.update(extra=1),
         lambda d: d.update(version=-1),
-        lambda d: d.update(format=2),
+        lambda d: d.update(format=1),
     ],
 )
 def test_malformed_manifests_are_refused(tmp_path, mutate):

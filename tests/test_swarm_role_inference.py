@@ -28,8 +28,12 @@ class JitteringBackend:
     def __init__(self, loaded) -> None:
         self.inner, self.prompts, self.rng = TorchBackend(loaded), 0, random.Random(0)
 
-    def load_policy(self, directory: str, *, version: int, manifest_id: bytes) -> None:
+    def load_policy(self, directory: str, *, version: int, manifest_id: bytes, changed=None) -> None:
         self.inner.policy_version, self.inner.manifest_id = version, manifest_id
+
+    @property
+    def manifest_id(self) -> bytes:
+        return self.inner.manifest_id
 
     def generate(self, requests):
         self.prompts += len(requests)

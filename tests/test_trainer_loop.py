@@ -222,7 +222,7 @@ def test_published_policy_loads_through_inference(tmp_path, model_cache):
 
 
 def test_kl_term_pulls_toward_the_initial_policy_and_survives_pruning(tmp_path, model_cache):
-    run = make_run(tmp_path, model_cache, kl_coef=0.5, async_level=0, steps=3)
+    run = make_run(tmp_path, model_cache, kl_coef=0.5, async_level=0, steps=3, publish_dtype="float32")
     run_sync(run, FixedSource(), 3)
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert log[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # first step: policy == reference
@@ -355,7 +355,8 @@ def test_publish_early_releases_the_trained_weights_once_and_the_schedule_goes_o
     assert not run.publish_early() and run.state.version == 1  # nothing trained since v1
     published = load_file(str(policy_dir(run.policies, 1) / "model.safetensors"))
     trained = run.loaded.model.state_dict()
-    assert torch.equal(published["model.embed_tokens.weight"], trained["model.embed_tokens.weight"])
+    embed = "model.embed_tokens.weight"
+    assert torch.equal(published[embed], trained[embed].to(torch.bfloat16))  # as published: bf16 by default
     for step in (1, 2):
         run.step(FixedSource().generate(step, run.latest_policy()))
     assert run.state.version == 2  # step 3 of every 3 still publishes on schedule

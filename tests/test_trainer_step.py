@@ -23,9 +23,10 @@ def _groups(version: int, seed: int = 3) -> list[TrainGroup]:
     return groups
 
 
-def _trainer(tiny, weights, fused: bool, old_logprobs: str = "recompute") -> PolicyTrainer:
+def _trainer(tiny, weights, fused: bool, old_logprobs: str = "recompute",
+             publish_dtype: str = "float32") -> PolicyTrainer:
     cfg = load_config(overrides=dict(lr=1e-2, micro_batch=5, warmup_steps=1, grad_clip=1.0,
-                                     old_logprobs=old_logprobs)).config
+                                     old_logprobs=old_logprobs, publish_dtype=publish_dtype)).config
     tiny.model.load_state_dict(weights)
     trainer = PolicyTrainer(tiny.model, cfg, pad_id=0)
     trainer.mark_published(0)
@@ -56,6 +57,25 @@ def test_on_policy_step_equals_the_step_with_a_separate_old_logprob_pass(tiny):
         torch.testing.assert_close(value, plain_weights[name], rtol=1e-4, atol=1e-6)
         moved += int(not torch.equal(value, weights[name]))
     assert moved > 0  # the step really trained
+
+
+def test_versions_published_in_bf16_take_their_old_logprobs_from_the_rounded_weights(tiny):
+    """The rows were sampled with the weights as published: the shortcut through the live float32 weights would
+    give other logprobs, so the separate pass runs over the bf16-rounded snapshot."""
+    weights = {k: v.detach().clone() for k, v in tiny.model.state_dict().items()}
+    trainer = _trainer(tiny, weights, fused=True, publish_dtype="bfloat16")
+    groups = _groups(0)
+    rows = [(0, 0)]
+    assert not trainer._on_policy(groups, rows)
+    assert all(v.dtype == torch.bfloat16 for v in trainer.snapshots[0].values() if v.is_floating_point())
+    old, source = trainer.old_logprobs(groups, rows)
+    assert source == "exact"
+    rounded = {k: v.to(torch.bfloat16).float() if v.is_floating_point() else v for k, v in weights.items()}
+    tiny.model.load_state_dict(rounded)
+    trainer.current_version = 0
+    trainer.cfg = trainer.cfg.model_copy(update={"publish_dtype": "float32"})
+    expected, _ = trainer.old_logprobs(groups, rows)  # the live model, now holding the rounded weights
+    torch.testing.assert_close(old, expected)
 
 
 def test_stale_rows_never_take_the_shortcut(tiny):

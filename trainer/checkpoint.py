@@ -29,8 +29,9 @@ from pathlib import Path
 import blake3
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as load_safetensors_model
+from safetensors.torch import save_file
 from safetensors.torch import save_model as save_safetensors_model
 
 from trainer.errors import TrainerError
@@ -241,7 +242,8 @@ def policy_dir(root: Path, version: int) -> Path:
     return Path(root) / f"{POLICY_PREFIX}{version:06d}"
 
 
-def publish_policy(target: Path, model, tokenizer, description: dict, generation: dict) -> Path:
+def publish_policy(target: Path, model, tokenizer, description: dict, generation: dict,
+                   dtype: str = "float32") -> Path:
     """Write a loadable policy version directory atomically at `target`.
 
     Contents: model.safetensors (+ shards when big) and config.json via save_pretrained, the tokenizer files,
@@ -252,6 +254,9 @@ def publish_policy(target: Path, model, tokenizer, description: dict, generation
     tmp = _tmp_beside(target)
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
+        if dtype == "bfloat16":
+            for path in sorted(tmp.glob("*.safetensors")):
+                _round_to_bf16(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         (tmp / "model.json").write_text(json.dumps(description, indent=1, sort_keys=True, default=str))
@@ -261,6 +266,15 @@ def publish_policy(target: Path, model, tokenizer, description: dict, generation
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _round_to_bf16(path: Path) -> None:
+    """Rewrite a safetensors file with its floating-point tensors in bf16 (same names, same metadata)."""
+    with safe_open(str(path), framework="pt") as fh:
+        metadata = fh.metadata()
+        tensors = {name: fh.get_tensor(name) for name in fh.keys()}
+    rounded = {name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in tensors.items()}
+    save_file(rounded, str(path), metadata=metadata)
 
 
 def read_generation(path: Path) -> dict:

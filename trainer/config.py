@@ -38,6 +38,9 @@ PARALLEL_MODES = ("ddp", "fsdp")
 """How data-parallel ranks split the trainer (TrainerConfig.parallel); trainer.distributed builds each."""
 
 
+PUBLISH_DTYPES = ("bfloat16", "float32")
+
+
 class TrainerConfig(ConfigSection):
     """Every setting of the RL loop, on one machine (`swarm train`) or as a swarm's trainer role."""
 
@@ -143,6 +146,11 @@ class TrainerConfig(ConfigSection):
         " extra forward, no weight snapshots), used only for rollouts of a trusted source, the local generator. "
         "The swarm's trainer always recomputes: its workers are untrusted and validators only bound their claimed"
         " logprobs (logprob_atol)."))
+    publish_dtype: str = Field("bfloat16", description=(
+        "dtype of the published policy, what workers load: \"bfloat16\" (the inference dtype; each version after "
+        "the first then travels as a patch of the elements whose bf16 bytes changed) or \"float32\". The trainer "
+        "keeps float32 master weights and optimizer state either way, and computes old logprobs with the "
+        "published weights, the ones the workers sampled with."))
     generator: str = Field("process", description=(
         "Where the async generator runs (async_level > 0): \"process\" = its own OS process with its own torch "
         "threads, as a swarm inference peer (fastest: the sampler's per-token Python does not compete with "
@@ -201,6 +209,8 @@ class TrainerConfig(ConfigSection):
             raise TrainerError(f"time_limit_min must not be negative, got {self.time_limit_min}")
         if self.async_level < 0:
             raise TrainerError("async_level must not be negative")
+        if self.publish_dtype not in PUBLISH_DTYPES:
+            raise TrainerError(f"publish_dtype must be one of {', '.join(PUBLISH_DTYPES)}, got {self.publish_dtype!r}")
         if self.old_logprobs not in ("generator", "recompute"):
             raise TrainerError(f"old_logprobs must be 'generator' or 'recompute', got {self.old_logprobs!r}")
         if self.off_policy_loss not in ("coupled", "decoupled"):

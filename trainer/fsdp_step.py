@@ -18,7 +18,7 @@ import torch
 from trainer.collectives import FsdpCollective
 from trainer.errors import TrainerError
 from trainer.fsdp import full_state_dict, is_sharded
-from trainer.step import PolicyTrainer, TrainGroup, _chunks, completion_logits, pack_rows
+from trainer.step import PolicyTrainer, TrainGroup, _chunks, completion_logits, pack_rows, published_copy
 
 
 class FsdpPolicyTrainer(PolicyTrainer):
@@ -35,7 +35,8 @@ class FsdpPolicyTrainer(PolicyTrainer):
         publishes every version). Always, whatever `snapshot` says: FSDP recomputes old logprobs on every rank
         (generator logprobs are not used in lockstep)."""
         super().mark_published(version, snapshot=False)
-        self.snapshots[version] = weights if weights is not None else full_state_dict(self.model)
+        live = weights if weights is not None else full_state_dict(self.model)
+        self.snapshots[version] = {k: published_copy(v, self.cfg.publish_dtype) for k, v in live.items()}
         self._prune_snapshots()
 
     def _weights_of(self, version: int) -> dict | None:
@@ -48,7 +49,8 @@ class FsdpPolicyTrainer(PolicyTrainer):
         """Forward passes old_logprobs will run on the live model (as PolicyTrainer._model_for picks it)."""
         passes = 0
         for version in {groups[g].policy_version for g, _ in rows}:
-            if version == self.current_version or self._weights_of(version) is None:
+            live = version == self.current_version and self.cfg.publish_dtype == "float32"
+            if live or self._weights_of(version) is None:
                 count = sum(1 for g, _ in rows if groups[g].policy_version == version)
                 passes += len(_chunks(list(range(count)), self.cfg.micro_batch))
         return passes

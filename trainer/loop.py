@@ -159,7 +159,7 @@ class TrainingRun:
         module, weights = self._publishable()
         if self.rank == 0:
             publish_policy(policy_dir(self.policies, version), module, self.loaded.tokenizer,
-                           self._description(), generation)
+                           self._description(), generation, self.cfg.publish_dtype)
             self._prune_policies(version)
         self.trainer.mark_published(version, snapshot=not self.generator_logprobs, weights=weights)
         self.published.add(version)

@@ -192,8 +192,8 @@ class PolicyTrainer:
         made (it is kept instead of a second copy)."""
         self.current_version = version
         if snapshot:
-            self.snapshots[version] = weights if weights is not None else {
-                k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            live = weights if weights is not None else self.model.state_dict()
+            self.snapshots[version] = {k: published_copy(v, self.cfg.publish_dtype) for k, v in live.items()}
         self._prune_snapshots()
 
     def _prune_snapshots(self) -> None:
@@ -206,8 +206,9 @@ class PolicyTrainer:
         return self.load_version(version) if self.load_version else None
 
     def _model_for(self, version: int):
-        """(model, source) computing old logprobs for rollouts of `version` (see trainer.grpo's docstring)."""
-        if version == self.current_version:
+        """(model, source) computing old logprobs for rollouts of `version` (see trainer.grpo's docstring): the
+        weights as published, which the workers sampled with (bf16-rounded unless publish_dtype is float32)."""
+        if version == self.current_version and self.cfg.publish_dtype == "float32":
             return self.model, "exact"
         weights = self._weights_of(version)
         if weights is None:
@@ -352,6 +353,8 @@ class PolicyTrainer:
         """
         if not rows or self.current_version is None or getattr(self.collective, "lockstep", False):
             return False  # under FSDP every rank must run the same passes, whatever its own rows are
+        if self.cfg.publish_dtype != "float32":  # the rows were sampled with the bf16-rounded weights, not these
+            return False
         if any(groups[g].policy_version != self.current_version for g, _ in rows):
             return False
         return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
@@ -397,3 +400,11 @@ def _chunks(items: list, size: int) -> list[list]:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def published_copy(tensor: torch.Tensor, publish_dtype: str) -> torch.Tensor:
+    """A detached copy of a weight as workers load it: rounded to bf16 when versions are published in bf16
+    (kept in bf16, half the memory; a model loading it upcasts exactly)."""
+    if publish_dtype == "bfloat16" and tensor.is_floating_point():
+        return tensor.detach().to(torch.bfloat16)
+    return tensor.detach().clone()

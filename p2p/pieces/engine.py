@@ -37,11 +37,13 @@ from p2p.pieces.engine_actions import Action, Completed, DropPeer, Send, SendPie
 from p2p.pieces.engine_config import EngineConfig
 from p2p.pieces.peer_state import PeerState
 from p2p.pieces.picker import Picker, RarestFirstPicker
-from p2p.pieces.super_seed import least_sent
+from p2p.pieces.super_seed import SuperSeeding
 from p2p.pieces.upload_ledger import UploadLedger
 from p2p.pieces.upload_timer import UploadTimer
-from p2p.pieces.wire import Cancel, Have, Reject, Request
+from p2p.pieces.wire import Bitfield, Cancel, Have, Reject, Request, pack_bits
 
+BULK_HAVES = 64
+"""More pieces than this, stored at once outside the protocol, are announced with one have-map per peer."""
 BUSY = "busy"  # the reason of a Reject that means "loaded: ask another holder for now", not "I lack the piece"
 
 __all__ = ["BUSY", "Action", "Completed", "DropPeer", "EngineConfig", "PeerState", "Send", "SendPiece", "StorePiece",
@@ -57,7 +59,7 @@ def as_flags(flags) -> np.ndarray:
     return np.asarray(flags).astype(bool)
 
 
-class SwarmEngine:
+class SwarmEngine(SuperSeeding):
     """Swarm decisions for one manifest of `num_pieces` pieces.
 
     Per-piece state lives in numpy arrays (have, pending, availability, rank) so a pick is a few vector operations
@@ -65,16 +67,22 @@ class SwarmEngine:
     """
 
     def __init__(self, num_pieces: int, have: bytes | bytearray, *, config: EngineConfig = EngineConfig(),
-                 rng: random.Random | None = None, picker: Picker | None = None) -> None:
-        if len(have) != num_pieces:
-            raise ValueError("have-flags must hold one entry per piece")
+                 rng: random.Random | None = None, picker: Picker | None = None,
+                 wanted: bytes | bytearray | None = None) -> None:
+        """wanted: 0/1 per piece, the pieces to fetch (default all). A version that is also a patch over its parent
+        is fetched in one of two forms, its full files or its patch (swarm.policy.patch_form): the rest of its pieces
+        are neither asked for nor waited on, and may still be served once held."""
+        if len(have) != num_pieces or (wanted is not None and len(wanted) != num_pieces):
+            raise ValueError("have-flags and wanted-flags must hold one entry per piece")
         self.config = config
         self.num_pieces = num_pieces
         self.rng = rng or random.Random()  # per-node randomness: identical ranks would make every peer pick alike
         self.picker = picker or RarestFirstPicker(config.random_first)
         self.have = as_flags(have).copy()
         self.held = int(self.have.sum())
-        self.missing: set[int] = set(np.flatnonzero(~self.have).tolist())
+        self.wanted = np.ones(num_pieces, dtype=bool) if wanted is None else as_flags(wanted).copy()
+        self.wanted_count = int(self.wanted.sum())
+        self.missing: set[int] = set(np.flatnonzero(self.wanted & ~self.have).tolist())
         self.pending: dict[int, set[str]] = {}  # piece -> peers asked for it
         self.pending_mask = np.zeros(num_pieces, dtype=bool)  # the keys of `pending`, as flags
         self.availability = np.zeros(num_pieces, dtype=np.int64)  # connected peers holding each piece
@@ -96,6 +104,26 @@ class SwarmEngine:
     @property
     def complete(self) -> bool:
         return not self.missing
+
+    def want(self, flags: bytes | bytearray, now: float) -> list[Action]:
+        """Fetch these pieces too (a patch that cannot be applied: the version's full files instead)."""
+        more = as_flags(flags) & ~self.wanted
+        self.wanted |= more
+        self.wanted_count += int(more.sum())
+        self.missing.update(np.flatnonzero(more & ~self.have).tolist())
+        return self._fill_all(now)
+
+    def pieces_added(self, indices: list[int], now: float) -> list[Action]:
+        """Pieces stored without the protocol (files rebuilt from a patch, verified by the store): stop asking for
+        them and announce them, as one have-map per peer when they are many (a have each would queue thousands of
+        messages on every link at once)."""
+        fresh = [i for i in dict.fromkeys(indices) if not self.have[i]]
+        if len(fresh) <= BULK_HAVES:
+            return [a for index in fresh for a in self._accept(index, now, fill=False)] + self._fill_all(now)
+        for index in fresh:
+            self._accept(index, now, fill=False, announce=False)
+        flags = self.have.astype(np.uint8).tobytes()
+        return [Send(peer, Bitfield(pack_bits(flags))) for peer in self.peers] + self._fill_all(now)
 
     def hello_flags(self) -> bytearray:
         """Our have-flags for the handshake: empty while super-seeding (pieces are revealed one by one)."""
@@ -206,8 +234,8 @@ class SwarmEngine:
             return self._fill(peer, now)
         return self._accept(index, now)
 
-    def _accept(self, index: int, now: float) -> list[Action]:
-        out: list[Action] = [StorePiece(index)]
+    def _accept(self, index: int, now: float, fill: bool = True, announce: bool = True) -> list[Action]:
+        out: list[Action] = [StorePiece(index)] if fill else []
         self.have[index] = True
         self.held += 1
         self.missing.discard(index)
@@ -217,10 +245,11 @@ class SwarmEngine:
             del other_state.requested[index]
             other_state.cancelled.add(index)
             out.append(Send(other, Cancel(index)))
-        out += [Send(p, Have(index)) for p, s in self.peers.items() if not s.bits[index]]
-        if not self.missing:
+        if announce:
+            out += [Send(p, Have(index)) for p, s in self.peers.items() if not s.bits[index]]
+        if not self.missing and self.wanted[index]:
             out.append(Completed())
-        return out + self._fill_all(now)
+        return out + self._fill_all(now) if fill else out
 
     def _fill_all(self, now: float) -> list[Action]:
         out: list[Action] = []
@@ -295,7 +324,7 @@ class SwarmEngine:
 
     def _only_holder(self, state: PeerState) -> bool:
         """Whether the peer holds a piece we lack that no other connected peer holds."""
-        return bool((state.bits & ~self.have & (self.availability <= 1)).any())
+        return bool((state.bits & self.wanted & ~self.have & (self.availability <= 1)).any())
 
     # ------------------------------------------------------------------ uploading
 
@@ -404,34 +433,4 @@ class SwarmEngine:
                 state.held += 1
                 self.availability[index] += 1
             out.append(SendPiece(name, index))
-        return out
-
-    # ------------------------------------------------------------------ super-seeding
-
-    def _reveal(self, peer: str, now: float) -> list[Action]:
-        """Super-seed: keep `super_seed_reveal` unsent pieces announced to `peer`, least-sent first."""
-        if not self.super_seeding or peer not in self.peers:
-            return []
-        state = self.peers[peer]
-        state.revealed = {i for i in state.revealed if not state.bits[i]}
-        out: list[Action] = []
-        # after the first full copy, one piece at a time: the peers hold every piece by then and should trade
-        limit = self.config.super_seed_reveal if not self.sent_count.all() else 1
-        while len(state.revealed) < limit:
-            index = least_sent(self, state, now, self.config.reveal_grace)
-            if index is None:
-                break
-            state.revealed.add(index)
-            out.append(Send(peer, Have(index)))
-        return out
-
-    def reveal_lapsed(self, now: float) -> list[Action]:
-        """Super-seed: reveal the pieces whose promises lapsed (their peers never asked within `reveal_grace`); the
-        adapter calls this now and then, since a complete seed gets no other event while its peers wait."""
-        return self._reveal_all(now) if self.super_seeding else []
-
-    def _reveal_all(self, now: float) -> list[Action]:
-        out: list[Action] = []
-        for name in list(self.peers):
-            out += self._reveal(name, now)
         return out

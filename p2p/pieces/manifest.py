@@ -12,7 +12,8 @@ decoder every received manifest goes through in p2p.pieces.manifest_decode; this
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +32,7 @@ from p2p.pieces.manifest_types import (
     MODEL_FILE,
     FileEntry,
     GenerationSettings,
+    PatchRef,
     PieceRef,
     PolicyManifest,
     SignedManifest,
@@ -40,7 +42,8 @@ from p2p.pieces.manifest_types import (
 
 __all__ = [
     "DEFAULT_PIECE_SIZE", "FORMAT_VERSION", "MAX_MANIFEST_BYTES", "MAX_PIECE_SIZE", "MIN_PIECE_SIZE", "MODEL_FILE",
-    "SIG_CONTEXT", "FileEntry", "GenerationSettings", "PieceRef", "PolicyManifest", "SignedManifest", "TensorEntry",
+    "SIG_CONTEXT", "FileEntry", "GenerationSettings", "PatchRef", "PieceRef", "PolicyManifest", "SignedManifest",
+    "TensorEntry",
     "VerifiedManifest", "build_manifest", "decode_manifest", "decode_signed", "describe_policy_dir", "file_entry",
     "is_safe_file_name", "open_signed_manifest", "piece_hashes", "read_safetensors_index", "sign_manifest",
     "verify_manifest",
@@ -97,10 +100,21 @@ def read_safetensors_index(path: Path) -> list[TensorEntry]:
     base = 8 + hlen
     try:
         return [TensorEntry(name, path.name, base + meta["data_offsets"][0],
-                            meta["data_offsets"][1] - meta["data_offsets"][0], meta["dtype"], tuple(meta["shape"]))
+                            meta["data_offsets"][1] - meta["data_offsets"][0], meta["dtype"], tuple(meta["shape"]),
+                            b"")
                 for name, meta in sorted(header.items()) if name != "__metadata__"]
     except (AttributeError, KeyError, IndexError, TypeError, ValueError):
         raise ManifestError(f"{path.name} has a safetensors header that does not describe its tensors") from None
+
+
+def hash_tensors(policy_dir: Path, tensors: list[TensorEntry]) -> list[TensorEntry]:
+    """The entries with the BLAKE3 of each tensor's bytes, read one tensor at a time."""
+    out = []
+    for entry in tensors:
+        with open(policy_dir / entry.file, "rb", buffering=0) as fh:
+            digest = blake3.blake3(os.pread(fh.fileno(), entry.nbytes, entry.offset)).digest()
+        out.append(replace(entry, hash=digest))
+    return out
 
 
 def describe_policy_dir(policy_dir: Path | str) -> tuple[dict, list[Path], list[TensorEntry]]:
@@ -133,24 +147,26 @@ def build_manifest(
     generation: GenerationSettings,
     piece_size: int = DEFAULT_PIECE_SIZE,
     data_files: tuple[str, ...] = (),
+    patch: PatchRef | None = None,
 ) -> PolicyManifest:
     """Build the manifest of a directory of *.safetensors files plus its model.json description.
 
     data_files: names of other files in the directory that travel with the weights (the run's task file): pieces
     and a root like the weights', no tensors. Loaders read only *.safetensors, so they never see them.
+    patch: the version's patch over its parent (p2p.pieces.patch), a file of the directory listed after the others.
     """
     policy_dir = Path(policy_dir)
     if not MIN_PIECE_SIZE <= piece_size <= MAX_PIECE_SIZE:
         raise ManifestError(f"piece size {piece_size} is outside {MIN_PIECE_SIZE}..{MAX_PIECE_SIZE} bytes")
     model, paths, tensors = describe_policy_dir(policy_dir)
     files = [file_entry(path, piece_size) for path in paths]
-    for name in data_files:
+    for name in data_files + ((patch.file,) if patch is not None else ()):
         path = policy_dir / name
         if not is_safe_file_name(name) or path.suffix == ".safetensors" or not path.is_file():
             raise ManifestError(f"data file {name!r} is not a plain file of {policy_dir} with a safe, non-weight name")
         files.append(file_entry(path, piece_size))
     manifest = PolicyManifest(run, version, parent_version, float(created_at), model, generation,
-                              tuple(tensors), tuple(files))
+                              tuple(hash_tensors(policy_dir, tensors)), tuple(files), patch)
     return decode_manifest(manifest.encode())  # one validation path for built and received manifests
 
 

@@ -27,6 +27,7 @@ from p2p.pieces.manifest_types import (
     MIN_PIECE_SIZE,
     FileEntry,
     GenerationSettings,
+    PatchRef,
     PolicyManifest,
     SignedManifest,
     TensorEntry,
@@ -47,9 +48,10 @@ MAX_TEMPERATURE = 10.0
 GENERATION_LIMITS = {"group_size": (1, 1 << 16), "max_new_tokens": (1, 1 << 24), "stage": (0, 1 << 16)}
 _DTYPE = re.compile(r"^[A-Za-z0-9_]{1,16}$")
 _TOP_KEYS = frozenset({"format", "run", "version", "parent_version", "created_at", "model", "generation", "tensors",
-                       "files"})
+                       "files", "patch"})
 _FILE_KEYS = frozenset({"name", "size", "piece_size", "piece_hashes", "root"})
-_TENSOR_KEYS = frozenset({"name", "file", "offset", "nbytes", "dtype", "shape"})
+_TENSOR_KEYS = frozenset({"name", "file", "offset", "nbytes", "dtype", "shape", "hash"})
+_PATCH_KEYS = frozenset({"parent_id", "parent_version", "file"})
 _GENERATION_KEYS = frozenset({"group_size", "temperature", "max_new_tokens", "stage"})
 
 
@@ -92,8 +94,9 @@ def decode_manifest(data: bytes) -> PolicyManifest:
     _need(isinstance(raw["tensors"], list), "tensor index")
     tensors = tuple(_decode_tensor(t, sizes) for t in raw["tensors"])
     _need(len({t.name for t in tensors}) == len(tensors), "duplicate tensor names")
+    patch = _decode_patch(raw["patch"], raw["version"], files)
     manifest = PolicyManifest(raw["run"], raw["version"], raw["parent_version"], raw["created_at"],
-                              freeze(raw["model"]), _decode_generation(raw["generation"]), tensors, files)
+                              freeze(raw["model"]), _decode_generation(raw["generation"]), tensors, files, patch)
     _need(manifest.encode() == data, "not in canonical form")
     return manifest
 
@@ -161,7 +164,22 @@ def _decode_tensor(raw: Any, sizes: dict[str, int]) -> TensorEntry:
     _need(isinstance(file, str) and file in sizes, "tensor file")
     _need(_is_int(offset) and _is_int(nbytes) and offset + nbytes <= sizes[file], "tensor past the end of its file")
     _need(isinstance(shape, list) and len(shape) <= MAX_DIMS and all(_is_int(d) for d in shape), "tensor shape")
-    return TensorEntry(name, file, offset, nbytes, dtype, tuple(shape))
+    _need(isinstance(raw["hash"], bytes) and len(raw["hash"]) == 32, "tensor hash")
+    return TensorEntry(name, file, offset, nbytes, dtype, tuple(shape), raw["hash"])
+
+
+def _decode_patch(raw: Any, version: int, files: tuple[FileEntry, ...]) -> PatchRef | None:
+    """A patch names an older parent by id and a file of this manifest that is not a weight file; a version is
+    rebuilt from one parent only, never from a chain, so no manifest can make a peer walk history."""
+    if raw is None:
+        return None
+    _need(isinstance(raw, dict) and set(raw) == _PATCH_KEYS, "patch reference")
+    parent_id, parent_version, name = raw["parent_id"], raw["parent_version"], raw["file"]
+    _need(isinstance(parent_id, bytes) and len(parent_id) == 32, "patch parent id")
+    _need(_is_int(parent_version) and parent_version < version, "patch parent version")
+    _need(isinstance(name, str) and not name.endswith(".safetensors") and any(f.name == name for f in files),
+          "patch file")
+    return PatchRef(parent_id, parent_version, name)
 
 
 class _ContainerBudget:

@@ -14,7 +14,7 @@ from typing import Any
 import blake3
 import msgpack
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_PIECE_SIZE = 1 << 20
 MIN_PIECE_SIZE = 256 * 1024
 MAX_PIECE_SIZE = 4 << 20
@@ -70,6 +70,21 @@ class TensorEntry:
     nbytes: int
     dtype: str
     shape: tuple[int, ...]
+    hash: bytes
+    """BLAKE3 of the tensor's bytes: what a tensor rebuilt from a patch must hash to, and how a peer sees which
+    tensors a new version changed."""
+
+
+@dataclass(frozen=True)
+class PatchRef:
+    """A version that can also be rebuilt from its parent: the patch file and the exact parent it applies to.
+
+    The version's full files stay in its manifest, so a peer without that parent fetches them instead; one
+    holding it fetches the patch (p2p.pieces.patch) and rebuilds the full files, which it then serves too."""
+
+    parent_id: bytes  # manifest id of the parent version
+    parent_version: int
+    file: str  # name of the patch file among the manifest's files
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,7 @@ class PolicyManifest:
     generation: GenerationSettings
     tensors: tuple[TensorEntry, ...]
     files: tuple[FileEntry, ...]
+    patch: PatchRef | None = None
     pieces: tuple[PieceRef, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +145,17 @@ class PolicyManifest:
     @property
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def patch_file(self) -> FileEntry | None:
+        """The file entry of this version's patch, or None for a keyframe (full files only)."""
+        if self.patch is None:
+            return None
+        return next(f for f in self.files if f.name == self.patch.file)
+
+    def full_size(self) -> int:
+        """Bytes of the version's full form: every file but its patch."""
+        return sum(f.size for f in self.files if self.patch is None or f.name != self.patch.file)
 
     def encode(self) -> bytes:
         """Canonical msgpack encoding (sorted keys, lists, float64): the bytes the id is computed over."""
@@ -151,6 +178,7 @@ class PolicyManifest:
             "model": self.model,
             "generation": _asdict(self.generation),
             "tensors": [_asdict(t) | {"shape": list(t.shape)} for t in self.tensors],
+            "patch": None if self.patch is None else _asdict(self.patch),
             "files": [
                 {"name": f.name, "size": f.size, "piece_size": f.piece_size,
                  "piece_hashes": list(f.piece_hashes), "root": f.root}

@@ -25,6 +25,8 @@ class SwarmView(Protocol):
     @property
     def have(self) -> np.ndarray: ...  # bool per piece: we hold it
     @property
+    def wanted(self) -> np.ndarray: ...  # bool per piece: one to fetch (a version's full files, or its patch)
+    @property
     def pending_mask(self) -> np.ndarray: ...  # bool per piece: already requested of some peer
     @property
     def availability(self) -> np.ndarray: ...  # connected peers holding each piece
@@ -43,7 +45,7 @@ def _candidates(engine: SwarmView, peer: PeerState) -> np.ndarray:
     """A piece whose request to this peer timed out is asked of it again only when no other holder is left that
     has not timed out on it too: a super-seed is the only holder of the pieces it reveals, and when every holder's
     request had timed out (a loaded machine) each was avoided for the other's sake and the piece never came."""
-    idx = np.flatnonzero(peer.bits & ~engine.have & ~engine.pending_mask)
+    idx = np.flatnonzero(peer.bits & engine.wanted & ~engine.have & ~engine.pending_mask)
     timed = idx[peer.timed_out[idx]]
     if timed.size:
         fresh_elsewhere = np.zeros(timed.size, dtype=bool)

@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,6 +64,38 @@ def _atomic_write(path: Path, data: bytes, what: str) -> None:
         raise _enospc(exc, what) from None
 
 
+def check_rebuilt(manifest: PolicyManifest, name: str, path: Path) -> None:
+    """Raise PieceVerifyError unless the file at `path` is, piece by piece, the manifest's weight file `name`."""
+    entry = next((e for e in manifest.files if e.name == name and name.endswith(".safetensors")), None)
+    if entry is None:
+        raise PieceVerifyError(f"rebuilt {name!r} is no weight file of policy v{manifest.version}")
+    with _disk(f"checking rebuilt {name}"), open(path, "rb", buffering=0) as fh:
+        if os.fstat(fh.fileno()).st_size != entry.size:
+            raise PieceVerifyError(f"rebuilt {name} has {os.fstat(fh.fileno()).st_size} bytes, not {entry.size}")
+        for i, expected in enumerate(entry.piece_hashes):
+            data = os.pread(fh.fileno(), entry.piece_length(i), i * entry.piece_size)
+            if blake3.blake3(data).digest() != expected:
+                raise PieceVerifyError(f"piece {i} of rebuilt {name} does not match the signed manifest")
+
+
+def _check_tensor_hashes(manifest: PolicyManifest, directory: Path) -> None:
+    """Every tensor hashes as its manifest signs: a loader that copies only the tensors whose hashes changed since
+    its last version must be able to trust them, whichever form of the version this peer fetched."""
+    for tensor in manifest.tensors:
+        hasher = blake3.blake3()
+        with _disk(f"checking {tensor.file}"), open(directory / tensor.file, "rb", buffering=0) as fh:
+            for start in range(tensor.offset, tensor.offset + tensor.nbytes, 1 << 20):  # one MiB at a time
+                hasher.update(os.pread(fh.fileno(), min(1 << 20, tensor.offset + tensor.nbytes - start), start))
+        if hasher.digest() != tensor.hash:
+            raise PieceVerifyError(f"tensor {tensor.name!r} of policy v{manifest.version} does not match its signed "
+                                   "hash")
+
+
+def _full_files(manifest: PolicyManifest) -> list[FileEntry]:
+    patch = manifest.patch_file
+    return [e for e in manifest.files if e is not patch]
+
+
 class _FileState:
     """Which pieces of one file (by root) are held, and the open descriptor that serves them."""
 
@@ -95,10 +128,18 @@ class PieceStore:
         self._manifests: dict[bytes, PolicyManifest] = {}
         self._files: dict[bytes, _FileState] = {}
         self._local: dict[str, str] = self._read_local()
+        shutil.rmtree(self.dir / "rebuild", ignore_errors=True)  # files a crash left half rebuilt from a patch
         for path in sorted((self.dir / "manifests").glob("*.manifest")):
             self._load_manifest_file(path)
+        self._drop_orphans()
 
     # ------------------------------------------------------------------ lifecycle
+
+    def _drop_orphans(self) -> None:
+        """Delete stored files no manifest held names (their manifest was dropped, or no longer decodes)."""
+        for path in (self.dir / "files").iterdir():
+            if path.suffix in (".data", ".part") and bytes.fromhex(path.stem) not in self._files:
+                path.unlink(missing_ok=True)
 
     def _take_lock(self) -> int:
         fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
@@ -218,6 +259,52 @@ class PieceStore:
     def is_complete(self, manifest: PolicyManifest) -> bool:
         return all(self._files[e.root].complete for e in manifest.files)
 
+    def holds_full(self, manifest: PolicyManifest) -> bool:
+        """Whether every file of the version's full form (all but its patch) is complete."""
+        return all(self._files[e.root].complete if e.root in self._files else False for e in _full_files(manifest))
+
+    def weight_paths(self, manifest: PolicyManifest) -> list[Path]:
+        """Where the complete safetensors files of a version held in full lie (to rebuild a child from them)."""
+        return [self._files[e.root].path for e in manifest.files if e.name.endswith(".safetensors")]
+
+    def file_path(self, manifest: PolicyManifest, name: str) -> Path:
+        """Where the complete file `name` of a held version lies."""
+        state = self._files[next(e.root for e in manifest.files if e.name == name)]
+        if not state.complete:
+            raise StoreError(f"{name} of policy version {manifest.version} is not complete")
+        return state.path
+
+
+    def adopt_rebuilt(self, manifest: PolicyManifest, name: str, path: Path) -> list[int]:
+        """Take a file rebuilt outside the protocol and checked by `check_rebuilt` as the manifest's file `name`;
+        returns the global indices of the pieces newly held. `path` is renamed into place (same file system)."""
+        entry = next(e for e in manifest.files if e.name == name)
+        state = self._files[entry.root]
+        first = next(p.index for p in manifest.pieces if p.file.root == entry.root)
+        added = list(range(first, first + len(entry.piece_hashes)))  # the caller's engine skips what it holds
+        if state.complete:  # another version completed the same file meanwhile
+            path.unlink(missing_ok=True)
+            return added
+        done = self.dir / "files" / f"{entry.root.hex()}.data"
+        with _disk(f"storing rebuilt {name}"):
+            os.replace(path, done)
+            state.close()
+            if state.path != done:
+                state.path.unlink(missing_ok=True)
+        state.path, state.complete, state.missing = done, True, 0
+        state.have[:] = b"\x01" * len(state.have)
+        state.checked[:] = state.have
+        state.corrupt.clear()
+        with _disk(f"opening {done.name}"):
+            state.fd = os.open(done, os.O_RDONLY)
+        return added
+
+    def rebuild_dir(self) -> Path:
+        """A scratch directory on the store's file system for files being rebuilt."""
+        path = self.dir / "rebuild"
+        path.mkdir(exist_ok=True)
+        return path
+
     def has_piece(self, manifest: PolicyManifest, index: int) -> bool:
         ref = manifest.pieces[index]
         return bool(self._files[ref.file.root].have[ref.local_index])
@@ -299,10 +386,11 @@ class PieceStore:
         """Write the policy's files (and model.json) into out_dir, each checked piece by piece, via rename."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        if not self.is_complete(manifest):
+        if not self.holds_full(manifest):
             raise StoreError(f"policy version {manifest.version} is not complete yet")
-        for entry in manifest.files:
+        for entry in _full_files(manifest):
             self._copy_verified(manifest, entry, out_dir / entry.name)
+        _check_tensor_hashes(manifest, out_dir)
         model = json.dumps(manifest.model, sort_keys=True, indent=1).encode()
         _atomic_write(out_dir / MODEL_FILE, model, "writing model.json")
         return out_dir

@@ -9,8 +9,11 @@ from typing import Protocol
 
 import numpy as np
 
+from p2p.pieces.engine_actions import Action, Send
+from p2p.pieces.engine_config import EngineConfig
 from p2p.pieces.peer_state import PeerState
 from p2p.pieces.picker import SwarmView
+from p2p.pieces.wire import Have
 
 
 class SeedView(SwarmView, Protocol):
@@ -48,3 +51,41 @@ def least_sent(engine: SeedView, state: PeerState, now: float, reveal_grace: flo
     n = engine.num_pieces
     key = ((sent[idx] + promised[idx]) * (n + 1) + engine.availability[idx]) * n + engine.rank[idx]
     return int(idx[np.argmin(key)])
+
+
+class SuperSeeding:
+    """The super-seed's reveals, part of p2p.pieces.engine.SwarmEngine, which holds the state they read: an origin
+    whose upload is the bottleneck advertises nothing and reveals pieces one by one, least-sent first."""
+
+    config: EngineConfig
+    peers: dict[str, PeerState]
+    super_seeding: bool
+    sent_count: np.ndarray
+
+    def _reveal(self, peer: str, now: float) -> list[Action]:
+        """Super-seed: keep `super_seed_reveal` unsent pieces announced to `peer`, least-sent first."""
+        if not self.super_seeding or peer not in self.peers:
+            return []
+        state = self.peers[peer]
+        state.revealed = {i for i in state.revealed if not state.bits[i]}
+        out: list[Action] = []
+        # after the first full copy, one piece at a time: the peers hold every piece by then and should trade
+        limit = self.config.super_seed_reveal if not self.sent_count.all() else 1
+        while len(state.revealed) < limit:
+            index = least_sent(self, state, now, self.config.reveal_grace)
+            if index is None:
+                break
+            state.revealed.add(index)
+            out.append(Send(peer, Have(index)))
+        return out
+
+    def reveal_lapsed(self, now: float) -> list[Action]:
+        """Super-seed: reveal the pieces whose promises lapsed (their peers never asked within `reveal_grace`); the
+        adapter calls this now and then, since a complete seed gets no other event while its peers wait."""
+        return self._reveal_all(now) if self.super_seeding else []
+
+    def _reveal_all(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        for name in list(self.peers):
+            out += self._reveal(name, now)
+        return out

@@ -74,24 +74,23 @@ class SwarmService:
                  on_progress: Callable[[Progress], None] | None = None,
                  on_drop: Callable[[str, str, bool], None] | None = None,
                  rng: random.Random | None = None, upload_bucket: TokenBucket | None = None,
-                 budget: MemoryBudget = NODE_BUDGET) -> None:
+                 budget: MemoryBudget = NODE_BUDGET, wanted: bytes | None = None) -> None:
         store.add_manifest(manifest)
-        self.manifest = manifest
-        self.store = store
-        self.config = config
-        self.on_progress = on_progress
-        # (peer, why, hostile) once per dropped peer: the user hears of a hostile or vanished peer, the caller may ban
-        self.on_drop = on_drop
-        self.engine = SwarmEngine(manifest.num_pieces, store.bitfield(manifest), config=config.engine, rng=rng)
-        self.completed = trio.Event()
+        self.manifest, self.store, self.config = manifest, store, config
+        # on_drop: (peer, why, hostile) once per dropped peer: the caller may ban a hostile one
+        self.on_progress, self.on_drop = on_progress, on_drop
+        # wanted: the pieces to fetch (SwarmEngine's `wanted`; default all), widened later by `want`
+        self.engine = SwarmEngine(manifest.num_pieces, store.bitfield(manifest), config=config.engine, rng=rng,
+                                  wanted=wanted)
+        self.completed, self._more_wanted = trio.Event(), trio.Event()  # every wanted piece held; `want` called
         self.stats: dict[str, PeerStats] = {}
         self.drops: dict[str, str] = {}
         self.banned: set[str] = set()  # peers that broke the protocol: a new link from or to them is closed at once
         self._reported: set[str] = set()  # linked peers whose drop was already reported (once per link)
         self.corrupt_pieces: set[int] = set()  # pieces whose stored copy went bad on disk (refused since)
         self._links: dict[str, _Link] = {}
-        # set when a link opens: the ticker sleeps on it while there is none. Why: a version kept for its window
-        # would tick every second for nothing, and periodic wake-ups make up most of an idle peer's CPU
+        # set when a link opens: the ticker sleeps on it while there is none (a version kept for its window would
+        # tick every second for nothing)
         self._link_opened = trio.Event()
         # the node's upload cap: one bucket shared by the services of every version the node serves; none, uncapped
         self._bucket = upload_bucket if upload_bucket is not None else TokenBucket(math.inf)
@@ -104,26 +103,24 @@ class SwarmService:
     # ------------------------------------------------------------------ service
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests while a link is open
-        and pieces are missing. Why not once complete: a tick then finds nothing to time out or ask (the engine only
-        requests, and a held piece is never missing again), and a version is served complete for most of its window
-        with its links open, every one of its kept versions waking the peer each second.
-
-        A store failure (disk full, I/O error) ends the service with that one user-facing error, not a group.
-        """
+        """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests only while a link is
+        open and wanted pieces are missing (a complete version, served for most of its window, never wakes the peer).
+        A store failure (disk full, I/O error) ends the service with that one user-facing error, not a group."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self.engine.complete:
                     self.completed.set()
                 task_status.started(self)
-                while not self.engine.complete:
-                    if not self._links:  # nothing to time out or ask while no link is open: wait for one
-                        await self._link_opened.wait()
-                    self._link_opened = trio.Event()
-                    await self._until_tick()
-                    self._dispatch(self.engine.tick(trio.current_time()))
-                await trio.sleep_forever()  # complete: serving answers the peers' requests, and needs no ticks
+                while True:
+                    while not self.engine.complete:
+                        if not self._links:  # nothing to time out or ask while no link is open: wait for one
+                            await self._link_opened.wait()
+                        self._link_opened = trio.Event()
+                        await self._until_tick()
+                        self._dispatch(self.engine.tick(trio.current_time()))
+                    await self._more_wanted.wait()  # complete: serving answers requests and needs no ticks
+                    self._more_wanted = trio.Event()
         except* StoreError as group:
             raise first_leaf(group) from None
         finally:
@@ -168,9 +165,19 @@ class SwarmService:
         if link is None:
             return None
         state = self.engine.peers.get(peer)
-        offers = state is not None and bool((state.bits & ~self.engine.have).any())
+        offers = state is not None and bool((state.bits & self.engine.wanted & ~self.engine.have).any())
         lacks = state is not None and bool((self.engine.have & ~state.bits).any())
         return LinkActivity(link.opened_at, link.active_at, state is not None, offers, lacks)
+
+    def want(self, flags: bytes) -> None:
+        """Fetch these pieces too; `completed` is a new event until they are held."""
+        self._dispatch(self.engine.want(flags, trio.current_time()))
+        if not self.engine.complete and self.completed.is_set():
+            self.completed = trio.Event()
+        self._more_wanted.set()
+
+    def add_stored(self, indices: list[int]) -> None:  # pieces that came over no link (files rebuilt from a patch)
+        self._dispatch(self.engine.pieces_added(indices, trio.current_time()))
 
     def reveal_lapsed(self) -> None:
         """Super-seed: announce the pieces whose promises to peers that never asked have lapsed (engine)."""
@@ -183,8 +190,9 @@ class SwarmService:
             self._note_drop(peer, why, hostile=False)
             link.scope.cancel()
 
-    def progress(self) -> Progress:
-        return Progress(self.engine.held, self.engine.num_pieces,
+    def progress(self) -> Progress:  # over the pieces of the form this peer fetches (all, its full files or patch)
+        wanted = self.engine.wanted_count
+        return Progress(wanted - len(self.engine.missing), wanted,
                         {p: s.bytes_up for p, s in self.stats.items()},
                         {p: s.bytes_down for p, s in self.stats.items()}, dict(self.drops))
 

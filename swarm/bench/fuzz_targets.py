@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import blake3
@@ -34,6 +34,7 @@ from p2p.pieces.manifest import (
     SIG_CONTEXT,
     FileEntry,
     GenerationSettings,
+    PatchRef,
     PolicyManifest,
     SignedManifest,
     TensorEntry,
@@ -41,6 +42,7 @@ from p2p.pieces.manifest import (
     open_signed_manifest,
 )
 from p2p.pieces.manifest_decode import MAX_MODEL_DEPTH, _is_plain_tree
+from swarm.bench import fuzz_patch_targets as patch
 from swarm.bench import fuzz_stream_targets as stream
 from swarm.errors import UserError
 from swarm.messages.rollout_codec import RolloutRefused, decode_blob, parse_items
@@ -259,14 +261,22 @@ def sample_manifest():
     for name, size in (("model-00000.safetensors", 300_000), ("model-00001.safetensors", 70_000)):
         hashes = tuple(blake3.blake3(f"{name}/{i}".encode()).digest() for i in range(-(-size // MIN_PIECE_SIZE)))
         files.append(FileEntry(name, size, MIN_PIECE_SIZE, hashes, blake3.blake3(b"".join(hashes)).digest()))
-    tensors = (TensorEntry("layer0.w", files[0].name, 120, 1200, "F32", (20, 15)),
-               TensorEntry("layer1.b", files[1].name, 88, 56, "I64", (7,)))
+    tensors = (TensorEntry("layer0.w", files[0].name, 120, 1200, "F32", (20, 15), bytes(range(32))),
+               TensorEntry("layer1.b", files[1].name, 88, 56, "I64", (7,), bytes(32)))
     return PolicyManifest(RUN, 3, 2, NOW, manifest_model(), GenerationSettings(4, 0.6, 64, 0), tensors, tuple(files))
+
+
+def sample_patched_manifest():
+    """The sample manifest as a patch over its parent: one more file, the patch, and the reference to it."""
+    base = sample_manifest()
+    hashes = (blake3.blake3(b"patch").digest(),)
+    patch = FileEntry("model.patch", 9_000, MIN_PIECE_SIZE, hashes, blake3.blake3(b"".join(hashes)).digest())
+    return replace(base, files=base.files + (patch,), patch=PatchRef(bytes(range(32)), 2, "model.patch"))
 
 
 @_cached
 def manifest_samples() -> list[bytes]:
-    return [sample_manifest().encode()]
+    return [sample_manifest().encode(), sample_patched_manifest().encode()]
 
 
 def signed_bytes(manifest_bytes: bytes) -> bytes:
@@ -361,6 +371,7 @@ def _targets() -> tuple[FuzzTarget, ...]:
                    (ChannelError,)),
         FuzzTarget("punch_connect", reach.decode_punch_connect, reach.punch_connect_samples, reach.ERRORS),
         FuzzTarget("hop_request", reach.decode_hop_request, reach.hop_request_samples, reach.ERRORS),
+        FuzzTarget("policy_patch", patch.decode_patch, patch.patch_samples, patch.ERRORS),
     )
 
 

@@ -66,6 +66,11 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
         "measure what N fresh identities cost a target peer, per attack kind (floods, bombs, links, relays, punches)",
     ),
     (("bench", "scale"), "swarm.bench.scale", "benchmark per-peer protocol cost as the swarm grows; estimate at 1,000"),
+    (
+        ("bench", "patch"),
+        "swarm.bench.patch",
+        "measure policy versions as bf16 patches on real RL steps: bytes, times, bit-exact rebuilds, broadcast",
+    ),
     (("bench", "fuzz"), "swarm.bench.fuzz", "fuzz every decoder of network input for N seconds; report failures"),
     (("bench", "device"), "swarm.bench.device", "check every GPU path against its CPU twin (prepared GPU check)"),
 ]

@@ -270,6 +270,7 @@ def _render(report: dict, out: Path) -> str:
             f"  trainer steps: {report['steps']}, rewards per step: {report['rewards']}",
             f"  policy versions published: {report['versions_published']}, "
             f"copies completed by peers: {report['policy_copies_completed']}",
+            *_transfer_line(report.get("transfer")),
             f"  rollout groups generated: {report['groups_generated']}, "
             f"rejecting votes: {report['votes_rejecting']} ({readable_counts(report['rejection_reasons'])})",
             f"  trainer gate: {readable_counts(report['gate'])}",
@@ -279,6 +280,18 @@ def _render(report: dict, out: Path) -> str:
             f"  report: {out / 'report.json'} (pictures: {out / 'report.html'})",
         ]
     )
+
+
+def _transfer_line(transfer: dict | None) -> list[str]:
+    """Bytes each peer fetched per version against a full copy (swarm.sim.transfer)."""
+    if not transfer or not transfer.get("full_copy_bytes"):
+        return []
+    mib = 1 << 20
+    patches = (f", {transfer['versions_as_patches']} versions as patches of {transfer['patch_bytes_mean'] / mib:.2f} "
+               "MiB on average" if transfer["versions_as_patches"] else "")
+    return [f"  fetched per peer per version: {transfer['bytes_per_peer_per_version'] / mib:.2f} MiB (a full copy: "
+            f"{transfer['full_copy_bytes'] / mib:.2f} MiB{patches}); a trainer step every "
+            f"{transfer['seconds_per_step']} s"]
 
 
 def _heldout_line(accuracy: dict | None) -> list[str]:

@@ -156,7 +156,8 @@ class Published(Event):
     kind = "published"
     version: int  # the policy version
     id: str | None = optional()  # the manifest id, hex
-    bytes: int | None = optional()  # the policy's size
+    bytes: int | None = optional()  # the policy's size: its full files
+    patch_bytes: int | None = optional()  # its patch over the version before, when it has one (a trainer's version)
     validators: int | None = optional()  # the validators its run spec names (a trainer's version)
     stage: str | None = optional()  # the curriculum stage it generates at (a trainer's version)
     trainer_key: str | None = optional()  # the signing key, hex (`swarm publish`)
@@ -165,7 +166,8 @@ class Published(Event):
         details = [f"{self.validators} validators" if self.validators is not None else "",
                    f"stage {self.stage}" if self.stage is not None else ""]
         size = (self.bytes or 0) / 2**20
-        return f"published policy v{self.version} ({size:.2f} MiB{''.join(f', {d}' for d in details if d)})"
+        patch = f", as a {self.patch_bytes / 2**20:.2f} MiB patch" if self.patch_bytes else ""
+        return f"published policy v{self.version} ({size:.2f} MiB{patch}{''.join(f', {d}' for d in details if d)})"
 
 
 @dataclass(frozen=True, kw_only=True)

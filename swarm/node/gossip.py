@@ -95,7 +95,7 @@ def heartbeat_body(node: Node) -> dict:
     (swarm.messages.gossip_bodies.decode_heartbeat)."""
     policies = []
     for p in list(node.mirror.policies.values())[-16:]:
-        done = p.service is not None and p.service.completed.is_set()
+        done = p.ready.is_set()
         policies.append([p.manifest.version, p.manifest.id, done])
     body = {"roles": list(node.config.peer.roles)[:4], "addrs": node.host.multiaddrs[:MAX_ADDRS], "policies": policies}
     progress = sendable_progress(node.progress)

@@ -48,6 +48,7 @@ from swarm.policy.link_places import LINK_IDLE_AFTER
 from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
 from swarm.policy.mirror_dial import _DIAL_ERRORS, SPARE_TTL, TOP_UP_AFTER, OutboundLinks
 from swarm.policy.mirror_places import MAX_RELEASED, LinkPlaces
+from swarm.policy.patch_form import form_flags, make_full, patch_parent
 from swarm.policy.served_record import ServedRecord
 from swarm.policy.trust import TrainerTrust
 
@@ -80,6 +81,8 @@ class MirroredPolicy:
     tended_at: float = -math.inf  # when its links were last looked at (mirror_places)
     announced_complete: bool = False
     adopted_at: float = 0.0  # trio time this peer adopted it
+    ready: trio.Event = field(default_factory=trio.Event)  # its full files are held (fetched, or rebuilt from a patch)
+    parent: MirroredPolicy | None = None  # the version its patch applies to, when this peer fetches the patch
 
 
 class PolicyMirror(OutboundLinks, LinkPlaces):
@@ -166,8 +169,7 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         return max(self.policies.values(), key=lambda p: p.manifest.version, default=None)
 
     def complete_versions(self) -> list[MirroredPolicy]:
-        return sorted((p for p in self.policies.values() if p.service is not None and p.service.completed.is_set()),
-                      key=lambda p: p.manifest.version)
+        return sorted((p for p in self.policies.values() if p.ready.is_set()), key=lambda p: p.manifest.version)
 
     def adopt(self, signed: bytes, local_dir: Path | None = None) -> MirroredPolicy | None:
         """Verify a signed manifest and start mirroring it; None when refused (logged) or outside the window."""
@@ -211,12 +213,16 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
     def _start_service(self, policy: MirroredPolicy) -> None:
         assert self._nursery is not None, "run_service must be started first"
         config = replace(self.transfer, handshake_timeout=max(self.transfer.handshake_timeout, self.adoption_wait + 5))
-        if policy.origin == self.my_id:
-            # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice
-            # while another has never gone out (docs/reference.md#torrent-mechanics).
+        if policy.origin == self.my_id and policy.manifest.patch is None:
+            # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice while
+            # another has never gone out (docs/reference.md#torrent-mechanics). Not for a version with a patch:
+            # its peers want one of two forms, and a piece revealed to a peer that does not want it is wasted.
             config = replace(config, engine=replace(config.engine, super_seed=True))
+        held = self.store.holds_full(policy.manifest)  # a restart: nothing to fetch, no patch to apply
+        policy.parent = None if held else patch_parent(policy.manifest, self.policies)
         policy.service = SwarmService(policy.manifest, self.store, config=config, upload_bucket=self.upload_bucket,
-                                      on_drop=lambda peer, why, hostile: self._dropped(policy, peer, why, hostile))
+                                      on_drop=lambda peer, why, hostile: self._dropped(policy, peer, why, hostile),
+                                      wanted=form_flags(policy.manifest, patch_form=policy.parent is not None))
         policy.scope = trio.CancelScope()
 
         async def serve() -> None:
@@ -228,11 +234,8 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         self._nursery.start_soon(serve)
 
     def _dropped(self, policy: MirroredPolicy, peer: str, why: str, hostile: bool) -> None:
-        """A version's service dropped `peer`: say so, and ban a hostile peer from every version.
-
-        Why across versions: a peer that served a corrupt piece once would otherwise be linked again at once, for
-        this version and each next one, costing a piece download each time; a peer that merely left or stalled
-        may be linked again when it is back."""
+        """A version's service dropped `peer`: say so, and ban a hostile peer from every version (each would cost
+        a piece download again); a peer that merely left or stalled may be linked again when it is back."""
         if len(policy.dropped) < MAX_RELEASED:  # identities are free: the memory of a crowd is bounded
             policy.dropped.add(peer)
         policy.opened.discard(peer)
@@ -259,17 +262,17 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         self.on_event(Link(peer=peer, version=policy.manifest.version, **info))
 
     async def _watch_completion(self, policy: MirroredPolicy) -> None:
-        await policy.service.completed.wait()
+        await make_full(policy, self.store, policy.parent, self.is_mirrored, lambda: self.changed, self.holding)
+        policy.parent = None  # a version never keeps its parent (and through it the run's history) alive
+        policy.ready.set()
         policy.announced_complete = True
         self.on_event(Complete(version=policy.manifest.version, id=policy.manifest.id.hex()))
         self._signal()
 
     @contextmanager
     def holding(self, policy: MirroredPolicy) -> Iterator[None]:
-        """Keep `policy` and its files out of garbage collection while a worker thread reads them.
-
-        Why: the trainer publishes a version every few seconds, and a validator reassembling one right after its
-        restart saw the store close and delete that version's files under the reading thread (its role failed)."""
+        """Keep `policy` and its files out of garbage collection while a worker thread reads them (versions turn
+        over every few seconds, and a store must not close files under a reading thread)."""
         mid = policy.manifest.id
         self._held[mid] = self._held.get(mid, 0) + 1
         try:
@@ -290,6 +293,7 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
                 if policy.scope is not None:
                     policy.scope.cancel()
                 del self.policies[mid]
+                policy.parent = None  # its watcher may never have run to clear it: nothing keeps history alive
                 self.on_event(Dropped(version=policy.manifest.version))
         self.store.gc(self.keep, pinned=set(self.policies))
         self._prune_copies()
@@ -301,10 +305,8 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         return self.copies_dir / f"v{policy.manifest.version}-{policy.manifest.id.hex()[:12]}"
 
     def _prune_copies(self) -> None:
-        """Delete reassembled copies of versions no longer mirrored (held ones stay mirrored until released).
-
-        Why: each version an inference peer or validator used stayed on disk as a full copy of the model, so a
-        long run filled the disk one policy at a time while the piece store kept only the window."""
+        """Delete reassembled copies of versions no longer mirrored (held ones stay mirrored until released): the
+        disk holds the window's copies, never one per version of a long run."""
         if self.copies_dir is None or not self.copies_dir.is_dir():
             return
         wanted = {self.copy_dir(p).name for p in self.policies.values()}
@@ -442,9 +444,6 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         return self.policies.get(manifest_id)
 
     def is_mirrored(self, policy: MirroredPolicy) -> bool:
-        """Whether `policy` is still mirrored (a newer version may have pushed it out of the window meanwhile).
-
-        Why: handing a link to a dropped version's service raised "Nursery is closed to new arrivals" and ended
-        a whole simulation at step 7 (versions turn over every few seconds once the trainer steps quickly).
-        """
+        """Whether `policy` is still mirrored: a newer version may have pushed it out of the window meanwhile, and
+        a dropped version's service takes no more links."""
         return self.policies.get(policy.manifest.id) is policy and not (policy.scope and policy.scope.cancel_called)

@@ -49,7 +49,7 @@ async def exit_when_newest_complete(node: Node) -> None:
 
     while True:
         newest = node.mirror.latest()
-        if newest is not None and newest.service is not None and newest.service.completed.is_set():
+        if newest is not None and newest.service is not None and newest.ready.is_set():
             rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             prog = newest.service.progress()
             node.events.emit(Finished(version=newest.manifest.version, max_rss_mb=round(rss_mb, 1),

@@ -18,6 +18,7 @@ import trio
 
 from swarm.event_types import Generated, Generating, Skipped
 from swarm.policy.files import VersionUnusable, load_base_model, newest_complete, open_version
+from swarm.policy.policy_patches import changed_tensors
 from swarm.policy.runspec import RunSpec
 
 if TYPE_CHECKING:
@@ -62,8 +63,10 @@ async def inference_role(ctx: RoleContext, tamper: Callable[[list], list] = unch
             async with open_version(ctx, spec, policy) as (directory, tasks):
                 # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
                 ctx.events.emit(Generating(version=done, prompts=spec.prompts_per_worker))
+                changed = changed_tensors(ctx.mirror.policies.get(backend.manifest_id), policy.manifest)
                 groups = await trio.to_thread.run_sync(_generate, ctx.config.peer.run, ctx.peer_id, backend, loaded,
-                                                       policy, tasks, directory, published, spec.async_level, tamper)
+                                                       policy, tasks, directory, published, spec.async_level, tamper,
+                                                       changed)
         except VersionUnusable as exc:  # skipped, not fatal
             ctx.events.emit(Skipped(version=done, message=str(exc)))
             continue
@@ -95,7 +98,7 @@ def published_slots_path(config) -> Path:
 
 
 def _generate(run: str, worker: str, backend, loaded, policy, tasks, directory, published, async_level: int,
-              tamper: Callable[[list], list] = unchanged) -> list:
+              tamper: Callable[[list], list] = unchanged, changed: frozenset[str] | None = None) -> list:
     """Blocking: swap weights, generate this worker's assigned groups it has not published yet, with proofs, and
     record their slots in `published` before they are returned for publishing (a crash after this loses the
     groups' work, never answers a slot twice). Of its peer the thread reads only the run and its own id, `worker`."""
@@ -111,7 +114,7 @@ def _generate(run: str, worker: str, backend, loaded, policy, tasks, directory, 
     entries = [e for e in assigned if slot_of[e.index] in fresh]
     if not entries:
         return []
-    backend.load_policy(str(directory), version=manifest.version, manifest_id=manifest.id)
+    backend.load_policy(str(directory), version=manifest.version, manifest_id=manifest.id, changed=changed)
     gen = manifest.generation
     requests = [make_request(loaded.tokenizer, e, run=run, worker=worker, step=step, group_size=gen.group_size,
                              temperature=gen.temperature, max_new_tokens=gen.max_new_tokens) for e in entries]

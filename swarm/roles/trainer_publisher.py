@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from p2p.pieces.manifest import PatchRef
+from p2p.pieces.patch import encode_patch
 from swarm.event_types import Published, ValidatorIgnored, WaitingForValidators
+from swarm.policy.policy_patches import PATCH_FILE, WEIGHTS, keyframe_due, patch_pays
 from swarm.policy.runspec import RunSpec
 from swarm.policy.task_file import place_task_file
 from swarm.policy.trust import parse_public_key
@@ -37,6 +40,7 @@ class SwarmPublisher:
         self.allowed = {parse_public_key(k, "--validator-key") for k in keys} if keys else None
         self.ignored: set[str] = set()  # heard-from validators outside `allowed`, reported once
         self.excluded = lambda key: False  # the gate's banned validators (RolloutGate.validator_banned): never named
+        self.last: tuple[int, bytes] | None = None  # (version, manifest id) of the newest version published
 
     def known_validators(self) -> tuple[str, ...]:
         """Public keys (hex, sorted) of the validators this peer hears heartbeats from (only those of
@@ -113,27 +117,47 @@ class SwarmPublisher:
         spec = self.spec_for(generation["data"])
         target = self.root / f"v{version}"
         target.mkdir(parents=True, exist_ok=True)
-        if not (target / "model.safetensors").exists():
-            os.link(source / "model.safetensors", target / "model.safetensors")
+        if not (target / WEIGHTS).exists():
+            os.link(source / WEIGHTS, target / WEIGHTS)
         if self.task_file:
             place_task_file(self.task_file, target)
         model = json.loads((source / "model.json").read_text())
         (target / "model.json").write_text(json.dumps({**model, "run_spec": spec.to_dict()}, sort_keys=True))
         settings = GenerationSettings(int(generation["group_size"]), float(generation["temperature"]),
                                       int(generation["max_new_tokens"]), int(generation["stage_index"]))
+        patch = await self._patch(version, target)
         manifest = await trio.to_thread.run_sync(lambda: build_manifest(
             target, run=self.node.config.peer.run, version=version, parent_version=version - 1 if version else None,
             created_at=time.time(), generation=settings, piece_size=self.piece_kb * 1024,
-            data_files=(self.task_file.name,) if self.task_file else ()))
+            data_files=(self.task_file.name,) if self.task_file else (), patch=patch))
         signed = sign_manifest(manifest, self.identity.sign, self.identity.public_bytes).to_bytes()
         self.node.mirror.adopt(signed, local_dir=target)
         self.prune()
         before_announce(spec)  # the gate must know the version before any worker can answer it
         await self.node.announce_policy(signed, manifest)
         self.published.add(version)
-        self.node.events.emit(Published(version=version, id=manifest.id.hex(), bytes=manifest.total_size,
+        self.last = (version, manifest.id)
+        patch_file = manifest.patch_file
+        self.node.events.emit(Published(version=version, id=manifest.id.hex(), bytes=manifest.full_size(),
+                                        patch_bytes=patch_file.size if patch_file else None,
                                         validators=len(spec.validators), stage=generation["stage"]))
         return spec
+
+    async def _patch(self, version: int, target: Path) -> PatchRef | None:
+        """Write `target`'s patch over the newest version published, when it is still seeded and the patch pays
+        (policy_patches.keyframe_due); None for a keyframe."""
+        parent = self.last
+        parent_dir = self.root / f"v{parent[0]}" if parent else None
+        if parent is None or not (parent_dir / WEIGHTS).is_file() or self.cfg.publish_dtype == "float32":
+            return None
+        if keyframe_due(version, self.node.config.trainer.keyframe_every):
+            return None
+        stats = await trio.to_thread.run_sync(encode_patch, [parent_dir / WEIGHTS], [target / WEIGHTS],
+                                              target / PATCH_FILE)
+        if not patch_pays(stats.bytes, (target / WEIGHTS).stat().st_size):
+            (target / PATCH_FILE).unlink()
+            return None
+        return PatchRef(parent[1], parent[0], PATCH_FILE)
 
     def prune(self) -> None:
         """Delete the published copies of versions the mirror no longer holds.

@@ -39,6 +39,7 @@ from swarm.roles.registry import ROLE_TASKS
 from swarm.sim.cheater import cheating_inference_role
 from swarm.sim.report_html import render_html
 from swarm.sim.timeline import timeline
+from swarm.sim.transfer import transfer
 from tasks.loading import is_task_file
 from trainer.config import TrainerConfig, render_toml
 from trainer.config import load_config as load_trainer_config  # `load_config` here is the sim's own
@@ -257,6 +258,7 @@ def summarize(events: list[Emitted], extra: dict) -> dict:
         "banned_workers": trained.banned if trained else [], "final_policy": trained.final if trained else None,
         "heldout_accuracy": trained.heldout if trained else {},
         "timeline": timeline(events),  # what report.html draws: steps, evaluations, versions held, bans in time
+        "transfer": transfer(events),  # bytes per peer per version against a full copy, seconds per step
     }
 
 
