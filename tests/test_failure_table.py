@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMED_TEST = re.compile(r"`(tests/test_[a-z0-9_]+\.py)::(test_[a-z0-9_]+)`")
+NAMED_TEST = re.compile(r"`(tests/(?:[a-z0-9_]+/)?test_[a-z0-9_]+\.py)::(test_[a-z0-9_]+)`")
 
 
 def _table_rows() -> list[str]:

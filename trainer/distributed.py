@@ -23,7 +23,7 @@ import torch
 # group: imported after the group started (transformers' model loading and FSDP both import it), it keeps
 # references to the default group (ten, in torch 2.13), and `destroy_process_group` then only forgets the group:
 # its gloo threads live on into interpreter shutdown, where tearing them down can abort a rank ("terminate called
-# without an active exception", SIGABRT) after a run that has finished well. tests/test_trainer_distributed.py
+# without an active exception", SIGABRT) after a run that has finished well. tests/trainer/test_trainer_distributed.py
 # checks that no gloo thread outlives the group. Under FSDP the group still outlives its destruction: DTensor's
 # sharding caches (torch internals, no public way to clear them) hold its device mesh.
 import torch._dynamo  # noqa: F401 - imported for its side effect on what it captures

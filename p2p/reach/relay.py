@@ -1,7 +1,7 @@
 """Circuit relay v2 (py-libp2p's `libp2p.relay.circuit_v2`) wired into our host, with our limits.
 
 Why py-libp2p's relay: its reservation (HOP RESERVE), circuit (HOP CONNECT / STOP CONNECT) and the upgrade of the
-relayed byte stream into a Noise+Yamux connection work between our hosts (tests/test_reach*.py), and the circuit
+relayed byte stream into a Noise+Yamux connection work between our hosts (tests/p2p/test_reach*.py), and the circuit
 multiaddr `/ip4/R/tcp/P/p2p/<relay>/p2p-circuit/p2p/<peer>` is the libp2p standard any peer can dial. What it lacks,
 and this module adds: p2p.reach.relay_guard's node-wide bounds on reservations and circuits (and the release of a
 reservation whose holder left), a bandwidth cap (it enforces duration and bytes per circuit, but not rate), a dial

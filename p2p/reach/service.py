@@ -186,7 +186,7 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
     whose relay connection closed redials it and reserves again.
 
     Why redial: DCUtR closes the relayed connection to a peer once the hole-punched one holds, and the relay's own
-    connection can go with it (seen behind NAT in tests/test_reach_netns.py); without a reservation the peer is
+    connection can go with it (seen behind NAT in tests/p2p/test_reach_netns.py); without a reservation the peer is
     unreachable to anyone new."""
     next_check = next_redial = trio.current_time() + config.recheck_s
     seen: tuple = ()

@@ -1,6 +1,6 @@
 """The registry of fuzz targets: every decoder of network input, with valid samples and the errors it may raise.
 
-One table serves the property tests (tests/test_fuzz_decoders.py, hypothesis) and `swarm bench fuzz` (seeded
+One table serves the property tests (tests/bench/test_fuzz_decoders.py, hypothesis) and `swarm bench fuzz` (seeded
 random mutations for as long as asked), so a decoder added here is fuzzed by both. The property each target must
 hold: for any input, its decoder returns a value or raises one of `expected`; anything else (a TypeError from a
 field of the wrong type, a RecursionError, an OverflowError) is a finding, because the caller that catches only
