@@ -1,6 +1,7 @@
-"""A mirror fetching versions as patches, attacked: a patch its manifest signs but that names a stray file, a version
-pushed out of the window while its patch is applied in a worker thread, a restart holding a version's full files but
-not its patch. Each must cost at most a fallback, never the mirror (the node's whole policy service)."""
+"""A mirror fetching versions as patches, under hostile or unlucky conditions: a patch its manifest signs but that
+names a stray file, a version pushed out of the window while its patch is applied in a worker thread, a restart
+holding a version's full files but not its patch. Each costs at most a fallback, never the mirror (the node's whole
+policy service)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from p2p.identity import Identity
 from p2p.pieces.manifest import PatchRef
 from p2p.pieces.patch import encode_patch
 from p2p.pieces.store import PieceStore
-from tests.patch_versions import manifest_of, nudged, parent_and_child, signed, weights, write_version
 from tests.p2p.test_p2p_patch_hostile import _with_extra_file
-from tests.swarm.test_swarm_patch_versions import ORIGIN, PEER, fetched, mirror
+from tests.patch_versions import manifest_of, nudged, parent_and_child, signed, weights, write_version
+from tests.swarm.test_swarm_patch_versions import ORIGIN, PEER, fetched, link, mirror
 
 
 async def test_a_signed_patch_naming_a_stray_file_falls_back_to_the_full_files(tmp_path):
@@ -76,7 +77,6 @@ async def test_a_version_pushed_out_of_the_window_while_its_patch_is_applied_doe
             await fetched(nursery, peer, origin, signed(parent, key))
             finished = trio.Event()
             policy = peer.adopt(signed(child, key))
-            from tests.swarm.test_swarm_patch_versions import link
             await link(nursery, peer, origin, policy)
             with trio.fail_after(30):
                 await finished.wait()
