@@ -6,9 +6,9 @@ prompt has one row per completion. Every row starts decoding together, so at ste
 token s: tokens, logprobs and the captured LM-head inputs live in [rows, max_new] buffers written with one indexed
 copy per step, and the Gumbel noise of all live rows is one vectorised draw per step (verify.sampling). A finished
 row leaves the cache at once (no compute on dead rows); the batch's proofs are built in one vectorised call when its
-last row finishes. Building chunk proofs on a worker thread while decoding went on was measured and rejected: the
-numpy loops of the proof build hold the GIL between the decoder's many short torch calls (a convoy), doubling wall
-time on the tiny model, and more calls cost more (a build's cost is per call, not per chunk).
+last row finishes. Proofs are not built on a worker thread while decoding goes on: the
+numpy loops of the proof build hold the GIL between the decoder's many short torch calls (a convoy), which doubles
+wall time on the tiny model, and more calls cost more (a build's cost is per call, not per chunk).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One node-wide budget of memory held for network input that is not verified yet.
 
 Why per resource and not per peer: identities are free, so a limit per peer is no limit. Six fresh identities with
-four data channels each, every one sending a preamble that declared 32 MiB and stalling just short of its end,
-took a seed from 111 to 958 MiB. Every buffer that holds bytes a peer declared but we could not check yet (a
+four data channels each, every one sending a preamble that declares 32 MiB and stalling just short of its end,
+would take a seed from 111 to 958 MiB. Every buffer that holds bytes a peer declared but we could not check yet (a
 preamble's manifest, a data-channel record before its tag is checked, a piece frame before its hash is) takes a
 lease on this budget first, and a lease that would pass the limit fails the input that asked for it (that channel
 or link is dropped), whoever sent it, so any number of identities together hold at most `limit` bytes this way.
@@ -111,7 +111,7 @@ class ByteRate:
 
     Why: a byte limit held at once bounds memory, not CPU. Every byte a channel delivers is decrypted before
     anyone can tell it is worthless, and channels dropped for a full budget are reopened at once: sixteen fresh
-    identities pushed 600 MiB of stalled preambles through a target in 20 s (13 % of a core, a third of it
+    identities push 600 MiB of stalled preambles through a target in 20 s (13 % of a core, a third of it
     reading and decrypting them). Readers reserve bytes here before they read them; a reader whose bytes would
     come later than `max_wait` seconds from now is refused before it reads anything (BudgetExhausted), so any
     number of identities together get at most `rate` bytes per second (plus `burst` once) read this way.

@@ -77,7 +77,7 @@ class Identity:
 
 
 # Derived once per seed: a host asks for its peer id on every stream it opens or admits, and deriving it (an Ed25519
-# scalar multiplication and a base58 encoding) was 4 % of opening data channels in `swarm sim`. Kept outside the
+# scalar multiplication and a base58 encoding) is 4 % of opening data channels in `swarm sim`. Kept outside the
 # instance, so an Identity stays a plain, picklable value.
 @functools.lru_cache(maxsize=16)
 def _private_key(seed: bytes) -> Ed25519PrivateKey:

@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 import trio
+from libp2p.abc import INetStream
 from libp2p.io.trio import TrioTCPStream
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.pubsub import gossipsub as gossipsub_module
@@ -65,13 +66,13 @@ def tune_yamux() -> None:
         yamux.Yamux._write_frame = write_frame  # type: ignore[method-assign]
 
 
-async def grant_window_at_half(stream: Any, *, bytes_read: int = 0) -> None:
+async def grant_window_at_half(stream: INetStream, *, bytes_read: int = 0) -> None:
     """Send a Yamux WINDOW_UPDATE once the credit owed reaches half the receive window (go-yamux's rule), or at
     any read while the sender has less than one frame of credit left.
 
     Why: py-libp2p 0.8.1 also grants "partial slack", the bytes of every read of a stream whose owed credit is
-    below that half, so each small gossip message read cost the reader a window-update frame (one Noise message and
-    one socket write): a third of the frames a peer sent while heartbeats flowed. The credit owed is what was read
+    below that half, so each small gossip message read costs the reader a window-update frame (one Noise message and
+    one socket write): a third of the frames a peer sends while heartbeats flow. The credit owed is what was read
     and not yet granted back. The second condition is for slow readers: py-libp2p's writer gives up and resets the
     stream after 5 s without credit, so a sender that has used its window is granted what each read frees.
     Most reads owe nothing yet: those are answered without taking the window lock (a scheduler pass per read).
@@ -90,7 +91,7 @@ async def grant_window_at_half(stream: Any, *, bytes_read: int = 0) -> None:
 grant_window_at_half.at_half = True  # type: ignore[attr-defined]
 
 
-def _grant_due(stream: Any) -> bool:
+def _grant_due(stream: INetStream) -> bool:
     """Whether half the receive window is owed, or the sender has less than one frame of credit (and any owed)."""
     buffered = len(stream.conn.stream_buffers.get(stream.stream_id, b""))
     owed = stream.target_recv_window - (stream.recv_window + buffered)
@@ -118,8 +119,8 @@ def read_tcp_ahead() -> None:
 
     Why: Noise reads each message as its 2-byte length and then its body, two socket reads, and py-libp2p's TCP
     stream passes each to the socket as asked: a lock, a `recv` and two scheduler passes per read, three `recv`s
-    per small gossip frame (the first finds nothing yet). Socket reads were about a fifth of a peer's CPU while
-    heartbeats flowed. Read ahead, a frame costs one `recv` and the frames that arrived together share it. The
+    per small gossip frame (the first finds nothing yet). Socket reads are then about a fifth of a peer's CPU while
+    heartbeats flow. Read ahead, a frame costs one `recv` and the frames that arrived together share it. The
     bytes are served in order whoever reads; applied once per process.
     """
     if getattr(TrioTCPStream.read, "ahead", False):
@@ -215,7 +216,7 @@ def index_service_tasks() -> None:
 class Libp2pByteStream:
     """A libp2p (Noise + Yamux) stream seen as a trio-style byte stream with bounded reads."""
 
-    def __init__(self, stream: Any, peer_id: str, read_chunk: int = READ_CHUNK) -> None:
+    def __init__(self, stream: INetStream, peer_id: str, read_chunk: int = READ_CHUNK) -> None:
         self._stream = stream
         self.peer_id = peer_id
         self.transport = "libp2p-stream"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import trio
+from libp2p.abc import INetStream
 from libp2p.network.stream.exceptions import StreamError
 from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
 
@@ -21,7 +21,7 @@ from p2p.errors import StreamEndedEarly
 
 log = logging.getLogger("p2p.host")  # one logger for the host and its handlers: operators filter on it
 
-StreamHandler = Callable[[Any], Awaitable[None]]
+StreamHandler = Callable[[INetStream], Awaitable[None]]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -29,7 +29,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _stream_peer(stream: Any) -> str | None:
+def _stream_peer(stream: INetStream) -> str | None:
     """The peer id at the other end of a libp2p stream, None for a stream that names none."""
     try:
         return str(stream.muxed_conn.peer_id)
@@ -38,14 +38,14 @@ def _stream_peer(stream: Any) -> str | None:
 
 
 def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None, *, idle_streams: bool = False,
-                  admit: Callable[[Any], bool] | None = None,
-                  on_fault: Callable[[Any, str], None] | None = None) -> StreamHandler:
+                  admit: Callable[[INetStream], bool] | None = None,
+                  on_fault: Callable[[INetStream, str], None] | None = None) -> StreamHandler:
     """Wrap a stream handler: a raise or a run past `timeout` resets the stream and is logged in one line (at
     debug level for a protocol with `idle_streams`, see P2PHost.set_guarded_handler). `admit(stream)` false:
     the stream is reset unserved. `on_fault(stream, protocol)`: called for an unexpected exception (not for a peer
     that merely went away), to penalise the peer."""
 
-    async def guarded(stream: Any) -> None:
+    async def guarded(stream: INetStream) -> None:
         if admit is not None and not admit(stream):
             await reset_quietly(stream)
             return
@@ -73,7 +73,7 @@ def guard_handler(protocol: str, handler: StreamHandler, timeout: float | None, 
     return guarded
 
 
-def _penalise(on_fault: Callable[[Any, str], None], stream: Any, protocol: str) -> None:
+def _penalise(on_fault: Callable[[INetStream, str], None], stream: INetStream, protocol: str) -> None:
     """Run the penalty hook; its own failure (a listener's bug, a host shutting down) is logged, never raised into
     py-libp2p's nursery."""
     try:
@@ -82,7 +82,7 @@ def _penalise(on_fault: Callable[[Any, str], None], stream: Any, protocol: str) 
         log.warning("penalising the peer of a failed %s stream failed (%s)", protocol, _one_line(exc))
 
 
-async def reset_quietly(stream: Any) -> None:
+async def reset_quietly(stream: INetStream) -> None:
     """Reset a libp2p stream, ignoring errors (the stream may already be gone) and bounded in time."""
     with trio.move_on_after(1.0) as scope:
         scope.shield = True
@@ -99,7 +99,7 @@ def peer_went_away(exc: BaseException) -> bool:
                             ConnectionError, trio.BrokenResourceError, trio.ClosedResourceError))
 
 
-async def read_exactly(stream: Any, n: int, what: str = "stream") -> bytes:
+async def read_exactly(stream: INetStream, n: int, what: str = "stream") -> bytes:
     """Exactly `n` bytes from a libp2p stream, read in chunks of at most 1 MiB; HostError if the peer closes early.
 
     Why bounded chunks: one unbounded Yamux read of a large message collapses throughput

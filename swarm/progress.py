@@ -1,10 +1,11 @@
 """Progress bars for the commands' long work (a model's conversion and loading, an evaluation, a download).
 
-Why: `swarm eval --model smollm2` once printed nothing for 212 s (converting the GGUF, loading, generating), which
-looks the same as a hang. A bar says what is being done and how far it is. Bars are drawn on stderr, and only when
-stderr is a terminal and the command was not asked for --json: a pipe, a log file or a program reading JSON gets
-no escape codes and no carriage returns. The libraries' own tqdm bars (transformers writes one when it saves or
-loads weights) are switched off for every command (`silence_library_bars`), so a command's bars are its own.
+Why: converting, loading and evaluating a model take minutes (`swarm eval --model smollm2`: about 212 s on two
+cores), and minutes of silence look the same as a hang. A bar says what is being done and how far it is. Bars are
+drawn on stderr, and only when stderr is a terminal and the command was not asked for --json: a pipe, a log file or
+a program reading JSON gets no escape codes and no carriage returns. The libraries' own tqdm bars (transformers
+writes one when it saves or loads weights) are switched off for every command (`silence_library_bars`), so a
+command's bars are its own.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from collections.abc import Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from swarm.event_types import Adopted, Complete, Dropped, Event, TransferProgress
+from swarm.events import Emitted
 
 
 def silence_library_bars() -> None:
@@ -93,25 +97,26 @@ class DownloadBars:
 
     def __init__(self, console: Console | None) -> None:
         self.console = console
-        self.drawn_kinds = frozenset({"progress"}) if console is not None else frozenset()
+        self.drawn_kinds: frozenset[type[Event]] = frozenset({TransferProgress}) if console is not None else frozenset()
         self.progress: Progress | None = None
-        self.bars: dict[object, int] = {}  # version -> its task in `progress`
+        self.bars: dict[int, int] = {}  # version -> its task in `progress`
 
-    def on_event(self, record: dict) -> None:
-        if self.console is None:
+    def on_event(self, emitted: Emitted) -> None:
+        event = emitted.event
+        if self.console is None or not isinstance(event, (Adopted, TransferProgress, Complete, Dropped)):
             return
-        kind, version = record.get("event"), record.get("version")
-        if kind in ("adopted", "progress") and version not in self.bars:
-            self.bars[version] = self._started().add_task(f"policy v{version}", total=record.get("pieces") if
-                                                          kind == "adopted" else record.get("total"))
-        if kind == "progress" and version in self.bars:
-            self.progress.update(self.bars[version], completed=record.get("pieces", 0), total=record.get("total"),
-                                 description=f"policy v{version} ({record.get('peers', 0)} peers, "
-                                             f"{record.get('down_mib_s', 0):.1f} MiB/s down)")
-        elif kind == "complete" and version in self.bars:
+        version = event.version
+        if isinstance(event, (Adopted, TransferProgress)) and version not in self.bars:
+            total = event.pieces if isinstance(event, Adopted) else event.total
+            self.bars[version] = self._started().add_task(f"policy v{version}", total=total)
+        if isinstance(event, TransferProgress) and version in self.bars:
+            self.progress.update(self.bars[version], completed=event.pieces, total=event.total,
+                                 description=f"policy v{version} ({event.peers} peers, "
+                                             f"{event.down_mib_s:.1f} MiB/s down)")
+        elif isinstance(event, Complete) and version in self.bars:
             total = self.progress.tasks[self.bars[version]].total
             self.progress.update(self.bars[version], completed=total, description=f"policy v{version} complete")
-        elif kind == "dropped" and version in self.bars:
+        elif isinstance(event, Dropped) and version in self.bars:
             self.progress.remove_task(self.bars.pop(version))
         if self.progress is not None:
             self.progress.refresh()  # each event drawn as it comes (a status period apart), not only the latest

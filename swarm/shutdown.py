@@ -1,9 +1,8 @@
 """Bounded shutdown: a peer (or a whole simulation) that has finished its work ends, even if closing does not.
 
-Why: after its last step one `swarm sim` run sat for minutes with its trio loop idle and no worker thread alive,
-its report never written (twice in about thirty runs; the first was taken for a stuck generation thread). Which
-close never finished was not recorded, so it is not known yet; py-libp2p does some of its cleanup inside shielded
-cancel scopes, which no cancellation reaches. So teardown gets three things: `TEARDOWN_GRACE_S` after which every
+Why: closing the network can hang with the trio loop idle and no worker thread alive, the work done and its
+report not yet written: py-libp2p does some of its cleanup inside shielded cancel scopes, which no cancellation
+reaches, and which close hangs is not known. So teardown gets three things: `TEARDOWN_GRACE_S` after which every
 cancellable wait is cancelled (swarm.node.node), `report_stuck_tasks`, which logs where every task still waits halfway
 through that grace, and, for the command-line entry points only, `ExitGuard`, a timer thread that ends the
 process once the work is saved and the network has had `HARD_EXIT_AFTER_S` to close. Nothing is lost by it:
@@ -209,8 +208,8 @@ def is_interrupt(exc: BaseException) -> bool:
 
 async def report_stuck_tasks(after_s: float, closed, logger) -> None:
     """Unless `closed` (a trio.Event) is set within `after_s`, log where every task still alive waits. Run as a
-    trio system task once teardown starts, so it outlives a peer whose teardown it watches. Why: the hang this
-    module bounds was seen without a trace of which close never finished."""
+    trio system task once teardown starts, so it outlives a peer whose teardown it watches. Why: a hang this
+    module bounds leaves no other trace of which close never finished."""
     with trio.move_on_after(after_s):
         await closed.wait()
         return

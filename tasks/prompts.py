@@ -1,7 +1,7 @@
 """Rendering a task as model input: the question, an answer-format instruction, the model's chat template.
 
-Why one instruction for every task: the reward extraction (verify/rewards.py) looks for the text after
-"Answer:", so every prompt asks for exactly that; the policy learns one format across tasks.
+Why one instruction for every task: the reward extraction (`extract_answer` in verify/reward_fns.py) looks for the
+text after "Answer:", so every prompt asks for exactly that; the policy learns one format across tasks.
 """
 
 from __future__ import annotations

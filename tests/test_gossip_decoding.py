@@ -193,12 +193,14 @@ def test_event_lines_are_strict_json_even_for_numbers_that_are_not_finite():
     import io
     import json
 
+    from swarm.event_types import TrainStep
     from swarm.events import EventSink
 
     out = io.StringIO()
-    EventSink(json_lines=True, stream=out).emit("train_step", step=1, reward=float("nan"), lags=[float("inf"), 1.0])
+    EventSink(json_lines=True, stream=out).emit(TrainStep(step=1, reward=float("nan"), stage="s",
+                                                          group_rewards=[float("inf"), 1.0]))
     record = json.loads(out.getvalue(), parse_constant=lambda name: pytest.fail(f"{name} in an event line"))
-    assert record["reward"] is None and record["lags"] == [None, 1.0]
+    assert record["reward"] is None and record["group_rewards"] == [None, 1.0]
 
 
 def test_a_node_refuses_an_inline_manifest_signed_by_another_key_than_the_runs_before_forwarding_it(tmp_path):

@@ -3,9 +3,10 @@
 Layers, bottom up: p2p and tasks, then verify, inference, trainer, swarm. Nothing imports upward; the libraries
 never import the network (p2p) or the swarm; p2p and tasks never import a model library; there is no import cycle
 (an import inside a function counts, one under `if TYPE_CHECKING:` does not: it never runs); an import sits at
-module top, except under swarm/cli, swarm/roles and swarm/bench (the boundary that keeps `swarm --help` and a
-seed-only peer light) and for the heavy optional dependencies, which a module imports where it needs them so that
-peers that never use them never load them; and no code file is longer than 450 lines.
+module top unless what it imports is heavy: a heavy dependency (HEAVY), or a project module that imports one at its
+own top, directly or through others. Those a module imports inside the function that needs them, so that `swarm
+--help`, a seed-only peer and every command that never uses them never load them. No code file is longer than 450
+lines (tests/test_node_import_circles.py adds: no circle in swarm/node even through TYPE_CHECKING).
 
 Why from the syntax trees: nothing of the project is imported, so the checks take a fraction of a second and see
 every import, also those inside functions that a test run may never reach. Each check returns its offenders, and
@@ -29,12 +30,15 @@ LAYERS = {"p2p": 0, "tasks": 0, "verify": 1, "inference": 2, "trainer": 3, "swar
 LIBRARIES = ("verify", "tasks", "inference", "trainer")
 NO_MODELS_IN = ("p2p", "tasks")
 MODEL_LIBRARIES = frozenset({"torch", "transformers", "vllm"})
-HEAVY_OPTIONAL = frozenset({"vllm", "transformers", "reasoning_gym", "math_verify", "gguf", "wandb", "tensorboard",
-                            "pyarrow", "matplotlib", "libp2p"})
-"""Imported inside the function that needs them. pyarrow (user parquet files) and matplotlib (plots) are optional
-too: a missing one is one clear sentence when that file or plot is asked for, never an error on import. libp2p is
-not optional but takes seconds to import: swarm.events quiets its loggers without making `swarm train` load it."""
-LAZY_ROOMS = ("swarm/cli/", "swarm/roles/", "swarm/bench/")
+HEAVY = frozenset({"torch", "safetensors.torch", "vllm", "transformers", "reasoning_gym", "math_verify", "gguf",
+                   "wandb", "tensorboard", "pyarrow", "matplotlib", "libp2p"})
+"""Dependencies imported inside the function that needs them (a name here covers its submodules). torch and the
+model libraries take seconds and hundreds of MB, and a seed-only peer never needs them. pyarrow (user parquet
+files) and matplotlib (plots) are optional: a missing one is one clear sentence when that file or plot is asked
+for, never an error on import. libp2p is not optional but takes seconds to import: swarm.events quiets its loggers
+without making `swarm train` load it."""
+LAZY_ROOMS = ("swarm/roles/",)
+"""Where an import inside a function is not checked: the roles, whose imports move with their typed contexts."""
 P2P_ROOMS = {"": 0, "pieces": 1, "channel": 1, "reach": 1, "host": 2, "gossip": 3, "dht": 4}
 """p2p's rooms, bottom up: its foundation at the top of the package (errors, identity, rate limits, budgets,
 scores), then pieces, the data channel and reachability side by side, the host that opens them, gossip over the
@@ -269,11 +273,39 @@ def _components(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _heavy_library(target: str) -> bool:
+    return any(target == name or target.startswith(name + ".") for name in HEAVY)
+
+
+def _with_packages(tree: Tree, target: str) -> list[str]:
+    """The project module `target` names and every package above it: importing it runs each one."""
+    module = tree.resolve(target)
+    parts = module.split(".") if module else []
+    return [m for m in (".".join(parts[:n]) for n in range(1, len(parts) + 1)) if m in tree.modules]
+
+
+def heavy_modules(tree: Tree) -> set[str]:
+    """Project modules whose import loads a HEAVY dependency: one at their top, or a heavy module imported there."""
+    top_level = [i for i in tree.imports if not i.in_function and not i.type_checking]
+    heavy = {i.module for i in top_level if _heavy_library(i.target)}
+    while True:
+        more = {i.module for i in top_level if i.module not in heavy and i.top in LAYERS
+                and any(m in heavy for m in _with_packages(tree, i.target))}
+        if not more:
+            return heavy
+        heavy |= more
+
+
 def function_level_imports(tree: Tree) -> list[str]:
-    """(e) An import inside a function only under swarm/cli, swarm/roles and swarm/bench, or of a heavy optional
-    dependency."""
-    return [str(i) for i in tree.imports if i.in_function and not i.path.startswith(LAZY_ROOMS)
-            and i.top not in HEAVY_OPTIONAL]
+    """(e) An import inside a function only of something heavy (a HEAVY dependency or a heavy project module),
+    outside LAZY_ROOMS."""
+    heavy = heavy_modules(tree)
+
+    def is_heavy(i: Import) -> bool:
+        return _heavy_library(i.target) or any(m in heavy for m in _with_packages(tree, i.target))
+
+    return [str(i) for i in tree.imports if i.in_function and not i.type_checking
+            and not i.path.startswith(LAZY_ROOMS) and not is_heavy(i)]
 
 
 def long_files(tree: Tree) -> list[str]:
@@ -381,18 +413,27 @@ def test_a_type_checking_guard_that_runs_hides_nothing(tmp_path):
     assert import_cycles(tree) == ["verify.d <-> verify.e"]
 
 
-def test_a_function_level_import_is_caught_outside_the_boundary_and_for_light_modules(tmp_path):
+def test_a_function_level_import_of_a_light_module_is_caught_and_of_a_heavy_one_is_not(tmp_path):
     tree = _tree(tmp_path, {
         "p2p/a.py": "class A:\n    def f(self):\n        import socket\n",
         "swarm/node/b.py": "async def f():\n    from p2p.host import p2p_host\n",
         "trainer/c.py": "import importlib\ndef get(name):\n    return importlib.import_module(f'trainer.{name}')\n",
         "verify/d.py": "def f():\n    import math_verify\n    import reasoning_gym.factory\n",  # heavy: allowed
-        "swarm/cli/e.py": "def f():\n    import torch\n",  # the boundary: allowed
-        "swarm/roles/f.py": "def f():\n    from trainer.loop import TrainingRun\n",
-        "swarm/bench/g.py": "def f():\n    import numpy\n",
+        "swarm/cli/e.py": "def f():\n    import torch\n    from safetensors.torch import save_file\n",
+        "swarm/roles/f.py": "def f():\n    from trainer.loop import TrainingRun\n",  # LAZY_ROOMS: not checked
+        "swarm/bench/g.py": "def f():\n    import numpy\n    from safetensors.numpy import load_file\n",
+        "trainer/h.py": "import torch\n",
+        "trainer/k.py": "from trainer.h import step\n",  # heavy through trainer.h
+        "inference/m/__init__.py": "import vllm\n",
+        "inference/light.py": "import json\ndef f():\n    import torch\n",  # heavy only when f runs
+        "swarm/cli/i.py": "def f():\n    import trainer.k\n    from inference.m.n import x\n"
+                          "    from inference.light import f\n",
     })
+    assert heavy_modules(tree) == {"trainer.h", "trainer.k", "inference.m"}
     assert sorted(function_level_imports(tree)) == [
-        "p2p/a.py:3 imports socket", "swarm/node/b.py:2 imports p2p.host.p2p_host", "trainer/c.py:3 imports trainer"]
+        "p2p/a.py:3 imports socket", "swarm/bench/g.py:2 imports numpy",
+        "swarm/bench/g.py:3 imports safetensors.numpy.load_file", "swarm/cli/i.py:4 imports inference.light.f",
+        "swarm/node/b.py:2 imports p2p.host.p2p_host", "trainer/c.py:3 imports trainer"]
 
 
 def test_a_file_over_the_limit_is_caught(tmp_path):

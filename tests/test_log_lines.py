@@ -7,6 +7,7 @@ import re
 import pytest
 
 from swarm.cli.main import configure_logging
+from swarm.event_types import BootstrapRetry
 from swarm.events import EventSink
 from swarm.log_lines import install_log_handler, set_line_name, short_peer_name
 
@@ -40,7 +41,7 @@ def test_json_log_format_prints_one_object_per_record(capsys):
 
 
 def test_event_lines_carry_the_time_and_the_peer_name(capsys):
-    EventSink().emit("bootstrap_retry", message="no bootstrap peer reachable")
+    EventSink().emit(BootstrapRetry(attempt=1, delay_s=2.0, message="no bootstrap peer reachable"))
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and re.fullmatch(STAMP + " peerName warning: no bootstrap peer reachable", out[0])
 

@@ -19,6 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from p2p.identity import Identity, write_key_file
 from swarm.cli.main import main
+from swarm.event_types import Gate, Generated, TrainStep, Validated
+from swarm.events import Emitted
 from swarm.node.metrics import MAX_REQUEST_BYTES, MAX_SCRAPES, PieceTotals, RoleCounters, answer, handle_scrape
 from tests.test_swarm_nodes import Peer, make_checkpoint, signed_checkpoint
 
@@ -167,18 +169,19 @@ def test_piece_counters_never_fall_when_a_version_is_dropped():
 
 def test_role_counters_sum_events_and_ignore_junk():
     roles = RoleCounters()
-    for record in [{"event": "generated", "groups": 2, "completions": 8, "tokens": 40},
-                   {"event": "generated", "groups": True, "completions": -3, "tokens": "9"},
-                   {"event": "validated", "checked": 6}, {"event": "validated", "checked": 4},
-                   {"event": "gate", "counts": {"accepted": 3, "vote:accept": 5}}, {"event": "gate", "counts": 7},
-                   {"event": "train_step", "step": 3}]:
-        roles.on_event(record)
+    for event in [Generated(version=1, groups=2, completions=8, tokens=40),
+                  Generated(version=1, groups=True, completions=-3, tokens="9"),  # junk a typo could send
+                  Validated(checked=6), Validated(checked=4),
+                  Gate(waiting=0, ready=0, counts={"accepted": 3, "vote:accept": 5}),
+                  Gate(waiting=0, ready=0, counts=7),
+                  TrainStep(step=3, reward=None, stage="s", gate={"accepted": 3, "vote:accept": 5})]:
+        roles.on_event(Emitted(event, 0.0))
     assert (roles.groups, roles.rollouts, roles.tokens, roles.votes_cast) == (2, 8, 40, 6)
     assert roles.gate == {"accepted": 3, "vote:accept": 5} and roles.trainer_step == 3
     # a step carries the gate's counts it trained from: a run whose steps come within the gate's one-second tick
     # served no gate counts at all (its "gate" event had not come yet)
-    roles.on_event({"event": "train_step", "step": 4, "gate": {"accepted": 4, "vote:accept": 7}})
-    roles.on_event({"event": "train_step", "step": 5, "gate": "junk"})
+    roles.on_event(Emitted(TrainStep(step=4, reward=None, stage="s", gate={"accepted": 4, "vote:accept": 7}), 0.0))
+    roles.on_event(Emitted(TrainStep(step=5, reward=None, stage="s", gate="junk"), 0.0))
     assert roles.gate == {"accepted": 4, "vote:accept": 7} and roles.trainer_step == 5
 
 

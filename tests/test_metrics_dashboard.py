@@ -11,11 +11,14 @@ from types import SimpleNamespace
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from swarm.event_types import TrainStep
+from swarm.events import Emitted
 from swarm.node.metrics import RoleCounters, node_registry
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana" / "swarm.json"
-STEP = {"event": "train_step", "step": 4, "reward": 0.5, "loss": -0.02, "kl": 0.001, "entropy": 1.25, "lr": 1e-3,
-        "step_seconds": 2.5, "gate": {"accepted": 6, "rejected": 1, "refused:stale": 2, "vote:accept": 9}}
+STEP = Emitted(TrainStep(step=4, reward=0.5, stage="s", loss=-0.02, kl=0.001, entropy=1.25, lr=1e-3,
+                         step_seconds=2.5, gate={"accepted": 6, "rejected": 1, "refused:stale": 2, "vote:accept": 9}),
+               0.0)
 
 
 def fake_node():
@@ -27,13 +30,13 @@ def fake_node():
         host=SimpleNamespace(connection_counts=lambda: {"inbound": 1, "outbound": 2}))
 
 
-def served(*records: dict) -> dict[str, float]:
-    """{sample name: value} a scrape of a trainer peer shows after `records` (label sets folded)."""
+def served(*events: Emitted) -> dict[str, float]:
+    """{sample name: value} a scrape of a trainer peer shows after `events` (label sets folded)."""
     node = fake_node()
     registry = node_registry(node)
-    for record in records:
+    for event in events:
         for listener in node.events.listeners:
-            listener(record)
+            listener(event)
     text = generate_latest(registry).decode()
     return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
@@ -54,7 +57,7 @@ def test_a_trainer_serves_its_last_steps_reward_loss_kl_entropy_learning_rate_st
 def test_a_step_without_figures_or_with_junk_keeps_the_last_good_ones():
     roles = RoleCounters()
     roles.on_event(STEP)
-    roles.on_event({"event": "train_step", "step": 5, "reward": None, "loss": float("nan"), "kl": True, "lr": "x"})
+    roles.on_event(Emitted(TrainStep(step=5, reward=None, stage="s", loss=float("nan"), kl=True, lr="x"), 0.0))
     assert roles.trainer_figures["reward"] == 0.5 and roles.trainer_figures["loss"] == -0.02
     assert roles.trainer_figures["kl"] == 0.001 and roles.trainer_step == 5
 

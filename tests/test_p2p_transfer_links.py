@@ -11,6 +11,7 @@ from p2p.pieces.engine import EngineConfig
 from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import SwarmService, TransferConfig
 from p2p.pieces.wire import Hello, message_frame, pack_bits
+from p2p.ratelimit import TokenBucket
 from tests.test_p2p_transfer import MB, Cluster, make_policy
 
 
@@ -71,7 +72,7 @@ async def test_run_swarm_takes_links_from_a_channel_at_any_time(tmp_path, autoju
     peer_in, peer_links = trio.open_memory_channel(0)
     async with trio.open_nursery() as nursery:
         seed = await nursery.start(lambda task_status: run_swarm(
-            manifest, seed_store, seed_links, role="origin", upload_bps=MB, task_status=task_status))
+            manifest, seed_store, seed_links, role="origin", upload_bucket=TokenBucket(MB), task_status=task_status))
         peer = await nursery.start(lambda task_status: run_swarm(
             manifest, peer_store, peer_links, task_status=task_status))
         assert seed.config.engine.super_seed and not peer.config.engine.super_seed

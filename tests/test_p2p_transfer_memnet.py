@@ -126,7 +126,7 @@ def test_kumar_ross_bound_in_each_regime():
         min_distribution_time(100, seed_upload=0, peer_upload=1, num_peers=1)
 
 
-@pytest.mark.parametrize("cap", ["upload_bps", "peer_upload_bps"])
+@pytest.mark.parametrize("cap", ["node", "per_peer"])
 async def test_transfer_upload_caps_hold_on_an_uncapped_network(tmp_path, autojump_clock, cap):
     import random
 
@@ -140,7 +140,9 @@ async def test_transfer_upload_caps_hold_on_an_uncapped_network(tmp_path, autoju
     net.add_node("p0")
     seed_store, peer_store = PieceStore(tmp_path / "seed"), PieceStore(tmp_path / "p0")
     seed_store.add_local_policy(manifest, tmp_path / "src")
-    seed = SwarmService(manifest, seed_store, config=TransferConfig(**{cap: MB // 2}))
+    caps = {"node": {"upload_bucket": TokenBucket(MB // 2)},
+            "per_peer": {"config": TransferConfig(peer_upload_bps=MB // 2)}}
+    seed = SwarmService(manifest, seed_store, **caps[cap])
     peer = SwarmService(manifest, peer_store, rng=random.Random(1))
     async with trio.open_nursery() as nursery:
         await nursery.start(seed.run)
@@ -155,43 +157,3 @@ async def test_transfer_upload_caps_hold_on_an_uncapped_network(tmp_path, autoju
     assert expected - 0.2 <= elapsed <= expected * 1.1  # the cap, not the (infinite) network, sets the pace
     seed_store.close()
     peer_store.close()
-
-
-async def test_services_of_several_versions_share_one_upload_cap(tmp_path, autojump_clock):
-    """A node serving two versions at once uploads at its cap in total (each service had its own bucket, so a
-    seed with three versions in its window uploaded up to three times its --upload-mbps)."""
-    import random
-
-    from p2p.pieces.store import PieceStore
-    from p2p.pieces.transfer import SwarmService
-    from p2p.ratelimit import TokenBucket
-    from tests.test_p2p_transfer import make_policy
-
-    cap = MB // 2
-    manifests = [make_policy(tmp_path / f"src{v}", 1 * MB, seed=v) for v in (1, 2)]
-    net = MemoryNetwork()
-    seed_store = PieceStore(tmp_path / "seed")
-    shared = TokenBucket(cap)
-    seeds, fetchers, stores = [], [], [seed_store]
-    for v, manifest in enumerate(manifests, start=1):
-        seed_store.add_local_policy(manifest, tmp_path / f"src{v}")
-        seeds.append(SwarmService(manifest, seed_store, upload_bucket=shared))
-        stores.append(PieceStore(tmp_path / f"p{v}"))
-        fetchers.append(SwarmService(manifest, stores[-1], rng=random.Random(v)))
-    net.add_node("seed")
-    async with trio.open_nursery() as nursery:
-        for v, (seed, fetcher) in enumerate(zip(seeds, fetchers), start=1):
-            net.add_node(f"p{v}")
-            await nursery.start(seed.run)
-            await nursery.start(fetcher.run)
-            a, b = net.connect("seed", f"p{v}")
-            seed.add_link(f"p{v}", a)
-            fetcher.add_link("seed", b)
-        for fetcher in fetchers:
-            await fetcher.completed.wait()
-        elapsed = trio.current_time()
-        nursery.cancel_scope.cancel()
-    expected = sum(m.total_size for m in manifests) / cap
-    assert expected - 0.2 <= elapsed <= expected * 1.1
-    for store in stores:
-        store.close()

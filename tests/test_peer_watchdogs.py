@@ -16,8 +16,8 @@ class _Events:
     def __init__(self):
         self.seen = []
 
-    def emit(self, kind, info=None, **fields):
-        self.seen.append({"event": kind, "t": trio.current_time(), **(info or {}), **fields})
+    def emit(self, event):
+        self.seen.append({"event": event.kind, "t": trio.current_time(), **event.fields()})
 
 
 class _Host:

@@ -14,7 +14,7 @@ async def test_a_peer_with_a_wrong_trainer_key_says_which_keys_once_then_exits_1
     _, _, signed = signed_checkpoint(tmp_path, trainer, floats=1000)
     joiner = Peer(tmp_path, "joiner", pinned, wrong_key_timeout_s=2.0)
     sink = EventSink(stream=open("/dev/null", "w"))
-    sink.listeners.append(joiner.events.append)
+    sink.listeners.append(lambda e: joiner.events.append(e.record()))
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             seed = await start_seeding(nursery, tmp_path, trainer, signed)

@@ -11,6 +11,7 @@ import sys
 import pytest
 from rich.console import Console
 
+from swarm.event_types import Adopted, Complete, Dropped, Event, TransferProgress
 from swarm.progress import bar_console, progress_bars
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -69,13 +70,11 @@ def test_eval_through_a_pipe_with_json_prints_its_result_and_no_bar(tmp_path, mo
     assert "Writing model shards" not in err and "it/s" not in err  # no transformers bar
 
 
-def download_events(version: int = 3) -> list[dict]:
-    return [{"event": "adopted", "version": version, "pieces": 4, "bytes": 2**22, "t": 0.0},
-            {"event": "progress", "version": version, "pieces": 1, "total": 4, "up_mib_s": 0.0, "down_mib_s": 2.5,
-             "peers": 2, "t": 1.0},
-            {"event": "progress", "version": version, "pieces": 4, "total": 4, "up_mib_s": 0.0, "down_mib_s": 1.0,
-             "peers": 2, "t": 2.0},
-            {"event": "complete", "version": version, "t": 2.5}]
+def download_events(version: int = 3) -> list[tuple[Event, float]]:
+    return [(Adopted(version=version, id="ab", bytes=2**22, pieces=4), 0.0),
+            (TransferProgress(version=version, pieces=1, total=4, up_mib_s=0.0, down_mib_s=2.5, peers=2), 1.0),
+            (TransferProgress(version=version, pieces=4, total=4, up_mib_s=0.0, down_mib_s=1.0, peers=2), 2.0),
+            (Complete(version=version, id="ab"), 2.5)]
 
 
 def test_a_peers_download_is_a_bar_on_a_terminal_in_place_of_its_progress_lines():
@@ -87,9 +86,9 @@ def test_a_peers_download_is_a_bar_on_a_terminal_in_place_of_its_progress_lines(
     lines = io.StringIO()
     sink = EventSink(stream=lines, hidden=bars.drawn_kinds)
     sink.listeners.append(bars.on_event)
-    for event in download_events():
-        sink.emit(event.pop("event"), event)
-    sink.emit("dropped", {"version": 3})
+    for event, t in download_events():
+        sink.emit(event, t=t)
+    sink.emit(Dropped(version=3))
     bars.close()
     drawn = terminal.file.getvalue()
     assert "policy v3 (2 peers, 2.5 MiB/s down)" in drawn and "4/4" in drawn and "policy v3 complete" in drawn
@@ -106,7 +105,7 @@ def test_without_a_terminal_a_peer_prints_its_progress_lines_and_draws_nothing()
     lines = io.StringIO()
     sink = EventSink(stream=lines, hidden=bars.drawn_kinds)
     sink.listeners.append(bars.on_event)
-    for event in download_events():
-        sink.emit(event.pop("event"), event)
+    for event, t in download_events():
+        sink.emit(event, t=t)
     bars.close()
     assert bars.progress is None and "policy v3: 4/4 pieces (100%)" in lines.getvalue()

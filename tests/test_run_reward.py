@@ -55,8 +55,8 @@ def test_training_tasks_of_a_spec_with_a_reward_are_scored_by_it(tmp_path):
 
 
 def events_node():
-    emitted: list[dict] = []
-    events = SimpleNamespace(emit=lambda event, **fields: emitted.append({"event": event, **fields}))
+    emitted: list = []
+    events = SimpleNamespace(emit=emitted.append)
     return SimpleNamespace(events=events, config=SimpleNamespace(peer=SimpleNamespace(run="demo"))), emitted
 
 
@@ -67,8 +67,8 @@ def test_a_validator_whose_reward_bytes_differ_refuses_the_run_once_saying_which
     models = VersionModels(loaded=None)
     spec = spec_with(name, expected)
     assert models.refuses_reward(node, spec) and models.refuses_reward(node, spec)
-    assert len(emitted) == 1 and emitted[0]["event"] == "reward_refused"
-    assert emitted[0]["message"] == (f"refusing to vote on run demo: reward {name} should hash {expected[:16]}... but "
+    assert len(emitted) == 1 and emitted[0].kind == "reward_refused"
+    assert emitted[0].message == (f"refusing to vote on run demo: reward {name} should hash {expected[:16]}... but "
                                      f"this peer's copy hashes {code_hash(name)[:16]}...")
     assert not models.refuses_reward(node, dataclasses.replace(spec, reward_hash=code_hash(name)))
 
@@ -76,7 +76,7 @@ def test_a_validator_whose_reward_bytes_differ_refuses_the_run_once_saying_which
 def test_a_validator_without_the_reward_file_refuses_the_run(tmp_path):
     node, emitted = events_node()
     assert VersionModels(loaded=None).refuses_reward(node, spec_with(f"{tmp_path}/gone.py:score", "ab" * 32))
-    assert emitted[0]["message"] == f"refusing to vote on run demo: reward file {tmp_path}/gone.py does not exist"
+    assert emitted[0].message == f"refusing to vote on run demo: reward file {tmp_path}/gone.py does not exist"
 
 
 def test_the_trainer_config_names_a_reward_and_refuses_one_that_does_not_load(tmp_path):

@@ -9,15 +9,15 @@ import trio
 
 from swarm.bench.heartbeat_sim import simulate_heartbeats
 from swarm.messages.gossip_bodies import Heartbeat
-from swarm.node.gossip import (
+from swarm.node.gossip import on_heartbeat
+from swarm.node.heartbeat_budget import (
     FULL_RATE_COUNTED,
     FULL_RATE_OTHERS,
     MAX_KNOWN_PEERS,
     MAX_STRETCHING_COUNTED,
     heartbeat_stretch,
-    on_heartbeat,
 )
-from swarm.node.node import Node
+from swarm.node.state import Node
 
 NO_VERSION = SimpleNamespace(latest=lambda: None)
 

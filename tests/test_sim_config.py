@@ -12,7 +12,7 @@ import trio
 
 from swarm.cli.main import build_parser, main
 from swarm.cli.sim import SIM_ASYNC_LEVEL, _settings
-from swarm.events import EventSink
+from swarm.events import Emitted, EventSink
 from swarm.sim.run import SimSettings, _trainer_toml, run_sim, summarize
 from trainer.config import load_config
 
@@ -80,7 +80,7 @@ def test_the_swarm_trainer_stops_stepping_at_its_time_limit(tmp_path):
     """A limit far shorter than 40 steps: the trainer stops early, and still scores and saves its final policy."""
     settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=0, steps=40, time_limit_min=0.002,
                            group_size=4, prompts_per_worker=2, timeout_s=150.0)
-    events: list[dict] = []
+    events: list[Emitted] = []
     sink = EventSink(json_lines=True, stream=io.StringIO())
     sink.listeners.append(events.append)
     report = summarize(events, trio.run(run_sim, settings, sink))

@@ -10,6 +10,8 @@ from html.parser import HTMLParser
 
 import pytest
 
+from swarm.event_types import Complete, Dropped, Evaluated, Listening, Trained, TrainStep, WorkerBanned
+from swarm.events import Emitted
 from swarm.sim.report_html import render_html
 from swarm.sim.run import summarize
 from swarm.sim.timeline import timeline
@@ -51,24 +53,24 @@ class Page(HTMLParser):
         return [a for t, a in self.tags if t == tag and (css_class is None or a.get("class") == css_class)]
 
 
-def events() -> list[dict]:
+def events() -> list[Emitted]:
     """A small run as its peers report it: two steps, three held-out scores, v0 and v1 spreading, one ban."""
     return [
-        {"event": "listening", "t": 100.0, "peer": "trainer", "peer_id": "T"},
-        {"event": "listening", "t": 100.5, "peer": "cheater0", "peer_id": "C"},
-        {"event": "complete", "t": 101.0, "peer": "trainer", "version": 0},
-        {"event": "complete", "t": 102.0, "peer": "cheater0", "version": 0},
-        {"event": "complete", "t": 102.5, "peer": "cheater0", "version": 0},  # a second report changes nothing
-        {"event": "evaluated", "t": 103.0, "peer": "trainer", "when": "before", "step": 0, "accuracy": 0.1},
-        {"event": "worker_banned", "t": 104.0, "peer": "trainer", "worker": "C", "by": "reputation",
-         "reason": "</svg><script>alert(1)</script> & more"},
-        {"event": "train_step", "t": 105.0, "peer": "trainer", "step": 0, "reward": 0.25, "groups": 2,
-         "gate": {"accepted": 3, "rejected": 4}},
-        {"event": "complete", "t": 106.0, "peer": "trainer", "version": 1},
-        {"event": "dropped", "t": 107.0, "peer": "trainer", "version": 0},
-        {"event": "train_step", "t": 108.0, "peer": "trainer", "step": 1, "reward": 0.5, "groups": 2,
-         "gate": {"accepted": 5, "rejected": 4}},
-        {"event": "evaluated", "t": 109.0, "peer": "trainer", "when": "after", "step": 2, "accuracy": 0.4},
+        Emitted(Listening(peer_id="T", addrs=[], roles=["trainer"]), 100.0, "trainer"),
+        Emitted(Listening(peer_id="C", addrs=[], roles=["inference"]), 100.5, "cheater0"),
+        Emitted(Complete(version=0, id="a0"), 101.0, "trainer"),
+        Emitted(Complete(version=0, id="a0"), 102.0, "cheater0"),
+        Emitted(Complete(version=0, id="a0"), 102.5, "cheater0"),  # a second report changes nothing
+        Emitted(Evaluated(when="before", step=0, accuracy=0.1, n=8, message=""), 103.0, "trainer"),
+        Emitted(WorkerBanned(worker="C", by="reputation", reason="</svg><script>alert(1)</script> & more"), 104.0,
+                "trainer"),
+        Emitted(TrainStep(step=0, reward=0.25, stage="s", groups=2, gate={"accepted": 3, "rejected": 4}), 105.0,
+                "trainer"),
+        Emitted(Complete(version=1, id="a1"), 106.0, "trainer"),
+        Emitted(Dropped(version=0), 107.0, "trainer"),
+        Emitted(TrainStep(step=1, reward=0.5, stage="s", groups=2, gate={"accepted": 5, "rejected": 4}), 108.0,
+                "trainer"),
+        Emitted(Evaluated(when="after", step=2, accuracy=0.4, n=8, message=""), 109.0, "trainer"),
     ]
 
 
@@ -106,8 +108,8 @@ def test_the_page_draws_the_curves_bars_spans_and_ban_from_the_report_and_escape
 
 
 def test_the_held_out_curve_is_drawn_against_the_starting_score_and_the_constant_answer():
-    trained = {"event": "trained", "t": 110.0, "peer": "trainer", "gate": {}, "banned": [], "final": "f",
-               "heldout": {"before": 0.1, "constant_answer": 0.05, "after": 0.4}}
+    trained = Emitted(Trained(steps=2, version=2, gate={}, banned=[], final="f",
+                              heldout={"before": 0.1, "constant_answer": 0.05, "after": 0.4}), 110.0, "trainer")
     page = Page(render_html(summarize([*events(), trained], {"timed_out": False, "wall_s": 9.0})))
     [start] = page.all("line", "start")
     [constant] = page.all("line", "constant")

@@ -3,7 +3,7 @@ names, no keys covering points, no garbled bytes."""
 
 from __future__ import annotations
 
-from swarm.events import describe
+from swarm.event_types import TrainStep
 from swarm.readable import readable_counts, readable_lags, readable_text
 from swarm.sim.report_html import _ticks, render_html
 from swarm.sim.run import summarize
@@ -49,9 +49,8 @@ def test_axis_ticks_are_round_numbers():
 
 
 def test_a_step_line_shows_model_text_and_counters_readably():
-    line = describe({"event": "train_step", "step": 3, "reward": 0.5, "groups": 4, "trained_groups": 2,
-                     "lags": {0: 4}, "mean_tokens": 5.0, "hit_length": 0, "completions": 16, "stage": "short",
-                     "refused": 0, "sample": "+\ufffd\ufffd2\x07\nok"})
+    line = TrainStep(step=3, reward=0.5, groups=4, trained_groups=2, lags={0: 4}, mean_tokens=5.0, hit_length=0,
+                     completions=16, stage="short", refused=0, sample="+\ufffd\ufffd2\x07\nok").line()
     assert 'lags: 4 at lag 0' in line and 'best: "+??2⏎ok"' in line and "{" not in line
 
 

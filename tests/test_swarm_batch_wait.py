@@ -19,7 +19,7 @@ def test_a_batch_one_group_short_is_trained_once_nothing_more_can_come_and_repor
         accept(gate, validators, group(task=task))
     assert not wait.ready(counts(gate), 110.0) and not wait.should_report(110.0)
     assert wait.should_report(121.0) and not wait.should_report(130.0)
-    assert wait.status(counts(gate), 130.0)["ready"] == 3 and wait.status(counts(gate), 130.0)["waited_s"] == 30.0
+    assert wait.status(counts(gate), 130.0).ready == 3 and wait.status(counts(gate), 130.0).waited_s == 30.0
     pending = group(task=7)
     gate.on_rollout(pending, 135.0)  # a quorum still open: its group may yet complete the batch
     assert not wait.ready(counts(gate), 150.0)

@@ -6,6 +6,7 @@ import io
 import json
 import re
 
+from swarm.event_types import Gate, Generated, PeerDropped, Published, TrainStep, TransferProgress, Validated
 from swarm.events import PROGRESS_HEARTBEAT_S, EventSink
 
 
@@ -15,7 +16,7 @@ def _lines(out: io.StringIO) -> list[str]:
 
 
 def progress(sink: EventSink, t: float, pieces: int, up: float = 0.0, peers: int = 3) -> None:
-    sink.emit("progress", version=1, pieces=pieces, total=4, up_mib_s=up, down_mib_s=0.0, peers=peers, t=t)
+    sink.emit(TransferProgress(version=1, pieces=pieces, total=4, up_mib_s=up, down_mib_s=0.0, peers=peers), t=t)
 
 
 def test_idle_progress_is_not_repeated_every_status_period_but_changes_and_transfers_are_shown():
@@ -46,15 +47,15 @@ def test_json_lines_keep_every_progress_event():
 def test_role_milestones_are_sentences_in_text_mode():
     out = io.StringIO()
     sink = EventSink(stream=out)
-    sink.emit("published", version=3, bytes=2**20, validators=2, stage="short@4")
-    sink.emit("published", version=4, bytes=2**20, id="ab")  # `swarm publish`: a checkpoint, no run spec
-    sink.emit("train_step", step=2, reward=0.25, groups=4, refused=0, stage="short@4", trained_groups=3,
-              lags={1: 4}, mean_tokens=4.0, hit_length=60, completions=64, sample="42")
-    sink.emit("train_step", step=3, reward=None, groups=0, refused=5, stage="short@4")
-    sink.emit("generated", version=3, groups=4, mean_reward=0.5)
-    sink.emit("validated", checked=8, accepted=7, rejected=1)
-    sink.emit("peer_dropped", version=3, dropped="12D3KooWx", reason="sent a corrupt piece 7", banned=True)
-    sink.emit("gate", waiting=1, ready=2, counts={})  # bookkeeping for programs only
+    sink.emit(Published(version=3, bytes=2**20, validators=2, stage="short@4"))
+    sink.emit(Published(version=4, bytes=2**20, id="ab"))  # `swarm publish`: a checkpoint, no run spec
+    sink.emit(TrainStep(step=2, reward=0.25, groups=4, refused=0, stage="short@4", trained_groups=3,
+                        lags={1: 4}, mean_tokens=4.0, hit_length=60, completions=64, sample="42"))
+    sink.emit(TrainStep(step=3, reward=None, groups=0, refused=5, stage="short@4"))
+    sink.emit(Generated(version=3, groups=4, mean_reward=0.5))
+    sink.emit(Validated(checked=8, accepted=7, rejected=1))
+    sink.emit(PeerDropped(version=3, dropped="12D3KooWx", reason="sent a corrupt piece 7", banned=True))
+    sink.emit(Gate(waiting=1, ready=2, counts={}))  # bookkeeping for programs only
     assert _lines(out) == [
         "published policy v3 (1.00 MiB, 2 validators, stage short@4)",
         "published policy v4 (1.00 MiB)",
@@ -67,7 +68,34 @@ def test_role_milestones_are_sentences_in_text_mode():
     ]
 
 
-def test_an_event_missing_a_field_its_line_names_is_printed_raw_and_the_emitter_goes_on():
+def test_an_event_whose_line_cannot_format_its_figures_is_printed_raw_and_the_emitter_goes_on():
     out = io.StringIO()
-    EventSink(stream=out).emit("generated", version=3)
-    assert _lines(out) == ['generated: {"version": 3}']
+    EventSink(stream=out).emit(TrainStep(step=2, reward="high", stage="s"))  # type: ignore[arg-type]
+    assert _lines(out)[0].startswith('train_step: {"step": 2, "reward": "high", "stage": "s", "version": 0')
+
+
+def test_json_lines_name_the_kind_and_each_field_in_order_and_leave_out_the_absent_optional_ones():
+    out = io.StringIO()
+    sink = EventSink(json_lines=True, stream=out, peer="trainer")
+    sink.emit(Published(version=3, id="ab", bytes=2**20, validators=2, stage="short@4"), t=1.5)
+    sink.emit(Published(version=4, id="cd", bytes=2**20, trainer_key="ef"), t=2.0)
+    assert out.getvalue().splitlines() == [
+        '{"event": "published", "t": 1.5, "version": 3, "id": "ab", "bytes": 1048576, "validators": 2, '
+        '"stage": "short@4", "peer": "trainer"}',
+        '{"event": "published", "t": 2.0, "version": 4, "id": "cd", "bytes": 1048576, "trainer_key": "ef", '
+        '"peer": "trainer"}']
+
+
+def test_listeners_receive_the_typed_event_with_its_time_and_peer():
+    heard = []
+    sink = EventSink(stream=io.StringIO(), peer="validator0")
+    sink.listeners.append(heard.append)
+    sink.emit(Validated(checked=1, accepted=1), t=3.0)
+    assert [(e.event, e.t, e.peer) for e in heard] == [(Validated(checked=1, accepted=1), 3.0, "validator0")]
+
+
+def test_every_event_type_names_a_kind_of_its_own():
+    import swarm.event_types as types
+
+    kinds = [getattr(types, name).kind for name in types.__all__ if name != "Event"]
+    assert all(kinds) and len(set(kinds)) == len(kinds)

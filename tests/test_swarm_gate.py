@@ -7,6 +7,7 @@ import os
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from swarm.event_types import WaitingForValidators
 from swarm.policy.runspec import RunSpec
 from swarm.roles.gate import JUDGED_BEHIND, RolloutGate
 from swarm.roles.trainer import gate_counts
@@ -175,7 +176,7 @@ async def test_the_trainer_publishes_no_version_until_a_quorum_of_validators_is_
 
     emitted = []
     node = SimpleNamespace(peer_roles={}, config=peer_config(tmp_path, ()),
-                           events=SimpleNamespace(emit=lambda kind, **f: emitted.append((kind, f))))
+                           events=SimpleNamespace(emit=emitted.append))
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     validators = [peer_id_from_public_bytes(public_key_of(k)) for k in keys(2)]
     done = trio.Event()
@@ -189,7 +190,7 @@ async def test_the_trainer_publishes_no_version_until_a_quorum_of_validators_is_
         node.peer_roles[validators[0]] = ("validator",)
         await trio.sleep(45)
         assert not done.is_set()
-        assert [(k, f["known"], f["quorum"]) for k, f in emitted] == [("waiting_for_validators", 1, 2)] * 2
+        assert [(type(e), e.known, e.quorum) for e in emitted] == [(WaitingForValidators, 1, 2)] * 2
         node.peer_roles[validators[1]] = ("validator",)
         with trio.fail_after(1):
             await done.wait()
@@ -243,7 +244,7 @@ def test_a_trainer_given_validator_keys_names_only_those_and_reports_the_others_
 
     listed, stranger = [public_key_of(k) for k in keys(2)]
     emitted = []
-    node = SimpleNamespace(peer_roles={}, events=SimpleNamespace(emit=lambda kind, **f: emitted.append(f["peer"])),
+    node = SimpleNamespace(peer_roles={}, events=SimpleNamespace(emit=lambda e: emitted.append(e.peer)),
                            config=peer_config(tmp_path, (peer_id_from_public_bytes(listed),)))  # a peer id, as
     # every peer prints its own
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)

@@ -123,7 +123,7 @@ def test_a_banned_validator_leaves_the_next_versions_validators(tmp_path):
     validators = panel(3)
     gate = gate_with(validators, replicas=2)
     node = SimpleNamespace(peer_roles={peer_id_from_public_bytes(k): ("validator",) for k in validators},
-                           config=peer_config(tmp_path, ()), events=SimpleNamespace(emit=lambda kind, **f: None))
+                           config=peer_config(tmp_path, ()), events=SimpleNamespace(emit=lambda event: None))
     publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
     publisher.excluded = gate.validator_banned
     liar = next(iter(validators))

@@ -13,6 +13,7 @@ from safetensors.numpy import save_file
 from p2p.identity import Identity
 from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
 from p2p.pieces.store import PieceStore
+from swarm.event_types import PeerDropped
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.trust import TrainerTrust
 
@@ -204,14 +205,14 @@ def test_a_peer_that_left_is_reported_once_for_all_its_versions_and_a_liar_is_ba
     events = []
     with PieceStore(tmp_path / "store") as store:
         mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r",
-                              on_event=lambda kind, info: events.append((kind, info)))
+                              on_event=events.append)
         v1, v2 = (SimpleNamespace(manifest=SimpleNamespace(version=v), dropped=set(), opened=set()) for v in (1, 2))
         for policy in (v1, v2):
             mirror._dropped(policy, "gone", "its link broke", hostile=False)
         mirror._linked(v2, "gone", dir="in")
         mirror._dropped(v2, "gone", "its link broke", hostile=False)
         mirror._dropped(v1, "liar", "sent a corrupt piece 3", hostile=True)
-    drops = [(info["dropped"], info["version"], info["banned"]) for kind, info in events if kind == "peer_dropped"]
+    drops = [(e.dropped, e.version, e.banned) for e in events if isinstance(e, PeerDropped)]
     assert drops == [("gone", 1, False), ("gone", 2, False), ("liar", 1, True)]
     assert mirror.banned == {"liar": "sent a corrupt piece 3"}
 

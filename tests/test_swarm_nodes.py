@@ -74,7 +74,7 @@ class Peer:
             self.ready.set()
 
         sink = EventSink(json_lines=False, stream=open("/dev/null", "w"))
-        sink.listeners.append(self.events.append)
+        sink.listeners.append(lambda e: self.events.append(e.record()))
         try:
             await open_node_parts(self.config, self.identity, sink, [capture, *extra_roles], self.trainer.public_bytes)
         finally:
@@ -347,7 +347,7 @@ async def test_a_slow_dht_put_is_quiet_until_it_becomes_a_streak(caplog, autojum
     """One latest-manifest put that times out is routine (the DHT re-puts it); a streak of them is one warning."""
     import logging
 
-    from swarm.node.node import DHT_PUT_LIMIT_S, DHT_PUT_WARN_AFTER, Node
+    from swarm.node.state import DHT_PUT_LIMIT_S, DHT_PUT_WARN_AFTER, Node
 
     class StuckDht:
         stuck = True
@@ -408,7 +408,7 @@ async def test_a_failing_role_or_peer_task_stops_the_peer_with_one_line(tmp_path
     peer = Peer(tmp_path, "a", Identity.generate())
     with trio.fail_after(30):
         sink = EventSink(json_lines=False, stream=open("/dev/null", "w"))
-        sink.listeners.append(peer.events.append)
+        sink.listeners.append(lambda e: peer.events.append(e.record()))
         status = await open_node_parts(peer.config, peer.identity, sink, [broken_role], peer.trainer.public_bytes)
     assert status == 1  # an exit status, not an exception group
     failed = [e for e in peer.events if e["event"] == "role_failed"]

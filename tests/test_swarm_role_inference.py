@@ -54,7 +54,8 @@ TASKS = VersionTasks(load_tasks("basic_arithmetic", size=12, seed=0), list(range
 def answer(node, backend, tiny, version: int, published=None) -> list:
     """One version's pass of the role: what it would publish, with the ledger loaded as a (re)started worker does."""
     published = published if published is not None else PublishedSlots.load(published_slots_path(node.config))
-    return _generate(node, backend, tiny, policy(version), TASKS, "unused", published, async_level=1)
+    return _generate(node.config.peer.run, node.peer_id, backend, tiny, policy(version), TASKS, "unused", published,
+                     async_level=1)
 
 
 def gate_for(versions) -> RolloutGate:
@@ -105,7 +106,8 @@ def test_the_simulations_cheater_claims_reward_one_for_groups_the_honest_role_bu
 
     node, backend = worker(tmp_path), JitteringBackend(tiny)
     published = PublishedSlots.load(published_slots_path(node.config))
-    groups = _generate(node, backend, tiny, policy(1), TASKS, "unused", published, 1, claim_full_reward)
+    groups = _generate(node.config.peer.run, node.peer_id, backend, tiny, policy(1), TASKS, "unused", published, 1,
+                       claim_full_reward)
     assert len(groups) == PROMPTS and all(c.reward == 1.0 for g in groups for c in g.completions)
     honest = answer(node, JitteringBackend(tiny), tiny, 1, PublishedSlots(tmp_path / "elsewhere.json"))
     assert any(c.reward < 1.0 for g in honest for c in g.completions)  # so the claim above is the cheater's doing

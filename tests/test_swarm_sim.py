@@ -11,7 +11,8 @@ import io
 import pytest
 import trio
 
-from swarm.events import EventSink
+from swarm.event_types import Published, PublishingEarly, TrainStep
+from swarm.events import Emitted, EventSink
 from swarm.sim.run import SimSettings, run_sim, summarize
 
 
@@ -25,20 +26,20 @@ def test_one_worker_whose_answers_do_not_fill_a_batch_keeps_the_trainer_stepping
     settings = SimSettings(out=tmp_path, inference=1, validators=1, seeds=0, prompts_per_worker=2,
                            prompts_per_step=4, steps=3, async_level=async_level, group_size=4, timeout_s=150.0,
                            watch_s=20.0)
-    events: list[dict] = []
+    events: list[Emitted] = []
     sink = EventSink(json_lines=True, stream=io.StringIO())
     sink.listeners.append(events.append)
     report = summarize(events, trio.run(run_sim, settings, sink))
     assert not report["timed_out"] and report["steps"] == 3
-    steps = [e for e in events if e["event"] == "train_step"]
-    early = [e for e in events if e["event"] == "publishing_early"]
+    steps = [e for e in events if isinstance(e.event, TrainStep)]
+    early = [e.event for e in events if isinstance(e.event, PublishingEarly)]
     if async_level:
-        assert all(e["groups"] == 4 for e in steps)  # full batches from two versions of the same weights
-        assert 3 <= len(early) <= 6 and all("every inference peer sent its 2 groups" in e["message"] for e in early)
+        assert all(e.event.groups == 4 for e in steps)  # full batches from two versions of the same weights
+        assert 3 <= len(early) <= 6 and all("every inference peer sent its 2 groups" in e.message for e in early)
     else:
-        assert all(e["groups"] == 2 for e in steps) and not early  # trained at once on what it held
-    first, last = min(e["t"] for e in steps), max(e["t"] for e in steps)
+        assert all(e.event.groups == 2 for e in steps) and not early  # trained at once on what it held
+    first, last = min(e.t for e in steps), max(e.t for e in steps)
     assert last - first < 30  # no step waited out the 30 s of quiet
-    published = sorted(e["version"] for e in events if e["event"] == "published")
+    published = sorted(e.event.version for e in events if isinstance(e.event, Published))
     kept = sorted(int(d.name[1:]) for d in (tmp_path / "trainer" / "swarm-policies").glob("v*"))
     assert len(published) > 3 and kept == published[-3:]  # the mirror's window; older copies deleted

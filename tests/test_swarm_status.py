@@ -13,6 +13,8 @@ from p2p.errors import EnvelopeError
 from p2p.identity import Identity, peer_id_from_public_bytes
 from swarm.cli.status import observe
 from swarm.cli.status_view import SwarmView, render, to_json
+from swarm.event_types import Generated, Listening, Published, TrainStep, Validated
+from swarm.events import Emitted
 from swarm.messages.gossip_bodies import decode_heartbeat
 from swarm.messages.votes import vote_bodies
 from tests.test_swarm_nodes import Peer, signed_checkpoint, start_seeding
@@ -153,10 +155,9 @@ def test_a_peer_keeps_its_roles_latest_milestones_for_its_heartbeats():
                 host=SimpleNamespace(multiaddrs=["/ip4/127.0.0.1/tcp/1"]),
                 gossip=None, mirror=SimpleNamespace(policies={}), events=None, nursery=None)
     assert "progress" not in _heartbeat_body(node)
-    for event in ({"event": "train_step", "step": 3, "reward": 0.5, "stage": "short@4", "groups": 4},
-                  {"event": "generated", "version": 2, "groups": 4}, {"event": "generated", "version": 3, "groups": 4},
-                  {"event": "validated", "checked": 8, "accepted": 6, "rejected": 2}, {"event": "published"}):
-        node.note_progress(event)
+    for event in (TrainStep(step=3, reward=0.5, stage="short@4", groups=4), Generated(version=2, groups=4),
+                  Generated(version=3, groups=4), Validated(checked=8, accepted=6, rejected=2), Published(version=3)):
+        node.note_progress(Emitted(event, 0.0))
     assert _heartbeat_body(node)["progress"] == {"step": 3, "reward": 0.5, "stage": "short@4", "groups_sent": 8,
                                                  "answered": 3, "checked": 8, "accepted": 6, "rejected": 2}
 
@@ -164,8 +165,9 @@ def test_a_peer_keeps_its_roles_latest_milestones_for_its_heartbeats():
 def test_the_simulation_says_how_to_watch_it(capsys):
     from swarm.cli.sim import _narrate
 
-    _narrate({"event": "listening", "peer": "trainer", "addrs": ["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx"]})
-    _narrate({"event": "listening", "peer": "validator0", "addrs": ["/ip4/127.0.0.1/tcp/4002/p2p/12D3KooWy"]})
+    _narrate(Emitted(Listening(peer_id="x", addrs=["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx"], roles=[]), 0.0, "trainer"))
+    _narrate(Emitted(Listening(peer_id="y", addrs=["/ip4/127.0.0.1/tcp/4002/p2p/12D3KooWy"], roles=[]), 0.0,
+                     "validator0"))
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["[trainer] listening on /ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx (watch the run from another "
                      "shell: swarm status --run sim --bootstrap /ip4/127.0.0.1/tcp/4001/p2p/12D3KooWx)"]

@@ -9,6 +9,7 @@ import pytest
 
 from swarm.cli.main import main
 from trainer.errors import TrainerError
+from trainer.step_record import StepRecord
 from trainer.tracking import gate_scalars, parse_report_to, step_scalars
 
 FAST = {"task_config": "{max_value = 50}", "task_size": 80, "curriculum": '"none"', "lr": 1e-2, "grad_clip": 1.0,
@@ -84,8 +85,9 @@ def test_report_to_takes_repeats_commas_and_none():
 
 
 def test_step_scalars_count_filtered_groups_and_the_swarm_gate():
-    record = {"step": 4, "reward": 0.5, "groups": 6, "groups_trained": 4, "refused": 1, "skipped": "",
-              "stage_index": 2, "tokens_per_s": 12.5, "loss": float("nan")}
+    record = StepRecord(step=4, reward=0.5, groups=6, groups_trained=4, tokens=0, loss=float("nan"), entropy=0.0,
+                        kl=None, clip_fraction=0.0, grad_norm=0.0, lr=1e-3, skipped="", old_logprobs="exact",
+                        seconds=1.0, refused=1, stage_index=2, tokens_per_s=12.5)
     scalars = step_scalars(record)
     assert scalars["train/groups_filtered"] == 2 and scalars["perf/steps"] == 5
     assert scalars["train/curriculum_stage"] == 2 and scalars["train/loss"] != scalars["train/loss"]  # NaN kept

@@ -13,7 +13,8 @@ import pytest
 import trio
 
 from swarm.cli.main import main
-from swarm.events import EventSink
+from swarm.event_types import Evaluated, Generated, MetricsListening, TrainStep, Validated
+from swarm.events import Emitted, EventSink
 from swarm.sim.run import SimSettings, run_sim, summarize
 from tests.test_metrics import parse, value
 
@@ -43,15 +44,15 @@ class Scraper(threading.Thread):
     """Scrapes every port whenever a peer reports a milestone (`due`), keeping each port's latest answer. It runs in
     its own thread: the endpoints are served by the simulation's trio loop, which must keep running meanwhile."""
 
-    MILESTONES = ("train_step", "validated", "generated", "evaluated")
+    MILESTONES = (TrainStep, Validated, Generated, Evaluated)
 
     def __init__(self, ports: list[int]) -> None:
         super().__init__(daemon=True)
         self.ports, self.latest = ports, {}
         self.due, self.stopped = threading.Event(), False
 
-    def on_event(self, record: dict) -> None:
-        if record["event"] in self.MILESTONES:
+    def on_event(self, emitted: Emitted) -> None:
+        if isinstance(emitted.event, self.MILESTONES):
             self.due.set()
 
     def finish(self) -> None:
@@ -83,7 +84,7 @@ def test_sim_reports_to_tensorboard_and_each_peer_serves_its_metrics(tmp_path, m
                            timeout_s=240.0, report_to="tensorboard", metrics_port=base)
     scraper = Scraper([base, base + 1, base + 2])
     sink = EventSink(json_lines=True, stream=io.StringIO())
-    events: list[dict] = []
+    events: list[Emitted] = []
     sink.listeners += [events.append, scraper.on_event]
     scraper.start()
     try:
@@ -91,7 +92,7 @@ def test_sim_reports_to_tensorboard_and_each_peer_serves_its_metrics(tmp_path, m
     finally:
         scraper.finish()
     assert not report["timed_out"] and report["steps"] == 2
-    assert [e["url"] for e in events if e["event"] == "metrics_listening"] == [
+    assert [e.event.url for e in events if isinstance(e.event, MetricsListening)] == [
         f"http://127.0.0.1:{port}/metrics" for port in (base, base + 1, base + 2)]
     tensorboard = EventAccumulator(str(tmp_path / "trainer" / "training" / "tensorboard"))
     tensorboard.Reload()

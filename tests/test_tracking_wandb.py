@@ -10,6 +10,7 @@ import pytest
 
 from trainer.config import load_config
 from trainer.errors import TrainerError
+from trainer.step_record import StepRecord
 from trainer.tracking import RUN_ID_FILE, open_tracker
 
 
@@ -47,7 +48,8 @@ def test_an_online_run_gets_the_configs_project_name_tags_and_the_config_itself(
     cfg = config(tmp_path, wandb_mode="online", wandb_project="swarm-runs", wandb_name="gcd-tiny",
                  wandb_tags=["gcd", "tiny"])
     tracker = open_tracker(cfg)
-    tracker.step({"step": 0, "reward": 0.5, "loss": 0.1})
+    tracker.step(StepRecord(step=0, reward=0.5, groups=1, groups_trained=1, tokens=4, loss=0.1, entropy=1.0, kl=0.0,
+                            clip_fraction=0.0, grad_norm=1.0, lr=1e-3, skipped="", old_logprobs="exact", seconds=1.0))
     tracker.close()
     [init] = wandb.inits
     assert (init["mode"], init["project"], init["name"], init["tags"]) == ("online", "swarm-runs", "gcd-tiny",

@@ -129,7 +129,7 @@ def test_the_validator_bans_through_its_history_and_reports_once():
     from verify.reputation import Reputation
 
     emitted = []
-    node = SimpleNamespace(events=SimpleNamespace(emit=lambda kind, **kw: emitted.append((kind, kw))))
+    node = SimpleNamespace(events=SimpleNamespace(emit=emitted.append))
     models = VersionModels(loaded=None)
     models.specs[1] = SimpleNamespace(precision="float32")
     workers = NearTieHistories(Reputation())
@@ -137,7 +137,7 @@ def test_the_validator_bans_through_its_history_and_reports_once():
     verdict = Verdict(b"r" * 32, True, (CheckResult("sampling", True, near_ties=record(256, 3)),))
     outcomes = [workers.judge([verdict], {verdict.rollout_id: group}, models, node)[0] for _ in range(8)]
     assert outcomes[0].accepted and not outcomes[-1].accepted and workers.is_banned("cheat")
-    assert [k for k, _ in emitted] == ["worker_banned"] and emitted[0][1]["worker"] == "cheat"
+    assert [e.kind for e in emitted] == ["worker_banned"] and emitted[0].worker == "cheat"
     assert not workers.is_banned("someone else")
 
 

@@ -108,8 +108,8 @@ def fork_is_safe() -> bool:
     """Whether the generator may be forked from the trainer: Linux, and no CUDA context (which a fork corrupts).
 
     Why fork at all: a spawned generator re-imports torch and transformers, rebuilds the task set, loads its model
-    and only then needs its reward scorer; on this 2-core box, next to a trainer doing the same, that took 11 s, so
-    async runs started 3-4 s behind synchronous ones. Forked once the trainer has loaded, it inherits the imports,
+    and only then needs its reward scorer; on this 2-core box, next to a trainer doing the same, that takes 11 s, so
+    async runs would start 3-4 s behind synchronous ones. Forked once the trainer has loaded, it inherits the imports,
     the task set and a copy-on-write copy of the initial model (its own from then on: the trainer's later steps
     never reach it), and starts its scorer at once, while the trainer evaluates. The trainer has started no thread
     of its own by then (trio runs later); verify.rewards makes a forked child start its own scorer rather than share

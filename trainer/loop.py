@@ -33,6 +33,7 @@ from trainer.errors import GeneratorDied, TrainerError
 from trainer.fsdp import ShardedWeights, is_sharded
 from trainer.fsdp_step import FsdpPolicyTrainer
 from trainer.step import PolicyTrainer, StepReport, TrainGroup
+from trainer.step_record import StepRecord
 from trainer.tracking import open_tracker
 from verify.rollout import RolloutGroup
 
@@ -68,7 +69,7 @@ class TrainingRun:
     """Model + optimizer + versions + checkpoints + log of one training run in `cfg.out`."""
 
     def __init__(self, loaded, cfg: TrainerConfig, curriculum: Curriculum, *, collective=None,
-                 on_report: Callable[[dict], None] | None = None, started: float | None = None,
+                 on_report: Callable[[StepRecord], None] | None = None, started: float | None = None,
                  trusted_source: bool = True) -> None:
         self.loaded, self.cfg, self.curriculum = loaded, cfg, curriculum
         # Rollouts from our own generator carry logprobs we may use as old logprobs (cfg.old_logprobs); the
@@ -129,9 +130,9 @@ class TrainingRun:
     def _rank_0s(self, value: int) -> int:
         """Rank 0's `value` on every rank (a collective; `value` itself when training alone).
 
-        Why: what a rank finds on disk depends on when it looks, and rank 0 writes there. A rank that counted the
-        versions on disk after rank 0 had published the first one numbered its versions one higher, refused the
-        next batches as stale and trained none of its share (seen under load, as a flaky launch test).
+        Why: what a rank finds on disk depends on when it looks, and rank 0 writes there. A rank that counts the
+        versions on disk after rank 0 has published the first one numbers its versions one higher, refuses the next
+        batches as stale and trains none of its share.
         """
         if self.world_size == 1:
             return value
@@ -246,7 +247,7 @@ class TrainingRun:
         return saved
 
     # --- one step --------------------------------------------------------------------------------------------
-    def step(self, groups: list[RolloutGroup]) -> dict:
+    def step(self, groups: list[RolloutGroup]) -> StepRecord:
         """Admit, train, publish every `steps_per_policy` steps, checkpoint; returns the step's log record."""
         window, accepted, refused = self.window(), [], []
         batch: dict[str, int] = {}
@@ -263,48 +264,47 @@ class TrainingRun:
         self.state.consumed.update(batch)
         floor = window.latest_version - window.async_level  # older slots are refused as too stale: forget them
         self.state.consumed = {rid: v for rid, v in self.state.consumed.items() if v >= floor}
-        record = self._record(report, accepted, refused)
         if self.world_size > 1:
-            self._whole_batch_figures(record, accepted)
+            report = self._whole_batch(report, accepted)
+        record = self._record(report, accepted, refused)
         self.state.step += 1
         if self.state.step % self.cfg.steps_per_policy == 0:
             self._publish(self._next_version())
         if self.state.step % self.cfg.checkpoint_every == 0:
             self.checkpoint()
-        record["version"] = self.state.version
+        record = replace(record, version=self.state.version)
         self._log(record)
         return record
 
-    def _whole_batch_figures(self, record: dict, accepted) -> None:
+    def _whole_batch(self, report: StepReport, accepted) -> StepReport:
         """Data parallel: turn this rank's share of the step's figures into the whole batch's (a collective, so
         every rank calls it at every step). The summed loss is the batch loss: each share is already divided by
         the global normaliser."""
         rewards = [c.reward for g in accepted for c in g.completions]
-        record["reward"] = sum(rewards) / len(rewards) if rewards else 0.0
-        record["groups"] = len(accepted)
-        tokens = self.trainer.collective.all_sum(float(record["tokens"]))
-        for name in ("entropy", "kl", "clip_fraction"):  # token-weighted means
-            record[name] = self.trainer.collective.all_sum(record[name] * record["tokens"]) / max(tokens, 1.0)
-        for name in ("groups_trained", "loss"):
-            record[name] = self.trainer.collective.all_sum(float(record[name]))
-        record["groups_trained"], record["tokens"] = int(record["groups_trained"]), int(tokens)
+        collective = self.trainer.collective
+        tokens = collective.all_sum(float(report.tokens))
+        means = {name: collective.all_sum(getattr(report, name) * report.tokens) / max(tokens, 1.0)
+                 for name in ("entropy", "kl", "clip_fraction")}  # token-weighted means
+        return replace(report, **means, reward=sum(rewards) / len(rewards) if rewards else 0.0, groups=len(accepted),
+                       groups_trained=int(collective.all_sum(float(report.groups_trained))),
+                       loss=collective.all_sum(float(report.loss)), tokens=int(tokens))
 
-    def _record(self, report: StepReport, accepted, refused: list[str]) -> dict:
+    def _record(self, report: StepReport, accepted, refused: list[str]) -> StepRecord:
         stage = self.curriculum.stage_at(self.state.step)
         generated = sum(len(c.tokens) for g in accepted for c in g.completions)
         self.state.extra["tokens"] = self.state.extra.get("tokens", 0) + generated
         elapsed = time.perf_counter() - self._started
         lags = [self.state.version - g.policy_version for g in accepted]
-        return {**asdict(report), "stage": stage.stage.name, "stage_index": stage.index,
-                "refused": len(refused), "refusals": sorted(set(refused))[:3], "max_lag": max(lags, default=0),
-                "generated_tokens": generated, "wall_s": round(elapsed, 3),
-                "tokens_per_s": round(self.state.extra["tokens"] / max(elapsed, 1e-9), 1)}
+        return StepRecord(**asdict(report), stage=stage.stage.name, stage_index=stage.index,
+                          refused=len(refused), refusals=sorted(set(refused))[:3], max_lag=max(lags, default=0),
+                          generated_tokens=generated, wall_s=round(elapsed, 3),
+                          tokens_per_s=round(self.state.extra["tokens"] / max(elapsed, 1e-9), 1))
 
-    def _log(self, record: dict) -> None:
+    def _log(self, record: StepRecord) -> None:
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             with open(self.out / "log.jsonl", "a") as handle:
-                handle.write(json.dumps(record) + "\n")
+                handle.write(json.dumps(record.to_json()) + "\n")
         self.tracker.step(record)
         self.on_report(record)
 

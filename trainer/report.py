@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer.step_record import StepRecord
 
 
-def progress_line(record: dict, total_steps: int) -> str:
+def progress_line(record: StepRecord, total_steps: int) -> str:
     """One human line per step: step, reward, stage, version, throughput and what was dropped."""
-    extra = f" skipped={record['skipped']}" if record.get("skipped") else ""
-    if record.get("refused"):
-        extra += f" refused={record['refused']}"
-    return (f"step {record['step'] + 1}/{total_steps} reward {record['reward']:.3f} stage {record['stage']} "
-            f"v{record['version']} groups {record['groups_trained']}/{record['groups']} loss {record['loss']:+.4f} "
-            f"entropy {record['entropy']:.2f} tok/s {record['tokens_per_s']:.0f} t {record['wall_s']:.0f}s{extra}")
+    extra = f" skipped={record.skipped}" if record.skipped else ""
+    if record.refused:
+        extra += f" refused={record.refused}"
+    return (f"step {record.step + 1}/{total_steps} reward {record.reward:.3f} stage {record.stage} "
+            f"v{record.version} groups {record.groups_trained}/{record.groups} loss {record.loss:+.4f} "
+            f"entropy {record.entropy:.2f} tok/s {record.tokens_per_s:.0f} t {record.wall_s:.0f}s{extra}")
 
 
 def read_log(path: Path) -> list[dict]:

@@ -33,6 +33,7 @@ from trainer.local_source import LocalRolloutSource
 from trainer.loop import TrainingRun, keep_requesting, prime_generator, run_async, run_async_process, run_sync
 from trainer.report import plot_rewards, progress_line, read_log
 from trainer.session_setup import load_task_split, seed_everything
+from trainer.step_record import StepRecord
 from verify.rewards import start_scorer
 
 logger = logging.getLogger(__name__)
@@ -181,10 +182,10 @@ def _train(cfg: TrainerConfig, curriculum: Curriculum, echo: Callable[[str], Non
             "log": str(Path(cfg.out) / "log.jsonl"), "plot": str(plot) if plot else None}
 
 
-def _report_step(record: dict, steps: int, echo: Callable[[str], None]) -> None:
+def _report_step(record: StepRecord, steps: int, echo: Callable[[str], None]) -> None:
     """The step's progress line; with `-v` every figure of its log record too (log.jsonl's line)."""
     echo(progress_line(record, steps))
-    logger.info("step %s: %s", record.get("step"), json.dumps(record, default=str))
+    logger.info("step %s: %s", record.step, json.dumps(record.to_json(), default=str))
 
 
 def _broadcast_weights(model) -> None:

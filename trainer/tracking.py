@@ -18,9 +18,12 @@ import secrets
 import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from trainer.errors import TrainerError
+
+if TYPE_CHECKING:
+    from trainer.step_record import StepRecord
 
 REPORT_TARGETS = ("tensorboard", "wandb")
 """The sinks `report_to` may name (with "none", which names no sink)."""
@@ -144,9 +147,9 @@ class RunTracker:
             for sink in self.sinks:
                 sink.log(scalars, step)
 
-    def step(self, record: dict) -> None:
+    def step(self, record: StepRecord) -> None:
         """One training step's log record, at the step count it completes."""
-        self.log(step_scalars(record), int(record["step"]) + 1)
+        self.log(step_scalars(record), record.step + 1)
 
     def evaluation(self, record: dict) -> None:
         """A held-out evaluation (trainer.session.Evaluator's record), at the step count it ran after."""
@@ -167,12 +170,12 @@ def open_tracker(cfg, rank: int = 0) -> RunTracker:
     return RunTracker([open_sink(name, Path(cfg.out), cfg.run, config) for name in names])
 
 
-def step_scalars(record: dict) -> dict[str, float]:
+def step_scalars(record: StepRecord) -> dict[str, float]:
     """The plotted figures of a training log record; groups filtered for a zero advantage and steps done added."""
-    scalars = _numbers({tag: record.get(key) for tag, key in STEP_SCALARS.items()})
+    scalars = _numbers({tag: getattr(record, key) for tag, key in STEP_SCALARS.items()})
     if "train/groups_accepted" in scalars and "train/groups_trained" in scalars:
         scalars["train/groups_filtered"] = scalars["train/groups_accepted"] - scalars["train/groups_trained"]
-    scalars["perf/steps"] = float(int(record["step"]) + 1)
+    scalars["perf/steps"] = float(record.step + 1)
     return scalars
 
 

@@ -76,8 +76,8 @@ class ForkedScorer:
     """A scorer forked from the calling process, with the few Popen methods verify.rewards uses.
 
     Why: a scorer started as `python -m verify.scorer_worker` spends about 2 s importing reasoning-gym before it
-    can answer, which sat on the critical path of every process that scores (the local generator's first batch
-    waited for it). A fork of a process that has already imported it (the trainer and its generator build their
+    can answer, which sits on the critical path of every process that scores (the local generator's first batch
+    waits for it). A fork of a process that has already imported it (the trainer and its generator build their
     task sets with it) is ready in about 0.2 s. The child keeps only its two pipe ends and never returns into the
     caller's code: it leaves through os._exit.
     """

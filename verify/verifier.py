@@ -187,7 +187,7 @@ GPU_PASS_COST_TOKENS = 1 << 20
 def _prefill_batch(model: torch.nn.Module, batch: list[_Pending]) -> list[list[torch.Tensor]]:
     """Prompts left-padded in one pass with a KV cache, then every completion's tokens [:-1] right-padded over the
     cache rows of its prompt, in passes of similar lengths (`length_buckets`: in one pass padded to the longest
-    completion, 40 % of SmolLM2's benchmark completion pass was padding). The outputs at position P-1 of the prompt
+    completion, 40 % of SmolLM2's benchmark completion pass is padding). The outputs at position P-1 of the prompt
     pass, then the completion passes, are each completion's last hidden states (stored in item.hidden) and, through one
     LM-head call on exactly those positions, its logits [T, V] (returned per item, per completion)."""
     from transformers.cache_utils import DynamicCache

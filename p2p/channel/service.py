@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import blake3
+from libp2p.abc import INetStream
 import trio
 
 from p2p.channel.addresses import is_loopback, listen_ip, note_socket_unreachable, remote_ip, socket_reachable
@@ -37,6 +38,7 @@ from p2p.channel.messages import (
 from p2p.channel.records import (
     AEADS, DIALER, KEY_BYTES, LISTENER, RecordOpener, RecordSealer, choose_aead, preferred_aead,
 )
+from p2p.channel.host_view import ChannelHost
 from p2p.channel.stream import SecureChannelStream, tune_socket
 from p2p.channel.tickets import Ticket, TicketBook, ticket_secret
 from p2p.errors import ChannelError
@@ -73,7 +75,7 @@ class _Offer:
 class DataChannelServer:
     """Accepts data channels for one host: libp2p handshakes, the data socket listener, token admission."""
 
-    def __init__(self, host: Any, callback: ChannelCallback, config: ChannelConfig = ChannelConfig()) -> None:
+    def __init__(self, host: ChannelHost, callback: ChannelCallback, config: ChannelConfig = ChannelConfig()) -> None:
         self.host = host
         self.callback = callback
         self.config = config
@@ -112,7 +114,7 @@ class DataChannelServer:
         """Data channels being served now (either transport)."""
         return self._open_channels
 
-    async def _handle_handshake(self, stream: Any) -> None:
+    async def _handle_handshake(self, stream: INetStream) -> None:
         if not self._handshakes.take(1, trio.current_time()):
             self.refused_handshakes += 1  # counted, not logged: a line each would cost what the refusal saves
             await close_quietly(stream)
@@ -136,7 +138,7 @@ class DataChannelServer:
             return
         await self._make_offer(stream, peer_id, request)
 
-    async def _make_offer(self, stream: Any, peer_id: str, request: ChannelRequest) -> None:
+    async def _make_offer(self, stream: INetStream, peer_id: str, request: ChannelRequest) -> None:
         aead = choose_aead(self.aead, None if request.aeads is None else list(request.aeads))
         token, secret = os.urandom(TOKEN_BYTES), os.urandom(KEY_BYTES)
         if sum(o.peer_id == peer_id for o in self._offers.values()) >= self.config.max_offers_per_peer:
@@ -303,7 +305,7 @@ def _make_stream(sock: trio.SocketStream, keys: _ChannelKeys, side: int, config:
 
 
 async def serve_data_channels(
-    host: Any, callback: ChannelCallback, config: ChannelConfig = ChannelConfig(), *,
+    host: ChannelHost, callback: ChannelCallback, config: ChannelConfig = ChannelConfig(), *,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept data channels on `host` until cancelled; `callback(peer_id, stream)` runs once per channel.
@@ -324,7 +326,7 @@ TICKETS = TicketBook()
 _TICKETS_PER_PAIR = 2 * MAX_TICKETS
 
 
-async def open_data_channel(host: Any, peer_id: str, config: ChannelConfig = ChannelConfig()) -> Any:
+async def open_data_channel(host: ChannelHost, peer_id: str, config: ChannelConfig = ChannelConfig()) -> Any:
     """A byte stream to `peer_id`: the fast data socket (with a ticket when one is held, else after a handshake), or
     the libp2p stream when the socket is unreachable."""
     try_socket = config.use_socket and socket_reachable(host, peer_id)
@@ -350,7 +352,7 @@ class _SocketUnreachable(Exception):
     """Internal: the offer arrived but the data socket could not be used, so the libp2p stream is tried."""
 
 
-async def _open_with_ticket(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream | None:
+async def _open_with_ticket(host: ChannelHost, peer_id: str, config: ChannelConfig) -> SecureChannelStream | None:
     """A channel opened with a ticket held for `peer_id`; None when none is held or the listener refused it. A
     refusal drops that peer's other tickets too (it restarted, or dropped them under its caps) and is not taken for
     an unreachable socket: the caller opens the channel with a handshake instead."""
@@ -366,7 +368,7 @@ async def _open_with_ticket(host: Any, peer_id: str, config: ChannelConfig) -> S
         return None
 
 
-async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tuple[str, ChannelOffer]:
+async def _request_offer(host: ChannelHost, peer_id: str, config: ChannelConfig) -> tuple[str, ChannelOffer]:
     """The listener's offer over a new libp2p stream, and the IP its data socket is reached at."""
     stream = await host.new_stream(peer_id, PROTOCOL)
     request = ChannelRequest("socket", tuple(sorted(AEADS)), config.tickets_per_offer)
@@ -388,7 +390,7 @@ async def _request_offer(host: Any, peer_id: str, config: ChannelConfig) -> tupl
     return remote[0], offer
 
 
-async def _open_socket_channel(host: Any, peer_id: str, config: ChannelConfig) -> SecureChannelStream:
+async def _open_socket_channel(host: ChannelHost, peer_id: str, config: ChannelConfig) -> SecureChannelStream:
     ip, offer = await _request_offer(host, peer_id, config)
     expires = trio.current_time() + offer.ticket_s  # from the offer's arrival: a little after the listener's count
     keys = _ChannelKeys(offer.secret, offer.aead, host.peer_id, peer_id)
@@ -418,7 +420,7 @@ async def _connect_with_token(ip: str, port: int, token: bytes, keys: _ChannelKe
     return channel
 
 
-async def _open_stream_channel(host: Any, peer_id: str, config: ChannelConfig) -> Libp2pByteStream:
+async def _open_stream_channel(host: ChannelHost, peer_id: str, config: ChannelConfig) -> Libp2pByteStream:
     tune_yamux()
     stream = await host.new_stream(peer_id, PROTOCOL)
     try:

@@ -44,7 +44,8 @@ FIRST_BUFFER = HEADER.size + COPY_LIMIT + TAG + READ_AHEAD
 and a read-ahead. A buffer grows to full size (a MAX_RECORD record and a read-ahead, or small records sealed ahead
 of one) the first time a record needs it. Why not full size from the start: peers open a channel per link and
 spare for every version, most of which never carry a piece; at 2.3 MiB a channel, allocating and zeroing both
-buffers was 7 % of `swarm sim`'s event loop (py-spy), and a seed serving many peers held that much per channel."""
+buffers would be 7 % of `swarm sim`'s event loop (py-spy), and a seed serving many peers would hold that much per
+channel."""
 _FULL_OUT = RECORD_BYTES + _SMALL_RECORDS
 _FULL_IN = RECORD_BYTES + READ_AHEAD
 SHRINK_AFTER = 2.0

@@ -38,8 +38,8 @@ async def traverse(
     answered and every candidate left ranks after all of them, Kademlia's own end: nobody closer is left to ask;
     never before `closest + concurrency` peers were asked, so a few identities ground close to the key that answer
     with nothing cannot end a lookup before it reached past them.
-    Why: without it a lookup for the closest peers asked its whole budget every time (40 queries for each
-    provide, put and refresh), though in a run of 64 the 20 closest had answered after about half of them."""
+    Why: without it a lookup for the closest peers asks its whole budget every time (40 queries for each provide,
+    put and refresh), though among 64 peers the 20 closest have answered after about half of them."""
     items: list[T] = []
     asked: set[P] = set(skip)
     candidates: list[P] = _ranked(dict.fromkeys(p for p in start if p not in asked), rank)

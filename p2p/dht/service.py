@@ -26,19 +26,21 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import blake3
 import msgpack
 import trio
 from libp2p.kad_dht.common import PROTOCOL_ID
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.records.validator import NamespacedValidator, Validator
 
 from p2p.dht.lookup import traverse, xor_rank
 from p2p.errors import DHTError
 from p2p.gossip.service import PublishPacer
+from p2p.host.p2p_host import P2PHost
 from p2p.identity import Identity
 
 log = logging.getLogger(__name__)
@@ -195,7 +197,7 @@ class Provider:
 class DHT:
     """A running DHT node. Build it with `open_dht`."""
 
-    def __init__(self, host: Any, kad: Any, config: DHTConfig) -> None:
+    def __init__(self, host: P2PHost, kad: KadDHT, config: DHTConfig) -> None:
         self.host = host
         self.kad = kad
         self.config = config
@@ -222,7 +224,7 @@ class DHT:
         """Peers that announced `key`: local records merged with a bounded network lookup, duplicates and
         ourselves removed, at most `max_providers`; whatever was found when the lookup timeout ran out."""
         key = bytes(key)
-        found: list[Any] = list(self.kad.provider_store.get_providers(key))
+        found: list[PeerInfo] = list(self.kad.provider_store.get_providers(key))
         found += await self._lookup(
             key, lambda peer: self.kad.provider_store._get_providers_from_peer_with_closers(peer, key),
             enough=lambda items: len(_unique(found + items, self._me)) >= self.config.max_providers,
@@ -253,7 +255,7 @@ class DHT:
         key_bytes = key.encode()
         values = [rec.value] if (rec := self.kad.value_store.get(key_bytes)) is not None else []
 
-        async def ask(peer: Any) -> tuple[list[bytes], list[Any]]:
+        async def ask(peer: ID) -> tuple[list[bytes], list[ID]]:
             got, closer = await self.kad.value_store._get_from_peer(peer, key_bytes, True, True)
             return ([got.value] if got is not None else []), closer
 
@@ -298,12 +300,12 @@ class DHT:
         self.kad.value_store.put(key_bytes, value)
         await self._send_to_closest(key_bytes, lambda peer: self.kad.value_store._store_at_peer(peer, key_bytes, value))
 
-    async def _send_to_closest(self, key: bytes, send: Callable[[Any], Awaitable[bool]]) -> int:
+    async def _send_to_closest(self, key: bytes, send: Callable[[ID], Awaitable[bool]]) -> int:
         """Run `send(peer)` on the peers closest to `key`, `concurrency` at a time, each within the timeout;
         returns how many succeeded."""
         limiter, sent = trio.CapacityLimiter(self.config.concurrency), [0]
 
-        async def send_one(peer: Any) -> None:
+        async def send_one(peer: ID) -> None:
             async with limiter:
                 with trio.move_on_after(self.config.lookup_timeout_s):
                     try:
@@ -317,15 +319,15 @@ class DHT:
                 nursery.start_soon(send_one, peer)
         return sent[0]
 
-    async def _closest(self, key: bytes, count: int = 20) -> list[Any]:
+    async def _closest(self, key: bytes, count: int = 20) -> list[ID]:
         """The `count` peers closest to `key` that we asked during one bounded lookup (our dial budget)."""
-        async def ask(peer: Any) -> tuple[list[Any], list[Any]]:
+        async def ask(peer: ID) -> tuple[list[ID], list[ID]]:
             return [peer], await self.kad.peer_routing._query_peer_for_closest(peer, key)
 
         asked = await self._lookup(key, ask, enough=lambda items: False, closest=count)
         return sorted(set(asked), key=xor_rank(key))[:count]
 
-    async def _lookup(self, key: bytes, ask: Callable[[Any], Awaitable[tuple[list[T], list[Any]]]],
+    async def _lookup(self, key: bytes, ask: Callable[[ID], Awaitable[tuple[list[T], list[ID]]]],
                       enough: Callable[[list[T]], bool], closest: int = 0) -> list[T]:
         near = self.kad.routing_table.find_local_closest_peers(key, 20)
         start = list(dict.fromkeys([*near, *self.host.libp2p.get_connected_peers()]))
@@ -350,16 +352,16 @@ class DHT:
                 next_provide = now + self.config.reprovide_interval_s
 
 
-def _unique(infos: Sequence[Any], me: Any) -> list[Any]:
+def _unique(infos: Sequence[PeerInfo], me: ID) -> list[PeerInfo]:
     """One entry per peer id (the first seen, merging nothing), never ourselves."""
-    seen: dict[Any, Any] = {}
+    seen: dict[ID, PeerInfo] = {}
     for info in infos:
         if info.peer_id != me and info.peer_id not in seen:
             seen[info.peer_id] = info
     return list(seen.values())
 
 
-def _provider(info: Any) -> Provider:
+def _provider(info: PeerInfo) -> Provider:
     suffix = f"/p2p/{info.peer_id}"
     addrs = (str(a) for a in info.addrs)
     return Provider(str(info.peer_id), tuple(a if a.endswith(suffix) else a + suffix for a in addrs))
@@ -376,7 +378,7 @@ def _valid_records(values: Sequence[bytes], key: str) -> list[LatestManifest]:
 
 
 @asynccontextmanager
-async def open_dht(host: Any, config: DHTConfig | None = None) -> AsyncIterator[DHT]:
+async def open_dht(host: P2PHost, config: DHTConfig | None = None) -> AsyncIterator[DHT]:
     """Run a Kademlia node (server mode) on a started host (p2p.host.p2p_host.P2PHost), bootstrapped from the peers the
     host is connected to; maintenance (refresh, re-provide) runs until the context exits."""
     validator = NamespacedValidator({NAMESPACE: _record_validator()}, strict_validation=True)

@@ -12,8 +12,10 @@ import logging
 import time
 import weakref
 from collections import OrderedDict, defaultdict
+from collections.abc import Iterable
 from typing import Any, Callable
 
+from libp2p.abc import INetStream
 from libp2p.io.exceptions import IOException, MessageTooLarge
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.stream.exceptions import StreamEOF, StreamError
@@ -46,25 +48,25 @@ class LeanGossipSub(GossipSub):
     """py-libp2p 0.8.1's GossipSub minus most of its CPU per gossip message (with LeanPubsub: less than half).
 
     Why: every RPC costs about 2.5 ms of CPU in py-libp2p, and all hosts of a process share one trio thread. With
-    6 fully meshed hosts each publishing one small heartbeat a second, py-libp2p spent about 140 ms of CPU per
+    6 fully meshed hosts each publishing one small heartbeat a second, py-libp2p spends about 140 ms of CPU per
     publish (55 RPCs: 25 forwards and 30 IDONTWANTs, each carrying a signed peer record that the receiver verifies
     twice). Past the CPU the process gets, inbound bytes pile up in the sockets and a new stream's SYN and
-    protocol negotiation wait behind that backlog: opening any stream took 8-10 s, then timed out.
+    protocol negotiation wait behind that backlog: opening any stream takes 8-10 s, then times out.
     IDONTWANT is sent for every message received, whatever its size: only for messages of IDONTWANT_MIN_BYTES
     and more here, as go-libp2p does (large rollout messages keep the saving).
     Opportunistic grafting and mesh-quality replacement (score the mesh, swap its worst peer for a better one) run
     at every heartbeat, for every topic: here every OPPORTUNISTIC_GRAFT_TICKS heartbeats, as gossipsub v1.1 and
-    go-libp2p schedule them. Every second they scored each mesh and topic peer of six topics, about half of what
-    py-libp2p's heartbeat cost an idle peer of 32, and each swap is a PRUNE and a GRAFT.
+    go-libp2p schedule them. Every second they would score each mesh and topic peer of six topics, about half of what
+    py-libp2p's heartbeat costs an idle peer of 32, and each swap is a PRUNE and a GRAFT.
     IHAVE gossip goes out every GOSSIP_EVERY_TICKS heartbeats over a window of as many heartbeats (the router
     sets its window itself), not every heartbeat over the last three: each message is still advertised
     to D_lazy peers outside the mesh per topic, once instead of three times. Why: between versions the status
-    heartbeats keep every gossip window non-empty, so a peer with more neighbours than its mesh sent and received
-    about six IHAVE RPCs a second, most of the RPCs an idle peer of 64 handled (counted per RPC type), each
+    heartbeats keep every gossip window non-empty, so a peer with more neighbours than its mesh would send and receive
+    about six IHAVE RPCs a second, most of the RPCs an idle peer of 64 handles (counted per RPC type), each
     costing as much as a forward.
     The peer scorer's decay step runs only when some decay is below 1. Why: py-libp2p multiplies every counter of
     every peer and topic by its decay at each heartbeat, and its default parameters (ours: p2p.scores scores peers
-    instead) make every decay 1, so the step changed nothing and took about a twentieth of an idle peer's CPU.
+    instead) make every decay 1, so the step changes nothing and takes about a twentieth of an idle peer's CPU.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -72,7 +74,7 @@ class LeanGossipSub(GossipSub):
         kwargs.setdefault("gossip_history", GOSSIP_EVERY_TICKS + 2)  # and can still serve the IWANTs it draws
         super().__init__(*args, **kwargs)
         self.heartbeats = 0
-        self._iwant_served: OrderedDict[tuple[Any, bytes], int] = OrderedDict()
+        self._iwant_served: OrderedDict[tuple[ID, bytes], int] = OrderedDict()
         if self.scorer is not None and not decays_anything(self.scorer.params):
             self.scorer.on_heartbeat = _nothing_decays  # type: ignore[method-assign]
 
@@ -94,7 +96,7 @@ class LeanGossipSub(GossipSub):
         if self.heartbeats % OPPORTUNISTIC_GRAFT_TICKS == 0:
             await super()._maintain_mesh_quality(topic)
 
-    async def handle_iwant(self, iwant_msg: Any, sender_peer_id: Any) -> None:
+    async def handle_iwant(self, iwant_msg: rpc_pb2.ControlIWant, sender_peer_id: ID) -> None:
         """py-libp2p's answer, for each cached message the request names (once, however often it repeats the id)
         that the peer was sent fewer than IWANT_RETRANSMISSIONS times by IWANT. Why: py-libp2p copies a message into
         its answer once per time its id is named, so one IWANT of 1 MiB naming a 900 KiB rollout ten thousand
@@ -114,21 +116,21 @@ class LeanGossipSub(GossipSub):
         if wanted:
             await super().handle_iwant(rpc_pb2.ControlIWant(messageIDs=wanted), sender_peer_id)
 
-    async def handle_prune(self, prune_msg: Any, sender_peer_id: Any) -> None:
+    async def handle_prune(self, prune_msg: rpc_pb2.ControlPrune, sender_peer_id: ID) -> None:
         """py-libp2p's, for topics we are in only. Why: it keeps a back-off entry (and a flood-tracking one) for
         every topic a PRUNE names, until that topic is grafted again, also after its sender left, so PRUNEs naming
         made-up topics grew memory without end; a PRUNE for a topic we are not in has nothing to take us out of."""
         if prune_msg.topicID in self.mesh:
             await super().handle_prune(prune_msg, sender_peer_id)
 
-    async def _do_px(self, px_peers: Any) -> None:
+    async def _do_px(self, px_peers: list[rpc_pb2.PeerInfo]) -> None:
         """Nothing: the peers a PRUNE names are neither checked nor dialed. Why: py-libp2p takes peer exchange from
         any peer (its score gate lets every score through), checking a signed record and dialing the addresses in
         it for each of up to 16 peers per PRUNE, ids and addresses of the sender's choosing: a crowd would choose
         our connections, or aim our dials at any host. Our peers never send it (do_px is off); they meet through
         the DHT and bootstrap peers."""
 
-    async def _emit_idontwant_for_message(self, msg_id: bytes, topic_ids: Any) -> None:
+    async def _emit_idontwant_for_message(self, msg_id: bytes, topic_ids: Iterable[str]) -> None:
         message = self.mcache.get(msg_id)  # put there just before, under the same (from, seqno) id
         if message is not None and len(message.data) < IDONTWANT_MIN_BYTES:
             return
@@ -155,8 +157,8 @@ class LeanPubsub(Pubsub):
       address book fed, instead of in every RPC, where the receiver verifies it twice (LeanGossipSub says what
       that cost).
     - py-libp2p starts a service task per received message (`manager.run_task(push_msg)`): a task object, a
-      generated name, a cancel scope and two scheduler passes, about a tenth of what a peer spent per message
-      while heartbeats flowed. Everything `push_msg` awaits is bounded (sync validators, enqueueing forwards), as
+      generated name, a cancel scope and two scheduler passes, about a tenth of what a peer spends per message
+      while heartbeats flow. Everything `push_msg` awaits is bounded (sync validators, enqueueing forwards), as
       is the control handling py-libp2p already runs in line, so the stream's own reader runs it: messages from
       one peer are handled one after the other, which also holds back a peer that sends faster than we handle,
       and an error its message causes ends its stream (and costs it, through p2p.host.p2p_host's handler guard) instead
@@ -166,10 +168,10 @@ class LeanPubsub(Pubsub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._record_sent: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.on_forged: Callable[[Any], None] | None = None
+        self.on_forged: Callable[[ID], None] | None = None
         """Called with the peer that handed over a message whose pubsub signature does not verify."""
 
-    async def push_msg(self, msg_forwarder: Any, msg: Any) -> None:
+    async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         """py-libp2p's, with a received message whose signature does not verify reported to `on_forged`.
 
         Why: py-libp2p drops such a message without a word, before any of our checks, so a peer could send
@@ -190,11 +192,11 @@ class LeanPubsub(Pubsub):
         finally:
             self.strict_signing = True
 
-    async def validate_msg(self, msg_forwarder: Any, msg: Any) -> None:
+    async def validate_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         self.strict_signing = True  # our own publishes, from other tasks, are signed again (see push_msg)
         await super().validate_msg(msg_forwarder, msg)
 
-    async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
+    async def write_msg(self, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> bool:
         if rpc_msg.HasField("senderRecord"):
             if stream in self._record_sent:
                 slim = rpc_pb2.RPC()
@@ -209,13 +211,13 @@ class LeanPubsub(Pubsub):
         self.counter = next_seqno(self.counter, time.time())
         return self.counter.to_bytes(8, "big")
 
-    def add_to_blacklist(self, peer_id: Any) -> None:
+    def add_to_blacklist(self, peer_id: ID) -> None:
         """Blacklist `peer_id` and tear its pubsub state down; safe to call again, and while the service stops."""
         self.blacklisted_peers.add(peer_id)
         if self.manager.is_running:
             self.manager.run_task(self._teardown_if_connected, peer_id)
 
-    async def _teardown_if_connected(self, peer_id: Any) -> None:
+    async def _teardown_if_connected(self, peer_id: ID) -> None:
         """Forget a blacklisted peer as a dead one is forgotten, before the first await, then reset its stream.
 
         Why not py-libp2p's: it awaits the stream's reset and then deletes the peer, and a hang-up on the same
@@ -234,14 +236,14 @@ class LeanPubsub(Pubsub):
             except Exception:  # noqa: BLE001 - the stream of a peer being banned may be broken already
                 log.debug("resetting the pubsub stream of blacklisted %s failed", peer_id, exc_info=True)
 
-    async def _handle_new_peer(self, peer_id: Any) -> None:
+    async def _handle_new_peer(self, peer_id: ID) -> None:
         """py-libp2p's, plus a teardown when the peer was blacklisted while its stream opened (py-libp2p reads the
         blacklist before that await and registers the peer after it)."""
         await super()._handle_new_peer(peer_id)
         if peer_id in self.peers and self.is_peer_blacklisted(peer_id):
             await self._teardown_if_connected(peer_id)
 
-    async def continuously_read_stream(self, stream: Any) -> None:
+    async def continuously_read_stream(self, stream: INetStream) -> None:
         """py-libp2p's reader, with the peer's signed record checked in the first RPC of the stream that carries
         one and ignored in any later one. Why: checking a record is a signature check (about 70 us for a 216-byte
         RPC), a peer may attach its own valid record to every RPC at no cost to itself, and our peers send it
@@ -272,7 +274,7 @@ class LeanPubsub(Pubsub):
         except (StreamEOF, StreamError, IOException, RawConnError) as exc:
             log.debug("pubsub stream from %s ended: %s", peer_id, exc)
 
-    async def _handle_rpc(self, peer_id: Any, rpc: Any) -> None:
+    async def _handle_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC) -> None:
         for msg in rpc.publish:
             if self._is_subscribed_to_msg(msg) and self.manager.is_running:
                 await self.push_msg(peer_id, msg)
@@ -287,7 +289,7 @@ class LeanPubsub(Pubsub):
             await self.router.handle_rpc(rpc, peer_id)
 
 
-def _metrics_event(peer_id: Any, size: int, rpc: Any) -> GossipsubEvent:
+def _metrics_event(peer_id: ID, size: int, rpc: rpc_pb2.RPC) -> GossipsubEvent:
     """The per-RPC event py-libp2p's metrics read, built only when a metrics channel listens."""
     event = GossipsubEvent()
     event.peer_id = peer_id.pretty()
@@ -303,12 +305,12 @@ class BufferedInboundStream:
 
     Why: py-libp2p reads a gossip RPC one byte per varint byte and then its body, and every read of a Yamux stream
     takes the connection's stream lock and re-checks the receive window (sometimes sending a window update). In
-    `swarm sim`, whose hosts share one trio thread, those reads and window checks were about a fifth of that
+    `swarm sim`, whose hosts share one trio thread, those reads and window checks are about a fifth of that
     thread's time. Here one Yamux read takes everything buffered (up to `chunk` bytes) and the varint and body are
     served from it. Only reads are buffered; reset, close and the connection pass through unchanged.
     """
 
-    def __init__(self, stream: Any, chunk: int = 64 * 1024) -> None:
+    def __init__(self, stream: INetStream, chunk: int = 64 * 1024) -> None:
         self._stream = stream
         self._chunk = chunk
         self._buffer = bytearray()

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import trio
 from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
 
 from p2p.errors import EnvelopeError
 from p2p.gossip.admission import BLAMELESS
@@ -26,7 +26,7 @@ from p2p.gossip.parts import Rejection
 from p2p.scores import Verdict
 
 log = logging.getLogger("p2p.gossip")
-BodyDecoder = Callable[[Envelope], Any]
+BodyDecoder = Callable[[Envelope], object]
 """A kind's typed decoder: the verified envelope in, a frozen typed message out (Envelope.message), or
 EnvelopeError naming what is wrong. It runs in the validator, so what it refuses is never delivered or forwarded."""
 
@@ -35,7 +35,7 @@ TIMING_REASONS = ("rate_limited", "flooding", "too_old", "replayed")
 """Refusals a relay can bring about for an honest origin by holding its messages back (see _reject_message)."""
 
 
-def _refuse(msg: Any) -> bool:
+def _refuse(msg: rpc_pb2.Message) -> bool:
     """False for py-libp2p, with the refused message's payload emptied first. Why: py-libp2p 0.8.1 writes the
     whole refused message into its ValidationError's text (protobuf text format, byte by byte: about 70 ms for a
     900 KiB message, most of what a refused message cost) and hex-encodes its data for a debug line. The message
@@ -65,10 +65,10 @@ class Ignored(Exception):
 class GossipReceiver:
     """The receive-side methods of p2p.gossip.service.Gossip (see the module docstring)."""
 
-    def _validator(self, kind: str) -> Callable[[Any, Any], bool]:
+    def _validator(self, kind: str) -> Callable[[ID, rpc_pb2.Message], bool]:
         """py-libp2p runs this before it delivers or forwards a message: False drops it for good. It never raises
         (an exception here would escape py-libp2p's message task)."""
-        def validate(forwarder: Any, msg: Any) -> bool:
+        def validate(forwarder: ID, msg: rpc_pb2.Message) -> bool:
             try:
                 env = self._check(kind, forwarder, msg)
             except Refused as refusal:
@@ -84,7 +84,7 @@ class GossipReceiver:
 
         return validate
 
-    def _check(self, kind: str, forwarder: Any, msg: Any) -> Envelope | None:
+    def _check(self, kind: str, forwarder: ID, msg: rpc_pb2.Message) -> Envelope | None:
         """The verified envelope with its typed message, in the order of their cost: the sender's allowance
         before a byte is decoded, the envelope, then the kind's typed body. Refused (a reason code) otherwise."""
         origin = ID(bytes(msg.from_id))
@@ -103,17 +103,17 @@ class GossipReceiver:
         except EnvelopeError as exc:
             raise Refused(exc.reason) from None
 
-    def penalize(self, peer: Any, reason: str) -> None:
-        """Score `peer` (a libp2p ID) down for content that proved false after the envelope checks passed.
+    def penalize(self, peer: str, reason: str) -> None:
+        """Score `peer` (its base58 peer id) down for content that proved false after the envelope checks passed.
 
         Why public: some lies only show later, outside gossip (a rollout blob fetched by hash that does not match
         its announced id, an announced manifest that does not verify); they must cost the liar exactly what a
         forged envelope costs, bans included.
         """
         self.stats.rejected[reason] += 1
-        self._score(peer, reason)
+        self._score(ID.from_base58(peer), reason)
 
-    def _reject_message(self, forwarder: Any, msg: Any, reason: str) -> None:
+    def _reject_message(self, forwarder: ID, msg: rpc_pb2.Message, reason: str) -> None:
         """Count one refused message and score who is to blame for it.
 
         The origin signed the message's data (py-libp2p's strict signing), so it answers for the content; the
@@ -131,7 +131,7 @@ class GossipReceiver:
         if relayed and reason not in TIMING_REASONS:
             self._score(forwarder, reason)
 
-    def _score(self, peer_id: Any, reason: str) -> None:
+    def _score(self, peer_id: ID, reason: str) -> None:
         peer = str(peer_id)
         if peer == self.host.peer_id:
             return
@@ -144,7 +144,7 @@ class GossipReceiver:
         except trio.WouldBlock:
             pass
 
-    def _ban(self, peer: str, peer_id: Any) -> None:
+    def _ban(self, peer: str, peer_id: ID) -> None:
         """Blacklist in pubsub (nothing it sends or originates is read or forwarded again), refuse its pubsub
         streams, and hang up on it, until the ban ends. A peer banned already is left as it is: every path that
         bans (refused messages, a handler's `Ignored`, the host's faults) may reach here for the same peer."""
@@ -160,14 +160,14 @@ class GossipReceiver:
         if self._nursery is not None and not self._closing:
             self._nursery.start_soon(self._hang_up, peer_id)
 
-    async def _hang_up(self, peer_id: Any) -> None:
+    async def _hang_up(self, peer_id: ID) -> None:
         try:
             with trio.move_on_after(5.0):
                 await self.host.libp2p.disconnect(peer_id)
         except Exception:  # noqa: BLE001 - a peer that already left needs no hanging up
             log.debug("disconnecting banned peer %s failed", peer_id, exc_info=True)
 
-    async def serve(self, kind: str, handle: Callable[[Envelope], Any]) -> None:
+    async def serve(self, kind: str, handle: Callable[[Envelope], Awaitable[None] | None]) -> None:
         """Call `handle(env)` on every `kind` envelope, each in a scope of its own: an exception raised for one
         message (an input nobody foresaw, or `Ignored` from a handler that could not use it) drops that message,
         costs its sender and logs one line; the loop, the role and the node go on."""
@@ -187,4 +187,4 @@ class GossipReceiver:
         log.warning("dropped a %s message from %s: %s", env.kind, sender,
                     str(exc) if isinstance(exc, Ignored) else f"{type(exc).__name__}: {exc}")
         exc.__traceback__ = None
-        self.penalize(ID.from_base58(sender), reason)
+        self.penalize(sender, reason)

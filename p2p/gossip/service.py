@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import trio
+from libp2p.abc import INetStream, ISubscriptionAPI
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12
 from libp2p.tools.anyio_service import background_trio_service
@@ -62,7 +63,7 @@ from p2p.gossip.envelope import (
 from p2p.gossip.parts import GossipStats, PublishPacer, Rejection, _BoundedMap, _NeverStored, _NoValidationCache  # noqa: F401 - GossipStats, PublishPacer are re-exported
 from p2p.gossip.pubsub import BufferedInboundStream, LeanGossipSub, LeanPubsub
 from p2p.gossip.receive import BodyDecoder, GossipReceiver, Ignored
-from p2p.host.p2p_host import reset_quietly
+from p2p.host.p2p_host import P2PHost, reset_quietly
 from p2p.identity import Identity
 from p2p.scores import PeerScores, ScoreConfig
 
@@ -78,7 +79,7 @@ MAINTAIN_EVERY_S = 5.0
 due sooner (a peer that joined as we did may have refused py-libp2p's first try), and a heartbeat after a peer
 opened pubsub to us first. Why not every heartbeat: lifting a ban of minutes waits well on a few seconds, and a
 stream attempt is made every STREAM_RETRY_S at most, while every periodic wake-up of an idle peer also costs the
-scheduler a pass; once a second it was about 0.02 % of a core."""
+scheduler a pass (about 0.02 % of a core at once a second)."""
 
 
 def topic_for(run: str, kind: str) -> str:
@@ -93,8 +94,8 @@ class GossipConfig:
     """Mesh maintenance period (py-libp2p defaults to 120 s, far too slow for meshes to form)."""
     degree: int = 6
     """Target mesh degree D (degree_low = D - 2, degree_high = D + 2). Why not gossipsub's usual 2 D for the high
-    mark: py-libp2p accepts every inbound GRAFT and prunes only past the high mark, so meshes sat well above D (8.6
-    peers on average at 64 peers with 12), and every flooded message cost each peer a copy to and from each."""
+    mark: py-libp2p accepts every inbound GRAFT and prunes only past the high mark, so meshes sit well above D (8.6
+    peers on average at 64 peers with 12), and every flooded message costs each peer a copy to and from each."""
     publish_rate: float = 40.0
     """Our own publishes per topic per second; `publish` waits rather than exceed it (batch frequent updates)."""
     router_rate_limit: float = 200.0
@@ -123,7 +124,7 @@ class GossipConfig:
 class Gossip(GossipReceiver):
     """A running gossip session for one run. Build it with `open_gossip`."""
 
-    def __init__(self, host: Any, run: str, identity: Identity, kinds: tuple[str, ...],
+    def __init__(self, host: P2PHost, run: str, identity: Identity, kinds: tuple[str, ...],
                  config: GossipConfig, clock: Callable[[], float],
                  decoders: Mapping[str, BodyDecoder] | None = None) -> None:
         self.host = host
@@ -137,15 +138,15 @@ class Gossip(GossipReceiver):
         self.admission = GossipAdmission(config.admission)
         self.decoders = dict(decoders or {})
         self._nursery: trio.Nursery | None = None  # where bans disconnect peers (set while the session runs)
-        self.pubsub: Any = None
+        self.pubsub: LeanPubsub | None = None
         self._replay = make_replay_filter(config.policy, config.replay_capacity)
         self._pacer = PublishPacer(config.publish_rate)
         self._own_pace = OwnPace(config.admission)
         self._seq = 0
         self._verified: _BoundedMap = _BoundedMap(4 * config.queue_size * max(1, len(kinds)))
         self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
-        self._banned_ids: dict[str, Any] = {}
-        self._stream_retry_at: dict[Any, float] = {}  # connected peer -> earliest next pubsub-stream attempt
+        self._banned_ids: dict[str, ID] = {}
+        self._stream_retry_at: dict[ID, float] = {}  # connected peer -> earliest next pubsub-stream attempt
         self._stream_wanted = trio.Event()  # a peer opened pubsub to us before we did: wakes `_maintain`
         self._closing = False  # set when the session ends: pubsub streams still arriving are reset quietly
         # `rejections`: a bounded feed of refused envelopes for logs/status (the newest are dropped when unread).
@@ -242,7 +243,7 @@ class Gossip(GossipReceiver):
                               "limit; announce it by hash instead")
         return data
 
-    async def _drain(self, kind: str, subscription: Any) -> None:
+    async def _drain(self, kind: str, subscription: ISubscriptionAPI) -> None:
         """Move verified messages from py-libp2p's 32-slot queue to our channels, without ever blocking on them."""
         me = ID.from_base58(self.host.peer_id).to_bytes()  # compared as bytes: no base58 per message
         async for msg in subscription:
@@ -291,7 +292,7 @@ class Gossip(GossipReceiver):
             next_due = min(next_due, self._stream_retry_at[peer_id])
         return next_due - now
 
-    async def _inbound_stream(self, stream: Any) -> None:
+    async def _inbound_stream(self, stream: INetStream) -> None:
         """A peer opened pubsub to us: it speaks pubsub now, so our own stream to it is due at the next tick."""
         peer_id = stream.muxed_conn.peer_id
         if self.pubsub.is_peer_blacklisted(peer_id):  # a banned peer that dialed back is not read at all
@@ -308,7 +309,7 @@ class Gossip(GossipReceiver):
             log.debug("pubsub stream from %s arrived while this session closed", peer_id)
             await reset_quietly(stream)
 
-    async def _ensure_stream(self, peer_id: Any) -> None:
+    async def _ensure_stream(self, peer_id: ID) -> None:
         try:
             await self.pubsub.ensure_peer_stream(peer_id, timeout=5 * self.config.heartbeat_s)
         except Exception:  # noqa: BLE001 - a peer that will not talk pubsub is simply retried later
@@ -329,7 +330,7 @@ def gossip_router(config: GossipConfig) -> LeanGossipSub:
     )
 
 
-def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:
+def _build_pubsub(host: P2PHost, config: GossipConfig) -> tuple[LeanPubsub, LeanGossipSub]:
     router = gossip_router(config)
     router.equivocation_detection = _NeverStored()
     window = config.policy.max_age_s + config.policy.max_future_s
@@ -342,7 +343,7 @@ def _build_pubsub(host: Any, config: GossipConfig) -> tuple[Any, Any]:
 
 @asynccontextmanager
 async def open_gossip(
-    host: Any, run: str, identity: Identity | None = None, *, kinds: tuple[str, ...] = KINDS,
+    host: P2PHost, run: str, identity: Identity | None = None, *, kinds: tuple[str, ...] = KINDS,
     config: GossipConfig | None = None, clock: Callable[[], float] = time.time,
     decoders: Mapping[str, BodyDecoder] | None = None,
 ) -> AsyncIterator[Gossip]:
@@ -360,7 +361,7 @@ async def open_gossip(
     config = config or GossipConfig()
     gossip = Gossip(host, run, identity or host.identity, tuple(kinds), config, clock, decoders)
     gossip.pubsub, router = _build_pubsub(host, config)
-    gossip.pubsub.on_forged = lambda peer: gossip.penalize(peer, "bad_signature")
+    gossip.pubsub.on_forged = lambda peer: gossip.penalize(str(peer), "bad_signature")
     for protocol in router.get_protocols():  # an exception in pubsub's reader must not kill the host
         host.set_guarded_handler(protocol, gossip._inbound_stream, timeout=None)
     async with background_trio_service(gossip.pubsub), background_trio_service(router):

@@ -6,15 +6,16 @@ import logging
 from typing import Any
 
 import trio
+from libp2p.abc import IHost
 
 log = logging.getLogger(__name__)
 
 
-async def close_sockets(libp2p_host: Any) -> None:
+async def close_sockets(libp2p_host: IHost) -> None:
     """Close the host's connections, then its listening sockets. Why: py-libp2p 0.8.1 closes neither when its host
-    stops (its swarm's close is never called), so the peers a closed host had kept their connections to it and all
-    they granted over them (a relay's reservation, a circuit's place), its port kept accepting connections nobody
-    served, and a peer restarted in the same process found its port taken."""
+    stops (its swarm's close is never called), so the peers of a closed host keep their connections to it and all
+    they granted over them (a relay's reservation, a circuit's place), its port keeps accepting connections nobody
+    serves, and a peer restarted in the same process finds its port taken."""
     network = libp2p_host.get_network()
     with trio.move_on_after(5) as scope:
         scope.shield = True

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+from libp2p.abc import INetStream, INetwork
 
 log = logging.getLogger(__name__)
 GOSSIP_PROTOCOL_PREFIXES = ("/meshsub/", "/floodsub/")
@@ -75,7 +76,7 @@ def to_close(first_seen: dict[str, float], in_use: set[str], config: TrimConfig,
     return rng.sample(unused[room // 2:], excess)
 
 
-def libp2p_peers_in_use(network: Any, relay: Any, relays: Iterable[str]) -> set[str]:
+def libp2p_peers_in_use(network: INetwork, relay: Any, relays: Iterable[str]) -> set[str]:
     """Peers of py-libp2p `network` (a Swarm) whose connection carries more than gossip: an open stream of another
     protocol (`keeps_connection`), or a relay reservation, theirs on `relay` (our relay protocol, or None) or ours
     on `relays` (peer ids)."""
@@ -88,7 +89,7 @@ def libp2p_peers_in_use(network: Any, relay: Any, relays: Iterable[str]) -> set[
     return busy
 
 
-def keeps_connection(stream: Any) -> bool:
+def keeps_connection(stream: INetStream) -> bool:
     """Whether an open stream makes its connection in use: any but gossip's and DHT streams a peer opened to us,
     and not one closed both ways or reset (a stream whose close was interrupted stays listed, and must not pin its
     connection for good)."""

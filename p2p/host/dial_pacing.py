@@ -14,7 +14,10 @@ import math
 from typing import Any
 
 import trio
+from libp2p.abc import IHost, INetConn
 from libp2p.network.exceptions import SwarmException
+from libp2p.peer.id import ID
+from multiaddr import Multiaddr
 
 DIALS_PER_S = 16.0
 """Outgoing connection attempts per second, sustained, across all peers and addresses."""
@@ -48,13 +51,13 @@ class DialPacer:
         return wait
 
 
-def pace_dials(libp2p_host: Any, pacer: DialPacer) -> None:
+def pace_dials(libp2p_host: IHost, pacer: DialPacer) -> None:
     """Make every outgoing connection attempt of `libp2p_host` wait for its turn on `pacer` (py-libp2p's swarm opens
     each through `_dial_addr_single_attempt`, retries included)."""
     network = libp2p_host.get_network()
     dial_once = network._dial_addr_single_attempt
 
-    async def paced(addr: Any, peer_id: Any, source: Any = None) -> Any:
+    async def paced(addr: Multiaddr, peer_id: ID, source: Any = None) -> INetConn:
         wait = pacer.delay(trio.current_time())
         if wait is None:
             raise SwarmException(f"dial of {addr} refused: this peer's dial rate is spent")

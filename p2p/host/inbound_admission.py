@@ -23,10 +23,12 @@ import logging
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Any
 
 import trio
+from libp2p.abc import IHost, IRawConnection, ISecureConn, ReadWriteCloser
+from libp2p.peer.id import ID
 from libp2p.transport.exceptions import SecurityUpgradeFailure
+from multiaddr import Multiaddr
 
 from p2p.ratelimit import Allowance
 
@@ -96,7 +98,7 @@ class InboundAdmission:
             self._admitted.popitem(last=False)
 
 
-def gate_inbound(libp2p_host: Any, admission: InboundAdmission) -> InboundAdmission:
+def gate_inbound(libp2p_host: IHost, admission: InboundAdmission) -> InboundAdmission:
     """Install `admission` on a py-libp2p host: its TCP listener's connections and their security upgrade."""
     swarm = libp2p_host.get_network()
     handle_inbound = swarm._handle_inbound_connection
@@ -105,7 +107,7 @@ def gate_inbound(libp2p_host: Any, admission: InboundAdmission) -> InboundAdmiss
     # which py-libp2p may run in tasks descending from a TCP connection's.
     via_listener: weakref.WeakSet = weakref.WeakSet()
 
-    async def gated_connection(read_write_closer: Any, maddr: Any) -> None:
+    async def gated_connection(read_write_closer: ReadWriteCloser, maddr: Multiaddr) -> None:
         if not admission.admit_handshake(trio.current_time()):
             log.debug("inbound connection refused before its handshake: the node's handshake rate is spent")
             try:
@@ -116,7 +118,7 @@ def gate_inbound(libp2p_host: Any, admission: InboundAdmission) -> InboundAdmiss
         via_listener.add(read_write_closer)
         await handle_inbound(read_write_closer, maddr)
 
-    async def gated_security(raw_conn: Any, is_initiator: bool, peer_id: Any = None) -> Any:
+    async def gated_security(raw_conn: IRawConnection, is_initiator: bool, peer_id: ID | None = None) -> ISecureConn:
         secured = await upgrade_security(raw_conn, is_initiator, peer_id)
         peer = str(secured.get_remote_peer())
         if is_initiator:

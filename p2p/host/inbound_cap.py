@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any
 
 import trio
+from libp2p.abc import INetConn, INetwork
 from libp2p.rcmgr import Direction
 
 
@@ -23,7 +24,7 @@ class OpenInboundCap:
     the admissions still in their handshakes are under `total_tokens`; `release` (at the host's end) has nothing to
     give back. A notifee of the swarm: an inbound connection registered ends its admission's handshake."""
 
-    def __init__(self, network: Any, total_tokens: int, handshake_s: float) -> None:
+    def __init__(self, network: INetwork, total_tokens: int, handshake_s: float) -> None:
         self._network = network
         self.total_tokens = total_tokens
         self._handshake_s = handshake_s
@@ -44,7 +45,7 @@ class OpenInboundCap:
     def release(self) -> None:
         pass
 
-    async def connected(self, network: Any, conn: Any) -> None:
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
         if self._admitted and getattr(conn, "direction", None) in (Direction.INBOUND, Direction.INBOUND.value):
             self._admitted.popleft()
 
@@ -54,7 +55,7 @@ class OpenInboundCap:
     opened_stream = closed_stream = disconnected = listen = listen_close = _ignored
 
 
-def count_open_inbound(network: Any) -> None:
+def count_open_inbound(network: INetwork) -> None:
     """Replace `network`'s inbound limiter with an OpenInboundCap of the same size."""
     cap = OpenInboundCap(network, int(network._inbound_limiter.total_tokens),
                          network.connection_config.inbound_upgrade_timeout)

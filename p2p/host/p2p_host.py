@@ -27,7 +27,9 @@ from typing import Any
 
 import trio
 from libp2p import new_host
+from libp2p.abc import IHost, INetStream, ITransport
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
+from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -146,7 +148,7 @@ def _parse_multiaddr(text: str) -> Multiaddr:
         raise HostError(f"{text!r} is not a valid multiaddr ({exc})") from exc
 
 
-def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Sequence[Any] | None = None):
+def build_libp2p_host(identity: Identity, listen: Sequence[str], transports: Sequence[ITransport] | None = None):
     """A BasicHost with Noise-only security (own X25519 key), Yamux-only muxing and one connection per peer."""
     # The TCP transport logs every refused dial at ERROR, several times per retry; our one-line
     # "bootstrap peer unreachable" warning replaces that noise.
@@ -180,17 +182,17 @@ class _HandlerTable(dict):
     in the connection's task and kills the host. Here the late lookup finds a handler that resets the stream.
     """
 
-    def __missing__(self, protocol: Any) -> StreamHandler:
+    def __missing__(self, protocol: TProtocol) -> StreamHandler:
         return reset_quietly
 
-    def __getitem__(self, protocol: Any) -> StreamHandler:
+    def __getitem__(self, protocol: TProtocol) -> StreamHandler:
         """Every handler contained, py-libp2p's own ones (identify, ping) too: at teardown identify asked a closed
         listener for its address (EBADF) and the error ended the host's service instead of that one stream."""
         return _contained(protocol, super().__getitem__(protocol))
 
 
-def _contained(protocol: Any, handler: StreamHandler) -> StreamHandler:
-    async def contained(stream: Any) -> None:
+def _contained(protocol: TProtocol, handler: StreamHandler) -> StreamHandler:
+    async def contained(stream: INetStream) -> None:
         try:
             await handler(stream)
         except Exception as exc:  # noqa: BLE001 - one stream's failure costs that stream only
@@ -204,7 +206,7 @@ def _contained(protocol: Any, handler: StreamHandler) -> StreamHandler:
 class P2PHost:
     """A running host. Create it with `open_host`; it closes when that context exits."""
 
-    libp2p: Any
+    libp2p: IHost
     identity: Identity
     config: HostConfig
     nursery: trio.Nursery
@@ -307,12 +309,12 @@ class P2PHost:
                                 on_fault=self.handler_fault)
         self.libp2p.set_stream_handler(protocol, guarded)
 
-    def admits(self, stream: Any) -> bool:
+    def admits(self, stream: INetStream) -> bool:
         """Whether a stream's peer may be served: not while banned for repeated handler faults."""
         peer = _stream_peer(stream)
         return peer is None or not self.faults.is_banned(peer, trio.current_time())
 
-    def handler_fault(self, stream: Any, protocol: str) -> None:
+    def handler_fault(self, stream: INetStream, protocol: str) -> None:
         """Penalise the peer whose stream made a handler fail unexpectedly; past the threshold, disconnect it."""
         peer = _stream_peer(stream)
         if peer is None or peer == self.peer_id:
@@ -357,7 +359,7 @@ class P2PHost:
         """Open connections: total, inbound and outbound (py-libp2p's own Swarm.get_metrics), for metrics."""
         return {str(k): int(v) for k, v in self.libp2p.get_network().get_metrics().items()}
 
-    def remote_peer_id(self, stream: Any) -> str:
+    def remote_peer_id(self, stream: INetStream) -> str:
         """The authenticated (Noise) peer id at the other end of a libp2p stream."""
         return str(stream.muxed_conn.peer_id)
 
@@ -385,7 +387,7 @@ async def _dial_bootstrap(host: P2PHost, addr: str) -> None:
 
 @asynccontextmanager
 async def open_host(
-    config: HostConfig | None = None, transports: Sequence[Any] | None = None
+    config: HostConfig | None = None, transports: Sequence[ITransport] | None = None
 ) -> AsyncIterator[P2PHost]:
     """Start a host, dial the bootstrap peers (failures kept in `bootstrap_failures` for the caller to report, never
     fatal), yield it, close it on exit."""

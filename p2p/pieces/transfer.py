@@ -47,18 +47,21 @@ _LINK_ERRORS = (FrameError, ChannelError, trio.BrokenResourceError, trio.ClosedR
 
 @dataclass(frozen=True)
 class TransferConfig:
-    """How one node runs the piece protocol for one manifest."""
+    """How one node runs the piece protocol for one manifest.
+
+    The node's own upload cap is no field here: it spans every manifest the node serves, so it is one TokenBucket
+    the node hands to each of its services (`SwarmService(upload_bucket=...)`).
+    """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
-    upload_bps: float = math.inf  # cap on this node's upload over all peers (bytes/s)
-    peer_upload_bps: float = math.inf  # cap on the upload to any one peer (bytes/s)
+    peer_upload_bps: float = math.inf  # cap on this manifest's upload to any one peer (bytes/s), per link
     handshake_timeout: float = 10.0  # the peer's hello must arrive within this
     send_timeout: float = 60.0  # one frame (a whole piece) must be sent within this
     tick_interval: float = 1.0  # how often request timeouts and stalls are checked
     receive_chunk: int = RECEIVE_CHUNK  # bytes asked of the stream per read: a whole data-channel record, never a slice
 
     @classmethod
-    def for_role(cls, role: str, *, upload_bps: float = math.inf, **overrides) -> TransferConfig:
+    def for_role(cls, role: str, **overrides) -> TransferConfig:
         """Transfer settings per role.
 
         `origin` (the publishing trainer) and `seed` (a node that starts with the whole policy and may face a flash
@@ -71,10 +74,10 @@ class TransferConfig:
         engine = overrides.pop("engine", EngineConfig())
         if role in ("origin", "seed"):
             engine = EngineConfig(**{**engine.__dict__, "super_seed": True})
-        return cls(engine=engine, upload_bps=upload_bps, **overrides)
+        return cls(engine=engine, **overrides)
 
     def __post_init__(self) -> None:
-        if min(self.handshake_timeout, self.send_timeout, self.tick_interval, self.upload_bps,
+        if min(self.handshake_timeout, self.send_timeout, self.tick_interval,
                self.peer_upload_bps) <= 0 or self.receive_chunk < 1:
             raise ValueError("transfer timeouts, rates and chunk sizes must be positive")
 
@@ -124,11 +127,10 @@ class SwarmService:
         self.corrupt_pieces: set[int] = set()  # pieces whose stored copy went bad on disk (refused since)
         self._links: dict[str, _Link] = {}
         # set when a link opens: the ticker sleeps on it while there is none. Why: a version kept for its window
-        # ticked every second for nothing, one of the periodic wake-ups that made up most of an idle peer's CPU
+        # would tick every second for nothing, and periodic wake-ups make up most of an idle peer's CPU
         self._link_opened = trio.Event()
-        # the node's upload cap: a bucket shared by the services of every version it serves (config.upload_bps
-        # applies to this service alone only when none is given)
-        self._bucket = upload_bucket if upload_bucket is not None else TokenBucket(config.upload_bps)
+        # the node's upload cap: one bucket shared by the services of every version the node serves; none, uncapped
+        self._bucket = upload_bucket if upload_bucket is not None else TokenBucket(math.inf)
         self._nursery: trio.Nursery | None = None
         self._stopped = False  # run() has returned: its nursery takes no new links
         self._max_payload = max(f.piece_size for f in manifest.files)
@@ -420,16 +422,20 @@ async def _send_message(stream: Stream, msg) -> None:
 
 
 async def run_swarm(manifest: PolicyManifest, store: PieceStore, links: trio.MemoryReceiveChannel, *,
-                    role: str = "peer", upload_bps: float = math.inf, config: TransferConfig | None = None,
+                    role: str = "peer", upload_bucket: TokenBucket | None = None,
+                    config: TransferConfig | None = None,
                     on_progress: Callable[[Progress], None] | None = None, rng: random.Random | None = None,
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve `manifest` over every (peer_id, stream) that arrives on `links`, until cancelled.
 
-    `role` and `upload_bps` pick a TransferConfig (see `TransferConfig.for_role`) unless `config` is given. The
-    started value is the SwarmService (its `completed` event, `progress()`, `add_link`).
+    `role` picks a TransferConfig (see `TransferConfig.for_role`) unless `config` is given. `upload_bucket` is the
+    node's upload cap, shared with every other manifest the node serves (as the policy mirror shares its own); none
+    leaves the upload uncapped. The started value is the SwarmService (its `completed` event, `progress()`,
+    `add_link`).
     """
-    config = config or TransferConfig.for_role(role, upload_bps=upload_bps)
-    service = SwarmService(manifest, store, config=config, on_progress=on_progress, rng=rng)
+    config = config or TransferConfig.for_role(role)
+    service = SwarmService(manifest, store, config=config, on_progress=on_progress, rng=rng,
+                           upload_bucket=upload_bucket)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         task_status.started(service)

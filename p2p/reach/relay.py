@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID, STOP_PROTOCOL_ID, CircuitV2Protocol
@@ -49,7 +50,7 @@ def _bucket(mbps: float) -> TokenBucket:
 class _PacedStream:
     """A relay's destination stream whose writes wait for their bytes on the circuit's and the relay's buckets."""
 
-    def __init__(self, stream: Any, buckets: list[TokenBucket]) -> None:
+    def __init__(self, stream: INetStream, buckets: list[TokenBucket]) -> None:
         self._stream = stream
         self._buckets = buckets
 
@@ -61,7 +62,7 @@ class _PacedStream:
         return getattr(self._stream, name)
 
 
-def _remote_ip(stream: Any) -> str:
+def _remote_ip(stream: INetStream) -> str:
     """The IP a stream's connection comes from ("" when unknown: all such count as one address)."""
     try:
         remote = stream.get_remote_address()
@@ -74,7 +75,7 @@ class _Unfiled:
     """A circuit end's peer id as py-libp2p's table of circuits (and of reservations) never finds it; it prints as
     the id in py-libp2p's log lines."""
 
-    def __init__(self, peer_id: Any) -> None:
+    def __init__(self, peer_id: ID) -> None:
         self.peer_id = peer_id
 
     def __str__(self) -> str:
@@ -85,7 +86,7 @@ class GuardedRelay(CircuitV2Protocol):
     """py-libp2p's relay within p2p.reach.relay_guard's bounds, relaying at most `circuit_mbps` per circuit and
     `total_mbps` in all."""
 
-    def __init__(self, libp2p_host: Any, limits: RelayLimits, hop: bool) -> None:
+    def __init__(self, libp2p_host: IHost, limits: RelayLimits, hop: bool) -> None:
         libp2p_limits = Libp2pLimits(duration=limits.circuit_duration_s, data=limits.circuit_mb << 20,
                                      max_circuit_conns=limits.max_circuits_per_peer,
                                      max_reservations=limits.max_reservations)
@@ -96,7 +97,7 @@ class GuardedRelay(CircuitV2Protocol):
         self._directions: dict[frozenset[int], list[trio.CancelScope]] = {}
         """The directions under way of each circuit (its two streams' ids): one ending ends the other."""
 
-    async def _handle_reserve(self, stream: Any, msg: Any) -> None:
+    async def _handle_reserve(self, stream: INetStream, msg: Any) -> None:
         """A reservation for the peer that asks (never one its message names), within the guard's caps."""
         msg.ClearField("peer")
         if not self.guard.admit_reservation(str(stream.muxed_conn.peer_id), _remote_ip(stream)):
@@ -104,7 +105,7 @@ class GuardedRelay(CircuitV2Protocol):
             return
         await super()._handle_reserve(stream, msg)
 
-    async def _handle_connect(self, stream: Any, msg: Any) -> None:
+    async def _handle_connect(self, stream: INetStream, msg: Any) -> None:
         """A circuit within the guard's caps, counted from the request until it ends (py-libp2p's handler returns
         when the circuit closes)."""
         if not self._reserved(bytes(msg.peer.id)):  # py-libp2p refuses it: no place or rate spent on it
@@ -121,7 +122,7 @@ class GuardedRelay(CircuitV2Protocol):
             self.guard.close_circuit(*ends)
             self._forget_streams(stream, [stream.muxed_conn.peer_id, ID(bytes(msg.peer.id))])
 
-    def _forget_streams(self, stream: Any, peers: list[Any]) -> None:
+    def _forget_streams(self, stream: INetStream, peers: list[Any]) -> None:
         """Drop what py-libp2p's table of relayed streams still holds of a circuit that ended: it keeps the source's
         entry of a circuit that failed to open for good, one per source id, and ids are free."""
         for peer in peers:
@@ -136,7 +137,8 @@ class GuardedRelay(CircuitV2Protocol):
         except Exception:  # noqa: BLE001 - bytes that are no peer id: nobody holds a reservation under them
             return False
 
-    async def _relay_data(self, src_stream: Any, dst_stream: Any, peer_id: Any, *args: Any, **kwargs: Any) -> None:
+    async def _relay_data(self, src_stream: INetStream, dst_stream: INetStream, peer_id: ID, *args: Any,
+                          **kwargs: Any) -> None:
         """One direction of a circuit; when it ends, so does the circuit (both streams reset), and no other. Why:
         py-libp2p would go on reading the other direction from an end with nothing to say, and the circuit kept its
         place for good after its source left; and on its end it closes the streams filed under `peer_id` in its
@@ -171,7 +173,7 @@ class GuardedRelay(CircuitV2Protocol):
         return gone
 
 
-def relay_protocol(libp2p_host: Any, limits: RelayLimits, hop: bool) -> GuardedRelay:
+def relay_protocol(libp2p_host: IHost, limits: RelayLimits, hop: bool) -> GuardedRelay:
     """py-libp2p's CircuitV2Protocol with our limits; `hop`: serve as a relay (else only accept circuits)."""
     return GuardedRelay(libp2p_host, limits, hop)
 
@@ -209,7 +211,7 @@ class Relaying:
             return bool(granted)
         return False
 
-    async def accept_circuit(self, stream: Any) -> None:
+    async def accept_circuit(self, stream: INetStream) -> None:
         """A relay's STOP stream: a relayed connection to us, accepted within p2p.reach.relay_guard.CircuitAcceptor;
         else reset."""
         if not self.acceptor.accept(str(stream.muxed_conn.peer_id), self.reservations, trio.current_time()):

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from libp2p.abc import IHost, INetConn, INetStream
+from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL
 
 from p2p.bootstrap import peer_id_of
@@ -61,7 +63,7 @@ class ReachState:
         """`<relay addr>/p2p-circuit` for each relay holding our reservation (the host appends /p2p/<me>)."""
         return [f"{addr}/p2p-circuit" for addr in self.relaying.reservations.values()]
 
-    def kinds(self, libp2p_host: Any) -> dict[str, str]:
+    def kinds(self, libp2p_host: IHost) -> dict[str, str]:
         """Peer id -> "direct", "relayed" or "hole-punched" (direct now, relayed before) for each connected peer."""
         self.note_relayed(libp2p_host)
         out: dict[str, str] = {}
@@ -72,7 +74,7 @@ class ReachState:
             out[peer] = ("hole-punched" if peer in self.ever_relayed else "direct") if direct else "relayed"
         return out
 
-    def note_relayed(self, libp2p_host: Any) -> None:
+    def note_relayed(self, libp2p_host: IHost) -> None:
         for peer, conns in libp2p_host.get_network().connections.items():
             if any(connection_kind(c) == "relayed" for c in _as_list(conns)):
                 self.ever_relayed[str(peer)] = None
@@ -98,7 +100,7 @@ def _as_list(conns: Any) -> list[Any]:
     return conns if isinstance(conns, list) else [conns]
 
 
-def _we_dialed(conn: Any) -> bool:
+def _we_dialed(conn: INetConn) -> bool:
     """Whether this end opened the connection (its muxer's initiator); unknown counts as dialed: no punch from here."""
     try:
         return bool(conn.muxed_conn.is_initiator)
@@ -106,16 +108,16 @@ def _we_dialed(conn: Any) -> bool:
         return True
 
 
-def _connections_seen(state: ReachState, libp2p_host: Any) -> tuple:
+def _connections_seen(state: ReachState, libp2p_host: IHost) -> tuple:
     """What noting relayed connections and starting punches depend on: the connections open (the objects, compared
     by identity, so a new connection never passes for a closed one) and the punches under way. Why: unchanged, a
-    watch round would find what the last one did, and listing every connection's peer id and kind each second was
+    watch round would find what the last one did, and listing every connection's peer id and kind each second is
     about half a millisecond of an idle peer's CPU a second."""
     conns = libp2p_host.get_network().connections.values()
     return tuple(conn for entry in conns for conn in _as_list(entry)), frozenset(state.punching)
 
 
-def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -> bool:
+def _drive_punches(state: ReachState, libp2p_host: IHost, nursery: trio.Nursery) -> bool:
     """Start a hole punch, each in its own task, to every peer p2p.reach.probe.punch_targets names that the guard's
     rate lets start now; True when it put one off (the watcher then looks again next round)."""
     connections = libp2p_host.get_network().connections
@@ -134,7 +136,7 @@ def _drive_punches(state: ReachState, libp2p_host: Any, nursery: trio.Nursery) -
     return put_off
 
 
-async def _punch(state: ReachState, peer_id: Any) -> None:
+async def _punch(state: ReachState, peer_id: ID) -> None:
     try:
         await state.dcutr.initiate_hole_punch(peer_id)
     except Exception as exc:  # noqa: BLE001 - a failed punch leaves the relayed connection as it was
@@ -143,7 +145,7 @@ async def _punch(state: ReachState, peer_id: Any) -> None:
         state.punches.end(str(peer_id))
 
 
-async def _answer_punch(state: ReachState, stream: Any) -> None:
+async def _answer_punch(state: ReachState, stream: INetStream) -> None:
     """Serve a DCUtR session a peer starts toward us within the node-wide bounds of our own
     (p2p.reach.punch_guard.PunchGuard); past them the stream is reset: the peer's relayed connection stays as it is."""
     peer = str(stream.muxed_conn.peer_id)

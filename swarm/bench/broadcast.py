@@ -24,13 +24,25 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import blake3
+import numpy as np
+import trio
+from safetensors.numpy import save_file
 
 from p2p.identity import Identity, read_key_file, write_key_file
+from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
+from p2p.pieces.store import PieceStore
 from swarm.bench.broadcast_virtual import VirtualSwarm, run_virtual
+from swarm.bench.kumar_ross import min_distribution_time
 from swarm.bench.local_ports import free_ports
 from swarm.errors import UserError
+from swarm.event_types import Published
+from swarm.events import EventSink
+
+if TYPE_CHECKING:
+    from swarm.node.state import Node
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _make_checkpoint(path: Path, size_mb: float) -> bytes:
     """A safetensors file of `size_mb` MiB of random float32 values plus model.json; returns its BLAKE3."""
-    import numpy as np
-    from safetensors.numpy import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     n = max(1, int(size_mb * 2**20 / 4))
@@ -70,7 +80,7 @@ class EventProcess:
     """A child process whose JSON event lines a thread collects as they come.
 
     Why a thread per process: a child whose stdout pipe is not drained blocks in its next print (and with it its
-    whole trio loop, uploads included); reading processes one after another stalled the ones not being read.
+    whole trio loop, uploads included); reading processes one after another stalls the ones not being read.
     """
 
     def __init__(self, argv: list[str], log_path: Path, stdin: int | None = None) -> None:
@@ -178,11 +188,8 @@ def publisher_main(argv: list[str]) -> int:
 def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: int, upload_mbps: float,
                   listen: tuple[str, ...]) -> int:
     """A seed-only peer that publishes the checkpoint as version 1 of `run` once a line arrives on stdin."""
-    import trio
 
-    from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
     from swarm.config import load_config
-    from swarm.events import EventSink
     from swarm.node.node import open_node_parts
 
     key = read_key_file(Path(key_file))
@@ -192,13 +199,13 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
     events = EventSink(json_lines=True)
     events.configure_logging()
 
-    async def publish(node) -> None:
+    async def publish(node: Node) -> None:
         manifest = build_manifest(Path(ckpt), run=run, version=1, parent_version=None, created_at=time.time(),
                                   generation=GenerationSettings(8, 0.6, 256, 0), piece_size=piece_kb * 1024)
         signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
         await trio.wrap_file(sys.stdin).readline()
         node.mirror.adopt(signed, local_dir=Path(ckpt))
-        events.emit("published", version=1, id=manifest.id.hex(), bytes=manifest.total_size)
+        events.emit(Published(version=1, id=manifest.id.hex(), bytes=manifest.total_size))
         await node.announce_policy(signed, manifest)
 
     return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)
@@ -260,7 +267,7 @@ def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed
     peer, distinct), and bootstraps from the seed and from every peer before it (a tracker's peer list), so the
     swarm is fully connected without waiting for heartbeat discovery, and only one of each pair dials. Why chosen
     first: then every process starts at once; one after another, their start-ups (each a Python process importing
-    the node) added up to minutes on a loaded machine."""
+    the node) add up to minutes on a loaded machine."""
     known = [seed_addr]
     argvs = []
     for i, port in enumerate(ports):
@@ -277,7 +284,6 @@ def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed
 
 def _verify(work: Path, tag: str, peers: int, manifest_hex: str) -> bool:
     """Reassemble every peer's copy from its store and compare it with the original file."""
-    from p2p.pieces.store import PieceStore
 
     original = blake3.blake3((work / "ckpt" / "model.safetensors").read_bytes()).digest()
     for i in range(peers):
@@ -313,8 +319,6 @@ def run_virtual_bench(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.bench.kumar_ross import min_distribution_time
-
     if args.peers < 1 or args.size_mb <= 0 or args.upload_mbps <= 0 or args.seed_upload_mbps <= 0:
         raise UserError("peers, size and upload caps must be positive")
     if args.virtual:

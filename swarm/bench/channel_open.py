@@ -15,6 +15,10 @@ import json
 import resource
 import statistics
 
+import trio
+
+from swarm.errors import UserError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--channels", type=int, default=200, help="channels opened per round (default 200)")
@@ -28,10 +32,6 @@ def _cpu_s() -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    import trio
-
-    from swarm.errors import UserError
-
     if args.channels < 1 or args.rounds < 1:
         raise UserError("--channels and --rounds must be at least 1")
     result = trio.run(_measure, args.channels, args.rounds)
@@ -40,8 +40,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _measure(channels: int, rounds: int) -> dict:
-    import trio
-
     from p2p.channel.service import ChannelConfig, DataChannelServer, open_data_channel
     from p2p.host.p2p_host import open_host
 

@@ -48,7 +48,7 @@ threads = 1
 
 TRAINER_CHECKPOINT_EVERY = 5
 """Steps between the trainer's checkpoints when it is churned too (otherwise 1000: the steps-per-minute figures
-were measured without checkpoint writes)."""
+leave checkpoint writes out)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,12 @@ import dataclasses
 import json
 import time
 
+import numpy as np
+
+from swarm.errors import require_at_least_one
+from trainer.admission import GenerationContract
+from trainer.config import TrainerConfig
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="the device to check against the CPU (default cuda)")
@@ -29,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
 
     from inference.select import resolve_device
     from swarm.bench.verify_harness import BenchConfig, Harness
-    from swarm.errors import require_at_least_one
 
     require_at_least_one(groups=args.groups, max_new_tokens=args.max_new_tokens)
     device = resolve_device(args.device)
@@ -50,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _noise(device, exact: bool) -> dict:
     """The Gumbel draw on the device against the CPU's: the same up to a float32 ulp of the log."""
-    import numpy as np
 
     from verify.sampling import gumbel_noise_at
 
@@ -87,8 +91,6 @@ def _verify(harness, on_device, groups: dict) -> dict:
 def _train_step(harness, trainees: tuple, groups: list, exact: bool) -> dict:
     """One GRPO step from the same weights and batch on each side (trainees: the CPU model and the device model):
     loss, gradient norm and the weights after it."""
-    from trainer.admission import GenerationContract
-    from trainer.config import TrainerConfig
     from trainer.loop import to_train_group
     from trainer.step import PolicyTrainer
 

@@ -13,6 +13,9 @@ import json
 import random
 import time
 
+from swarm.bench.fuzz_mutations import mutate, splice
+from swarm.errors import UserError
+
 MAX_FAILURES_PER_TARGET = 20
 """Failures kept per target; one per (exception type, message start) so one bug does not fill the report."""
 BATCH = 16
@@ -29,7 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from swarm.bench.fuzz_targets import BY_NAME, TARGETS
-    from swarm.errors import UserError
 
     unknown = [name for name in args.target if name not in BY_NAME]
     if unknown:
@@ -45,7 +47,6 @@ def run(args: argparse.Namespace) -> int:
 def fuzz(targets: list, seconds: float, seed: int, max_inputs: int | None = None) -> dict:
     """Round-robin over `targets` in batches until `seconds` of wall time have passed (a benchmark, so wall time)
     or `max_inputs` inputs were tried."""
-    from swarm.bench.fuzz_mutations import mutate, splice
     from swarm.bench.fuzz_targets import failure_of
 
     rng = random.Random(seed)

@@ -14,7 +14,34 @@ from typing import Any
 
 import msgpack
 
+from p2p.channel.config import ChannelConfig
+from p2p.channel.handshake import read_msg
+from p2p.channel.messages import HandshakeBreach, decode_offer, decode_request
+from p2p.channel.records import (
+    AEADS,
+    AES_256_GCM,
+    CHACHA20_POLY1305,
+    HEADER,
+    LISTENER,
+    RecordOpener,
+    RecordSealer,
+    choose_aead,
+    record_buffer,
+)
 from p2p.errors import ChannelError
+from p2p.pieces.wire import (
+    Bitfield,
+    Cancel,
+    Have,
+    Hello,
+    Piece,
+    Reject,
+    Request,
+    decode_frames,
+    message_frame,
+    pack_bits,
+)
+from swarm.policy.link_preamble import decode_head
 
 FRAME_PIECES = 20
 CHANNEL_KEY = bytes(range(100, 132))
@@ -25,15 +52,12 @@ CHANNEL_KEY = bytes(range(100, 132))
 
 def decode_piece_frames(data: bytes) -> list:
     """Every frame of a piece-protocol byte stream, parsed against a 20-piece manifest, then the end of stream."""
-    from p2p.pieces.wire import decode_frames
 
     return decode_frames(data, FRAME_PIECES)
 
 
 @functools.cache
 def frame_samples() -> list[bytes]:
-    from p2p.pieces.wire import Bitfield, Cancel, Have, Hello, Piece, Reject, Request, message_frame, pack_bits
-
     bits = pack_bits([i % 3 == 0 for i in range(FRAME_PIECES)])
     messages = [Hello(b"\x03" * 32, bits), Bitfield(bits), Have(4), Request(19), Cancel(0), Reject(3, "busy"),
                 Piece(2, b"\xab" * 300)]
@@ -73,9 +97,6 @@ def _handshake(msg: dict) -> bytes:
 def decode_channel_request(data: bytes) -> Any:
     """A dialer's request as the listener reads it (p2p.channel.service's _handle_handshake and _make_offer): one
     length-prefixed message, its typed decoder, then the cipher the listener may offer."""
-    from p2p.channel.handshake import read_msg
-    from p2p.channel.messages import decode_request
-    from p2p.channel.records import AES_256_GCM, choose_aead
 
     request = decode_request(_run_without_io(read_msg(_ReplayStream(data), opening=True)))
     return choose_aead(AES_256_GCM, None if request.aeads is None else list(request.aeads))
@@ -83,8 +104,6 @@ def decode_channel_request(data: bytes) -> Any:
 
 @functools.cache
 def channel_request_samples() -> list[bytes]:
-    from p2p.channel.records import AEADS
-
     return [_handshake({"v": 1, "mode": "socket", "aeads": sorted(AEADS)}), _handshake({"v": 1, "mode": "socket"}),
             _handshake({"v": 1, "mode": "stream"}), _handshake({"v": 1, "mode": "socket", "tickets": 3})]
 
@@ -93,10 +112,6 @@ def decode_channel_offer(data: bytes) -> Any:
     """A listener's offer as the dialer reads it (p2p.channel.service's _request_offer): one length-prefixed message,
     its typed decoder, then the checks that the cipher is one the dialer listed and the tickets no more than it
     asked."""
-    from p2p.channel.config import ChannelConfig
-    from p2p.channel.handshake import read_msg
-    from p2p.channel.messages import HandshakeBreach, decode_offer
-    from p2p.channel.records import AEADS
 
     offer = decode_offer(_run_without_io(read_msg(_ReplayStream(data))))
     if offer.aead not in AEADS:
@@ -108,8 +123,6 @@ def decode_channel_offer(data: bytes) -> Any:
 
 @functools.cache
 def channel_offer_samples() -> list[bytes]:
-    from p2p.channel.records import AES_256_GCM, CHACHA20_POLY1305
-
     return [*(_handshake({"v": 1, "port": 40123, "token": b"\x01" * 32, "secret": b"\x02" * 32, "aead": name})
               for name in (AES_256_GCM, CHACHA20_POLY1305)),
             _handshake({"v": 1, "port": 40123, "token": b"\x01" * 32, "secret": b"\x02" * 32, "aead": AES_256_GCM,
@@ -122,7 +135,6 @@ def channel_offer_samples() -> list[bytes]:
 def decode_preamble_head(data: bytes) -> Any:
     """The fixed head of a mirror link's preamble (route and declared manifest size), as the acceptor decodes it
     before it reads or budgets a byte of the manifest; the manifest itself is the signed-manifest target's."""
-    from swarm.policy.link_preamble import decode_head
 
     return decode_head(data)
 
@@ -137,7 +149,6 @@ def preamble_head_samples() -> list[bytes]:
 
 def decode_channel_records(data: bytes) -> list:
     """Records of one data-channel direction: each header checked, each body authenticated and opened, in order."""
-    from p2p.channel.records import HEADER, LISTENER, RecordOpener
 
     opener, out, view = RecordOpener(CHANNEL_KEY, LISTENER), [], memoryview(data)
     while len(view) >= HEADER.size:
@@ -152,8 +163,6 @@ def decode_channel_records(data: bytes) -> list:
 
 @functools.cache
 def channel_record_samples() -> list[bytes]:
-    from p2p.channel.records import LISTENER, RecordSealer, record_buffer
-
     sealer, buf, records = RecordSealer(CHANNEL_KEY, LISTENER), record_buffer(), []
     for chunk, final in ((b"hello", False), (b"\x00" * 3000, False), (b"", True)):
         size = sealer.seal_into(chunk, buf, final)

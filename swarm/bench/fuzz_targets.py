@@ -29,6 +29,24 @@ import msgpack
 
 from p2p.errors import ChannelError, DHTError, EnvelopeError, FrameError, ManifestError
 from p2p.identity import Identity
+from p2p.pieces.manifest import (
+    MIN_PIECE_SIZE,
+    SIG_CONTEXT,
+    FileEntry,
+    GenerationSettings,
+    PolicyManifest,
+    SignedManifest,
+    TensorEntry,
+    decode_manifest,
+    open_signed_manifest,
+)
+from p2p.pieces.manifest_decode import MAX_MODEL_DEPTH, _is_plain_tree
+from swarm.bench import fuzz_stream_targets as stream
+from swarm.errors import UserError
+from swarm.messages.rollout_codec import RolloutRefused, decode_blob, parse_items
+from swarm.messages.votes import votes_in
+from verify.rollout import Completion, RolloutGroup, RolloutSchemaError
+from verify.votes import sign_vote, verify_vote
 
 RUN = "fuzz-run"
 NOW = 1_700_000_000.0
@@ -101,8 +119,6 @@ def heartbeat_body() -> dict:
 
 
 def vote_wire() -> dict:
-    from verify.votes import sign_vote
-
     class Check:
         def __init__(self, name: str, ok: bool, reason: str) -> None:
             self.name, self.ok, self.reason = name, ok, reason
@@ -112,9 +128,6 @@ def vote_wire() -> dict:
 
 
 def decode_votes(data: bytes) -> Any:
-    from swarm.messages.votes import votes_in
-    from verify.votes import verify_vote
-
     votes, malformed = votes_in(_body_of(data, "vote"))
     return [verify_vote(v) for v in votes], malformed
 
@@ -184,7 +197,6 @@ def decode_gossip_rollouts(data: bytes) -> Any:
 
 def rollout_group(task: int = 42):
     """A valid group of the fuzzing sender; `task` names its slot (a message carries one item per slot)."""
-    from verify.rollout import Completion, RolloutGroup
 
     completions = tuple(Completion((5, 6, 7, 2), (-0.5, -1.25, -0.1, -2.0), reason, float(i), bytes([i]) * 38)
                         for i, reason in enumerate(("eos", "length")))
@@ -197,8 +209,6 @@ def group_wire() -> dict:
 
 
 def decode_rollout_body(data: bytes) -> Any:
-    from swarm.messages.rollout_codec import parse_items
-
     return parse_items(_body_of(data, "rollout"))
 
 
@@ -219,14 +229,11 @@ def _announcement() -> dict:
 
 
 def decode_rollout_group(data: bytes) -> Any:
-    from verify.rollout import RolloutGroup
-
     return RolloutGroup.decode(data)
 
 
 def decode_rollout_blob(data: bytes) -> Any:
     """A compressed group as fetched by blob id: inflated under its declared size, decoded, checked canonical."""
-    from swarm.messages.rollout_codec import decode_blob
 
     return decode_blob(zlib.compress(data, 1), len(data))
 
@@ -248,8 +255,6 @@ def manifest_model() -> dict:
 
 
 def sample_manifest():
-    from p2p.pieces.manifest import MIN_PIECE_SIZE, FileEntry, GenerationSettings, PolicyManifest, TensorEntry
-
     files = []
     for name, size in (("model-00000.safetensors", 300_000), ("model-00001.safetensors", 70_000)):
         hashes = tuple(blake3.blake3(f"{name}/{i}".encode()).digest() for i in range(-(-size // MIN_PIECE_SIZE)))
@@ -266,7 +271,6 @@ def manifest_samples() -> list[bytes]:
 
 def signed_bytes(manifest_bytes: bytes) -> bytes:
     """`manifest_bytes` signed by the fuzzing key: what a stranger serves for a manifest id it names."""
-    from p2p.pieces.manifest import SIG_CONTEXT, SignedManifest
 
     signature = SENDER.sign(SIG_CONTEXT + blake3.blake3(manifest_bytes).digest())
     return SignedManifest(manifest_bytes, SENDER.public_bytes, signature).to_bytes()
@@ -278,27 +282,21 @@ def signed_manifest_samples() -> list[bytes]:
 
 
 def decode_signed_manifest(data: bytes) -> Any:
-    from p2p.pieces.manifest import open_signed_manifest
-
     return open_signed_manifest(data)
 
 
 def decode_self_signed_manifest(data: bytes) -> Any:
     """Any manifest bytes, signed by a stranger and opened as a peer without --trainer-key opens them."""
-    from p2p.pieces.manifest import open_signed_manifest
 
     return open_signed_manifest(signed_bytes(data))
 
 
 def decode_manifest_bytes(data: bytes) -> Any:
-    from p2p.pieces.manifest import decode_manifest
-
     return decode_manifest(data)
 
 
 def decode_run_spec(data: bytes) -> Any:
     """A manifest's model description (already a plain tree by the manifest decoder) read as the run's spec."""
-    from p2p.pieces.manifest_decode import MAX_MODEL_DEPTH, _is_plain_tree
     from swarm.policy.runspec import RunSpec
 
     try:
@@ -336,10 +334,6 @@ def dht_record_samples() -> list[bytes]:
 
 def _targets() -> tuple[FuzzTarget, ...]:
     from swarm.bench import fuzz_reach_targets as reach
-    from swarm.bench import fuzz_stream_targets as stream
-    from swarm.errors import UserError
-    from swarm.messages.rollout_codec import RolloutRefused
-    from verify.rollout import RolloutSchemaError
 
     return (
         FuzzTarget("envelope", decode_envelope, envelope_samples, (EnvelopeError,)),

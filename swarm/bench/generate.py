@@ -12,6 +12,9 @@ import argparse
 import json
 import time
 
+from swarm.errors import UserError, require_at_least_one, require_temperature
+from tasks import load_tasks
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="'tiny', 'smollm2' or a local model directory")
@@ -26,8 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm.errors import UserError, require_at_least_one, require_temperature
-
     require_at_least_one(prompts=args.prompts, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                          repeats=args.repeats)
     require_temperature(args.temperature)
@@ -39,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
     from inference.models import load_model
     from inference.rollouts import make_request
     from inference.torch_backend import TorchBackend
-    from tasks import load_tasks
     from verify.toploc import build_proofs
 
     if args.threads:

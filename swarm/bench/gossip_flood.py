@@ -11,14 +11,18 @@ received from the attackers (anything forwarded), and the target's own counters 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import subprocess
 import sys
 import time
 
 import msgpack
+import psutil
+import trio
 
 from swarm.bench.local_ports import free_port
+from swarm.errors import UserError
 
 RUN = "bench-flood"
 BODY_SLACK = 512
@@ -50,7 +54,6 @@ def _gossip_config(flooder: bool):
 
 async def _serve_target(listen_port: int) -> None:
     """The target: print its address, serve until stdin closes, print its counters."""
-    import trio
 
     from p2p.gossip.service import open_gossip
     from p2p.host.p2p_host import HostConfig, open_host
@@ -75,9 +78,6 @@ async def _discard(channel) -> None:
 
 
 async def _attack(target_addr: str, target_pid: int, seconds: float, rate: float, identities: int) -> dict:
-    import psutil
-    import trio
-
     from p2p.gossip.service import open_gossip, topic_for
     from p2p.host.p2p_host import HostConfig, open_host
     from p2p.identity import Identity
@@ -124,7 +124,6 @@ async def _attack(target_addr: str, target_pid: int, seconds: float, rate: float
 
 async def _one_attacker(identity, target_addr, rate, out, open_host, open_gossip, topic_for) -> None:
     """One fresh identity: connect, then inflating envelopes and a heartbeat flood until the target hangs up."""
-    import trio
 
     from p2p.host.p2p_host import HostConfig
 
@@ -174,9 +173,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`swarm bench gossip-flood`: the target in a process of its own, the attack and the witness here."""
-    import trio
-
-    from swarm.errors import UserError
 
     if args.seconds <= 0 or args.rate <= 0 or args.identities < 1:
         raise UserError("--seconds and --rate must be positive and --identities at least 1")
@@ -202,13 +198,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve_target_main(argv: list[str]) -> None:
     """`python -m swarm.bench.gossip_flood --serve-target PORT [PROFILE]`: the target process."""
-    import trio
 
     port, profile = int(argv[0]), argv[1] if len(argv) > 1 else None
     if profile is None:
         trio.run(_serve_target, port)
         return
-    import cProfile
 
     cProfile.runctx("trio.run(_serve_target, port)", globals(), {"trio": trio, "port": port}, profile)
 

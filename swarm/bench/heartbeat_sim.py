@@ -1,7 +1,7 @@
 """Heartbeats of N peers in virtual time: the message counts a large run implies, from the real heartbeat loop.
 
-Each simulated peer is a real swarm.node.node.Node running the real `send_heartbeats` (so its period stretches
-as the node's own peer table grows, swarm.node.gossip.heartbeat_stretch) and keeping its tables with the real
+Each simulated peer is a real swarm.node.state.Node running the real `send_heartbeats` (so its period stretches
+as the node's own peer table grows, swarm.node.heartbeat_budget.heartbeat_stretch) and keeping its tables with the real
 `heard_from` and `forget_silent`; only gossip is replaced by a flood that hands every heartbeat to every other
 peer at once (what GossipSub delivers, less its duplicates, which swarm.bench.scale measures on real hosts).
 Under the autojump clock a run of thousands of virtual seconds takes a few seconds of CPU.
@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from swarm.node.gossip import send_heartbeats
-from swarm.node.node import Node
+from swarm.node.state import Node
 
 
 @dataclass

@@ -12,6 +12,10 @@ import argparse
 import json
 import time
 
+import numpy as np
+
+from swarm.errors import UserError, require_at_least_one
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=64, help="rows per draw (decoding batch or positions; default 64)")
@@ -23,10 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
     import torch
 
-    from swarm.errors import UserError, require_at_least_one
     from verify.sampling import gumbel_noise_at
     from verify.testing import textbook_gumbel_noise
 

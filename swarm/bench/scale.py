@@ -62,10 +62,12 @@ from swarm.bench.heartbeat_sim import run_heartbeat_sim
 from swarm.bench.scale_measure import measure, wait_links_settled, wait_synced
 from swarm.config import DHT_PROVIDERS_WANTED, LimitsSection, MirrorSection, load_config
 from swarm.errors import UserError
+from swarm.event_types import ChatterFailed, GossipStats, Published
 from swarm.events import EventSink
 from swarm.node.gc_warmup import run_freezing_after_warmup
 from swarm.node.gossip import heartbeat_body
 from swarm.node.node import open_node_parts
+from swarm.node.state import Node
 
 BUDGET_CPU_SHARE = 0.02
 CHATTER_EVERY_S = 6.0
@@ -112,11 +114,11 @@ def providers_as_at(target: int, largest: int) -> float:
     return DHT_PROVIDERS_WANTED * (largest + 1) / (target + 1)
 
 
-async def report_gossip(node) -> None:
+async def report_gossip(node: Node) -> None:
     """A role task of the bench's processes: the node's gossip counters and mean mesh size (peers per topic whose
     messages each delivery is forwarded to), looked at every second and emitted as an event when they changed.
     Why only then: the bench reads the newest event, which is still exact, and the event itself (a JSON line and
-    the node's listeners) took about 3 % of what an idle peer of 64 spent when it went out every second. The
+    the node's listeners) costs about 3 % of what an idle peer of 64 spends when it goes out every second. The
     connections and mesh sizes, which list every connected peer, are looked at every GAUGES_EVERY seconds only: the
     counters are read each second, since the windows' rates are taken from them."""
     last: dict = {}
@@ -126,7 +128,7 @@ async def report_gossip(node) -> None:
         stats = {"delivered": node.gossip.stats.delivered, "published": node.gossip.stats.published,
                  "peers_known": len(node.peer_heard), **gauges}
         if stats != last:
-            node.events.emit("gossip_stats", **stats)
+            node.events.emit(GossipStats(**stats))
             last = stats
         await trio.sleep(1.0)
 
@@ -139,7 +141,7 @@ def publisher_main(argv: list[str]) -> int:
     events = EventSink(json_lines=True)
     events.configure_logging()
 
-    async def publish(node) -> None:
+    async def publish(node: Node) -> None:
         lines = trio.wrap_file(sys.stdin)
         for version in range(1, 1_000_000):
             manifest = build_manifest(Path(ckpt), run=run, version=version, parent_version=version - 1 or None,
@@ -148,7 +150,7 @@ def publisher_main(argv: list[str]) -> int:
             signed = sign_manifest(manifest, key.sign, key.public_bytes).to_bytes()
             node.mirror.adopt(signed, local_dir=Path(ckpt))
             await node.announce_policy(signed, manifest)
-            events.emit("published", version=version)
+            events.emit(Published(version=version))
             if not await lines.readline():
                 await trio.sleep_forever()  # the bench closed our stdin: keep serving until it stops us
 
@@ -168,7 +170,7 @@ def peer_main(argv: list[str]) -> int:
                     [report_gossip, chatter_when_told], bytes.fromhex(key_hex))
 
 
-async def chatter_when_told(node) -> None:
+async def chatter_when_told(node: Node) -> None:
     """A role task of the bench's peers: from a "chatter" line on stdin to a "quiet" one, also send a heartbeat
     every CHATTER_EVERY_S on average (within what receivers admit from one peer), so the bench can price what a
     flooded message costs every peer."""
@@ -188,14 +190,14 @@ async def chatter_when_told(node) -> None:
         await trio.sleep_forever()  # the bench closed our stdin: go on serving until it stops us
 
 
-async def _chatter(node, scope: trio.CancelScope) -> None:
+async def _chatter(node: Node, scope: trio.CancelScope) -> None:
     with scope:
         await trio.sleep(CHATTER_EVERY_S * random.random())  # peers are told at once: spread their sends
         while True:
             try:
                 await node.gossip.publish("heartbeat", heartbeat_body(node))
             except P2PError as exc:
-                node.events.emit("chatter_failed", error=str(exc))
+                node.events.emit(ChatterFailed(error=str(exc)))
             await trio.sleep(CHATTER_EVERY_S)
 
 

@@ -19,7 +19,7 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def wait_synced(peers: list[EventProcess], publisher: EventProcess, deadline: float) -> None:
     """Until every peer holds the publisher's newest version. Why: peers that just joined fetch it first, and
     that transfer (tens of kB/s each with 16 joiners) is a version's cost, not upkeep: measured in the idle
-    window it made 32 peers look three times as costly as 16."""
+    window it makes 32 peers look three times as costly as 16."""
     publisher.wait_for("published", deadline)  # the first version is announced as the publisher starts
     newest = publisher.events("published")[-1]["version"]
     for peer in peers:
@@ -29,7 +29,7 @@ def wait_synced(peers: list[EventProcess], publisher: EventProcess, deadline: fl
 def links_settled(peers: list[EventProcess], now: float, span: float = 10.0) -> bool:
     """Whether the peers opened fewer than two data channels each (spares and links) in the `span` seconds before
     `now`. Why: joiners also dial a spare to each neighbour they learn from heartbeats (at 32 peers, 700 of 1,300
-    opened 10-30 s after every peer was synced), which an idle window measured as upkeep. Between versions a peer
+    open 10-30 s after every peer is synced), which an idle window would count as upkeep. Between versions a peer
     renews a spare about every `spare_ttl` / `max_peers` (15 s by default), well below this."""
     opened = sum(peer.count_since(("spare", "link"), now - span) for peer in peers)
     return opened < 2 * len(peers)
@@ -74,8 +74,8 @@ def socket_bytes() -> Listing:
 def bytes_moved(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> tuple[int, int]:
     """(sent, received) between two listings of one process: each connection open at the second counts what it
     moved since the first (all of it when it opened in between). Why per connection: summed over the process, a
-    connection that closed in between (a dropped version's data links) took its whole count with it, and a window
-    in which versions came and went measured less than nothing."""
+    connection that closed in between (a dropped version's data links) takes its whole count with it, and a window
+    in which versions come and go would measure less than nothing."""
     sent = received = 0
     for connection, (s1, r1) in after.items():
         s0, r0 = before.get(connection, (0, 0))

@@ -18,6 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import trio
+
+from swarm.errors import UserError
+
 MIB = 1 << 20
 
 
@@ -33,10 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The target in a process of its own (`swarm peer start --role seed`), the attackers here."""
-    import trio
 
     from swarm.bench.broadcast import EventProcess
-    from swarm.errors import UserError
 
     if args.identities < 1 or args.channels < 1 or args.declared_kib < 1 or args.hold <= 0 or args.settle < 0:
         raise UserError("--identities, --channels and --declared-kib must be at least 1, --hold positive and "
@@ -93,8 +95,6 @@ async def stall(host, target: str, declared: int, channels: int, sent: list[int]
 
 
 async def attack(addr: str, target_id: str, pid: int, args) -> dict:
-    import trio
-
     peak, samples = rss_mib(pid), []
     sent = [0]
     async with trio.open_nursery() as nursery:
@@ -123,8 +123,6 @@ async def attack(addr: str, target_id: str, pid: int, args) -> dict:
 
 
 async def _host(task_status=None):
-    import trio
-
     from p2p.host.p2p_host import open_host
 
     async with open_host() as host:

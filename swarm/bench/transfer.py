@@ -35,6 +35,10 @@ from dataclasses import dataclass
 import blake3
 import trio
 
+from p2p.channel.records import preferred_aead
+from p2p.pieces.wire import FrameDecoder, read_frame, write_frame
+from swarm.errors import UserError
+
 MIB = 1024 * 1024
 PIECE = MIB
 RECEIVE_CHUNK = MIB  # p2p/pieces/wire.py RECEIVE_CHUNK: one whole data-channel record per read on every path
@@ -74,8 +78,6 @@ class BenchPlan:
     pin: bool = True
 
     def __post_init__(self) -> None:
-        from swarm.errors import UserError
-
         if not 1 <= self.size_mb <= 16384:
             raise UserError(f"--size-mb must be between 1 and 16384, got {self.size_mb}")
         if not 1 <= self.repeat <= 100:
@@ -83,8 +85,6 @@ class BenchPlan:
 
 
 def run(args: argparse.Namespace) -> int:
-    from p2p.channel.records import preferred_aead
-
     aead = preferred_aead() if args.aead == "auto" else args.aead
     if args.receiver:
         trio.run(_receiver_main, aead)
@@ -113,7 +113,6 @@ async def _read_exact(stream, size: int) -> bytes:
 async def _receive_framed(stream) -> None:
     """Read the bench frames through the piece-protocol framing, hash the payloads, answer with the digest and the
     CPU seconds this took."""
-    from p2p.pieces.wire import FrameDecoder, read_frame, write_frame
 
     cpu_start = time.thread_time()
     decoder = FrameDecoder()
@@ -185,8 +184,6 @@ async def _receiver_main(aead: str) -> None:
 
 
 async def _send_framed(stream, data: bytes) -> tuple[bytes, float]:
-    from p2p.pieces.wire import FrameDecoder, read_frame, write_frame
-
     view = memoryview(data)
     pieces = (len(data) + PIECE - 1) // PIECE
     await stream.send_all(b"F")

@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import json
 
-from swarm.errors import UserError
+from swarm.errors import UserError, require_at_least_one
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
     from swarm.bench.verify_crowd import pools, run_crowd
     from swarm.bench.verify_harness import BenchConfig, run_cases
     from swarm.bench.verify_history import HistoryBenchConfig, run_history
-    from swarm.errors import require_at_least_one
 
     require_at_least_one(groups=args.groups, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                          threads=args.threads, honest_groups=args.honest_groups, per_worker=args.per_worker,

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
 
 from swarm.bench import attacks
+from tasks.assignment import assign_tasks
+from tasks.loading import load_tasks
 from verify.checks import CheckConfig, RunContext
+from verify.provider import TaskSetProvider
 from verify.verifier import verify_groups
 
 CURRENT_VERSION = 3
@@ -61,8 +65,6 @@ class Harness:
 
     def __init__(self, config: BenchConfig) -> None:
         from inference.models import load_model
-        from tasks.loading import load_tasks
-        from verify.provider import TaskSetProvider
 
         self.config = config
         self.loaded = load_model(config.model)
@@ -90,7 +92,6 @@ class Harness:
 
     def items(self, tag: str, *, assigned: bool = True) -> list[tuple[str, int, int]]:
         """(worker, step, task index) per group: the worker's first assigned prompt, or one it was not assigned."""
-        from tasks.assignment import assign_tasks
 
         out = []
         for i in range(self.config.groups):
@@ -136,7 +137,6 @@ class Harness:
 
 def _progress(row: dict) -> dict:
     """Each finished case as one line on stderr, so a long run shows where it is (stdout keeps the JSON)."""
-    import sys
 
     print(f"bench verify: {row['case']}: {row['rejected']}/{row['groups']} rejected, gen {row['gen_s']} s, "
           f"validate {row['validate_s']} s", file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ validator and the same history, so the false bans are those of long-lived worker
 from __future__ import annotations
 
 import math
+import sys
 import time
 import tracemalloc
 from collections import Counter
@@ -21,7 +22,9 @@ import torch
 
 from swarm.bench import attacks
 from swarm.bench.verify_harness import CURRENT_VERSION, Harness, _same_kernels, _strict
+from tasks.assignment import assign_tasks
 from verify.neartie import GAP_EDGES, NO_NEAR_TIES, count_near_ties, near_ties_of
+from verify.slots import SlotLedger, first_answers
 from verify.worker_history import HistoryConfig, WorkerHistory, log_evidence
 
 CHUNK_GROUPS = 50  # honest groups generated and validated at a time (bounded memory)
@@ -42,14 +45,12 @@ class HistoryBenchConfig:
 
 def _progress(line: str) -> None:
     """One line on stderr per finished stage, so a long run shows where it is (stdout keeps the JSON)."""
-    import sys
 
     print(f"bench verify history: {line}", file=sys.stderr, flush=True)
 
 
 def worker_items(h: Harness, tag: str, workers: list[str], steps: range) -> list[tuple[str, int, int]]:
     """(worker, step, task index) for each worker and step: the worker's first prompt assigned at that step."""
-    from tasks.assignment import assign_tasks
 
     return [(w, s, assign_tasks(h.ctx.run, w, s, h.ctx.eligible, h.ctx.prompts_per_step)[0])
             for w in workers for s in steps]
@@ -150,7 +151,6 @@ def _after_originals(h: Harness, originals: list, resubmitted: list) -> tuple[li
     """Verdicts on resubmissions by a validator that checked the originals first, as swarm/roles/validator.py does:
     its one-rollout-per-slot ledger (verify.slots) refuses a second group for a slot, and only a variant whose slot
     is new (none here) would reach the checks."""
-    from verify.slots import SlotLedger, first_answers
 
     ledger = SlotLedger()
     first_answers(ledger, originals)

@@ -22,6 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+from swarm.cli.eval_compare import compare
+from swarm.errors import UserError, require_at_least_one, require_temperature
+from swarm.progress import bar_console, progress_bars
+from trainer.answer_readings import reading_accuracy
+from trainer.config import load_config
 from trainer.typed_config import add_set_flag
 
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -63,20 +68,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from swarm.errors import require_at_least_one, require_temperature
-
     if args.compare:
-        from swarm.cli.eval_compare import compare
         return compare(*args.compare, args.json)
-    from swarm.progress import bar_console, progress_bars
-
     require_at_least_one(n=args.n, batch=args.batch)
     if args.max_new_tokens is not None:
         require_at_least_one(max_new_tokens=args.max_new_tokens)
     require_temperature(args.temperature)
 
     from inference.models import check_model_spec, load_model
-    from trainer.config import load_config
     from trainer.evaluate import evaluate
     from trainer.session import load_task_split
     overrides = {"model": args.model, "task": args.task, "seed": args.seed, "task_size": args.size,
@@ -114,15 +113,11 @@ def run(args) -> int:
 
 
 def _lenient_figures(outcomes) -> dict:
-    from trainer.answer_readings import reading_accuracy
-
     return {"last_number_accuracy": reading_accuracy(outcomes, "last_number"),
             "any_number_accuracy": reading_accuracy(outcomes, "any_number")}
 
 
 def _write_per_prompt(path: Path, outcomes) -> None:
-    from swarm.errors import UserError
-
     try:
         path.write_text("".join(json.dumps(o.to_dict()) + "\n" for o in outcomes))
     except OSError as exc:
@@ -140,7 +135,6 @@ def _sentence(out: dict, cfg) -> str:
 def _policy_run_settings(model: str | None) -> dict:
     """The task settings of the run a swarm policy directory was published in (its model.json's run spec), as
     trainer config fields; {} for anything else (a `swarm train` policy names no run settings)."""
-    from swarm.errors import UserError
     from swarm.policy.runspec import RunSpec
 
     directory = Path(model) if model else None

@@ -19,6 +19,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from swarm.log_lines import LOG_FORMATS, install_log_handler
+from swarm.progress import silence_library_bars
+from swarm.shutdown import Interrupts, is_interrupt
 
 # (command words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -179,17 +181,12 @@ def user_facing_error(exc: BaseException) -> BaseException | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from swarm.progress import silence_library_bars
-    from swarm.shutdown import Interrupts
-
     silence_library_bars()  # before any command imports transformers: the commands draw their own bars
     with Interrupts().installed() as interrupts:
         return _run_command(list(sys.argv[1:] if argv is None else argv), interrupts)
 
 
 def _run_command(argv: list[str], interrupts) -> int:
-    from swarm.shutdown import is_interrupt
-
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     module = getattr(args, "_module", None)

@@ -15,11 +15,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
+from inference.errors import InferenceError
+from p2p.errors import ManifestError, P2PError
+from p2p.pieces.manifest import (
+    MAX_PIECE_SIZE,
+    MIN_PIECE_SIZE,
+    GenerationSettings,
+    build_manifest,
+    describe_policy_dir,
+    read_safetensors_index,
+    sign_manifest,
+)
+from swarm.errors import UserError
+from swarm.event_types import Published, Warned
+from swarm.events import EventSink
 from swarm.shutdown import run_trio
+from tasks.hub_cache import parse_reference
+
+if TYPE_CHECKING:
+    from swarm.node.state import Node
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,9 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _generation(checkpoint: Path):
-    from p2p.pieces.manifest import GenerationSettings
-    from swarm.errors import UserError
-
     path = checkpoint / "generation.json"
     raw = {"group_size": 8, "temperature": 0.6, "max_new_tokens": 256, "stage": 0}
     if path.exists():
@@ -67,11 +86,9 @@ def _generation(checkpoint: Path):
 def _hf_description(checkpoint: Path) -> dict | None:
     """None for a directory with its own model.json; for a plain Hugging Face model directory, the model.json
     that publishing it needs, built from its config and tokenizer files; one sentence when it is neither."""
-    from swarm.errors import UserError
 
     if (checkpoint / "model.json").exists() or not (checkpoint / "config.json").exists():
         return None
-    from inference.errors import InferenceError
     from inference.models import describe_files
 
     try:
@@ -82,8 +99,6 @@ def _hf_description(checkpoint: Path) -> dict | None:
 
 def _checkpoint_dir(path: Path) -> Path:
     """The directory to publish: `path` itself, or a Hugging Face hub id's snapshot in the local cache."""
-    from swarm.errors import UserError
-    from tasks.hub_cache import parse_reference
 
     if path.is_dir():
         return path
@@ -96,8 +111,6 @@ def _checkpoint_dir(path: Path) -> Path:
 
 def check_weights(checkpoint: Path) -> None:
     """What describe_policy_dir checks of the weights (at least one file, each header a safetensors index)."""
-    from p2p.errors import ManifestError
-    from p2p.pieces.manifest import read_safetensors_index
 
     paths = sorted(checkpoint.glob("*.safetensors"))
     if not paths:
@@ -111,8 +124,6 @@ def stage_hf_directory(checkpoint: Path, description: dict, staging: Path) -> Pa
     symbolic link across file systems) and the model.json written from `description`, by rename. Why a directory
     of its own per version: the piece store serves a published version's files from their paths for as long as it
     keeps that version."""
-    import os
-    import shutil
 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -131,13 +142,12 @@ SWARM_VERSION_WAIT_S = 15.0
 """How long `swarm publish` asks the swarm for the run's newest version before numbering its own."""
 
 
-async def next_version(node, run: str, trainer_key: bytes, wait_s: float = SWARM_VERSION_WAIT_S) -> int:
+async def next_version(node: Node, run: str, trainer_key: bytes, wait_s: float = SWARM_VERSION_WAIT_S) -> int:
     """One past the newest version of `run` that this data directory holds or the swarm knows (the DHT's signed
     latest-manifest record, or a manifest gossip or heartbeats brought meanwhile).
 
     Why ask the swarm: a publisher started on a fresh data directory numbered its checkpoint v1, and every peer of
     a run already at v5 dropped it as older than its window, silently."""
-    from p2p.errors import P2PError
 
     known = [m.version for m in node.mirror.store.manifests() if m.run == run]
     if node.connected_peers():
@@ -146,7 +156,7 @@ async def next_version(node, run: str, trainer_key: bytes, wait_s: float = SWARM
                 record = await node.dht.get_latest_manifest(run, trainer_key)
             except P2PError as exc:
                 record = None
-                node.events.emit("warning", message=f"could not ask the DHT for the run's newest version: {exc}")
+                node.events.emit(Warned(message=f"could not ask the DHT for the run's newest version: {exc}"))
             if record is not None:
                 known.append(record.version)
     newest = node.mirror.latest()
@@ -156,14 +166,8 @@ async def next_version(node, run: str, trainer_key: bytes, wait_s: float = SWARM
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
-    from p2p.errors import ManifestError
     from p2p.identity import read_key_file
-    from p2p.pieces.manifest import MAX_PIECE_SIZE, MIN_PIECE_SIZE, build_manifest, describe_policy_dir, sign_manifest
     from swarm.config import load_config
-    from swarm.errors import UserError
-    from swarm.events import EventSink
     from swarm.node.node import open_node_parts
 
     if args.run_key is None:
@@ -188,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     events.configure_logging()
     generation = _generation(args.checkpoint_dir)
 
-    async def publish(node) -> None:
+    async def publish(node: Node) -> None:
         version = args.version if args.version is not None else await next_version(node, args.run, key.public_bytes)
         policy_dir = args.checkpoint_dir if hf_description is None else stage_hf_directory(
             args.checkpoint_dir, hf_description, config.peer.data_dir / "staged" / f"{args.run}-v{version}")
@@ -199,8 +203,8 @@ def run(args: argparse.Namespace) -> int:
         while len(node.connected_peers()) < args.announce_after:
             await trio.sleep(0.1)
         node.mirror.adopt(signed, local_dir=policy_dir)
-        events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
-                    trainer_key=key.public_bytes.hex())
+        events.emit(Published(version=version, id=manifest.id.hex(), bytes=manifest.total_size,
+                              trainer_key=key.public_bytes.hex()))
         await node.announce_policy(signed, manifest)
 
     return run_trio(open_node_parts, config, key, events, [publish], key.public_bytes)

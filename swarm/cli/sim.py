@@ -4,16 +4,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
 from swarm.cli.peer import add_metrics_port
 from swarm.cli.train import add_report_to
-from swarm.events import describe
+from swarm.errors import UserError, usable_directory
+from swarm.event_types import (
+    Complete,
+    DhtFound,
+    Evaluated,
+    Generated,
+    Listening,
+    MetricsListening,
+    Published,
+    RejectedRollout,
+    RoleFailed,
+    Stalled,
+    TrainerWaiting,
+    TrainStep,
+    WorkerBanned,
+)
+from swarm.events import Emitted, EventSink
+from swarm.node.gc_warmup import run_freezing_after_warmup
+from swarm.node.metrics import check_port_free
 from swarm.readable import readable_counts
-from swarm.shutdown import run_trio
+from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard, run_trio
+from tasks.loading import check_builtin_name, is_builtin_task, load_tasks
+from trainer.config import load_config
 from trainer.curriculum import PRESETS
 from trainer.errors import TrainerError
+from trainer.tracking import parse_report_to
 
 SIM_ASYNC_LEVEL = 1
 """The one trainer default the simulation overrides (the trainer's own is 0, synchronous): a swarm's point is that
@@ -65,18 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
-    from swarm.events import EventSink
-    from swarm.node.gc_warmup import run_freezing_after_warmup
-    from swarm.shutdown import HARD_EXIT_AFTER_S, ExitGuard
     from swarm.sim.run import run_sim, summarize, write_report
-    from trainer.tracking import parse_report_to
 
     parse_report_to(args.report_to or ())  # an unknown tracker is one line before any peer starts
     _check_metrics_ports(args)
     settings = _settings(args)
     _clear_previous_run(args.out)  # a simulation always starts a fresh run
-    events: list[dict] = []
+    events: list[Emitted] = []
     sink = EventSink(json_lines=args.json, stream=sys.stdout if args.json else open("/dev/null", "w"))
     sink.listeners.append(events.append)
     if not args.json:
@@ -87,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         report = summarize(events, extra)
         write_report(args.out, report, events)
         print(json.dumps(report) if args.json else _render(report, args.out), flush=True)
-        return 1 if extra["timed_out"] or any(e["event"] == "role_failed" for e in events) else 0
+        return 1 if extra["timed_out"] or any(isinstance(e.event, RoleFailed) for e in events) else 0
 
     stopped: dict = {}
     guard = ExitGuard(HARD_EXIT_AFTER_S, before_exit=lambda: finish(stopped))
@@ -122,7 +139,6 @@ def _settings(args: argparse.Namespace):
     """The simulation's settings from the flags, or from a trainer TOML (--config) and the flags that size the
     swarm; every problem is one line before any peer starts."""
     from inference.models import check_model_spec
-    from swarm.errors import UserError
     from swarm.sim.run import SimSettings
 
     too_few_steps = args.steps is not None and args.steps < 1
@@ -152,9 +168,7 @@ def _from_trainer_config(args: argparse.Namespace) -> dict:
     workers are each assigned an equal share of a step's prompts, so the honest ones together answer one step's
     worth per version (generation is what a CPU swarm waits on)."""
     from inference.models import check_model_spec
-    from swarm.errors import UserError
     from swarm.sim.run import task_reference
-    from trainer.config import load_config
 
     given = [name for name in TRAINER_FLAGS if getattr(args, name) is not None]
     if given:
@@ -172,7 +186,6 @@ def _from_trainer_config(args: argparse.Namespace) -> dict:
 def _check_task(task: str, prompt_key: str, answer_key: str) -> None:
     """A task file that does not load, or a name no reasoning-gym dataset has, is one line before any peer starts:
     otherwise the whole swarm would start, fail inside the trainer's role and end in a report of zero steps."""
-    from tasks.loading import check_builtin_name, is_builtin_task, load_tasks
 
     if not is_builtin_task(task):
         load_tasks(task, prompt_key=prompt_key, answer_key=answer_key)  # TaskError: the file and line, the
@@ -184,8 +197,6 @@ def _check_task(task: str, prompt_key: str, answer_key: str) -> None:
 def _check_metrics_ports(args: argparse.Namespace) -> None:
     """Every peer's metrics port (the trainer's --metrics-port and the next ones) is valid and free before any peer
     starts: one taken port would otherwise stop the simulation halfway through starting its peers."""
-    from swarm.errors import UserError
-    from swarm.node.metrics import check_port_free
 
     if not args.metrics_port:
         return
@@ -212,9 +223,6 @@ SIM_MARKER = ".swarm-sim"
 
 def _clear_previous_run(out: Path) -> None:
     """Delete an earlier simulation's directory, and nothing else: `--out ~/project` must not wipe a project."""
-    import shutil
-
-    from swarm.errors import UserError, usable_directory
 
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
@@ -226,30 +234,29 @@ def _clear_previous_run(out: Path) -> None:
     (out / SIM_MARKER).write_text("a swarm sim run: `swarm sim` deletes this directory when it starts again\n")
 
 
-_NARRATED = ("published", "train_step", "trainer_waiting", "role_failed", "dht_found", "generated", "rejected_rollout",
-             "evaluated")
+_NARRATED = (Published, TrainStep, TrainerWaiting, RoleFailed, DhtFound, Generated, RejectedRollout, Evaluated)
 
 
-def _narrate(e: dict) -> None:
-    """The simulation's story: role milestones in the words a peer uses (swarm.events.describe), each prefixed by
-    the peer's name, plus the watchdog's stall reports and the seed-only peer's copies."""
-    kind, who = e["event"], e.get("peer", "?")
+def _narrate(e: Emitted) -> None:
+    """The simulation's story: role milestones in the words a peer uses (swarm.event_types' lines), each prefixed
+    by the peer's name, plus the watchdog's stall reports and the seed-only peer's copies."""
+    event, who = e.event, e.peer or "?"
     line = None
-    if kind in _NARRATED:
-        line = describe(e)
-    elif kind == "stalled":
-        line = (f"no trainer step for {e['seconds']:.0f} s: knows v{e['knows']}, holds v{e['holds']}, "
-                f"connected to {e['connected']} peers, last: {e['last']}{' (STOPPED)' if e['stopped'] else ''}")
-    elif kind == "metrics_listening":
-        line = e["message"]
-    elif kind == "worker_banned":
-        line = f"banned worker {e.get('worker')} ({e.get('by', 'near_ties')}): {e.get('reason')}"
-    elif kind == "complete" and who.startswith("seed"):
-        line = f"mirrored policy v{e['version']}"
-    elif kind == "listening" and who == "trainer" and e.get("addrs"):
+    if isinstance(event, _NARRATED):
+        line = event.line()
+    elif isinstance(event, Stalled):
+        line = (f"no trainer step for {event.seconds:.0f} s: knows v{event.knows}, holds v{event.holds}, "
+                f"connected to {event.connected} peers, last: {event.last}{' (STOPPED)' if event.stopped else ''}")
+    elif isinstance(event, MetricsListening):
+        line = event.message
+    elif isinstance(event, WorkerBanned):
+        line = f"banned worker {event.worker} ({event.by or 'near_ties'}): {event.reason}"
+    elif isinstance(event, Complete) and who.startswith("seed"):
+        line = f"mirrored policy v{event.version}"
+    elif isinstance(event, Listening) and who == "trainer" and event.addrs:
         line = (
-            f"listening on {e['addrs'][0]} "
-            f"(watch the run from another shell: swarm status --run sim --bootstrap {e['addrs'][0]})"
+            f"listening on {event.addrs[0]} "
+            f"(watch the run from another shell: swarm status --run sim --bootstrap {event.addrs[0]})"
         )
     if line:
         print(f"[{who}] {line}", flush=True)

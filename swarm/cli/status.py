@@ -12,7 +12,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import sys
 
+import trio
+from rich.console import Console
+from rich.live import Live
+
+from p2p.bootstrap import DEFAULT_BOOTSTRAP_FILE, resolve_bootstrap
+from p2p.errors import P2PError
+from p2p.pieces.manifest import decode_signed, verify_manifest
+from swarm.cli.status_live import live_renderable
+from swarm.errors import UserError
 from swarm.shutdown import run_trio
 
 MAX_SECONDS = 600.0
@@ -47,10 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
-    from p2p.bootstrap import DEFAULT_BOOTSTRAP_FILE, resolve_bootstrap
     from swarm.cli.status_view import render, to_json
-    from swarm.errors import UserError
     from swarm.policy.trust import parse_trainer_key
 
     if not 0 < args.seconds <= MAX_SECONDS:
@@ -83,12 +90,7 @@ def quiet_network_logs(args: argparse.Namespace) -> None:
 def _watch(args: argparse.Namespace, bootstrap: tuple[str, ...], trainer_key: bytes | None) -> int:
     """Redraw the view every `--every` seconds until Ctrl-C (which ends in swarm.cli.main's one line, status 130): a
     live rich view on a terminal, one JSON line per refresh when stdout is a pipe or with --json."""
-    import sys
 
-    from rich.console import Console
-    from rich.live import Live
-
-    from swarm.cli.status_live import live_renderable
     from swarm.cli.status_view import to_json
 
     console = Console(file=sys.stdout)
@@ -109,7 +111,6 @@ def _watch(args: argparse.Namespace, bootstrap: tuple[str, ...], trainer_key: by
 async def observe(run: str, bootstrap: tuple[str, ...], seconds: float, trainer_key: bytes | None = None) -> dict:
     """Listen to `run` for `seconds` through `bootstrap`; the report of swarm.cli.status_view plus the newest
     manifest."""
-    import trio
 
     async def once(host, identity, view) -> dict:
         async with _listening(host, identity, run, view) as gossip:
@@ -124,7 +125,6 @@ async def watch(run: str, bootstrap: tuple[str, ...], every_s: float, show, trai
                 refreshes: int | None = None) -> None:
     """Listen to `run` until cancelled (or `refreshes` reports), calling `show(report, seconds watched)` every
     `every_s`; the newest manifest comes from NewestManifest."""
-    import trio
 
     async def forever(host, identity, view) -> None:
         started, shown, newest = trio.current_time(), 0, NewestManifest(trainer_key)
@@ -180,7 +180,6 @@ async def _joined(bootstrap: tuple[str, ...], listen):
     from p2p.host.p2p_host import HostConfig, open_host
     from p2p.identity import Identity
     from swarm.cli.status_view import SwarmView
-    from swarm.errors import UserError
 
     identity = Identity.generate()
     unreachable = ""
@@ -199,7 +198,6 @@ async def _joined(bootstrap: tuple[str, ...], listen):
 async def _listening(host, identity, run: str, view):
     """The run's gossip feeding `view` while the block runs (each message in a scope of its own: no peer can end
     the view); yields the gossip service, whose validator's refusals count in the report."""
-    import trio
 
     from p2p.gossip.admission import AdmissionConfig
     from p2p.gossip.service import GossipConfig, open_gossip
@@ -218,7 +216,6 @@ async def _listening(host, identity, run: str, view):
 
 def _report(view, gossip, window_s: float) -> dict:
     """The view's report, counting what gossip's validator dropped (malformed, mistyped, forged, floods)."""
-    import trio
 
     report = view.report(trio.current_time(), window_s)
     report["refused_messages"] += sum(gossip.stats.rejected.values())
@@ -242,8 +239,6 @@ async def _with_newest_manifest(host, view, report: dict, trainer_key: bytes | N
 
 
 def _handlers(view) -> dict:
-    import trio
-
     from p2p.identity import peer_id_from_public_bytes
 
     def heartbeat(env) -> None:
@@ -271,9 +266,7 @@ async def _checked_manifest(host, view, version: int, trainer_key: bytes | None)
 
 async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) -> dict | None:
     """The newest version's manifest from a peer that holds it, summarised; None when no holder answers."""
-    from p2p.errors import P2PError
     from p2p.host.p2p_host import ensure_connected
-    from p2p.pieces.manifest import decode_signed, verify_manifest
     from swarm.policy.manifest_protocol import fetch_manifest
 
     wanted = view.versions[version]

@@ -38,7 +38,7 @@ class PeerSeen:
     claimed_n: int = 0
     votes_accept: int = 0
     votes_reject: int = 0
-    progress: dict = field(default_factory=dict)  # what its roles did (swarm.node.node.Node.note_progress)
+    progress: dict = field(default_factory=dict)  # what its roles did (swarm.node.state.Node.note_progress)
     addrs: tuple[str, ...] = ()  # where it listens, as its heartbeat says (each ending in its own /p2p/ id)
 
 

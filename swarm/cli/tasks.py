@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
+
+from tasks.catalog import builtin_tasks, scorer_note
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,10 +17,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from tasks.catalog import builtin_tasks, scorer_note
-
     listed = builtin_tasks(args.names)
     if args.json:
         print(json.dumps({"tasks": [asdict(task) for task in listed]}))

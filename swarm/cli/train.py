@@ -16,8 +16,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from swarm.errors import usable_directory
 from swarm.log_lines import say
-from trainer.config import PARALLEL_MODES, TrainerConfig
+from trainer.config import PARALLEL_MODES, TrainerConfig, load_config
+from trainer.errors import TrainerError
+from trainer.report import compare_groups, compare_runs, plot_comparison, read_log
 from trainer.typed_config import add_field_flag, add_set_flag
 
 
@@ -56,9 +59,6 @@ _CHOICES = {"generator": {"choices": ("process", "thread")}, "old_logprobs": {"c
 def run(args) -> int:
     if args.compare:
         return _compare(args)
-    from swarm.errors import usable_directory
-    from trainer.config import load_config
-    from trainer.errors import TrainerError
     from trainer.launch import check_supported, launch_ranks, world_size
     from trainer.session import train
 
@@ -119,8 +119,6 @@ def remove_if_empty(directories: list[Path]) -> None:
 
 
 def _compare(args) -> int:
-    from trainer.report import compare_groups, compare_runs, plot_comparison
-
     logs = {str(directory): _compared_logs(directory) for directory in args.compare}
     out = args.out or Path("runs/compare")
     out.mkdir(parents=True, exist_ok=True)
@@ -138,8 +136,6 @@ def _compare(args) -> int:
 
 def _compared_logs(directory: Path) -> list[list[dict]]:
     """One run's log, or, for a directory of runs (one per seed), each of their logs."""
-    from trainer.errors import TrainerError
-    from trainer.report import read_log
 
     log = read_log(directory / "log.jsonl")
     if log:

@@ -18,11 +18,12 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import trio
 
 from p2p.errors import EnvelopeError
+from p2p.gossip.envelope import Envelope
 from p2p.ratelimit import Allowance
 from swarm.messages.manifest_check import ManifestSignatures
 from swarm.messages.rollout_codec import DEFAULT_LIMITS, TransportLimits
@@ -40,6 +41,8 @@ MAX_PROGRESS = 8
 MAX_PROGRESS_KEY = 32
 MAX_PROGRESS_TEXT = 40
 REASON = "bad_body"
+ProgressValue = bool | int | float | str | None
+"""One figure of a peer's progress in its heartbeats: a count, a reward, a stage name (swarm.node.state.Node)."""
 
 
 def _refuse(what: str) -> EnvelopeError:
@@ -68,9 +71,9 @@ class Heartbeat:
     """Up to MAX_ADDRS multiaddrs, each ending in /p2p/<the sender's id>."""
     policies: tuple[PolicyHeld, ...]
     """Up to MAX_POLICIES versions held or being fetched."""
-    progress: tuple[tuple[str, Any], ...]
+    progress: tuple[tuple[str, ProgressValue], ...]
     """Up to MAX_PROGRESS (name, value) milestones of its roles; values None, bool, int, finite float or short
-    printable text (swarm.node.node.Node.note_progress)."""
+    printable text (swarm.node.state.Node.note_progress)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,10 @@ class RolloutMessage:
     items: tuple
 
 
+Decoder = Callable[[Envelope], Heartbeat | ManifestAnnouncement | VoteBatch | RolloutMessage]
+"""A gossip kind's typed decoder: the envelope's body read once, at the edge, or an EnvelopeError."""
+
+
 def printable(value: object, limit: int) -> bool:
     """A short string without control characters (a peer's newlines and terminal escapes would draw fake lines)."""
     return isinstance(value, str) and len(value) <= limit and value.isprintable()
@@ -118,7 +125,7 @@ def _bounded_list(value: object, limit: int, what: str) -> list:
     return value
 
 
-def decode_heartbeat(env: Any) -> Heartbeat:
+def decode_heartbeat(env: Envelope) -> Heartbeat:
     body = _fields(env.body, ("roles", "addrs", "policies", "progress"), "heartbeat")
     sender = env.sender_peer_id
     roles = _bounded_list(body.get("roles"), MAX_ROLES, "roles")
@@ -138,7 +145,7 @@ def _policy(entry: object) -> PolicyHeld:
     return PolicyHeld(entry[0], entry[1], entry[2])
 
 
-def _progress(raw: object) -> tuple[tuple[str, Any], ...]:
+def _progress(raw: object) -> tuple[tuple[str, ProgressValue], ...]:
     if raw is None:
         return ()
     if not isinstance(raw, dict) or len(raw) > MAX_PROGRESS:
@@ -150,7 +157,7 @@ def _progress(raw: object) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(raw.items()))
 
 
-def sendable_progress(progress: Mapping[str, Any]) -> dict:
+def sendable_progress(progress: Mapping[str, ProgressValue]) -> dict[str, ProgressValue]:
     """The part of a node's own progress that receivers accept (decode_heartbeat): a reward that became NaN, a
     long stage name or an odd value is left out rather than getting every heartbeat of the peer refused."""
     out = {}
@@ -163,7 +170,7 @@ def sendable_progress(progress: Mapping[str, Any]) -> dict:
     return dict(list(out.items())[:MAX_PROGRESS])
 
 
-def decode_manifest_announcement(env: Any) -> ManifestAnnouncement:
+def decode_manifest_announcement(env: Envelope) -> ManifestAnnouncement:
     body = _fields(env.body, ("id", "version", "signed"), "manifest announcement")
     manifest_id, version, signed = body.get("id"), body.get("version"), body.get("signed")
     if not (isinstance(manifest_id, bytes) and len(manifest_id) == ID_BYTES and type(version) is int
@@ -172,7 +179,7 @@ def decode_manifest_announcement(env: Any) -> ManifestAnnouncement:
     return ManifestAnnouncement(manifest_id, version, signed)
 
 
-def decode_votes(env: Any) -> VoteBatch:
+def decode_votes(env: Envelope) -> VoteBatch:
     """Every vote must parse, be signed by its validator and that validator must be the sender: the trainer
     would drop anything else, so nothing else is forwarded."""
     body = _fields(env.body, ("votes", "vote"), "vote")
@@ -191,7 +198,7 @@ def decode_votes(env: Any) -> VoteBatch:
     return VoteBatch(tuple(votes))
 
 
-def decode_rollouts(env: Any, spend: Callable[[int], bool] | None = None) -> RolloutMessage:
+def decode_rollouts(env: Envelope, spend: Callable[[int], bool] | None = None) -> RolloutMessage:
     """swarm.messages.rollout_codec's items of the body; any refused item, one of another worker, or two items for one
     slot (an honest worker answers a slot once) refuse the message. The refusal keeps no traceback (its frames hold the
     inflated buffers of compressed groups). `spend` is the node's inflation allowance (run_decoders): what it
@@ -218,7 +225,7 @@ INFLATE_SENDERS = 4096
 
 def run_decoders(trainer_key: Callable[[], bytes | None], now: Callable[[], float] = trio.current_time,
                  limits: TransportLimits = DEFAULT_LIMITS,
-                 signatures: ManifestSignatures | None = None) -> Mapping[str, Any]:
+                 signatures: ManifestSignatures | None = None) -> Mapping[str, Decoder]:
     """DECODERS for one node that knows (or will learn) its run's trainer key. `trainer_key()` is read per message
     (a first-use key is pinned later); node-wide allowances are read at `now()`.
 
@@ -244,19 +251,19 @@ def run_decoders(trainer_key: Callable[[], bytes | None], now: Callable[[], floa
         at = now()
         return share.available(at) >= size and inflation.take(size, at) and share.take(size, at)
 
-    def decode_announcement(env: Any) -> ManifestAnnouncement:
+    def decode_announcement(env: Envelope) -> ManifestAnnouncement:
         ann = decode_manifest_announcement(env)
         if ann.signed is not None:
             checks.check(ann.signed, ann.manifest_id, ann.version, env.sender, trainer_key(), now())
         return ann
 
-    def decode_node_rollouts(env: Any) -> RolloutMessage:
+    def decode_node_rollouts(env: Envelope) -> RolloutMessage:
         return decode_rollouts(env, lambda size: spend(env.sender, size))
 
     return MappingProxyType({**DECODERS, "manifest": decode_announcement, "rollout": decode_node_rollouts})
 
 
-DECODERS: Mapping[str, Any] = MappingProxyType({
+DECODERS: Mapping[str, Decoder] = MappingProxyType({
     "heartbeat": decode_heartbeat,
     "manifest": decode_manifest_announcement,
     "vote": decode_votes,

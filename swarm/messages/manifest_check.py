@@ -2,7 +2,7 @@
 cost to the node that no number of identities can raise. Pure state: `now` is passed in.
 
 Why in the validator: py-libp2p forwards what every validator accepted, so an announcement whose manifest claims
-the trainer's key with a forged signature was forwarded once by every peer before its handler refused it. Here an
+the trainer's key with a forged signature would be forwarded by every peer before its handler refused it. Here an
 inline manifest is refused, and never forwarded, unless it is signed by the run's trainer key (or, before a key is
 pinned, by the key it names), is the manifest the announcement names (id and version), and decodes.
 

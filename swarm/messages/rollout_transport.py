@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import trio
-from libp2p.peer.id import ID
 
 from p2p.errors import HostError
-from p2p.gossip.envelope import DEFAULT_POLICY, count_containers
+from p2p.gossip.envelope import DEFAULT_POLICY, Envelope, count_containers
 from p2p.host.p2p_host import ensure_connected, read_exactly, reset_quietly
 from swarm.messages.rollout_codec import (
     DEFAULT_LIMITS,
@@ -44,7 +42,8 @@ from swarm.messages.rollout_codec import (
     parse_items,
     parse_items_strictly,
 )
-from swarm.node.ports import HostPort, PeerNetwork
+from swarm.node.ports import HostPort, HostStream, PeerNetwork
+from verify.rollout import RolloutGroup
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ def serve_rollout_blobs(host: HostPort, cache: BlobCache | None = None, max_conc
     cache = cache if cache is not None else BlobCache()
     slots = trio.CapacityLimiter(max_concurrent)
 
-    async def handle(stream: Any) -> None:
+    async def handle(stream: HostStream) -> None:
         with trio.fail_after(10.0):
             blob_id = await read_exactly(stream, ID_BYTES, "rollout blob stream")
         blob = cache.get(blob_id, trio.current_time()) or b""
@@ -110,8 +109,9 @@ def serve_rollout_blobs(host: HostPort, cache: BlobCache | None = None, max_conc
     return cache
 
 
-async def publish_groups(node: PeerNetwork, groups: list, cache: BlobCache, limits: TransportLimits = DEFAULT_LIMITS,
-                         skipped: Callable[[Any, RolloutRefused], None] | None = None) -> list[str]:
+async def publish_groups(node: PeerNetwork, groups: list[RolloutGroup], cache: BlobCache,
+                         limits: TransportLimits = DEFAULT_LIMITS,
+                         skipped: Callable[[RolloutGroup, RolloutRefused], None] | None = None) -> list[str]:
     """Gossip a worker's groups of one version in as few messages as fit: each inline (plain or compressed) or,
     when too large, its blob kept in `cache` and its announcement gossiped.
 
@@ -146,7 +146,8 @@ def within_containers(body: dict, limit: int = DEFAULT_POLICY.max_containers["ro
     return within_containers({"batch": items[:half]}, limit) + within_containers({"batch": items[half:]}, limit)
 
 
-async def _packed(node: PeerNetwork, group: Any, cache: BlobCache, limits: TransportLimits) -> tuple[dict, str]:
+async def _packed(node: PeerNetwork, group: RolloutGroup, cache: BlobCache,
+                  limits: TransportLimits) -> tuple[dict, str]:
     """(gossip body, how it goes out) for one group; RolloutRefused (not hostile) when it cannot be published."""
     out = await trio.to_thread.run_sync(pack_group, group, tuple(node.host.multiaddrs), limits)
     if out.announcement is not None:
@@ -180,7 +181,8 @@ class ReceiveFlow:
 DEFAULT_FLOW = ReceiveFlow()
 
 
-async def receive_groups(node: PeerNetwork, envelopes: Any, deliver: Callable[[Any], None],
+async def receive_groups(node: PeerNetwork, envelopes: AsyncIterable[Envelope],
+                         deliver: Callable[[RolloutGroup], None],
                          refused: Callable[[str], None] | None = None, limits: TransportLimits = DEFAULT_LIMITS,
                          fetch: FetchConfig = DEFAULT_FETCH, wanted: Callable[[Announcement], bool] | None = None,
                          flow: ReceiveFlow = DEFAULT_FLOW) -> None:
@@ -193,7 +195,7 @@ async def receive_groups(node: PeerNetwork, envelopes: Any, deliver: Callable[[A
     senders: dict[str, list] = {}  # sender -> [semaphore, envelopes of it in progress or waiting]
     pending = 0
 
-    async def one(env: Any) -> None:
+    async def one(env: Envelope) -> None:
         nonlocal pending
         sender = env.sender_peer_id
         entry = senders.setdefault(sender, [trio.Semaphore(flow.per_sender), 0])
@@ -223,7 +225,7 @@ async def receive_groups(node: PeerNetwork, envelopes: Any, deliver: Callable[[A
             nursery.start_soon(one, env)
 
 
-async def receive_envelope(node: PeerNetwork, env: Any, refused: Callable[[str], None] | None = None,
+async def receive_envelope(node: PeerNetwork, env: Envelope, refused: Callable[[str], None] | None = None,
                            limits: TransportLimits = DEFAULT_LIMITS, fetch: FetchConfig = DEFAULT_FETCH,
                            wanted: Callable[[Announcement], bool] | None = None) -> list:
     """The RolloutGroups a "rollout" envelope carries or announces (one, or a batch's), less those refused or not
@@ -281,7 +283,7 @@ def _without_traceback(exc):
 
 
 async def _receive_item(node: PeerNetwork, sender: str, item, refused, limits: TransportLimits, fetch: FetchConfig,
-                        wanted, unserved: list[bool] | None = None) -> Any:
+                        wanted, unserved: list[bool] | None = None) -> RolloutGroup | None:
     """One parsed item of an envelope (a group, an announcement or its refusal) as a checked group, or None."""
     try:
         if isinstance(item, RolloutRefused):
@@ -364,14 +366,14 @@ async def fetch_blob(host: HostPort, peer: str, ann: Announcement, timeout: floa
         raise HostError(f"the rollout blob stream from {peer} failed ({type(exc).__name__})") from None
 
 
-async def _close_quietly(stream: Any) -> None:
+async def _close_quietly(stream: HostStream) -> None:
     try:
         await stream.close()
     except Exception:  # noqa: BLE001 - the blob is in hand; a stream the peer already reset does not matter
         log.debug("closing a rollout blob stream failed", exc_info=True)
 
 
-async def _request(stream: Any, peer: str, ann: Announcement) -> bytes | None:
+async def _request(stream: HostStream, peer: str, ann: Announcement) -> bytes | None:
     await stream.write(ann.blob_id)
     (length,) = _LEN.unpack(await read_exactly(stream, _LEN.size, "rollout blob stream"))
     if length == 0:
@@ -388,6 +390,6 @@ def _score_down(node: PeerNetwork, peer: str, reason: str) -> None:
         return
 
     try:
-        gossip.penalize(ID.from_base58(peer), reason)
+        gossip.penalize(peer, reason)
     except Exception:  # noqa: BLE001 - scoring is best effort; a refused rollout is already dropped
         log.debug("could not score down %s", peer, exc_info=True)

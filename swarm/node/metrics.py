@@ -25,6 +25,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from swarm.errors import UserError
+from swarm.event_types import Gate, Generated, MetricsListening, TrainStep, Validated
+from swarm.events import Emitted
+from swarm.node.state import Node
 
 log = logging.getLogger(__name__)
 
@@ -79,22 +82,22 @@ class RoleCounters:
     trainer_step: int = -1
     trainer_figures: dict[str, float] = field(default_factory=dict)  # the last step's, by train_step field
 
-    def on_event(self, record: dict) -> None:
-        kind = record.get("event")
-        if kind == "validated":  # cumulative: one vote per checked rollout
-            self.votes_cast = max(self.votes_cast, _count(record.get("checked")))
-        elif kind == "generated":
-            self.groups += _count(record.get("groups"))
-            self.rollouts += _count(record.get("completions"))
-            self.tokens += _count(record.get("tokens"))
-        elif kind == "gate" and isinstance(record.get("counts"), dict):
-            self.gate = _gate_counts(record["counts"])
-        elif kind == "train_step":
-            self.trainer_step = max(self.trainer_step, _count(record.get("step")))
-            self.trainer_figures.update({key: float(record[key]) for key, _, _ in TRAINER_GAUGES
-                                         if _is_number(record.get(key))})
-            if isinstance(record.get("gate"), dict):  # the counts the step trained from: a "gate" event comes only
-                self.gate = _gate_counts(record["gate"])  # at the gate's next tick
+    def on_event(self, emitted: Emitted) -> None:
+        event = emitted.event
+        if isinstance(event, Validated):  # cumulative: one vote per checked rollout
+            self.votes_cast = max(self.votes_cast, _count(event.checked))
+        elif isinstance(event, Generated):
+            self.groups += _count(event.groups)
+            self.rollouts += _count(event.completions)
+            self.tokens += _count(event.tokens)
+        elif isinstance(event, Gate) and isinstance(event.counts, dict):
+            self.gate = _gate_counts(event.counts)
+        elif isinstance(event, TrainStep):
+            self.trainer_step = max(self.trainer_step, _count(event.step))
+            figures = {key: getattr(event, key) for key, _, _ in TRAINER_GAUGES}
+            self.trainer_figures.update({key: float(value) for key, value in figures.items() if _is_number(value)})
+            if isinstance(event.gate, dict):  # the counts the step trained from: a "gate" event comes only
+                self.gate = _gate_counts(event.gate)  # at the gate's next tick
 
 
 TRAINER_GAUGES = (
@@ -123,7 +126,7 @@ def _count(value) -> int:
 class NodeCollector:
     """The prometheus_client collector of one node (registered in that node's own registry)."""
 
-    def __init__(self, node, pieces: PieceTotals, roles: RoleCounters) -> None:
+    def __init__(self, node: Node, pieces: PieceTotals, roles: RoleCounters) -> None:
         self.node, self.pieces, self.roles = node, pieces, roles
 
     def collect(self):
@@ -228,7 +231,7 @@ def _counter(name: str, documentation: str, value: int) -> CounterMetricFamily:
     return CounterMetricFamily(name, documentation, value=value)
 
 
-def _connection_counts(node) -> dict[str, int]:
+def _connection_counts(node: Node) -> dict[str, int]:
     """The host's open connections by direction (py-libp2p's own counts); nothing when it cannot say."""
     try:
         return node.host.connection_counts()
@@ -246,12 +249,12 @@ def software_version() -> str:
         return "unknown"
 
 
-def node_registry(node) -> CollectorRegistry:
+def node_registry(node: Node) -> CollectorRegistry:
     """A registry of `node`'s metrics alone; its event-fed counters listen to the node's events from now on."""
     pieces, roles = PieceTotals(), RoleCounters()
 
-    def on_event(record: dict) -> None:
-        roles.on_event(record)
+    def on_event(emitted: Emitted) -> None:
+        roles.on_event(emitted)
         pieces.observe(node.mirror.policies)  # every event: a version dropped between scrapes keeps its counts
 
     node.events.listeners.append(on_event)
@@ -321,7 +324,7 @@ def check_port_free(host: str, port: int) -> None:
         raise UserError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
 
 
-async def serve_node_metrics(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_node_metrics(node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve `node`'s metrics on its config's metrics_host:metrics_port until cancelled; started() gets the port."""
     host, port = node.config.peer.metrics_host, node.config.peer.metrics_port
     try:
@@ -329,8 +332,8 @@ async def serve_node_metrics(node, *, task_status=trio.TASK_STATUS_IGNORED) -> N
     except OSError as exc:
         raise UserError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
     registry = node_registry(node)
-    node.events.emit("metrics_listening", url=f"http://{host}:{port}/metrics",
-                     message=f"Prometheus metrics at http://{host}:{port}/metrics")
+    node.events.emit(MetricsListening(url=f"http://{host}:{port}/metrics",
+                                      message=f"Prometheus metrics at http://{host}:{port}/metrics"))
     task_status.started(port)
     render = functools.partial(generate_latest, registry)
     handler = functools.partial(handle_scrape, render, trio.CapacityLimiter(MAX_SCRAPES))

@@ -15,16 +15,14 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 import blake3
 import trio
 
 from p2p.bootstrap import peer_id_of, resolve_bootstrap
 from p2p.channel.service import ChannelConfig, open_data_channel, serve_data_channels
-from p2p.dht.service import LatestManifest, open_dht
+from p2p.dht.service import open_dht
 from p2p.errors import P2PError
 from p2p.gossip.admission import AdmissionConfig
 from p2p.gossip.service import GossipConfig, open_gossip
@@ -32,17 +30,19 @@ from p2p.host.conn_trim import TrimConfig, trim_connections
 from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity, peer_id_from_public_bytes
 from p2p.pieces.store import PieceStore
-from p2p.pieces.transfer import TransferConfig
 from swarm.config import DHT_PROVIDERS_WANTED, PeerConfig
 from swarm.errors import usable_directory
+from swarm.event_types import (
+    BootstrapReconnected,
+    BootstrapUnreachable,
+    DhtFound,
+    Listening,
+    PeerGone,
+)
 from swarm.events import EventSink
 from swarm.messages.gossip_bodies import DECODERS, run_decoders
 from swarm.node.gossip import (
-    MAX_KNOWN_PEERS,
-    announcement_body,
     fetch_and_adopt,
-    heartbeat_stretch,
-    is_counted,
     receive_heartbeats,
     receive_manifests,
     send_heartbeats,
@@ -50,152 +50,20 @@ from swarm.node.gossip import (
 )
 from swarm.node.metrics import serve_node_metrics
 from swarm.node.parts import dial_any, run_part
-from swarm.node.ports import DhtPort, GossipPort, HostPort
+from swarm.node.reports import report_progress
+from swarm.node.state import DHT_PUT_LIMIT_S, Node, RoleTask
 from swarm.node.watchdogs import reach_bootstrap, watch_trainer_key
 from swarm.policy.manifest_protocol import fetch_manifest, install_manifest_server
 from swarm.policy.mirror import PolicyMirror
-from swarm.policy.runspec import named_validators
 from swarm.policy.trust import TrainerTrust
 from swarm.shutdown import TEARDOWN_GRACE_S, report_stuck_tasks
 
 log = logging.getLogger(__name__)
-RoleTask = Callable[["Node"], Awaitable[None]]
-DHT_PUT_LIMIT_S = 15.0  # larger manifests are announced by id and fetched by the manifest protocol
-DHT_PUT_WARN_AFTER = 3
-"""Versions in a row whose latest-manifest record the DHT did not store before that is worth a warning."""
 DHT_QUIET_MAX_S = 320.0
 """Longest wait between two DHT lookups for the run's latest manifest while no version arrives."""
 
 
-@dataclass
-class Node:
-    """A running peer; role tasks receive it and use its parts."""
-
-    config: PeerConfig
-    host: HostPort
-    gossip: GossipPort
-    mirror: PolicyMirror
-    events: EventSink
-    nursery: trio.Nursery
-    dht: DhtPort | None = None
-    peer_roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # peer id -> roles from heartbeats
-    peer_heard: dict[str, float] = field(default_factory=dict)  # peer id -> when its last heartbeat came (trio)
-    counted_known: int = 0  # peers in peer_roles with a counted role (swarm.node.gossip.COUNTED_ROLES)
-    named: tuple[bytes | None, int] = (None, 0)  # newest manifest id -> counted peers it names (named_counted)
-    done: trio.Event = field(default_factory=trio.Event)
-    failed: bool = False
-    dht_put_misses: int = 0  # latest-manifest puts in a row that did not complete
-    progress: dict[str, Any] = field(default_factory=dict)  # what its roles did, carried by heartbeats (status view)
-    fetching: set[bytes] = field(default_factory=set)  # manifest ids being fetched now (fetch_manifest_soon)
-
-    @property
-    def peer_id(self) -> str:
-        return self.host.peer_id
-
-    @property
-    def identity(self) -> Identity:
-        return self.host.identity
-
-    def heard_from(self, peer: str, roles: tuple[str, ...], now: float) -> None:
-        """A heartbeat from `peer` came at `now`: it is alive and plays `roles`. The tables stay in order of last
-        heard and hold at most MAX_KNOWN_PEERS: the least recently heard goes first."""
-        self._forget(peer)
-        self.peer_heard[peer] = now
-        self.peer_roles[peer] = roles
-        self.counted_known += is_counted(roles)
-        while len(self.peer_heard) > MAX_KNOWN_PEERS:
-            self._forget(next(iter(self.peer_heard)))
-
-    def _forget(self, peer: str) -> tuple[str, ...]:
-        self.peer_heard.pop(peer, None)
-        roles = self.peer_roles.pop(peer, None)
-        self.counted_known -= roles is not None and is_counted(roles)
-        return roles or ()
-
-    def known_alike(self, counted: bool) -> int:
-        """Known peers on the counted roles' heartbeat budget (`counted`) or on the others'."""
-        return self.counted_known if counted else len(self.peer_heard) - self.counted_known
-
-    def stretch(self, counted: bool) -> float:
-        """How much the heartbeat period and silence of the counted roles (or the others) stretch here."""
-        return heartbeat_stretch(self.known_alike(counted), counted, self.named_counted() if counted else 0)
-
-    def named_counted(self) -> int:
-        """Peers of the counted roles the newest version names: its validators and its trainer (0 before one)."""
-        newest = self.mirror.latest()
-        if newest is None:
-            return 0
-        if self.named[0] != newest.manifest.id:
-            self.named = (newest.manifest.id, named_validators(newest.manifest.model) + 1)
-        return self.named[1]
-
-    def forget_silent(self, now: float) -> dict[str, tuple[str, ...]]:
-        """Forget peers not heard from for `peer_silence_s` (stretched as their kind's heartbeats are); returns
-        them with their roles. Why: a validator that left must drop out of the next version's validator set, or the
-        rollouts assigned to it wait out the quorum timeout every version (all of them, with a quorum that large)."""
-        silence = self.config.peer.peer_silence_s
-        window = {counted: silence * self.stretch(counted) for counted in (True, False)}
-        silent = []
-        for peer, at in self.peer_heard.items():  # least recently heard first: stop at the first within both windows
-            if now - at <= window[True] and now - at <= window[False]:
-                break
-            if now - at > window[is_counted(self.peer_roles.get(peer, ()))]:
-                silent.append(peer)
-        return {peer: self._forget(peer) for peer in silent}
-
-    def note_progress(self, record: dict) -> None:
-        """Keep the roles' latest milestones (an event listener) for heartbeats, so `swarm status` can show a
-        trainer's step and reward, a worker's groups and a validator's verdicts without asking anyone."""
-        kind = record.get("event")
-        if kind == "train_step":
-            self.progress.update(step=record.get("step"), reward=record.get("reward"), stage=record.get("stage"))
-        elif kind == "generated":
-            self.progress["groups_sent"] = self.progress.get("groups_sent", 0) + int(record.get("groups") or 0)
-            self.progress["answered"] = record.get("version")
-        elif kind == "validated":
-            self.progress.update({k: record.get(k) for k in ("checked", "accepted", "rejected")})
-
-    def connected_peers(self) -> list[str]:
-        return self.host.connected_peers()
-
-    async def announce_policy(self, signed: bytes, manifest: Any) -> None:
-        """Tell the run about a new version: gossip (inline when small, by id otherwise) and the DHT record that
-        names the run's latest manifest (signed by this peer, which must hold the trainer key)."""
-
-        await self.gossip.publish("manifest", announcement_body(signed, manifest))
-        record = LatestManifest.sign(self.config.peer.run, manifest.id, manifest.version, self.identity)
-        # In the background: a DHT put waits on the slowest of its peers (10-17 s per version measured in the
-        # simulation, a third of each step); the trainer must not wait for it before training on.
-        self.nursery.start_soon(run_part, self, Node._put_latest, record)
-
-    async def _put_latest(self, record: Any) -> None:
-        miss = None
-        try:
-            with trio.move_on_after(DHT_PUT_LIMIT_S) as scope:
-                await self.dht.put_latest_manifest(record)
-            if scope.cancelled_caught:
-                miss = f"not stored within {DHT_PUT_LIMIT_S:g} s"
-        except P2PError as exc:
-            miss = f"not stored: {exc}"
-        self.note_dht_put(miss)
-
-    def note_dht_put(self, miss: str | None) -> None:
-        """Count a latest-manifest put that did not complete (`miss` says how), or reset on success.
-
-        One miss is routine when the DHT's peers are slow: the DHT re-puts the record, and gossip and heartbeats
-        carry the version meanwhile. A streak means late joiners cannot find the run's newest policy through the
-        DHT, which is worth one warning per streak.
-        """
-        if miss is None:
-            self.dht_put_misses = 0
-            return
-        self.dht_put_misses += 1
-        level = logging.WARNING if self.dht_put_misses == DHT_PUT_WARN_AFTER else logging.DEBUG
-        log.log(level, "latest-manifest record %s (%d versions in a row); the DHT re-puts it later", miss,
-                self.dht_put_misses)
-
-
-async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask],
+async def open_node_parts(config: PeerConfig, identity: Identity, events: EventSink, roles: list[RoleTask],
                           trust_key: bytes | None = None,
                           on_stopping: Callable[[Node], None] = lambda node: None) -> int:
     """Build host, gossip, store and mirror, run until cancelled, `done` or a role finishes; returns exit status.
@@ -219,20 +87,19 @@ async def open_node_parts(config: PeerConfig, identity: Any, events: EventSink, 
     return 1 if not built or built[0].failed else 0
 
 
-async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: list[RoleTask], trust_key, bootstrap,
+async def _serve(config: PeerConfig, identity: Identity, events: EventSink, roles: list[RoleTask], trust_key, bootstrap,
                  built: list, teardown: trio.CancelScope, closed: trio.Event,
                  on_stopping: Callable[[Node], None]) -> None:
     """open_node_parts' body; `teardown` is the scope whose deadline bounds closing, `closed` is set once closed."""
     with PieceStore(config.peer.data_dir / "store", keep_versions=config.mirror.keep_versions) as store:
         trust = TrainerTrust(config.peer.run, trust_key, config.peer.data_dir, config.peer.wrong_key_timeout_s)
         upload = config.limits.upload_mbps * 1e6 / 8 if config.limits.upload_mbps > 0 else math.inf
-        transfer = TransferConfig(upload_bps=upload)
         async with open_host(HostConfig(identity=identity, data_dir=config.peer.data_dir, listen=config.peer.listen,
                                         announce=config.peer.announce, reach=config.reach_config(),
                                         bootstrap=bootstrap, inbound=config.limits.inbound_limits())) as host:
             for addr, why in host.bootstrap_failures.items():
-                events.emit("bootstrap_unreachable", address=addr, reason=why)
-            mirror = PolicyMirror(store, host.peer_id, trust, run=config.peer.run, transfer=transfer,
+                events.emit(BootstrapUnreachable(address=addr, reason=why))
+            mirror = PolicyMirror(store, host.peer_id, trust, run=config.peer.run, upload_bps=upload,
                                   reseed=config.mirror.reseed, keep=config.mirror.keep_versions, on_event=events.emit,
                                   copies_dir=config.peer.data_dir / "policies",
                                   links_per_version=config.mirror.links_per_version)
@@ -253,10 +120,10 @@ async def _serve(config: PeerConfig, identity: Any, events: EventSink, roles: li
                 install_manifest_server(
                     host, lambda mid: mirror.policies[mid].signed if mid in mirror.policies else None
                 )
-                events.emit("listening", peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.peer.roles))
+                events.emit(Listening(peer_id=host.peer_id, addrs=host.multiaddrs, roles=list(config.peer.roles)))
                 for part, *args in [(receive_manifests,), (receive_heartbeats,), (send_heartbeats,),
                                     (_forget_silent_peers,), (_keep_bootstrap_links, tuple(bootstrap)),
-                                    (_reconcile_links, open_data_channel), (_report_progress,), (_provide_held,),
+                                    (_reconcile_links, open_data_channel), (report_progress,), (_provide_held,),
                                     (_find_latest_on_dht,), (_trim_connections, tuple(bootstrap)),
                                     (reach_bootstrap, tuple(bootstrap)), (watch_trainer_key,),
                                     *((role,) for role in roles)]:
@@ -304,16 +171,16 @@ async def _keep_bootstrap_links(node: Node, bootstrap: tuple[str, ...]) -> None:
             except P2PError as exc:
                 log.debug("bootstrap peer %s still unreachable: %s", addr, exc, exc_info=True)
             else:
-                node.events.emit("bootstrap_reconnected", address=addr, message=f"connected to bootstrap peer {addr}")
+                node.events.emit(BootstrapReconnected(address=addr, message=f"connected to bootstrap peer {addr}"))
 
 
 async def _forget_silent_peers(node: Node) -> None:
     while True:
         await trio.sleep(node.config.peer.status_every_s)
         for peer, roles in node.forget_silent(trio.current_time()).items():
-            node.events.emit("peer_gone", peer=peer, roles=list(roles), message=(
+            node.events.emit(PeerGone(peer=peer, roles=list(roles), message=(
                 f"{', '.join(roles) or 'peer'} {peer} sent no heartbeat for {node.config.peer.peer_silence_s:g} s; "
-                f"its roles no longer count"))
+                f"its roles no longer count")))
 
 
 async def _provide_held(node: Node) -> None:
@@ -408,7 +275,7 @@ async def _adopt_latest_from_dht(node: Node) -> None:
     except P2PError as exc:
         log.debug("DHT lookup failed: %s", exc)
         return
-    node.events.emit("dht_found", version=record.version, providers=len(providers))
+    node.events.emit(DhtFound(version=record.version, providers=len(providers)))
     for provider in providers[:4]:
         await dial_any(node, provider.peer_id, list(provider.multiaddrs)[:4])
         await fetch_and_adopt(node, provider.peer_id, record.manifest_id, fetch_manifest)
@@ -424,25 +291,6 @@ async def _reconcile_links(node: Node, open_data_channel) -> None:
         await node.mirror.reconcile(node.connected_peers(), dial, node.config.limits.max_peers)
         with trio.move_on_after(node.mirror.reconcile_pause()):
             await changed.wait()
-
-
-async def _report_progress(node: Node) -> None:
-    last: dict[bytes, tuple[int, int, float]] = {}
-    while True:
-        await trio.sleep(node.config.peer.status_every_s)
-        now = trio.current_time()
-        for mid, p in list(node.mirror.policies.items()):
-            if p.service is None:
-                continue
-            prog = p.service.progress()
-            up, down = sum(prog.bytes_up.values()), sum(prog.bytes_down.values())
-            prev_up, prev_down, prev_t = last.get(mid, (0, 0, now - node.config.peer.status_every_s))
-            dt = max(1e-6, now - prev_t)
-            last[mid] = (up, down, now)
-            node.events.emit("progress", version=p.manifest.version, pieces=prog.pieces_done,
-                             total=prog.pieces_total, up_mib_s=round((up - prev_up) / dt / 2**20, 2),
-                             down_mib_s=round((down - prev_down) / dt / 2**20, 2), peers=len(p.service.peers),
-                             up_bytes=up, down_bytes=down)
 
 
 def wall_clock() -> float:

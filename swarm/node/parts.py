@@ -8,18 +8,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import trio
 
 from p2p.host.p2p_host import ensure_connected
+from swarm.event_types import RoleFailed
+from swarm.node.ports import EventPort, HostPort
 from swarm.shutdown import short_path
-
-if TYPE_CHECKING:
-    from swarm.node.node import Node
 
 log = logging.getLogger("swarm.node.node")
 
 
-async def run_part(node: Node, part: Callable[..., Awaitable[None]], *args: Any) -> None:
+class Stoppable(Protocol):
+    """What running a part needs of the node (swarm.node.state.Node): where to say a part failed, and how to stop
+    the peer; and its host, for the dialing part."""
+
+    events: EventPort
+    failed: bool
+    done: trio.Event
+    host: HostPort
+
+
+async def run_part(node: Stoppable, part: Callable[..., Awaitable[None]], *args: Any) -> None:
     """Run one role, or one of the peer's own tasks, as part(node, *args). One that fails stops the peer with one
     clear line instead of a wall of tracebacks: an exception escaping a task of the node's nursery would end the
     peer (and every peer of a simulation) with a nested exception group."""
@@ -29,7 +40,7 @@ async def run_part(node: Node, part: Callable[..., Awaitable[None]], *args: Any)
         name = getattr(part, "__name__", "role")
         message = describe_failure(exc)
         log.debug("%s failed: %s", name, message, exc_info=True)
-        node.events.emit("role_failed", role=name, message=message)  # the one report: "<role> FAILED: <message>"
+        node.events.emit(RoleFailed(role=name, message=message))  # the one report: "<role> FAILED: <message>"
         node.failed = True
         node.done.set()
 
@@ -47,6 +58,6 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(leaf).__name__}: {leaf}{where}"
 
 
-async def dial_any(node: Node, peer: str, addrs: list[str]) -> None:
+async def dial_any(node: Stoppable, peer: str, addrs: list[str]) -> None:
     """p2p.host.p2p_host.ensure_connected as a task of the node (run_part passes the node first)."""
     await ensure_connected(node.host, peer, addrs)

@@ -1,4 +1,5 @@
-"""The narrow views of a peer's networking that the rest of swarm/ uses: its host, its gossip and its DHT.
+"""The narrow views of a peer's networking that the rest of swarm/ uses: its host, its gossip and its DHT; and the
+sink its events go to.
 
 Why Protocols instead of the concrete classes of p2p/: a role or a message transport needs a handful of calls (open
 a stream, publish a body, look up a record), and naming exactly those keeps each of them testable with a small
@@ -8,8 +9,8 @@ of the peer can do to the network.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 import trio
 
@@ -17,8 +18,25 @@ from p2p.dht.service import LatestManifest, Provider
 from p2p.gossip.envelope import Envelope
 from p2p.gossip.parts import GossipStats
 from p2p.identity import Identity
+from swarm.event_types import Event
 
-StreamHandler = Callable[[Any], Awaitable[None]]
+GossipBody = Mapping[str, object] | bytes
+"""What a gossip message carries before it is sealed: a map of plain msgpack values, or bytes (p2p.gossip.envelope)."""
+
+
+class HostStream(Protocol):
+    """A stream the host opened or accepted (py-libp2p's), as swarm/ uses it: bytes out and in, then closed."""
+
+    async def read(self, n: int | None = None) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def reset(self) -> None: ...
+
+
+StreamHandler = Callable[[HostStream], Awaitable[None]]
 
 
 class HostPort(Protocol):
@@ -42,12 +60,12 @@ class HostPort(Protocol):
 
     async def redial(self, multiaddr: str) -> str: ...
 
-    async def new_stream(self, peer_id: str, protocol: str) -> Any: ...
+    async def new_stream(self, peer_id: str, protocol: str) -> HostStream: ...
 
-    def set_guarded_handler(self, protocol: str, handler: StreamHandler, timeout: Any = ..., *,
+    def set_guarded_handler(self, protocol: str, handler: StreamHandler, timeout: float | None = ..., *,
                             idle_streams: bool = False) -> None: ...
 
-    def remote_peer_id(self, stream: Any) -> str: ...
+    def remote_peer_id(self, stream: HostStream) -> str: ...
 
     def peers_in_use(self) -> set[str]: ...
 
@@ -59,13 +77,13 @@ class GossipPort(Protocol):
 
     stats: GossipStats
 
-    async def publish(self, kind: str, body: Any) -> Envelope: ...
+    async def publish(self, kind: str, body: GossipBody) -> Envelope: ...
 
     def subscribe(self, kind: str) -> trio.MemoryReceiveChannel[Envelope]: ...
 
-    async def serve(self, kind: str, handle: Callable[[Envelope], Any]) -> None: ...
+    async def serve(self, kind: str, handle: Callable[[Envelope], Awaitable[None] | None]) -> None: ...
 
-    def penalize(self, peer: Any, reason: str) -> None: ...
+    def penalize(self, peer: str, reason: str) -> None: ...
 
     def banned_peers(self) -> list[str]: ...
 
@@ -94,3 +112,9 @@ class PeerNetwork(Protocol):
 
     host: HostPort
     gossip: GossipPort
+
+
+class EventPort(Protocol):
+    """Where a part of the peer says what it did (swarm.events.EventSink)."""
+
+    def emit(self, event: Event, t: float | None = None) -> None: ...

@@ -9,15 +9,13 @@ of the node (swarm.node.parts.run_part) and stop the peer the way a failed role 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import trio
 
 from p2p.bootstrap import peer_id_of
 from p2p.errors import P2PError
-
-if TYPE_CHECKING:
-    from swarm.node.node import Node
+from swarm.event_types import BootstrapGaveUp, BootstrapReconnected, BootstrapRetry, TrainerKeyGaveUp
+from swarm.node.state import Node
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +28,9 @@ def bootstrap_backoff(attempt: int, most_s: float) -> float:
     return min(most_s, FIRST_RETRY_S * 2 ** (attempt - 1))
 
 
-def give_up(node: Node, kind: str, message: str) -> None:
+def give_up(node: Node, why: BootstrapGaveUp | TrainerKeyGaveUp) -> None:
     """Stop the peer with status 1 after one line saying why."""
-    node.events.emit(kind, message=message)
+    node.events.emit(why)
     node.failed = True
     node.done.set()
 
@@ -52,19 +50,19 @@ async def reach_bootstrap(node: Node, bootstrap: tuple[str, ...]) -> None:
         for addr in wanted:
             why = await _dial(node, addr)
             if why is None:
-                node.events.emit("bootstrap_reconnected", address=addr,
-                                 message=f"connected to bootstrap peer {addr} (try {attempt})")
+                node.events.emit(BootstrapReconnected(address=addr,
+                                                      message=f"connected to bootstrap peer {addr} (try {attempt})"))
                 return
             reasons.append(why)
         waited = trio.current_time() - started
         if peer.bootstrap_timeout_s and waited >= peer.bootstrap_timeout_s:
-            give_up(node, "bootstrap_gave_up", f"no bootstrap peer answered in {waited:.0f} s "
-                                               f"({attempt} tries; the last: {reasons[0]}); exiting")
+            give_up(node, BootstrapGaveUp(message=f"no bootstrap peer answered in {waited:.0f} s "
+                                                  f"({attempt} tries; the last: {reasons[0]}); exiting"))
             return
         delay = bootstrap_backoff(attempt, peer.bootstrap_redial_s)
-        node.events.emit("bootstrap_retry", attempt=attempt, delay_s=delay, message=(
+        node.events.emit(BootstrapRetry(attempt=attempt, delay_s=delay, message=(
             f"no bootstrap peer reachable (try {attempt}, {waited:.0f} s so far): {reasons[0]}; "
-            f"trying again in {delay:.0f} s"))
+            f"trying again in {delay:.0f} s")))
         await trio.sleep(delay)
 
 
@@ -83,6 +81,6 @@ async def watch_trainer_key(node: Node) -> None:
     report = node.mirror.trust.report
     while not report.gave_up(trio.current_time()):
         await trio.sleep(WRONG_KEY_CHECK_S)
-    give_up(node, "trainer_key_gave_up", (
+    give_up(node, TrainerKeyGaveUp(message=(
         f"no policy manifest signed by the run's trainer key in {report.give_up_after_s:.0f} s, only ones signed by "
-        "another key (named above); check --trainer-key; exiting"))
+        "another key (named above); check --trainer-key; exiting")))

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
 
 import trio
 
 from p2p.errors import HostError
 from p2p.host.p2p_host import peer_went_away, read_exactly
 from p2p.pieces.manifest import MAX_MANIFEST_BYTES
-from swarm.node.ports import HostPort
+from swarm.node.ports import HostPort, HostStream
 
 PROTOCOL = "/rl-swarm/manifest/1.0.0"
 _LEN = struct.Struct(">I")
@@ -31,7 +30,7 @@ _MAX_RESPONSE = MAX_MANIFEST_BYTES + 4096
 def install_manifest_server(host: HostPort, lookup: Callable[[bytes], bytes | None]) -> None:
     """Answer manifest requests from `lookup(id) -> signed bytes or None`."""
 
-    async def handle(stream: Any) -> None:
+    async def handle(stream: HostStream) -> None:
         manifest_id = await read_exactly(stream, 32, "manifest stream")
         signed = lookup(manifest_id) or b""
         await stream.write(_LEN.pack(len(signed)) + signed)

@@ -43,6 +43,7 @@ from p2p.pieces.manifest import PolicyManifest, decode_signed, verify_manifest
 from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import SwarmService, TransferConfig
 from p2p.ratelimit import TokenBucket
+from swarm.event_types import Adopted, Complete, Dropped, Event, Link, PeerDropped, Refused
 from swarm.policy.link_places import LINK_IDLE_AFTER
 from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
 from swarm.policy.mirror_dial import _DIAL_ERRORS, SPARE_TTL, TOP_UP_AFTER, OutboundLinks
@@ -85,8 +86,9 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
     """The set of policy versions a peer mirrors, and the piece services that move them."""
 
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
-                 transfer: TransferConfig = TransferConfig(), reseed: bool = True, keep: int = 3,
-                 on_event: Callable[[str, dict], None] = lambda kind, info: None, dial_timeout: float = 15.0,
+                 transfer: TransferConfig = TransferConfig(), upload_bps: float = math.inf, reseed: bool = True,
+                 keep: int = 3,
+                 on_event: Callable[[Event], None] = lambda event: None, dial_timeout: float = 15.0,
                  spare_ttl: float = SPARE_TTL, adoption_wait: float = 30.0, announce_after: float = 1.0,
                  copies_dir: Path | None = None, preamble_rate: ByteRate = PREAMBLE_RATE,
                  links_per_version: int = 8, top_up_after: float = TOP_UP_AFTER, stranger_places: int | None = None,
@@ -98,9 +100,8 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         self.trust = trust
         self.run = run
         self.transfer = transfer
-        # one upload cap for the node: each version's service had its own bucket, so a peer serving three versions
-        # uploaded up to three times what --upload-mbps allowed
-        self.upload_bucket = TokenBucket(transfer.upload_bps)
+        # this peer's whole upload (bytes/s, --upload-mbps), one bucket that every version's service draws on
+        self.upload_bucket = TokenBucket(upload_bps)
         self.reseed = reseed
         self.keep = keep
         self.on_event = on_event
@@ -185,7 +186,7 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         except P2PError as exc:  # said once, as an event, at most once a minute (swarm.policy.trust.RefusalReport)
             line = self.trust.report.refused(str(exc), trio.current_time())
             if line is not None:
-                self.on_event("refused", {"reason": line})
+                self.on_event(Refused(reason=line))
             return None
         if manifest.id in self.policies:
             return self.policies[manifest.id]
@@ -202,8 +203,8 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         self.policies[manifest.id] = policy
         self._start_service(policy)
         self._collect_garbage()
-        self.on_event("adopted", {"version": manifest.version, "id": manifest.id.hex(),
-                                  "bytes": manifest.total_size, "pieces": manifest.num_pieces})
+        self.on_event(Adopted(version=manifest.version, id=manifest.id.hex(), bytes=manifest.total_size,
+                              pieces=manifest.num_pieces))
         self._signal()
         return policy
 
@@ -242,8 +243,7 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
                 return
             if len(self._gone) < MAX_BANNED:
                 self._gone.add(peer)
-        self.on_event("peer_dropped", {"version": policy.manifest.version, "dropped": peer, "reason": why,
-                                       "banned": hostile})
+        self.on_event(PeerDropped(version=policy.manifest.version, dropped=peer, reason=why, banned=hostile))
 
     def _ban(self, peer: str, why: str) -> None:
         """Never link `peer` again, and close our spare channel to it."""
@@ -256,12 +256,12 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
 
     def _linked(self, policy: MirroredPolicy, peer: str, **info: Any) -> None:
         self._gone.discard(peer)  # back: its next departure is news again
-        self.on_event("link", {"peer": peer, "version": policy.manifest.version, **info})
+        self.on_event(Link(peer=peer, version=policy.manifest.version, **info))
 
     async def _watch_completion(self, policy: MirroredPolicy) -> None:
         await policy.service.completed.wait()
         policy.announced_complete = True
-        self.on_event("complete", {"version": policy.manifest.version, "id": policy.manifest.id.hex()})
+        self.on_event(Complete(version=policy.manifest.version, id=policy.manifest.id.hex()))
         self._signal()
 
     @contextmanager
@@ -290,7 +290,7 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
                 if policy.scope is not None:
                     policy.scope.cancel()
                 del self.policies[mid]
-                self.on_event("dropped", {"version": policy.manifest.version})
+                self.on_event(Dropped(version=policy.manifest.version))
         self.store.gc(self.keep, pinned=set(self.policies))
         self._prune_copies()
 

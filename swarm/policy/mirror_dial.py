@@ -18,6 +18,7 @@ import trio
 
 from p2p.channel.messages import HandshakeBreach
 from p2p.errors import P2PError
+from swarm.event_types import Spare
 from swarm.policy.link_places import choose_order
 from swarm.policy.link_preamble import inline_manifest, send_preamble
 
@@ -203,7 +204,7 @@ class OutboundLinks:
                 stream = await dial(peer)
             self._spares[peer] = (stream, trio.current_time() + spare_lifetime(self.spare_ttl))
             self._spare_failures.pop(peer, None)
-            self.on_event("spare", {"peer": peer})
+            self.on_event(Spare(peer=peer))
         except _DIAL_ERRORS as exc:
             _raise_breach(exc)
             self._spare_failed(peer)

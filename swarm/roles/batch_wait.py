@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from swarm.event_types import TrainerWaiting
+
 
 @dataclass(frozen=True)
 class GateCounts:
@@ -106,9 +108,9 @@ class BatchWait:
         self.reported_at = now
         return True
 
-    def status(self, gate: GateCounts, now: float) -> dict:
-        return {"waited_s": round(now - self.since, 1), "ready": gate.ready, "wanted": self.wanted,
-                "awaiting_votes": gate.awaiting_votes, "newest_version": gate.newest, "counts": dict(gate.tally)}
+    def status(self, gate: GateCounts, now: float) -> TrainerWaiting:
+        return TrainerWaiting(waited_s=round(now - self.since, 1), ready=gate.ready, wanted=self.wanted,
+                              awaiting_votes=gate.awaiting_votes, newest_version=gate.newest, counts=dict(gate.tally))
 
 
 def why_publish_now(gate: GateCounts, swarm: SwarmFacts, waiting: BatchWait, now: float) -> str | None:

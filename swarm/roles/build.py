@@ -7,7 +7,8 @@ node alone, and never imports torch. The trainer, inference and validator roles 
 from __future__ import annotations
 
 from swarm.config import PeerConfig
-from swarm.node.node import Node, RoleTask
+from swarm.event_types import Finished
+from swarm.node.state import Node, RoleTask
 
 
 def build_roles(config: PeerConfig) -> list[RoleTask]:
@@ -51,8 +52,8 @@ async def exit_when_newest_complete(node: Node) -> None:
         if newest is not None and newest.service is not None and newest.service.completed.is_set():
             rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             prog = newest.service.progress()
-            node.events.emit("finished", version=newest.manifest.version, max_rss_mb=round(rss_mb, 1),
-                             down_from=prog.bytes_down, up_to=prog.bytes_up)
+            node.events.emit(Finished(version=newest.manifest.version, max_rss_mb=round(rss_mb, 1),
+                                      down_from=prog.bytes_down, up_to=prog.bytes_up))
             node.done.set()
             return
         await node.mirror.changed.wait()

@@ -19,6 +19,7 @@ from swarm.policy.runspec import RunSpec
 from swarm.roles import gate_state
 from swarm.roles.gate_evidence import NEAR_TIES, GateEvidence
 from swarm.roles.gate_probation import Probation, ProbationConfig
+from verify.rollout import RolloutGroup
 
 SLOT_TAKEN = "another group for an answered slot"
 DISPUTED = "disputed"
@@ -48,7 +49,7 @@ class RolloutGate:
     specs: dict[int, RunSpec] = field(default_factory=dict)  # version -> spec it was published with
     newest: int = -1
     async_level: int = 2
-    pending: dict[bytes, object] = field(default_factory=dict)  # rollout id -> RolloutGroup awaiting votes
+    pending: dict[bytes, RolloutGroup] = field(default_factory=dict)  # rollout id -> RolloutGroup awaiting votes
     accepted: list = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     probation_config: ProbationConfig = field(default_factory=ProbationConfig)

@@ -12,11 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
+from swarm.event_types import Generated, Generating, Skipped
 from swarm.policy.files import VersionUnusable, load_base_model, newest_complete, open_version
 from swarm.policy.runspec import RunSpec
+
+if TYPE_CHECKING:
+    from swarm.node.context import RoleContext
 
 log = logging.getLogger(__name__)
 
@@ -26,51 +31,51 @@ def unchanged(groups: list) -> list:
     return groups
 
 
-async def inference_role(node, tamper: Callable[[list], list] = unchanged) -> None:
+async def inference_role(ctx: RoleContext, tamper: Callable[[list], list] = unchanged) -> None:
     """`tamper` rewrites each version's groups before they are recorded and published: `unchanged` here; the
     simulation's cheater (swarm.sim.cheater) passes one that lies about its rewards."""
     from inference.published import PublishedSlots
     from inference.select import open_backend
     from swarm.messages.rollout_transport import serve_rollout_blobs
 
-    published = PublishedSlots.load(published_slots_path(node.config))  # before anything: an unreadable one stops
-    blobs = serve_rollout_blobs(node.host)  # groups too large for gossip are announced and served from here
-    loaded = await load_base_model(node.config.peer.model)
+    published = PublishedSlots.load(published_slots_path(ctx.config))  # before anything: an unreadable one stops
+    blobs = serve_rollout_blobs(ctx.host)  # groups too large for gossip are announced and served from here
+    loaded = await load_base_model(ctx.config.peer.model)
     backend = None  # opened with the first version: the run's manifest names the precision to generate in
     done = -1
     while True:
-        policy = await newest_complete(node, done)
+        policy = await newest_complete(ctx, done)
         done = policy.manifest.version
         try:
             spec = RunSpec.from_model(policy.manifest.model)
         except Exception as exc:  # noqa: BLE001 - a malformed spec skips this version, it does not stop the peer
-            node.events.emit("skipped", version=done, message=str(exc))
+            ctx.events.emit(Skipped(version=done, message=str(exc)))
             continue
-        why = unanswerable(spec, node.peer_id, done)
+        why = unanswerable(spec, ctx.peer_id, done)
         if why:
-            node.events.emit("skipped", version=done, message=why)
+            ctx.events.emit(Skipped(version=done, message=why))
             continue
         if backend is None:  # vLLM takes minutes to start
-            backend = await trio.to_thread.run_sync(open_backend, node.config.inference.backend, loaded, spec.precision,
-                                                    node.config.inference.gpu_memory)
+            backend = await trio.to_thread.run_sync(open_backend, ctx.config.inference.backend, loaded, spec.precision,
+                                                    ctx.config.inference.gpu_memory)
         try:
-            async with open_version(node, spec, policy) as (directory, tasks):
+            async with open_version(ctx, spec, policy) as (directory, tasks):
                 # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
-                node.events.emit("generating", version=done, prompts=spec.prompts_per_worker)
-                groups = await trio.to_thread.run_sync(_generate, node, backend, loaded, policy, tasks, directory,
-                                                       published, spec.async_level, tamper)
+                ctx.events.emit(Generating(version=done, prompts=spec.prompts_per_worker))
+                groups = await trio.to_thread.run_sync(_generate, ctx.config.peer.run, ctx.peer_id, backend, loaded,
+                                                       policy, tasks, directory, published, spec.async_level, tamper)
         except VersionUnusable as exc:  # skipped, not fatal
-            node.events.emit("skipped", version=done, message=str(exc))
+            ctx.events.emit(Skipped(version=done, message=str(exc)))
             continue
         if not groups:
-            node.events.emit("skipped", version=done, message="every slot of this version was published before")
+            ctx.events.emit(Skipped(version=done, message="every slot of this version was published before"))
             continue
-        await _publish_groups(node, groups, blobs)
-        node.events.emit("generated", version=done, groups=len(groups),
-                         completions=sum(len(g.completions) for g in groups),
-                         tokens=sum(len(c.tokens) for g in groups for c in g.completions),
-                         mean_reward=round(sum(c.reward for g in groups for c in g.completions)
-                                           / max(1, sum(len(g.completions) for g in groups)), 3))
+        await _publish_groups(ctx, groups, blobs)
+        ctx.events.emit(Generated(version=done, groups=len(groups),
+                                   completions=sum(len(g.completions) for g in groups),
+                                   tokens=sum(len(c.tokens) for g in groups for c in g.completions),
+                                   mean_reward=round(sum(c.reward for g in groups for c in g.completions)
+                                                     / max(1, sum(len(g.completions) for g in groups)), 3)))
 
 
 def unanswerable(spec: RunSpec, worker: str, version: int) -> str:
@@ -89,17 +94,17 @@ def published_slots_path(config) -> Path:
     return Path(config.peer.data_dir) / f"published-slots-{config.peer.run}.json"
 
 
-def _generate(node, backend, loaded, policy, tasks, directory, published, async_level: int,
+def _generate(run: str, worker: str, backend, loaded, policy, tasks, directory, published, async_level: int,
               tamper: Callable[[list], list] = unchanged) -> list:
     """Blocking: swap weights, generate this worker's assigned groups it has not published yet, with proofs, and
     record their slots in `published` before they are returned for publishing (a crash after this loses the
-    groups' work, never answers a slot twice)."""
+    groups' work, never answers a slot twice). Of its peer the thread reads only the run and its own id, `worker`."""
     from inference.rollouts import build_rollout_group, make_request
     from tasks.assignment import assign_tasks
     from verify.rollout import Slot
 
     manifest = policy.manifest
-    run, worker, step = node.config.peer.run, node.peer_id, manifest.version
+    step = manifest.version
     assigned = [tasks.train[i] for i in assign_tasks(run, worker, step, tasks.eligible, tasks.prompts_per_worker)]
     slot_of = {e.index: Slot(run, manifest.version, worker, step, e.dataset, e.index) for e in assigned}
     fresh = published.unpublished(list(slot_of.values()))
@@ -117,16 +122,16 @@ def _generate(node, backend, loaded, policy, tasks, directory, published, async_
     return groups
 
 
-async def _publish_groups(node, groups, blobs) -> None:
+async def _publish_groups(ctx: RoleContext, groups, blobs) -> None:
     """Gossip this version's groups, several to a message: inline (compressed when that helps) or announced by hash
     and served from `blobs`."""
     from p2p.errors import P2PError
     from swarm.messages.rollout_transport import publish_groups
 
     def skipped(group, exc) -> None:
-        node.events.emit("skipped", message=f"rollout group for task {group.task_index} not published: {exc}")
+        ctx.events.emit(Skipped(message=f"rollout group for task {group.task_index} not published: {exc}"))
 
     try:
-        await publish_groups(node, groups, blobs, skipped=skipped)
+        await publish_groups(ctx, groups, blobs, skipped=skipped)
     except P2PError as exc:
         log.warning("rollouts not published: %s", exc)

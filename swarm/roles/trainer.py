@@ -10,15 +10,31 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
+from swarm.event_types import (
+    Evaluated,
+    Gate,
+    NumberedPast,
+    PublishingEarly,
+    Resumed,
+    Trained,
+    TrainerDevice,
+    TrainStep,
+    WorkerBanned,
+)
 from swarm.policy.runspec import RunSpec
 from swarm.policy.task_file import snapshot_task_file
 from swarm.roles.batch_wait import BatchWait, GateCounts, SwarmFacts, why_publish_now
 from swarm.roles.gate import RolloutGate
 from swarm.roles.trainer_publisher import SwarmPublisher
 from trainer.tracking import gate_scalars
+
+if TYPE_CHECKING:
+    from swarm.node.context import RoleContext
+    from trainer.step_record import StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -45,27 +61,27 @@ def load_role_config(config):
     return loaded.config, loaded.curriculum
 
 
-async def trainer_role(node) -> None:
+async def trainer_role(ctx: RoleContext) -> None:
     """Train on quorum-accepted rollouts until the configured steps are done (or the time limit passes), publishing
     every new version."""
     from swarm.messages.rollout_transport import receive_groups
 
-    config = node.config
+    config = ctx.config
     cfg, curriculum = load_role_config(config)
     cfg, task_file = await trio.to_thread.run_sync(_with_task_file_snapshot, cfg, config)
-    run = await _start_training_run(node, cfg, curriculum)
-    publisher = SwarmPublisher(node, node.identity, cfg, config.mirror.piece_kb, task_file)
+    run = await _start_training_run(ctx, cfg, curriculum)
+    publisher = SwarmPublisher(ctx, ctx.identity, cfg, config.mirror.piece_kb, task_file)
     gate = _open_gate(config, cfg, run, publisher)
-    rollout_envelopes, vote_envelopes = node.gossip.subscribe("rollout"), node.gossip.subscribe("vote")  # before
+    rollout_envelopes, vote_envelopes = ctx.gossip.subscribe("rollout"), ctx.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
     evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
     heldout: dict[str, float] = {}
-    await _first_version(node, run, publisher, gate, evaluator, heldout)
+    await _first_version(ctx, run, publisher, gate, evaluator, heldout)
     progress = trio.Event()
     reported_bans: set[str] = set()
 
     def report_reputation_bans() -> None:
-        _report_reputation_bans(node, gate, reported_bans)
+        _report_reputation_bans(ctx, gate, reported_bans)
 
     def on_rollout(group) -> None:
         """A received group (inline, compressed, or announced and fetched); refusals (a group of another worker
@@ -75,7 +91,7 @@ async def trainer_role(node) -> None:
         progress.set()
 
     async def rollouts() -> None:
-        await receive_groups(node, rollout_envelopes, on_rollout,
+        await receive_groups(ctx, rollout_envelopes, on_rollout,
                              refused=lambda why: gate.count(f"refused:{why}"))
 
     async def votes() -> None:
@@ -84,7 +100,7 @@ async def trainer_role(node) -> None:
                 gate.on_vote(vote, trio.current_time())
             report_reputation_bans()
             for worker, reason in gate.take_new_bans():  # reported once, when its near-ties cross the test
-                node.events.emit("worker_banned", worker=worker, by="near_ties", reason=reason)
+                ctx.events.emit(WorkerBanned(worker=worker, by="near_ties", reason=reason))
             progress.set()
 
     async def ticks() -> None:
@@ -97,7 +113,7 @@ async def trainer_role(node) -> None:
             progress.set()
             if gate.counts != last:  # what the gate has seen so far, for the status view and the report
                 last = dict(gate.counts)
-                node.events.emit("gate", waiting=len(gate.pending), ready=len(gate.accepted), counts=last)
+                ctx.events.emit(Gate(waiting=len(gate.pending), ready=len(gate.accepted), counts=last))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(rollouts)
@@ -107,24 +123,24 @@ async def trainer_role(node) -> None:
             waiting = BatchWait(cfg.prompts_per_step, trio.current_time())
             # decisions read what was just counted (a stale count once published instead of training)
             while not waiting.ready(counts := gate_counts(gate, publisher.known_workers()), trio.current_time()):
-                await _publish_when_stuck(node, run, publisher, gate, waiting, counts)
+                await _publish_when_stuck(ctx, run, publisher, gate, waiting, counts)
                 if waiting.should_report(trio.current_time()):
-                    node.events.emit("trainer_waiting", **waiting.status(counts, trio.current_time()))
+                    ctx.events.emit(waiting.status(counts, trio.current_time()))
                 with trio.move_on_after(1.0):
                     await progress.wait()
                     progress = trio.Event()
             batch = gate.take(cfg.prompts_per_step)
             gate.keep_in(run.state.extra, due=(run.state.step + 1) % cfg.checkpoint_every == 0)  # with checkpoints
             record = await trio.to_thread.run_sync(run.step, batch)
-            node.events.emit("train_step", **_step_event(record, batch, gate, run.loaded.tokenizer))
-            run.tracker.log(gate_scalars(gate.counts), record["step"] + 1)  # beside the step's own figures
+            ctx.events.emit(_step_event(record, batch, gate, run.loaded.tokenizer))
+            run.tracker.log(gate_scalars(gate.counts), record.step + 1)  # beside the step's own figures
             await _publish_newest(run, publisher, gate)
             if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.wants_step(cfg.steps):
-                await _evaluate(node, evaluator, run, heldout, "during")
-        await _finish_training(node, run, evaluator, gate, heldout)
+                await _evaluate(ctx, evaluator, run, heldout, "during")
+        await _finish_training(ctx, run, evaluator, gate, heldout)
         nursery.cancel_scope.cancel()
     if config.trainer.exit_when_trained:
-        node.done.set()
+        ctx.done.set()
 
 
 def _open_gate(config, cfg, run, publisher: SwarmPublisher) -> RolloutGate:
@@ -137,46 +153,45 @@ def _open_gate(config, cfg, run, publisher: SwarmPublisher) -> RolloutGate:
     return gate
 
 
-def _report_reputation_bans(node, gate: RolloutGate, reported: set[str]) -> None:
+def _report_reputation_bans(ctx: RoleContext, gate: RolloutGate, reported: set[str]) -> None:
     """A worker the reputation rule banned (its rollouts rejected by the quorum) is reported once, with why."""
     for worker in sorted({w for w in gate.reputation.banned() if isinstance(w, str)} - reported):
         reported.add(worker)
-        node.events.emit("worker_banned", worker=worker, by="reputation", reason=(
+        ctx.events.emit(WorkerBanned(worker=worker, by="reputation", reason=(
             f"the validators' quorum rejected its rollouts until its reputation fell to "
-            f"{gate.reputation.score(worker):.1f} (banned at {gate.reputation.config.ban_below:g} or below)"))
+            f"{gate.reputation.score(worker):.1f} (banned at {gate.reputation.config.ban_below:g} or below)")))
 
 
-async def _finish_training(node, run, evaluator, gate: RolloutGate, heldout: dict) -> None:
+async def _finish_training(ctx: RoleContext, run, evaluator, gate: RolloutGate, heldout: dict) -> None:
     """Save the final policy, score it on the held-out split, close the trackers and say what was trained."""
     gate.keep_in(run.state.extra, due=True)  # the final checkpoint carries the gate's judgements too
     final = await trio.to_thread.run_sync(run.finish)
-    await _evaluate(node, evaluator, run, heldout, "after")
+    await _evaluate(ctx, evaluator, run, heldout, "after")
     await trio.to_thread.run_sync(run.tracker.close)  # W&B finishes its run: seconds, off the event loop
-    node.events.emit("trained", steps=run.state.step, version=run.state.version, final=str(final),
-                     gate=dict(gate.counts), heldout=heldout,
-                     banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned()))
+    ctx.events.emit(Trained(steps=run.state.step, version=run.state.version, final=str(final),
+                             gate=dict(gate.counts), heldout=heldout,
+                             banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned())))
 
 
-def _step_event(record: dict, batch: list, gate: RolloutGate, tokenizer) -> dict:
+def _step_event(record: StepRecord, batch: list, gate: RolloutGate, tokenizer) -> TrainStep:
     """The train_step event: what the step trained on, so a flat reward can be told from an empty batch."""
     from collections import Counter
 
     completions = [c for g in batch for c in g.completions]
     rewards = [[round(c.reward, 3) for c in g.completions] for g in batch]
-    return {
-        "step": record["step"], "reward": record.get("reward") if record.get("groups") else None,
-        "stage": record["stage"], "version": record["version"], "groups": len(batch), "refused": record["refused"],
-        "trained_groups": record.get("groups_trained"), "zero_advantage_groups": sum(
-            len(set(r)) < 2 for r in rewards), "lags": dict(Counter(gate.newest - g.policy_version for g in batch)),
-        "group_rewards": [round(sum(r) / len(r), 3) for r in rewards if r],
-        "mean_tokens": round(sum(len(c.tokens) for c in completions) / max(1, len(completions)), 1),
-        "hit_length": sum(c.finish_reason == "length" for c in completions), "completions": len(completions),
-        "entropy": round(record.get("entropy", 0.0), 3), "skipped": record.get("skipped", ""),
-        "loss": record.get("loss"), "kl": record.get("kl"), "lr": record.get("lr"),
-        "step_seconds": record.get("seconds"),  # the figures a Prometheus scrape shows (swarm.node.metrics)
-        "workers": sorted({g.worker for g in batch}), "gate": dict(gate.counts),
-        "sample": _sample_text(batch, tokenizer),
-    }
+    return TrainStep(
+        step=record.step, reward=record.reward if record.groups else None,
+        stage=record.stage, version=record.version, groups=len(batch), refused=record.refused,
+        trained_groups=record.groups_trained, zero_advantage_groups=sum(
+            len(set(r)) < 2 for r in rewards), lags=dict(Counter(gate.newest - g.policy_version for g in batch)),
+        group_rewards=[round(sum(r) / len(r), 3) for r in rewards if r],
+        mean_tokens=round(sum(len(c.tokens) for c in completions) / max(1, len(completions)), 1),
+        hit_length=sum(c.finish_reason == "length" for c in completions), completions=len(completions),
+        entropy=round(record.entropy, 3), skipped=record.skipped, loss=record.loss, kl=record.kl, lr=record.lr,
+        step_seconds=record.seconds,  # the figures a Prometheus scrape shows (swarm.node.metrics)
+        workers=sorted({g.worker for g in batch}), gate=dict(gate.counts),
+        sample=_sample_text(batch, tokenizer),
+    )
 
 
 def _sample_text(batch: list, tokenizer) -> str:
@@ -199,13 +214,14 @@ def _open_training_run(loaded, cfg, curriculum):
     return TrainingRun(loaded, cfg, curriculum, trusted_source=False)  # workers' logprobs are claims: recompute
 
 
-async def _first_version(node, run, publisher: SwarmPublisher, gate: RolloutGate, evaluator, heldout: dict) -> None:
+async def _first_version(ctx: RoleContext, run, publisher: SwarmPublisher, gate: RolloutGate, evaluator,
+                         heldout: dict) -> None:
     """Publish the first version once a quorum of validators is heard, scoring the starting policy meanwhile (the
     scoring only reads the weights, and no step runs before it ends)."""
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_evaluate, node, evaluator, run, heldout, "before")
-        await publisher.wait_for_validators(node.config.trainer.quorum, node.config.trainer.replicas)
-        await _number_past_the_swarm(node, run, publisher)
+        nursery.start_soon(_evaluate, ctx, evaluator, run, heldout, "before")
+        await publisher.wait_for_validators(ctx.config.trainer.quorum, ctx.config.trainer.replicas)
+        await _number_past_the_swarm(ctx, run, publisher)
         await _publish_newest(run, publisher, gate)
 
 
@@ -221,7 +237,7 @@ def _open_evaluator(run, cfg, curriculum):
     return evaluator
 
 
-async def _evaluate(node, evaluator, run, heldout: dict, when: str) -> None:
+async def _evaluate(ctx: RoleContext, evaluator, run, heldout: dict, when: str) -> None:
     """Score the trainer's live policy on held-out prompts (before training, every `eval_every` steps, after).
 
     Why in the swarm trainer too: a step's reward is measured on the few groups it trains on, so only held-out
@@ -230,67 +246,67 @@ async def _evaluate(node, evaluator, run, heldout: dict, when: str) -> None:
     record = await trio.to_thread.run_sync(evaluator, run.state.step)
     heldout[when] = record["accuracy"]
     heldout["constant_answer"] = evaluator.constant_answer[1]
-    node.events.emit("evaluated", when=when, step=record["step"], accuracy=record["accuracy"], n=record["n"],
-                     message=f"held-out accuracy {when} training (step {record['step']}): {record['accuracy']:.3f} "
-                             f"on {record['n']} prompts never trained on")
+    ctx.events.emit(Evaluated(when=when, step=record["step"], accuracy=record["accuracy"], n=record["n"], message=(
+        f"held-out accuracy {when} training (step {record['step']}): {record['accuracy']:.3f} "
+        f"on {record['n']} prompts never trained on")))
 
 
-async def _start_training_run(node, cfg, curriculum):
+async def _start_training_run(ctx: RoleContext, cfg, curriculum):
     """Load the base model onto the peer's device and open the training run (resuming it from its checkpoint)."""
     from inference.select import resolve_device
     from swarm.policy.files import load_base_model
 
     loaded = await load_base_model(cfg.model)
-    device = resolve_device(node.config.peer.device)
+    device = resolve_device(ctx.config.peer.device)
     await trio.to_thread.run_sync(loaded.model.to, device)  # it only trains: no CPU generator shares it here
-    node.events.emit("trainer_device", device=str(device), message=f"training on {device}")
+    ctx.events.emit(TrainerDevice(device=str(device), message=f"training on {device}"))
     run = await trio.to_thread.run_sync(_open_training_run, loaded, cfg, curriculum)
     if run.state.step > 0:
-        await _resumed(node, run)
+        await _resumed(ctx, run)
     return run
 
 
-async def _resumed(node, run) -> None:
+async def _resumed(ctx: RoleContext, run) -> None:
     """A trainer resumed from its checkpoint: its workers answered the newest version already, to the process that
     stopped, so the same weights go out under a new version number."""
     resumed_at = run.state.version
     await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
-    node.events.emit("resumed", step=run.state.step, version=run.state.version, message=(
+    ctx.events.emit(Resumed(step=run.state.step, version=run.state.version, message=(
         f"resumed at step {run.state.step}; the rollouts of v{resumed_at} went with the previous process, so its "
-        f"weights go out again as v{run.state.version}"))
+        f"weights go out again as v{run.state.version}")))
 
 
-async def _publish_when_stuck(node, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait,
+async def _publish_when_stuck(ctx: RoleContext, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait,
                               counts: GateCounts) -> None:
     """Publish a new version now when the newest one cannot bring the next batch
     (swarm.roles.batch_wait.why_publish_now).
     The same weights sent again cost the swarm a manifest: their files have the same roots, which every peer already
     holds."""
-    why = why_publish_now(counts, swarm_facts(node, run, publisher, gate), waiting, trio.current_time())
+    why = why_publish_now(counts, swarm_facts(ctx, run, publisher, gate), waiting, trio.current_time())
     if why is None:
         return
-    if (held := newest_in_swarm(node)) > gate.newest:
+    if (held := newest_in_swarm(ctx)) > gate.newest:
         run.number_past(held)  # workers answer the newest version they hold: one below it would go unanswered
     await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
-    node.events.emit("publishing_early", version=run.state.version, message=(
+    ctx.events.emit(PublishingEarly(version=run.state.version, message=(
         f"v{gate.newest} cannot bring the next batch: {why}; so the weights of step {run.state.step} go out as "
-        f"v{run.state.version}"))
+        f"v{run.state.version}")))
     await _publish_newest(run, publisher, gate)
     waiting.restart(trio.current_time())
 
 
-async def _number_past_the_swarm(node, run, publisher: SwarmPublisher) -> None:
+async def _number_past_the_swarm(ctx: RoleContext, run, publisher: SwarmPublisher) -> None:
     """Before the first version goes out: when peers hold a version at least as new as the one about to be
     published (an earlier process of this run published it, and its data directory or checkpoint is gone), the
     weights go out past it. Why: workers answer the newest version they hold, so a trainer that published below
     it would wait for rollouts nobody sends."""
-    held = newest_in_swarm(node)
+    held = newest_in_swarm(ctx)
     if held < run.state.version or run.state.version in publisher.published:
         return
     run.number_past(held)
     await trio.to_thread.run_sync(functools.partial(run.publish_early, even_untrained=True))
-    node.events.emit("numbered_past", held=held, version=run.state.version, message=(
-        f"peers hold v{held} from an earlier process of this run; its weights go out as v{run.state.version}"))
+    ctx.events.emit(NumberedPast(held=held, version=run.state.version, message=(
+        f"peers hold v{held} from an earlier process of this run; its weights go out as v{run.state.version}")))
 
 
 async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> None:
@@ -317,17 +333,17 @@ def gate_counts(gate: RolloutGate, workers: set[str]) -> GateCounts:
                       answered_in_full=gate.answered_in_full(gate.newest, workers), tally=dict(gate.counts))
 
 
-def swarm_facts(node, run, publisher: SwarmPublisher, gate: RolloutGate) -> SwarmFacts:
+def swarm_facts(ctx: RoleContext, run, publisher: SwarmPublisher, gate: RolloutGate) -> SwarmFacts:
     """What the trainer hears of its peers now, as the batch wait's plain values."""
     spec = gate.specs.get(gate.newest)
     return SwarmFacts(
-        quorum_here=len(publisher.known_validators()) >= node.config.trainer.quorum,
+        quorum_here=len(publisher.known_validators()) >= ctx.config.trainer.quorum,
         workers_known=publisher.workers_known(),
         validators_departed=publisher.validators_departed(spec) if spec is not None else 0,
         validators_changed=publisher.validators_changed(spec) if spec is not None else False,
-        newest_held=newest_in_swarm(node), trained_since_publish=run.trained_since_publish)
+        newest_held=newest_in_swarm(ctx), trained_since_publish=run.trained_since_publish)
 
 
-def newest_in_swarm(node) -> int:
+def newest_in_swarm(ctx: RoleContext) -> int:
     """The newest version among the manifests this peer adopted (only the run key's are adopted), or -1."""
-    return max((p.manifest.version for p in node.mirror.policies.values()), default=-1)
+    return max((p.manifest.version for p in ctx.mirror.policies.values()), default=-1)

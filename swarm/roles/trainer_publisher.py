@@ -9,13 +9,18 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
+from swarm.event_types import Published, ValidatorIgnored, WaitingForValidators
 from swarm.policy.runspec import RunSpec
 from swarm.policy.task_file import place_task_file
 from swarm.policy.trust import parse_public_key
 from verify.reward_loading import load_reward
+
+if TYPE_CHECKING:
+    from swarm.node.context import RoleContext
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +28,7 @@ log = logging.getLogger(__name__)
 class SwarmPublisher:
     """Turns the training run's newest policy directory into a signed, seeded manifest with the run spec."""
 
-    def __init__(self, node, identity, cfg, piece_kb: int, task_file=None) -> None:
+    def __init__(self, node: RoleContext, identity, cfg, piece_kb: int, task_file=None) -> None:
         self.node, self.identity, self.cfg, self.piece_kb = node, identity, cfg, piece_kb
         self.task_file = task_file  # swarm.policy.task_file.RunTaskFile: the run's task file, listed in every manifest
         self.root = Path(node.config.peer.data_dir) / "swarm-policies"
@@ -44,8 +49,8 @@ class SwarmPublisher:
             return tuple(sorted(k.hex() for k in heard.values()))
         for peer in [p for p, k in heard.items() if k not in self.allowed and p not in self.ignored]:
             self.ignored.add(peer)
-            self.node.events.emit("validator_ignored", peer=peer, message=(
-                f"validator {peer} is not among --validator-key; its votes will not count"))
+            self.node.events.emit(ValidatorIgnored(peer=peer, message=(
+                f"validator {peer} is not among --validator-key; its votes will not count")))
         return tuple(sorted(k.hex() for k in heard.values() if k in self.allowed))
 
     def workers_known(self) -> bool:
@@ -85,11 +90,11 @@ class SwarmPublisher:
             now = trio.current_time()
             if now - reported >= report_every_s:
                 reported = now
-                self.node.events.emit("waiting_for_validators", known=known, quorum=quorum,
-                                      waited_s=round(now - since, 1), message=(
-                                          f"the quorum needs {quorum} validators and {known} are heard from"
-                                          f"{'' if self.allowed is None else ' (of those --validator-key lists)'}: "
-                                          f"no version goes out until enough join ({now - since:.0f} s so far)"))
+                self.node.events.emit(WaitingForValidators(
+                    known=known, quorum=quorum, waited_s=round(now - since, 1), message=(
+                        f"the quorum needs {quorum} validators and {known} are heard from"
+                        f"{'' if self.allowed is None else ' (of those --validator-key lists)'}: "
+                        f"no version goes out until enough join ({now - since:.0f} s so far)")))
             await trio.sleep(0.2)
 
     def spec_for(self, segment: str) -> RunSpec:
@@ -126,8 +131,8 @@ class SwarmPublisher:
         before_announce(spec)  # the gate must know the version before any worker can answer it
         await self.node.announce_policy(signed, manifest)
         self.published.add(version)
-        self.node.events.emit("published", version=version, id=manifest.id.hex(), bytes=manifest.total_size,
-                              validators=len(spec.validators), stage=generation["stage"])
+        self.node.events.emit(Published(version=version, id=manifest.id.hex(), bytes=manifest.total_size,
+                                        validators=len(spec.validators), stage=generation["stage"]))
         return spec
 
     def prune(self) -> None:

@@ -14,11 +14,20 @@ from __future__ import annotations
 import copy
 import logging
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
+from swarm.event_types import RejectedRollout, RewardRefused, Validated, ValidatorDevice, WorkerBanned
 from swarm.policy.files import VersionUnusable, load_base_model, open_version
 from swarm.policy.runspec import RunSpec, VersionTasks
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from swarm.node.context import RoleContext
+    from swarm.policy.mirror import MirroredPolicy
+    from verify.worker_history import WorkerHistory
 
 log = logging.getLogger(__name__)
 BATCH_WINDOW_S = 0.5
@@ -33,16 +42,16 @@ class VersionModels:
     def __init__(self, loaded, device=None) -> None:
         self.loaded = loaded
         self.device = device
-        self.models: dict[int, object] = {}
+        self.models: dict[int, nn.Module] = {}
         self.specs: dict[int, RunSpec] = {}
-        self.policies: dict[int, object] = {}
+        self.policies: dict[int, MirroredPolicy] = {}
         self.tasks: dict[int, VersionTasks] = {}
         self.refused_rewards: set[tuple[str, str]] = set()  # (reward, hash) this peer said once it cannot score
 
-    async def sync(self, node) -> None:
+    async def sync(self, ctx: RoleContext) -> None:
         from inference.weights import load_weights_in_place
 
-        for policy in node.mirror.complete_versions():
+        for policy in ctx.mirror.complete_versions():
             version = policy.manifest.version
             if version in self.models:
                 continue
@@ -51,11 +60,11 @@ class VersionModels:
             except Exception as exc:  # noqa: BLE001 - a version without a usable spec cannot be validated
                 log.warning("version %d has no usable run spec: %s", version, exc)
                 continue
-            if self.refuses_reward(node, spec):
+            if self.refuses_reward(ctx, spec):
                 continue
             model = copy.deepcopy(self.loaded.model)
             try:
-                async with open_version(node, spec, policy) as (directory, tasks):
+                async with open_version(ctx, spec, policy) as (directory, tasks):
                     await trio.to_thread.run_sync(load_weights_in_place, model, directory)
             except VersionUnusable as exc:  # it left the window (a newer one is there) or its tasks are unreadable
                 log.warning("version %d cannot be validated: %s", version, exc)
@@ -70,14 +79,14 @@ class VersionModels:
                 table.pop(version, None)
 
 
-    def refuses_reward(self, node, spec: RunSpec) -> bool:
+    def refuses_reward(self, ctx: RoleContext, spec: RunSpec) -> bool:
         """Whether this validator lacks the run's own reward as the spec hashes it; said once per reward, since a
         vote on rewards computed by other code would reject honest work."""
         problem = spec.reward_problem()
         if problem and (spec.reward, spec.reward_hash) not in self.refused_rewards:
             self.refused_rewards.add((spec.reward, spec.reward_hash))
-            node.events.emit("reward_refused", reward=spec.reward, expected=spec.reward_hash, message=(
-                f"refusing to vote on run {node.config.peer.run}: {problem}"))
+            ctx.events.emit(RewardRefused(reward=spec.reward, expected=spec.reward_hash, message=(
+                f"refusing to vote on run {ctx.config.peer.run}: {problem}")))
         return bool(problem)
 
 
@@ -88,14 +97,14 @@ def assigned_to_me(slot_key: bytes, worker: str, spec: RunSpec, my_key: bytes) -
     return my_key in assign_validators(slot_key, spec.validators_for(worker), spec.replicas)
 
 
-def _context(node, models: VersionModels, version: int, loaded):
+def _context(ctx: RoleContext, models: VersionModels, version: int, loaded):
     from verify.checks import RunContext
     from verify.provider import TaskSetProvider
 
     spec, policy, tasks = models.specs[version], models.policies[version], models.tasks[version]
     train = tasks.train
     return RunContext(
-        run=node.config.peer.run, current_version=max(models.models), async_window=spec.async_level,
+        run=ctx.config.peer.run, current_version=max(models.models), async_window=spec.async_level,
         manifest_ids={v: p.manifest.id for v, p in models.policies.items()},
         max_new_tokens=policy.manifest.generation.max_new_tokens, dataset=train.name,
         eligible=tasks.eligible, prompts_per_step=tasks.prompts_per_worker, eos_ids=loaded.eos_token_ids,
@@ -116,7 +125,7 @@ def check_config(spec: RunSpec):
     return CheckConfig.for_precision(spec.precision, min_eos_prob=0.0)
 
 
-def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
+def _verify_batch(ctx: RoleContext, models: VersionModels, loaded, groups: list) -> list:
     """Blocking: one verdict per group, grouped by version so each context matches its version's stage."""
     from verify.checks import CheckResult
     from verify.verifier import Verdict, verify_groups
@@ -124,7 +133,7 @@ def _verify_batch(node, models: VersionModels, loaded, groups: list) -> list:
     verdicts = []
     for version in sorted({g.policy_version for g in groups}):
         batch = [g for g in groups if g.policy_version == version]
-        for g, verdict in zip(batch, verify_groups(models.models, batch, _context(node, models, version, loaded),
+        for g, verdict in zip(batch, verify_groups(models.models, batch, _context(ctx, models, version, loaded),
                                                 check_config(models.specs[version]))):
             if g.step != g.policy_version:  # a worker may not shop for easier prompts under another step
                 verdict = Verdict(verdict.rollout_id, False, verdict.checks + (
@@ -139,7 +148,7 @@ class NearTieHistories:
 
     def __init__(self, reputation) -> None:
         self.reputation = reputation
-        self.by_precision: dict[str, object] = {}
+        self.by_precision: dict[str, WorkerHistory] = {}
 
     def of(self, precision: str):
         from verify.worker_history import HistoryConfig, WorkerHistory
@@ -152,7 +161,7 @@ class NearTieHistories:
         """Banned by this validator's reputation of it or by its near-tie history."""
         return self.reputation.is_banned(worker) or any(h.is_banned(worker) for h in self.by_precision.values())
 
-    def judge(self, verdicts: list, group_of: dict, models: VersionModels, node) -> list:
+    def judge(self, verdicts: list, group_of: dict, models: VersionModels, ctx: RoleContext) -> list:
         """Each verdict with its `near_ties` row (verify.worker_history.judge_verdict); a worker banned by its
         history is reported once, with the reason."""
         from verify.worker_history import judge_verdict
@@ -164,7 +173,7 @@ class NearTieHistories:
             verdict, judgement = judge_verdict(history, group.worker, verdict)
             if judgement is not None and judgement.newly_banned:
                 log.warning("banned worker %s: %s", group.worker, judgement.reason)
-                node.events.emit("worker_banned", worker=group.worker, reason=judgement.reason)
+                ctx.events.emit(WorkerBanned(worker=group.worker, reason=judgement.reason))
             out.append(verdict)
         return out
 
@@ -182,7 +191,7 @@ def wants_announced(models: VersionModels, workers, my_key: bytes):
     return wanted
 
 
-async def validator_role(node) -> None:
+async def validator_role(ctx: RoleContext) -> None:
     from inference.select import resolve_device
     from swarm.messages.rollout_transport import receive_groups
     from swarm.messages.votes import vote_bodies
@@ -194,12 +203,12 @@ async def validator_role(node) -> None:
     # heard, and that version's rollouts, gossiped while the model loaded, were otherwise lost here for good (seen
     # with three processes: a validator that joined late held up the version's rollouts for the 120 s quorum
     # timeout). The channel holds them until the model is ready.
-    rollouts = node.gossip.subscribe("rollout")
-    device = resolve_device(node.config.peer.device)
-    loaded = await load_base_model(node.config.peer.model)
+    rollouts = ctx.gossip.subscribe("rollout")
+    device = resolve_device(ctx.config.peer.device)
+    loaded = await load_base_model(ctx.config.peer.model)
     models = VersionModels(loaded, device)
-    node.events.emit("validator_device", device=str(device), message=f"prefills run on {device}")
-    my_key = node.identity.public_bytes
+    ctx.events.emit(ValidatorDevice(device=str(device), message=f"prefills run on {device}"))
+    my_key = ctx.identity.public_bytes
     workers = Reputation()  # this validator's own verdicts; a worker it bans is no longer checked
     slots = SlotLedger()  # one rollout per slot: a second group for one is refused unchecked (verify.slots)
     send, receive = trio.open_memory_channel(MAX_WAITING)
@@ -218,7 +227,7 @@ async def validator_role(node) -> None:
             log.warning("validator queue full; dropping a rollout")
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(partial(receive_groups, node, rollouts, collect,
+        nursery.start_soon(partial(receive_groups, ctx, rollouts, collect,
                                    wanted=wants_announced(models, histories, my_key)))
         waiting: list = []
         while True:
@@ -231,7 +240,7 @@ async def validator_role(node) -> None:
                     waiting.append(await receive.receive())
             if not waiting:
                 continue
-            await models.sync(node)
+            await models.sync(ctx)
             ready = [g for g in waiting if g.policy_version in models.models]
             waiting = [g for g in waiting if g.policy_version not in models.models
                        and g.policy_version > max(models.models, default=-1)][:MAX_WAITING]
@@ -241,15 +250,15 @@ async def validator_role(node) -> None:
                 continue
             slots.forget_below(max(models.models) - models.specs[max(models.models)].async_level)
             fresh, repeated = first_answers(slots, mine)
-            verdicts = await trio.to_thread.run_sync(_verify_batch, node, models, loaded, fresh) + repeated
+            verdicts = await trio.to_thread.run_sync(_verify_batch, ctx, models, loaded, fresh) + repeated
             worker_of = {g.rollout_id(): g.worker for g in mine}  # verdicts come back ordered by version
-            verdicts = histories.judge(verdicts, {g.rollout_id(): g for g in mine}, models, node)
-            for body in vote_bodies(vote_from_verdict(node.identity.seed, v) for v in verdicts):
-                await node.gossip.publish("vote", body)  # the batch's votes in as few messages as fit
+            verdicts = histories.judge(verdicts, {g.rollout_id(): g for g in mine}, models, ctx)
+            for body in vote_bodies(vote_from_verdict(ctx.identity.seed, v) for v in verdicts):
+                await ctx.gossip.publish("vote", body)  # the batch's votes in as few messages as fit
             for verdict in verdicts:
                 workers.record(worker_of[verdict.rollout_id], verdict.accepted)
                 stats["checked"] += 1
                 stats["accepted" if verdict.accepted else "rejected"] += 1
                 if not verdict.accepted:
-                    node.events.emit("rejected_rollout", reason=verdict.reason)
-            node.events.emit("validated", **stats)
+                    ctx.events.emit(RejectedRollout(reason=verdict.reason))
+            ctx.events.emit(Validated(**stats))

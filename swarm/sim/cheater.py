@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+from swarm.node.context import role_part
 from swarm.roles.inference import inference_role
 
 
@@ -18,4 +19,4 @@ def claim_full_reward(groups: list) -> list:
     return [replace(g, completions=tuple(replace(c, reward=1.0) for c in g.completions)) for g in groups]
 
 
-cheating_inference_role = functools.partial(inference_role, tamper=claim_full_reward)
+cheating_inference_role = role_part(functools.partial(inference_role, tamper=claim_full_reward))

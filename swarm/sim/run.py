@@ -19,8 +19,22 @@ import trio
 
 from p2p.identity import load_or_create_identity
 from swarm.config import load_config
-from swarm.events import EventSink
+from swarm.event_types import (
+    Complete,
+    DhtFound,
+    Generated,
+    Generating,
+    Published,
+    RejectedRollout,
+    RoleFailed,
+    Stalled,
+    Trained,
+    TrainStep,
+    Validated,
+)
+from swarm.events import Emitted, EventSink
 from swarm.node.node import open_node_parts
+from swarm.node.state import Node
 from swarm.roles.registry import ROLE_TASKS
 from swarm.sim.cheater import cheating_inference_role
 from swarm.sim.report_html import render_html
@@ -149,15 +163,12 @@ async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict],
         config.peer.data_dir.mkdir(parents=True, exist_ok=True)
         identity = load_or_create_identity(config.peer.data_dir)
 
-        async def capture(node) -> None:
+        async def capture(node: Node) -> None:
             peer.node = node
             peer.ready.set()
 
-        def tag(record: dict) -> None:
-            record["peer"] = peer.name
-
-        peer_sink = EventSink(json_lines=sink.json_lines, stream=sink.stream)
-        peer_sink.listeners += [tag, *sink.listeners]
+        peer_sink = EventSink(json_lines=sink.json_lines, stream=sink.stream, peer=peer.name)
+        peer_sink.listeners += sink.listeners
         tasks = {**ROLE_TASKS, "inference": cheating_inference_role} if peer.name.startswith("cheater") else ROLE_TASKS
         roles = [capture] + [tasks[r] for r in peer.roles if r in tasks]
         trust = identity.public_bytes if "trainer" in peer.roles else peers[0].node.identity.public_bytes
@@ -184,16 +195,15 @@ async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict],
 class Activity:
     """What each peer did last (its role's latest milestone event) and how many steps the trainer has taken."""
 
-    MILESTONES = ("published", "train_step", "generating", "generated", "validated", "complete", "role_failed",
-                  "dht_found")
+    MILESTONES = (Published, TrainStep, Generating, Generated, Validated, Complete, RoleFailed, DhtFound)
     steps: int = 0
-    last: dict[str, tuple[str, object, float]] = field(default_factory=dict)  # peer -> (event, version, time)
+    last: dict[str, tuple[str, int | None, float]] = field(default_factory=dict)  # peer -> (event, version, time)
 
-    def on_event(self, e: dict) -> None:
-        if e.get("event") == "train_step":
+    def on_event(self, e: Emitted) -> None:
+        if isinstance(e.event, TrainStep):
             self.steps += 1
-        if e.get("event") in self.MILESTONES:
-            self.last[e.get("peer", "?")] = (e["event"], e.get("version"), time.monotonic())
+        if isinstance(e.event, self.MILESTONES):
+            self.last[e.peer or "?"] = (e.event.kind, getattr(e.event, "version", None), time.monotonic())
 
     def describe(self, peer: str) -> str:
         if peer not in self.last:
@@ -205,10 +215,10 @@ class Activity:
 async def _watch(peers: list[SimPeer], activity: Activity, scope: trio.CancelScope, every_s: float) -> None:
     """Progress watchdog: when the trainer has not stepped for `every_s`, say what every peer holds and did last.
 
-    Why: one default run sat after publishing a version with nothing on screen until the 900 s limit (and one
-    sat for minutes with every inference peer holding v0 and none generating). A stall must be impossible to
-    miss, and the peer states (versions known and held, connections, last milestone) say where the chain
-    trainer -> policy -> rollouts -> votes -> trainer broke.
+    Why: a stall anywhere in the chain (a version not fetched, inference peers holding it but not generating)
+    otherwise shows nothing on screen until the time limit. A stall must be impossible to miss, and the peer states
+    (versions known and held, connections, last milestone) say where the chain trainer -> policy -> rollouts ->
+    votes -> trainer broke.
     """
     with scope:
         last = -1
@@ -218,42 +228,42 @@ async def _watch(peers: list[SimPeer], activity: Activity, scope: trio.CancelSco
                 last = activity.steps
                 continue
             for peer in peers:
-                peer.node.events.emit("stalled", seconds=every_s, last=activity.describe(peer.name),
-                                      **_peer_state(peer.node))
+                peer.node.events.emit(Stalled(seconds=every_s, last=activity.describe(peer.name),
+                                              **_peer_state(peer.node)))
 
 
-def _peer_state(node) -> dict:
+def _peer_state(node: Node) -> dict:
     known = sorted(p.manifest.version for p in node.mirror.policies.values())
     held = [p.manifest.version for p in node.mirror.complete_versions()]
     return {"knows": known[-1] if known else None, "holds": held[-1] if held else None,
             "connected": len(node.connected_peers()), "stopped": node.done.is_set()}
 
 
-def summarize(events: list[dict], extra: dict) -> dict:
-    steps = [e for e in events if e["event"] == "train_step"]
-    trained = next((e for e in events if e["event"] == "trained"), None)
-    rejected = [e for e in events if e["event"] == "rejected_rollout"]
+def summarize(events: list[Emitted], extra: dict) -> dict:
+    steps = [e.event for e in events if isinstance(e.event, TrainStep)]
+    trained = next((e.event for e in events if isinstance(e.event, Trained)), None)
+    rejected = [e.event for e in events if isinstance(e.event, RejectedRollout)]
     reasons: dict[str, int] = {}
-    for e in rejected:
-        key = e.get("reason", "").split(":")[0]
+    for r in rejected:
+        key = r.reason.split(":")[0]
         reasons[key] = reasons.get(key, 0) + 1
     return {
-        **extra, "steps": len(steps), "rewards": [round(e["reward"], 3) for e in steps if e.get("reward") is not None],
-        "versions_published": sum(e["event"] == "published" for e in events),
-        "policy_copies_completed": sum(e["event"] == "complete" for e in events),
-        "groups_generated": sum(e["groups"] for e in events if e["event"] == "generated"),
+        **extra, "steps": len(steps), "rewards": [round(e.reward, 3) for e in steps if e.reward is not None],
+        "versions_published": sum(isinstance(e.event, Published) for e in events),
+        "policy_copies_completed": sum(isinstance(e.event, Complete) for e in events),
+        "groups_generated": sum(e.event.groups for e in events if isinstance(e.event, Generated)),
         "votes_rejecting": len(rejected), "rejection_reasons": reasons,
-        "gate": trained["gate"] if trained else (steps[-1]["gate"] if steps else {}),
-        "banned_workers": trained["banned"] if trained else [], "final_policy": trained["final"] if trained else None,
-        "heldout_accuracy": trained.get("heldout", {}) if trained else {},
+        "gate": trained.gate if trained else (steps[-1].gate if steps else {}),
+        "banned_workers": trained.banned if trained else [], "final_policy": trained.final if trained else None,
+        "heldout_accuracy": trained.heldout if trained else {},
         "timeline": timeline(events),  # what report.html draws: steps, evaluations, versions held, bans in time
     }
 
 
-def write_report(out: Path, report: dict, events: list[dict]) -> None:
+def write_report(out: Path, report: dict, events: list[Emitted]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "report.html").write_text(render_html(report))
     with open(out / "events.jsonl", "w") as f:
         for e in events:
-            f.write(json.dumps(e, default=str) + "\n")
+            f.write(json.dumps(e.record(), default=str) + "\n")
