@@ -15,10 +15,9 @@ from inference.backend import GenerationRequest
 from inference.torch_backend import TorchBackend
 from tasks import render_prompt_tokens
 from tasks.assignment import assign_tasks
+from trainer.answer_readings import SOLVED, PromptOutcome, outcome
 from verify.rewards import compute_reward
 from verify.sampling import SamplingKey
-
-SOLVED = 1.0 - 1e-9  # a completion counts as correct when its reward is 1
 
 
 @dataclass(frozen=True)
@@ -27,6 +26,7 @@ class EvalResult:
     mean_reward: float
     n: int
     mean_tokens: float  # mean completion length
+    outcomes: tuple[PromptOutcome, ...] = ()  # per prompt, in scoring order: the completion and every reading
 
 
 def pick_prompts(heldout, n: int, seed: int) -> list[int]:
@@ -41,7 +41,7 @@ def evaluate(loaded, heldout, *, n: int, seed: int, max_new_tokens: int, tempera
     `on_progress(prompts scored, prompts in all)` hears each batch (a CPU evaluation takes minutes)."""
     backend = backend or TorchBackend(loaded, capture_proofs=False, max_batch_rows=batch)
     indices = pick_prompts(heldout, n, seed)
-    rewards, lengths = [], []
+    rewards, lengths, outcomes = [], [], []
     on_progress(0, len(indices))
     for start in range(0, len(indices), batch):
         chunk = indices[start:start + batch]
@@ -54,10 +54,11 @@ def evaluate(loaded, heldout, *, n: int, seed: int, max_new_tokens: int, tempera
             entry = heldout[index]
             rewards.append(compute_reward(entry.reward_fn, text, entry.to_dict()))
             lengths.append(len(tokens))
+            outcomes.append(outcome(index, entry.answer, text, len(tokens), rewards[-1]))
         on_progress(len(rewards), len(indices))
     n_done = max(len(rewards), 1)
     return EvalResult(accuracy=sum(r >= SOLVED for r in rewards) / n_done, mean_reward=sum(rewards) / n_done,
-                      n=len(rewards), mean_tokens=sum(lengths) / n_done)
+                      n=len(rewards), mean_tokens=sum(lengths) / n_done, outcomes=tuple(outcomes))
 
 
 def constant_answer_accuracy(train, heldout, *, n: int, seed: int) -> tuple[str, float]:

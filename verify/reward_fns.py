@@ -79,6 +79,12 @@ def _last_number(text: str) -> str:
     return numbers[-1] if numbers else ""
 
 
+def numbers_in(text: str) -> list[str]:
+    """Every number of rule 3 in the completion's last 4,000 characters, in order (what a reading of the answer
+    other than the registry's, such as `swarm eval --lenient`, chooses from)."""
+    return _NUMBER.findall(text[-_TAIL_CHARS:]) if isinstance(text, str) else []
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""

@@ -7,6 +7,12 @@ value), so a policy is scored as its trainer scored it. Without --config, a swar
 task settings (its model.json's run spec); otherwise the defaults are used and one line on stderr says which
 (--json: the `task_settings` field). On a terminal, bars on stderr show the model's conversion
 and loading and the prompts scored (swarm.progress); --json and pipes get none.
+
+--lenient adds two readings of each completion's number besides the task's reward (trainer/answer_readings.py):
+whether its last number is the answer, and whether any of its numbers is. With a generous --max-new-tokens (96 for
+a trainer limit of 24) they tell a policy that has learned to state its answer sooner from one that has learned to
+compute it. --per-prompt keeps every prompt's completion and verdicts, and --compare BEFORE AFTER reads two such
+files back as paired differences with 95 % intervals over the prompts (swarm/cli/eval_compare.py).
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+from swarm.cli.eval_compare import compare
 from swarm.errors import UserError, require_at_least_one, require_temperature
 from swarm.progress import bar_console, progress_bars
+from trainer.answer_readings import reading_accuracy
 from trainer.config import load_config
 from trainer.typed_config import add_set_flag
 
@@ -49,9 +57,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--batch", type=int, default=32, help="prompts per generate call")
     parser.add_argument("--json", action="store_true", help="print one JSON line (default: a sentence)")
+    parser.add_argument("--lenient", action="store_true",
+                        help="also report the share of completions whose last number is the answer and the share "
+                             "that state it anywhere (use with a generous --max-new-tokens, e.g. 96)")
+    parser.add_argument("--per-prompt", type=Path, dest="per_prompt", metavar="PATH",
+                        help="write one JSON line per prompt: index, answer, completion, reward and each reading")
+    parser.add_argument("--compare", type=Path, nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="score nothing: paired differences AFTER - BEFORE of two --per-prompt files, per "
+                             "reading, with 95 %% bootstrap intervals over their prompts")
 
 
 def run(args) -> int:
+    if args.compare:
+        return compare(*args.compare, args.json)
     require_at_least_one(n=args.n, batch=args.batch)
     if args.max_new_tokens is not None:
         require_at_least_one(max_new_tokens=args.max_new_tokens)
@@ -86,9 +104,32 @@ def run(args) -> int:
            "n": result.n, "mean_tokens": result.mean_tokens, "temperature": args.temperature, "seed": cfg.seed,
            "max_new_tokens": max_new_tokens, "seconds": round(time.perf_counter() - started, 1),
            "task_settings": settings_from}
-    print(json.dumps(out) if args.json else
-          f"accuracy {result.accuracy:.3f} on {result.n} held-out prompts of {cfg.task} ({cfg.model})")
+    if args.lenient:
+        out.update(_lenient_figures(result.outcomes))
+    if args.per_prompt:
+        _write_per_prompt(args.per_prompt, result.outcomes)
+    print(json.dumps(out) if args.json else _sentence(out, cfg))
     return 0
+
+
+def _lenient_figures(outcomes) -> dict:
+    return {"last_number_accuracy": reading_accuracy(outcomes, "last_number"),
+            "any_number_accuracy": reading_accuracy(outcomes, "any_number")}
+
+
+def _write_per_prompt(path: Path, outcomes) -> None:
+    try:
+        path.write_text("".join(json.dumps(o.to_dict()) + "\n" for o in outcomes))
+    except OSError as exc:
+        raise UserError(f"cannot write per-prompt file {path}: {exc.strerror or exc}") from None
+
+
+def _sentence(out: dict, cfg) -> str:
+    line = f"accuracy {out['accuracy']:.3f} on {out['n']} held-out prompts of {cfg.task} ({cfg.model})"
+    if "last_number_accuracy" in out:
+        line += (f"; within {out['max_new_tokens']} tokens the last number is the answer in "
+                 f"{out['last_number_accuracy']:.3f}, any number in {out['any_number_accuracy']:.3f}")
+    return line
 
 
 def _policy_run_settings(model: str | None) -> dict:
