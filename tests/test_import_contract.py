@@ -37,8 +37,6 @@ model libraries take seconds and hundreds of MB, and a seed-only peer never need
 files) and matplotlib (plots) are optional: a missing one is one clear sentence when that file or plot is asked
 for, never an error on import. libp2p is not optional but takes seconds to import: swarm.events quiets its loggers
 without making `swarm train` load it."""
-LAZY_ROOMS = ("swarm/roles/",)
-"""Where an import inside a function is not checked: the roles, whose imports move with their typed contexts."""
 P2P_ROOMS = {"": 0, "pieces": 1, "channel": 1, "reach": 1, "host": 2, "gossip": 3, "dht": 4}
 """p2p's rooms, bottom up: its foundation at the top of the package (errors, identity, rate limits, budgets,
 scores), then pieces, the data channel and reachability side by side, the host that opens them, gossip over the
@@ -297,15 +295,14 @@ def heavy_modules(tree: Tree) -> set[str]:
 
 
 def function_level_imports(tree: Tree) -> list[str]:
-    """(e) An import inside a function only of something heavy (a HEAVY dependency or a heavy project module),
-    outside LAZY_ROOMS."""
+    """(e) An import inside a function only of something heavy (a HEAVY dependency or a heavy project module)."""
     heavy = heavy_modules(tree)
 
     def is_heavy(i: Import) -> bool:
         return _heavy_library(i.target) or any(m in heavy for m in _with_packages(tree, i.target))
 
     return [str(i) for i in tree.imports if i.in_function and not i.type_checking
-            and not i.path.startswith(LAZY_ROOMS) and not is_heavy(i)]
+            and not is_heavy(i)]
 
 
 def long_files(tree: Tree) -> list[str]:
@@ -420,7 +417,7 @@ def test_a_function_level_import_of_a_light_module_is_caught_and_of_a_heavy_one_
         "trainer/c.py": "import importlib\ndef get(name):\n    return importlib.import_module(f'trainer.{name}')\n",
         "verify/d.py": "def f():\n    import math_verify\n    import reasoning_gym.factory\n",  # heavy: allowed
         "swarm/cli/e.py": "def f():\n    import torch\n    from safetensors.torch import save_file\n",
-        "swarm/roles/f.py": "def f():\n    from trainer.loop import TrainingRun\n",  # LAZY_ROOMS: not checked
+        "swarm/roles/f.py": "def f():\n    from trainer.k import step\n",  # heavy through trainer.h: allowed
         "swarm/bench/g.py": "def f():\n    import numpy\n    from safetensors.numpy import load_file\n",
         "trainer/h.py": "import torch\n",
         "trainer/k.py": "from trainer.h import step\n",  # heavy through trainer.h

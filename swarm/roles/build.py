@@ -6,6 +6,8 @@ node alone, and never imports torch. The trainer, inference and validator roles 
 
 from __future__ import annotations
 
+import resource
+
 from swarm.config import PeerConfig
 from swarm.event_types import Finished
 from swarm.node.state import Node, RoleTask
@@ -45,7 +47,6 @@ def build_roles(config: PeerConfig) -> list[RoleTask]:
 
 async def exit_when_newest_complete(node: Node) -> None:
     """Stop the peer once the newest policy it knows is complete (benchmarks and scripted runs)."""
-    import resource
 
     while True:
         newest = node.mirror.latest()

@@ -19,7 +19,10 @@ from swarm.policy.runspec import RunSpec
 from swarm.roles import gate_state
 from swarm.roles.gate_evidence import NEAR_TIES, GateEvidence
 from swarm.roles.gate_probation import Probation, ProbationConfig
+from verify.quorum import Outcome, QuorumConfig, QuorumTracker
+from verify.reputation import Reputation
 from verify.rollout import RolloutGroup
+from verify.slots import ECHO, RESUBMITTED, SlotLedger
 
 SLOT_TAKEN = "another group for an answered slot"
 DISPUTED = "disputed"
@@ -55,9 +58,6 @@ class RolloutGate:
     probation_config: ProbationConfig = field(default_factory=ProbationConfig)
 
     def __post_init__(self) -> None:
-        from verify.quorum import QuorumConfig, QuorumTracker
-        from verify.reputation import Reputation
-        from verify.slots import SlotLedger
 
         self.tracker = QuorumTracker(QuorumConfig(self.replicas, self.quorum, self.timeout_s))
         self.reputation = Reputation()
@@ -137,7 +137,6 @@ class RolloutGate:
             self._settle(s)
 
     def _refusal(self, group, rid: bytes) -> str:
-        from verify.slots import ECHO, RESUBMITTED
 
         if group.run != self.run:
             return "wrong run"
@@ -257,7 +256,6 @@ class RolloutGate:
         self.present = present
 
     def _settle(self, settlement) -> None:
-        from verify.quorum import Outcome
 
         group = self.pending.pop(settlement.rollout_id, None)
         if group is None:

@@ -16,10 +16,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from inference.published import PublishedSlots
+from p2p.errors import P2PError
 from swarm.event_types import Generated, Generating, Skipped
 from swarm.policy.files import VersionUnusable, load_base_model, newest_complete, open_version
 from swarm.policy.policy_patches import changed_tensors
 from swarm.policy.runspec import RunSpec
+from tasks.assignment import assign_tasks
+from verify.rollout import Slot
 
 if TYPE_CHECKING:
     from swarm.node.context import RoleContext
@@ -35,7 +39,6 @@ def unchanged(groups: list) -> list:
 async def inference_role(ctx: RoleContext, tamper: Callable[[list], list] = unchanged) -> None:
     """`tamper` rewrites each version's groups before they are recorded and published: `unchanged` here; the
     simulation's cheater (swarm.sim.cheater) passes one that lies about its rewards."""
-    from inference.published import PublishedSlots
     from inference.select import open_backend
     from swarm.messages.rollout_transport import serve_rollout_blobs
 
@@ -103,8 +106,6 @@ def _generate(run: str, worker: str, backend, loaded, policy, tasks, directory, 
     record their slots in `published` before they are returned for publishing (a crash after this loses the
     groups' work, never answers a slot twice). Of its peer the thread reads only the run and its own id, `worker`."""
     from inference.rollouts import build_rollout_group, make_request
-    from tasks.assignment import assign_tasks
-    from verify.rollout import Slot
 
     manifest = policy.manifest
     step = manifest.version
@@ -128,7 +129,6 @@ def _generate(run: str, worker: str, backend, loaded, policy, tasks, directory, 
 async def _publish_groups(ctx: RoleContext, groups, blobs) -> None:
     """Gossip this version's groups, several to a message: inline (compressed when that helps) or announced by hash
     and served from `blobs`."""
-    from p2p.errors import P2PError
     from swarm.messages.rollout_transport import publish_groups
 
     def skipped(group, exc) -> None:

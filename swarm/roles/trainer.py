@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,8 @@ from swarm.policy.task_file import snapshot_task_file
 from swarm.roles.batch_wait import BatchWait, GateCounts, SwarmFacts, why_publish_now
 from swarm.roles.gate import RolloutGate
 from swarm.roles.trainer_publisher import SwarmPublisher
+from tasks.prompts import decode_completion
+from trainer.config import load_config as load_trainer_config
 from trainer.tracking import gate_scalars
 
 if TYPE_CHECKING:
@@ -53,7 +56,6 @@ def _with_task_file_snapshot(cfg, config):
 def load_role_config(config):
     """(TrainerConfig, curriculum) of the trainer role: its --trainer-config file with the peer's run, model and
     data directory filled in."""
-    from trainer.config import load_config as load_trainer_config
 
     loaded = load_trainer_config(config.trainer.config, {"run": config.peer.run, "model": config.peer.model,
                                                          "out": Path(config.peer.data_dir) / "training",
@@ -175,7 +177,6 @@ async def _finish_training(ctx: RoleContext, run, evaluator, gate: RolloutGate, 
 
 def _step_event(record: StepRecord, batch: list, gate: RolloutGate, tokenizer) -> TrainStep:
     """The train_step event: what the step trained on, so a flat reward can be told from an empty batch."""
-    from collections import Counter
 
     completions = [c for g in batch for c in g.completions]
     rewards = [[round(c.reward, 3) for c in g.completions] for g in batch]
@@ -196,7 +197,6 @@ def _step_event(record: StepRecord, batch: list, gate: RolloutGate, tokenizer) -
 
 def _sample_text(batch: list, tokenizer) -> str:
     """What the policy writes: the best-rewarded completion of the batch, decoded as its reward was computed."""
-    from tasks.prompts import decode_completion
 
     best = max((c for g in batch for c in g.completions), key=lambda c: c.reward, default=None)
     return "" if best is None else decode_completion(tokenizer, best.tokens)[:80]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from p2p.pieces.manifest import PatchRef
+from p2p.pieces.manifest import GenerationSettings, PatchRef, build_manifest, sign_manifest
 from p2p.pieces.patch import encode_patch
 from swarm.event_types import Published, ValidatorIgnored, WaitingForValidators
 from swarm.policy.policy_patches import PATCH_FILE, WEIGHTS, keyframe_due, patch_pays
@@ -111,7 +111,6 @@ class SwarmPublisher:
                        load_reward(cfg.reward).code_hash if cfg.reward else "")
 
     async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
-        from p2p.pieces.manifest import GenerationSettings, build_manifest, sign_manifest
 
         generation = json.loads((source / "generation.json").read_text())
         spec = self.spec_for(generation["data"])

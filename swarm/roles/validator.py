@@ -19,8 +19,13 @@ from typing import TYPE_CHECKING
 import trio
 
 from swarm.event_types import RejectedRollout, RewardRefused, Validated, ValidatorDevice, WorkerBanned
+from swarm.messages.votes import vote_bodies
 from swarm.policy.files import VersionUnusable, load_base_model, open_version
 from swarm.policy.runspec import RunSpec, VersionTasks
+from verify.provider import TaskSetProvider
+from verify.reputation import Reputation
+from verify.slots import SlotLedger, first_answers
+from verify.votes import assign_validators, vote_from_verdict
 
 if TYPE_CHECKING:
     from torch import nn
@@ -92,14 +97,12 @@ class VersionModels:
 
 def assigned_to_me(slot_key: bytes, worker: str, spec: RunSpec, my_key: bytes) -> bool:
     """Whether rendezvous hashing of the group's slot assigns it to this validator (never its own worker's)."""
-    from verify.votes import assign_validators
 
     return my_key in assign_validators(slot_key, spec.validators_for(worker), spec.replicas)
 
 
 def _context(ctx: RoleContext, models: VersionModels, version: int, loaded):
     from verify.checks import RunContext
-    from verify.provider import TaskSetProvider
 
     spec, policy, tasks = models.specs[version], models.policies[version], models.tasks[version]
     train = tasks.train
@@ -194,10 +197,6 @@ def wants_announced(models: VersionModels, workers, my_key: bytes):
 async def validator_role(ctx: RoleContext) -> None:
     from inference.select import resolve_device
     from swarm.messages.rollout_transport import receive_groups
-    from swarm.messages.votes import vote_bodies
-    from verify.reputation import Reputation
-    from verify.slots import SlotLedger, first_answers
-    from verify.votes import vote_from_verdict
 
     # Listen before loading the model: the trainer names this validator in a version as soon as its heartbeat is
     # heard, and that version's rollouts, gossiped while the model loaded, were otherwise lost here for good (seen
