@@ -22,7 +22,8 @@ from p2p.pieces.manifest import GenerationSettings, PatchRef, PolicyManifest, bu
 from p2p.pieces.patch import encode_patch, tensor_index
 from p2p.pieces.store import PieceStore
 from swarm.bench.broadcast_virtual import VirtualSwarm, make_virtual_policy, simulate_virtual_broadcast
-from swarm.policy.mirror import MirroredPolicy, PolicyMirror
+from swarm.policy.mirror import PolicyMirror
+from swarm.policy.mirrored import MirroredPolicy
 from swarm.policy.trust import TrainerTrust
 
 PIECE = 1 << 20

@@ -23,7 +23,7 @@ from p2p.pieces.store import PieceStore
 from swarm.config import PeerConfig
 from swarm.node.ports import EventPort, GossipPort, HostPort
 from swarm.node.state import Node, RoleTask
-from swarm.policy.mirror import MirroredPolicy
+from swarm.policy.mirrored import MirroredPolicy
 
 
 class MirrorView(Protocol):

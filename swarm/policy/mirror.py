@@ -29,7 +29,7 @@ import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from p2p.budget import BudgetExhausted, ByteRate
 from p2p.channel.messages import HandshakeBreach
 from p2p.errors import P2PError
 from p2p.identity import peer_id_from_public_bytes
-from p2p.pieces.manifest import PolicyManifest, decode_signed, verify_manifest
+from p2p.pieces.manifest import decode_signed, verify_manifest
 from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import SwarmService, TransferConfig
 from p2p.ratelimit import TokenBucket
@@ -48,6 +48,7 @@ from swarm.policy.link_places import LINK_IDLE_AFTER
 from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
 from swarm.policy.mirror_dial import _DIAL_ERRORS, SPARE_TTL, TOP_UP_AFTER, OutboundLinks
 from swarm.policy.mirror_places import MAX_RELEASED, LinkPlaces
+from swarm.policy.mirrored import MirroredPolicy
 from swarm.policy.patch_form import form_flags, make_full, patch_parent
 from swarm.policy.served_record import ServedRecord
 from swarm.policy.trust import TrainerTrust
@@ -59,30 +60,6 @@ MAX_WAITING = 64
 alone bounds nothing. When all are taken, the oldest one that has not started its preamble makes room. With a
 preamble's 64 KiB cap (swarm.policy.link_preamble) they hold at most 4 MiB of unverified manifests."""
 MAX_BANNED = 4096  # peers remembered as hostile (a liar can make new identities; this only bounds the memory)
-
-
-@dataclass
-class MirroredPolicy:
-    """One policy version this peer follows."""
-
-    manifest: PolicyManifest
-    signed: bytes
-    origin: str  # peer id of the trainer that signed it
-    service: SwarmService | None = None
-    scope: trio.CancelScope | None = None
-    dialing: set[str] = field(default_factory=set)  # links we dial, and announcements waiting for an answer
-    failures: dict[str, float] = field(default_factory=dict)  # peer -> time of last failed dial
-    announced: dict[str, float] = field(default_factory=dict)  # smaller peers we handed the manifest to -> when
-    dropped: set[str] = field(default_factory=set)  # peers this version's service dropped: linked again only last
-    opened: set[str] = field(default_factory=set)  # peers whose link this peer opened (dialed, or announced)
-    released: set[str] = field(default_factory=set)  # peers whose link idled: re-admitted only if trusted
-    admitting: dict[str, float] = field(default_factory=dict)  # peers admitted whose link is not served yet -> when
-    providers: set[str] = field(default_factory=set)  # peers the DHT's signed provider records name for it
-    tended_at: float = -math.inf  # when its links were last looked at (mirror_places)
-    announced_complete: bool = False
-    adopted_at: float = 0.0  # trio time this peer adopted it
-    ready: trio.Event = field(default_factory=trio.Event)  # its full files are held (fetched, or rebuilt from a patch)
-    parent: MirroredPolicy | None = None  # the version its patch applies to, when this peer fetches the patch
 
 
 class PolicyMirror(OutboundLinks, LinkPlaces):

@@ -11,7 +11,7 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import blake3
 import trio
@@ -21,9 +21,7 @@ from p2p.errors import P2PError
 from swarm.event_types import Spare
 from swarm.policy.link_places import choose_order
 from swarm.policy.link_preamble import inline_manifest, send_preamble
-
-if TYPE_CHECKING:
-    from swarm.policy.mirror import MirroredPolicy
+from swarm.policy.mirrored import MirroredPolicy
 
 log = logging.getLogger("swarm.policy.mirror")
 SPARE_RETRY = 2.0

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 import trio
 
 from p2p.pieces.transfer_stats import LinkActivity
 from swarm.policy.link_places import admit, idle
-
-if TYPE_CHECKING:
-    from swarm.policy.mirror import MirroredPolicy
+from swarm.policy.mirrored import MirroredPolicy
 
 log = logging.getLogger("swarm.policy.mirror")
 TEND_EVERY = 1.0

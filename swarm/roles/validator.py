@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from swarm.node.context import RoleContext
-    from swarm.policy.mirror import MirroredPolicy
+    from swarm.policy.mirrored import MirroredPolicy
     from verify.worker_history import WorkerHistory
 
 log = logging.getLogger(__name__)
