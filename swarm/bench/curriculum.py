@@ -119,8 +119,8 @@ def train_arm(args: argparse.Namespace, arm: str, seed: int, task_config: dict, 
     rewards, tokens = [], []
     while sum(tokens) + step_token_bound(curriculum, run.state.step, cfg.prompts_per_step) <= args.token_budget:
         record = run.step(source.generate(run.state.step, run.latest_policy()))
-        rewards.append(float(record.get("reward") or 0.0))  # a step that trained no group reports none
-        tokens.append(int(record["generated_tokens"]))
+        rewards.append(float(record.reward or 0.0))  # a step that trained no group reports none
+        tokens.append(int(record.generated_tokens))
     with torch.no_grad():  # the same context for both arms: the fixed arm's, FastCuRL's middle and last stage's
         result = evaluate(trainer_model, heldout, n=cfg.eval_n, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens)
     tail = rewards[-max(1, args.window):]

@@ -140,7 +140,7 @@ def on_heartbeat(node: Node, env: Envelope, dialed: dict[str, float], fetch_mani
     node.heard_from(sender, beat.roles, now)
     connected = node.connected_peers()
     for peer in [p for p, at in dialed.items() if now - at > HEARTBEAT_REDIAL_S and p not in connected]:
-        del dialed[peer]  # gone or never reached: its place is free (throwaway ids once filled them for good)
+        del dialed[peer]  # gone or never reached: its place is free, or throwaway ids would keep it for good
     # Only the larger peer id dials a peer learnt from a heartbeat: two peers dialing each other at once
     # collide under one-connection-per-peer and the streams opened on the losing connection hang.
     # And only while this peer has room: in a large run every peer is heard from, and dialing each would open a

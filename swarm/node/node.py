@@ -236,8 +236,8 @@ async def _find_latest_on_dht(node: Node, every_s: float = 10.0, quiet_s: float 
 
     Why besides gossip and heartbeats: a peer whose bootstrap node knows nothing of the run (or whose gossip mesh
     has not formed) still finds the newest policy and its providers through the DHT; and a peer that missed a new
-    version's announcement (gossip streams time out on a loaded machine, and a simulation once sat for minutes
-    with every peer a version behind the trainer) finds it here instead of waiting for ever.
+    version's announcement (gossip streams time out on a loaded machine, which can leave every peer a version
+    behind the trainer) finds it here instead of waiting for ever.
 
     The wait doubles after every lookup that brings nothing new, up to `quiet_max_s`, and starts again at `quiet_s`
     when the mirror changes: a lookup opens a stream to each of a dozen or more peers and makes them answer, and in

@@ -73,7 +73,7 @@ async def load_base_model(spec: str):
     """Load a base model in a worker thread, one load at a time.
 
     Why the lock: transformers resolves its classes lazily on first import, and several roles of one process
-    loading at once from different threads race inside that machinery (seen as ImportError in simulations).
+    loading at once from different threads race inside that machinery (an ImportError in one of them).
     """
 
     def load():

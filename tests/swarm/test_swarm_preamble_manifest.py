@@ -8,6 +8,7 @@ import trio.testing
 
 from p2p.identity import Identity
 from p2p.pieces.store import PieceStore
+from swarm.event_types import Link
 from swarm.policy import link_preamble
 from swarm.policy.link_preamble import HEAD_BYTES, decode_head, inline_manifest
 from swarm.policy.mirror import PolicyMirror
@@ -65,7 +66,7 @@ async def test_a_large_manifest_is_named_by_id_and_the_acceptor_links_once_it_ad
                     continue
                 # named by id only: the acceptor waits until it adopts the version another way (gossip), then links
                 linked = trio.Event()
-                acceptor.on_event = lambda kind, info: linked.set() if kind == "link" else None
+                acceptor.on_event = lambda event: linked.set() if isinstance(event, Link) else None
                 ours, theirs = trio.testing.memory_stream_pair()
                 await ours.send_all(head)
                 nursery.start_soon(acceptor.accept_link, "peer-a", theirs)  # peer-c's side, as seen from peer-c
