@@ -15,7 +15,7 @@ from p2p.pieces.patch import encode_patch
 from p2p.pieces.store import PieceStore
 from tests.p2p.test_p2p_patch_hostile import _with_extra_file
 from tests.patch_versions import manifest_of, nudged, parent_and_child, signed, weights, write_version
-from tests.swarm.test_swarm_patch_versions import ORIGIN, PEER, fetched, link, mirror
+from tests.swarm.test_swarm_patch_versions import ORIGIN, PEER, fetched, link, mirror, origin_and_peer
 
 
 async def test_a_signed_patch_naming_a_stray_file_falls_back_to_the_full_files(tmp_path):
@@ -28,18 +28,10 @@ async def test_a_signed_patch_naming_a_stray_file_falls_back_to_the_full_files(t
     patch = new / "model.patch"
     patch.write_bytes(_with_extra_file(patch.read_bytes(), "extra.bin", first=False))
     child = manifest_of(new, 2, PatchRef(parent.id, 1, "model.patch"))
-    with PieceStore(tmp_path / "s-origin") as s_origin, PieceStore(tmp_path / "s-peer") as s_peer:
-        origin, peer = mirror(tmp_path, ORIGIN, key, s_origin), mirror(tmp_path, PEER, key, s_peer)
-        async with trio.open_nursery() as nursery:
-            for m in (origin, peer):
-                await nursery.start(m.run_service)
-            origin.adopt(signed(parent, key), local_dir=old)
-            origin.adopt(signed(child, key), local_dir=new)
-            await fetched(nursery, peer, origin, signed(parent, key))
-            await fetched(nursery, peer, origin, signed(child, key))  # the mirror crashes instead
-            assert s_peer.file_path(child, "model.safetensors").read_bytes() == \
-                (new / "model.safetensors").read_bytes()
-            nursery.cancel_scope.cancel()
+    async with origin_and_peer(tmp_path, key, [(parent, old), (child, new)]) as (nursery, origin, peer, s_peer):
+        await fetched(nursery, peer, origin, signed(parent, key))
+        await fetched(nursery, peer, origin, signed(child, key))  # a fallback, not a crash of the mirror
+        assert s_peer.file_path(child, "model.safetensors").read_bytes() == (new / "model.safetensors").read_bytes()
 
 
 async def test_a_version_pushed_out_of_the_window_while_its_patch_is_applied_does_not_crash_the_mirror(

@@ -4,6 +4,9 @@ manifest signs costs the full files instead, never wrong weights."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import trio
 import trio.testing
 
@@ -45,6 +48,21 @@ def bytes_down(policy) -> int:
     return sum(policy.service.progress().bytes_down.values())
 
 
+@asynccontextmanager
+async def origin_and_peer(tmp_path, key: Identity, versions: list) -> AsyncIterator[tuple]:
+    """(nursery, origin, peer, peer's store): two running mirrors, the origin serving each (manifest, directory) of
+    `versions` from its own files."""
+    with PieceStore(tmp_path / "s-origin") as s_origin, PieceStore(tmp_path / "s-peer") as s_peer:
+        origin, peer = mirror(tmp_path, ORIGIN, key, s_origin), mirror(tmp_path, PEER, key, s_peer)
+        async with trio.open_nursery() as nursery:
+            for m in (origin, peer):
+                await nursery.start(m.run_service)
+            for manifest, directory in versions:
+                origin.adopt(signed(manifest, key), local_dir=directory)
+            yield nursery, origin, peer, s_peer
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_follower_fetches_only_the_patch_and_a_late_peer_the_full_files(tmp_path):
     key = Identity.generate()
     parent, child, old, new = parent_and_child(tmp_path)
@@ -82,35 +100,20 @@ async def test_a_signed_patch_that_rebuilds_other_weights_costs_the_full_files_n
     parent = manifest_of(old, 1)
     encode_patch([old / "model.safetensors"], [decoy / "model.safetensors"], new / "model.patch")  # the wrong one
     child = manifest_of(new, 2, PatchRef(parent.id, 1, "model.patch"))
-    with PieceStore(tmp_path / "s-origin") as s_origin, PieceStore(tmp_path / "s-peer") as s_peer:
-        origin, peer = mirror(tmp_path, ORIGIN, key, s_origin), mirror(tmp_path, PEER, key, s_peer)
-        async with trio.open_nursery() as nursery:
-            for m in (origin, peer):
-                await nursery.start(m.run_service)
-            origin.adopt(signed(parent, key), local_dir=old)
-            origin.adopt(signed(child, key), local_dir=new)
-            await fetched(nursery, peer, origin, signed(parent, key))
-            policy = await fetched(nursery, peer, origin, signed(child, key))
-            assert s_peer.file_path(child, "model.safetensors").read_bytes() == \
-                (new / "model.safetensors").read_bytes()
-            both = (new / "model.patch").stat().st_size + (new / "model.safetensors").stat().st_size
-            assert bytes_down(policy) == both
-            assert "cannot be applied" in caplog.text and "signed hash" in caplog.text
-            assert not list(s_peer.rebuild_dir().iterdir())  # nothing of the bad rebuild is kept
-            nursery.cancel_scope.cancel()
+    async with origin_and_peer(tmp_path, key, [(parent, old), (child, new)]) as (nursery, origin, peer, s_peer):
+        await fetched(nursery, peer, origin, signed(parent, key))
+        policy = await fetched(nursery, peer, origin, signed(child, key))
+        assert s_peer.file_path(child, "model.safetensors").read_bytes() == (new / "model.safetensors").read_bytes()
+        both = (new / "model.patch").stat().st_size + (new / "model.safetensors").stat().st_size
+        assert bytes_down(policy) == both
+        assert "cannot be applied" in caplog.text and "signed hash" in caplog.text
+        assert not list(s_peer.rebuild_dir().iterdir())  # nothing of the bad rebuild is kept
 
 
 async def test_a_patch_naming_a_parent_this_peer_lacks_is_fetched_whole(tmp_path):
     key = Identity.generate()
     parent, child, old, new = parent_and_child(tmp_path)
-    with PieceStore(tmp_path / "s-origin") as s_origin, PieceStore(tmp_path / "s-peer") as s_peer:
-        origin, peer = mirror(tmp_path, ORIGIN, key, s_origin), mirror(tmp_path, PEER, key, s_peer)
-        async with trio.open_nursery() as nursery:
-            for m in (origin, peer):
-                await nursery.start(m.run_service)
-            origin.adopt(signed(parent, key), local_dir=old)
-            origin.adopt(signed(child, key), local_dir=new)
-            policy = await fetched(nursery, peer, origin, signed(child, key))
-            assert policy.parent is None
-            assert bytes_down(policy) == (new / "model.safetensors").stat().st_size
-            nursery.cancel_scope.cancel()
+    async with origin_and_peer(tmp_path, key, [(parent, old), (child, new)]) as (nursery, origin, peer, _):
+        policy = await fetched(nursery, peer, origin, signed(child, key))
+        assert policy.parent is None
+        assert bytes_down(policy) == (new / "model.safetensors").stat().st_size
