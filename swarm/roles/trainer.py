@@ -315,7 +315,7 @@ async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> 
     version = run.state.version
     if version in publisher.published:
         return
-    await publisher.wait_for_quorum(publisher.node.config.trainer.quorum)
+    await publisher.wait_for_quorum(publisher.ctx.config.trainer.quorum)
 
     def register(spec: RunSpec) -> None:
         gate.specs[version] = spec

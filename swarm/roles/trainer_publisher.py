@@ -31,12 +31,12 @@ log = logging.getLogger(__name__)
 class SwarmPublisher:
     """Turns the training run's newest policy directory into a signed, seeded manifest with the run spec."""
 
-    def __init__(self, node: RoleContext, identity, cfg, piece_kb: int, task_file=None) -> None:
-        self.node, self.identity, self.cfg, self.piece_kb = node, identity, cfg, piece_kb
+    def __init__(self, ctx: RoleContext, identity, cfg, piece_kb: int, task_file=None) -> None:
+        self.ctx, self.identity, self.cfg, self.piece_kb = ctx, identity, cfg, piece_kb
         self.task_file = task_file  # swarm.policy.task_file.RunTaskFile: the run's task file, listed in every manifest
-        self.root = Path(node.config.peer.data_dir) / "swarm-policies"
+        self.root = Path(ctx.config.peer.data_dir) / "swarm-policies"
         self.published: set[int] = set()
-        keys = node.config.trainer.validator_keys
+        keys = ctx.config.trainer.validator_keys
         self.allowed = {parse_public_key(k, "--validator-key") for k in keys} if keys else None
         self.ignored: set[str] = set()  # heard-from validators outside `allowed`, reported once
         self.excluded = lambda key: False  # the gate's banned validators (RolloutGate.validator_banned): never named
@@ -47,13 +47,13 @@ class SwarmPublisher:
         --validator-key when it is given; another is reported once and ignored), banned ones left out."""
         from p2p.identity import public_bytes_from_peer_id
 
-        heard = {p: public_bytes_from_peer_id(p) for p, roles in self.node.peer_roles.items() if "validator" in roles}
+        heard = {p: public_bytes_from_peer_id(p) for p, roles in self.ctx.peer_roles.items() if "validator" in roles}
         heard = {p: key for p, key in heard.items() if not self.excluded(key)}
         if self.allowed is None:
             return tuple(sorted(k.hex() for k in heard.values()))
         for peer in [p for p, k in heard.items() if k not in self.allowed and p not in self.ignored]:
             self.ignored.add(peer)
-            self.node.events.emit(ValidatorIgnored(peer=peer, message=(
+            self.ctx.events.emit(ValidatorIgnored(peer=peer, message=(
                 f"validator {peer} is not among --validator-key; its votes will not count")))
         return tuple(sorted(k.hex() for k in heard.values() if k in self.allowed))
 
@@ -63,7 +63,7 @@ class SwarmPublisher:
 
     def known_workers(self) -> set[str]:
         """Peer ids of the inference peers this peer hears heartbeats from."""
-        return {peer for peer, roles in self.node.peer_roles.items() if "inference" in roles}
+        return {peer for peer, roles in self.ctx.peer_roles.items() if "inference" in roles}
 
     def validators_changed(self, spec: RunSpec) -> bool:
         """Whether validators are known now and differ from those `spec` names (some joined late, some left)."""
@@ -94,7 +94,7 @@ class SwarmPublisher:
             now = trio.current_time()
             if now - reported >= report_every_s:
                 reported = now
-                self.node.events.emit(WaitingForValidators(
+                self.ctx.events.emit(WaitingForValidators(
                     known=known, quorum=quorum, waited_s=round(now - since, 1), message=(
                         f"the quorum needs {quorum} validators and {known} are heard from"
                         f"{'' if self.allowed is None else ' (of those --validator-key lists)'}: "
@@ -102,7 +102,7 @@ class SwarmPublisher:
             await trio.sleep(0.2)
 
     def spec_for(self, segment: str) -> RunSpec:
-        cfg, config, task_file = self.cfg, self.node.config, self.task_file
+        cfg, config, task_file = self.cfg, self.ctx.config, self.task_file
         return RunSpec(task_file.name if task_file else cfg.task, cfg.task_size,
                        json.dumps(cfg.task_config, sort_keys=True), cfg.seed, cfg.eval_fraction, segment,
                        config.trainer.prompts_per_worker, cfg.async_level, config.trainer.replicas,
@@ -126,18 +126,18 @@ class SwarmPublisher:
                                       int(generation["max_new_tokens"]), int(generation["stage_index"]))
         patch = await self._patch(version, target)
         manifest = await trio.to_thread.run_sync(lambda: build_manifest(
-            target, run=self.node.config.peer.run, version=version, parent_version=version - 1 if version else None,
+            target, run=self.ctx.config.peer.run, version=version, parent_version=version - 1 if version else None,
             created_at=time.time(), generation=settings, piece_size=self.piece_kb * 1024,
             data_files=(self.task_file.name,) if self.task_file else (), patch=patch))
         signed = sign_manifest(manifest, self.identity.sign, self.identity.public_bytes).to_bytes()
-        self.node.mirror.adopt(signed, local_dir=target)
+        self.ctx.mirror.adopt(signed, local_dir=target)
         self.prune()
         before_announce(spec)  # the gate must know the version before any worker can answer it
-        await self.node.announce_policy(signed, manifest)
+        await self.ctx.announce_policy(signed, manifest)
         self.published.add(version)
         self.last = (version, manifest.id)
         patch_file = manifest.patch_file
-        self.node.events.emit(Published(version=version, id=manifest.id.hex(), bytes=manifest.full_size(),
+        self.ctx.events.emit(Published(version=version, id=manifest.id.hex(), bytes=manifest.full_size(),
                                         patch_bytes=patch_file.size if patch_file else None,
                                         validators=len(spec.validators), stage=generation["stage"]))
         return spec
@@ -149,7 +149,7 @@ class SwarmPublisher:
         parent_dir = self.root / f"v{parent[0]}" if parent else None
         if parent is None or not (parent_dir / WEIGHTS).is_file() or self.cfg.publish_dtype == "float32":
             return None
-        if keyframe_due(version, self.node.config.trainer.keyframe_every):
+        if keyframe_due(version, self.ctx.config.trainer.keyframe_every):
             return None
         stats = await trio.to_thread.run_sync(encode_patch, [parent_dir / WEIGHTS], [target / WEIGHTS],
                                               target / PATCH_FILE)
@@ -164,7 +164,7 @@ class SwarmPublisher:
         Why: the store serves a trainer's copy in place and never deletes it (it may be the trainer's own file), so
         each version stayed on disk for good: a SmolLM2 simulation filled 32 GB, one 514 MB copy per step, and
         its trainer failed at step 40 with no space left."""
-        mirrored = {policy.manifest.version for policy in self.node.mirror.policies.values()}
+        mirrored = {policy.manifest.version for policy in self.ctx.mirror.policies.values()}
         for entry in self.root.iterdir() if self.root.is_dir() else ():
             version = entry.name[1:]
             if entry.name.startswith("v") and version.isdigit() and int(version) not in mirrored:
