@@ -46,7 +46,7 @@ __all__ = [
     "TensorEntry",
     "VerifiedManifest", "build_manifest", "decode_manifest", "decode_signed", "describe_policy_dir", "file_entry",
     "is_safe_file_name", "open_signed_manifest", "piece_hashes", "read_safetensors_index", "sign_manifest",
-    "verify_manifest",
+    "tensor_digest", "verify_manifest",
 ]
 
 MAX_SAFETENSORS_HEADER = 100 << 20
@@ -107,14 +107,18 @@ def read_safetensors_index(path: Path) -> list[TensorEntry]:
         raise ManifestError(f"{path.name} has a safetensors header that does not describe its tensors") from None
 
 
+def tensor_digest(path: Path, offset: int, nbytes: int, chunk: int = 1 << 20) -> bytes:
+    """BLAKE3 of `nbytes` of a file from `offset`, read a MiB at a time (a tensor never sits in memory whole)."""
+    hasher = blake3.blake3()
+    with open(path, "rb", buffering=0) as fh:
+        for start in range(offset, offset + nbytes, chunk):
+            hasher.update(os.pread(fh.fileno(), min(chunk, offset + nbytes - start), start))
+    return hasher.digest()
+
+
 def hash_tensors(policy_dir: Path, tensors: list[TensorEntry]) -> list[TensorEntry]:
-    """The entries with the BLAKE3 of each tensor's bytes, read one tensor at a time."""
-    out = []
-    for entry in tensors:
-        with open(policy_dir / entry.file, "rb", buffering=0) as fh:
-            digest = blake3.blake3(os.pread(fh.fileno(), entry.nbytes, entry.offset)).digest()
-        out.append(replace(entry, hash=digest))
-    return out
+    """The entries with the BLAKE3 of each tensor's bytes."""
+    return [replace(e, hash=tensor_digest(policy_dir / e.file, e.offset, e.nbytes)) for e in tensors]
 
 
 def describe_policy_dir(policy_dir: Path | str) -> tuple[dict, list[Path], list[TensorEntry]]:

@@ -163,15 +163,13 @@ def apply_patch(patch: bytes | memoryview, parent_files: list[Path], out_dir: Pa
     expected: tensor name -> (file name, layout, BLAKE3 of its bytes), as the version's signed manifest names
     them. Every rebuilt tensor must hash to its entry and every file must lay its tensors out as the manifest
     says, or PatchError is raised and nothing is left in `out_dir`."""
-    files, start = decode_head(patch)
-    _check_payload(files, len(patch) - start)
+    files, blocks = split_blocks(patch)
     _check_against(files, expected)
     parent = tensor_index(parent_files)
-    view = memoryview(patch)[start:]
     written: list[Path] = []
     try:
-        for file in files:
-            view = _rebuild_file(file, view, parent, out_dir, expected)
+        for file, file_blocks in zip(files, blocks):
+            _rebuild_file(file, file_blocks, parent, out_dir, expected)
             written.append(out_dir / file.name)
     except BaseException:
         for path in written:
@@ -180,10 +178,26 @@ def apply_patch(patch: bytes | memoryview, parent_files: list[Path], out_dir: Pa
     return written
 
 
-def _check_payload(files: tuple[FilePatch, ...], available: int) -> None:
+Blocks = list[tuple[memoryview, memoryview]]
+"""Each tensor's (positions, values) blocks of one file, in the order of its tensors."""
+
+
+def split_blocks(patch: bytes | memoryview) -> tuple[tuple[FilePatch, ...], list[Blocks]]:
+    """The files a patch rebuilds and, per file, each tensor's two payload blocks (views, no copy); PatchError unless
+    the payload is exactly as long as the head declares."""
+    files, start = decode_head(patch)
+    payload = memoryview(patch)[start:]
     declared = sum(t.positions_len + t.values_len for f in files for t in f.tensors)
-    if declared != available:
-        raise PatchError(f"policy patch declares {declared} payload bytes and carries {available}")
+    if declared != len(payload):
+        raise PatchError(f"policy patch declares {declared} payload bytes and carries {len(payload)}")
+    blocks, at = [], 0
+    for file in files:
+        blocks.append([])
+        for entry in file.tensors:
+            middle, end = at + entry.positions_len, at + entry.positions_len + entry.values_len
+            blocks[-1].append((payload[at:middle], payload[middle:end]))
+            at = end
+    return files, blocks
 
 
 def _check_against(files: tuple[FilePatch, ...], expected: Mapping[str, tuple[str, TensorLayout, bytes]]) -> None:
@@ -201,8 +215,8 @@ def _check_against(files: tuple[FilePatch, ...], expected: Mapping[str, tuple[st
         raise PatchError("policy patch leaves out tensors its manifest names")
 
 
-def _rebuild_file(file: FilePatch, payload: memoryview, parent: dict, out_dir: Path,
-                  expected: Mapping[str, tuple[str, TensorLayout, bytes]]) -> memoryview:
+def _rebuild_file(file: FilePatch, blocks: Blocks, parent: dict, out_dir: Path,
+                  expected: Mapping[str, tuple[str, TensorLayout, bytes]]) -> None:
     dest = out_dir / file.name
     tmp = out_dir / f".{file.name}.tmp"
     if dest.parent != out_dir:  # decode_head admits bare names only; kept here since a path is about to be written
@@ -210,10 +224,7 @@ def _rebuild_file(file: FilePatch, payload: memoryview, parent: dict, out_dir: P
     try:
         with open(tmp, "wb") as fh:
             fh.write(file.header)
-            for entry, spot in zip(file.tensors, file.layout):
-                positions, values = payload[: entry.positions_len], payload[entry.positions_len:
-                                                                             entry.positions_len + entry.values_len]
-                payload = payload[entry.positions_len + entry.values_len:]
+            for entry, spot, (positions, values) in zip(file.tensors, file.layout, blocks):
                 data = rebuild_tensor(entry, spot, positions, values, parent)
                 if blake3.blake3(data).digest() != expected[spot.name][2]:
                     raise PatchError(f"tensor {spot.name!r} rebuilt from the patch does not match its signed hash")
@@ -223,7 +234,6 @@ def _rebuild_file(file: FilePatch, payload: memoryview, parent: dict, out_dir: P
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
-    return payload
 
 
 def rebuild_tensor(entry: TensorPatch, spot: TensorLayout, positions: memoryview, values: memoryview,
@@ -256,14 +266,10 @@ def _index_type(elements: int) -> type:
 def check_blocks(patch: bytes) -> int:
     """Decode a patch's head and every block it carries, without a parent (what `swarm bench fuzz` drives); returns
     the changed elements it counts. Raises PatchError for anything apply_patch would refuse before reading a parent."""
-    files, start = decode_head(patch)
-    _check_payload(files, len(patch) - start)
-    payload, changed = memoryview(patch)[start:], 0
-    for file in files:
-        for entry, spot in zip(file.tensors, file.layout):
-            positions, values = payload[: entry.positions_len], payload[entry.positions_len:
-                                                                         entry.positions_len + entry.values_len]
-            payload = payload[entry.positions_len + entry.values_len:]
+    files, blocks = split_blocks(patch)
+    changed = 0
+    for file, file_blocks in zip(files, blocks):
+        for entry, spot, (positions, values) in zip(file.tensors, file.layout, file_blocks):
             if entry.encoding == "full":
                 inflate(values, spot.nbytes, spot.name)
             elif entry.encoding != "same":

@@ -30,7 +30,7 @@ from pathlib import Path
 import blake3
 
 from p2p.errors import CorruptPieceError, DiskFullError, ManifestError, PieceVerifyError, StoreError, StoreLockedError
-from p2p.pieces.manifest import MODEL_FILE, FileEntry, PolicyManifest, decode_manifest, decode_signed
+from p2p.pieces.manifest import MODEL_FILE, FileEntry, PolicyManifest, decode_manifest, decode_signed, tensor_digest
 
 LOCK_NAME = "store.lock"
 _SIGNED_MARK = b"\x83"  # a signed manifest is a 3-entry msgpack map; an unsigned one has 9
@@ -82,11 +82,9 @@ def _check_tensor_hashes(manifest: PolicyManifest, directory: Path) -> None:
     """Every tensor hashes as its manifest signs: a loader that copies only the tensors whose hashes changed since
     its last version must be able to trust them, whichever form of the version this peer fetched."""
     for tensor in manifest.tensors:
-        hasher = blake3.blake3()
-        with _disk(f"checking {tensor.file}"), open(directory / tensor.file, "rb", buffering=0) as fh:
-            for start in range(tensor.offset, tensor.offset + tensor.nbytes, 1 << 20):  # one MiB at a time
-                hasher.update(os.pread(fh.fileno(), min(1 << 20, tensor.offset + tensor.nbytes - start), start))
-        if hasher.digest() != tensor.hash:
+        with _disk(f"checking {tensor.file}"):
+            digest = tensor_digest(directory / tensor.file, tensor.offset, tensor.nbytes)
+        if digest != tensor.hash:
             raise PieceVerifyError(f"tensor {tensor.name!r} of policy v{manifest.version} does not match its signed "
                                    "hash")
 

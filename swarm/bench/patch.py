@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import blake3
-
+from p2p.pieces.manifest import tensor_digest
 from p2p.pieces.patch import apply_patch, encode_patch, tensor_index
 from swarm.bench.patch_swarm import broadcast_costs, catch_up_bytes
 from swarm.errors import UserError
@@ -101,14 +100,15 @@ def measure_step(parent: Path, child: Path, work: Path) -> dict:
     started = time.perf_counter()
     stats = encode_patch([parent], [child], work / "model.patch")
     encoded = time.perf_counter() - started
-    expected = {name: (child.name, spot, _tensor_hash(path, spot))
-                for name, (path, spot) in tensor_index([child]).items()}
+    index = tensor_index([child])
+    expected = {name: (child.name, spot, tensor_digest(path, spot.start, spot.nbytes))
+                for name, (path, spot) in index.items()}
     (work / "out").mkdir()
     started = time.perf_counter()
     [rebuilt] = apply_patch((work / "model.patch").read_bytes(), [parent], work / "out", expected)
     applied = time.perf_counter() - started
     bf16_bytes = child.stat().st_size
-    data = sum(spot.nbytes for _, spot in tensor_index([child]).values())
+    data = sum(spot.nbytes for _, spot in index.values())
     float32_bytes = bf16_bytes + data  # the same header, every published (bf16) element in four bytes
     identical = rebuilt.read_bytes() == child.read_bytes()
     shutil.rmtree(work, ignore_errors=True)
@@ -117,9 +117,3 @@ def measure_step(parent: Path, child: Path, work: Path) -> dict:
             "x_fewer_than_bf16": round(bf16_bytes / stats.bytes, 1),
             "x_fewer_than_float32": round(float32_bytes / stats.bytes, 1),
             "encode_s": round(encoded, 3), "apply_and_verify_s": round(applied, 3), "bit_identical": identical}
-
-
-def _tensor_hash(path: Path, spot) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(spot.start)
-        return blake3.blake3(fh.read(spot.nbytes)).digest()
