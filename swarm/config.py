@@ -10,6 +10,7 @@ field; `swarm config show --role peer` prints them all, each with its descriptio
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -239,6 +240,15 @@ class TrainerRoleSection(ConfigSection):
                 raise UserError(f"--validator-key lists {len(listed)} distinct key(s) but the quorum needs "
                                 f"{self.quorum} validators: no rollout could ever be accepted")
         return self
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What the trainer role reads of a peer's configuration: its [trainer] section, and the piece size of the
+    versions it publishes ([mirror] piece_kb)."""
+
+    trainer: TrainerRoleSection
+    piece_kb: int
 
 
 class InferenceSection(ConfigSection):

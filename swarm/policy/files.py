@@ -11,25 +11,27 @@ import trio
 
 from inference.models import load_model
 from swarm.errors import UserError
-from swarm.policy.runspec import version_tasks
+from swarm.policy.mirror_view import MirrorView
+from swarm.policy.mirrored import MirroredPolicy
+from swarm.policy.runspec import RunSpec, VersionTasks, version_tasks
 
 
 class PolicyLeftWindow(Exception):
     """The version left the mirrored window before it could be reassembled: skip it, a newer one is there."""
 
 
-async def materialize(node, policy) -> Path:
+async def materialize(mirror: MirrorView, policy: MirroredPolicy) -> Path:
     """Reassemble `policy` (verified piece by piece) under data_dir/policies/v<N>-<id>; reuse it if already there.
 
     Its files are held out of garbage collection while a worker thread reads them; a version already dropped
     raises PolicyLeftWindow (versions turn over every few seconds while a slow peer catches up). The copy is
     deleted when the version leaves the mirror's window, so hold the version (`open_version`) while loading it."""
-    target = node.mirror.copy_dir(policy)
+    target = mirror.copy_dir(policy)
     if not (target / ".complete").exists():
-        with node.mirror.holding(policy):
-            if not node.mirror.is_mirrored(policy):
+        with mirror.holding(policy):
+            if not mirror.is_mirrored(policy):
                 raise PolicyLeftWindow(f"policy v{policy.manifest.version} left the window before it was reassembled")
-            await trio.to_thread.run_sync(node.mirror.store.reassemble, policy.manifest, target)
+            await trio.to_thread.run_sync(mirror.store.reassemble, policy.manifest, target)
         (target / ".complete").write_text("ok\n")
     return target
 
@@ -40,14 +42,15 @@ class VersionUnusable(Exception):
 
 
 @asynccontextmanager
-async def open_version(node, spec, policy) -> AsyncIterator[tuple[Path, object]]:
+async def open_version(mirror: MirrorView, spec: RunSpec, policy: MirroredPolicy
+                       ) -> AsyncIterator[tuple[Path, VersionTasks]]:
     """(directory, VersionTasks) of a complete version: its files reassembled and its tasks read from them, as
     inference peers and validators both need; raises VersionUnusable instead of failing the role.
 
     The version is held inside the block, so its files stay on disk while the caller loads them."""
-    with node.mirror.holding(policy):
+    with mirror.holding(policy):
         try:
-            directory = await materialize(node, policy)
+            directory = await materialize(mirror, policy)
         except PolicyLeftWindow as exc:
             raise VersionUnusable(str(exc)) from None
         try:
@@ -57,13 +60,13 @@ async def open_version(node, spec, policy) -> AsyncIterator[tuple[Path, object]]
         yield directory, tasks
 
 
-async def newest_complete(node, newer_than: int):
+async def newest_complete(mirror: MirrorView, newer_than: int) -> MirroredPolicy:
     """Wait for a complete policy version newer than `newer_than` and return the newest such one."""
     while True:
-        done = [p for p in node.mirror.complete_versions() if p.manifest.version > newer_than]
+        done = [p for p in mirror.complete_versions() if p.manifest.version > newer_than]
         if done:
             return done[-1]
-        await node.mirror.changed.wait()
+        await mirror.changed.wait()
 
 
 _LOAD_LOCK = threading.Lock()

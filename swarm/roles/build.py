@@ -24,7 +24,7 @@ def build_roles(config: PeerConfig) -> list[RoleTask]:
     if "trainer" in config.peer.roles:
         from swarm.roles.trainer import load_role_config
 
-        load_role_config(config)
+        load_role_config(config.peer, config.trainer)
     if "validator" in config.peer.roles or "trainer" in config.peer.roles:
         from inference.select import resolve_device
 

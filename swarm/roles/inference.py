@@ -12,21 +12,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import trio
 
 from inference.published import PublishedSlots
 from p2p.errors import P2PError
+from swarm.config import InferenceSection, PeerSection
 from swarm.event_types import Generated, Generating, Skipped
+from swarm.node.context import RoleContext
 from swarm.policy.files import VersionUnusable, load_base_model, newest_complete, open_version
 from swarm.policy.policy_patches import changed_tensors
 from swarm.policy.runspec import RunSpec
 from tasks.assignment import assign_tasks
 from verify.rollout import Slot
-
-if TYPE_CHECKING:
-    from swarm.node.context import RoleContext
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +34,19 @@ def unchanged(groups: list) -> list:
     return groups
 
 
-async def inference_role(ctx: RoleContext, tamper: Callable[[list], list] = unchanged) -> None:
+async def inference_role(ctx: RoleContext[InferenceSection], tamper: Callable[[list], list] = unchanged) -> None:
     """`tamper` rewrites each version's groups before they are recorded and published: `unchanged` here; the
     simulation's cheater (swarm.sim.cheater) passes one that lies about its rewards."""
     from inference.select import open_backend
     from swarm.messages.rollout_transport import serve_rollout_blobs
 
-    published = PublishedSlots.load(published_slots_path(ctx.config))  # before anything: an unreadable one stops
+    published = PublishedSlots.load(published_slots_path(ctx.peer))  # before anything: an unreadable one stops
     blobs = serve_rollout_blobs(ctx.host)  # groups too large for gossip are announced and served from here
-    loaded = await load_base_model(ctx.config.peer.model)
+    loaded = await load_base_model(ctx.peer.model)
     backend = None  # opened with the first version: the run's manifest names the precision to generate in
     done = -1
     while True:
-        policy = await newest_complete(ctx, done)
+        policy = await newest_complete(ctx.mirror, done)
         done = policy.manifest.version
         try:
             spec = RunSpec.from_model(policy.manifest.model)
@@ -60,14 +58,14 @@ async def inference_role(ctx: RoleContext, tamper: Callable[[list], list] = unch
             ctx.events.emit(Skipped(version=done, message=why))
             continue
         if backend is None:  # vLLM takes minutes to start
-            backend = await trio.to_thread.run_sync(open_backend, ctx.config.inference.backend, loaded, spec.precision,
-                                                    ctx.config.inference.gpu_memory)
+            backend = await trio.to_thread.run_sync(open_backend, ctx.settings.backend, loaded, spec.precision,
+                                                    ctx.settings.gpu_memory)
         try:
-            async with open_version(ctx, spec, policy) as (directory, tasks):
+            async with open_version(ctx.mirror, spec, policy) as (directory, tasks):
                 # Said before the long blocking call, so a watchdog can tell "generating" from "waiting for a version".
                 ctx.events.emit(Generating(version=done, prompts=spec.prompts_per_worker))
                 changed = changed_tensors(ctx.mirror.policies.get(backend.manifest_id), policy.manifest)
-                groups = await trio.to_thread.run_sync(_generate, ctx.config.peer.run, ctx.peer_id, backend, loaded,
+                groups = await trio.to_thread.run_sync(_generate, ctx.peer.run, ctx.peer_id, backend, loaded,
                                                        policy, tasks, directory, published, spec.async_level, tamper,
                                                        changed)
         except VersionUnusable as exc:  # skipped, not fatal
@@ -95,9 +93,9 @@ def unanswerable(spec: RunSpec, worker: str, version: int) -> str:
             f"peer (no peer validates its own rollouts): its rollouts could not be accepted, so it skips the version")
 
 
-def published_slots_path(config) -> Path:
-    """Where a worker keeps the slots it published in `config.peer.run` (inference.published)."""
-    return Path(config.peer.data_dir) / f"published-slots-{config.peer.run}.json"
+def published_slots_path(peer: PeerSection) -> Path:
+    """Where a worker keeps the slots it published in `peer.run` (inference.published)."""
+    return Path(peer.data_dir) / f"published-slots-{peer.run}.json"
 
 
 def _generate(run: str, worker: str, backend, loaded, policy, tasks, directory, published, async_level: int,
@@ -126,7 +124,7 @@ def _generate(run: str, worker: str, backend, loaded, policy, tasks, directory, 
     return groups
 
 
-async def _publish_groups(ctx: RoleContext, groups, blobs) -> None:
+async def _publish_groups(ctx: RoleContext[InferenceSection], groups, blobs) -> None:
     """Gossip this version's groups, several to a message: inline (compressed when that helps) or announced by hash
     and served from `blobs`."""
     from swarm.messages.rollout_transport import publish_groups

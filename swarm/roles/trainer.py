@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from swarm.config import PeerSection, TrainerRoleSection, TrainerSettings
 from swarm.event_types import (
     Evaluated,
     Gate,
@@ -26,6 +27,7 @@ from swarm.event_types import (
     TrainStep,
     WorkerBanned,
 )
+from swarm.node.context import RoleContext
 from swarm.policy.runspec import RunSpec
 from swarm.policy.task_file import snapshot_task_file
 from swarm.roles.batch_wait import BatchWait, GateCounts, SwarmFacts, why_publish_now
@@ -36,44 +38,44 @@ from trainer.config import load_config as load_trainer_config
 from trainer.tracking import gate_scalars
 
 if TYPE_CHECKING:
-    from swarm.node.context import RoleContext
     from trainer.step_record import StepRecord
 
 log = logging.getLogger(__name__)
+TrainerContext = RoleContext[TrainerSettings]
 
 
-def _with_task_file_snapshot(cfg, config):
+def _with_task_file_snapshot(cfg, peer: PeerSection, piece_kb: int):
     """(cfg, RunTaskFile or None): with a task file, the run's snapshot of it, and a config that trains on those
     very bytes, which every version carries to the peers (swarm.policy.task_file)."""
-    task_file = snapshot_task_file(cfg.task, Path(config.peer.data_dir) / "swarm-policies" / "task-file",
-                                   config.mirror.piece_kb * 1024, cfg.prompt_key, cfg.answer_key)
+    task_file = snapshot_task_file(cfg.task, Path(peer.data_dir) / "swarm-policies" / "task-file",
+                                   piece_kb * 1024, cfg.prompt_key, cfg.answer_key)
     if task_file is None:
         return cfg, None
     update = {"task": str(task_file.path), "prompt_key": "prompt", "answer_key": "answer"}
     return cfg.model_copy(update=update), task_file
 
 
-def load_role_config(config):
+def load_role_config(peer: PeerSection, section: TrainerRoleSection):
     """(TrainerConfig, curriculum) of the trainer role: its --trainer-config file with the peer's run, model and
     data directory filled in."""
 
-    loaded = load_trainer_config(config.trainer.config, {"run": config.peer.run, "model": config.peer.model,
-                                                         "out": Path(config.peer.data_dir) / "training",
-                                                         "report_to": config.trainer.report_to or None})
+    loaded = load_trainer_config(section.config, {"run": peer.run, "model": peer.model,
+                                                  "out": Path(peer.data_dir) / "training",
+                                                  "report_to": section.report_to or None})
     return loaded.config, loaded.curriculum
 
 
-async def trainer_role(ctx: RoleContext) -> None:
+async def trainer_role(ctx: TrainerContext) -> None:
     """Train on quorum-accepted rollouts until the configured steps are done (or the time limit passes), publishing
     every new version."""
     from swarm.messages.rollout_transport import receive_groups
 
-    config = ctx.config
-    cfg, curriculum = load_role_config(config)
-    cfg, task_file = await trio.to_thread.run_sync(_with_task_file_snapshot, cfg, config)
+    section = ctx.settings.trainer
+    cfg, curriculum = load_role_config(ctx.peer, section)
+    cfg, task_file = await trio.to_thread.run_sync(_with_task_file_snapshot, cfg, ctx.peer, ctx.settings.piece_kb)
     run = await _start_training_run(ctx, cfg, curriculum)
-    publisher = SwarmPublisher(ctx, ctx.identity, cfg, config.mirror.piece_kb, task_file)
-    gate = _open_gate(config, cfg, run, publisher)
+    publisher = SwarmPublisher(ctx, cfg, task_file)
+    gate = _open_gate(ctx.peer.run, section, cfg, run, publisher)
     rollout_envelopes, vote_envelopes = ctx.gossip.subscribe("rollout"), ctx.gossip.subscribe("vote")  # before
     # the first version goes out: nothing its workers and validators send may pass before the trainer listens
     evaluator = await trio.to_thread.run_sync(_open_evaluator, run, cfg, curriculum)
@@ -141,21 +143,21 @@ async def trainer_role(ctx: RoleContext) -> None:
                 await _evaluate(ctx, evaluator, run, heldout, "during")
         await _finish_training(ctx, run, evaluator, gate, heldout)
         nursery.cancel_scope.cancel()
-    if config.trainer.exit_when_trained:
+    if section.exit_when_trained:
         ctx.done.set()
 
 
-def _open_gate(config, cfg, run, publisher: SwarmPublisher) -> RolloutGate:
+def _open_gate(run_name: str, section: TrainerRoleSection, cfg, run, publisher: SwarmPublisher) -> RolloutGate:
     """The run's gate, with the judgements of the checkpoint resumed (if any); the validators it bans leave the
     publisher's next versions."""
-    gate = RolloutGate(config.peer.run, config.trainer.replicas, config.trainer.quorum,
-                       config.trainer.quorum_timeout_s, async_level=cfg.async_level)
+    gate = RolloutGate(run_name, section.replicas, section.quorum, section.quorum_timeout_s,
+                       async_level=cfg.async_level)
     publisher.excluded = gate.validator_banned
     gate.restore(run.state.extra.get("gate"))
     return gate
 
 
-def _report_reputation_bans(ctx: RoleContext, gate: RolloutGate, reported: set[str]) -> None:
+def _report_reputation_bans(ctx: TrainerContext, gate: RolloutGate, reported: set[str]) -> None:
     """A worker the reputation rule banned (its rollouts rejected by the quorum) is reported once, with why."""
     for worker in sorted({w for w in gate.reputation.banned() if isinstance(w, str)} - reported):
         reported.add(worker)
@@ -164,7 +166,7 @@ def _report_reputation_bans(ctx: RoleContext, gate: RolloutGate, reported: set[s
             f"{gate.reputation.score(worker):.1f} (banned at {gate.reputation.config.ban_below:g} or below)")))
 
 
-async def _finish_training(ctx: RoleContext, run, evaluator, gate: RolloutGate, heldout: dict) -> None:
+async def _finish_training(ctx: TrainerContext, run, evaluator, gate: RolloutGate, heldout: dict) -> None:
     """Save the final policy, score it on the held-out split, close the trackers and say what was trained."""
     gate.keep_in(run.state.extra, due=True)  # the final checkpoint carries the gate's judgements too
     final = await trio.to_thread.run_sync(run.finish)
@@ -214,13 +216,13 @@ def _open_training_run(loaded, cfg, curriculum):
     return TrainingRun(loaded, cfg, curriculum, trusted_source=False)  # workers' logprobs are claims: recompute
 
 
-async def _first_version(ctx: RoleContext, run, publisher: SwarmPublisher, gate: RolloutGate, evaluator,
+async def _first_version(ctx: TrainerContext, run, publisher: SwarmPublisher, gate: RolloutGate, evaluator,
                          heldout: dict) -> None:
     """Publish the first version once a quorum of validators is heard, scoring the starting policy meanwhile (the
     scoring only reads the weights, and no step runs before it ends)."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_evaluate, ctx, evaluator, run, heldout, "before")
-        await publisher.wait_for_validators(ctx.config.trainer.quorum, ctx.config.trainer.replicas)
+        await publisher.wait_for_validators(ctx.settings.trainer.quorum, ctx.settings.trainer.replicas)
         await _number_past_the_swarm(ctx, run, publisher)
         await _publish_newest(run, publisher, gate)
 
@@ -237,7 +239,7 @@ def _open_evaluator(run, cfg, curriculum):
     return evaluator
 
 
-async def _evaluate(ctx: RoleContext, evaluator, run, heldout: dict, when: str) -> None:
+async def _evaluate(ctx: TrainerContext, evaluator, run, heldout: dict, when: str) -> None:
     """Score the trainer's live policy on held-out prompts (before training, every `eval_every` steps, after).
 
     Why in the swarm trainer too: a step's reward is measured on the few groups it trains on, so only held-out
@@ -251,13 +253,13 @@ async def _evaluate(ctx: RoleContext, evaluator, run, heldout: dict, when: str) 
         f"on {record['n']} prompts never trained on")))
 
 
-async def _start_training_run(ctx: RoleContext, cfg, curriculum):
+async def _start_training_run(ctx: TrainerContext, cfg, curriculum):
     """Load the base model onto the peer's device and open the training run (resuming it from its checkpoint)."""
     from inference.select import resolve_device
     from swarm.policy.files import load_base_model
 
     loaded = await load_base_model(cfg.model)
-    device = resolve_device(ctx.config.peer.device)
+    device = resolve_device(ctx.peer.device)
     await trio.to_thread.run_sync(loaded.model.to, device)  # it only trains: no CPU generator shares it here
     ctx.events.emit(TrainerDevice(device=str(device), message=f"training on {device}"))
     run = await trio.to_thread.run_sync(_open_training_run, loaded, cfg, curriculum)
@@ -266,7 +268,7 @@ async def _start_training_run(ctx: RoleContext, cfg, curriculum):
     return run
 
 
-async def _resumed(ctx: RoleContext, run) -> None:
+async def _resumed(ctx: TrainerContext, run) -> None:
     """A trainer resumed from its checkpoint: its workers answered the newest version already, to the process that
     stopped, so the same weights go out under a new version number."""
     resumed_at = run.state.version
@@ -276,8 +278,8 @@ async def _resumed(ctx: RoleContext, run) -> None:
         f"weights go out again as v{run.state.version}")))
 
 
-async def _publish_when_stuck(ctx: RoleContext, run, publisher: SwarmPublisher, gate: RolloutGate, waiting: BatchWait,
-                              counts: GateCounts) -> None:
+async def _publish_when_stuck(ctx: TrainerContext, run, publisher: SwarmPublisher, gate: RolloutGate,
+                              waiting: BatchWait, counts: GateCounts) -> None:
     """Publish a new version now when the newest one cannot bring the next batch
     (swarm.roles.batch_wait.why_publish_now).
     The same weights sent again cost the swarm a manifest: their files have the same roots, which every peer already
@@ -295,7 +297,7 @@ async def _publish_when_stuck(ctx: RoleContext, run, publisher: SwarmPublisher, 
     waiting.restart(trio.current_time())
 
 
-async def _number_past_the_swarm(ctx: RoleContext, run, publisher: SwarmPublisher) -> None:
+async def _number_past_the_swarm(ctx: TrainerContext, run, publisher: SwarmPublisher) -> None:
     """Before the first version goes out: when peers hold a version at least as new as the one about to be
     published (an earlier process of this run published it, and its data directory or checkpoint is gone), the
     weights go out past it. Why: workers answer the newest version they hold, so a trainer that published below
@@ -315,7 +317,7 @@ async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> 
     version = run.state.version
     if version in publisher.published:
         return
-    await publisher.wait_for_quorum(publisher.ctx.config.trainer.quorum)
+    await publisher.wait_for_quorum(publisher.ctx.settings.trainer.quorum)
 
     def register(spec: RunSpec) -> None:
         gate.specs[version] = spec
@@ -333,17 +335,17 @@ def gate_counts(gate: RolloutGate, workers: set[str]) -> GateCounts:
                       answered_in_full=gate.answered_in_full(gate.newest, workers), tally=dict(gate.counts))
 
 
-def swarm_facts(ctx: RoleContext, run, publisher: SwarmPublisher, gate: RolloutGate) -> SwarmFacts:
+def swarm_facts(ctx: TrainerContext, run, publisher: SwarmPublisher, gate: RolloutGate) -> SwarmFacts:
     """What the trainer hears of its peers now, as the batch wait's plain values."""
     spec = gate.specs.get(gate.newest)
     return SwarmFacts(
-        quorum_here=len(publisher.known_validators()) >= ctx.config.trainer.quorum,
+        quorum_here=len(publisher.known_validators()) >= ctx.settings.trainer.quorum,
         workers_known=publisher.workers_known(),
         validators_departed=publisher.validators_departed(spec) if spec is not None else 0,
         validators_changed=publisher.validators_changed(spec) if spec is not None else False,
         newest_held=newest_in_swarm(ctx), trained_since_publish=run.trained_since_publish)
 
 
-def newest_in_swarm(ctx: RoleContext) -> int:
+def newest_in_swarm(ctx: TrainerContext) -> int:
     """The newest version among the manifests this peer adopted (only the run key's are adopted), or -1."""
     return max((p.manifest.version for p in ctx.mirror.policies.values()), default=-1)

@@ -9,21 +9,19 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import trio
 
 from p2p.pieces.manifest import GenerationSettings, PatchRef, build_manifest, sign_manifest
 from p2p.pieces.patch import encode_patch
+from swarm.config import TrainerSettings
 from swarm.event_types import Published, ValidatorIgnored, WaitingForValidators
+from swarm.node.context import RoleContext
 from swarm.policy.policy_patches import PATCH_FILE, WEIGHTS, keyframe_due, patch_pays
 from swarm.policy.runspec import RunSpec
 from swarm.policy.task_file import place_task_file
 from swarm.policy.trust import parse_public_key
 from verify.reward_loading import load_reward
-
-if TYPE_CHECKING:
-    from swarm.node.context import RoleContext
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +29,12 @@ log = logging.getLogger(__name__)
 class SwarmPublisher:
     """Turns the training run's newest policy directory into a signed, seeded manifest with the run spec."""
 
-    def __init__(self, ctx: RoleContext, identity, cfg, piece_kb: int, task_file=None) -> None:
-        self.ctx, self.identity, self.cfg, self.piece_kb = ctx, identity, cfg, piece_kb
+    def __init__(self, ctx: RoleContext[TrainerSettings], cfg, task_file=None) -> None:
+        self.ctx, self.cfg = ctx, cfg
         self.task_file = task_file  # swarm.policy.task_file.RunTaskFile: the run's task file, listed in every manifest
-        self.root = Path(ctx.config.peer.data_dir) / "swarm-policies"
+        self.root = Path(ctx.peer.data_dir) / "swarm-policies"
         self.published: set[int] = set()
-        keys = ctx.config.trainer.validator_keys
+        keys = ctx.settings.trainer.validator_keys
         self.allowed = {parse_public_key(k, "--validator-key") for k in keys} if keys else None
         self.ignored: set[str] = set()  # heard-from validators outside `allowed`, reported once
         self.excluded = lambda key: False  # the gate's banned validators (RolloutGate.validator_banned): never named
@@ -102,11 +100,11 @@ class SwarmPublisher:
             await trio.sleep(0.2)
 
     def spec_for(self, segment: str) -> RunSpec:
-        cfg, config, task_file = self.cfg, self.ctx.config, self.task_file
+        cfg, section, task_file = self.cfg, self.ctx.settings.trainer, self.task_file
         return RunSpec(task_file.name if task_file else cfg.task, cfg.task_size,
                        json.dumps(cfg.task_config, sort_keys=True), cfg.seed, cfg.eval_fraction, segment,
-                       config.trainer.prompts_per_worker, cfg.async_level, config.trainer.replicas,
-                       config.trainer.quorum, self.known_validators(), config.trainer.precision,
+                       section.prompts_per_worker, cfg.async_level, section.replicas,
+                       section.quorum, self.known_validators(), section.precision,
                        task_file.root if task_file else "", cfg.reward,
                        load_reward(cfg.reward).code_hash if cfg.reward else "")
 
@@ -126,10 +124,10 @@ class SwarmPublisher:
                                       int(generation["max_new_tokens"]), int(generation["stage_index"]))
         patch = await self._patch(version, target)
         manifest = await trio.to_thread.run_sync(lambda: build_manifest(
-            target, run=self.ctx.config.peer.run, version=version, parent_version=version - 1 if version else None,
-            created_at=time.time(), generation=settings, piece_size=self.piece_kb * 1024,
+            target, run=self.ctx.peer.run, version=version, parent_version=version - 1 if version else None,
+            created_at=time.time(), generation=settings, piece_size=self.ctx.settings.piece_kb * 1024,
             data_files=(self.task_file.name,) if self.task_file else (), patch=patch))
-        signed = sign_manifest(manifest, self.identity.sign, self.identity.public_bytes).to_bytes()
+        signed = sign_manifest(manifest, self.ctx.identity.sign, self.ctx.identity.public_bytes).to_bytes()
         self.ctx.mirror.adopt(signed, local_dir=target)
         self.prune()
         before_announce(spec)  # the gate must know the version before any worker can answer it
@@ -149,7 +147,7 @@ class SwarmPublisher:
         parent_dir = self.root / f"v{parent[0]}" if parent else None
         if parent is None or not (parent_dir / WEIGHTS).is_file() or self.cfg.publish_dtype == "float32":
             return None
-        if keyframe_due(version, self.ctx.config.trainer.keyframe_every):
+        if keyframe_due(version, self.ctx.settings.trainer.keyframe_every):
             return None
         stats = await trio.to_thread.run_sync(encode_patch, [parent_dir / WEIGHTS], [target / WEIGHTS],
                                               target / PATCH_FILE)

@@ -20,6 +20,7 @@ import trio
 
 from swarm.event_types import RejectedRollout, RewardRefused, Validated, ValidatorDevice, WorkerBanned
 from swarm.messages.votes import vote_bodies
+from swarm.node.context import RoleContext
 from swarm.policy.files import VersionUnusable, load_base_model, open_version
 from swarm.policy.runspec import RunSpec, VersionTasks
 from verify.provider import TaskSetProvider
@@ -30,7 +31,6 @@ from verify.votes import assign_validators, vote_from_verdict
 if TYPE_CHECKING:
     from torch import nn
 
-    from swarm.node.context import RoleContext
     from swarm.policy.mirrored import MirroredPolicy
     from verify.worker_history import WorkerHistory
 
@@ -53,7 +53,7 @@ class VersionModels:
         self.tasks: dict[int, VersionTasks] = {}
         self.refused_rewards: set[tuple[str, str]] = set()  # (reward, hash) this peer said once it cannot score
 
-    async def sync(self, ctx: RoleContext) -> None:
+    async def sync(self, ctx: RoleContext[None]) -> None:
         from inference.weights import load_weights_in_place
 
         for policy in ctx.mirror.complete_versions():
@@ -69,7 +69,7 @@ class VersionModels:
                 continue
             model = copy.deepcopy(self.loaded.model)
             try:
-                async with open_version(ctx, spec, policy) as (directory, tasks):
+                async with open_version(ctx.mirror, spec, policy) as (directory, tasks):
                     await trio.to_thread.run_sync(load_weights_in_place, model, directory)
             except VersionUnusable as exc:  # it left the window (a newer one is there) or its tasks are unreadable
                 log.warning("version %d cannot be validated: %s", version, exc)
@@ -84,14 +84,14 @@ class VersionModels:
                 table.pop(version, None)
 
 
-    def refuses_reward(self, ctx: RoleContext, spec: RunSpec) -> bool:
+    def refuses_reward(self, ctx: RoleContext[None], spec: RunSpec) -> bool:
         """Whether this validator lacks the run's own reward as the spec hashes it; said once per reward, since a
         vote on rewards computed by other code would reject honest work."""
         problem = spec.reward_problem()
         if problem and (spec.reward, spec.reward_hash) not in self.refused_rewards:
             self.refused_rewards.add((spec.reward, spec.reward_hash))
             ctx.events.emit(RewardRefused(reward=spec.reward, expected=spec.reward_hash, message=(
-                f"refusing to vote on run {ctx.config.peer.run}: {problem}")))
+                f"refusing to vote on run {ctx.peer.run}: {problem}")))
         return bool(problem)
 
 
@@ -101,13 +101,13 @@ def assigned_to_me(slot_key: bytes, worker: str, spec: RunSpec, my_key: bytes) -
     return my_key in assign_validators(slot_key, spec.validators_for(worker), spec.replicas)
 
 
-def _context(ctx: RoleContext, models: VersionModels, version: int, loaded):
+def _context(ctx: RoleContext[None], models: VersionModels, version: int, loaded):
     from verify.checks import RunContext
 
     spec, policy, tasks = models.specs[version], models.policies[version], models.tasks[version]
     train = tasks.train
     return RunContext(
-        run=ctx.config.peer.run, current_version=max(models.models), async_window=spec.async_level,
+        run=ctx.peer.run, current_version=max(models.models), async_window=spec.async_level,
         manifest_ids={v: p.manifest.id for v, p in models.policies.items()},
         max_new_tokens=policy.manifest.generation.max_new_tokens, dataset=train.name,
         eligible=tasks.eligible, prompts_per_step=tasks.prompts_per_worker, eos_ids=loaded.eos_token_ids,
@@ -128,7 +128,7 @@ def check_config(spec: RunSpec):
     return CheckConfig.for_precision(spec.precision, min_eos_prob=0.0)
 
 
-def _verify_batch(ctx: RoleContext, models: VersionModels, loaded, groups: list) -> list:
+def _verify_batch(ctx: RoleContext[None], models: VersionModels, loaded, groups: list) -> list:
     """Blocking: one verdict per group, grouped by version so each context matches its version's stage."""
     from verify.checks import CheckResult
     from verify.verifier import Verdict, verify_groups
@@ -164,7 +164,7 @@ class NearTieHistories:
         """Banned by this validator's reputation of it or by its near-tie history."""
         return self.reputation.is_banned(worker) or any(h.is_banned(worker) for h in self.by_precision.values())
 
-    def judge(self, verdicts: list, group_of: dict, models: VersionModels, ctx: RoleContext) -> list:
+    def judge(self, verdicts: list, group_of: dict, models: VersionModels, ctx: RoleContext[None]) -> list:
         """Each verdict with its `near_ties` row (verify.worker_history.judge_verdict); a worker banned by its
         history is reported once, with the reason."""
         from verify.worker_history import judge_verdict
@@ -194,7 +194,7 @@ def wants_announced(models: VersionModels, workers, my_key: bytes):
     return wanted
 
 
-async def validator_role(ctx: RoleContext) -> None:
+async def validator_role(ctx: RoleContext[None]) -> None:
     from inference.select import resolve_device
     from swarm.messages.rollout_transport import receive_groups
 
@@ -203,8 +203,8 @@ async def validator_role(ctx: RoleContext) -> None:
     # with three processes: a validator that joined late held up the version's rollouts for the 120 s quorum
     # timeout). The channel holds them until the model is ready.
     rollouts = ctx.gossip.subscribe("rollout")
-    device = resolve_device(ctx.config.peer.device)
-    loaded = await load_base_model(ctx.config.peer.model)
+    device = resolve_device(ctx.peer.device)
+    loaded = await load_base_model(ctx.peer.model)
     models = VersionModels(loaded, device)
     ctx.events.emit(ValidatorDevice(device=str(device), message=f"prefills run on {device}"))
     my_key = ctx.identity.public_bytes

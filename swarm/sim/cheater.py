@@ -19,4 +19,5 @@ def claim_full_reward(groups: list) -> list:
     return [replace(g, completions=tuple(replace(c, reward=1.0) for c in g.completions)) for g in groups]
 
 
-cheating_inference_role = role_part(functools.partial(inference_role, tamper=claim_full_reward))
+cheating_inference_role = role_part(functools.partial(inference_role, tamper=claim_full_reward),
+                                    lambda config: config.inference)

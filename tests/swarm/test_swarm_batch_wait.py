@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tests.swarm.test_swarm_gate import accept, assigned, counts, gate_with, group, keys, peer_config, spec, vote
+from tests.swarm.test_swarm_gate import accept, assigned, counts, gate_with, group, keys, spec, trainer_context, vote
 from verify.votes import public_key_of
 
 
@@ -59,14 +59,13 @@ def test_a_trainer_with_nothing_to_train_on_and_nothing_coming_is_starved_until_
 def test_the_publisher_notices_when_a_versions_validators_are_not_the_ones_around(tmp_path):
     """A version published before its validators announced themselves names none and can never be accepted; a
     starved trainer republishes when the validators it hears from differ from those the newest version names."""
-    from types import SimpleNamespace
 
     from p2p.identity import peer_id_from_public_bytes
     from swarm.roles.trainer import SwarmPublisher
 
     validators = keys(2)
-    node = SimpleNamespace(peer_roles={}, config=peer_config(tmp_path, ()))
-    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    node = trainer_context(tmp_path, (), peer_roles={})
+    publisher = SwarmPublisher(node, cfg=None)
     nobody = spec([])
     assert not publisher.validators_changed(nobody)  # none known: a new version would name none either
     assert not publisher.workers_known()
@@ -90,9 +89,9 @@ def test_a_validator_leaving_sends_a_new_version_out_at_once_unless_votes_are_aw
     from swarm.roles.trainer import SwarmPublisher, swarm_facts
 
     validators = keys(3)
-    node = SimpleNamespace(peer_roles={"12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7": ("inference",)},
-                           config=peer_config(tmp_path, (), quorum=2), mirror=SimpleNamespace(policies={}))
-    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    node = trainer_context(tmp_path, (), quorum=2, mirror=SimpleNamespace(policies={}),
+                           peer_roles={"12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7": ("inference",)})
+    publisher = SwarmPublisher(node, cfg=None)
     for k in validators[:2]:  # the third stopped sending heartbeats
         node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
     gate = gate_with(validators)
@@ -132,11 +131,11 @@ def test_a_version_every_worker_answered_in_full_is_replaced_at_once_or_trained_
 
     validators = keys(2)
     worker = "12D3KooWCRdwY7d9wf6inqzAJLp86LghWeBAoQX5Lo6T7T3uXXN7"
-    node = SimpleNamespace(peer_roles={worker: ("inference",)}, mirror=SimpleNamespace(policies={}),
-                           config=peer_config(tmp_path, (), quorum=2))
+    node = trainer_context(tmp_path, (), quorum=2, peer_roles={worker: ("inference",)},
+                           mirror=SimpleNamespace(policies={}))
     for k in validators:
         node.peer_roles[peer_id_from_public_bytes(public_key_of(k))] = ("validator",)
-    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    publisher = SwarmPublisher(node, cfg=None)
     gate = gate_with(validators)  # specs name 2 prompts per worker
     waiting = BatchWait(wanted=4, since=0.0)
     run = SimpleNamespace(trained_since_publish=False)

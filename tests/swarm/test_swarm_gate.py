@@ -16,12 +16,14 @@ from verify.rollout import Completion, RolloutGroup
 from verify.votes import assign_validators, public_key_of, sign_vote
 
 
-def peer_config(data_dir, validator_keys, quorum=2):
-    """The parts of a peer's config that SwarmPublisher reads."""
+def trainer_context(data_dir, validator_keys, quorum=2, **parts):
+    """The parts of the trainer role's context that SwarmPublisher and the batch wait read, with `parts` (its peer
+    table, events, mirror) as each test needs them."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(peer=SimpleNamespace(data_dir=data_dir),
-                           trainer=SimpleNamespace(validator_keys=validator_keys, quorum=quorum))
+    return SimpleNamespace(peer=SimpleNamespace(data_dir=data_dir), identity=None,
+                           settings=SimpleNamespace(trainer=SimpleNamespace(validator_keys=validator_keys,
+                                                                            quorum=quorum), piece_kb=256), **parts)
 
 
 def keys(n):
@@ -175,9 +177,9 @@ async def test_the_trainer_publishes_no_version_until_a_quorum_of_validators_is_
     from swarm.roles.trainer import SwarmPublisher
 
     emitted = []
-    node = SimpleNamespace(peer_roles={}, config=peer_config(tmp_path, ()),
+    node = trainer_context(tmp_path, (), peer_roles={},
                            events=SimpleNamespace(emit=emitted.append))
-    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    publisher = SwarmPublisher(node, cfg=None)
     validators = [peer_id_from_public_bytes(public_key_of(k)) for k in keys(2)]
     done = trio.Event()
 
@@ -244,10 +246,9 @@ def test_a_trainer_given_validator_keys_names_only_those_and_reports_the_others_
 
     listed, stranger = [public_key_of(k) for k in keys(2)]
     emitted = []
-    node = SimpleNamespace(peer_roles={}, events=SimpleNamespace(emit=lambda e: emitted.append(e.peer)),
-                           config=peer_config(tmp_path, (peer_id_from_public_bytes(listed),)))  # a peer id, as
-    # every peer prints its own
-    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    node = trainer_context(tmp_path, (peer_id_from_public_bytes(listed),),  # a peer id, as every peer prints its own
+                           peer_roles={}, events=SimpleNamespace(emit=lambda e: emitted.append(e.peer)))
+    publisher = SwarmPublisher(node, cfg=None)
     for key in (listed, stranger):
         node.peer_roles[peer_id_from_public_bytes(key)] = ("validator",)
     assert publisher.known_validators() == (listed.hex(),)

@@ -118,13 +118,13 @@ def test_a_banned_validators_votes_no_longer_count():
 def test_a_banned_validator_leaves_the_next_versions_validators(tmp_path):
     from p2p.identity import peer_id_from_public_bytes
     from swarm.roles.trainer import SwarmPublisher
-    from tests.swarm.test_swarm_gate import peer_config
+    from tests.swarm.test_swarm_gate import trainer_context
 
     validators = panel(3)
     gate = gate_with(validators, replicas=2)
-    node = SimpleNamespace(peer_roles={peer_id_from_public_bytes(k): ("validator",) for k in validators},
-                           config=peer_config(tmp_path, ()), events=SimpleNamespace(emit=lambda event: None))
-    publisher = SwarmPublisher(node, identity=None, cfg=None, piece_kb=256)
+    node = trainer_context(tmp_path, (), peer_roles={peer_id_from_public_bytes(k): ("validator",) for k in validators},
+                           events=SimpleNamespace(emit=lambda event: None))
+    publisher = SwarmPublisher(node, cfg=None)
     publisher.excluded = gate.validator_banned
     liar = next(iter(validators))
     assert liar.hex() in publisher.known_validators()

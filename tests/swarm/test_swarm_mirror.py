@@ -107,7 +107,7 @@ async def test_a_version_being_reassembled_is_held_out_of_garbage_collection(tmp
             assert not mirror.is_mirrored(oldest)
             node = SimpleNamespace(mirror=mirror, config=SimpleNamespace(data_dir=tmp_path / "peer"))
             with pytest.raises(PolicyLeftWindow, match="left the window"):
-                await materialize(node, oldest)
+                await materialize(node.mirror, oldest)
             nursery.cancel_scope.cancel()
 
 
@@ -134,11 +134,11 @@ async def test_reassembled_copies_go_with_their_versions_but_not_while_held(tmp_
             versions = [mirror.adopt(signed_version(tmp_path, key, v), local_dir=tmp_path / f"v{v}") for v in (0, 1)]
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr("swarm.policy.files.version_tasks", lambda spec, manifest, directory: "tasks")
-                async with open_version(node, spec, versions[0]) as (directory, tasks):
+                async with open_version(node.mirror, spec, versions[0]) as (directory, tasks):
                     assert (directory / "model.safetensors").is_file() and tasks == "tasks"
                     mirror.adopt(signed_version(tmp_path, key, 2), local_dir=tmp_path / "v2")
                     assert (directory / "model.safetensors").is_file()  # v0 is out of the window but being loaded
-                async with open_version(node, spec, versions[1]) as (second, _):
+                async with open_version(node.mirror, spec, versions[1]) as (second, _):
                     pass
             services = [p.service for p in mirror.policies.values()]
             assert len(services) == 3 and all(s._bucket is mirror.upload_bucket for s in services)  # one node cap

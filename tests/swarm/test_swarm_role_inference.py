@@ -57,7 +57,7 @@ TASKS = VersionTasks(load_tasks("basic_arithmetic", size=12, seed=0), list(range
 
 def answer(node, backend, tiny, version: int, published=None) -> list:
     """One version's pass of the role: what it would publish, with the ledger loaded as a (re)started worker does."""
-    published = published if published is not None else PublishedSlots.load(published_slots_path(node.config))
+    published = published if published is not None else PublishedSlots.load(published_slots_path(node.config.peer))
     return _generate(node.config.peer.run, node.peer_id, backend, tiny, policy(version), TASKS, "unused", published,
                      async_level=1)
 
@@ -89,7 +89,7 @@ def test_the_published_slots_stay_within_the_async_window(tmp_path, tiny):
     node, backend = worker(tmp_path), JitteringBackend(tiny)
     for version in (1, 2, 3):
         assert len(answer(node, backend, tiny, version)) == PROMPTS
-    kept = PublishedSlots.load(published_slots_path(node.config))
+    kept = PublishedSlots.load(published_slots_path(node.config.peer))
     assert len(kept) == 2 * PROMPTS  # versions 2 and 3: version 1 is behind the window and can never be sent again
     assert len(answer(node, backend, tiny, 3)) == 0 and backend.prompts == 3 * PROMPTS
 
@@ -109,13 +109,13 @@ def test_the_simulations_cheater_claims_reward_one_for_groups_the_honest_role_bu
     from swarm.sim.cheater import claim_full_reward
 
     node, backend = worker(tmp_path), JitteringBackend(tiny)
-    published = PublishedSlots.load(published_slots_path(node.config))
+    published = PublishedSlots.load(published_slots_path(node.config.peer))
     groups = _generate(node.config.peer.run, node.peer_id, backend, tiny, policy(1), TASKS, "unused", published, 1,
                        claim_full_reward)
     assert len(groups) == PROMPTS and all(c.reward == 1.0 for g in groups for c in g.completions)
     honest = answer(node, JitteringBackend(tiny), tiny, 1, PublishedSlots(tmp_path / "elsewhere.json"))
     assert any(c.reward < 1.0 for g in honest for c in g.completions)  # so the claim above is the cheater's doing
-    assert len(PublishedSlots.load(published_slots_path(node.config))) == PROMPTS
+    assert len(PublishedSlots.load(published_slots_path(node.config.peer))) == PROMPTS
 
 
 def test_no_peer_config_takes_a_cheating_setting():
