@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import trio
 
@@ -30,7 +30,7 @@ class Stoppable(Protocol):
     host: HostPort
 
 
-async def run_part(node: Stoppable, part: Callable[..., Awaitable[None]], *args: Any) -> None:
+async def run_part(node: Stoppable, part: Callable[..., Awaitable[None]], *args: object) -> None:
     """Run one role, or one of the peer's own tasks, as part(node, *args). One that fails stops the peer with one
     clear line instead of a wall of tracebacks: an exception escaping a task of the node's nursery would end the
     peer (and every peer of a simulation) with a nested exception group."""

@@ -19,10 +19,11 @@ from swarm.policy.runspec import RunSpec
 from swarm.roles import gate_state
 from swarm.roles.gate_evidence import NEAR_TIES, GateEvidence
 from swarm.roles.gate_probation import Probation, ProbationConfig
-from verify.quorum import Outcome, QuorumConfig, QuorumTracker
+from verify.quorum import Outcome, QuorumConfig, QuorumTracker, Settlement
 from verify.reputation import Reputation
 from verify.rollout import RolloutGroup
 from verify.slots import ECHO, RESUBMITTED, SlotLedger
+from verify.votes import Vote
 
 SLOT_TAKEN = "another group for an answered slot"
 DISPUTED = "disputed"
@@ -82,7 +83,7 @@ class RolloutGate:
     def snapshot(self) -> dict:
         """The gate's judgements (histories, bans, reputation, probation) as JSON values for the trainer's
         checkpoint (swarm.roles.gate_state)."""
-        return gate_state.snapshot(self)
+        return gate_state.snapshot(self.evidence, self.reputation, self.probation)
 
     def keep_in(self, extra: dict, *, due: bool) -> None:
         """Put the judgements into a trainer state's `extra` when its next step writes a checkpoint (`due`). Why
@@ -91,9 +92,9 @@ class RolloutGate:
         if due:
             extra["gate"] = self.snapshot()
 
-    def restore(self, data) -> None:
+    def restore(self, data: object) -> None:
         """Take back a checkpoint's judgements (validated; None leaves the gate as it is)."""
-        gate_state.restore(self, data)
+        gate_state.restore(self.evidence, self.reputation, self.probation, data)
 
     def take_new_bans(self) -> list[tuple[str, str]]:
         """The (worker, reason) pairs the near-tie test banned since the last call: each is reported once."""
@@ -104,7 +105,7 @@ class RolloutGate:
         """Add to one of the gate's counters (refusals, votes, outcomes): the trainer's report shows them all."""
         self.counts[what] = self.counts.get(what, 0) + n
 
-    def on_rollout(self, group, now: float) -> str:
+    def on_rollout(self, group: RolloutGroup, now: float) -> str:
         """Open a quorum for a well-formed, in-window rollout; returns 'opened' or why it was refused.
 
         One slot, one rollout: a second group for a slot already opened is refused whatever its bytes, and unless
@@ -128,7 +129,7 @@ class RolloutGate:
         self.count("opened")
         return "opened"
 
-    def _open(self, group, rid: bytes, now: float) -> None:
+    def _open(self, group: RolloutGroup, rid: bytes, now: float) -> None:
         self.slots.record(group, rid)
         self.pending[rid] = group
         validators = self.specs[group.policy_version].validators_for(group.worker)
@@ -136,7 +137,7 @@ class RolloutGate:
         for s in settlements:
             self._settle(s)
 
-    def _refusal(self, group, rid: bytes) -> str:
+    def _refusal(self, group: RolloutGroup, rid: bytes) -> str:
 
         if group.run != self.run:
             return "wrong run"
@@ -163,24 +164,24 @@ class RolloutGate:
             return SLOTS_FULL
         return ""
 
-    def _taken(self, group) -> set[bytes]:
+    def _taken(self, group: RolloutGroup) -> set[bytes]:
         """The slots of the group's worker answered for the group's version inside the async window."""
         return self.answers.get(group.policy_version, {}).get(group.worker, set())
 
-    def _slots_full(self, group) -> bool:
+    def _slots_full(self, group: RolloutGroup) -> bool:
         """Whether an in-window `group` is for a new slot of a worker that already answered the version's prompts
         per worker (late groups have their own bound: _judgeable)."""
         taken = self._taken(group)
         return group.slot().key() not in taken and len(taken) >= self.specs[group.policy_version].prompts_per_worker
 
-    def _note_answer(self, group) -> None:
+    def _note_answer(self, group: RolloutGroup) -> None:
         """Record the group's slot among its worker's answers to its version, refused or not (answered_in_full),
         but never past the prompts per worker: a refused worker's flood must not grow the table either."""
         taken = self.answers.setdefault(group.policy_version, {}).setdefault(group.worker, set())
         if len(taken) < self.specs[group.policy_version].prompts_per_worker:
             taken.add(group.slot().key())
 
-    def _judgeable(self, group) -> bool:
+    def _judgeable(self, group: RolloutGroup) -> bool:
         """A late rollout inside the judging window and within its bounds (JUDGED_BEHIND): the worker's slots of
         the version, answered in time or judged late, stay within its prompts per worker."""
         spec = self.specs.get(group.policy_version)
@@ -203,7 +204,7 @@ class RolloutGate:
         return bool(workers) and spec is not None and all(
             len(answers.get(worker, ())) >= spec.prompts_per_worker for worker in workers)
 
-    def on_vote(self, vote, now: float) -> str:
+    def on_vote(self, vote: Vote, now: float) -> str:
         if self.validator_banned(vote.validator):
             self.count("vote:validator banned")
             return "validator banned"
@@ -277,7 +278,7 @@ class RolloutGate:
             else:
                 self.accepted.append(group)
 
-    def _weigh_near_ties(self, settlement, group) -> bool:
+    def _weigh_near_ties(self, settlement: Settlement, group: RolloutGroup) -> bool:
         """Add the settled group's near-ties to its worker's history; a worker this bans loses its accepted groups
         not yet trained on (they are refused with `near_ties`) and is reported once (take_new_bans). Returns
         whether the group's evidence rows are disputed (swarm.roles.gate_evidence.combine_rows)."""
@@ -317,7 +318,7 @@ class RolloutGate:
         return any(self.probation.is_proven(worker) and not self.is_banned(worker)
                    for by_worker in self.answers.values() for worker in by_worker)
 
-    def take(self, n: int) -> list:
+    def take(self, n: int) -> list[RolloutGroup]:
         """The `n` freshest accepted groups inside the async window (arrival order among equals), unproven workers'
         within their share (swarm.roles.gate_probation).
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from verify.neartie import NO_NEAR_TIES, NearTies
+from verify.quorum import Settlement
+from verify.votes import Vote
 from verify.worker_history import HistoryConfig, Judgement, WorkerHistory, parse_evidence_row
 
 NEAR_TIES = "near_ties"
@@ -41,7 +43,7 @@ class GateEvidence:
         self._rows: OrderedDict[bytes, dict[bytes, tuple[int, int] | None]] = OrderedDict()  # None: no row
         self._histories: dict[str, WorkerHistory] = {}
 
-    def on_vote(self, vote) -> None:
+    def on_vote(self, vote: Vote) -> None:
         """Keep a vote's evidence row until its rollout settles (the first vote per validator counts); a vote
         without exactly one row (a ban's failing row, or an ambiguous vote) is kept as None."""
         rows = [row for row in map(parse_evidence_row, vote.checks) if row is not None]
@@ -51,7 +53,7 @@ class GateEvidence:
         if len(self._rows) > self.max_rollouts:
             self._rows.popitem(last=False)
 
-    def on_settled(self, settlement, worker: str, precision: str) -> tuple[Judgement | None, bool]:
+    def on_settled(self, settlement: Settlement, worker: str, precision: str) -> tuple[Judgement | None, bool]:
         """(judgement after adding the settled group's combined row to `worker`'s history, or None when the group
         carried too few rows; whether its rows are disputed)."""
         rows = self._rows.pop(settlement.rollout_id, {})

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import math
 
+from swarm.roles.gate_evidence import GateEvidence
+from swarm.roles.gate_probation import Probation
 from trainer.errors import TrainerError
+from verify.reputation import Reputation
 from verify.worker_history import HistoryConfig
 
 FORMAT = 1
@@ -24,35 +27,36 @@ MAX_NAME = 128  # characters of a worker name (peer ids are about 52)
 MAX_REASON = 1000
 
 
-def snapshot(gate) -> dict:
+def snapshot(evidence: GateEvidence, reputation: Reputation, probation: Probation) -> dict:
     """The gate's judgements as JSON values (see the module docstring)."""
-    scores, banned = gate.reputation.export()
-    probation = gate.probation.export()
+    scores, banned = reputation.export()
+    proving = probation.export()
     return {
         "format": FORMAT,
         "histories": {precision: {"records": [list(r) for r in records], "banned": [list(b) for b in bans]}
-                      for precision, (records, bans) in gate.evidence.export().items()},
+                      for precision, (records, bans) in evidence.export().items()},
         "reputation": {"scores": [[*_peer_out(peer), score] for peer, score in scores],
                        "banned": [_peer_out(peer) for peer in banned]},
-        "probation": {"unproven": probation["unproven"], "proven": probation["proven"]},
+        "probation": {"unproven": proving["unproven"], "proven": proving["proven"]},
     }
 
 
-def restore(gate, data) -> None:
+def restore(evidence: GateEvidence, reputation: Reputation, probation: Probation, data: object) -> None:
     """Replace the gate's judgements by a snapshot's; None (a checkpoint without one) leaves the gate as it is."""
     if data is None:
         return
     try:
-        histories, scores, banned, unproven, proven = _parse(gate, data)
+        histories, scores, banned, unproven, proven = _parse(data, reputation.config.max_peers,
+                                                             probation.config.max_workers)
     except (TypeError, ValueError, KeyError) as exc:
         raise TrainerError(f"the gate state in the checkpoint is malformed ({str(exc)[:160]}); remove its \"gate\" "
                            "entry from state.json to resume with no worker judged") from None
-    gate.evidence.load(histories)
-    gate.reputation.load(scores, banned)
-    gate.probation.load(unproven, proven)
+    evidence.load(histories)
+    reputation.load(scores, banned)
+    probation.load(unproven, proven)
 
 
-def _parse(gate, data) -> tuple:
+def _parse(data: object, peers: int, bound: int) -> tuple:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"format {data.get('format') if isinstance(data, dict) else None!r} is not {FORMAT}")
     max_workers = HistoryConfig().max_workers
@@ -62,22 +66,22 @@ def _parse(gate, data) -> tuple:
         records = [_record(item) for item in _list(table["records"], max_workers)]
         bans = [(_name(w), _text(reason)) for w, reason in map(_pair, _list(table["banned"], max_workers))]
         histories[precision] = (records, bans)
-    reputation, peers = _dict(data["reputation"], 2), gate.reputation.config.max_peers
+    reputation = _dict(data["reputation"], 2)
     scores = [(_peer_in(item[:2]), _score(item[2])) for item in _list(reputation["scores"], peers, width=3)]
     banned = [_peer_in(item) for item in _list(reputation["banned"], peers, width=2)]
-    probation, bound = _dict(data["probation"], 2), gate.probation.config.max_workers
+    probation = _dict(data["probation"], 2)
     unproven = [(_name(w), _count(n)) for w, n in map(_pair, _list(probation["unproven"], bound))]
     proven = [_name(w) for w in _list(probation["proven"], bound)]
     return histories, scores, banned, unproven, proven
 
 
-def _dict(value, bound: int) -> dict:
+def _dict(value: object, bound: int) -> dict:
     if not isinstance(value, dict) or len(value) > bound:
         raise ValueError(f"expected a table of at most {bound} entries")
     return value
 
 
-def _list(value, bound: int, width: int | None = None) -> list:
+def _list(value: object, bound: int, width: int | None = None) -> list:
     if not isinstance(value, list) or len(value) > bound:
         raise ValueError(f"expected a list of at most {bound} entries")
     if width is not None and not all(isinstance(item, list) and len(item) == width for item in value):
@@ -85,13 +89,13 @@ def _list(value, bound: int, width: int | None = None) -> list:
     return value
 
 
-def _pair(item) -> list:
+def _pair(item: object) -> list:
     if not isinstance(item, list) or len(item) != 2:
         raise ValueError("expected entries of 2 values")
     return item
 
 
-def _record(item) -> tuple[str, int, int, int]:
+def _record(item: object) -> tuple[str, int, int, int]:
     if not isinstance(item, list) or len(item) != 4:
         raise ValueError("expected history records of 4 values")
     worker, groups, tokens, flips = _name(item[0]), _count(item[1]), _count(item[2]), _count(item[3])
@@ -100,36 +104,36 @@ def _record(item) -> tuple[str, int, int, int]:
     return worker, groups, tokens, flips
 
 
-def _name(value) -> str:
+def _name(value: object) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME:
         raise ValueError(f"a worker name must be 1 to {MAX_NAME} characters")
     return value
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     if not isinstance(value, str) or len(value) > MAX_REASON:
         raise ValueError(f"a ban reason must be text of at most {MAX_REASON} characters")
     return value
 
 
-def _count(value) -> int:
+def _count(value: object) -> int:
     if type(value) is not int or not 0 <= value < 2**53:
         raise ValueError("a count must be a non-negative integer")
     return value
 
 
-def _score(value) -> float:
+def _score(value: object) -> float:
     if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > 1e9:
         raise ValueError("a score must be a finite number")
     return float(value)
 
 
-def _peer_out(peer) -> list:
+def _peer_out(peer: str | bytes) -> list:
     """A reputation key as JSON: ["worker", name] or ["validator", hex key]."""
     return ["validator", peer.hex()] if isinstance(peer, bytes) else ["worker", str(peer)]
 
 
-def _peer_in(item) -> object:
+def _peer_in(item: list) -> str | bytes:
     kind, ident = item
     if kind == "worker":
         return _name(ident)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -19,22 +20,32 @@ from inference.published import PublishedSlots
 from p2p.errors import P2PError
 from swarm.config import InferenceSection, PeerSection
 from swarm.event_types import Generated, Generating, Skipped
+from swarm.messages.rollout_codec import BlobCache, RolloutRefused
 from swarm.node.context import RoleContext
 from swarm.policy.files import VersionUnusable, load_base_model, newest_complete, open_version
+from swarm.policy.mirrored import MirroredPolicy
 from swarm.policy.policy_patches import changed_tensors
-from swarm.policy.runspec import RunSpec
+from swarm.policy.runspec import RunSpec, VersionTasks
 from tasks.assignment import assign_tasks
-from verify.rollout import Slot
+from verify.rollout import RolloutGroup, Slot
+
+if TYPE_CHECKING:
+    from inference.backend import GenerationBackend
+    from inference.models import LoadedModel
 
 log = logging.getLogger(__name__)
 
 
-def unchanged(groups: list) -> list:
+Tamper = Callable[[list[RolloutGroup]], list[RolloutGroup]]
+"""What a worker does to its groups before publishing them (the simulation's cheater rewrites their rewards)."""
+
+
+def unchanged(groups: list[RolloutGroup]) -> list[RolloutGroup]:
     """What an honest worker does to its groups before publishing them: nothing."""
     return groups
 
 
-async def inference_role(ctx: RoleContext[InferenceSection], tamper: Callable[[list], list] = unchanged) -> None:
+async def inference_role(ctx: RoleContext[InferenceSection], tamper: Tamper = unchanged) -> None:
     """`tamper` rewrites each version's groups before they are recorded and published: `unchanged` here; the
     simulation's cheater (swarm.sim.cheater) passes one that lies about its rewards."""
     from inference.select import open_backend
@@ -98,8 +109,10 @@ def published_slots_path(peer: PeerSection) -> Path:
     return Path(peer.data_dir) / f"published-slots-{peer.run}.json"
 
 
-def _generate(run: str, worker: str, backend, loaded, policy, tasks, directory, published, async_level: int,
-              tamper: Callable[[list], list] = unchanged, changed: frozenset[str] | None = None) -> list:
+def _generate(run: str, worker: str, backend: GenerationBackend, loaded: LoadedModel, policy: MirroredPolicy,
+              tasks: VersionTasks, directory: Path | str, published: PublishedSlots, async_level: int,
+              tamper: Tamper = unchanged,
+              changed: frozenset[str] | None = None) -> list[RolloutGroup]:
     """Blocking: swap weights, generate this worker's assigned groups it has not published yet, with proofs, and
     record their slots in `published` before they are returned for publishing (a crash after this loses the
     groups' work, never answers a slot twice). Of its peer the thread reads only the run and its own id, `worker`."""
@@ -124,12 +137,12 @@ def _generate(run: str, worker: str, backend, loaded, policy, tasks, directory, 
     return groups
 
 
-async def _publish_groups(ctx: RoleContext[InferenceSection], groups, blobs) -> None:
+async def _publish_groups(ctx: RoleContext[InferenceSection], groups: list[RolloutGroup], blobs: BlobCache) -> None:
     """Gossip this version's groups, several to a message: inline (compressed when that helps) or announced by hash
     and served from `blobs`."""
     from swarm.messages.rollout_transport import publish_groups
 
-    def skipped(group, exc) -> None:
+    def skipped(group: RolloutGroup, exc: RolloutRefused) -> None:
         ctx.events.emit(Skipped(message=f"rollout group for task {group.task_index} not published: {exc}"))
 
     try:

@@ -29,22 +29,31 @@ from swarm.event_types import (
 )
 from swarm.node.context import RoleContext
 from swarm.policy.runspec import RunSpec
-from swarm.policy.task_file import snapshot_task_file
+from swarm.policy.task_file import RunTaskFile, snapshot_task_file
 from swarm.roles.batch_wait import BatchWait, GateCounts, SwarmFacts, why_publish_now
 from swarm.roles.gate import RolloutGate
 from swarm.roles.trainer_publisher import SwarmPublisher
 from tasks.prompts import decode_completion
+from trainer.config import TrainerConfig
 from trainer.config import load_config as load_trainer_config
+from trainer.curriculum import Curriculum
 from trainer.tracking import gate_scalars
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from inference.models import LoadedModel
+    from trainer.loop import TrainingRun
+    from trainer.session import Evaluator
     from trainer.step_record import StepRecord
+    from verify.rollout import RolloutGroup
 
 log = logging.getLogger(__name__)
 TrainerContext = RoleContext[TrainerSettings]
 
 
-def _with_task_file_snapshot(cfg, peer: PeerSection, piece_kb: int):
+def _with_task_file_snapshot(cfg: TrainerConfig, peer: PeerSection, piece_kb: int
+                             ) -> tuple[TrainerConfig, RunTaskFile | None]:
     """(cfg, RunTaskFile or None): with a task file, the run's snapshot of it, and a config that trains on those
     very bytes, which every version carries to the peers (swarm.policy.task_file)."""
     task_file = snapshot_task_file(cfg.task, Path(peer.data_dir) / "swarm-policies" / "task-file",
@@ -55,7 +64,7 @@ def _with_task_file_snapshot(cfg, peer: PeerSection, piece_kb: int):
     return cfg.model_copy(update=update), task_file
 
 
-def load_role_config(peer: PeerSection, section: TrainerRoleSection):
+def load_role_config(peer: PeerSection, section: TrainerRoleSection) -> tuple[TrainerConfig, Curriculum]:
     """(TrainerConfig, curriculum) of the trainer role: its --trainer-config file with the peer's run, model and
     data directory filled in."""
 
@@ -87,7 +96,7 @@ async def trainer_role(ctx: TrainerContext) -> None:
     def report_reputation_bans() -> None:
         _report_reputation_bans(ctx, gate, reported_bans)
 
-    def on_rollout(group) -> None:
+    def on_rollout(group: RolloutGroup) -> None:
         """A received group (inline, compressed, or announced and fetched); refusals (a group of another worker
         than its sender included) never get here: receive_groups counts and logs them."""
         gate.on_rollout(group, trio.current_time())
@@ -147,7 +156,8 @@ async def trainer_role(ctx: TrainerContext) -> None:
         ctx.done.set()
 
 
-def _open_gate(run_name: str, section: TrainerRoleSection, cfg, run, publisher: SwarmPublisher) -> RolloutGate:
+def _open_gate(run_name: str, section: TrainerRoleSection, cfg: TrainerConfig, run: TrainingRun,
+               publisher: SwarmPublisher) -> RolloutGate:
     """The run's gate, with the judgements of the checkpoint resumed (if any); the validators it bans leave the
     publisher's next versions."""
     gate = RolloutGate(run_name, section.replicas, section.quorum, section.quorum_timeout_s,
@@ -166,7 +176,8 @@ def _report_reputation_bans(ctx: TrainerContext, gate: RolloutGate, reported: se
             f"{gate.reputation.score(worker):.1f} (banned at {gate.reputation.config.ban_below:g} or below)")))
 
 
-async def _finish_training(ctx: TrainerContext, run, evaluator, gate: RolloutGate, heldout: dict) -> None:
+async def _finish_training(ctx: TrainerContext, run: TrainingRun, evaluator: Evaluator, gate: RolloutGate,
+                           heldout: dict[str, float]) -> None:
     """Save the final policy, score it on the held-out split, close the trackers and say what was trained."""
     gate.keep_in(run.state.extra, due=True)  # the final checkpoint carries the gate's judgements too
     final = await trio.to_thread.run_sync(run.finish)
@@ -177,7 +188,8 @@ async def _finish_training(ctx: TrainerContext, run, evaluator, gate: RolloutGat
                              banned=sorted({str(p) for p in gate.reputation.banned()} | gate.evidence.banned())))
 
 
-def _step_event(record: StepRecord, batch: list, gate: RolloutGate, tokenizer) -> TrainStep:
+def _step_event(record: StepRecord, batch: list[RolloutGroup], gate: RolloutGate,
+                tokenizer: PreTrainedTokenizerBase) -> TrainStep:
     """The train_step event: what the step trained on, so a flat reward can be told from an empty batch."""
 
     completions = [c for g in batch for c in g.completions]
@@ -197,14 +209,14 @@ def _step_event(record: StepRecord, batch: list, gate: RolloutGate, tokenizer) -
     )
 
 
-def _sample_text(batch: list, tokenizer) -> str:
+def _sample_text(batch: list[RolloutGroup], tokenizer: PreTrainedTokenizerBase) -> str:
     """What the policy writes: the best-rewarded completion of the batch, decoded as its reward was computed."""
 
     best = max((c for g in batch for c in g.completions), key=lambda c: c.reward, default=None)
     return "" if best is None else decode_completion(tokenizer, best.tokens)[:80]
 
 
-def _open_training_run(loaded, cfg, curriculum):
+def _open_training_run(loaded: LoadedModel, cfg: TrainerConfig, curriculum: Curriculum) -> TrainingRun:
     import torch
 
     from trainer.loop import TrainingRun
@@ -216,8 +228,9 @@ def _open_training_run(loaded, cfg, curriculum):
     return TrainingRun(loaded, cfg, curriculum, trusted_source=False)  # workers' logprobs are claims: recompute
 
 
-async def _first_version(ctx: TrainerContext, run, publisher: SwarmPublisher, gate: RolloutGate, evaluator,
-                         heldout: dict) -> None:
+async def _first_version(ctx: TrainerContext, run: TrainingRun, publisher: SwarmPublisher, gate: RolloutGate,
+                         evaluator: Evaluator,
+                         heldout: dict[str, float]) -> None:
     """Publish the first version once a quorum of validators is heard, scoring the starting policy meanwhile (the
     scoring only reads the weights, and no step runs before it ends)."""
     async with trio.open_nursery() as nursery:
@@ -227,7 +240,7 @@ async def _first_version(ctx: TrainerContext, run, publisher: SwarmPublisher, ga
         await _publish_newest(run, publisher, gate)
 
 
-def _open_evaluator(run, cfg, curriculum):
+def _open_evaluator(run: TrainingRun, cfg: TrainerConfig, curriculum: Curriculum) -> Evaluator:
     """The local loop's held-out evaluation for the swarm trainer: the split `swarm train` and `swarm eval` set
     aside (the run spec's training prompts never include it), greedy, `eval_n` prompts, written to eval.jsonl."""
     from trainer.evaluate import constant_answer_accuracy
@@ -239,7 +252,8 @@ def _open_evaluator(run, cfg, curriculum):
     return evaluator
 
 
-async def _evaluate(ctx: TrainerContext, evaluator, run, heldout: dict, when: str) -> None:
+async def _evaluate(ctx: TrainerContext, evaluator: Evaluator, run: TrainingRun, heldout: dict[str, float],
+                    when: str) -> None:
     """Score the trainer's live policy on held-out prompts (before training, every `eval_every` steps, after).
 
     Why in the swarm trainer too: a step's reward is measured on the few groups it trains on, so only held-out
@@ -253,7 +267,7 @@ async def _evaluate(ctx: TrainerContext, evaluator, run, heldout: dict, when: st
         f"on {record['n']} prompts never trained on")))
 
 
-async def _start_training_run(ctx: TrainerContext, cfg, curriculum):
+async def _start_training_run(ctx: TrainerContext, cfg: TrainerConfig, curriculum: Curriculum) -> TrainingRun:
     """Load the base model onto the peer's device and open the training run (resuming it from its checkpoint)."""
     from inference.select import resolve_device
     from swarm.policy.files import load_base_model
@@ -268,7 +282,7 @@ async def _start_training_run(ctx: TrainerContext, cfg, curriculum):
     return run
 
 
-async def _resumed(ctx: TrainerContext, run) -> None:
+async def _resumed(ctx: TrainerContext, run: TrainingRun) -> None:
     """A trainer resumed from its checkpoint: its workers answered the newest version already, to the process that
     stopped, so the same weights go out under a new version number."""
     resumed_at = run.state.version
@@ -278,7 +292,7 @@ async def _resumed(ctx: TrainerContext, run) -> None:
         f"weights go out again as v{run.state.version}")))
 
 
-async def _publish_when_stuck(ctx: TrainerContext, run, publisher: SwarmPublisher, gate: RolloutGate,
+async def _publish_when_stuck(ctx: TrainerContext, run: TrainingRun, publisher: SwarmPublisher, gate: RolloutGate,
                               waiting: BatchWait, counts: GateCounts) -> None:
     """Publish a new version now when the newest one cannot bring the next batch
     (swarm.roles.batch_wait.why_publish_now).
@@ -297,7 +311,7 @@ async def _publish_when_stuck(ctx: TrainerContext, run, publisher: SwarmPublishe
     waiting.restart(trio.current_time())
 
 
-async def _number_past_the_swarm(ctx: TrainerContext, run, publisher: SwarmPublisher) -> None:
+async def _number_past_the_swarm(ctx: TrainerContext, run: TrainingRun, publisher: SwarmPublisher) -> None:
     """Before the first version goes out: when peers hold a version at least as new as the one about to be
     published (an earlier process of this run published it, and its data directory or checkpoint is gone), the
     weights go out past it. Why: workers answer the newest version they hold, so a trainer that published below
@@ -311,7 +325,7 @@ async def _number_past_the_swarm(ctx: TrainerContext, run, publisher: SwarmPubli
         f"peers hold v{held} from an earlier process of this run; its weights go out as v{run.state.version}")))
 
 
-async def _publish_newest(run, publisher: SwarmPublisher, gate: RolloutGate) -> None:
+async def _publish_newest(run: TrainingRun, publisher: SwarmPublisher, gate: RolloutGate) -> None:
     from trainer.checkpoint import policy_dir
 
     version = run.state.version
@@ -335,7 +349,7 @@ def gate_counts(gate: RolloutGate, workers: set[str]) -> GateCounts:
                       answered_in_full=gate.answered_in_full(gate.newest, workers), tally=dict(gate.counts))
 
 
-def swarm_facts(ctx: TrainerContext, run, publisher: SwarmPublisher, gate: RolloutGate) -> SwarmFacts:
+def swarm_facts(ctx: TrainerContext, run: TrainingRun, publisher: SwarmPublisher, gate: RolloutGate) -> SwarmFacts:
     """What the trainer hears of its peers now, as the batch wait's plain values."""
     spec = gate.specs.get(gate.newest)
     return SwarmFacts(

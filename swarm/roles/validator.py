@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -25,13 +26,19 @@ from swarm.policy.files import VersionUnusable, load_base_model, open_version
 from swarm.policy.runspec import RunSpec, VersionTasks
 from verify.provider import TaskSetProvider
 from verify.reputation import Reputation
+from verify.rollout import RolloutGroup
 from verify.slots import SlotLedger, first_answers
 from verify.votes import assign_validators, vote_from_verdict
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
+    from inference.models import LoadedModel
+    from swarm.messages.rollout_codec import Announcement
     from swarm.policy.mirrored import MirroredPolicy
+    from verify.checks import CheckConfig, RunContext
+    from verify.verdicts import Verdict
     from verify.worker_history import WorkerHistory
 
 log = logging.getLogger(__name__)
@@ -44,7 +51,7 @@ class VersionModels:
     """One model per policy version inside the window, built from the base model and the version's weights and
     placed on `device` (the base model itself stays on the CPU: it is only ever copied)."""
 
-    def __init__(self, loaded, device=None) -> None:
+    def __init__(self, loaded: LoadedModel, device: torch.device | None = None) -> None:
         self.loaded = loaded
         self.device = device
         self.models: dict[int, nn.Module] = {}
@@ -101,7 +108,7 @@ def assigned_to_me(slot_key: bytes, worker: str, spec: RunSpec, my_key: bytes) -
     return my_key in assign_validators(slot_key, spec.validators_for(worker), spec.replicas)
 
 
-def _context(ctx: RoleContext[None], models: VersionModels, version: int, loaded):
+def _context(ctx: RoleContext[None], models: VersionModels, version: int, loaded: LoadedModel) -> RunContext:
     from verify.checks import RunContext
 
     spec, policy, tasks = models.specs[version], models.policies[version], models.tasks[version]
@@ -115,7 +122,7 @@ def _context(ctx: RoleContext[None], models: VersionModels, version: int, loaded
         temperature=policy.manifest.generation.temperature, group_size=policy.manifest.generation.group_size)
 
 
-def check_config(spec: RunSpec):
+def check_config(spec: RunSpec) -> CheckConfig:
     """The validator's tolerances: those of the run's precision, except the EOS-probability floor.
 
     Why: INTELLECT-2 required P(EOS) > 0.1 because it could not check how tokens were sampled. Our seeded
@@ -128,7 +135,8 @@ def check_config(spec: RunSpec):
     return CheckConfig.for_precision(spec.precision, min_eos_prob=0.0)
 
 
-def _verify_batch(ctx: RoleContext[None], models: VersionModels, loaded, groups: list) -> list:
+def _verify_batch(ctx: RoleContext[None], models: VersionModels, loaded: LoadedModel,
+                  groups: list[RolloutGroup]) -> list[Verdict]:
     """Blocking: one verdict per group, grouped by version so each context matches its version's stage."""
     from verify.checks import CheckResult
     from verify.verifier import Verdict, verify_groups
@@ -149,11 +157,11 @@ class NearTieHistories:
     """This validator's near-tie history of every worker (verify/worker_history.py), one per precision a version
     names, since each precision has its own honest flip rate; and the bans it shares with the reputation."""
 
-    def __init__(self, reputation) -> None:
+    def __init__(self, reputation: Reputation) -> None:
         self.reputation = reputation
         self.by_precision: dict[str, WorkerHistory] = {}
 
-    def of(self, precision: str):
+    def of(self, precision: str) -> WorkerHistory:
         from verify.worker_history import HistoryConfig, WorkerHistory
 
         if precision not in self.by_precision:
@@ -164,7 +172,8 @@ class NearTieHistories:
         """Banned by this validator's reputation of it or by its near-tie history."""
         return self.reputation.is_banned(worker) or any(h.is_banned(worker) for h in self.by_precision.values())
 
-    def judge(self, verdicts: list, group_of: dict, models: VersionModels, ctx: RoleContext[None]) -> list:
+    def judge(self, verdicts: list[Verdict], group_of: dict[bytes, RolloutGroup], models: VersionModels,
+              ctx: RoleContext[None]) -> list[Verdict]:
         """Each verdict with its `near_ties` row (verify.worker_history.judge_verdict); a worker banned by its
         history is reported once, with the reason."""
         from verify.worker_history import judge_verdict
@@ -181,11 +190,12 @@ class NearTieHistories:
         return out
 
 
-def wants_announced(models: VersionModels, workers, my_key: bytes):
+def wants_announced(models: VersionModels, workers: NearTieHistories | Reputation, my_key: bytes
+                    ) -> Callable[[Announcement], bool]:
     """Whether to fetch an announced group: not from a worker this validator banned, and assigned here when the
     version's validator set is already known (an unknown version is fetched: its files may still be arriving)."""
 
-    def wanted(ann) -> bool:
+    def wanted(ann: Announcement) -> bool:
         if workers.is_banned(ann.worker):
             return False
         spec = models.specs.get(ann.policy_version)
@@ -214,7 +224,7 @@ async def validator_role(ctx: RoleContext[None]) -> None:
     histories = NearTieHistories(workers)  # and each worker's near-tie flips over every group checked here
     stats = {"checked": 0, "accepted": 0, "rejected": 0, "skipped_banned": 0}
 
-    def collect(group) -> None:
+    def collect(group: RolloutGroup) -> None:
         """Queue a received group (inline, compressed, or announced and fetched) unless its worker is banned; a
         refused one never gets here: the trainer refuses it too, nobody waits for a vote on it."""
         if histories.is_banned(group.worker):

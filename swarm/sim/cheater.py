@@ -12,9 +12,10 @@ from dataclasses import replace
 
 from swarm.node.context import role_part
 from swarm.roles.inference import inference_role
+from verify.rollout import RolloutGroup
 
 
-def claim_full_reward(groups: list) -> list:
+def claim_full_reward(groups: list[RolloutGroup]) -> list[RolloutGroup]:
     """Every completion of every group claims reward 1.0, whatever it earned."""
     return [replace(g, completions=tuple(replace(c, reward=1.0) for c in g.completions)) for g in groups]
 
