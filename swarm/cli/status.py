@@ -13,6 +13,8 @@ import argparse
 import contextlib
 import logging
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 from rich.console import Console
@@ -25,6 +27,14 @@ from swarm.cli.status_live import live_renderable
 from swarm.errors import UserError
 from swarm.shutdown import run_trio
 
+if TYPE_CHECKING:
+    from p2p.gossip.envelope import Envelope
+    from p2p.gossip.service import Gossip
+    from p2p.host.p2p_host import P2PHost
+    from p2p.identity import Identity
+    from p2p.pieces.manifest import PolicyManifest
+    from swarm.cli.status_view import SwarmView
+
 MAX_SECONDS = 600.0
 MANIFEST_RETRY_S = 30.0
 """With --watch: how long after a newest version's holders did not answer they are asked again."""
@@ -32,6 +42,7 @@ MIN_EVERY_S = 0.2
 """The shortest --every: a refresh recomputes the whole view."""
 OBSERVER_HEARTBEAT_S = 0.25
 """Shortest long-run spacing of one peer's heartbeats the observer accepts (p2p.gossip.admission)."""
+Result = TypeVar("Result")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +123,7 @@ async def observe(run: str, bootstrap: tuple[str, ...], seconds: float, trainer_
     """Listen to `run` for `seconds` through `bootstrap`; the report of swarm.cli.status_view plus the newest
     manifest."""
 
-    async def once(host, identity, view) -> dict:
+    async def once(host: P2PHost, identity: Identity, view: SwarmView) -> dict:
         async with _listening(host, identity, run, view) as gossip:
             await trio.sleep(seconds)
             report = _report(view, gossip, seconds)
@@ -121,12 +132,13 @@ async def observe(run: str, bootstrap: tuple[str, ...], seconds: float, trainer_
     return await _joined(bootstrap, once)
 
 
-async def watch(run: str, bootstrap: tuple[str, ...], every_s: float, show, trainer_key: bytes | None = None,
+async def watch(run: str, bootstrap: tuple[str, ...], every_s: float, show: Callable[[dict, float], None],
+                trainer_key: bytes | None = None,
                 refreshes: int | None = None) -> None:
     """Listen to `run` until cancelled (or `refreshes` reports), calling `show(report, seconds watched)` every
     `every_s`; the newest manifest comes from NewestManifest."""
 
-    async def forever(host, identity, view) -> None:
+    async def forever(host: P2PHost, identity: Identity, view: SwarmView) -> None:
         started, shown, newest = trio.current_time(), 0, NewestManifest(trainer_key)
         async with _listening(host, identity, run, view) as gossip, trio.open_nursery() as fetches:
             while refreshes is None or shown < refreshes:
@@ -154,7 +166,7 @@ class NewestManifest:
         self.retry_at = 0.0
         self.fetching = False
 
-    def refresh(self, nursery, host, view, report: dict, now: float) -> None:
+    def refresh(self, nursery: trio.Nursery, host: P2PHost, view: SwarmView, report: dict, now: float) -> None:
         """Start a fetch when the claim changed or its holders were silent, unless one is under way."""
         changed = report["newest_version"] != self.claimed
         silent = self.found.get("manifest") is None and now >= self.retry_at
@@ -163,7 +175,7 @@ class NewestManifest:
         self.claimed, self.retry_at, self.fetching = report["newest_version"], now + MANIFEST_RETRY_S, True
         nursery.start_soon(self._fetch, host, view, dict(report))
 
-    async def _fetch(self, host, view, report: dict) -> None:
+    async def _fetch(self, host: P2PHost, view: SwarmView, report: dict) -> None:
         try:
             found = await _with_newest_manifest(host, view, report, self.trainer_key)
             self.found = {k: v for k, v in found.items() if k in ("newest_version", "newest_manifest", "manifest")}
@@ -175,7 +187,8 @@ class NewestManifest:
         return {**report, **self.found} if self.found_for == report["newest_version"] else report
 
 
-async def _joined(bootstrap: tuple[str, ...], listen):
+async def _joined(bootstrap: tuple[str, ...], listen: Callable[[P2PHost, Identity, SwarmView], Awaitable[Result]]
+                  ) -> Result | None:
     """Join through `bootstrap` with a throw-away identity and run `listen(host, identity, view)`."""
     from p2p.host.p2p_host import HostConfig, open_host
     from p2p.identity import Identity
@@ -195,7 +208,7 @@ async def _joined(bootstrap: tuple[str, ...], listen):
 
 
 @contextlib.asynccontextmanager
-async def _listening(host, identity, run: str, view):
+async def _listening(host: P2PHost, identity: Identity, run: str, view: SwarmView) -> AsyncIterator[Gossip]:
     """The run's gossip feeding `view` while the block runs (each message in a scope of its own: no peer can end
     the view); yields the gossip service, whose validator's refusals count in the report."""
 
@@ -214,7 +227,7 @@ async def _listening(host, identity, run: str, view):
         nursery.cancel_scope.cancel()
 
 
-def _report(view, gossip, window_s: float) -> dict:
+def _report(view: SwarmView, gossip: Gossip, window_s: float) -> dict:
     """The view's report, counting what gossip's validator dropped (malformed, mistyped, forged, floods)."""
 
     report = view.report(trio.current_time(), window_s)
@@ -222,7 +235,7 @@ def _report(view, gossip, window_s: float) -> dict:
     return report
 
 
-async def _with_newest_manifest(host, view, report: dict, trainer_key: bytes | None) -> dict:
+async def _with_newest_manifest(host: P2PHost, view: SwarmView, report: dict, trainer_key: bytes | None) -> dict:
     """`report` with the newest version whose manifest a holder serves and that verifies: a liar's heartbeat
     claiming a huge version hid the real newest one behind "nobody answered"; the top claim's outcome is kept if
     none verifies."""
@@ -238,23 +251,23 @@ async def _with_newest_manifest(host, view, report: dict, trainer_key: bytes | N
     return report
 
 
-def _handlers(view) -> dict:
+def _handlers(view: SwarmView) -> dict[str, Callable[[Envelope], None]]:
     from p2p.identity import peer_id_from_public_bytes
 
-    def heartbeat(env) -> None:
+    def heartbeat(env: Envelope) -> None:
         view.on_heartbeat(env.sender_peer_id, env.message, trio.current_time())
 
-    def rollout(env) -> None:
+    def rollout(env: Envelope) -> None:
         view.on_rollouts(env.sender_peer_id, list(env.message.items), trio.current_time())
 
-    def vote(env) -> None:  # every vote's signature and voter were checked by gossip's validator
+    def vote(env: Envelope) -> None:  # every vote's signature and voter were checked by gossip's validator
         view.on_votes(env.sender_peer_id, list(env.message.votes), lambda v: peer_id_from_public_bytes(v.validator),
                       trio.current_time())
 
     return {"heartbeat": heartbeat, "rollout": rollout, "vote": vote}
 
 
-async def _checked_manifest(host, view, version: int, trainer_key: bytes | None) -> dict | None:
+async def _checked_manifest(host: P2PHost, view: SwarmView, version: int, trainer_key: bytes | None) -> dict | None:
     """_newest_manifest, with whatever a holder's reply makes it raise turned into a refusal of that version:
     a manifest with a field of the wrong type must not end `swarm status`."""
     try:
@@ -264,7 +277,7 @@ async def _checked_manifest(host, view, version: int, trainer_key: bytes | None)
         return {"version": version, "signature": f"REFUSED: {type(exc).__name__}: {exc}"[:300]}
 
 
-async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) -> dict | None:
+async def _newest_manifest(host: P2PHost, view: SwarmView, version: int, trainer_key: bytes | None) -> dict | None:
     """The newest version's manifest from a peer that holds it, summarised; None when no holder answers."""
     from p2p.host.p2p_host import ensure_connected
     from swarm.policy.manifest_protocol import fetch_manifest
@@ -288,7 +301,7 @@ async def _newest_manifest(host, view, version: int, trainer_key: bytes | None) 
     return None
 
 
-def _manifest_summary(manifest, signer: bytes, trainer_key: bytes | None) -> dict:
+def _manifest_summary(manifest: PolicyManifest, signer: bytes, trainer_key: bytes | None) -> dict:
     """What `swarm status` shows of a verified manifest: size, stage, generation settings, task, validators."""
     from p2p.identity import peer_id_from_public_bytes
     from swarm.policy.runspec import RunSpec
