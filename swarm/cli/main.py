@@ -81,7 +81,7 @@ PROJECT_LOGGERS = ("p2p", "verify", "inference", "trainer", "swarm", "tasks")
 """The project's packages: each module logs under its own name (logging.getLogger(__name__)) below one of these."""
 
 
-def add_logging_flags(parser: argparse.ArgumentParser, default=None) -> None:
+def add_logging_flags(parser: argparse.ArgumentParser, default: str | None = None) -> None:
     """-v / --log-level on the top parser (default None: no change) and on every command's (SUPPRESS: a flag given
     before the command's words is not undone by its absence after them)."""
     parser.add_argument("-v", "--verbose", action="count", default=default,
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run_command(list(sys.argv[1:] if argv is None else argv), interrupts)
 
 
-def _run_command(argv: list[str], interrupts) -> int:
+def _run_command(argv: list[str], interrupts: Interrupts) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     module = getattr(args, "_module", None)

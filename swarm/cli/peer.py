@@ -121,7 +121,7 @@ def _flag_value(value: object) -> object:
     return tuple(value) if isinstance(value, list) else value
 
 
-def refuse_before_writing(config, key_file: Path | None) -> None:
+def refuse_before_writing(config: PeerConfig, key_file: Path | None) -> None:
     """Every check of the peer's settings that needs no network, run before its data directory and identity key
     exist: a refused command leaves nothing behind (a stray key would become that directory's identity later)."""
     peer = config.peer
@@ -133,7 +133,7 @@ def refuse_before_writing(config, key_file: Path | None) -> None:
     check_port_free(peer.metrics_host, peer.metrics_port)
 
 
-def run_peer(config: PeerConfig, json_events: bool = False, key_file=None) -> int:
+def run_peer(config: PeerConfig, json_events: bool = False, key_file: Path | None = None) -> int:
     """Entry point of `swarm peer start`: build the roles, run until interrupted."""
     bars = DownloadBars(bar_console(json_events))
     events = EventSink(json_lines=json_events, hidden=bars.drawn_kinds)

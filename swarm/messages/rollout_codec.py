@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import collections
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import blake3
@@ -348,7 +348,7 @@ def _is_size(value: object) -> bool:
     return type(value) is int and 0 <= value < 1 << 62
 
 
-def _own_addrs(addrs, worker: str) -> tuple[str, ...]:
+def _own_addrs(addrs: Iterable[object], worker: str) -> tuple[str, ...]:
     """Only addresses that name the worker itself: an announcement must not make receivers dial third parties."""
     return tuple(a for a in addrs if isinstance(a, str) and a.endswith(f"/p2p/{worker}"))[:MAX_ADDRS]
 

@@ -22,7 +22,7 @@ from swarm.node.heartbeat_budget import is_counted
 from swarm.node.parts import dial_any, run_part
 from swarm.node.ports import GossipPort, HostPort
 from swarm.node.state import Node
-from swarm.policy.manifest_protocol import fetch_manifest
+from swarm.policy.manifest_protocol import ManifestFetch, fetch_manifest
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ async def receive_manifests(node: Node) -> None:
     await node.gossip.serve("manifest", lambda env: on_manifest(node, env, fetch_manifest))
 
 
-def on_manifest(node: Node, env: Envelope, fetch_manifest) -> None:
+def on_manifest(node: Node, env: Envelope, fetch_manifest: ManifestFetch) -> None:
     """Adopt an inline manifest, or fetch an announced one in the background (fetched in line, ten announcements
     of ids nobody serves held up the next real manifest for 150 s)."""
     ann: ManifestAnnouncement = env.message
@@ -51,7 +51,7 @@ def on_manifest(node: Node, env: Envelope, fetch_manifest) -> None:
         raise Ignored("ignored", "the announced manifest was refused")
 
 
-def fetch_manifest_soon(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
+def fetch_manifest_soon(node: Node, peer: str, manifest_id: bytes, fetch: ManifestFetch) -> None:
     """Fetch and adopt a manifest a peer named, in the background: one fetch per id at a time and at most
     MAX_MANIFEST_FETCHES in all (a flood of announcements must not start a fetch for each)."""
 
@@ -68,7 +68,7 @@ def fetch_manifest_soon(node: Node, peer: str, manifest_id: bytes, fetch) -> Non
     node.nursery.start_soon(run_part, node, fetch_once)
 
 
-async def fetch_and_adopt(node: Node, peer: str, manifest_id: bytes, fetch) -> None:
+async def fetch_and_adopt(node: Node, peer: str, manifest_id: bytes, fetch: ManifestFetch) -> None:
     try:
         signed = await fetch(node.host, peer, manifest_id)
     except P2PError as exc:
@@ -132,7 +132,7 @@ async def receive_heartbeats(node: Node) -> None:
     await node.gossip.serve("heartbeat", lambda env: on_heartbeat(node, env, dialed, fetch_manifest))
 
 
-def on_heartbeat(node: Node, env: Envelope, dialed: dict[str, float], fetch_manifest) -> None:
+def on_heartbeat(node: Node, env: Envelope, dialed: dict[str, float], fetch_manifest: ManifestFetch) -> None:
 
     beat: Heartbeat = env.message
     sender = env.sender_peer_id

@@ -6,6 +6,8 @@ Pure numbers and two functions, read by the node's peer table (swarm.node.state)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 COUNTED_ROLES = frozenset({"trainer", "validator"})
 """Roles whose presence others count: the trainer names the validators it hears in each version, and a validator
 that left must drop out of that set within a bounded silence."""
@@ -33,7 +35,7 @@ MAX_STRETCHING_COUNTED = 64
 claims must not slow the real validators' heartbeats (and the trainer's notice of one that left) past 16 times."""
 
 
-def is_counted(roles) -> bool:
+def is_counted(roles: Iterable[str]) -> bool:
     """Whether a peer with `roles` heartbeats on the counted roles' budget."""
     return not COUNTED_ROLES.isdisjoint(roles)
 

@@ -18,6 +18,7 @@ import logging
 import math
 import socket
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -111,7 +112,7 @@ TRAINER_GAUGES = (
 """(train_step field, metric, help) of the trainer's per-step figures; each is served once a step has reported it."""
 
 
-def _is_number(value) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -119,7 +120,7 @@ def _gate_counts(counts: dict) -> dict[str, int]:
     return {str(k): _count(v) for k, v in counts.items()}
 
 
-def _count(value) -> int:
+def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
@@ -263,7 +264,7 @@ def node_registry(node: Node) -> CollectorRegistry:
     return registry
 
 
-def answer(head: bytes, render) -> tuple[str, bytes, str]:
+def answer(head: bytes, render: Callable[[], bytes]) -> tuple[str, bytes, str]:
     """(status, body, content type) for a request head: GET /metrics (or /) renders; anything else is refused."""
     line = head.split(b"\r\n", 1)[0].decode("latin-1")
     parts = line.split(" ")
@@ -278,7 +279,7 @@ def answer(head: bytes, render) -> tuple[str, bytes, str]:
     return "200 OK", (b"" if method == "HEAD" else body), CONTENT_TYPE_LATEST
 
 
-async def read_head(stream, limit: int = MAX_REQUEST_BYTES) -> bytes | None:
+async def read_head(stream: trio.abc.ReceiveStream, limit: int = MAX_REQUEST_BYTES) -> bytes | None:
     """The request head (through its blank line), or None when the scraper closes first or sends more than
     `limit` bytes without ending it."""
     buffer = bytearray()
@@ -292,7 +293,7 @@ async def read_head(stream, limit: int = MAX_REQUEST_BYTES) -> bytes | None:
     return bytes(buffer)
 
 
-async def handle_scrape(render, limiter: trio.CapacityLimiter, stream) -> None:
+async def handle_scrape(render: Callable[[], bytes], limiter: trio.CapacityLimiter, stream: trio.abc.Stream) -> None:
     """One connection: read the head, answer, close. A broken or slow scraper ends its connection only."""
     try:
         limiter.acquire_nowait()

@@ -15,7 +15,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import blake3
 import trio
@@ -30,6 +30,7 @@ from p2p.host.conn_trim import TrimConfig, trim_connections
 from p2p.host.p2p_host import HostConfig, open_host
 from p2p.identity import Identity, peer_id_from_public_bytes
 from p2p.pieces.store import PieceStore
+from p2p.pieces.wire import Stream
 from swarm.config import DHT_PROVIDERS_WANTED, PeerConfig
 from swarm.errors import usable_directory
 from swarm.event_types import (
@@ -50,11 +51,13 @@ from swarm.node.gossip import (
 )
 from swarm.node.metrics import serve_node_metrics
 from swarm.node.parts import dial_any, run_part
+from swarm.node.ports import HostPort
 from swarm.node.reports import report_progress
 from swarm.node.state import DHT_PUT_LIMIT_S, Node, RoleTask
 from swarm.node.watchdogs import reach_bootstrap, watch_trainer_key
 from swarm.policy.manifest_protocol import fetch_manifest, install_manifest_server
 from swarm.policy.mirror import PolicyMirror
+from swarm.policy.mirrored import MirroredPolicy
 from swarm.policy.trust import TrainerTrust
 from swarm.shutdown import TEARDOWN_GRACE_S, report_stuck_tasks
 
@@ -87,9 +90,9 @@ async def open_node_parts(config: PeerConfig, identity: Identity, events: EventS
     return 1 if not built or built[0].failed else 0
 
 
-async def _serve(config: PeerConfig, identity: Identity, events: EventSink, roles: list[RoleTask], trust_key, bootstrap,
-                 built: list, teardown: trio.CancelScope, closed: trio.Event,
-                 on_stopping: Callable[[Node], None]) -> None:
+async def _serve(config: PeerConfig, identity: Identity, events: EventSink, roles: list[RoleTask],
+                 trust_key: bytes | None, bootstrap: tuple[str, ...], built: list[Node], teardown: trio.CancelScope,
+                 closed: trio.Event, on_stopping: Callable[[Node], None]) -> None:
     """open_node_parts' body; `teardown` is the scope whose deadline bounds closing, `closed` is set once closed."""
     with PieceStore(config.peer.data_dir / "store", keep_versions=config.mirror.keep_versions) as store:
         trust = TrainerTrust(config.peer.run, trust_key, config.peer.data_dir, config.peer.wrong_key_timeout_s)
@@ -208,7 +211,7 @@ async def _provide_held(node: Node) -> None:
         await changed.wait()
 
 
-def held_keys(policies) -> list[bytes]:
+def held_keys(policies: Iterable[MirroredPolicy]) -> list[bytes]:
     """The DHT keys of the policies we mirror: each manifest id, in the policies' order. Only manifest ids are
     looked up (`_adopt_latest_from_dht`), so the files' roots are not announced: they would double the cost."""
     return list(dict.fromkeys(policy.manifest.id for policy in policies))
@@ -284,7 +287,7 @@ async def _adopt_latest_from_dht(node: Node) -> None:
     node.mirror.note_providers(record.manifest_id, [provider.peer_id for provider in providers])
 
 
-async def _reconcile_links(node: Node, open_data_channel) -> None:
+async def _reconcile_links(node: Node, open_data_channel: Callable[[HostPort, str], Awaitable[Stream]]) -> None:
     dial = functools.partial(open_data_channel, node.host)  # a peer id -> its data channel
     while True:
         changed = node.mirror.changed  # taken first: a version adopted during the round wakes the next at once

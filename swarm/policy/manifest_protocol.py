@@ -13,7 +13,7 @@ HostError, the only error its callers (heartbeats, announcements, the DHT lookup
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -37,6 +37,10 @@ def install_manifest_server(host: HostPort, lookup: Callable[[bytes], bytes | No
         await stream.close()
 
     host.set_guarded_handler(PROTOCOL, handle, timeout=30.0)
+
+
+ManifestFetch = Callable[[HostPort, str, bytes], Awaitable[bytes | None]]
+"""How a node fetches a signed manifest by id from a peer (`fetch_manifest`, or a test's stand-in)."""
 
 
 async def fetch_manifest(host: HostPort, peer_id: str, manifest_id: bytes, timeout: float = 15.0) -> bytes | None:
