@@ -9,17 +9,19 @@ manifest it signs, so inference peers and validators take them from the only sou
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from p2p.identity import peer_id_from_public_bytes
-from p2p.pieces.manifest import is_safe_file_name
+from p2p.pieces.manifest import FileEntry, PolicyManifest, is_safe_file_name
 from swarm.errors import UserError
 from tasks import load_tasks
 from tasks.errors import TaskError
 from tasks.loading import is_builtin_task, is_task_file
 from tasks.segments import segment
+from tasks.taskset import TaskSet
 from verify.reward_loading import RewardError, load_reward, split_name
 
 PRECISIONS = ("float32", "bfloat16")  # verify.checks.PRECISIONS (named here too: seed peers never import torch)
@@ -123,7 +125,7 @@ def eligible_indices(spec: RunSpec, directory: Path | str | None = None) -> list
     return segment(train, spec.segment) or sorted(train.indices())
 
 
-def spec_tasks(spec: RunSpec, directory: Path | str | None = None):
+def spec_tasks(spec: RunSpec, directory: Path | str | None = None) -> TaskSet:
     """The run's training split as a version's spec names it. A task file travels with the policy (`task_root`
     set): it is read from the version's directory, where `materialize` reassembled it from pieces verified against
     the signed manifest, so every peer reads the trainer's exact bytes without being handed the file."""
@@ -141,19 +143,19 @@ def spec_tasks(spec: RunSpec, directory: Path | str | None = None):
     return _FILE_TASKS[key]
 
 
-_FILE_TASKS: dict[tuple, object] = {}
+_FILE_TASKS: dict[tuple, TaskSet] = {}
 
 
 @dataclass(frozen=True)
 class VersionTasks:
     """What a worker is assigned from and a validator checks against, for one policy version."""
 
-    train: object  # tasks.TaskSet: the training split
+    train: TaskSet  # the training split
     eligible: list[int]  # the stage segment's indices of it
     prompts_per_worker: int
 
 
-def version_tasks(spec: RunSpec, manifest, directory: Path | str) -> VersionTasks:
+def version_tasks(spec: RunSpec, manifest: PolicyManifest, directory: Path | str) -> VersionTasks:
     """Blocking: a version's tasks, read from its directory when its task file travels with it; raises one
     user-facing line when that file is not among the version's files or cannot be read."""
     problem = task_file_problem(spec, manifest.files) or spec.reward_problem()
@@ -165,7 +167,7 @@ def version_tasks(spec: RunSpec, manifest, directory: Path | str) -> VersionTask
         raise UserError(str(exc)) from None
 
 
-def task_file_problem(spec: RunSpec, files) -> str:
+def task_file_problem(spec: RunSpec, files: Iterable[FileEntry]) -> str:
     """Why a version's task file cannot be used (its manifest lists no file of that name and root), or ""."""
     if not spec.task_root:
         return ""
