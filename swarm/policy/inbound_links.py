@@ -32,7 +32,7 @@ preamble's 64 KiB cap (swarm.policy.link_preamble) they hold at most 4 MiB of un
 
 
 class Linked(Protocol):
-    """Reports a data link of a version opened with `peer` (swarm.policy.mirror.PolicyMirror.linked): `dir` "in"
+    """Reports a data link of a version opened with `peer` (swarm.policy.mirror.PolicyMirror._linked): `dir` "in"
     or "out", `via` "announcement" when opened over the peer's announcing channel, and for a link this peer dialed,
     the seconds the dial took and whether a spare channel carried it."""
 

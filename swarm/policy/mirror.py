@@ -78,7 +78,7 @@ class PolicyMirror:
         self.changed = trio.Event()  # set (and replaced) whenever a version is adopted or completes
         self._nursery: trio.Nursery | None = None
         # a data-channel dial takes seconds on a loaded machine, but a libp2p stream open that hangs waits 30 s:
-        # give up sooner and retry, since a missing link leaves its peer to the seed
+        # `dial_timeout` gives up sooner and retries, since a missing link leaves its peer to the seed
         self.spares = SpareChannels(my_id, ttl=spare_ttl, dial_timeout=dial_timeout, on_event=on_event,
                                     close=self._close_soon, start_with=self._start_with)
         self.places = LinkPlaces(my_id, idle_after=idle_after, dial_timeout=dial_timeout,
