@@ -82,7 +82,7 @@ async def fetch_over_memory(follower: PolicyMirror, source: PolicyMirror, signed
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(source.accept_link, follower.my_id, theirs)
-        nursery.start_soon(follower._dial_link, policy, source.my_id, dial)
+        nursery.start_soon(follower.outbound._dial_link, policy, source.my_id, dial)
         with trio.fail_after(300):
             await policy.ready.wait()
         nursery.cancel_scope.cancel()

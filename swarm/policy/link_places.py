@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from p2p.pieces.transfer_stats import LinkActivity
 
@@ -91,7 +90,7 @@ def admit(newcomer: str, theirs: Mapping[str, LinkActivity], *, places: int, now
 def choose_order(drawn: list[str], trusted: Callable[[str], bool], own_places: int,
                  last: set[str] | frozenset[str] = frozenset(),
                  released: set[str] | frozenset[str] = frozenset(),
-                 rank: Callable[[str], Any] = lambda peer: 0) -> list[str]:
+                 rank: Callable[[str], tuple[object, ...]] = lambda peer: ()) -> list[str]:
     """The order this peer opens its own links in: trusted peers first, highest `rank` first (ties in `drawn`
     order), for all its own places but one (all of a single place), the next going to the first stranger of `drawn`
     (the version's secret order); then the rest of `drawn`. Peers in `last` (links of this version dropped) come

@@ -1,68 +1,51 @@
 """Following a run's policy versions: one piece-protocol service per manifest inside the window.
 
 Every role holds a PolicyMirror. It admits only manifests signed by the run's trainer key (swarm.policy.trust), keeps
-the newest `keep` versions and garbage-collects older ones, and routes data channels to the right manifest's service.
-
-Link rules (why): data channels are per (peer, manifest). The dialer writes the 32-byte manifest id first, so the
-acceptor can route the link without guessing. For each pair of peers only the one with the smaller peer id dials, so
-two peers never open crossing duplicate links; it also keeps one spare channel open to each such peer, so a new
-version's link does not wait seconds for a dial (see `reconcile`). A peer with the larger id that holds a version
-first announces it over its own spare; the smaller peer then dials the link over that same channel by writing its
-preamble back. A peer opens links (dials or announcements) for a version only while it has fewer than
-`links_per_version` (at least half of them its own, trusted peers first: swarm.policy.link_places, which also says
-who holds the places others open); others may link to it. Why: each link costs a data channel, a handshake and a
-have message per piece, so a peer linking every version to all of its neighbours paid in proportion to them (6 % of
-a core per peer at 8 peers and 12 % at 16, one version every 20 s); in virtual time 8 links per peer finish a
-broadcast within 1.3x of the bound at 64 to 1,000 peers. For a version's first `top_up_after` seconds a peer opens
-only its own half: all peers opening every place at once, before the links others chose to open to them arrived,
-left each with about twice as many (15.7 per version at 64 peers, where 8 were meant). A peer holding a version it
-did not sign opens no top-ups for it: they would bring it sources it no longer needs
-(`OutboundLinks._holds_as_follower`). A peer that does not re-seed (the single-origin baseline) links only with the
-manifest's origin, the trainer's peer.
+the newest `keep` versions and garbage-collects older ones, and runs each version's service and every link task in
+its nursery. Its parts each own their state: the links others open (swarm.policy.inbound_links), the links this peer
+opens (swarm.policy.mirror_dial, which states the link rules), the spare channels they take (swarm.policy.spares)
+and the places links hold (swarm.policy.mirror_places). The mirror keeps what they share: the versions, the peers
+banned for a breach, and the link events.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import trio
 
-from p2p.budget import BudgetExhausted, ByteRate
+from p2p.budget import ByteRate
 from p2p.channel.messages import HandshakeBreach
 from p2p.errors import P2PError
 from p2p.identity import peer_id_from_public_bytes
 from p2p.pieces.manifest import decode_signed, verify_manifest
 from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import SwarmService, TransferConfig
+from p2p.pieces.wire import Stream
 from p2p.ratelimit import TokenBucket
 from swarm.event_types import Adopted, Complete, Dropped, Event, Link, PeerDropped, Refused
+from swarm.policy.inbound_links import InboundLinks
 from swarm.policy.link_places import LINK_IDLE_AFTER
-from swarm.policy.link_preamble import PREAMBLE_RATE, Preamble, read_body, read_head, send_preamble
-from swarm.policy.mirror_dial import _DIAL_ERRORS, SPARE_TTL, TOP_UP_AFTER, OutboundLinks
+from swarm.policy.link_preamble import PREAMBLE_RATE
+from swarm.policy.mirror_dial import TOP_UP_AFTER, OutboundLinks
 from swarm.policy.mirror_places import MAX_RELEASED, LinkPlaces
 from swarm.policy.mirrored import MirroredPolicy
 from swarm.policy.patch_form import form_flags, make_full, patch_parent
 from swarm.policy.served_record import ServedRecord
+from swarm.policy.spares import SPARE_TTL, Dialer, SpareChannels
 from swarm.policy.trust import TrainerTrust
 
 log = logging.getLogger(__name__)
-MAX_WAITING_PER_PEER = 4  # inbound data channels of one peer still waiting for their manifest id
-MAX_WAITING = 64
-"""Inbound data channels waiting for their preamble, over all peers: identities are free, so the per-peer limit
-alone bounds nothing. When all are taken, the oldest one that has not started its preamble makes room. With a
-preamble's 64 KiB cap (swarm.policy.link_preamble) they hold at most 4 MiB of unverified manifests."""
 MAX_BANNED = 4096  # peers remembered as hostile (a liar can make new identities; this only bounds the memory)
 
 
-class PolicyMirror(OutboundLinks, LinkPlaces):
+class PolicyMirror:
     """The set of policy versions a peer mirrors, and the piece services that move them."""
 
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
@@ -85,40 +68,33 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         self.reseed = reseed
         self.keep = keep
         self.on_event = on_event
-        # a data-channel dial takes seconds on a loaded machine, but a libp2p stream open that hangs waits 30 s:
-        # give up sooner and retry, since a missing link leaves its peer to the seed
-        self.dial_timeout = dial_timeout
         # gossip delivered a manifest up to 21 s after another peer (measured, 5 processes on a loaded machine): an
         # inbound link for a manifest not adopted yet waits this long, and our own links wait as long for a hello
         self.adoption_wait = adoption_wait
-        self.spare_ttl = spare_ttl  # a spare data channel is closed and dialed anew within this (spare_lifetime)
-        # a smaller peer that has not dialed a version's link this long after we adopted it is told of the version
-        # (gossip reached some peers 5-21 s late under load); sooner, most announcements crossed the peer's own link
-        self.announce_after = announce_after
-        # links a version needs before this peer stops opening (dials or announcements) its own; others may add more
-        self.links_per_version = links_per_version
-        self.top_up_after = top_up_after  # before this, a version's own half only (mirror_dial._enough_links)
-        # links others open per version (swarm.policy.link_places); a link idle this long gives its place up
-        self.stranger_places = max(1, links_per_version // 2) if stranger_places is None else stranger_places
-        self.idle_after = idle_after
-        self.served = ServedRecord()  # peers that moved verified pieces with us: trusted with link places
-        # this process's secret in its link order (mirror_dial.link_order): nobody can grind identities to be first
-        self.link_salt = secrets.token_bytes(16)
-        self._spares: dict[str, tuple[Any, float]] = {}  # peer -> (open data channel, no manifest yet; retire at)
-        self._spare_dialing: set[str] = set()
-        self._spare_failures: dict[str, tuple[float, float]] = {}  # peer -> (retry at, pause)
-        self._spare_absent: dict[str, float] = {}  # peer holding a spare -> since when it is not connected
-        self._max_links = math.inf  # links per version, as the last reconcile was told
-        self._waiting: dict[str, int] = {}
-        # inbound channels waiting for a preamble's head, oldest first: the scope that ends the wait of each
-        self._idle_waits: dict[int, trio.CancelScope] = {}
-        self._preamble_rate = preamble_rate  # bytes of preambles read per second, node-wide
         self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
         self.banned: dict[str, str] = {}  # peer -> the protocol breach (a corrupt piece...) it is never linked for
         self._gone: set[str] = set()  # peers whose departure was reported and that have not linked since
         self.policies: dict[bytes, MirroredPolicy] = {}
         self.changed = trio.Event()  # set (and replaced) whenever a version is adopted or completes
         self._nursery: trio.Nursery | None = None
+        # a data-channel dial takes seconds on a loaded machine, but a libp2p stream open that hangs waits 30 s:
+        # `dial_timeout` gives up sooner and retries, since a missing link leaves its peer to the seed
+        self.spares = SpareChannels(my_id, ttl=spare_ttl, dial_timeout=dial_timeout, on_event=on_event,
+                                    close=self._close_soon, start_with=self._start_with)
+        self.places = LinkPlaces(my_id, idle_after=idle_after, dial_timeout=dial_timeout,
+                                 stranger_places=max(1, links_per_version // 2) if stranger_places is None
+                                 else stranger_places)
+        self.inbound = InboundLinks(my_id, self.policies, self.banned, places=self.places, adopt=self.adopt,
+                                    changed=lambda: self.changed, is_mirrored=self.is_mirrored,
+                                    may_link=self._may_link, ban=self._ban, linked=self._linked,
+                                    adoption_wait=adoption_wait, dial_timeout=dial_timeout, spare_ttl=spare_ttl,
+                                    handshake_timeout=transfer.handshake_timeout, preamble_rate=preamble_rate)
+        self.outbound = OutboundLinks(my_id, self.policies, self.banned, spares=self.spares, places=self.places,
+                                      inbound=self.inbound, start_with=self._start_with,
+                                      is_mirrored=self.is_mirrored, may_link=self._may_link, linked=self._linked,
+                                      links_per_version=links_per_version, top_up_after=top_up_after,
+                                      announce_after=announce_after, dial_timeout=dial_timeout,
+                                      handshake_timeout=transfer.handshake_timeout)
 
     # ---------------------------------------------------------------- service lifetime
 
@@ -230,13 +206,13 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
         if peer in self.banned or len(self.banned) >= MAX_BANNED:
             return
         self.banned[peer] = why
-        spare = self._pop_spare(peer)
-        if spare is not None:
-            self._nursery.start_soon(trio.aclose_forcefully, spare[0])
+        self.spares.close(peer)
 
-    def _linked(self, policy: MirroredPolicy, peer: str, **info: Any) -> None:
+    def _linked(self, policy: MirroredPolicy, peer: str, *, dir: str, via: str | None = None,
+                dial_s: float | None = None, spare: bool | None = None) -> None:
+        """Report a data link of `policy` opened with `peer` (swarm.policy.inbound_links.Linked)."""
         self._gone.discard(peer)  # back: its next departure is news again
-        self.on_event(Link(peer=peer, version=policy.manifest.version, **info))
+        self.on_event(Link(peer=peer, version=policy.manifest.version, dir=dir, via=via, dial_s=dial_s, spare=spare))
 
     async def _watch_completion(self, policy: MirroredPolicy) -> None:
         await make_full(policy, self.store, policy.parent, self.is_mirrored, lambda: self.changed, self.holding)
@@ -301,124 +277,95 @@ class PolicyMirror(OutboundLinks, LinkPlaces):
 
     # ---------------------------------------------------------------- links
 
+    async def accept_link(self, peer: str, stream: Stream) -> None:
+        """Serve an inbound data channel (swarm.policy.inbound_links.InboundLinks.accept_link)."""
+        await self.inbound.accept_link(peer, stream)
+
+    async def reconcile(self, peers: list[str], dial: Dialer, max_links: int) -> None:
+        """Open the links this peer should dial (swarm.policy.mirror_dial.OutboundLinks.reconcile)."""
+        await self.outbound.reconcile(peers, dial, max_links)
+
+    def reconcile_pause(self) -> float:
+        """Seconds until the next `reconcile` round (swarm.policy.mirror_dial.OutboundLinks.reconcile_pause)."""
+        return self.outbound.reconcile_pause()
+
+    def linked_peers(self) -> set[str]:
+        """Peers we hold a data link or a spare channel with, or are dialing for one."""
+        linked = self.spares.peers()
+        for policy in list(self.policies.values()):
+            linked |= policy.dialing
+            if policy.service is not None:
+                linked |= set(policy.service.peers)
+        return linked
+
+    def note_providers(self, manifest_id: bytes, peers: Iterable[str]) -> None:
+        """Peers the DHT named as providers of the version: trusted with its links (LinkPlaces.note_providers)."""
+        policy = self.policies.get(manifest_id)
+        if policy is None:
+            return
+        self.places.note_providers(policy, peers)
+
+    @property
+    def served(self) -> ServedRecord:
+        """Peers that moved verified pieces with us: trusted with link places."""
+        return self.places.served
+
+    @property
+    def stranger_places(self) -> int:
+        """Places per version for links others open (swarm.policy.link_places)."""
+        return self.places.stranger_places
+
+    @property
+    def links_per_version(self) -> int:
+        """Links a version needs before this peer stops opening its own; others may add more."""
+        return self.outbound.links_per_version
+
+    @links_per_version.setter
+    def links_per_version(self, links: int) -> None:
+        self.outbound.links_per_version = links
+
+    @property
+    def link_salt(self) -> bytes:
+        """This process's secret in its link order (swarm.policy.mirror_dial.link_order)."""
+        return self.outbound.link_salt
+
+    @property
+    def spare_ttl(self) -> float:
+        """A spare data channel is closed and dialed anew within this (swarm.policy.spares.spare_lifetime)."""
+        return self.spares.ttl
+
+    # ---------------------------------------------------------------- tasks with one peer
+
+    def _close_soon(self, stream: Stream) -> None:
+        """Close `stream` in the mirror's nursery: cleanly, not by GC."""
+        self._nursery.start_soon(trio.aclose_forcefully, stream)
+
+    def _start_with(self, peer: str, task: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run `task(*args)`, a task with `peer`, in the mirror's nursery, contained (`_contained`)."""
+        self._nursery.start_soon(self._contained, peer, task, *args)
+
+    async def _contained(self, peer: str, task: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run one of the mirror's tasks with `peer`: whatever it raises costs that peer (a handshake breach bans
+        it, anything else backs its dials off), never the mirror's nursery, whose end would stop the node (a peer
+        answering an offer with a field of the wrong type could otherwise stop every node it connects to)."""
+        try:
+            await task(*args)
+        except HandshakeBreach as exc:
+            log.warning("banned peer %s: %s", peer, exc)
+            self._ban(peer, f"broke the data channel handshake: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one peer's input or our bug with it: that peer's task ends
+            self.spares.failed(peer)
+            log.warning("data channel task with %s failed: %s: %s", peer, type(exc).__name__, exc)
+            log.debug("data channel task traceback", exc_info=True)
+
+    # ---------------------------------------------------------------- who may link
+
     def _may_link(self, policy: MirroredPolicy, peer: str) -> bool:
         """Whether this pair may share `policy`: never with a banned peer (checked again once a dial or a preamble
         wait is over, since the ban may have come meanwhile); without re-seeding, only with the origin."""
         if peer in self.banned:
             return False
         return self.reseed or peer == policy.origin or self.my_id == policy.origin
-
-    async def accept_link(self, peer: str, stream: Any) -> None:
-        """Serve an inbound data channel: read the preamble (manifest id + signed manifest), then run the link.
-
-        The preamble may come much later (a warm spare, see `reconcile`), so the wait is long but bounded, and each
-        peer may keep only a few channels waiting, the node only MAX_WAITING. A manifest we do not know yet is
-        adopted from the preamble (it is verified like any other): gossip delivered manifests 5 s late or never
-        under load, and the links must not wait for it. A preamble from a peer with the larger id announces a
-        version whose link is ours to dial: we dial it over that same channel (`_link_over_announcement`).
-        A breach of the preamble format bans the peer; the node-wide preamble read rate, when spent, drops the
-        channel only.
-        """
-        if self._waiting.get(peer, 0) >= MAX_WAITING_PER_PEER or peer in self.banned or not self._room_to_wait():
-            return
-        self._waiting[peer] = self._waiting.get(peer, 0) + 1
-        try:
-            preamble = await self._read_preamble(stream)
-            if preamble is not None and not preamble.signed and peer < self.my_id:
-                # the wait for a manifest gossip has not brought yet (or a version named by id alone, its manifest
-                # too large for preambles) counts as waiting too: released after the preamble alone, one peer kept
-                # 200 channels open at once, each naming an id nobody knows
-                await self._adopted(preamble.route, self.adoption_wait)
-        except HandshakeBreach as exc:
-            log.warning("banned peer %s: %s", peer, exc)
-            self._ban(peer, f"broke the data channel preamble: {exc}")
-            return
-        except BudgetExhausted as exc:  # counted by the rate; a line each would cost the CPU the rate saves
-            log.debug("dropped a data channel of %s: %s", peer, exc)
-            return
-        finally:
-            self._waiting[peer] -= 1
-            if not self._waiting[peer]:
-                del self._waiting[peer]
-        if preamble is not None:
-            await self._route(peer, stream, preamble.route, preamble.signed, wait=0.0)
-
-    def _room_to_wait(self) -> bool:
-        """Whether one more inbound channel may wait for its preamble: past MAX_WAITING, the oldest channel still
-        waiting for its head is ended to make room (a stranger's idle channels cannot lock honest peers out)."""
-        if sum(self._waiting.values()) < MAX_WAITING:
-            return True
-        if not self._idle_waits:
-            return False
-        oldest = next(iter(self._idle_waits))
-        self._idle_waits.pop(oldest).cancel()
-        return True
-
-    async def _route(self, peer: str, stream: Any, route: bytes, signed: bytes, wait: float | None = None) -> None:
-        """Serve the link a preamble names; from a peer with the larger id it is an announcement, answered below.
-        A manifest not adopted yet is waited for `wait` seconds (default: the adoption wait)."""
-        if route not in self.policies and signed:
-            adopted = self.adopt(signed)
-            if adopted is None or adopted.manifest.id != route:
-                return
-        if peer > self.my_id:
-            await self._link_over_announcement(peer, stream, route)
-            return
-        policy = await self._adopted(route, self.adoption_wait if wait is None else wait)
-        if not (policy and policy.service and self._may_link(policy, peer) and self._admit(policy, peer)):
-            return  # unknown manifest, not shared with `peer`, or no place for it: the dialer links elsewhere
-        self._linked(policy, peer, dir="in")
-        await policy.service.serve_link(peer, stream)
-
-    async def _link_over_announcement(self, peer: str, stream: Any, route: bytes) -> None:
-        """Dial the announced version's link over the announcing channel itself: write our preamble back on it.
-
-        Why: the link of this pair is ours to dial, and the channel is already open. Dialing anew took one of our
-        spares, then a fresh dial to replace it: 119 of the 308 data channels a 6-step `swarm sim` opened. If we
-        already have or are dialing that link, or want no more links, we just return (the caller closes it).
-        """
-        policy = self.policies.get(route)
-        if (policy is None or policy.service is None or not self.is_mirrored(policy) or not self._may_link(policy, peer)
-                or peer in policy.service.peers or peer in policy.dialing
-                or len(policy.service.peers) >= self._max_links or not self._admit(policy, peer)):
-            return
-        policy.dialing.add(peer)
-        try:
-            with trio.fail_after(self.dial_timeout):
-                await send_preamble(stream, policy.manifest.id, b"")  # the announcer holds the manifest it named
-        except _DIAL_ERRORS as exc:
-            policy.failures[peer] = trio.current_time()
-            log.debug("answering an announcement of %s failed: %s", peer, exc)
-            return
-        finally:
-            policy.dialing.discard(peer)
-        # serve_link registers the link before it first waits, so reconcile never sees this pair unlinked and idle;
-        # the announcer opened it, not we: answered announcements must not fill the places we choose ourselves
-        self._linked(policy, peer, dir="out", via="announcement")
-        await policy.service.serve_link(peer, stream)
-
-    async def _read_preamble(self, stream: Any, wait: float | None = None) -> Preamble | None:
-        """The preamble of a data channel, None if it ends or stalls first (or another channel needed its place
-        while it had not started); a manifest we hold is not buffered (swarm.policy.link_preamble).
-
-        By default we wait as long as a dialer may keep a spare channel before using it."""
-        wait = self.spare_ttl + self.transfer.handshake_timeout if wait is None else wait
-        with trio.CancelScope() as idle:
-            self._idle_waits[id(idle)] = idle
-            try:
-                head = await read_head(stream, wait)
-            finally:
-                self._idle_waits.pop(id(idle), None)
-        if idle.cancelled_caught or head is None:
-            return None
-        return await read_body(stream, head, self.transfer.handshake_timeout, lambda route: route in self.policies,
-                               self._preamble_rate)
-
-    async def _adopted(self, manifest_id: bytes, wait: float) -> MirroredPolicy | None:
-        with trio.move_on_after(wait):
-            while manifest_id not in self.policies:
-                await self.changed.wait()
-        return self.policies.get(manifest_id)
 
     def is_mirrored(self, policy: MirroredPolicy) -> bool:
         """Whether `policy` is still mirrored: a newer version may have pushed it out of the window meanwhile, and

@@ -1,7 +1,7 @@
-"""The policy mirror's link places: who may hold one, and when a link gives its place up.
+"""A version's link places: whom this peer trusts with them, who may hold one, and when a link gives its place up.
 
-A mixin of swarm.policy.mirror.PolicyMirror (its state lives there: policies, the served record); the decisions are
-swarm.policy.link_places's pure functions, fed here with what each version's service says its links carried.
+The decisions are swarm.policy.link_places's pure functions, fed here with what each version's service says its
+links carried and with the record of peers that moved verified pieces with us (swarm.policy.served_record).
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from collections.abc import Callable, Iterable
 import trio
 
 from p2p.pieces.transfer_stats import LinkActivity
-from swarm.policy.link_places import admit, idle
+from swarm.policy.link_places import admit as admission
+from swarm.policy.link_places import idle
 from swarm.policy.mirrored import MirroredPolicy
+from swarm.policy.served_record import ServedRecord
 
 log = logging.getLogger("swarm.policy.mirror")
 TEND_EVERY = 1.0
@@ -24,32 +26,28 @@ MAX_RELEASED = 4096  # peers per version whose link was released as idle (bounds
 
 
 class LinkPlaces:
-    """Places side of PolicyMirror: links others open are admitted or refused, idle links released."""
+    """A version's link places: links others open are admitted or refused, idle links released."""
+
+    def __init__(self, my_id: str, *, stranger_places: int, idle_after: float, dial_timeout: float) -> None:
+        self.my_id = my_id
+        # links others open per version (swarm.policy.link_places); a link idle this long gives its place up
+        self.stranger_places = stranger_places
+        self.idle_after = idle_after
+        self.dial_timeout = dial_timeout  # an admitted link writing its preamble back holds a place this long
+        self.served = ServedRecord()  # peers that moved verified pieces with us: trusted with link places
 
     def trusted_for(self, policy: MirroredPolicy) -> Callable[[str], bool]:
         """Whom this peer trusts with `policy`'s links: its origin, the providers the DHT named for it, and peers
         that moved verified pieces with us before (swarm.policy.served_record)."""
         return lambda peer: peer == policy.origin or peer in policy.providers or self.served.trusted(peer)
 
-    def linked_peers(self) -> set[str]:
-        """Peers we hold a data link or a spare channel with, or are dialing for one."""
-        linked = set(self._spares) | self._spare_dialing
-        for policy in list(self.policies.values()):
-            linked |= policy.dialing
-            if policy.service is not None:
-                linked |= set(policy.service.peers)
-        return linked
-
-    def trust_rank(self, policy: MirroredPolicy) -> Callable[[str], tuple]:
+    def trust_rank(self, policy: MirroredPolicy) -> Callable[[str], tuple[bool, tuple[int, int]]]:
         """Trusted peers' order for `policy`'s own links: its origin, then by what each did for us, then providers."""
         return lambda peer: (peer == policy.origin, self.served.score(peer))
 
-    def note_providers(self, manifest_id: bytes, peers: Iterable[str]) -> None:
+    def note_providers(self, policy: MirroredPolicy, peers: Iterable[str]) -> None:
         """Peers the DHT named as providers of the version (at most MAX_PROVIDERS kept): a fallback, ranked below
         the peers that moved pieces with us, since any identity may announce itself as one."""
-        policy = self.policies.get(manifest_id)
-        if policy is None:
-            return
         for peer in peers:
             if len(policy.providers) >= MAX_PROVIDERS:
                 return
@@ -73,7 +71,7 @@ class LinkPlaces:
                 theirs[peer] = LinkActivity(since, since, greeted=False, offers=False, lacks=False)
         return theirs
 
-    def _admit(self, policy: MirroredPolicy, peer: str) -> bool:
+    def admit(self, policy: MirroredPolicy, peer: str) -> bool:
         """Whether a link `peer` opened for `policy` takes a place (closing the link it replaces, if any)."""
         if peer in policy.opened:
             return True  # it answered our announcement: the link is ours
@@ -81,15 +79,15 @@ class LinkPlaces:
         if peer in policy.released and not trusted(peer):
             return False  # it held a place of this version for nothing once already
         now = trio.current_time()
-        decision = admit(peer, self._theirs(policy, now), places=self.stranger_places, now=now, trusted=trusted,
-                         idle_after=self.idle_after)
+        decision = admission(peer, self._theirs(policy, now), places=self.stranger_places, now=now, trusted=trusted,
+                             idle_after=self.idle_after)
         if decision.evict is not None:
             self._release(policy, decision.evict, "gave its place to a newcomer after carrying nothing lately")
         if decision.admit:
             policy.admitting[peer] = now
         return decision.admit
 
-    def _tend_places(self, policy: MirroredPolicy, now: float) -> None:
+    def tend(self, policy: MirroredPolicy, now: float) -> None:
         """At most every TEND_EVERY: remember what linked peers moved with us, and release idle links; as a
         super-seed, every round, announce what lapsed promises freed."""
         service = policy.service

@@ -134,7 +134,7 @@ async def test_stalled_preambles_of_fresh_identities_hold_a_preamble_each_and_ho
                             senders.start_soon(stall_preambles, host, target.peer_id, PREAMBLE_INLINE_MAX,
                                                PREAMBLE_INLINE_MAX - 1024, 4, stop)
                         senders.start_soon(stall_preambles, attackers[6], target.peer_id, 32 * MB, 1024, 1, stop)
-                        while sum(mirror._waiting.values()) < 24 or attackers[6].peer_id not in mirror.banned:
+                        while sum(mirror.inbound._waiting.values()) < 24 or attackers[6].peer_id not in mirror.banned:
                             await trio.sleep(0.05)
                         assert "preamble" in mirror.banned[attackers[6].peer_id]
                         await honest.connect(target.multiaddrs[0])

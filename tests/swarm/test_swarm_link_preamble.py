@@ -10,7 +10,7 @@ import trio.testing
 from p2p.budget import BudgetExhausted, ByteRate
 from p2p.identity import Identity
 from p2p.pieces.store import PieceStore
-from swarm.policy import mirror as mirror_module
+from swarm.policy import inbound_links
 from swarm.policy.link_preamble import PREAMBLE_INLINE_MAX, Preamble, PreambleBreach, decode_head, read_body, read_head
 from swarm.policy.mirror import PolicyMirror
 from swarm.policy.trust import TrainerTrust
@@ -115,7 +115,7 @@ async def test_a_breach_of_the_preamble_bans_its_sender(tmp_path, autojump_clock
 async def test_idle_channels_of_strangers_make_room_for_new_ones_when_the_node_wide_cap_is_reached(
         tmp_path, autojump_clock, monkeypatch):
     """Identities are free: past MAX_WAITING waiting channels, the oldest one still silent is ended."""
-    monkeypatch.setattr(mirror_module, "MAX_WAITING", 3)
+    monkeypatch.setattr(inbound_links, "MAX_WAITING", 3)
     with PieceStore(tmp_path / "store") as store:
         mirror = _mirror(tmp_path, store)
         ended = []
@@ -130,9 +130,9 @@ async def test_idle_channels_of_strangers_make_room_for_new_ones_when_the_node_w
             for i in range(3):
                 nursery.start_soon(stranger, f"s{i}")
                 await trio.sleep(1.0)
-            assert sum(mirror._waiting.values()) == 3 and not ended
+            assert sum(mirror.inbound._waiting.values()) == 3 and not ended
             nursery.start_soon(stranger, "s3")
             await trio.sleep(1.0)
             assert [name for name, _ in ended] == ["s0"]  # the oldest silent one made room
-            assert sum(mirror._waiting.values()) == 3
+            assert sum(mirror.inbound._waiting.values()) == 3
             nursery.cancel_scope.cancel()

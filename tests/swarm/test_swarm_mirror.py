@@ -44,7 +44,7 @@ async def test_a_link_dialed_for_a_dropped_version_is_closed_not_handed_to_its_s
                 await trio.sleep(1.0)  # virtual time; meanwhile two newer versions push v0 out of the window
                 return ours
 
-            nursery.start_soon(mirror._dial_link, oldest, "peer", dial)
+            nursery.start_soon(mirror.outbound._dial_link, oldest, "peer", dial)
             await dialed.wait()
             for version in (1, 2):
                 mirror.adopt(signed_version(tmp_path, key, version))
@@ -67,9 +67,9 @@ async def test_an_expired_spare_is_closed_cleanly_and_a_vanished_dialer_is_no_er
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
             ours, theirs = trio.testing.memory_stream_pair()
-            mirror._spares["peer"] = (ours, trio.current_time() + 10.0)
+            mirror.spares._spares["peer"] = (ours, trio.current_time() + 10.0)
             await trio.sleep(11.0)  # virtual time: past the spare's lifetime
-            assert mirror._take_spare("peer", trio.current_time()) is None
+            assert mirror.spares.take("peer", trio.current_time()) is None
             with trio.fail_after(1):
                 assert await theirs.receive_some(1024) == b""  # closed, not left to the garbage collector
 
@@ -79,7 +79,7 @@ async def test_an_expired_spare_is_closed_cleanly_and_a_vanished_dialer_is_no_er
 
             with trio.fail_after(1):
                 assert await mirror.accept_link("peer", Truncated()) is None  # quietly, no exception
-            assert mirror._waiting.get("peer", 0) == 0
+            assert mirror.inbound._waiting.get("peer", 0) == 0
             nursery.cancel_scope.cancel()
 
 
@@ -174,7 +174,7 @@ async def test_an_announced_version_is_fetched_over_the_announcing_channel_witho
             await nursery.start(small.run_service)
             policy = big.adopt(source, local_dir=tmp_path / "v0")
             ours, theirs = trio.testing.memory_stream_pair()
-            big._spares["peer-a"] = (ours, trio.current_time() + big.spare_ttl)
+            big.spares._spares["peer-a"] = (ours, trio.current_time() + big.spare_ttl)
             nursery.start_soon(small.accept_link, "peer-b", theirs)  # the acceptor side of big's spare
             await trio.sleep(0.5)
             await big.reconcile(["peer-a"], big_dial, max_links=8)  # the smaller peer may still dial on its own
@@ -246,7 +246,7 @@ async def test_channels_naming_an_unknown_manifest_count_against_the_peers_waiti
     """A channel keeps its place in the waiting limit while it waits for its manifest, not only until its preamble
     is read: otherwise one peer keeps 200 channels open at once, each naming an id nobody knows, for the whole
     adoption wait."""
-    from swarm.policy.mirror import MAX_WAITING_PER_PEER
+    from swarm.policy.inbound_links import MAX_WAITING_PER_PEER
 
     key = Identity.generate()
     with PieceStore(tmp_path / "store") as store:
@@ -260,9 +260,9 @@ async def test_channels_naming_an_unknown_manifest_count_against_the_peers_waiti
                 nursery.start_soon(mirror.accept_link, "a-smaller-peer", ours)
                 ends.append(theirs)
             await trio.sleep(1.0)
-            assert mirror._waiting["a-smaller-peer"] == MAX_WAITING_PER_PEER  # the others were turned away
+            assert mirror.inbound._waiting["a-smaller-peer"] == MAX_WAITING_PER_PEER  # the others were turned away
             await trio.sleep(30.0)  # the adoption wait ends: nothing adopted, every channel given up
-            assert mirror._waiting.get("a-smaller-peer", 0) == 0
+            assert mirror.inbound._waiting.get("a-smaller-peer", 0) == 0
             nursery.cancel_scope.cancel()
 
 

@@ -146,7 +146,7 @@ async def test_announcements_waiting_for_an_answer_count_against_links_per_versi
         silent = []  # the neighbours' ends of our spares: they read the announcement and never answer
         for peer in neighbours:
             ours, theirs = trio.testing.memory_stream_pair()
-            mirror._spares[peer] = (ours, trio.current_time() + mirror.spare_ttl)
+            mirror.spares._spares[peer] = (ours, trio.current_time() + mirror.spare_ttl)
             silent.append(theirs)
         policy = mirror.adopt(signed_version(tmp_path, key, 0))
         await trio.sleep(2.0)  # past announce_after: nobody dialed its link
@@ -175,7 +175,7 @@ async def test_links_strangers_open_to_a_peer_never_stop_it_from_choosing_its_ow
             if i % 2:
                 nursery.start_soon(policy.service.serve_link, f"a-sybil-{i}", ours)
             else:
-                nursery.start_soon(mirror._link_over_announcement, f"z-sybil-{i}", ours, policy.manifest.id)
+                nursery.start_soon(mirror.inbound._link_over_announcement, f"z-sybil-{i}", ours, policy.manifest.id)
         await trio.sleep(0.1)
         assert len(policy.service.peers) >= mirror.stranger_places  # every place strangers may hold is theirs
         await mirror.reconcile(neighbours, dial, max_links=32)

@@ -18,7 +18,7 @@ async def open_link(nursery, mirror, policy, peer: str, asks: bool = False):
     """A link `peer` opens to the mirror for `policy`: its hello claims no piece; it asks for every piece if `asks`,
     else for nothing. Returns its end of the channel."""
     ours, theirs = trio.testing.memory_stream_pair()
-    nursery.start_soon(mirror._route, peer, ours, policy.manifest.id, b"", 0.0)
+    nursery.start_soon(mirror.inbound.route, peer, ours, policy.manifest.id, b"", 0.0)
     n = policy.manifest.num_pieces
     await send_buffers(theirs, message_frame(Hello(policy.manifest.id, pack_bits(bytes(n)))))
     if asks:

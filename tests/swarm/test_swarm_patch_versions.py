@@ -33,7 +33,7 @@ async def link(nursery, follower: PolicyMirror, origin: PolicyMirror, policy) ->
         return ours
 
     nursery.start_soon(origin.accept_link, follower.my_id, theirs)
-    nursery.start_soon(follower._dial_link, policy, origin.my_id, dial)
+    nursery.start_soon(follower.outbound._dial_link, policy, origin.my_id, dial)
 
 
 async def fetched(nursery, follower, origin, signed_bytes: bytes):

@@ -9,7 +9,7 @@ import trio.testing
 from p2p.identity import Identity
 from p2p.pieces.store import PieceStore
 from swarm.policy.mirror import PolicyMirror
-from swarm.policy.mirror_dial import SPARE_ABSENT_GRACE, SPARE_TTL_SPREAD, spare_lifetime
+from swarm.policy.spares import SPARE_ABSENT_GRACE, SPARE_TTL_SPREAD, spare_lifetime
 from swarm.policy.trust import TrainerTrust
 
 
@@ -32,11 +32,11 @@ async def test_spares_dialed_at_once_are_renewed_spread_over_the_last_quarter_of
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
             start = trio.current_time()
-            mirror._keep_spares(neighbours, dial, max_links=32, now=start)  # a flash crowd's join: all at once
+            mirror.spares.keep(neighbours, dial, max_links=32, now=start)  # a flash crowd's join: all at once
             await trio.sleep(1.0)
-            assert len(mirror._spares) == 32
+            assert len(mirror.spares._spares) == 32
             for _ in range(250):  # 250 s of reconcile rounds, one a second
-                mirror._keep_spares(neighbours, dial, max_links=32, now=trio.current_time())
+                mirror.spares.keep(neighbours, dial, max_links=32, now=trio.current_time())
                 await trio.sleep(1.0)
             nursery.cancel_scope.cancel()
     renewals = sorted(at - start for peer, at in dials[32:])
@@ -68,12 +68,12 @@ async def test_a_spare_outlives_its_peers_connection_only_by_the_grace(tmp_path,
         mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r")
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
-            mirror._keep_spares(["a", "b", "c"], dial, max_links=2, now=trio.current_time())
+            mirror.spares.keep(["a", "b", "c"], dial, max_links=2, now=trio.current_time())
             await trio.sleep(1.0)
-            assert set(mirror._spares) == {"a", "b"}  # the places are full: no spare for c
+            assert set(mirror.spares._spares) == {"a", "b"}  # the places are full: no spare for c
             for second in range(int(SPARE_ABSENT_GRACE) + 5):
                 listed = ["b", "c"] if second != 3 else ["c"]  # a left for good; b missed from one listing
-                mirror._keep_spares(listed, dial, max_links=2, now=trio.current_time())
+                mirror.spares.keep(listed, dial, max_links=2, now=trio.current_time())
                 await trio.sleep(1.0)
             nursery.cancel_scope.cancel()
-    assert closed == ["a"] and set(mirror._spares) == {"b", "c"}  # a's place went to c; b's spare stayed
+    assert closed == ["a"] and set(mirror.spares._spares) == {"b", "c"}  # a's place went to c; b's spare stayed
