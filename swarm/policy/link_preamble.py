@@ -6,7 +6,7 @@ The dialer sends the signed manifest along when it is small (at most PREAMBLE_IN
 gossip has not reached yet can adopt it (it is verified like any other); a larger one is named by its id alone.
 Rules here: the 36-byte head is decoded into a typed value, and a declared length over PREAMBLE_INLINE_MAX is a
 breach, before a byte of the manifest is read; so a channel holds at most 64 KiB of unverified preamble, and the
-mirror's cap on channels waiting for theirs (swarm.policy.mirror.MAX_WAITING) bounds them all, however many
+mirror's cap on channels waiting for theirs (swarm.policy.inbound_links.MAX_WAITING) bounds them all, however many
 identities stall them. A manifest the acceptor already holds is read and dropped as it comes, never buffered, and
 every preamble byte, kept or dropped, is read no faster than one node-wide rate.
 """
@@ -33,8 +33,8 @@ preamble declaring more is a breach."""
 PREAMBLE_RATE = ByteRate(rate=8 << 20, burst=64 * PREAMBLE_INLINE_MAX, max_wait=2.0)
 """Bytes of preamble manifests read per second, over every channel, whether kept or dropped as they come (each is
 decrypted either way): 8 MiB/s costs a few percent of a core, the burst lets the preambles of as many channels as
-may wait at once (swarm.policy.mirror.MAX_WAITING) through when no stranger is spending it, and past 2 s of queue a
-channel is dropped before its bytes are read."""
+may wait at once (swarm.policy.inbound_links.MAX_WAITING) through when no stranger is spending it, and past 2 s of
+queue a channel is dropped before its bytes are read."""
 _ENDED = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
