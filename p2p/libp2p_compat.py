@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import Any
 
 import trio
-from libp2p.abc import INetStream
+from libp2p.abc import IHost, INetStream
 from libp2p.io.trio import TrioTCPStream
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.pubsub import gossipsub as gossipsub_module
@@ -99,7 +98,7 @@ def _grant_due(stream: INetStream) -> bool:
     return owed > 0 and (starved or owed >= stream._grow_threshold())
 
 
-async def write_frame(conn: Any, data: bytes) -> None:
+async def write_frame(conn: yamux.Yamux, data: bytes) -> None:
     """py-libp2p's `Yamux._write_frame` without its debug line, which it formats for every frame whether debug
     logging is on or not (an unpack of the header and an f-string, about a tenth of a small frame's cost), and
     without its checkpoint after the write: the socket send already yields to the scheduler once it has sent."""
@@ -127,7 +126,7 @@ def read_tcp_ahead() -> None:
         return
     read_socket = TrioTCPStream.read
 
-    async def read(self: Any, n: int | None = None) -> bytes:
+    async def read(self: TrioTCPStream, n: int | None = None) -> bytes:
         ahead: bytearray = self.__dict__.setdefault("_read_ahead", bytearray())
         if not ahead:
             if n == 0:
@@ -147,7 +146,7 @@ def read_tcp_ahead() -> None:
 
 SIGNED_RECORD_TTL_S = 30.0
 """How long pubsub reuses this host's signed peer record before building it again (`cache_signed_records`)."""
-_SIGNED_RECORDS: weakref.WeakKeyDictionary[Any, tuple[float, bytes]] = weakref.WeakKeyDictionary()
+_SIGNED_RECORDS: weakref.WeakKeyDictionary[IHost, tuple[float, bytes]] = weakref.WeakKeyDictionary()
 
 
 def cache_signed_records() -> None:
@@ -163,7 +162,7 @@ def cache_signed_records() -> None:
         return
     build = pubsub_module.env_to_send_in_RPC
 
-    def cached(host: Any) -> tuple[bytes, bool]:
+    def cached(host: IHost) -> tuple[bytes, bool]:
         now = trio.current_time()
         hit = _SIGNED_RECORDS.get(host)
         if hit is not None and now - hit[0] < SIGNED_RECORD_TTL_S:
@@ -177,7 +176,7 @@ def cache_signed_records() -> None:
     gossipsub_module.env_to_send_in_RPC = cached
 
 
-_FUNCTION_TASKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_FUNCTION_TASKS: weakref.WeakKeyDictionary[trio.lowlevel.Task, FunctionTask] = weakref.WeakKeyDictionary()
 """trio task -> the py-libp2p FunctionTask it runs, filled as each FunctionTask learns its trio task."""
 
 
@@ -195,11 +194,11 @@ def index_service_tasks() -> None:
         return
     setter = FunctionTask.trio_task.fset
 
-    def set_trio_task(self: Any, value: Any) -> None:
+    def set_trio_task(self: FunctionTask, value: trio.lowlevel.Task) -> None:
         setter(self, value)
         _FUNCTION_TASKS[value] = self
 
-    def find_parent_task(self: Any, trio_task: Any) -> Any:
+    def find_parent_task(self: TrioManager, trio_task: trio.lowlevel.Task) -> FunctionTask | None:
         task = _FUNCTION_TASKS.get(trio_task)
         node = task
         while node is not None and node.parent is not None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from typing import Any
 
 import trio
 
+from p2p.channel.host_view import ChannelHost
 from p2p.errors import HostError
 
 
@@ -43,14 +43,14 @@ _unreachable_until: dict[tuple[str, str], float] = {}  # (our peer id, theirs): 
 _MAX_REMEMBERED = 4096
 
 
-def note_socket_unreachable(host: Any, peer_id: str) -> None:
+def note_socket_unreachable(host: ChannelHost, peer_id: str) -> None:
     """Remember, for UNREACHABLE_FOR_S, that `host` could not reach `peer_id`'s data socket (bounded table)."""
     if len(_unreachable_until) >= _MAX_REMEMBERED:
         _unreachable_until.pop(next(iter(_unreachable_until)))
     _unreachable_until[(getattr(host, "peer_id", ""), peer_id)] = trio.current_time() + UNREACHABLE_FOR_S
 
 
-def socket_reachable(host: Any, peer_id: str) -> bool:
+def socket_reachable(host: ChannelHost, peer_id: str) -> bool:
     """Whether a data socket to `peer_id` can be tried: not over a relay (the connection's address is the relay's),
     nor over a hole-punched connection (the hole is for libp2p's port only; the data port stays closed behind NAT,
     and each try would cost the connect timeout), nor within UNREACHABLE_FOR_S of a failed try. A host without the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import Any
+from typing import Protocol
 
 import trio
 
@@ -16,12 +16,26 @@ log = logging.getLogger("p2p.channel")
 MSG_LEN = struct.Struct(">H")
 
 
+class ReadStream(Protocol):
+    """What the handshake reads from: a libp2p stream (INetStream), or the fuzz bench's bytes replayed."""
+
+    async def read(self, n: int) -> bytes: ...
+
+
+class WriteStream(Protocol):
+    async def write(self, data: bytes) -> None: ...
+
+
+class ClosableStream(Protocol):
+    async def close(self) -> None: ...
+
+
 class HandshakeAbandoned(ChannelError):
     """The peer closed the handshake before sending a byte, or reset it before our answer: it gave up (done, shutting
     down, dial cancelled). Nothing hostile: logged at debug level, where a malformed handshake is a warning."""
 
 
-async def write_msg(stream: Any, raw: bytes) -> None:
+async def write_msg(stream: WriteStream, raw: bytes) -> None:
     """Send one encoded handshake message; a stream the peer reset or closed is HandshakeAbandoned."""
     try:
         await stream.write(MSG_LEN.pack(len(raw)) + raw)
@@ -31,7 +45,7 @@ async def write_msg(stream: Any, raw: bytes) -> None:
         raise HandshakeAbandoned(f"data channel handshake stream gone while sending ({type(exc).__name__})") from exc
 
 
-async def _read_exact(stream: Any, n: int, *, opening: bool = False) -> bytes:
+async def _read_exact(stream: ReadStream, n: int, *, opening: bool = False) -> bytes:
     """Exactly n bytes; `opening`: the first read of a handshake, where an immediate end is HandshakeAbandoned."""
     buf = bytearray()
     while len(buf) < n:
@@ -47,7 +61,7 @@ async def _read_exact(stream: Any, n: int, *, opening: bool = False) -> bytes:
     return bytes(buf)
 
 
-async def read_msg(stream: Any, *, opening: bool = False) -> bytes:
+async def read_msg(stream: ReadStream, *, opening: bool = False) -> bytes:
     """One handshake message's bytes, its length checked before they are read (the decoders check the rest)."""
     try:
         (size,) = MSG_LEN.unpack(await _read_exact(stream, MSG_LEN.size, opening=opening))
@@ -60,7 +74,7 @@ async def read_msg(stream: Any, *, opening: bool = False) -> bytes:
         raise ChannelError(f"bad data channel handshake ({type(exc).__name__})") from exc
 
 
-async def close_quietly(stream: Any) -> None:
+async def close_quietly(stream: ClosableStream) -> None:
     with trio.move_on_after(1.0):
         try:
             await stream.close()

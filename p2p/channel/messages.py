@@ -17,11 +17,11 @@ dialer it would raise a TypeError that nothing expects, and that would end the w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import msgpack
 
 from p2p.errors import ChannelError
+from p2p.packed import Packed
 
 VERSION = 1
 MAX_MESSAGE = 1024
@@ -71,7 +71,7 @@ class ChannelOffer:
 
 
 def encode_request(request: ChannelRequest) -> bytes:
-    body: dict[str, Any] = {"v": VERSION, "mode": request.mode}
+    body: dict[str, Packed] = {"v": VERSION, "mode": request.mode}
     if request.aeads is not None:
         body["aeads"] = list(request.aeads)
     if request.tickets:
@@ -134,14 +134,14 @@ def _shown(value: object) -> str:
     return repr(value)[:40]
 
 
-def _pack(body: dict[str, Any]) -> bytes:
+def _pack(body: dict[str, Packed]) -> bytes:
     raw = msgpack.packb(body, use_bin_type=True)
     if len(raw) > MAX_MESSAGE:
         raise ChannelError(f"data channel handshake message of {len(raw)} bytes exceeds {MAX_MESSAGE}")
     return raw
 
 
-def _unpack(raw: bytes) -> dict[str, Any]:
+def _unpack(raw: bytes) -> dict[str, Packed]:
     """The message's map with string keys and version 1; bounded before and while decoding."""
     if len(raw) > MAX_MESSAGE:
         raise HandshakeBreach(f"data channel handshake message of {len(raw)} bytes exceeds {MAX_MESSAGE}")

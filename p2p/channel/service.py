@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
 import blake3
 from libp2p.abc import INetStream
@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 
 PROTOCOL = "/rl-swarm/data/1.0.0"
 _KEY_CONTEXT = "rl-swarm 2026 data channel v1 record key"
-ChannelCallback = Callable[[str, Any], Awaitable[None]]
+DataChannel: TypeAlias = SecureChannelStream | Libp2pByteStream
+"""An open data channel: the fast data socket, or the libp2p stream where the socket is unreachable."""
+ChannelCallback = Callable[[str, DataChannel], Awaitable[None]]
 _fallback_logged: set[str] = set()
 
 
@@ -267,7 +269,7 @@ class DataChannelServer:
             return False
         return True
 
-    async def _serve(self, peer_id: str, channel: Any) -> None:
+    async def _serve(self, peer_id: str, channel: DataChannel) -> None:
         """Run the user's callback; its failure ends this channel only, never the host."""
         self._open_channels += 1
         try:
@@ -326,7 +328,7 @@ TICKETS = TicketBook()
 _TICKETS_PER_PAIR = 2 * MAX_TICKETS
 
 
-async def open_data_channel(host: ChannelHost, peer_id: str, config: ChannelConfig = ChannelConfig()) -> Any:
+async def open_data_channel(host: ChannelHost, peer_id: str, config: ChannelConfig = ChannelConfig()) -> DataChannel:
     """A byte stream to `peer_id`: the fast data socket (with a ticket when one is held, else after a handshake), or
     the libp2p stream when the socket is unreachable."""
     try_socket = config.use_socket and socket_reachable(host, peer_id)

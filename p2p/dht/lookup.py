@@ -7,10 +7,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
+
+if TYPE_CHECKING:  # libp2p is heavy to import (tests/test_import_contract.py); the lookup itself never needs it
+    from libp2p.peer.id import ID
 
 log = logging.getLogger("p2p.dht")
 P = TypeVar("P", bound=Hashable)
@@ -24,7 +27,7 @@ async def traverse(
     enough: Callable[[list[T]], bool],
     max_queries: int,
     concurrency: int,
-    rank: Callable[[P], Any] | None = None,
+    rank: Callable[[P], int] | None = None,
     skip: frozenset | set = frozenset(),
     timeout: float = math.inf,
     closest: int = 0,
@@ -69,7 +72,7 @@ async def traverse(
     return list(items)
 
 
-def _converged(answered: list, candidates: list, rank: Callable[[Any], Any], closest: int) -> bool:
+def _converged(answered: Sequence[P], candidates: Sequence[P], rank: Callable[[P], int], closest: int) -> bool:
     """Whether the `closest` best-ranked peers that answered all rank ahead of the best candidate left."""
     if len(answered) < closest:
         return False
@@ -77,11 +80,11 @@ def _converged(answered: list, candidates: list, rank: Callable[[Any], Any], clo
     return not candidates or rank(candidates[0]) > kth
 
 
-def _ranked(peers: Any, rank: Callable[[Any], Any] | None) -> list:
+def _ranked(peers: Iterable[P], rank: Callable[[P], int] | None) -> list[P]:
     return sorted(peers, key=rank) if rank is not None else list(peers)
 
 
-def xor_rank(key: bytes) -> Callable[[Any], int]:
+def xor_rank(key: bytes) -> Callable[[ID], int]:
     """Kademlia distance from `key` to a libp2p peer id, in py-libp2p's keyspace (SHA-256 of both)."""
     target = int.from_bytes(hashlib.sha256(key).digest(), "big")
     return lambda peer: target ^ int.from_bytes(hashlib.sha256(peer.to_bytes()).digest(), "big")

@@ -24,13 +24,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Mapping
 
 import msgpack
 
 from p2p.errors import EnvelopeError
 from p2p.gossip.replay import ReplayFilter
 from p2p.identity import Identity, peer_id_from_public_bytes
+from p2p.packed import Packed
 
 VERSION = 1
 DOMAIN = b"rlswarm/envelope/v1\x00"
@@ -116,11 +117,11 @@ class Envelope:
     """Sender's wall-clock time at sealing, in seconds."""
     seq: int
     """Sender's sequence number (replay key together with `sender`)."""
-    body: Any
+    body: Packed
     """Opaque map or bytes, structurally checked (plain msgpack types, bounded depth)."""
     sig: bytes
     """Ed25519 signature over DOMAIN + canonical msgpack of the fields above."""
-    message: Any = field(default=None, compare=False)
+    message: object = field(default=None, compare=False)
     """The body as its kind's typed decoder read it (p2p.gossip.service's `decoders`); None where no decoder ran."""
 
     @property
@@ -135,7 +136,7 @@ def make_replay_filter(policy: EnvelopePolicy = DEFAULT_POLICY, capacity: int = 
 
 
 def seal(
-    kind: str, run: str, body: Any, identity: Identity, ts: float, seq: int,
+    kind: str, run: str, body: Packed, identity: Identity, ts: float, seq: int,
     policy: EnvelopePolicy = DEFAULT_POLICY,
 ) -> bytes:
     """Sign and encode one envelope; refuses (EnvelopeError) what a receiver would refuse: unknown kind, bad body,
@@ -161,7 +162,7 @@ def seal(
     return data
 
 
-def count_containers(value: Any) -> int:
+def count_containers(value: Packed) -> int:
     """Maps and arrays in a plain value, itself included: what a receiver counts against max_containers."""
     if isinstance(value, dict):
         return 1 + sum(count_containers(v) for v in value.values())
@@ -205,7 +206,7 @@ def open_envelope(
     return Envelope(sig=sig, **fields)
 
 
-def _decode_fields(data: bytes, policy: EnvelopePolicy, max_bytes: int, max_containers: int) -> dict[str, Any]:
+def _decode_fields(data: bytes, policy: EnvelopePolicy, max_bytes: int, max_containers: int) -> dict[str, Packed]:
     """msgpack -> a dict of exactly FIELDS with the right types, body canonicalised; EnvelopeError otherwise.
 
     Bounded while decoding, never after: no string, blob, map or array may declare more than `max_bytes` entries
@@ -228,10 +229,10 @@ class _TooManyContainers(Exception):
     """Raised from inside msgpack's hooks to stop decoding at the container budget."""
 
 
-def _bounded_unpack(data: bytes, max_bytes: int, max_containers: int) -> Any:
+def _bounded_unpack(data: bytes, max_bytes: int, max_containers: int) -> Packed:
     count = 0
 
-    def counted(container: Any) -> Any:
+    def counted(container: Packed) -> Packed:
         nonlocal count
         count += 1
         if count > max_containers:
@@ -249,7 +250,7 @@ def _bounded_unpack(data: bytes, max_bytes: int, max_containers: int) -> Any:
         raise EnvelopeError("malformed", f"envelope is not valid msgpack ({type(exc).__name__})") from None
 
 
-def _check_types(obj: dict[str, Any]) -> None:
+def _check_types(obj: dict[str, Packed]) -> None:
     ok = (
         isinstance(obj["run"], str)
         and isinstance(obj["sender"], bytes) and len(obj["sender"]) == KEY_BYTES
@@ -275,7 +276,7 @@ _KEY_ORDER = {int: 0, str: 1, bytes: 2}
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
-def _canonical(value: Any, depth: int) -> Any:
+def _canonical(value: object, depth: int) -> Packed:
     """The body with every map's keys sorted (int < str < bytes, then by value), tuples as lists; refuses
     anything msgpack would not round-trip to the same value, and nesting deeper than `depth`."""
     if type(value) is int and not _INT_MIN <= value <= _INT_MAX:
@@ -296,6 +297,6 @@ def _canonical(value: Any, depth: int) -> Any:
     raise EnvelopeError("malformed", f"envelope body holds a {type(value).__name__}, not a plain msgpack value")
 
 
-def _signed_bytes(fields: Mapping[str, Any]) -> bytes:
+def _signed_bytes(fields: Mapping[str, Packed]) -> bytes:
     ordered = {name: fields[name] for name in sorted(FIELDS) if name != "sig"}
     return DOMAIN + msgpack.packb(ordered, use_bin_type=True)

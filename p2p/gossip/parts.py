@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:  # libp2p is heavy to import (tests/test_import_contract.py); these name what py-libp2p stores
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.pubsub import ValidationResult
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclass
@@ -59,21 +66,21 @@ class PublishPacer:
         self._sent[topic].append(now)
 
 
-class _NeverStored(dict):
+class _NeverStored(dict[bytes, "rpc_pb2.Message"]):
     """Stands in for GossipSub.equivocation_detection: remembers nothing, so it can never grow."""
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: bytes, value: rpc_pb2.Message) -> None:
         return None
 
 
-class _BoundedMap(collections.OrderedDict):
+class _BoundedMap(collections.OrderedDict[K, V]):
     """Insertion-ordered map that forgets its oldest entries past `capacity`."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self.capacity = capacity
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: K, value: V) -> None:
         super().__setitem__(key, value)
         while len(self) > self.capacity:
             self.popitem(last=False)
@@ -86,7 +93,7 @@ class _NoValidationCache:
     def get(self, msg_id: bytes) -> None:
         return None
 
-    def put(self, msg_id: bytes, result: Any) -> None:
+    def put(self, msg_id: bytes, result: ValidationResult) -> None:
         return None
 
     def clear_expired(self) -> None:

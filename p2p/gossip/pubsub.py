@@ -23,6 +23,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import GossipsubEvent, Pubsub
+from libp2p.pubsub.score import ScoreParams
 from libp2p.pubsub.utils import maybe_consume_signed_record, safe_bytes_from_hex
 from libp2p.pubsub.validators import signature_validator
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
@@ -78,16 +79,16 @@ class LeanGossipSub(GossipSub):
         if self.scorer is not None and not decays_anything(self.scorer.params):
             self.scorer.on_heartbeat = _nothing_decays  # type: ignore[method-assign]
 
-    def mesh_heartbeat(self) -> Any:
+    def mesh_heartbeat(self) -> tuple[defaultdict[ID, list[str]], defaultdict[ID, list[str]]]:
         self.heartbeats += 1
         return super().mesh_heartbeat()
 
-    def gossip_heartbeat(self) -> Any:
+    def gossip_heartbeat(self) -> defaultdict[ID, dict[str, list[bytes]]]:
         if self.heartbeats % GOSSIP_EVERY_TICKS:
             return defaultdict(dict)
         return super().gossip_heartbeat()
 
-    def _perform_opportunistic_grafting(self, topic: str, peers_to_graft: Any) -> int:
+    def _perform_opportunistic_grafting(self, topic: str, peers_to_graft: defaultdict[ID, list[str]]) -> int:
         if self.heartbeats % OPPORTUNISTIC_GRAFT_TICKS:
             return 0
         return super()._perform_opportunistic_grafting(topic, peers_to_graft)
@@ -137,7 +138,7 @@ class LeanGossipSub(GossipSub):
         await super()._emit_idontwant_for_message(msg_id, topic_ids)
 
 
-def decays_anything(params: Any) -> bool:
+def decays_anything(params: ScoreParams) -> bool:
     """Whether a heartbeat's decay step of py-libp2p's peer scorer would change any counter under `params`."""
     per_topic = (params.p1_time_in_mesh, params.p2_first_message_deliveries, params.p3_mesh_message_deliveries,
                  params.p4_invalid_messages)
@@ -167,7 +168,7 @@ class LeanPubsub(Pubsub):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._record_sent: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._record_sent: weakref.WeakSet[INetStream] = weakref.WeakSet()
         self.on_forged: Callable[[ID], None] | None = None
         """Called with the peer that handed over a message whose pubsub signature does not verify."""
 

@@ -40,7 +40,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
 import trio
 from libp2p.abc import INetStream, ISubscriptionAPI
@@ -65,6 +65,7 @@ from p2p.gossip.pubsub import BufferedInboundStream, LeanGossipSub, LeanPubsub
 from p2p.gossip.receive import BodyDecoder, GossipReceiver, Ignored
 from p2p.host.p2p_host import P2PHost, reset_quietly
 from p2p.identity import Identity
+from p2p.packed import Packed
 from p2p.scores import PeerScores, ScoreConfig
 
 __all__ = ["BodyDecoder", "Gossip", "GossipConfig", "GossipStats", "Ignored", "PublishPacer", "Rejection",
@@ -143,7 +144,7 @@ class Gossip(GossipReceiver):
         self._pacer = PublishPacer(config.publish_rate)
         self._own_pace = OwnPace(config.admission)
         self._seq = 0
-        self._verified: _BoundedMap = _BoundedMap(4 * config.queue_size * max(1, len(kinds)))
+        self._verified: _BoundedMap[bytes, Envelope] = _BoundedMap(4 * config.queue_size * max(1, len(kinds)))
         self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
         self._banned_ids: dict[str, ID] = {}
         self._stream_retry_at: dict[ID, float] = {}  # connected peer -> earliest next pubsub-stream attempt
@@ -154,7 +155,7 @@ class Gossip(GossipReceiver):
 
     # ---- public API -------------------------------------------------------------------------------------------
 
-    async def publish(self, kind: str, body: Any) -> Envelope:
+    async def publish(self, kind: str, body: Packed) -> Envelope:
         """Seal `body` as a `kind` envelope and publish it; returns the envelope sent.
 
         Raises GossipError when the envelope would exceed GOSSIP_MAX_BYTES or its kind's limit (announce it by
@@ -229,7 +230,7 @@ class Gossip(GossipReceiver):
             self.stats.backpressure_waits += 1
             await trio.sleep(BACKPRESSURE_POLL_S)
 
-    def _seal(self, kind: str, body: Any) -> bytes:
+    def _seal(self, kind: str, body: Packed) -> bytes:
         if kind not in KINDS:
             raise GossipError(f"unknown gossip kind {kind!r}; expected one of {', '.join(KINDS)}")
         now = self.clock()

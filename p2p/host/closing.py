@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import trio
-from libp2p.abc import IHost
+from libp2p.abc import IHost, IListener, INetConn
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ async def close_sockets(libp2p_host: IHost) -> None:
             await _close_quietly(listener)
 
 
-async def _close_quietly(closable: Any) -> None:
+async def _close_quietly(closable: INetConn | IListener) -> None:
     try:
         await closable.close()
     except Exception as exc:  # noqa: BLE001 - closing is best effort; the process exit closes them anyway

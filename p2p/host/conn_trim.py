@@ -19,10 +19,10 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 from libp2p.abc import INetStream, INetwork
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 
 log = logging.getLogger(__name__)
 GOSSIP_PROTOCOL_PREFIXES = ("/meshsub/", "/floodsub/")
@@ -76,7 +76,7 @@ def to_close(first_seen: dict[str, float], in_use: set[str], config: TrimConfig,
     return rng.sample(unused[room // 2:], excess)
 
 
-def libp2p_peers_in_use(network: INetwork, relay: Any, relays: Iterable[str]) -> set[str]:
+def libp2p_peers_in_use(network: INetwork, relay: CircuitV2Protocol | None, relays: Iterable[str]) -> set[str]:
     """Peers of py-libp2p `network` (a Swarm) whose connection carries more than gossip: an open stream of another
     protocol (`keeps_connection`), or a relay reservation, theirs on `relay` (our relay protocol, or None) or ours
     on `relays` (peer ids)."""

@@ -11,7 +11,6 @@ instead of queueing without end. Hole punches have their own tighter bounds (p2p
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import trio
 from libp2p.abc import IHost, INetConn
@@ -57,7 +56,7 @@ def pace_dials(libp2p_host: IHost, pacer: DialPacer) -> None:
     network = libp2p_host.get_network()
     dial_once = network._dial_addr_single_attempt
 
-    async def paced(addr: Multiaddr, peer_id: ID, source: Any = None) -> INetConn:
+    async def paced(addr: Multiaddr, peer_id: ID, source: tuple[str, int] | None = None) -> INetConn:
         wait = pacer.delay(trio.current_time())
         if wait is None:
             raise SwarmException(f"dial of {addr} refused: this peer's dial rate is spent")

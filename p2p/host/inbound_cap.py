@@ -12,7 +12,6 @@ that ended gives its place back.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 import trio
 from libp2p.abc import INetConn, INetwork
@@ -49,7 +48,7 @@ class OpenInboundCap:
         if self._admitted and getattr(conn, "direction", None) in (Direction.INBOUND, Direction.INBOUND.value):
             self._admitted.popleft()
 
-    async def _ignored(self, *args: Any) -> None:
+    async def _ignored(self, *args: object) -> None:
         pass
 
     opened_stream = closed_stream = disconnected = listen = listen_close = _ignored

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import trio
 from libp2p import new_host
@@ -51,7 +50,7 @@ from p2p.identity import Identity, load_or_create_identity
 from p2p.libp2p_compat import cache_signed_records, index_service_tasks, read_tcp_ahead, tune_yamux
 from p2p.reach.probe import ReachConfig
 from p2p.reach.relay import is_circuit
-from p2p.reach.service import open_reach
+from p2p.reach.service import ReachState, open_reach
 from p2p.scores import PeerScores, ScoreConfig, Verdict
 from p2p.stream_guard import (
     StreamHandler,
@@ -215,7 +214,7 @@ class P2PHost:
     """Scores of the peers whose streams made a guarded handler fail unexpectedly; a banned peer is refused."""
     fault_listeners: list[Callable[[str, str], None]] = field(default_factory=list)
     """Called with (peer id, protocol) on each such fault, e.g. to fold it into the node's own peer scores."""
-    reach: Any = None
+    reach: ReachState | None = None
     """The reachability service's state (p2p.reach.service.ReachState) once the host is open."""
     inbound: InboundAdmission = field(default_factory=InboundAdmission)
     """What inbound connections the host serves; a banned peer is forgotten there (a stranger again)."""

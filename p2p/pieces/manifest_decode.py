@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 import blake3
 import msgpack
 
 from p2p.errors import ManifestError
+from p2p.packed import Packed
 from p2p.pieces.manifest_types import (
     FORMAT_VERSION,
     MAX_MANIFEST_BYTES,
@@ -106,11 +106,11 @@ def _need(cond: bool, what: str) -> None:
         raise ManifestError(f"policy manifest is malformed: {what}")
 
 
-def _is_int(v: Any, lo: int = 0, hi: int = MAX_INT) -> bool:
+def _is_int(v: object, lo: int = 0, hi: int = MAX_INT) -> bool:
     return type(v) is int and lo <= v <= hi
 
 
-def _unpack(data: bytes) -> Any:
+def _unpack(data: bytes) -> Packed:
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=True, list_hook=(budget := _ContainerBudget(data)),
                                object_hook=budget)
@@ -120,7 +120,7 @@ def _unpack(data: bytes) -> Any:
         raise ManifestError("policy manifest is malformed: not msgpack") from None
 
 
-def _is_plain_tree(value: Any, depth: int) -> bool:
+def _is_plain_tree(value: object, depth: int) -> bool:
     """Whether `value` is what model.json can hold: str-keyed maps, lists, and finite scalars, nested at most
     `depth` deep (a deeper one exhausted the stack of whoever walked it, and bytes or NaN have no JSON form)."""
     if value is None or type(value) in (bool, int, str):
@@ -136,7 +136,7 @@ def _is_plain_tree(value: Any, depth: int) -> bool:
     return False
 
 
-def _decode_generation(raw: Any) -> GenerationSettings:
+def _decode_generation(raw: Packed) -> GenerationSettings:
     _need(isinstance(raw, dict) and set(raw) == _GENERATION_KEYS, "generation settings")
     _need(all(_is_int(raw[key], lo, hi) for key, (lo, hi) in GENERATION_LIMITS.items()), "generation integers")
     temperature = raw["temperature"]
@@ -144,7 +144,7 @@ def _decode_generation(raw: Any) -> GenerationSettings:
     return GenerationSettings(raw["group_size"], float(temperature), raw["max_new_tokens"], raw["stage"])
 
 
-def _decode_file(raw: Any) -> FileEntry:
+def _decode_file(raw: Packed) -> FileEntry:
     _need(isinstance(raw, dict) and set(raw) == _FILE_KEYS, "file entry")
     name, size, psize, hashes = raw["name"], raw["size"], raw["piece_size"], raw["piece_hashes"]
     _need(isinstance(name, str) and is_safe_file_name(name), "file name")
@@ -156,7 +156,7 @@ def _decode_file(raw: Any) -> FileEntry:
     return FileEntry(name, size, psize, tuple(hashes), root)
 
 
-def _decode_tensor(raw: Any, sizes: dict[str, int]) -> TensorEntry:
+def _decode_tensor(raw: Packed, sizes: dict[str, int]) -> TensorEntry:
     _need(isinstance(raw, dict) and set(raw) == _TENSOR_KEYS, "tensor")
     name, file, offset, nbytes, dtype, shape = (raw[k] for k in ("name", "file", "offset", "nbytes", "dtype", "shape"))
     _need(isinstance(name, str) and 0 < len(name) <= MAX_TENSOR_NAME_CHARS, "tensor name")
@@ -168,7 +168,7 @@ def _decode_tensor(raw: Any, sizes: dict[str, int]) -> TensorEntry:
     return TensorEntry(name, file, offset, nbytes, dtype, tuple(shape), raw["hash"])
 
 
-def _decode_patch(raw: Any, version: int, files: tuple[FileEntry, ...]) -> PatchRef | None:
+def _decode_patch(raw: Packed, version: int, files: tuple[FileEntry, ...]) -> PatchRef | None:
     """A patch names an older parent by id and a file of this manifest that is not a weight file; a version is
     rebuilt from one parent only, never from a chain, so no manifest can make a peer walk history."""
     if raw is None:
@@ -191,7 +191,7 @@ class _ContainerBudget:
     def __init__(self, data: bytes) -> None:
         self.left = 64 + len(data) // 8
 
-    def __call__(self, obj: Any) -> Any:
+    def __call__(self, obj: Packed) -> Packed:
         self.left -= 1
         if self.left < 0:
             raise ManifestError("policy manifest is malformed: more maps and arrays than its size allows")

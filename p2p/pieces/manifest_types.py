@@ -9,10 +9,11 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import blake3
 import msgpack
+
+from p2p.packed import Packed
 
 FORMAT_VERSION = 2
 DEFAULT_PIECE_SIZE = 1 << 20
@@ -32,7 +33,7 @@ class FrozenMap(dict):
     """A dict that refuses changes: a decoded manifest's model description, so that no reader can change what
     the manifest id was computed over. Still a dict for every reader (isinstance, json, msgpack, ==)."""
 
-    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+    def _refuse(self, *args: object, **kwargs: object) -> None:
         raise TypeError("a manifest's model description is read-only")
 
     __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore
@@ -41,7 +42,7 @@ class FrozenMap(dict):
         return (FrozenMap, (dict(self),))
 
 
-def freeze(value: Any) -> Any:
+def freeze(value: Packed) -> Packed:
     """`value` with every map inside it made a FrozenMap (lists and scalars are kept)."""
     if isinstance(value, dict):
         return FrozenMap({k: freeze(v) for k, v in value.items()})
@@ -203,11 +204,11 @@ class SignedManifest:
         return blake3.blake3(self.manifest_bytes).digest()
 
 
-def _asdict(obj: Any) -> dict:
+def _asdict(obj: GenerationSettings | TensorEntry | PatchRef) -> dict[str, Packed]:
     return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
 
 
-def _canonical(value: Any) -> Any:
+def _canonical(value: Packed) -> Packed:
     if isinstance(value, dict):
         return {k: _canonical(value[k]) for k in sorted(value)}
     if isinstance(value, (list, tuple)):

@@ -10,9 +10,11 @@ message now waits at most for the piece frame already on the wire; pieces keep t
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 import trio
+
+from p2p.pieces.engine_actions import SendPiece
+from p2p.pieces.wire import Message
 
 
 class Outbox:
@@ -20,22 +22,22 @@ class Outbox:
     else the oldest piece send."""
 
     def __init__(self) -> None:
-        self._control: deque[Any] = deque()
-        self._pieces: deque[Any] = deque()
+        self._control: deque[Message] = deque()
+        self._pieces: deque[SendPiece] = deque()
         self._lot = trio.lowlevel.ParkingLot()
 
     def __len__(self) -> int:
         return len(self._control) + len(self._pieces)
 
-    def put_control(self, message: Any) -> None:
+    def put_control(self, message: Message) -> None:
         self._control.append(message)
         self._lot.unpark_all()
 
-    def put_piece(self, send: Any) -> None:
+    def put_piece(self, send: SendPiece) -> None:
         self._pieces.append(send)
         self._lot.unpark_all()
 
-    async def take(self) -> tuple[list[Any], Any | None]:
+    async def take(self) -> tuple[list[Message], SendPiece | None]:
         """(control messages, None) while any wait, else ([], the next piece send); parks while both are empty."""
         while not self._control and not self._pieces:
             await self._lot.park()
@@ -43,7 +45,7 @@ class Outbox:
             return self.take_control(), None
         return [], self._pieces.popleft()
 
-    def take_control(self) -> list[Any]:
+    def take_control(self) -> list[Message]:
         """Every control message waiting now, without waiting: the sender takes those that came while it readied a
         piece along in the piece's own send (one record and one system call fewer for each such batch)."""
         batch = list(self._control)

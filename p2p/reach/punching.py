@@ -50,7 +50,7 @@ class _OneAttempt:
     def __init__(self, network: INetwork) -> None:
         self._network = network
 
-    async def dial_addr(self, addr: Multiaddr, peer_id: ID, source: Any = None) -> INetConn:
+    async def dial_addr(self, addr: Multiaddr, peer_id: ID, source: tuple[str, int] | None = None) -> INetConn:
         return await self._network._dial_addr_single_attempt(addr, peer_id, source)
 
     def __getattr__(self, name: str) -> Any:
@@ -94,7 +94,8 @@ class GuardedDCUtR(DCUtRProtocol):
         admitted = self.guard.admit(str(peer_id), [str(a) for a in addrs], trio.current_time())
         return await super()._perform_hole_punch(peer_id, [Multiaddr(a) for a in admitted], as_responder)
 
-    async def _dial_peer(self, peer_id: ID, addr: Multiaddr, source: Any = None, as_responder: bool = False) -> None:
+    async def _dial_peer(self, peer_id: ID, addr: Multiaddr, source: tuple[str, int] | None = None,
+                         as_responder: bool = False) -> None:
         if self.guard.may_dial(str(peer_id), str(addr), trio.current_time()):
             await super()._dial_peer(peer_id, addr, source, as_responder)
 

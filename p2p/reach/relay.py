@@ -22,6 +22,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID, STOP_PROTOCOL_ID, CircuitV2Protocol
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.resources import RelayLimits as Libp2pLimits
@@ -30,6 +31,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from p2p.ratelimit import TokenBucket, acquire_all
+from p2p.reach.host_view import ReachHost
 from p2p.reach.relay_guard import CircuitAcceptor, RelayGuard
 from p2p.reach.relay_limits import RelayLimits, connection_kind, is_circuit
 from p2p.stream_guard import reset_quietly
@@ -97,7 +99,7 @@ class GuardedRelay(CircuitV2Protocol):
         self._directions: dict[frozenset[int], list[trio.CancelScope]] = {}
         """The directions under way of each circuit (its two streams' ids): one ending ends the other."""
 
-    async def _handle_reserve(self, stream: INetStream, msg: Any) -> None:
+    async def _handle_reserve(self, stream: INetStream, msg: HopMessage) -> None:
         """A reservation for the peer that asks (never one its message names), within the guard's caps."""
         msg.ClearField("peer")
         if not self.guard.admit_reservation(str(stream.muxed_conn.peer_id), _remote_ip(stream)):
@@ -105,7 +107,7 @@ class GuardedRelay(CircuitV2Protocol):
             return
         await super()._handle_reserve(stream, msg)
 
-    async def _handle_connect(self, stream: INetStream, msg: Any) -> None:
+    async def _handle_connect(self, stream: INetStream, msg: HopMessage) -> None:
         """A circuit within the guard's caps, counted from the request until it ends (py-libp2p's handler returns
         when the circuit closes)."""
         if not self._reserved(bytes(msg.peer.id)):  # py-libp2p refuses it: no place or rate spent on it
@@ -122,7 +124,7 @@ class GuardedRelay(CircuitV2Protocol):
             self.guard.close_circuit(*ends)
             self._forget_streams(stream, [stream.muxed_conn.peer_id, ID(bytes(msg.peer.id))])
 
-    def _forget_streams(self, stream: INetStream, peers: list[Any]) -> None:
+    def _forget_streams(self, stream: INetStream, peers: list[ID]) -> None:
         """Drop what py-libp2p's table of relayed streams still holds of a circuit that ended: it keeps the source's
         entry of a circuit that failed to open for good, one per source id, and ids are free."""
         for peer in peers:
@@ -189,8 +191,8 @@ async def _drop_departed(protocol: GuardedRelay) -> None:
 class Relaying:
     """The relay protocol and transport of one host, and the reservations it holds."""
 
-    protocol: Any
-    transport: Any
+    protocol: GuardedRelay
+    transport: CircuitV2Transport
     reservations: dict[str, str] = field(default_factory=dict)
     """Relay peer id -> the relay's multiaddr (with /p2p/<relay>) through which this peer is reachable."""
     acceptor: CircuitAcceptor = field(default_factory=CircuitAcceptor)
@@ -225,7 +227,7 @@ class Relaying:
 
 
 @asynccontextmanager
-async def open_relaying(host: Any, limits: RelayLimits, hop: bool) -> AsyncIterator[Relaying]:
+async def open_relaying(host: ReachHost, limits: RelayLimits, hop: bool) -> AsyncIterator[Relaying]:
     """The relay protocol (hop: serving others) and the circuit transport (dialing and accepting circuits) of our
     `host` (p2p.host.p2p_host.P2PHost), running until the context exits. Its handlers are re-installed guarded: an
     exception escaping one would kill the host."""

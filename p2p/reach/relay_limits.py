@@ -6,8 +6,9 @@ from __future__ import annotations
 import ipaddress
 import math
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from p2p.errors import HostError
 
@@ -73,7 +74,13 @@ def is_circuit(multiaddr: str) -> bool:
     return "/p2p-circuit" in multiaddr
 
 
-def connection_kind(conn: Any) -> str:
+class Connection(Protocol):
+    """A libp2p connection as `connection_kind` reads it: py-libp2p's INetConn, or a stream's IMuxedConn."""
+
+    def get_transport_addresses(self) -> Sequence[object]: ...
+
+
+def connection_kind(conn: Connection) -> str:
     """"relayed" for a connection through a relay, else "direct", worked out once per connection.
 
     Why once: a connection's kind is fixed when it opens, and the reach service asks for every connection each
@@ -96,11 +103,11 @@ def connection_kind(conn: Any) -> str:
     return kind
 
 
-_KINDS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_KINDS: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
 """connection -> its kind, for as long as the connection object lives."""
 
 
-def kind_settled(conn: Any) -> bool:
+def kind_settled(conn: Connection) -> bool:
     """Whether `connection_kind` worked out `conn`'s kind for good (it had addresses to judge by)."""
     try:
         return conn in _KINDS

@@ -12,7 +12,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 from libp2p.abc import IHost, INetConn, INetStream
@@ -20,6 +19,7 @@ from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL
 
 from p2p.bootstrap import peer_id_of
+from p2p.reach.host_view import ReachHost
 from p2p.reach.probe import (
     DIALBACK_PROTOCOL,
     DialBackServer,
@@ -30,7 +30,7 @@ from p2p.reach.probe import (
     verdict,
 )
 from p2p.reach.punch_guard import PunchGuard
-from p2p.reach.punching import hole_punching
+from p2p.reach.punching import GuardedDCUtR, hole_punching
 from p2p.reach.relay import Relaying, connection_kind, is_circuit, open_relaying
 from p2p.reach.relay_limits import kind_settled
 
@@ -46,7 +46,7 @@ class ReachState:
 
     status: Reachability
     relaying: Relaying
-    dcutr: Any = None
+    dcutr: GuardedDCUtR | None = None
     ever_relayed: dict[str, None] = field(default_factory=dict)
     """Peers once connected through a relay (oldest first, at most MAX_REMEMBERED): a direct connection to one of
     them now is a hole-punched one."""
@@ -82,7 +82,7 @@ class ReachState:
             del self.ever_relayed[next(iter(self.ever_relayed))]
 
 
-def _listen_port(host: Any) -> int:
+def _listen_port(host: ReachHost) -> int:
     for addr in host.bound_multiaddrs:
         parts = addr.split("/")
         if "tcp" in parts:
@@ -90,12 +90,12 @@ def _listen_port(host: Any) -> int:
     return 0
 
 
-def _connected_bootstrap(host: Any) -> list[str]:
+def _connected_bootstrap(host: ReachHost) -> list[str]:
     connected = {str(p) for p in host.libp2p.get_connected_peers()}
     return [a for a in host.config.bootstrap if not is_circuit(a) and peer_id_of(a) in connected]
 
 
-def _as_list(conns: Any) -> list[Any]:
+def _as_list(conns: INetConn | list[INetConn]) -> list[INetConn]:
     """A peer's connections as a list: py-libp2p's network maps a peer to one connection or to a list of them."""
     return conns if isinstance(conns, list) else [conns]
 
@@ -158,7 +158,7 @@ async def _answer_punch(state: ReachState, stream: INetStream) -> None:
         state.punches.end(peer)
 
 
-async def check_reachability(host: Any, config: ReachConfig) -> Reachability:
+async def check_reachability(host: ReachHost, config: ReachConfig) -> Reachability:
     """Ask every connected bootstrap peer at once to dial us back; the verdict of p2p.reach.probe.verdict."""
     if config.mode != "auto":
         return Reachability(config.mode)
@@ -174,14 +174,14 @@ async def check_reachability(host: Any, config: ReachConfig) -> Reachability:
     return verdict(answers)
 
 
-async def _reserve(host: Any, relaying: Relaying, config: ReachConfig, nursery: trio.Nursery) -> None:
+async def _reserve(host: ReachHost, relaying: Relaying, config: ReachConfig, nursery: trio.Nursery) -> None:
     for addr in _connected_bootstrap(host):
         if len(relaying.reservations) >= config.max_relays:
             return
         await relaying.reserve(addr, peer_id_of(addr), nursery, config.dial_back_timeout_s + 2)
 
 
-async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: trio.Nursery) -> None:
+async def _watch(state: ReachState, host: ReachHost, config: ReachConfig, nursery: trio.Nursery) -> None:
     """Note relayed connections; start hole punches; ask again when nobody could be asked at start; a private peer
     whose relay connection closed redials it and reserves again.
 
@@ -221,7 +221,7 @@ async def _watch(state: ReachState, host: Any, config: ReachConfig, nursery: tri
 
 
 @asynccontextmanager
-async def open_reach(host: Any) -> AsyncIterator[ReachState]:
+async def open_reach(host: ReachHost) -> AsyncIterator[ReachState]:
     """Serve dial-backs, learn our reachability, relay for others when public, reserve relays when private, punch
     holes; undone on exit."""
     config: ReachConfig = host.config.reach

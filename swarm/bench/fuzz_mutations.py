@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from typing import Any
 
 import msgpack
+
+from p2p.packed import Packed
 
 MAX_INPUT_BYTES = 1 << 20
 """Largest mutated input handed to a decoder: room for every limit to be exceeded, small enough to stay fast."""
@@ -25,14 +26,14 @@ _MARKERS = bytes([0x00, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xC0, 0xC1, 0xC2, 0xC3, 0x
 """Bytes that mean something to msgpack: type tags, container and length markers, the never-used 0xC1."""
 
 
-def _nested(depth: int, leaf: Any = None) -> Any:
+def _nested(depth: int, leaf: Packed = None) -> Packed:
     value = leaf
     for _ in range(depth):
         value = [value]
     return value
 
 
-HOSTILE_VALUES: tuple[Callable[[random.Random], Any], ...] = (
+HOSTILE_VALUES: tuple[Callable[[random.Random], Packed], ...] = (
     lambda r: None,
     lambda r: True,
     lambda r: False,
@@ -54,7 +55,7 @@ HOSTILE_VALUES: tuple[Callable[[random.Random], Any], ...] = (
 )
 
 
-def hostile_value(rng: random.Random) -> Any:
+def hostile_value(rng: random.Random) -> Packed:
     """One value of a shape decoders trip over."""
     return rng.choice(HOSTILE_VALUES)(rng)
 
@@ -118,9 +119,9 @@ BYTE_EDITS = (flip_bits, set_byte, truncate, drop_range, insert_bytes, duplicate
 # ---------------------------------------------------------------------------------------------- tree edits
 
 
-def _containers(tree: Any, depth: int = 0) -> list[Any]:
+def _containers(tree: Packed, depth: int = 0) -> list[list[Packed] | dict[Packed, Packed]]:
     """Every map and list inside `tree` (bounded, so a sample's piece-hash lists do not dominate)."""
-    found: list[Any] = []
+    found: list[list[Packed] | dict[Packed, Packed]] = []
     pending = [(tree, depth)]
     while pending and len(found) < 4096:
         node, d = pending.pop()
@@ -131,7 +132,7 @@ def _containers(tree: Any, depth: int = 0) -> list[Any]:
     return found
 
 
-def edit_tree(tree: Any, rng: random.Random) -> Any:
+def edit_tree(tree: Packed, rng: random.Random) -> Packed:
     """Change the decoded tree in one place; returns the (possibly new) root."""
     containers = _containers(tree)
     if not containers or rng.random() < 0.05:
@@ -157,7 +158,7 @@ def edit_tree(tree: Any, rng: random.Random) -> Any:
     return tree
 
 
-def place_value(tree: Any, value: Any, rng: random.Random) -> Any:
+def place_value(tree: Packed, value: Packed, rng: random.Random) -> Packed:
     """`tree` with one of its map values or list items (or the whole tree) replaced by `value`: how a
     structure-aware generator's value is put where a decoder will meet it."""
     containers = [node for node in _containers(tree) if node]
@@ -171,14 +172,14 @@ def place_value(tree: Any, value: Any, rng: random.Random) -> Any:
     return tree
 
 
-def _encode(tree: Any) -> bytes | None:
+def _encode(tree: Packed) -> bytes | None:
     try:
         return msgpack.packb(tree, use_bin_type=True)
     except Exception:  # noqa: BLE001 - e.g. a float key: no such tree can travel, so there is nothing to try
         return None
 
 
-def _first_value(data: bytes) -> tuple[Any, int]:
+def _first_value(data: bytes) -> tuple[Packed, int]:
     """The first msgpack value in `data` and the bytes it took (a frame's payload may follow it)."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
@@ -187,7 +188,7 @@ def _first_value(data: bytes) -> tuple[Any, int]:
 
 
 def mutate_tree(data: bytes, rng: random.Random, prefix: int = 0,
-                edit: Callable[[Any, random.Random], Any] | None = None) -> bytes | None:
+                edit: Callable[[Packed, random.Random], Packed] | None = None) -> bytes | None:
     """`data` with the msgpack value after its `prefix`-byte big-endian length edited (by `edit`, default once or
     a few times by `edit_tree`) and encoded again, the length set to match and whatever followed kept; None when
     there is no such value."""

@@ -6,7 +6,6 @@ a value or a protobuf DecodeError, never another exception."""
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from google.protobuf.message import DecodeError
 from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
@@ -42,7 +41,7 @@ def punch_connect_samples() -> list[bytes]:
             .SerializeToString() for n in (0, 1, 3)]
 
 
-def decode_hop_request(data: bytes) -> Any:
+def decode_hop_request(data: bytes) -> bool:
     """What the relay's guard grants a HOP request: a reservation for the asker, or a circuit to the named peer."""
     message = HopMessage()
     message.ParseFromString(data)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Any
+from collections.abc import Coroutine
+from typing import TypeVar
 
 import msgpack
 
 from p2p.channel.config import ChannelConfig
 from p2p.channel.handshake import read_msg
-from p2p.channel.messages import HandshakeBreach, decode_offer, decode_request
+from p2p.channel.messages import ChannelOffer, HandshakeBreach, decode_offer, decode_request
 from p2p.channel.records import (
     AEADS,
     AES_256_GCM,
@@ -41,8 +42,9 @@ from p2p.pieces.wire import (
     message_frame,
     pack_bits,
 )
-from swarm.policy.link_preamble import decode_head
+from swarm.policy.link_preamble import PreambleHead, decode_head
 
+T = TypeVar("T")
 FRAME_PIECES = 20
 CHANNEL_KEY = bytes(range(100, 132))
 
@@ -79,7 +81,7 @@ class _ReplayStream:
         return chunk
 
 
-def _run_without_io(coroutine: Any) -> Any:
+def _run_without_io(coroutine: Coroutine[object, None, T]) -> T:
     """Run a coroutine that never waits on anything (its stream answers at once) to its end."""
     try:
         coroutine.send(None)
@@ -94,7 +96,7 @@ def _handshake(msg: dict) -> bytes:
     return struct.pack(">H", len(raw)) + raw
 
 
-def decode_channel_request(data: bytes) -> Any:
+def decode_channel_request(data: bytes) -> str:
     """A dialer's request as the listener reads it (p2p.channel.service's _handle_handshake and _make_offer): one
     length-prefixed message, its typed decoder, then the cipher the listener may offer."""
 
@@ -108,7 +110,7 @@ def channel_request_samples() -> list[bytes]:
             _handshake({"v": 1, "mode": "stream"}), _handshake({"v": 1, "mode": "socket", "tickets": 3})]
 
 
-def decode_channel_offer(data: bytes) -> Any:
+def decode_channel_offer(data: bytes) -> ChannelOffer:
     """A listener's offer as the dialer reads it (p2p.channel.service's _request_offer): one length-prefixed message,
     its typed decoder, then the checks that the cipher is one the dialer listed and the tickets no more than it
     asked."""
@@ -132,7 +134,7 @@ def channel_offer_samples() -> list[bytes]:
 # ---------------------------------------------------------------------------------------------- link preamble
 
 
-def decode_preamble_head(data: bytes) -> Any:
+def decode_preamble_head(data: bytes) -> PreambleHead:
     """The fixed head of a mirror link's preamble (route and declared manifest size), as the acceptor decodes it
     before it reads or budgets a byte of the manifest; the manifest itself is the signed-manifest target's."""
 

@@ -22,13 +22,14 @@ import functools
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import blake3
 import msgpack
 
 from p2p.errors import ChannelError, DHTError, EnvelopeError, FrameError, ManifestError
 from p2p.identity import Identity
+from p2p.packed import Packed
 from p2p.pieces.manifest import (
     MIN_PIECE_SIZE,
     SIG_CONTEXT,
@@ -38,6 +39,7 @@ from p2p.pieces.manifest import (
     PolicyManifest,
     SignedManifest,
     TensorEntry,
+    VerifiedManifest,
     decode_manifest,
     open_signed_manifest,
 )
@@ -45,10 +47,14 @@ from p2p.pieces.manifest_decode import MAX_MODEL_DEPTH, _is_plain_tree
 from swarm.bench import fuzz_patch_targets as patch
 from swarm.bench import fuzz_stream_targets as stream
 from swarm.errors import UserError
-from swarm.messages.rollout_codec import RolloutRefused, decode_blob, parse_items
+from swarm.messages.rollout_codec import Announcement, RolloutRefused, decode_blob, parse_items
 from swarm.messages.votes import votes_in
 from verify.rollout import Completion, RolloutGroup, RolloutSchemaError
 from verify.votes import sign_vote, verify_vote
+
+if TYPE_CHECKING:  # imported where used, inside the decoders, like every module a decoder alone needs
+    from p2p.dht.service import LatestManifest
+    from p2p.gossip.envelope import Envelope
 
 RUN = "fuzz-run"
 NOW = 1_700_000_000.0
@@ -62,8 +68,9 @@ class FuzzTarget:
 
     name: str
     """Short name, shown in reports and used to pick targets on the command line."""
-    decode: Callable[[bytes], Any]
-    """Takes the raw input; returns a typed value or raises one of `expected`."""
+    decode: Callable[[bytes], object]
+    """Takes the raw input; returns a typed value (whichever: only that it returns is checked) or raises one of
+    `expected`."""
     samples: Callable[[], list[bytes]]
     """Valid encodings the mutations start from (built once, on first use)."""
     expected: tuple[type[BaseException], ...]
@@ -79,7 +86,7 @@ def _cached(build: Callable[[], list[bytes]]) -> Callable[[], list[bytes]]:
 # ---------------------------------------------------------------------------------------------- gossip bodies
 
 
-def _envelope_of(data: bytes, kind: str) -> Any:
+def _envelope_of(data: bytes, kind: str) -> Envelope:
     """The opened envelope a `kind` handler receives for the fuzzed msgpack body `data`, or EnvelopeError as the
     envelope would raise it."""
     from p2p.gossip.envelope import open_envelope, seal
@@ -91,15 +98,15 @@ def _envelope_of(data: bytes, kind: str) -> Any:
     return open_envelope(seal(kind, RUN, body, SENDER, NOW, 1), RUN, NOW)
 
 
-def _body_of(data: bytes, kind: str) -> Any:
+def _body_of(data: bytes, kind: str) -> Packed:
     return _envelope_of(data, kind).body
 
 
-def _pack(value: Any) -> bytes:
+def _pack(value: Packed) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
 
-def decode_envelope(data: bytes) -> Any:
+def decode_envelope(data: bytes) -> Envelope:
     from p2p.gossip.envelope import open_envelope
 
     return open_envelope(data, RUN, NOW)
@@ -129,7 +136,7 @@ def vote_wire() -> dict:
     return sign_vote(SENDER.seed, b"\x07" * 32, False, checks).to_wire()
 
 
-def decode_votes(data: bytes) -> Any:
+def decode_votes(data: bytes) -> tuple[list[bool], int]:
     votes, malformed = votes_in(_body_of(data, "vote"))
     return [verify_vote(v) for v in votes], malformed
 
@@ -143,7 +150,7 @@ def vote_samples() -> list[bytes]:
 # ---------------------------------------------------------------------------------------------- typed gossip bodies
 
 
-def decode_gossip_heartbeat(data: bytes) -> Any:
+def decode_gossip_heartbeat(data: bytes) -> object:
     from swarm.messages.gossip_bodies import decode_heartbeat
 
     return decode_heartbeat(_envelope_of(data, "heartbeat"))
@@ -167,7 +174,7 @@ def heartbeat_samples() -> list[bytes]:
     return [_pack(heartbeat_body()), _pack({"roles": ["worker"]})]
 
 
-def decode_gossip_manifest(data: bytes) -> Any:
+def decode_gossip_manifest(data: bytes) -> object:
     """A manifest announcement as a node that knows its run's trainer key (the fuzzing key) decodes it."""
     from swarm.messages.gossip_bodies import run_decoders
 
@@ -181,13 +188,13 @@ def announcement_samples() -> list[bytes]:
             _pack({"id": b"\x04" * 32, "version": 0})]
 
 
-def decode_gossip_votes(data: bytes) -> Any:
+def decode_gossip_votes(data: bytes) -> object:
     from swarm.messages.gossip_bodies import decode_votes as decode_vote_batch
 
     return decode_vote_batch(_envelope_of(data, "vote"))
 
 
-def decode_gossip_rollouts(data: bytes) -> Any:
+def decode_gossip_rollouts(data: bytes) -> object:
     """Rollouts as a node decodes them: stopping at the first refused item, within the node's inflation allowance."""
     from swarm.messages.gossip_bodies import run_decoders
 
@@ -210,7 +217,7 @@ def group_wire() -> dict:
     return rollout_group().to_wire()
 
 
-def decode_rollout_body(data: bytes) -> Any:
+def decode_rollout_body(data: bytes) -> list[RolloutGroup | Announcement | RolloutRefused]:
     return parse_items(_body_of(data, "rollout"))
 
 
@@ -230,11 +237,11 @@ def _announcement() -> dict:
             "task": 42, "addrs": [f"/ip4/127.0.0.1/tcp/4001/p2p/{SENDER.peer_id}"]}
 
 
-def decode_rollout_group(data: bytes) -> Any:
+def decode_rollout_group(data: bytes) -> RolloutGroup:
     return RolloutGroup.decode(data)
 
 
-def decode_rollout_blob(data: bytes) -> Any:
+def decode_rollout_blob(data: bytes) -> RolloutGroup:
     """A compressed group as fetched by blob id: inflated under its declared size, decoded, checked canonical."""
 
     return decode_blob(zlib.compress(data, 1), len(data))
@@ -291,21 +298,21 @@ def signed_manifest_samples() -> list[bytes]:
     return [signed_bytes(manifest_samples()[0])]
 
 
-def decode_signed_manifest(data: bytes) -> Any:
+def decode_signed_manifest(data: bytes) -> VerifiedManifest:
     return open_signed_manifest(data)
 
 
-def decode_self_signed_manifest(data: bytes) -> Any:
-    """Any manifest bytes, signed by a stranger and opened as a peer without --trainer-key opens them."""
+def decode_self_signed_manifest(data: bytes) -> VerifiedManifest:
+    """Arbitrary manifest bytes, signed by a stranger and opened as a peer without --trainer-key opens them."""
 
     return open_signed_manifest(signed_bytes(data))
 
 
-def decode_manifest_bytes(data: bytes) -> Any:
+def decode_manifest_bytes(data: bytes) -> PolicyManifest:
     return decode_manifest(data)
 
 
-def decode_run_spec(data: bytes) -> Any:
+def decode_run_spec(data: bytes) -> object:
     """A manifest's model description (already a plain tree by the manifest decoder) read as the run's spec."""
     from swarm.policy.runspec import RunSpec
 
@@ -326,7 +333,7 @@ def run_spec_samples() -> list[bytes]:
 # ---------------------------------------------------------------------------------------------- DHT records
 
 
-def decode_dht_record(data: bytes) -> Any:
+def decode_dht_record(data: bytes) -> LatestManifest:
     from p2p.dht.service import LatestManifest, latest_manifest_key
 
     return LatestManifest.decode(data, latest_manifest_key(RUN, SENDER.public_bytes))
