@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, TypeVar
 
 import msgpack
 
@@ -100,6 +100,8 @@ class EnvelopePolicy:
 
 DEFAULT_POLICY = EnvelopePolicy()
 
+Decoded = TypeVar("Decoded")
+
 
 @dataclass(frozen=True)
 class Envelope:
@@ -128,6 +130,13 @@ class Envelope:
     def sender_peer_id(self) -> str:
         """The libp2p peer id of the signer."""
         return peer_id_from_public_bytes(self.sender)
+
+    def decoded(self, kind: type[Decoded]) -> Decoded:
+        """The body as its topic's decoder read it, checked to be a `kind`: a handler names the type it reads
+        instead of trusting an untyped field (a mismatch is a TypeError, which costs the message, not the node)."""
+        if not isinstance(self.message, kind):
+            raise TypeError(f"a {self.kind} envelope carries {type(self.message).__name__}, not {kind.__name__}")
+        return self.message
 
 
 def make_replay_filter(policy: EnvelopePolicy = DEFAULT_POLICY, capacity: int = 100_000) -> ReplayFilter:

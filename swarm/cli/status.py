@@ -253,16 +253,17 @@ async def _with_newest_manifest(host: P2PHost, view: SwarmView, report: dict, tr
 
 def _handlers(view: SwarmView) -> dict[str, Callable[[Envelope], None]]:
     from p2p.identity import peer_id_from_public_bytes
+    from swarm.messages.gossip_bodies import Heartbeat, RolloutMessage, VoteBatch
 
     def heartbeat(env: Envelope) -> None:
-        view.on_heartbeat(env.sender_peer_id, env.message, trio.current_time())
+        view.on_heartbeat(env.sender_peer_id, env.decoded(Heartbeat), trio.current_time())
 
     def rollout(env: Envelope) -> None:
-        view.on_rollouts(env.sender_peer_id, list(env.message.items), trio.current_time())
+        view.on_rollouts(env.sender_peer_id, list(env.decoded(RolloutMessage).items), trio.current_time())
 
     def vote(env: Envelope) -> None:  # every vote's signature and voter were checked by gossip's validator
-        view.on_votes(env.sender_peer_id, list(env.message.votes), lambda v: peer_id_from_public_bytes(v.validator),
-                      trio.current_time())
+        view.on_votes(env.sender_peer_id, list(env.decoded(VoteBatch).votes),
+                      lambda v: peer_id_from_public_bytes(v.validator), trio.current_time())
 
     return {"heartbeat": heartbeat, "rollout": rollout, "vote": vote}
 

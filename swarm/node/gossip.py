@@ -38,7 +38,7 @@ async def receive_manifests(node: Node) -> None:
 def on_manifest(node: Node, env: Envelope, fetch_manifest: ManifestFetch) -> None:
     """Adopt an inline manifest, or fetch an announced one in the background (fetched in line, ten announcements
     of ids nobody serves held up the next real manifest for 150 s)."""
-    ann: ManifestAnnouncement = env.message
+    ann = env.decoded(ManifestAnnouncement)
     if ann.signed is None:
         if ann.manifest_id not in node.mirror.policies:
             fetch_manifest_soon(node, env.sender_peer_id, ann.manifest_id, fetch_manifest)
@@ -134,7 +134,7 @@ async def receive_heartbeats(node: Node) -> None:
 
 def on_heartbeat(node: Node, env: Envelope, dialed: dict[str, float], fetch_manifest: ManifestFetch) -> None:
 
-    beat: Heartbeat = env.message
+    beat = env.decoded(Heartbeat)
     sender = env.sender_peer_id
     now = trio.current_time()
     node.heard_from(sender, beat.roles, now)

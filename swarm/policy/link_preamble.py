@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
 from p2p.budget import ByteRate
 from p2p.channel.messages import HandshakeBreach
 from p2p.errors import P2PError
+from p2p.pieces.wire import Stream
 
 log = logging.getLogger(__name__)
 ROUTE_BYTES = 32
@@ -80,18 +80,18 @@ def inline_manifest(signed: bytes) -> bytes:
     return signed if len(signed) <= PREAMBLE_INLINE_MAX else b""
 
 
-async def send_preamble(stream: Any, manifest_id: bytes, signed: bytes) -> None:
+async def send_preamble(stream: Stream, manifest_id: bytes, signed: bytes) -> None:
     """What a data channel starts with: the manifest id, then the signed manifest (u32 length + bytes)."""
     await stream.send_all(manifest_id + len(signed).to_bytes(4, "big") + signed)
 
 
-async def read_head(stream: Any, timeout: float) -> PreambleHead | None:
+async def read_head(stream: Stream, timeout: float) -> PreambleHead | None:
     """The head, or None if the channel ends, breaks or stalls first (a dialer may drop a spare at any time)."""
     raw = await _read_into(stream, HEAD_BYTES, timeout)
     return None if raw is None else decode_head(raw)
 
 
-async def read_body(stream: Any, head: PreambleHead, timeout: float, known: Callable[[bytes], bool],
+async def read_body(stream: Stream, head: PreambleHead, timeout: float, known: Callable[[bytes], bool],
                     rate: ByteRate = PREAMBLE_RATE) -> Preamble | None:
     """The manifest bytes the head declared (at most PREAMBLE_INLINE_MAX), read no faster than `rate` allows
     (BudgetExhausted when the node reads too much already) and dropped as they come when `known(route)`. None if
@@ -103,7 +103,7 @@ async def read_body(stream: Any, head: PreambleHead, timeout: float, known: Call
     return None if signed is None else Preamble(head.route, b"" if held else signed)
 
 
-async def _read_into(stream: Any, size: int, timeout: float, keep: bool = True,
+async def _read_into(stream: Stream, size: int, timeout: float, keep: bool = True,
                      rate: ByteRate | None = None) -> bytes | None:
     """`size` bytes (or, without `keep`, that many read and dropped), each chunk reserved on `rate` before it is
     read. Chunks are kept as they came and joined once at the end."""
@@ -124,7 +124,7 @@ async def _read_into(stream: Any, size: int, timeout: float, keep: bool = True,
         chunks.clear()
 
 
-async def _receive(stream: Any, want: int, rate: ByteRate | None) -> bytes | bytearray:
+async def _receive(stream: Stream, want: int, rate: ByteRate | None) -> bytes | bytearray:
     """At most `want` bytes, empty when the channel ends; reserved on `rate` (if any) before they are read, what
     did not come given back."""
     if rate is not None:

@@ -27,6 +27,7 @@ from swarm.event_types import (
     TrainStep,
     WorkerBanned,
 )
+from swarm.messages.gossip_bodies import VoteBatch
 from swarm.node.context import RoleContext
 from swarm.policy.runspec import RunSpec
 from swarm.policy.task_file import RunTaskFile, snapshot_task_file
@@ -108,8 +109,10 @@ async def trainer_role(ctx: TrainerContext) -> None:
                              refused=lambda why: gate.count(f"refused:{why}"))
 
     async def votes() -> None:
-        async for env in vote_envelopes:  # gossip's validator decoded the batch: every vote parsed, signed and sent
-            for vote in env.message.votes:  # by its own validator (swarm.messages.gossip_bodies.decode_votes)
+        # gossip's validator decoded each batch: every vote parsed, signed and sent by its own validator
+        # (swarm.messages.gossip_bodies.decode_votes)
+        async for env in vote_envelopes:
+            for vote in env.decoded(VoteBatch).votes:
                 gate.on_vote(vote, trio.current_time())
             report_reputation_bans()
             for worker, reason in gate.take_new_bans():  # reported once, when its near-ties cross the test

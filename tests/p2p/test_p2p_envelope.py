@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import msgpack
@@ -48,6 +49,16 @@ def test_round_trip_keeps_every_field():
     assert (env.v, env.kind, env.run, env.ts, env.seq) == (1, "vote", "run1", NOW - 1, 7)
     assert env.sender == ALICE.public_bytes and env.body == body and len(env.sig) == 64
     assert env.sender_peer_id == ALICE.peer_id
+
+
+def test_a_handler_reads_the_decoded_body_only_as_the_type_it_names():
+    env = open_envelope(seal("vote", "run1", {"a": 1}, ALICE, NOW - 1, 7), "run1", NOW)
+    decoded = dataclasses.replace(env, message=(1, 2))
+    assert decoded.decoded(tuple) == (1, 2)
+    with pytest.raises(TypeError, match="a vote envelope carries tuple, not dict"):
+        decoded.decoded(dict)
+    with pytest.raises(TypeError, match="carries NoneType"):  # no decoder ran
+        env.decoded(tuple)
 
 
 def test_signature_covers_values_not_encoding():

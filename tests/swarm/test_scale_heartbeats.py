@@ -100,7 +100,8 @@ async def test_a_heartbeat_dials_no_one_once_the_peer_holds_max_peers_connection
         mirror=SimpleNamespace(latest=lambda: None, policies={}),
         nursery=SimpleNamespace(start_soon=lambda fn, node, part, peer, addrs: started.append(peer)))
     sender = "c" * 52
-    beat = SimpleNamespace(sender_peer_id=sender, message=Heartbeat((), (f"/ip4/10.0.0.1/tcp/1/p2p/{sender}",), (), ()))
+    heartbeat = Heartbeat((), (f"/ip4/10.0.0.1/tcp/1/p2p/{sender}",), (), ())
+    beat = SimpleNamespace(sender_peer_id=sender, decoded=lambda kind: heartbeat if kind is Heartbeat else None)
     on_heartbeat(node, beat, {}, None)
     assert started == []
     node.connected_peers = lambda: ["a" * 52]

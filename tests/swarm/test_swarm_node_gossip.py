@@ -141,8 +141,8 @@ async def test_throwaway_ids_fill_the_heartbeat_dial_limit_only_for_a_while(auto
         nursery=SimpleNamespace(start_soon=lambda fn, node, part, peer, addrs: started.append(peer)))
 
     def heartbeat(sender):
-        return SimpleNamespace(sender_peer_id=sender,
-                               message=Heartbeat((), (f"/ip4/10.0.0.1/tcp/1/p2p/{sender}",), (), ()))
+        beat = Heartbeat((), (f"/ip4/10.0.0.1/tcp/1/p2p/{sender}",), (), ())
+        return SimpleNamespace(sender_peer_id=sender, decoded=lambda kind: beat if kind is Heartbeat else None)
 
     dialed: dict[str, float] = {}
     for i in range(4):
