@@ -85,8 +85,7 @@ async def test_a_prune_naming_peers_to_exchange_makes_us_dial_none_of_them():
             await stream.write(varint_prefixed(rpc_pb2.RPC(control=rpc_pb2.ControlMessage(prune=[prune]))
                                                .SerializeToString()))
             inbox = target.subscribe("heartbeat")  # the stream is read in order: this comes after the PRUNE
-            await mallory.publish("heartbeat", {"roles": ["seed"]})
-            await inbox.receive()
+            await _heard(mallory, inbox)
             assert ID.from_base58(decoy.peer_id) not in target.host.libp2p.get_connected_peers()
 
 
