@@ -54,16 +54,16 @@ def test_training_tasks_of_a_spec_with_a_reward_are_scored_by_it(tmp_path):
     assert {entry.reward_fn for entry in training_tasks("gcd", 64, "{}", 0, 0.2)} == {"rg:gcd"}
 
 
-def events_node():
+def events_context():
     emitted: list = []
     events = SimpleNamespace(emit=emitted.append)
-    return SimpleNamespace(events=events, config=SimpleNamespace(peer=SimpleNamespace(run="demo"))), emitted
+    return SimpleNamespace(events=events, peer=SimpleNamespace(run="demo")), emitted
 
 
 def test_a_validator_whose_reward_bytes_differ_refuses_the_run_once_saying_which_hashes(tmp_path):
     name = reward_name(tmp_path)
     expected = "cd" * 32
-    node, emitted = events_node()
+    node, emitted = events_context()
     models = VersionModels(loaded=None)
     spec = spec_with(name, expected)
     assert models.refuses_reward(node, spec) and models.refuses_reward(node, spec)
@@ -74,7 +74,7 @@ def test_a_validator_whose_reward_bytes_differ_refuses_the_run_once_saying_which
 
 
 def test_a_validator_without_the_reward_file_refuses_the_run(tmp_path):
-    node, emitted = events_node()
+    node, emitted = events_context()
     assert VersionModels(loaded=None).refuses_reward(node, spec_with(f"{tmp_path}/gone.py:score", "ab" * 32))
     assert emitted[0].message == f"refusing to vote on run demo: reward file {tmp_path}/gone.py does not exist"
 
