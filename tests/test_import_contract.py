@@ -6,7 +6,7 @@ never import the network (p2p) or the swarm; p2p and tasks never import a model 
 module top unless what it imports is heavy: a heavy dependency (HEAVY), or a project module that imports one at its
 own top, directly or through others. Those a module imports inside the function that needs them, so that `swarm
 --help`, a seed-only peer and every command that never uses them never load them. No code file is longer than 450
-lines (tests/test_node_import_circles.py adds: no circle in swarm/node even through TYPE_CHECKING).
+lines (tests/test_import_circles.py adds: no circle anywhere, even through TYPE_CHECKING).
 
 Why from the syntax trees: nothing of the project is imported, so the checks take a fraction of a second and see
 every import, also those inside functions that a test run may never reach. Each check returns its offenders, and

@@ -32,8 +32,8 @@ from trainer.distributed import shard
 from trainer.errors import GeneratorDied, TrainerError
 from trainer.fsdp import ShardedWeights, is_sharded
 from trainer.fsdp_step import FsdpPolicyTrainer
-from trainer.step import PolicyTrainer, StepReport, TrainGroup
-from trainer.step_record import StepRecord
+from trainer.step import PolicyTrainer, TrainGroup
+from trainer.step_record import StepRecord, StepReport
 from trainer.tracking import open_tracker
 from verify.rollout import RolloutGroup
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from trainer.step_record import StepRecord
+from trainer.step_record import StepRecord
 
 
 def progress_line(record: StepRecord, total_steps: int) -> str:

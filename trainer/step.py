@@ -27,6 +27,7 @@ from trainer.grpo import (
     length_penalised_reward,
     token_logprobs,
 )
+from trainer.step_record import StepReport
 from verify.model_inputs import cache_keyword, left_padded
 
 
@@ -52,26 +53,6 @@ def step_temperature(groups: Sequence[TrainGroup]) -> float:
     if len(temperatures) > 1:
         raise TrainerError(f"one step's groups carry temperatures {sorted(temperatures)}; a step trains at one")
     return temperatures.pop() if temperatures else 1.0
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one step did; one JSON line of the training log."""
-
-    step: int
-    reward: float  # mean reward of every completion in the batch (filtered groups included)
-    groups: int
-    groups_trained: int  # after online filtering
-    tokens: int
-    loss: float
-    entropy: float
-    kl: float
-    clip_fraction: float
-    grad_norm: float
-    lr: float
-    skipped: str  # "" when the optimizer stepped, else the reason (e.g. "non-finite loss")
-    old_logprobs: str  # which gave the old logprobs: "exact", "current" (fallback), "generator" or a mix
-    seconds: float
 
 
 class LocalCollective:

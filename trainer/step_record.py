@@ -4,12 +4,30 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from trainer.step import StepReport
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one step did; one JSON line of the training log."""
+
+    step: int
+    reward: float  # mean reward of every completion in the batch (filtered groups included)
+    groups: int
+    groups_trained: int  # after online filtering
+    tokens: int
+    loss: float
+    entropy: float
+    kl: float
+    clip_fraction: float
+    grad_norm: float
+    lr: float
+    skipped: str  # "" when the optimizer stepped, else the reason (e.g. "non-finite loss")
+    old_logprobs: str  # which gave the old logprobs: "exact", "current" (fallback), "generator" or a mix
+    seconds: float
 
 
 @dataclass(frozen=True)
 class StepRecord(StepReport):
-    """The optimizer's report (trainer.step.StepReport) with where the run stood: its curriculum stage, what it
+    """The optimizer's report (StepReport, above) with where the run stood: its curriculum stage, what it
     refused, how stale the batch was, its throughput, and the version after the step. Data parallel: the figures
     are the whole batch's (trainer.loop.TrainingRun._whole_batch)."""
 

@@ -18,12 +18,10 @@ import secrets
 import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from trainer.errors import TrainerError
-
-if TYPE_CHECKING:
-    from trainer.step_record import StepRecord
+from trainer.step_record import StepRecord
 
 REPORT_TARGETS = ("tensorboard", "wandb")
 """The sinks `report_to` may name (with "none", which names no sink)."""

@@ -38,7 +38,9 @@ from tasks.prompts import decode_completion
 from trainer.config import TrainerConfig
 from trainer.config import load_config as load_trainer_config
 from trainer.curriculum import Curriculum
+from trainer.step_record import StepRecord
 from trainer.tracking import gate_scalars
+from verify.rollout import RolloutGroup
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -46,8 +48,6 @@ if TYPE_CHECKING:
     from inference.models import LoadedModel
     from trainer.loop import TrainingRun
     from trainer.session import Evaluator
-    from trainer.step_record import StepRecord
-    from verify.rollout import RolloutGroup
 
 log = logging.getLogger(__name__)
 TrainerContext = RoleContext[TrainerSettings]
