@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import blake3
 import numpy as np
@@ -251,12 +251,20 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
     return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)
 
 
-def _entry(args, name: str, which: str) -> list[str]:
+class PeerShape(Protocol):
+    """What the peers' command lines take from the arguments: `swarm bench broadcast`'s own, or another bench's
+    namespace with these fields (swarm.bench.sybil_links, the tests)."""
+
+    upload_mbps: float
+    profile: Path | None
+
+
+def _entry(args: PeerShape, name: str, which: str) -> list[str]:
     """The interpreter arguments that run `which` ("publisher" or "swarm") under `profiled_main`."""
     return ["-c", _PROFILED, str(args.profile / f"{name}.prof"), which]
 
 
-def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
+def _phase(work: Path, args: argparse.Namespace, key_hex: str, reseed: bool) -> dict:
     """One distribution: peers stay up and keep re-seeding until the LAST one holds every piece.
 
     Why peers do not exit on completion: a finished peer that leaves stops uploading, so the stragglers fall back on
@@ -336,7 +344,7 @@ def _cpu_figures(cpu: list[float], seed_up: int, reports: list[dict]) -> dict:
             "seed_ms_per_mib": round(1000 * cpu[0] / max(seed_up / 2**20, 1e-9), 2)}
 
 
-def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed: bool,
+def _peer_argvs(work: Path, args: PeerShape, tag: str, key_hex: str, seed_addr: str, reseed: bool,
                 ports: list[int]) -> list[list[str]]:
     """Every peer's command line, addresses chosen first: each peer has its own key and port (`ports`, one per
     peer, distinct), and bootstraps from the seed and from every peer before it (a tracker's peer list), so the

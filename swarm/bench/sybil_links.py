@@ -15,14 +15,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import trio
 
-from p2p.channel.service import open_data_channel
+from p2p.channel.service import DataChannel, open_data_channel
 from p2p.gossip.service import open_gossip
-from p2p.host.p2p_host import open_host
+from p2p.host.p2p_host import P2PHost, open_host
 from p2p.identity import Identity, write_key_file
 from p2p.pieces.manifest import open_signed_manifest
 from p2p.pieces.wire import FrameDecoder, Hello, message_frame, pack_bits, read_frame, send_buffers
@@ -41,7 +42,7 @@ CROWD_CONNECT_S = 60.0
 """Longest the crowd has to connect to every peer before the version is announced."""
 
 
-async def open_spares(host, addrs: list[str]) -> list:
+async def open_spares(host: P2PHost, addrs: list[str]) -> list:
     """A data channel to each peer, opened ahead of any version as an honest mirror keeps its spares (a link then
     starts at once); a peer that refuses or is too slow gets none."""
     spares: list = []
@@ -56,7 +57,7 @@ async def open_spares(host, addrs: list[str]) -> list:
     return spares
 
 
-async def squat(stream, found: dict, opened: list[int]) -> None:
+async def squat(stream: DataChannel, found: dict, opened: list[int]) -> None:
     """Make a spare the version's link: the preamble, a Hello holding nothing, then silence; what the peer sends
     is read and dropped until it hangs up."""
     with trio.move_on_after(LINK_TIMEOUT_S) as sending:
@@ -85,14 +86,15 @@ async def crowd_member(identity: Identity, addrs: list[str], version: trio.Event
             nursery.start_soon(_quietly, squat, stream, found, counts["links"])
 
 
-async def _quietly(fn, *args) -> None:
+async def _quietly(fn: Callable[..., Awaitable[object]], *args: object) -> None:
     try:
         await fn(*args)
     except Exception:  # noqa: BLE001 - a peer refused this squatter's dial or link: it tries the others
         pass
 
 
-async def spy(run: str, addr: str, found: dict, version: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def spy(run: str, addr: str, found: dict, version: trio.Event,
+              task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Hear the version's announcement for the whole crowd and set `version` with its manifest in `found`."""
     async with open_host(attacker_config(Identity.generate())) as host, \
             open_gossip(host, run, kinds=("manifest",), decoders=DECODERS) as gossip:
@@ -107,7 +109,7 @@ async def spy(run: str, addr: str, found: dict, version: trio.Event, task_status
                 return
 
 
-def _start(work: Path, tag: str, key: Identity, args, procs: list[EventProcess]) -> None:
+def _start(work: Path, tag: str, key: Identity, args: argparse.Namespace, procs: list[EventProcess]) -> None:
     """The publisher (waiting for a line on stdin) and the honest peers, all started at once, into `procs` as each
     starts (the caller stops every one that did)."""
     seed_port, *ports = free_ports(HONEST_PEERS + 1)
@@ -133,7 +135,8 @@ def _completion(procs: list[EventProcess], timeout: float) -> float | None:
     return round(max(d["t"] for d in done) - published["t"], 2)
 
 
-async def squat_phase(work: Path, tag: str, key: Identity, identities: list[Identity], args) -> dict:
+async def squat_phase(work: Path, tag: str, key: Identity, identities: list[Identity],
+                      args: argparse.Namespace) -> dict:
     """One run: start, warm up, connect the crowd, announce, time the honest peers' completion."""
     procs: list[EventProcess] = []
     try:
