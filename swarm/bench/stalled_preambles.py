@@ -126,7 +126,7 @@ async def attack(addr: str, target_id: str, pid: int, args: argparse.Namespace) 
             "last_rss_mib": round(samples[-1], 1) if samples else None}
 
 
-async def _host(task_status=None):
+async def _host(task_status: trio.TaskStatus[P2PHost] = trio.TASK_STATUS_IGNORED) -> None:
     from p2p.host.p2p_host import open_host
 
     async with open_host() as host:

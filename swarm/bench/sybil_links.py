@@ -17,7 +17,6 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import trio
 
@@ -27,7 +26,7 @@ from p2p.host.p2p_host import P2PHost, open_host
 from p2p.identity import Identity, write_key_file
 from p2p.pieces.manifest import open_signed_manifest
 from p2p.pieces.wire import FrameDecoder, Hello, message_frame, pack_bits, read_frame, send_buffers
-from swarm.bench.broadcast import _PUBLISHER, EventProcess, _make_checkpoint, _peer_argvs, _warm_up
+from swarm.bench.broadcast import _PUBLISHER, EventProcess, PeerArgs, _make_checkpoint, _peer_argvs, _warm_up
 from swarm.bench.local_ports import free_ports
 from swarm.bench.sybil_measure import Meter, attacker_config, fresh_identities, sample_until_cancelled
 from swarm.messages.gossip_bodies import DECODERS, decode_manifest_announcement
@@ -118,8 +117,7 @@ def _start(work: Path, tag: str, key: Identity, args: argparse.Namespace, procs:
                         str(work / f"{tag}-seed"), str(PIECE_KB), str(args.squat_mbps), seed_listen],
                        work / f"{tag}-seed.log", stdin=subprocess.PIPE)
     procs.append(pub)
-    peer_args = SimpleNamespace(peers=HONEST_PEERS, upload_mbps=args.squat_mbps)
-    for i, argv in enumerate(_peer_argvs(work, peer_args, tag, key.public_bytes.hex(),
+    for i, argv in enumerate(_peer_argvs(work, PeerArgs(args.squat_mbps), tag, key.public_bytes.hex(),
                                          f"{seed_listen}/p2p/{key.peer_id}", True, ports)):
         procs.append(EventProcess(argv, work / f"{tag}-peer{i}.log"))
 
