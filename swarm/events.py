@@ -122,7 +122,7 @@ def json_line(record: dict) -> str:
         return json.dumps(_finite(record), default=_jsonable, allow_nan=False)
 
 
-def _finite(value):
+def _finite(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -132,7 +132,7 @@ def _finite(value):
     return value
 
 
-def _jsonable(value):
+def _jsonable(value: object) -> str:
     if isinstance(value, bytes):
         return value.hex()
     return str(value)

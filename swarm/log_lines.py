@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 LOG_FORMATS = ("text", "json")
 _NAME = {"name": ""}  # the process's name on its lines: a peer's short id, once known
@@ -69,7 +70,7 @@ class _StderrHandler(logging.StreamHandler):
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:
+    def stream(self, value: TextIO) -> None:
         pass
 
 
@@ -93,7 +94,7 @@ def installed_format() -> str | None:
     return None
 
 
-def say(line: str, stream=None) -> None:
+def say(line: str, stream: TextIO | None = None) -> None:
     """Print a command's own line for a person (progress, results) with the same prefix as its log lines, or as
     one JSON object when the log format is json."""
     if installed_format() == "json":

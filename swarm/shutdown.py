@@ -13,14 +13,20 @@ the process. `Interrupts` gives every command the same end on Ctrl-C and SIGTERM
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from outcome import Outcome
 
 TEARDOWN_GRACE_S = 20.0
 HARD_EXIT_AFTER_S = 45.0
@@ -125,7 +131,7 @@ class Interrupts:
             if sigint_ignored:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    def on_terminate(self, signum: int, frame) -> None:
+    def on_terminate(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.SIGTERM
         self._bound_the_unwind()
@@ -151,7 +157,7 @@ class Interrupts:
             if not callable(trio_handler) or threading.current_thread() is not threading.main_thread():
                 return await async_fn(*args)
 
-            def on_interrupt(signum: int, frame) -> None:
+            def on_interrupt(signum: int, frame: FrameType | None) -> None:
                 self._bound_the_unwind()
                 trio_handler(signum, frame)
 
@@ -206,7 +212,7 @@ def is_interrupt(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt)
 
 
-async def report_stuck_tasks(after_s: float, closed, logger) -> None:
+async def report_stuck_tasks(after_s: float, closed: trio.Event, logger: logging.Logger) -> None:
     """Unless `closed` (a trio.Event) is set within `after_s`, log where every task still alive waits. Run as a
     trio system task once teardown starts, so it outlives a peer whose teardown it watches. Why: a hang this
     module bounds leaves no other trace of which close never finished."""
@@ -234,7 +240,7 @@ def waiting_tasks() -> list[str]:
     return sorted(out, key=lambda line: ("site-packages" in line or "libp2p/" in line or "trio/" in line, line))
 
 
-def _innermost_frame(coro) -> str:
+def _innermost_frame(coro: Coroutine[object, Outcome[object], object]) -> str:
     """Where a coroutine chain waits: its deepest frame outside trio and contextlib (the code that awaits), and
     the trio call it waits in."""
     frames = []

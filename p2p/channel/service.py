@@ -98,7 +98,7 @@ class DataChannelServer:
         """Data sockets connected but not yet admitted (their token not yet checked)."""
         return self._pending_sockets
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on the host's IP, install the handshake handler, serve until cancelled."""
         ip = listen_ip(self.host.bound_multiaddrs)  # 0.0.0.0 when libp2p listens on every interface
         listeners = await trio.open_tcp_listeners(0, host=ip)
@@ -308,7 +308,7 @@ def _make_stream(sock: trio.SocketStream, keys: _ChannelKeys, side: int, config:
 
 async def serve_data_channels(
     host: ChannelHost, callback: ChannelCallback, config: ChannelConfig = ChannelConfig(), *,
-    task_status=trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept data channels on `host` until cancelled; `callback(peer_id, stream)` runs once per channel.
 

@@ -38,9 +38,10 @@ goes on.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Generic, Mapping, TypeVar
 
 from p2p.gossip.envelope import KINDS
 from p2p.ratelimit import Allowance
@@ -117,15 +118,19 @@ class AdmissionConfig:
         return self.rates[kind]
 
 
-class _Buckets:
+Key = TypeVar("Key", bound=Hashable)
+"""What a _Buckets tracks allowances by: a peer id, or (peer id, kind)."""
+
+
+class _Buckets(Generic[Key]):
     """Allowances by key, at most `capacity` of them, the least recently used forgotten first."""
 
-    def __init__(self, capacity: int, make) -> None:
+    def __init__(self, capacity: int, make: Callable[[Key], Allowance]) -> None:
         self.capacity = capacity
         self._make = make
         self._by_key: collections.OrderedDict = collections.OrderedDict()
 
-    def get(self, key) -> Allowance:
+    def get(self, key: Key) -> Allowance:
         bucket = self._by_key.get(key)
         if bucket is None:
             bucket = self._by_key[key] = self._make(key)

@@ -30,6 +30,7 @@ Policy, following the torrent practice for a cooperative flash crowd (docs/refer
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -52,7 +53,7 @@ __all__ = ["BUSY", "Action", "Completed", "DropPeer", "EngineConfig", "PeerState
 # ---------------------------------------------------------------------------------------------- engine
 
 
-def as_flags(flags) -> np.ndarray:
+def as_flags(flags: bytes | bytearray | memoryview | Sequence[int] | np.ndarray) -> np.ndarray:
     """0/1 flags (bytes, bytearray, list or array) as a bool array."""
     if isinstance(flags, (bytes, bytearray, memoryview)):
         return np.frombuffer(bytes(flags), dtype=np.uint8) != 0

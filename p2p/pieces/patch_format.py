@@ -35,6 +35,7 @@ import io
 import json
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgpack
 import numpy as np
@@ -194,6 +195,10 @@ def planes(data: bytes | bytearray, itemsize: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------- head
 
 
+Container = TypeVar("Container", dict, list)
+"""What msgpack hands a list_hook (a list) or an object_hook (a dict)."""
+
+
 class _ContainerBudget:
     """A msgpack hook that stops decoding past one container per 8 bytes of head: a real head holds a few per
     tensor, and a head of nested empty arrays would otherwise decode into far more memory than its bytes."""
@@ -201,7 +206,7 @@ class _ContainerBudget:
     def __init__(self, length: int) -> None:
         self.left = 64 + length // 8
 
-    def __call__(self, obj):
+    def __call__(self, obj: Container) -> Container:
         self.left -= 1
         if self.left < 0:
             raise PatchError("policy patch head holds more maps and arrays than its size allows")

@@ -35,7 +35,7 @@ from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer_config import TransferConfig
 from p2p.pieces.transfer_stats import LinkActivity, PeerStats, Progress
 from p2p.pieces.wire import (
-    Bitfield, Cancel, FrameDecoder, Have, Hello, Piece, Reject, Request, Stream, message_frame,
+    Bitfield, Cancel, FrameDecoder, Have, Hello, Message, Piece, Reject, Request, Stream, message_frame,
     pack_bits, parse_message, read_frame, send_buffers, unpack_bits,
 )
 
@@ -102,7 +102,7 @@ class SwarmService:
 
     # ------------------------------------------------------------------ service
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[SwarmService] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: links run in this nursery, a ticker re-issues slow requests only while a link is
         open and wanted pieces are missing (a complete version, served for most of its window, never wakes the peer).
         A store failure (disk full, I/O error) ends the service with that one user-facing error, not a group."""
@@ -410,7 +410,7 @@ def _control_frames(messages: list) -> list[bytes]:
     return [b"".join(b for msg in messages for b in message_frame(msg))] if messages else []
 
 
-async def _send_message(stream: Stream, msg) -> None:
+async def _send_message(stream: Stream, msg: Message) -> None:
     await send_buffers(stream, message_frame(msg))
 
 
@@ -418,7 +418,7 @@ async def run_swarm(manifest: PolicyManifest, store: PieceStore, links: trio.Mem
                     role: str = "peer", upload_bucket: TokenBucket | None = None,
                     config: TransferConfig | None = None,
                     on_progress: Callable[[Progress], None] | None = None, rng: random.Random | None = None,
-                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    task_status: trio.TaskStatus[SwarmService] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve `manifest` over every (peer_id, stream) that arrives on `links`, until cancelled.
 
     `role` picks a TransferConfig (see `TransferConfig.for_role`) unless `config` is given. `upload_bucket` is the

@@ -21,6 +21,7 @@ import enum
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -29,6 +30,9 @@ from p2p.ratelimit import Allowance
 from p2p.reach.punch_guard import MAX_PUNCH_ATTEMPTS, MAX_PUNCHES_AT_ONCE
 from p2p.reach.relay_limits import RelayLimits, connection_kind
 from p2p.stream_guard import read_exactly
+
+if TYPE_CHECKING:
+    from libp2p.abc import INetStream
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +156,7 @@ class DialBackServer:
         self._allowance = Allowance(config.dial_backs_per_s, 8)
         self.refused = 0
 
-    async def handle(self, stream) -> None:
+    async def handle(self, stream: INetStream) -> None:
         port = decode_port(await read_exactly(stream, 2))
         remote = stream.get_remote_address()
         if (not remote or connection_kind(stream.muxed_conn) == "relayed"
@@ -166,7 +170,14 @@ class DialBackServer:
         await stream.close()
 
 
-async def ask_dial_back(host, peer: str, port: int, timeout: float) -> bool | None:
+class StreamOpener(Protocol):
+    """What asking for a dial-back takes of a host (p2p.host.p2p_host.P2PHost; p2p.reach.host_view.ReachHost has it,
+    but imports this module)."""
+
+    async def new_stream(self, peer_id: str, protocol: str) -> INetStream: ...
+
+
+async def ask_dial_back(host: StreamOpener, peer: str, port: int, timeout: float) -> bool | None:
     """Ask `peer` to dial us back on `port`; its answer, or None when it gave none in time."""
     with trio.move_on_after(timeout):
         try:

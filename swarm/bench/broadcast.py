@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -251,12 +252,21 @@ def run_publisher(ckpt: str, run: str, key_file: str, data_dir: str, piece_kb: i
     return trio.run(open_node_parts, config, key, events, [publish], key.public_bytes)
 
 
-def _entry(args, name: str, which: str) -> list[str]:
+@dataclass(frozen=True)
+class PeerArgs:
+    """What the peers' command lines take of a bench's arguments (`swarm bench broadcast`'s, or another bench's:
+    swarm.bench.sybil_links): a type, so a bench cannot leave one out."""
+
+    upload_mbps: float
+    profile: Path | None = None  # write each process's cProfile statistics into this folder
+
+
+def _entry(args: PeerArgs, name: str, which: str) -> list[str]:
     """The interpreter arguments that run `which` ("publisher" or "swarm") under `profiled_main`."""
     return ["-c", _PROFILED, str(args.profile / f"{name}.prof"), which]
 
 
-def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
+def _phase(work: Path, args: argparse.Namespace, key_hex: str, reseed: bool) -> dict:
     """One distribution: peers stay up and keep re-seeding until the LAST one holds every piece.
 
     Why peers do not exit on completion: a finished peer that leaves stops uploading, so the stragglers fall back on
@@ -268,13 +278,14 @@ def _phase(work: Path, args, key_hex: str, reseed: bool) -> dict:
     seed_port, *ports = free_ports(args.peers + 1)  # all at once: each process its own
     seed_listen = f"/ip4/127.0.0.1/tcp/{seed_port}"
     seed_addr = f"{seed_listen}/p2p/{read_key_file(work / 'trainer.key').peer_id}"
-    script = _entry(args, f"{tag}-seed", "publisher") if args.profile else ["-c", _PUBLISHER]
+    peer_args = PeerArgs(args.upload_mbps, args.profile)
+    script = _entry(peer_args, f"{tag}-seed", "publisher") if args.profile else ["-c", _PUBLISHER]
     pub = EventProcess([*script, str(work / "ckpt"), f"bench-{tag}", str(work / "trainer.key"),
                         str(work / f"{tag}-seed"), str(args.piece_kb), str(args.seed_upload_mbps), seed_listen],
                        work / f"{tag}-seed.log", stdin=subprocess.PIPE)
     peers: list[EventProcess] = []
     try:
-        for i, argv in enumerate(_peer_argvs(work, args, tag, key_hex, seed_addr, reseed, ports)):
+        for i, argv in enumerate(_peer_argvs(work, peer_args, tag, key_hex, seed_addr, reseed, ports)):
             peers.append(EventProcess(argv, work / f"{tag}-peer{i}.log"))
         for p in [pub] + peers:
             p.wait_for("listening", start_deadline)
@@ -336,7 +347,7 @@ def _cpu_figures(cpu: list[float], seed_up: int, reports: list[dict]) -> dict:
             "seed_ms_per_mib": round(1000 * cpu[0] / max(seed_up / 2**20, 1e-9), 2)}
 
 
-def _peer_argvs(work: Path, args, tag: str, key_hex: str, seed_addr: str, reseed: bool,
+def _peer_argvs(work: Path, args: PeerArgs, tag: str, key_hex: str, seed_addr: str, reseed: bool,
                 ports: list[int]) -> list[list[str]]:
     """Every peer's command line, addresses chosen first: each peer has its own key and port (`ports`, one per
     peer, distinct), and bootstraps from the seed and from every peer before it (a tracker's peer list), so the

@@ -15,6 +15,7 @@ import trio
 
 from p2p.memnet import MemoryNetwork
 from p2p.pieces.engine import EngineConfig
+from p2p.pieces.manifest import PolicyManifest
 from p2p.pieces.store import PieceStore
 from p2p.pieces.transfer import SwarmService, TransferConfig
 from swarm.bench.kumar_ross import min_distribution_time
@@ -45,9 +46,11 @@ class BroadcastResult:
                 "completion_seconds": self.completion_seconds}
 
 
-async def simulate_broadcast(manifest, policy_dir, work_dir, *, peers: int = 8, seed_upload_bps: float,
+async def simulate_broadcast(manifest: PolicyManifest, policy_dir: Path | str, work_dir: Path | str, *,
+                             peers: int = 8, seed_upload_bps: float,
                              peer_upload_bps: float, peer_download_bps: float = math.inf, latency: float = 0.02,
-                             chunk: int = 128 * 1024, super_seed: bool = True, engine=None) -> BroadcastResult:
+                             chunk: int = 128 * 1024, super_seed: bool = True,
+                             engine: EngineConfig | None = None) -> BroadcastResult:
     """Broadcast `manifest` (files in `policy_dir`) from a seed to `peers` fresh stores under `work_dir`.
 
     Run it under `trio.run(..., clock=trio.testing.MockClock(autojump_threshold=0))` for virtual time: the result

@@ -14,10 +14,14 @@ import argparse
 import json
 import resource
 import statistics
+from typing import TYPE_CHECKING
 
 import trio
 
 from swarm.errors import UserError
+
+if TYPE_CHECKING:
+    from p2p.channel.service import DataChannel
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +47,7 @@ async def _measure(channels: int, rounds: int) -> dict:
     from p2p.channel.service import ChannelConfig, DataChannelServer, open_data_channel
     from p2p.host.p2p_host import open_host
 
-    async def drain(_peer: str, stream) -> None:
+    async def drain(_peer: str, stream: DataChannel) -> None:
         while await stream.receive_some(65536):
             pass
 

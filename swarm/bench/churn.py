@@ -22,9 +22,13 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarm.bench.local_ports import free_port
 from swarm.errors import UserError
+
+if TYPE_CHECKING:
+    from swarm.bench.broadcast import EventProcess
 
 TRAINER_TOML = """\
 model = "tiny"
@@ -182,7 +186,8 @@ def churn(args: argparse.Namespace, work: Path) -> dict:
     }
 
 
-def _pick_victim(draw: random.Random, roles: dict[str, list[str]], done: int, args) -> tuple[str, bool]:
+def _pick_victim(draw: random.Random, roles: dict[str, list[str]], done: int,
+                 args: argparse.Namespace) -> tuple[str, bool]:
     """(who the next kill hits, whether it leaves for good) after `done` kills: the first --departures take a peer
     that may leave, every --kill-trainer-every-th restart hits the trainer, the rest a drawn peer."""
     may_leave = _may_leave(roles, args.quorum) if done < args.departures else []
@@ -201,7 +206,7 @@ def _may_leave(roles: dict[str, list[str]], quorum: int) -> list[str]:
     return (validators if len(validators) > quorum else []) + (workers if len(workers) > 1 else []) + seeds
 
 
-def _last_step(trainers) -> int:
+def _last_step(trainers: list[EventProcess]) -> int:
     """The newest step any of these trainer processes reported (0 before the first)."""
     return max((e["step"] for p in trainers for e in p.events("train_step")), default=0)
 

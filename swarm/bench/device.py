@@ -14,12 +14,18 @@ import copy
 import dataclasses
 import json
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from swarm.errors import require_at_least_one
 from trainer.admission import GenerationContract
 from trainer.config import TrainerConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from swarm.bench.verify_harness import Harness
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _noise(device, exact: bool) -> dict:
+def _noise(device: torch.device, exact: bool) -> dict:
     """The Gumbel draw on the device against the CPU's: the same up to a float32 ulp of the log."""
 
     from verify.sampling import gumbel_noise_at
@@ -66,7 +72,7 @@ def _noise(device, exact: bool) -> dict:
             "ok": worst == 0.0 if exact else worst < 1e-5}
 
 
-def _generate(harness, on_device) -> tuple[dict, dict]:
+def _generate(harness: Harness, on_device: torch.nn.Module) -> tuple[dict, dict]:
     """The same prompts and sampling keys on both sides; completions should agree but for rare near-ties."""
     items = harness.items("device")
     cpu, cpu_s, _ = harness.generate(harness.model, items)
@@ -78,7 +84,7 @@ def _generate(harness, on_device) -> tuple[dict, dict]:
     return report, {"cpu": cpu, "device": there}
 
 
-def _verify(harness, on_device, groups: dict) -> dict:
+def _verify(harness: Harness, on_device: torch.nn.Module, groups: dict) -> dict:
     """Groups made on each side, validated on the other: honest work must pass across devices."""
     on_cpu, _ = harness.validate(groups["device"])
     there, _ = harness.validate(groups["cpu"], model=on_device)
@@ -88,7 +94,7 @@ def _verify(harness, on_device, groups: dict) -> dict:
             "first_reason": reasons[0] if reasons else "", "ok": not reasons}
 
 
-def _train_step(harness, trainees: tuple, groups: list, exact: bool) -> dict:
+def _train_step(harness: Harness, trainees: tuple, groups: list, exact: bool) -> dict:
     """One GRPO step from the same weights and batch on each side (trainees: the CPU model and the device model):
     loss, gradient norm and the weights after it."""
     from trainer.loop import to_train_group

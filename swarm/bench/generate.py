@@ -11,9 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import TYPE_CHECKING
 
 from swarm.errors import UserError, require_at_least_one, require_temperature
 from tasks import load_tasks
+
+if TYPE_CHECKING:
+    import torch
+
+    from inference.backend import GenerationRequest
+    from inference.torch_backend import TorchBackend
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     load_s = time.perf_counter() - started
     build_time = [0.0]
 
-    def timed_proofs(hiddens):
+    def timed_proofs(hiddens: list[torch.Tensor]) -> list[bytes]:
         t0 = time.perf_counter()
         proofs = build_proofs(hiddens)
         build_time[0] += time.perf_counter() - t0
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(backend, requests, repeats: int, build_time: list[float]) -> dict:
+def measure(backend: TorchBackend, requests: list[GenerationRequest], repeats: int, build_time: list[float]) -> dict:
     """Best-of-`repeats` wall time of the same requests with proof capture off and on, interleaved."""
     backend.capture_proofs = False
     results = backend.generate(requests)  # warm-up (allocator, lazy imports)

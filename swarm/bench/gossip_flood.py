@@ -16,6 +16,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
 
 import msgpack
 import psutil
@@ -24,11 +27,17 @@ import trio
 from swarm.bench.local_ports import free_port
 from swarm.errors import UserError
 
+if TYPE_CHECKING:
+    from p2p.gossip.envelope import Envelope
+    from p2p.gossip.service import Gossip
+    from p2p.host.p2p_host import P2PHost
+    from p2p.identity import Identity
+
 RUN = "bench-flood"
 BODY_SLACK = 512
 
 
-def inflating_envelope(run: str, identity, ts: float, seq: int, size: int = 900 * 1024) -> bytes:
+def inflating_envelope(run: str, identity: Identity, ts: float, seq: int, size: int = 900 * 1024) -> bytes:
     """A correctly signed `rollout` envelope of about `size` bytes whose body is a list of empty maps: one byte
     of msgpack each, 64 bytes of Python each once decoded. Built without p2p.gossip.envelope.seal, which would refuse
     to canonicalise it."""
@@ -39,7 +48,7 @@ def inflating_envelope(run: str, identity, ts: float, seq: int, size: int = 900 
     return msgpack.packb({**fields, "sig": identity.sign(_signed_bytes(fields))}, use_bin_type=True)
 
 
-def heartbeat_envelope(run: str, identity, ts: float, seq: int) -> bytes:
+def heartbeat_envelope(run: str, identity: Identity, ts: float, seq: int) -> bytes:
     """A well-formed heartbeat: only its rate is hostile."""
     from p2p.gossip.envelope import seal
 
@@ -72,7 +81,7 @@ async def _serve_target(listen_port: int) -> None:
                           "delivered": gossip.stats.delivered}), flush=True)
 
 
-async def _discard(channel) -> None:
+async def _discard(channel: trio.MemoryReceiveChannel[Envelope]) -> None:
     async for _ in channel:
         pass
 
@@ -122,7 +131,10 @@ async def _attack(target_addr: str, target_pid: int, seconds: float, rate: float
     return out
 
 
-async def _one_attacker(identity, target_addr, rate, out, open_host, open_gossip, topic_for) -> None:
+async def _one_attacker(identity: Identity, target_addr: str, rate: float, out: dict,
+                        open_host: Callable[..., AbstractAsyncContextManager[P2PHost]],
+                        open_gossip: Callable[..., AbstractAsyncContextManager[Gossip]],
+                        topic_for: Callable[[str, str], str]) -> None:
     """One fresh identity: connect, then inflating envelopes and a heartbeat flood until the target hangs up."""
 
     from p2p.host.p2p_host import HostConfig

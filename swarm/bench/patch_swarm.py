@@ -77,7 +77,7 @@ async def fetch_over_memory(follower: PolicyMirror, source: PolicyMirror, signed
     policy = follower.adopt(signed)
     ours, theirs = trio.testing.memory_stream_pair()
 
-    async def dial(peer):
+    async def dial(peer: str):
         return ours
 
     async with trio.open_nursery() as nursery:

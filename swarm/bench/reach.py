@@ -57,7 +57,7 @@ def publisher_main(argv: list[str]) -> int:
     return run_publisher(ckpt, RUN, key_file, data_dir, int(piece_kb), float(upload_mbps), listen=(listen,))
 
 
-def connection_kinds(net, peers: int) -> dict[str, dict[str, str]]:
+def connection_kinds(net: Testbed, peers: int) -> dict[str, dict[str, str]]:
     """Per private peer, per other private peer: "hole-punched" when a TCP connection to that peer's public face
     is established in its namespace (only a punched hole lets one through), else "relayed"."""
     kinds: dict[str, dict[str, str]] = {}
@@ -78,14 +78,14 @@ def relay_bound(file_bytes: int, seed_bps: float, peer_bps: float, peers: int) -
     return min_distribution_time(file_bytes, seed_bps, min(per_peer * peers, total) / peers, peers)
 
 
-def _private_peer(net, i: int, work: Path, args, key_hex: str, bootstrap: str):
+def _private_peer(net: Testbed, i: int, work: Path, args: argparse.Namespace, key_hex: str, bootstrap: str):
     flags = ["peer", "start", "--role", "seed", "--run", RUN, "--trainer-key", key_hex, "--data-dir",
              str(work / f"reach-peer{i - 1}"), "--upload-mbps", str(args.upload_mbps), "--json",
              "--listen", f"/ip4/{net.private_ip(i)}/tcp/{PORT}", "--bootstrap", bootstrap]
     return EventProcess(python_argv(net.private_ns(i), "swarm", *flags), work / f"reach-peer{i - 1}.log")
 
 
-def broadcast(work: Path, args, net) -> dict:
+def broadcast(work: Path, args: argparse.Namespace, net: Testbed) -> dict:
     """One distribution to every private peer of `net`; peers stay up until the last one completes."""
     key_hex = json.loads((work / "trainer.pub").read_text())
     pub = EventProcess(python_argv(net.public, "swarm.bench.reach", "publish", str(work / "ckpt"),

@@ -17,10 +17,14 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from swarm.errors import UserError
+
+if TYPE_CHECKING:
+    from p2p.host.p2p_host import P2PHost
 
 MIB = 1 << 20
 
@@ -75,7 +79,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def stall(host, target: str, declared: int, channels: int, sent: list[int]) -> None:
+async def stall(host: P2PHost, target: str, declared: int, channels: int, sent: list[int]) -> None:
     """Open `channels` data channels one after another, each sending all of a declared manifest but its last KiB;
     a channel the target drops (its read rate spent, or no room to wait) gives way to the next."""
     from p2p.channel.service import open_data_channel
@@ -94,7 +98,7 @@ async def stall(host, target: str, declared: int, channels: int, sent: list[int]
             continue
 
 
-async def attack(addr: str, target_id: str, pid: int, args) -> dict:
+async def attack(addr: str, target_id: str, pid: int, args: argparse.Namespace) -> dict:
     peak, samples = rss_mib(pid), []
     sent = [0]
     async with trio.open_nursery() as nursery:
@@ -122,7 +126,7 @@ async def attack(addr: str, target_id: str, pid: int, args) -> dict:
             "last_rss_mib": round(samples[-1], 1) if samples else None}
 
 
-async def _host(task_status=None):
+async def _host(task_status: trio.TaskStatus[P2PHost] = trio.TASK_STATUS_IGNORED) -> None:
     from p2p.host.p2p_host import open_host
 
     async with open_host() as host:

@@ -9,6 +9,7 @@ zlib that declares and inflates to 64 MiB of zeros (swarm.messages.rollout_codec
 
 from __future__ import annotations
 
+import argparse
 import functools
 import time
 import zlib
@@ -103,7 +104,7 @@ async def attack_with(identities: list[Identity], target_addr: str, run: str, ki
 
 
 async def measure_gossip_attack(target: Target, run: str, identities: list[Identity], kind: str,
-                                envelope: Envelope, args) -> dict:
+                                envelope: Envelope, args: argparse.Namespace) -> dict:
     """The attack against `target` with a witness beside it: the target's CPU and memory over the attack, its bans
     and refusals (its counters' growth), and the attackers' messages the witness received through it."""
     witness = Witness(attackers={i.peer_id for i in identities})
@@ -129,12 +130,12 @@ async def measure_gossip_attack(target: Target, run: str, identities: list[Ident
             "peer_died": meter.died or not target.alive()}
 
 
-async def gossip_flood(target: Target, run: str, identities: list[Identity], args) -> dict:
+async def gossip_flood(target: Target, run: str, identities: list[Identity], args: argparse.Namespace) -> dict:
     """Each identity floods well-formed heartbeats until it is banned, then the next one comes."""
     return await measure_gossip_attack(target, run, identities, "heartbeat", heartbeat_envelope, args)
 
 
-async def rollout_bombs(target: Target, run: str, identities: list[Identity], args) -> dict:
+async def rollout_bombs(target: Target, run: str, identities: list[Identity], args: argparse.Namespace) -> dict:
     """Each identity sends rollout bombs (64 MiB declared, about 66 KiB sent) until it is banned."""
     bomb_body()  # compressed once, before the clock starts
     return await measure_gossip_attack(target, run, identities, "rollout", bomb_envelope, args)

@@ -15,18 +15,18 @@ from __future__ import annotations
 import argparse
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import trio
 
-from p2p.channel.service import open_data_channel
+from p2p.channel.service import DataChannel, open_data_channel
 from p2p.gossip.service import open_gossip
-from p2p.host.p2p_host import open_host
+from p2p.host.p2p_host import P2PHost, open_host
 from p2p.identity import Identity, write_key_file
 from p2p.pieces.manifest import open_signed_manifest
 from p2p.pieces.wire import FrameDecoder, Hello, message_frame, pack_bits, read_frame, send_buffers
-from swarm.bench.broadcast import _PUBLISHER, EventProcess, _make_checkpoint, _peer_argvs, _warm_up
+from swarm.bench.broadcast import _PUBLISHER, EventProcess, PeerArgs, _make_checkpoint, _peer_argvs, _warm_up
 from swarm.bench.local_ports import free_ports
 from swarm.bench.sybil_measure import Meter, attacker_config, fresh_identities, sample_until_cancelled
 from swarm.messages.gossip_bodies import DECODERS, decode_manifest_announcement
@@ -41,7 +41,7 @@ CROWD_CONNECT_S = 60.0
 """Longest the crowd has to connect to every peer before the version is announced."""
 
 
-async def open_spares(host, addrs: list[str]) -> list:
+async def open_spares(host: P2PHost, addrs: list[str]) -> list:
     """A data channel to each peer, opened ahead of any version as an honest mirror keeps its spares (a link then
     starts at once); a peer that refuses or is too slow gets none."""
     spares: list = []
@@ -56,7 +56,7 @@ async def open_spares(host, addrs: list[str]) -> list:
     return spares
 
 
-async def squat(stream, found: dict, opened: list[int]) -> None:
+async def squat(stream: DataChannel, found: dict, opened: list[int]) -> None:
     """Make a spare the version's link: the preamble, a Hello holding nothing, then silence; what the peer sends
     is read and dropped until it hangs up."""
     with trio.move_on_after(LINK_TIMEOUT_S) as sending:
@@ -85,14 +85,15 @@ async def crowd_member(identity: Identity, addrs: list[str], version: trio.Event
             nursery.start_soon(_quietly, squat, stream, found, counts["links"])
 
 
-async def _quietly(fn, *args) -> None:
+async def _quietly(fn: Callable[..., Awaitable[object]], *args: object) -> None:
     try:
         await fn(*args)
     except Exception:  # noqa: BLE001 - a peer refused this squatter's dial or link: it tries the others
         pass
 
 
-async def spy(run: str, addr: str, found: dict, version: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def spy(run: str, addr: str, found: dict, version: trio.Event,
+              task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Hear the version's announcement for the whole crowd and set `version` with its manifest in `found`."""
     async with open_host(attacker_config(Identity.generate())) as host, \
             open_gossip(host, run, kinds=("manifest",), decoders=DECODERS) as gossip:
@@ -107,7 +108,7 @@ async def spy(run: str, addr: str, found: dict, version: trio.Event, task_status
                 return
 
 
-def _start(work: Path, tag: str, key: Identity, args, procs: list[EventProcess]) -> None:
+def _start(work: Path, tag: str, key: Identity, args: argparse.Namespace, procs: list[EventProcess]) -> None:
     """The publisher (waiting for a line on stdin) and the honest peers, all started at once, into `procs` as each
     starts (the caller stops every one that did)."""
     seed_port, *ports = free_ports(HONEST_PEERS + 1)
@@ -116,8 +117,7 @@ def _start(work: Path, tag: str, key: Identity, args, procs: list[EventProcess])
                         str(work / f"{tag}-seed"), str(PIECE_KB), str(args.squat_mbps), seed_listen],
                        work / f"{tag}-seed.log", stdin=subprocess.PIPE)
     procs.append(pub)
-    peer_args = SimpleNamespace(peers=HONEST_PEERS, upload_mbps=args.squat_mbps)
-    for i, argv in enumerate(_peer_argvs(work, peer_args, tag, key.public_bytes.hex(),
+    for i, argv in enumerate(_peer_argvs(work, PeerArgs(args.squat_mbps), tag, key.public_bytes.hex(),
                                          f"{seed_listen}/p2p/{key.peer_id}", True, ports)):
         procs.append(EventProcess(argv, work / f"{tag}-peer{i}.log"))
 
@@ -133,7 +133,8 @@ def _completion(procs: list[EventProcess], timeout: float) -> float | None:
     return round(max(d["t"] for d in done) - published["t"], 2)
 
 
-async def squat_phase(work: Path, tag: str, key: Identity, identities: list[Identity], args) -> dict:
+async def squat_phase(work: Path, tag: str, key: Identity, identities: list[Identity],
+                      args: argparse.Namespace) -> dict:
     """One run: start, warm up, connect the crowd, announce, time the honest peers' completion."""
     procs: list[EventProcess] = []
     try:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import ipaddress
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
@@ -24,6 +26,11 @@ from p2p.reach.relay_limits import RelayLimits
 from swarm.bench.broadcast import EventProcess
 from swarm.bench.local_ports import free_port
 from swarm.bench.stalled_preambles import cpu_seconds, rss_mib
+
+if TYPE_CHECKING:
+    from multiaddr import Multiaddr
+
+    from p2p.gossip.envelope import Envelope
 
 SAMPLE_EVERY_S = 0.25
 START_TIMEOUT_S = 60.0
@@ -163,7 +170,7 @@ def dialing_from(ip: str) -> list:
     from libp2p.transport.tcp.tcp import TCP
 
     class FromIp(TCP):
-        async def dial(self, maddr):
+        async def dial(self, maddr: Multiaddr):
             return await self.dial_with_source(maddr, (ip, 0))
 
     return [FromIp()]
@@ -174,7 +181,12 @@ def loopback_ip(index: int, first: str = "127.0.0.16") -> str:
     return str(ipaddress.ip_address(first) + index)
 
 
-async def in_lanes(identities: list[Identity], parallel: int, each, results: list | None = None) -> list:
+Party = TypeVar("Party")
+"""Who one attempt of `in_lanes` is for: an Identity, or (Identity, source IP) for the relay crowd."""
+
+
+async def in_lanes(identities: list[Party], parallel: int, each: Callable[[Party], Awaitable[object]],
+                   results: list | None = None) -> list:
     """`each(identity)` for every identity, `parallel` at a time, its result appended to `results` as it comes (so a
     caller that cancels this keeps those that came); an identity whose attempt raised gives None."""
     queue = list(identities)
@@ -205,7 +217,8 @@ class Witness:
     attackers: set[str] = field(default_factory=set)
     forwarded: int = 0
 
-    async def run(self, run: str, target_addr: str, kinds: tuple[str, ...], task_status=trio.TASK_STATUS_IGNORED):
+    async def run(self, run: str, target_addr: str, kinds: tuple[str, ...],
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
         from p2p.gossip.service import open_gossip
 
         async with open_host(attacker_config(Identity.generate())) as host, \
@@ -215,7 +228,7 @@ class Witness:
                 nursery.start_soon(self._count, gossip.subscribe(kind))
             task_status.started()
 
-    async def _count(self, channel) -> None:
+    async def _count(self, channel: trio.MemoryReceiveChannel[Envelope]) -> None:
         async for env in channel:
             if env.sender_peer_id in self.attackers:
                 self.forwarded += 1

@@ -14,6 +14,7 @@ the private peer's CPU and memory, the third-party connections, and the sessions
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -23,7 +24,7 @@ from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 from libp2p.relay.circuit_v2.utils import write_delimited_msg
 from multiaddr import Multiaddr
 
-from p2p.host.p2p_host import HostConfig, open_host
+from p2p.host.p2p_host import HostConfig, P2PHost, open_host
 from p2p.identity import Identity
 from p2p.reach.probe import ReachConfig
 from p2p.reach.relay_limits import RelayLimits
@@ -52,14 +53,14 @@ class ThirdParty:
         self.connections = 0
         self.addrs: list[str] = []
 
-    async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = [listener for ip in THIRD_PARTY_IPS for listener in await trio.open_tcp_listeners(0, host=ip)]
         self.addrs = [f"/ip4/{ip}/tcp/{listener.socket.getsockname()[1]}"
                       for ip, listener in zip(THIRD_PARTY_IPS, listeners)]
         task_status.started()
         await trio.serve_listeners(self._count, listeners)
 
-    async def _count(self, stream) -> None:
+    async def _count(self, stream: trio.SocketStream) -> None:
         self.connections += 1
         await stream.aclose()
 
@@ -71,7 +72,7 @@ def _message(kind: int, addrs: list[str]) -> HolePunch:
     return msg
 
 
-async def punch_session(host, peer_id: str, addrs: list[str]) -> bool:
+async def punch_session(host: P2PHost, peer_id: str, addrs: list[str]) -> bool:
     """One DCUtR session as its initiator: CONNECT naming `addrs`, the peer's CONNECT, SYNC; True when the peer took
     part (answered our CONNECT)."""
     stream = await host.new_stream(peer_id, DCUTR_PROTOCOL)
@@ -104,7 +105,7 @@ async def punch_from(identity: Identity, relay_addr: str, peer_id: str, addrs: l
             await _sessions(host, peer_id, addrs, tally)
 
 
-async def _sessions(host, peer_id: str, addrs: list[str], tally: dict) -> None:
+async def _sessions(host: P2PHost, peer_id: str, addrs: list[str], tally: dict) -> None:
     """Up to PUNCH_SESSIONS sessions on one circuit; after a refusal, the next waits for the peer's punch under way
     to end (it answers one session at a time); two refusals in a row end the circuit's turn."""
     refused_in_a_row = 0
@@ -121,7 +122,8 @@ async def _sessions(host, peer_id: str, addrs: list[str], tally: dict) -> None:
             await trio.sleep(SESSION_TIMEOUT_S)
 
 
-async def hole_punches(private: Target, relay_addr: str, relay_died, identities: list[Identity], args) -> dict:
+async def hole_punches(private: Target, relay_addr: str, relay_died: Callable[[], bool], identities: list[Identity],
+                       args: argparse.Namespace) -> dict:
     """The attack against `private`, reached through the relay at `relay_addr`, measured over the attack."""
     meter, third = Meter(private.pid), ThirdParty()
     tally = {"identities_used": 0, "circuits": 0, "circuits_refused": 0, "sessions_answered": 0,
@@ -147,7 +149,7 @@ ROOMY_RELAY = RelayLimits(max_reservations=1024, max_circuits_per_peer=1 << 20)
 peer's, not the relay's (`--punch-relay peer` uses a `swarm peer start` relay with the defaults instead)."""
 
 
-async def _with_bench_relay(work: Path, run: str, identities: list[Identity], args) -> dict:
+async def _with_bench_relay(work: Path, run: str, identities: list[Identity], args: argparse.Namespace) -> dict:
     config = HostConfig(identity=Identity.generate(), listen=("/ip4/127.0.0.1/tcp/0",),
                         reach=ReachConfig(mode="public", hole_punch=False, relay=ROOMY_RELAY))
     async with open_host(config) as relay:

@@ -15,9 +15,12 @@ honest peers in with the crowd.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Awaitable, Callable
+
 import trio
 
-from p2p.host.p2p_host import HostConfig, open_host
+from p2p.host.p2p_host import HostConfig, P2PHost, open_host
 from p2p.identity import Identity
 from p2p.reach.probe import ReachConfig
 from swarm.bench.sybil_measure import (
@@ -58,7 +61,7 @@ async def reserve_and_leave(identity: Identity, ip: str, relay_addr: str) -> boo
         return await host.reach.relaying.reserve(relay_addr, relay_id, host.nursery, RESERVE_TIMEOUT_S)
 
 
-async def wait_reserved(host, relay_addr: str, since: float, wait_s: float) -> float | None:
+async def wait_reserved(host: P2PHost, relay_addr: str, since: float, wait_s: float) -> float | None:
     """Seconds from `since` until `host` holds a reservation on the relay, asking again every RETRY_EVERY_S; None
     when none came within `wait_s`."""
     relay_id = relay_addr.rsplit("/p2p/", 1)[1]
@@ -110,14 +113,14 @@ async def circuits_phase(crowd: list[tuple[Identity, str]], honest: dict[str, st
     return {"circuits_held": held[0], "honest_circuit_s": during, "honest_circuit_after_crowd_s": after}
 
 
-async def _quietly(fn, *args) -> None:
+async def _quietly(fn: Callable[..., Awaitable[object]], *args: object) -> None:
     try:
         await fn(*args)
     except Exception:  # noqa: BLE001 - the relay refused this identity: counted by what it did not hold
         pass
 
 
-async def relay_reservations(relay: Target, run: str, identities: list[Identity], args) -> dict:
+async def relay_reservations(relay: Target, run: str, identities: list[Identity], args: argparse.Namespace) -> dict:
     """The whole relay attack against `relay` (a public `swarm peer start`), measured from the first reservation."""
     meter = Meter(relay.pid)
     ips, honest = parties(len(identities), args.crowd_ips == "many")

@@ -31,13 +31,17 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import blake3
 import trio
 
 from p2p.channel.records import preferred_aead
-from p2p.pieces.wire import FrameDecoder, read_frame, write_frame
+from p2p.pieces.wire import FrameDecoder, Stream, read_frame, write_frame
 from swarm.errors import UserError
+
+if TYPE_CHECKING:
+    from p2p.host.p2p_host import P2PHost
 
 MIB = 1024 * 1024
 PIECE = MIB
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 # The same code runs over the data channel, the libp2p-stream fallback and a raw trio socket (one interface).
 
 
-async def _read_exact(stream, size: int) -> bytes:
+async def _read_exact(stream: Stream, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = await stream.receive_some(size - len(data))
@@ -110,7 +114,7 @@ async def _read_exact(stream, size: int) -> bytes:
     return data
 
 
-async def _receive_framed(stream) -> None:
+async def _receive_framed(stream: Stream) -> None:
     """Read the bench frames through the piece-protocol framing, hash the payloads, answer with the digest and the
     CPU seconds this took."""
 
@@ -128,7 +132,7 @@ async def _receive_framed(stream) -> None:
     await write_frame(stream, {"t": "bench-done", "blake3": hasher.digest(), "cpu_s": time.thread_time() - cpu_start})
 
 
-async def _receive_unframed(stream) -> None:
+async def _receive_unframed(stream: Stream) -> None:
     """A u64 length, the bytes (bounded reads into one hasher), the digest and the CPU seconds back."""
     cpu_start = time.thread_time()
     (remaining,) = _U64.unpack(await _read_exact(stream, _U64.size))
@@ -140,7 +144,7 @@ async def _receive_unframed(stream) -> None:
     await stream.send_all(_DIGEST_AND_CPU.pack(hasher.digest(), time.thread_time() - cpu_start))
 
 
-async def _receive_stream(stream, remaining: int, hasher) -> None:
+async def _receive_stream(stream: Stream, remaining: int, hasher: blake3.blake3) -> None:
     while remaining:
         data = await stream.receive_some(min(RECEIVE_CHUNK, remaining))
         if not data:
@@ -149,7 +153,7 @@ async def _receive_stream(stream, remaining: int, hasher) -> None:
         remaining -= len(data)
 
 
-async def _receive_raw_socket(sock, remaining: int, hasher) -> None:
+async def _receive_raw_socket(sock: trio.socket.SocketType, remaining: int, hasher: blake3.blake3) -> None:
     """The raw TCP baseline at its best: recv_into one reused buffer (no allocation per read), hash the view."""
     buffer = memoryview(bytearray(RECEIVE_CHUNK))
     while remaining:
@@ -160,7 +164,7 @@ async def _receive_raw_socket(sock, remaining: int, hasher) -> None:
         remaining -= got
 
 
-async def _receive(stream, peer_id: str = "") -> None:
+async def _receive(stream: Stream, peer_id: str = "") -> None:
     mode = await _read_exact(stream, 1)
     await (_receive_framed if mode == b"F" else _receive_unframed)(stream)
     await stream.aclose()
@@ -183,7 +187,7 @@ async def _receiver_main(aead: str) -> None:
 # ------------------------------------------------------------------------------------------------- sender
 
 
-async def _send_framed(stream, data: bytes) -> tuple[bytes, float]:
+async def _send_framed(stream: Stream, data: bytes) -> tuple[bytes, float]:
     view = memoryview(data)
     pieces = (len(data) + PIECE - 1) // PIECE
     await stream.send_all(b"F")
@@ -196,7 +200,7 @@ async def _send_framed(stream, data: bytes) -> tuple[bytes, float]:
     return bytes(frame[0]["blake3"]), float(frame[0]["cpu_s"])
 
 
-async def _send_unframed(stream, data: bytes) -> tuple[bytes, float]:
+async def _send_unframed(stream: Stream, data: bytes) -> tuple[bytes, float]:
     await stream.send_all(b"U" + _U64.pack(len(data)))
     view = memoryview(data)
     for offset in range(0, len(data), PIECE):
@@ -214,7 +218,7 @@ PATHS = {
 }
 
 
-async def _open_path(transport: str, host, peer_id: str, raw_port: int):
+async def _open_path(transport: str, host: P2PHost, peer_id: str, raw_port: int):
     from p2p.channel.service import ChannelConfig, open_data_channel
 
     if transport == "tcp":
@@ -234,7 +238,7 @@ class PathRun:
     verified: bool
 
 
-async def _time_path(path: str, host, peer_id: str, raw_port: int, data: bytes) -> PathRun:
+async def _time_path(path: str, host: P2PHost, peer_id: str, raw_port: int, data: bytes) -> PathRun:
     transport, framed = PATHS[path]
     stream = await _open_path(transport, host, peer_id, raw_port)
     try:

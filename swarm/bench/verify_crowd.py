@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from swarm.policy.runspec import RunSpec
 from swarm.roles.gate import RolloutGate
@@ -34,6 +35,9 @@ from verify.rollout import Completion, RolloutGroup
 from verify.verdicts import CheckResult
 from verify.votes import assign_validators, public_key_of, sign_vote
 from verify.worker_history import evidence_row
+
+if TYPE_CHECKING:
+    from swarm.bench.verify_harness import Harness
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class Pooled:
     tokens: int
 
 
-def pools(h, cfg: CrowdConfig) -> dict[str, list[Pooled]]:
+def pools(h: Harness, cfg: CrowdConfig) -> dict[str, list[Pooled]]:
     """Real verdicts per class from the harness's model: honest, steered and int8 groups of fresh workers."""
     from swarm.bench import attacks
     from swarm.bench.verify_harness import CURRENT_VERSION
@@ -83,7 +87,7 @@ def pools(h, cfg: CrowdConfig) -> dict[str, list[Pooled]]:
             (("honest", honest), ("near_ties_steered", steered), ("int8_decoded_reproved", int8))}
 
 
-def _pooled(h, groups) -> list[Pooled]:
+def _pooled(h: Harness, groups: list[RolloutGroup]) -> list[Pooled]:
     verdicts, _ = h.validate(groups)
     rows = [(v.accepted, near_ties_of(v) or NO_NEAR_TIES) for v in verdicts]
     return [Pooled(ok, r.flips, r.tokens) for ok, r in rows]

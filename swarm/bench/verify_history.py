@@ -16,16 +16,21 @@ import sys
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from swarm.bench import attacks
 from swarm.bench.verify_harness import CURRENT_VERSION, Harness, _same_kernels, _strict
 from tasks.assignment import assign_tasks
-from verify.neartie import GAP_EDGES, NO_NEAR_TIES, count_near_ties, near_ties_of
+from verify.neartie import GAP_EDGES, NO_NEAR_TIES, NearTies, count_near_ties, near_ties_of
 from verify.slots import SlotLedger, first_answers
 from verify.worker_history import HistoryConfig, WorkerHistory, log_evidence
+
+if TYPE_CHECKING:
+    from verify.rollout import RolloutGroup
 
 CHUNK_GROUPS = 50  # honest groups generated and validated at a time (bounded memory)
 
@@ -125,7 +130,7 @@ def _upper_95(flips: int, tokens: int) -> float:
     return (centre + spread) / (1 + z * z / tokens)
 
 
-def _gap_bins(record) -> dict[str, int]:
+def _gap_bins(record: NearTies) -> dict[str, int]:
     labels = [f"<={e:g}" for e in GAP_EDGES] + [f">{GAP_EDGES[-1]:g}"]
     return dict(zip(labels, record.gap_bins))
 
@@ -177,10 +182,10 @@ def _worker_classes(h: Harness, cfg: HistoryBenchConfig, history_config: History
     cheap = attacks.int8_model(h.model)
     checks = h.config.check_config()
 
-    def int8_reproved(items):
+    def int8_reproved(items: list[tuple[str, int, int]]) -> list[RolloutGroup]:
         return [attacks.reprove(h.model, g) for g in h.generate(cheap, items)[0]]
 
-    def steered(items):
+    def steered(items: list[tuple[str, int, int]]) -> list[RolloutGroup]:
         return [honest_group(h.model, h.ctx, worker=w, step=s, version=CURRENT_VERSION,
                              group_size=h.config.group_size, temperature=h.config.temperature,
                              choose=attacks.NearTieSteerer(checks.near_tie_tol, checks.max_near_tie_fraction))
@@ -190,7 +195,8 @@ def _worker_classes(h: Harness, cfg: HistoryBenchConfig, history_config: History
             _worker_row(h, cfg, history_config, "near_ties_steered", steered)]
 
 
-def _worker_row(h: Harness, cfg: HistoryBenchConfig, history_config: HistoryConfig, name: str, make) -> dict:
+def _worker_row(h: Harness, cfg: HistoryBenchConfig, history_config: HistoryConfig, name: str,
+                make: Callable[[list[tuple[str, int, int]]], list[RolloutGroup]]) -> dict:
     """Attacking workers send groups round by round until banned or `max_groups` are sent."""
     history = WorkerHistory(history_config)
     workers = [f"{name}-{a}" for a in range(cfg.attempts)]

@@ -17,6 +17,7 @@ files back as paired differences with 95 % intervals over the prompts (swarm/cli
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -25,15 +26,15 @@ from pathlib import Path
 from swarm.cli.eval_compare import compare
 from swarm.errors import UserError, require_at_least_one, require_temperature
 from swarm.progress import bar_console, progress_bars
-from trainer.answer_readings import reading_accuracy
-from trainer.config import load_config
+from trainer.answer_readings import PromptOutcome, reading_accuracy
+from trainer.config import TrainerConfig, load_config
 from trainer.typed_config import add_set_flag
 
 DEFAULT_MAX_NEW_TOKENS = 64
 """The generation limit without a --config: room for a short answer and the words around it."""
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="tiny, smollm2, a policy directory (e.g. OUT/final) or a cached Hugging Face "
                                          "hub id (default: the config's, else tiny)")
     parser.add_argument("--task", help="reasoning-gym task name, .jsonl/.json/.parquet/.csv file or cached hub dataset "
@@ -67,7 +68,7 @@ def add_arguments(parser) -> None:
                              "reading, with 95 %% bootstrap intervals over their prompts")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.compare:
         return compare(*args.compare, args.json)
     require_at_least_one(n=args.n, batch=args.batch)
@@ -112,19 +113,19 @@ def run(args) -> int:
     return 0
 
 
-def _lenient_figures(outcomes) -> dict:
+def _lenient_figures(outcomes: tuple[PromptOutcome, ...]) -> dict:
     return {"last_number_accuracy": reading_accuracy(outcomes, "last_number"),
             "any_number_accuracy": reading_accuracy(outcomes, "any_number")}
 
 
-def _write_per_prompt(path: Path, outcomes) -> None:
+def _write_per_prompt(path: Path, outcomes: tuple[PromptOutcome, ...]) -> None:
     try:
         path.write_text("".join(json.dumps(o.to_dict()) + "\n" for o in outcomes))
     except OSError as exc:
         raise UserError(f"cannot write per-prompt file {path}: {exc.strerror or exc}") from None
 
 
-def _sentence(out: dict, cfg) -> str:
+def _sentence(out: dict, cfg: TrainerConfig) -> str:
     line = f"accuracy {out['accuracy']:.3f} on {out['n']} held-out prompts of {cfg.task} ({cfg.model})"
     if "last_number_accuracy" in out:
         line += (f"; within {out['max_new_tokens']} tokens the last number is the answer in "
@@ -152,7 +153,7 @@ def _policy_run_settings(model: str | None) -> dict:
     return settings
 
 
-def _settings_line(cfg, from_policy: bool) -> str:
+def _settings_line(cfg: TrainerConfig, from_policy: bool) -> str:
     """Where the task settings of an evaluation without --config come from, said once, since scoring a policy on
     another split or difficulty than its run's reads as a wrong accuracy."""
     settings = f"task {cfg.task}, seed {cfg.seed}, task_size {cfg.task_size}, eval_fraction {cfg.eval_fraction}"

@@ -14,10 +14,15 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from swarm.messages.gossip_bodies import Heartbeat
 from verify.reputation import Reputation
+
+if TYPE_CHECKING:
+    from verify.votes import Vote
 
 MAX_ROLLOUTS_KEPT = 20_000
 """Rollouts whose worker and votes the view remembers (the oldest are forgotten first)."""
@@ -99,7 +104,8 @@ class SwarmView:
             if now is not None:
                 self.recent.append((now, "group"))
 
-    def on_votes(self, sender: str, votes: list, voter_of, now: float | None = None) -> None:
+    def on_votes(self, sender: str, votes: list, voter_of: Callable[[Vote], str | None],
+                 now: float | None = None) -> None:
         """Votes of one message; `voter_of(vote)` is the voter's peer id when its signature checks out, else None."""
         for vote in votes:
             if voter_of(vote) != sender:

@@ -13,6 +13,7 @@ torchrun (trainer.launch).
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from trainer.report import compare_groups, compare_runs, plot_comparison, read_l
 from trainer.typed_config import add_field_flag, add_set_flag
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="trainer TOML file (flags and --set override it)")
     for field in OWN_FLAGS:
         add_field_flag(parser, TrainerConfig, field, **_CHOICES.get(field, {}))
@@ -56,7 +57,7 @@ _CHOICES = {"generator": {"choices": ("process", "thread")}, "old_logprobs": {"c
             "device": {"choices": ("auto", "cpu", "cuda")}, "resume_from": {"metavar": "PATH"}}
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.compare:
         return _compare(args)
     from trainer.launch import check_supported, launch_ranks, world_size
@@ -89,7 +90,7 @@ def run(args) -> int:
     return 0
 
 
-def add_report_to(parser, prefix: str = "") -> None:
+def add_report_to(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     """`--report-to`, shared by the commands that train (train, peer start, sim)."""
     parser.add_argument("--report-to", dest="report_to", action="append", metavar="TRACKER",
                         help=f"{prefix}experiment tracking of every step: tensorboard, wandb (offline unless "
@@ -118,7 +119,7 @@ def remove_if_empty(directories: list[Path]) -> None:
             return
 
 
-def _compare(args) -> int:
+def _compare(args: argparse.Namespace) -> int:
     logs = {str(directory): _compared_logs(directory) for directory in args.compare}
     out = args.out or Path("runs/compare")
     out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import logging
 import struct
 from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 
@@ -274,7 +275,10 @@ def items_or_refusal(body: object, limits: TransportLimits = DEFAULT_LIMITS,
         return [], _without_traceback(exc)
 
 
-def _without_traceback(exc):
+Item = TypeVar("Item")
+
+
+def _without_traceback(exc: Item) -> Item:
     """The refusal with its traceback (and the frames, and their buffers) dropped; other items unchanged."""
     if isinstance(exc, BaseException):
         exc.__traceback__ = None
@@ -282,8 +286,10 @@ def _without_traceback(exc):
     return exc
 
 
-async def _receive_item(node: PeerNetwork, sender: str, item, refused, limits: TransportLimits, fetch: FetchConfig,
-                        wanted, unserved: list[bool] | None = None) -> RolloutGroup | None:
+async def _receive_item(node: PeerNetwork, sender: str, item: RolloutGroup | Announcement | RolloutRefused,
+                        refused: Callable[[str], None] | None, limits: TransportLimits, fetch: FetchConfig,
+                        wanted: Callable[[Announcement], bool] | None,
+                        unserved: list[bool] | None = None) -> RolloutGroup | None:
     """One parsed item of an envelope (a group, an announcement or its refusal) as a checked group, or None."""
     try:
         if isinstance(item, RolloutRefused):

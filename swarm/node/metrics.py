@@ -325,7 +325,7 @@ def check_port_free(host: str, port: int) -> None:
         raise UserError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
 
 
-async def serve_node_metrics(node: Node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_node_metrics(node: Node, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve `node`'s metrics on its config's metrics_host:metrics_port until cancelled; started() gets the port."""
     host, port = node.config.peer.metrics_host, node.config.peer.metrics_port
     try:

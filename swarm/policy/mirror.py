@@ -98,7 +98,7 @@ class PolicyMirror:
 
     # ---------------------------------------------------------------- service lifetime
 
-    async def run_service(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run_service(self, *, task_status: trio.TaskStatus[PolicyMirror] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for signed in self._stored_signed():

@@ -15,10 +15,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from p2p.pieces.manifest import file_entry, is_safe_file_name
 from swarm.errors import UserError
 from tasks.loading import is_builtin_task, is_task_file, load_tasks
+
+if TYPE_CHECKING:
+    from tasks.taskset import TaskSet
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ def snapshot_task_file(task: str, into: Path, piece_size: int, prompt_key: str =
     return RunTaskFile(name, snapshot, file_entry(snapshot, piece_size).root.hex())
 
 
-def standard_jsonl(taskset) -> str:
+def standard_jsonl(taskset: TaskSet) -> str:
     """A task set as JSONL rows of prompt, answer, metadata and reward_fn, in index order."""
     rows = [{"prompt": e.prompt, "answer": e.answer, "metadata": dict(e.metadata), "reward_fn": e.reward_fn}
             for e in taskset]

@@ -256,7 +256,7 @@ class RolloutGate:
             self.tracker.validator_back(key)
         self.present = present
 
-    def _settle(self, settlement) -> None:
+    def _settle(self, settlement: Settlement) -> None:
 
         group = self.pending.pop(settlement.rollout_id, None)
         if group is None:

@@ -111,7 +111,7 @@ class Probation:
                              self.config.max_workers)
 
 
-def _bounded_put(table: OrderedDict, key: str, value, bound: int) -> None:
+def _bounded_put(table: OrderedDict, key: str, value: int | None, bound: int) -> None:
     table.pop(key, None)
     table[key] = value
     while len(table) > bound:

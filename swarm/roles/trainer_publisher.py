@@ -8,7 +8,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -19,9 +21,12 @@ from swarm.event_types import Published, ValidatorIgnored, WaitingForValidators
 from swarm.node.context import RoleContext
 from swarm.policy.policy_patches import PATCH_FILE, WEIGHTS, keyframe_due, patch_pays
 from swarm.policy.runspec import RunSpec
-from swarm.policy.task_file import place_task_file
+from swarm.policy.task_file import RunTaskFile, place_task_file
 from swarm.policy.trust import parse_public_key
 from verify.reward_loading import load_reward
+
+if TYPE_CHECKING:
+    from trainer.config import TrainerConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +34,8 @@ log = logging.getLogger(__name__)
 class SwarmPublisher:
     """Turns the training run's newest policy directory into a signed, seeded manifest with the run spec."""
 
-    def __init__(self, ctx: RoleContext[TrainerSettings], cfg, task_file=None) -> None:
+    def __init__(self, ctx: RoleContext[TrainerSettings], cfg: TrainerConfig, task_file: RunTaskFile | None = None
+                 ) -> None:
         self.ctx, self.cfg = ctx, cfg
         self.task_file = task_file  # swarm.policy.task_file.RunTaskFile: the run's task file, listed in every manifest
         self.root = Path(ctx.peer.data_dir) / "swarm-policies"
@@ -108,7 +114,8 @@ class SwarmPublisher:
                        task_file.root if task_file else "", cfg.reward,
                        load_reward(cfg.reward).code_hash if cfg.reward else "")
 
-    async def publish(self, version: int, source: Path, before_announce=lambda spec: None) -> RunSpec:
+    async def publish(self, version: int, source: Path,
+                      before_announce: Callable[[RunSpec], None] = lambda spec: None) -> RunSpec:
 
         generation = json.loads((source / "generation.json").read_text())
         spec = self.spec_for(generation["data"])

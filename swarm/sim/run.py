@@ -159,7 +159,7 @@ async def run_sim(s: SimSettings, sink: EventSink, on_stopping: Callable[[dict],
     watch = Activity()
     sink.listeners.append(watch.on_event)  # every peer's sink copies the listeners: add it before peers start
 
-    async def start(nursery, peer: SimPeer, bootstrap: tuple[str, ...]) -> None:
+    async def start(nursery: trio.Nursery, peer: SimPeer, bootstrap: tuple[str, ...]) -> None:
         config = _peer_config(s, peer, bootstrap, trainer_toml)
         config.peer.data_dir.mkdir(parents=True, exist_ok=True)
         identity = load_or_create_identity(config.peer.data_dir)

@@ -67,15 +67,12 @@ def test_every_process_of_a_broadcast_gets_its_own_port_even_where_probed_ports_
                                                                                                   monkeypatch):
     """Chosen one probe after another, each closed before the next, the ports of a broadcast's processes may repeat
     (a kernel picks the port just freed, or by chance): the processes sharing one fail to listen."""
-    from types import SimpleNamespace
-
     from swarm.bench import broadcast, local_ports
 
     monkeypatch.setattr(local_ports.socket, "socket", _ReusingKernel)
     ports = local_ports.free_ports(7)
     assert len(set(ports)) == 7
-    shape = SimpleNamespace(peers=6, upload_mbps=10.0, profile=None)
     seed = f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/seed"
-    argvs = broadcast._peer_argvs(tmp_path, shape, "swarm", "ab" * 32, seed, True, ports[1:])
+    argvs = broadcast._peer_argvs(tmp_path, broadcast.PeerArgs(10.0), "swarm", "ab" * 32, seed, True, ports[1:])
     listens = [argv[argv.index("--listen") + 1] for argv in argvs]
     assert listens == [f"/ip4/127.0.0.1/tcp/{port}" for port in ports[1:]]
