@@ -21,7 +21,7 @@ from p2p.pieces.wire import Stream
 from swarm.policy.link_preamble import Preamble, read_body, read_head, send_preamble
 from swarm.policy.mirror_places import LinkPlaces
 from swarm.policy.mirrored import MirroredPolicy
-from swarm.policy.spares import DIAL_ERRORS
+from swarm.policy.spares import DIAL_ERRORS, SpareChannels
 
 log = logging.getLogger("swarm.policy.mirror")
 MAX_WAITING_PER_PEER = 4  # inbound data channels of one peer still waiting for their manifest id
@@ -47,7 +47,7 @@ class InboundLinks:
                  places: LinkPlaces, adopt: Callable[[bytes], MirroredPolicy | None],
                  changed: Callable[[], trio.Event], is_mirrored: Callable[[MirroredPolicy], bool],
                  may_link: Callable[[MirroredPolicy, str], bool], ban: Callable[[str, str], None], linked: Linked,
-                 adoption_wait: float, dial_timeout: float, spare_ttl: float, handshake_timeout: float,
+                 adoption_wait: float, dial_timeout: float, spares: SpareChannels, handshake_timeout: float,
                  preamble_rate: ByteRate) -> None:
         self.my_id = my_id
         self.policies = policies  # the mirror's versions, by manifest id
@@ -59,9 +59,11 @@ class InboundLinks:
         self._may_link = may_link
         self._ban = ban
         self._linked = linked
+        # gossip delivered a manifest up to 21 s after another peer (measured, 5 processes on a loaded machine): an
+        # inbound link for a manifest not adopted yet waits this long, and our own links wait as long for a hello
         self.adoption_wait = adoption_wait
         self.dial_timeout = dial_timeout
-        self.spare_ttl = spare_ttl
+        self._spares = spares  # a spare's acceptor waits as long as its dialer may keep it unused
         self.handshake_timeout = handshake_timeout
         self.max_links = math.inf  # links per version, as the last reconcile was told
         self._waiting: dict[str, int] = {}
@@ -163,7 +165,7 @@ class InboundLinks:
         while it had not started); a manifest we hold is not buffered (swarm.policy.link_preamble).
 
         By default we wait as long as a dialer may keep a spare channel before using it."""
-        wait = self.spare_ttl + self.handshake_timeout if wait is None else wait
+        wait = self._spares.ttl + self.handshake_timeout if wait is None else wait
         with trio.CancelScope() as idle:
             self._idle_waits[id(idle)] = idle
             try:

@@ -46,7 +46,10 @@ MAX_BANNED = 4096  # peers remembered as hostile (a liar can make new identities
 
 
 class PolicyMirror:
-    """The set of policy versions a peer mirrors, and the piece services that move them."""
+    """The set of policy versions a peer mirrors, and the piece services that move them.
+
+    Its link settings are given at construction and held by the part that uses them; those readable here are
+    properties of that part, so no setting has two copies that could disagree."""
 
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
                  transfer: TransferConfig = TransferConfig(), upload_bps: float = math.inf, reseed: bool = True,
@@ -68,9 +71,6 @@ class PolicyMirror:
         self.reseed = reseed
         self.keep = keep
         self.on_event = on_event
-        # gossip delivered a manifest up to 21 s after another peer (measured, 5 processes on a loaded machine): an
-        # inbound link for a manifest not adopted yet waits this long, and our own links wait as long for a hello
-        self.adoption_wait = adoption_wait
         self._held: dict[bytes, int] = {}  # manifest id -> readers reassembling it in a worker thread
         self.banned: dict[str, str] = {}  # peer -> the protocol breach (a corrupt piece...) it is never linked for
         self._gone: set[str] = set()  # peers whose departure was reported and that have not linked since
@@ -79,7 +79,8 @@ class PolicyMirror:
         self._nursery: trio.Nursery | None = None
         # a data-channel dial takes seconds on a loaded machine, but a libp2p stream open that hangs waits 30 s:
         # `dial_timeout` gives up sooner and retries, since a missing link leaves its peer to the seed
-        self.spares = SpareChannels(my_id, ttl=spare_ttl, dial_timeout=dial_timeout, on_event=on_event,
+        self.spares = SpareChannels(my_id, ttl=spare_ttl, dial_timeout=dial_timeout,
+                                    on_event=lambda event: self.on_event(event),
                                     close=self._close_soon, start_with=self._start_with)
         self.places = LinkPlaces(my_id, idle_after=idle_after, dial_timeout=dial_timeout,
                                  stranger_places=max(1, links_per_version // 2) if stranger_places is None
@@ -87,7 +88,7 @@ class PolicyMirror:
         self.inbound = InboundLinks(my_id, self.policies, self.banned, places=self.places, adopt=self.adopt,
                                     changed=lambda: self.changed, is_mirrored=self.is_mirrored,
                                     may_link=self._may_link, ban=self._ban, linked=self._linked,
-                                    adoption_wait=adoption_wait, dial_timeout=dial_timeout, spare_ttl=spare_ttl,
+                                    adoption_wait=adoption_wait, dial_timeout=dial_timeout, spares=self.spares,
                                     handshake_timeout=transfer.handshake_timeout, preamble_rate=preamble_rate)
         self.outbound = OutboundLinks(my_id, self.policies, self.banned, spares=self.spares, places=self.places,
                                       inbound=self.inbound, start_with=self._start_with,
@@ -328,6 +329,11 @@ class PolicyMirror:
     def link_salt(self) -> bytes:
         """This process's secret in its link order (swarm.policy.mirror_dial.link_order)."""
         return self.outbound.link_salt
+
+    @property
+    def adoption_wait(self) -> float:
+        """Seconds an inbound link waits for the adoption of the manifest it names (swarm.policy.inbound_links)."""
+        return self.inbound.adoption_wait
 
     @property
     def spare_ttl(self) -> float:

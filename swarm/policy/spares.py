@@ -34,6 +34,9 @@ SPARE_ABSENT_GRACE = 60.0
 freed. Why a grace: closing a spare at the first connection listing without its peer left pairs cold (listings
 miss a peer while its connection is replaced); why at all: a spare to a neighbour that left would hold its place
 for up to SPARE_TTL, and the neighbours that remain would go without."""
+MAX_FAILURES = 4096
+"""Peers whose spare dials are backed off, remembered at most (the oldest failure is forgotten first): each refusing
+identity of a crowd would otherwise stay in memory for the life of the process."""
 SPARE_TTL_SPREAD = 0.25
 """Spares live between 75 % and 100 % of `spare_ttl` (`spare_lifetime`)."""
 DIAL_ERRORS = (P2PError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
@@ -118,7 +121,9 @@ class SpareChannels:
         Why: each spare dial to a peer that never accepts a data channel (a stranger without the protocol, or one
         refusing us) costs a libp2p stream and a protocol negotiation; at one every 2 s, sixteen such identities
         took about an eighth of the CPU a target spent under attack. A success resets the pause."""
-        delay = min(SPARE_RETRY_MAX, 2 * self._failures.get(peer, (0.0, SPARE_RETRY / 2))[1])
+        delay = min(SPARE_RETRY_MAX, 2 * self._failures.pop(peer, (0.0, SPARE_RETRY / 2))[1])
+        if len(self._failures) >= MAX_FAILURES:  # identities are free: forget the longest-known failure first
+            self._failures.pop(next(iter(self._failures)))
         self._failures[peer] = (trio.current_time() + delay, delay)
 
     async def _dial(self, peer: str, dial: Dialer) -> None:

@@ -77,3 +77,25 @@ async def test_a_spare_outlives_its_peers_connection_only_by_the_grace(tmp_path,
                 await trio.sleep(1.0)
             nursery.cancel_scope.cancel()
     assert closed == ["a"] and set(mirror.spares._spares) == {"b", "c"}  # a's place went to c; b's spare stayed
+
+
+async def test_spare_dials_to_a_refusing_peer_back_off_and_a_crowd_of_them_is_remembered_within_a_bound(
+        autojump_clock):
+    """Each failed spare dial doubles the pause before the next (up to SPARE_RETRY_MAX); identities are free, so
+    the peers remembered as failing are at most MAX_FAILURES, the oldest forgotten first."""
+    from swarm.policy.spares import MAX_FAILURES, SPARE_RETRY, SPARE_RETRY_MAX, SpareChannels
+
+    spares = SpareChannels("me", ttl=600.0, dial_timeout=15.0, on_event=lambda event: None,
+                           close=lambda stream: None, start_with=lambda *task: None)
+    pauses = []
+    for _ in range(6):
+        spares.failed("refuser")
+        pauses.append(spares._failures["refuser"][1])
+    assert pauses == [SPARE_RETRY, 4.0, 8.0, 16.0, SPARE_RETRY_MAX, SPARE_RETRY_MAX]
+    for i in range(MAX_FAILURES + 50):
+        spares.failed(f"stranger-{i}")
+    assert len(spares._failures) == MAX_FAILURES
+    assert "refuser" not in spares._failures and "stranger-0" not in spares._failures
+    assert f"stranger-{MAX_FAILURES + 49}" in spares._failures
+    spares.failed("stranger-60")  # failing again makes it the newest, so it outlives older ones
+    assert list(spares._failures)[-1] == "stranger-60"
