@@ -38,7 +38,7 @@ from p2p.pieces.engine_actions import Action, Completed, DropPeer, Send, SendPie
 from p2p.pieces.engine_config import EngineConfig
 from p2p.pieces.peer_state import PeerState
 from p2p.pieces.picker import Picker, RarestFirstPicker
-from p2p.pieces.super_seed import SuperSeeding
+from p2p.pieces.super_seed import reveal, reveal_all
 from p2p.pieces.upload_ledger import UploadLedger
 from p2p.pieces.upload_timer import UploadTimer
 from p2p.pieces.wire import Bitfield, Cancel, Have, Reject, Request, pack_bits
@@ -60,7 +60,7 @@ def as_flags(flags: bytes | bytearray | memoryview | Sequence[int] | np.ndarray)
     return np.asarray(flags).astype(bool)
 
 
-class SwarmEngine(SuperSeeding):
+class SwarmEngine:
     """Swarm decisions for one manifest of `num_pieces` pieces.
 
     Per-piece state lives in numpy arrays (have, pending, availability, rank) so a pick is a few vector operations
@@ -146,7 +146,7 @@ class SwarmEngine(SuperSeeding):
         if told is not None and not self.super_seeding:
             since = self.have & ~as_flags(told) & ~self.peers[peer].bits
             out += [Send(peer, Have(int(index))) for index in np.flatnonzero(since)]
-        return out + self._reveal(peer, now)
+        return out + reveal(self, peer, now)
 
     def peer_bitfield(self, peer: str, flags: bytes | bytearray, now: float) -> list[Action]:
         state = self.peers.get(peer)
@@ -172,7 +172,7 @@ class SwarmEngine(SuperSeeding):
             self._unpend(i, peer)
         self._uploads_active -= len(state.sending)
         self.upload_timer.forget(peer, state.sending)
-        return self._fill_all(now) + self._schedule_uploads(now) + self._reveal_all(now)
+        return self._fill_all(now) + self._schedule_uploads(now) + reveal_all(self, now)
 
     def _drop(self, peer: str, reason: str, now: float, hostile: bool = True) -> list[Action]:
         return [DropPeer(peer, reason, hostile)] + self._forget(peer, now)
@@ -196,7 +196,7 @@ class SwarmEngine(SuperSeeding):
         self.availability[index] += 1
         out = self._fill(peer, now) if not self.have[index] else []
         if index in state.revealed:
-            out += self._reveal(peer, now)
+            out += reveal(self, peer, now)
         return out
 
     def peer_reject(self, peer: str, index: int, now: float, busy: bool = False) -> list[Action]:
@@ -392,7 +392,7 @@ class SwarmEngine(SuperSeeding):
         state.revealed.discard(index)
         out: list[Action] = []
         for name in [n for n in self.peers if n != peer] + [peer]:  # offered to the others before the canceller
-            out += self._reveal(name, now)
+            out += reveal(self, name, now)
         return out
 
     def upload_done(self, peer: str, index: int, now: float, delivered: bool = True) -> list[Action]:
@@ -406,7 +406,12 @@ class SwarmEngine(SuperSeeding):
         if delivered:
             state.delivered.add(index)
             self.ledger.note_sent(peer)
-        return self._schedule_uploads(now) + self._reveal_all(now)
+        return self._schedule_uploads(now) + reveal_all(self, now)
+
+    def reveal_lapsed(self, now: float) -> list[Action]:
+        """Super-seed: reveal the pieces whose promises lapsed (their peers never asked within `reveal_grace`); the
+        adapter calls this now and then, since a complete seed gets no other event while its peers wait."""
+        return reveal_all(self, now)
 
     def _schedule_uploads(self, now: float) -> list[Action]:
         """Hand free upload slots round-robin to peers with queued requests."""

@@ -1,6 +1,8 @@
-"""Which piece a super-seed reveals next to a peer (p2p/pieces/engine.py says when it reveals).
+"""What a super-seed reveals to a peer, and which piece next (p2p/pieces/engine.py says when it reveals).
 
-A picker of the seed's side: it only chooses, from the engine's per-piece counts, and changes nothing.
+An origin whose upload is the bottleneck advertises nothing and reveals pieces one by one, least-sent first. The
+choice is a picker of the seed's side, reading the engine's per-piece counts; the reveals only mark what they
+announce in each peer's state.
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ from p2p.pieces.wire import Have
 
 
 class SeedView(SwarmView, Protocol):
-    """What the choice reads of the engine beyond a picker's view."""
+    """What the reveals read of the engine (p2p.pieces.engine.SwarmEngine) beyond a picker's view."""
 
     @property
     def sent_count(self) -> np.ndarray: ...  # uploads started per piece
+    @property
+    def super_seeding(self) -> bool: ...  # an origin that reveals pieces one by one instead of advertising them
+    @property
+    def config(self) -> EngineConfig: ...
 
 
 def least_sent(engine: SeedView, state: PeerState, now: float, reveal_grace: float) -> int | None:
@@ -53,39 +59,28 @@ def least_sent(engine: SeedView, state: PeerState, now: float, reveal_grace: flo
     return int(idx[np.argmin(key)])
 
 
-class SuperSeeding:
-    """The super-seed's reveals, part of p2p.pieces.engine.SwarmEngine, which holds the state they read: an origin
-    whose upload is the bottleneck advertises nothing and reveals pieces one by one, least-sent first."""
+def reveal(engine: SeedView, peer: str, now: float) -> list[Action]:
+    """Super-seed: keep `super_seed_reveal` unsent pieces announced to `peer`, least-sent first (nothing when the
+    engine is not super-seeding). Marks what it reveals in the peer's state, which the engine then sends."""
+    if not engine.super_seeding or peer not in engine.peers:
+        return []
+    state = engine.peers[peer]
+    state.revealed = {i for i in state.revealed if not state.bits[i]}
+    out: list[Action] = []
+    # after the first full copy, one piece at a time: the peers hold every piece by then and should trade
+    limit = engine.config.super_seed_reveal if not engine.sent_count.all() else 1
+    while len(state.revealed) < limit:
+        index = least_sent(engine, state, now, engine.config.reveal_grace)
+        if index is None:
+            break
+        state.revealed.add(index)
+        out.append(Send(peer, Have(index)))
+    return out
 
-    config: EngineConfig
-    peers: dict[str, PeerState]
-    super_seeding: bool
-    sent_count: np.ndarray
 
-    def _reveal(self, peer: str, now: float) -> list[Action]:
-        """Super-seed: keep `super_seed_reveal` unsent pieces announced to `peer`, least-sent first."""
-        if not self.super_seeding or peer not in self.peers:
-            return []
-        state = self.peers[peer]
-        state.revealed = {i for i in state.revealed if not state.bits[i]}
-        out: list[Action] = []
-        # after the first full copy, one piece at a time: the peers hold every piece by then and should trade
-        limit = self.config.super_seed_reveal if not self.sent_count.all() else 1
-        while len(state.revealed) < limit:
-            index = least_sent(self, state, now, self.config.reveal_grace)
-            if index is None:
-                break
-            state.revealed.add(index)
-            out.append(Send(peer, Have(index)))
-        return out
-
-    def reveal_lapsed(self, now: float) -> list[Action]:
-        """Super-seed: reveal the pieces whose promises lapsed (their peers never asked within `reveal_grace`); the
-        adapter calls this now and then, since a complete seed gets no other event while its peers wait."""
-        return self._reveal_all(now) if self.super_seeding else []
-
-    def _reveal_all(self, now: float) -> list[Action]:
-        out: list[Action] = []
-        for name in list(self.peers):
-            out += self._reveal(name, now)
-        return out
+def reveal_all(engine: SeedView, now: float) -> list[Action]:
+    """`reveal` to every linked peer."""
+    out: list[Action] = []
+    for name in list(engine.peers):
+        out += reveal(engine, name, now)
+    return out
