@@ -49,7 +49,7 @@ from p2p.ratelimit import Allowance
 REFUSALS = ("rate_limited", "flooding", "relay_busy", "strangers_busy", "node_busy")
 BLAMELESS = ("relay_busy", "strangers_busy", "node_busy")
 """Refusals by budgets shared with others (a relay's, the strangers', the node's): honest traffic may be caught in
-them, so they cost nobody (p2p.gossip.receive), except "relay_busy" for a forwarder's own messages, which
+them, so they cost nobody (p2p.gossip.penalties), except "relay_busy" for a forwarder's own messages, which
 `admit` reports as "flooding" instead."""
 
 

@@ -1,11 +1,13 @@
 """GossipSub per run: signed envelopes on one topic per kind, verified before they are delivered or forwarded.
 
 Topics are f"/rlswarm/{run}/{kind}". Every message is a sealed envelope (p2p.gossip.envelope); a validator hooked into
-py-libp2p's pubsub (p2p.gossip.receive) checks the sender's allowance (p2p.gossip.admission: per-peer rates and
+py-libp2p's pubsub (p2p.gossip.validator) checks the sender's allowance (p2p.gossip.admission: per-peer rates and
 decode budgets, and one for the whole node), then runs `open_envelope` and the kind's typed decoder on it, so a
 flooding, malformed, forged, stale, replayed, oversized, wrong-run or mistyped message is rejected before delivery
 and is never forwarded (py-libp2p forwards only after every validator said yes); its sender is scored down
-(p2p.scores) and, past the threshold, banned: blacklisted in pubsub and hung up on until its ban ends.
+(p2p.scores) and, past the threshold, banned: blacklisted in pubsub and hung up on until its ban ends
+(p2p.gossip.penalties). `Gossip` keeps the session: publishing, subscribing, serving handlers, the pubsub streams and
+their upkeep; it composes the validator and the penalties, and lends them what the session holds.
 
 py-libp2p 0.8.1 pitfalls handled here (docs/reference.md#py-libp2p-pitfalls):
 - the 120 s default heartbeat (and the "adaptive" mode that stretches it to 30-60 s) makes meshes form and heal in
@@ -37,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -56,13 +58,13 @@ from p2p.gossip.envelope import (
     KINDS,
     Envelope,
     EnvelopePolicy,
-    make_replay_filter,
     open_envelope,
     seal,
 )
-from p2p.gossip.parts import GossipStats, PublishPacer, Rejection, _BoundedMap, _NeverStored, _NoValidationCache  # noqa: F401 - GossipStats, PublishPacer are re-exported
+from p2p.gossip.parts import GossipStats, PublishPacer, Rejection, _NeverStored, _NoValidationCache
+from p2p.gossip.penalties import GossipPenalties, Ignored
 from p2p.gossip.pubsub import BufferedInboundStream, LeanGossipSub, LeanPubsub
-from p2p.gossip.receive import BodyDecoder, GossipReceiver, Ignored
+from p2p.gossip.validator import BodyDecoder, GossipValidator
 from p2p.host.p2p_host import P2PHost, reset_quietly
 from p2p.identity import Identity
 from p2p.packed import Packed
@@ -122,8 +124,13 @@ class GossipConfig:
             raise GossipError("publish_rate must be positive and below router_rate_limit (libp2p drops the excess)")
 
 
-class Gossip(GossipReceiver):
-    """A running gossip session for one run. Build it with `open_gossip`."""
+class Gossip:
+    """A running gossip session for one run. Build it with `open_gossip`.
+
+    Its parts each own their state: `validator` (p2p.gossip.validator) the checks on every received message and
+    the envelopes they verified, `penalties` (p2p.gossip.penalties) the scores and bans of peers. The session keeps
+    pubsub, our publishing pace, the subscribers' channels and the pubsub streams' upkeep.
+    """
 
     def __init__(self, host: P2PHost, run: str, identity: Identity, kinds: tuple[str, ...],
                  config: GossipConfig, clock: Callable[[], float],
@@ -135,23 +142,42 @@ class Gossip(GossipReceiver):
         self.config = config
         self.clock = clock
         self.stats = GossipStats()
-        self.scores = PeerScores(config.scores)
-        self.admission = GossipAdmission(config.admission)
-        self.decoders = dict(decoders or {})
         self._nursery: trio.Nursery | None = None  # where bans disconnect peers (set while the session runs)
         self.pubsub: LeanPubsub | None = None
-        self._replay = make_replay_filter(config.policy, config.replay_capacity)
         self._pacer = PublishPacer(config.publish_rate)
         self._own_pace = OwnPace(config.admission)
         self._seq = 0
-        self._verified: _BoundedMap[bytes, Envelope] = _BoundedMap(4 * config.queue_size * max(1, len(kinds)))
         self._channels: dict[str, list[trio.MemorySendChannel[Envelope]]] = {k: [] for k in kinds}
-        self._banned_ids: dict[str, ID] = {}
         self._stream_retry_at: dict[ID, float] = {}  # connected peer -> earliest next pubsub-stream attempt
         self._stream_wanted = trio.Event()  # a peer opened pubsub to us before we did: wakes `_maintain`
         self._closing = False  # set when the session ends: pubsub streams still arriving are reset quietly
+        # pubsub, the nursery and `_closing` are set after this, so the parts are lent ways to read them when used
+        self.penalties = GossipPenalties(
+            host, config.scores, self.stats, config.queue_size,
+            blacklist=lambda peer_id: self.pubsub.add_to_blacklist(peer_id),
+            unblacklist=lambda peer_id: self.pubsub.remove_from_blacklist(peer_id),
+            session_nursery=lambda: None if self._closing else self._nursery)
+        self.validator = GossipValidator(
+            run, clock, config.policy, config.admission, config.replay_capacity,
+            4 * config.queue_size * max(1, len(kinds)), decoders,
+            me=lambda: self.host.libp2p.get_id(), refuse=self.penalties.reject_message)
         # `rejections`: a bounded feed of refused envelopes for logs/status (the newest are dropped when unread).
-        self._rejections_in, self.rejections = trio.open_memory_channel[Rejection](config.queue_size)
+        self.rejections: trio.MemoryReceiveChannel[Rejection] = self.penalties.rejections
+
+    @property
+    def scores(self) -> PeerScores:
+        """Every peer's score and ban (owned by `penalties`)."""
+        return self.penalties.scores
+
+    @property
+    def admission(self) -> GossipAdmission:
+        """Every sender's allowance of received messages (owned by `validator`)."""
+        return self.validator.admission
+
+    @property
+    def decoders(self) -> dict[str, BodyDecoder]:
+        """The typed decoder of each kind that has one (owned by `validator`)."""
+        return self.validator.decoders
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -213,7 +239,29 @@ class Gossip(GossipReceiver):
         await self.pubsub.wait_for_mesh(ID.from_base58(peer_id), topic_for(self.run, kind), timeout)
 
     def banned_peers(self) -> list[str]:
-        return self.scores.banned(trio.current_time())
+        return self.penalties.banned_peers()
+
+    def penalize(self, peer: str, reason: str) -> None:
+        """Score `peer` (its base58 peer id) down for content that proved false after the envelope checks passed
+        (p2p.gossip.penalties.GossipPenalties.penalize says why), bans included."""
+        self.penalties.penalize(peer, reason)
+
+    async def serve(self, kind: str, handle: Callable[[Envelope], Awaitable[None] | None]) -> None:
+        """Call `handle(env)` on every `kind` envelope, each in a scope of its own: an exception raised for one
+        message (an input nobody foresaw, or `Ignored` from a handler that could not use it) drops that message,
+        costs its sender and logs one line; the loop, the role and the node go on."""
+        async with self.subscribe(kind) as inbox:
+            async for env in inbox:
+                try:
+                    outcome = handle(env)
+                    if hasattr(outcome, "__await__"):
+                        await outcome
+                except Exception as exc:  # noqa: BLE001 - one peer's message never ends the node
+                    self.contain(env, exc)
+
+    def contain(self, env: Envelope, exc: BaseException) -> None:
+        """Drop what `env` caused: penalise its sender and log one line (no traceback is kept)."""
+        self.penalties.contain(env, exc)
 
     # ---- internals -------------------------------------------------------------------------------------------
 
@@ -248,7 +296,7 @@ class Gossip(GossipReceiver):
         """Move verified messages from py-libp2p's 32-slot queue to our channels, without ever blocking on them."""
         me = ID.from_base58(self.host.peer_id).to_bytes()  # compared as bytes: no base58 per message
         async for msg in subscription:
-            env = self._verified.pop(bytes(msg.from_id) + bytes(msg.seqno), None)
+            env = self.validator.take_verified(msg)
             if env is None or bytes(msg.from_id) == me:
                 continue
             self.stats.delivered += 1
@@ -265,10 +313,7 @@ class Gossip(GossipReceiver):
         """Lift ended bans, and open pubsub streams to connected peers pubsub never heard of (MAINTAIN_EVERY_S says
         how often)."""
         while True:
-            for peer in self.scores.tick(trio.current_time()):
-                peer_id = self._banned_ids.pop(peer, None)
-                if peer_id is not None:
-                    self.pubsub.remove_from_blacklist(peer_id)
+            self.penalties.lift_ended_bans(trio.current_time())
             next_attempt = self._open_missing_streams(nursery)
             self._stream_wanted = trio.Event()
             with trio.move_on_after(max(self.config.heartbeat_s, min(next_attempt, MAINTAIN_EVERY_S))):
@@ -370,7 +415,7 @@ async def open_gossip(
         async with trio.open_nursery() as nursery:
             for kind in kinds:
                 topic = topic_for(run, kind)
-                gossip.pubsub.set_topic_validator(topic, gossip._validator(kind), is_async_validator=False)
+                gossip.pubsub.set_topic_validator(topic, gossip.validator.for_kind(kind), is_async_validator=False)
                 nursery.start_soon(gossip._drain, kind, await gossip.pubsub.subscribe(topic))
             nursery.start_soon(gossip._maintain, nursery)
             gossip._nursery = nursery

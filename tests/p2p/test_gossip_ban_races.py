@@ -28,7 +28,7 @@ async def _star(stack: AsyncExitStack) -> tuple[Gossip, Gossip, Gossip]:
 
 def _ban(target: Gossip, peer: Gossip):
     peer_id = ID.from_base58(peer.host.peer_id)
-    return lambda: target._ban(peer.host.peer_id, peer_id)
+    return lambda: target.penalties._ban(peer.host.peer_id, peer_id)
 
 
 def _hang_up(target: Gossip, peer: Gossip):

@@ -1,6 +1,6 @@
 """What a crowd of fresh identities can make one node decode: together, no more than the node's allowance for
 strangers, however many identities there are (p2p.gossip.admission); peers the node knows keep their own
-allowances through such a flood, and a stranger's refusal costs nobody (p2p.gossip.receive); scoring the refused
+allowances through such a flood, and a stranger's refusal costs nobody (p2p.gossip.penalties); scoring the refused
 messages of many identities costs a bounded amount per penalty (p2p.scores)."""
 
 from __future__ import annotations

@@ -404,7 +404,7 @@ async def test_maintenance_runs_every_few_seconds_unless_a_pubsub_stream_attempt
         return next_attempt[0]
 
     heartbeat = GossipConfig().heartbeat_s
-    gossip = SimpleNamespace(scores=SimpleNamespace(tick=lambda now: []), _banned_ids={},
+    gossip = SimpleNamespace(penalties=SimpleNamespace(lift_ended_bans=lambda now: None),
                              _open_missing_streams=open_missing, config=GossipConfig(), _stream_wanted=trio.Event())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(Gossip._maintain, gossip, nursery)
