@@ -51,7 +51,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V1
 from libp2p.tools.anyio_service import background_trio_service
 
 from p2p.errors import EnvelopeError, GossipError
-from p2p.gossip.admission import AdmissionConfig, GossipAdmission, OwnPace
+from p2p.gossip.admission import AdmissionConfig, OwnPace
 from p2p.gossip.envelope import (
     DEFAULT_POLICY,
     GOSSIP_MAX_BYTES,
@@ -168,16 +168,6 @@ class Gossip:
     def scores(self) -> PeerScores:
         """Every peer's score and ban (owned by `penalties`)."""
         return self.penalties.scores
-
-    @property
-    def admission(self) -> GossipAdmission:
-        """Every sender's allowance of received messages (owned by `validator`)."""
-        return self.validator.admission
-
-    @property
-    def decoders(self) -> dict[str, BodyDecoder]:
-        """The typed decoder of each kind that has one (owned by `validator`)."""
-        return self.validator.decoders
 
     # ---- public API -------------------------------------------------------------------------------------------
 

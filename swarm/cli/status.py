@@ -133,8 +133,7 @@ async def observe(run: str, bootstrap: tuple[str, ...], seconds: float, trainer_
 
 
 async def watch(run: str, bootstrap: tuple[str, ...], every_s: float, show: Callable[[dict, float], None],
-                trainer_key: bytes | None = None,
-                refreshes: int | None = None) -> None:
+                trainer_key: bytes | None = None, refreshes: int | None = None) -> None:
     """Listen to `run` until cancelled (or `refreshes` reports), calling `show(report, seconds watched)` every
     `every_s`; the newest manifest comes from NewestManifest."""
 

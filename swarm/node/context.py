@@ -3,9 +3,9 @@
 Why: a role that receives the node can reach anything in it (its nursery, its DHT, its peer bookkeeping), so what
 a role depends on is only known by reading all of it, and a test fake must guess. The context names each part by
 the narrow port the role uses: the [peer] section every role shares and the role's own settings (never the whole
-configuration), the identity it signs with, the host and gossip (for rollouts
-and votes), the mirror's side it reads and the trainer's adoption of its own versions, the event sink, the table
-of peers and their roles heard in heartbeats, and the event that stops the peer.
+configuration), the identity it signs with, the host and gossip (for rollouts and votes), the mirror's side it
+reads and the trainer's adoption of its own versions, the event sink, the table of peers and their roles heard in
+heartbeats, and the event that stops the peer.
 """
 
 from __future__ import annotations

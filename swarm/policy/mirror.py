@@ -37,7 +37,6 @@ from swarm.policy.mirror_dial import TOP_UP_AFTER, OutboundLinks
 from swarm.policy.mirror_places import MAX_RELEASED, LinkPlaces
 from swarm.policy.mirrored import MirroredPolicy
 from swarm.policy.patch_form import form_flags, make_full, patch_parent
-from swarm.policy.served_record import ServedRecord
 from swarm.policy.spares import SPARE_TTL, Dialer, SpareChannels
 from swarm.policy.trust import TrainerTrust
 
@@ -48,8 +47,8 @@ MAX_BANNED = 4096  # peers remembered as hostile (a liar can make new identities
 class PolicyMirror:
     """The set of policy versions a peer mirrors, and the piece services that move them.
 
-    Its link settings are given at construction and held by the part that uses them; those readable here are
-    properties of that part, so no setting has two copies that could disagree."""
+    Its link settings are given at construction and held by the part that uses them (`inbound`, `outbound`,
+    `spares`, `places`), one copy each."""
 
     def __init__(self, store: PieceStore, my_id: str, trust: TrainerTrust, *, run: str,
                  transfer: TransferConfig = TransferConfig(), upload_bps: float = math.inf, reseed: bool = True,
@@ -166,7 +165,8 @@ class PolicyMirror:
 
     def _start_service(self, policy: MirroredPolicy) -> None:
         assert self._nursery is not None, "run_service must be started first"
-        config = replace(self.transfer, handshake_timeout=max(self.transfer.handshake_timeout, self.adoption_wait + 5))
+        handshake = max(self.transfer.handshake_timeout, self.inbound.adoption_wait + 5)
+        config = replace(self.transfer, handshake_timeout=handshake)
         if policy.origin == self.my_id and policy.manifest.patch is None:
             # The origin's upload is the bottleneck of a flash crowd: super-seed so no piece goes out twice while
             # another has never gone out (docs/reference.md#torrent-mechanics). Not for a version with a patch:
@@ -305,40 +305,6 @@ class PolicyMirror:
         if policy is None:
             return
         self.places.note_providers(policy, peers)
-
-    @property
-    def served(self) -> ServedRecord:
-        """Peers that moved verified pieces with us: trusted with link places."""
-        return self.places.served
-
-    @property
-    def stranger_places(self) -> int:
-        """Places per version for links others open (swarm.policy.link_places)."""
-        return self.places.stranger_places
-
-    @property
-    def links_per_version(self) -> int:
-        """Links a version needs before this peer stops opening its own; others may add more."""
-        return self.outbound.links_per_version
-
-    @links_per_version.setter
-    def links_per_version(self, links: int) -> None:
-        self.outbound.links_per_version = links
-
-    @property
-    def link_salt(self) -> bytes:
-        """This process's secret in its link order (swarm.policy.mirror_dial.link_order)."""
-        return self.outbound.link_salt
-
-    @property
-    def adoption_wait(self) -> float:
-        """Seconds an inbound link waits for the adoption of the manifest it names (swarm.policy.inbound_links)."""
-        return self.inbound.adoption_wait
-
-    @property
-    def spare_ttl(self) -> float:
-        """A spare data channel is closed and dialed anew within this (swarm.policy.spares.spare_lifetime)."""
-        return self.spares.ttl
 
     # ---------------------------------------------------------------- tasks with one peer
 

@@ -56,7 +56,7 @@ def restore(evidence: GateEvidence, reputation: Reputation, probation: Probation
     probation.load(unproven, proven)
 
 
-def _parse(data: object, peers: int, bound: int) -> tuple:
+def _parse(data: object, max_peers: int, max_proving: int) -> tuple:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"format {data.get('format') if isinstance(data, dict) else None!r} is not {FORMAT}")
     max_workers = HistoryConfig().max_workers
@@ -67,11 +67,11 @@ def _parse(data: object, peers: int, bound: int) -> tuple:
         bans = [(_name(w), _text(reason)) for w, reason in map(_pair, _list(table["banned"], max_workers))]
         histories[precision] = (records, bans)
     reputation = _dict(data["reputation"], 2)
-    scores = [(_peer_in(item[:2]), _score(item[2])) for item in _list(reputation["scores"], peers, width=3)]
-    banned = [_peer_in(item) for item in _list(reputation["banned"], peers, width=2)]
+    scores = [(_peer_in(item[:2]), _score(item[2])) for item in _list(reputation["scores"], max_peers, width=3)]
+    banned = [_peer_in(item) for item in _list(reputation["banned"], max_peers, width=2)]
     probation = _dict(data["probation"], 2)
-    unproven = [(_name(w), _count(n)) for w, n in map(_pair, _list(probation["unproven"], bound))]
-    proven = [_name(w) for w in _list(probation["proven"], bound)]
+    unproven = [(_name(w), _count(n)) for w, n in map(_pair, _list(probation["unproven"], max_proving))]
+    proven = [_name(w) for w in _list(probation["proven"], max_proving)]
     return histories, scores, banned, unproven, proven
 
 

@@ -109,10 +109,8 @@ async def trainer_role(ctx: TrainerContext) -> None:
                              refused=lambda why: gate.count(f"refused:{why}"))
 
     async def votes() -> None:
-        # gossip's validator decoded each batch: every vote parsed, signed and sent by its own validator
-        # (swarm.messages.gossip_bodies.decode_votes)
-        async for env in vote_envelopes:
-            for vote in env.decoded(VoteBatch).votes:
+        async for env in vote_envelopes:  # gossip's validator decoded the batch: every vote parsed, signed and
+            for vote in env.decoded(VoteBatch).votes:  # sent by its own validator (gossip_bodies.decode_votes)
                 gate.on_vote(vote, trio.current_time())
             report_reputation_bans()
             for worker, reason in gate.take_new_bans():  # reported once, when its near-ties cross the test
@@ -232,8 +230,7 @@ def _open_training_run(loaded: LoadedModel, cfg: TrainerConfig, curriculum: Curr
 
 
 async def _first_version(ctx: TrainerContext, run: TrainingRun, publisher: SwarmPublisher, gate: RolloutGate,
-                         evaluator: Evaluator,
-                         heldout: dict[str, float]) -> None:
+                         evaluator: Evaluator, heldout: dict[str, float]) -> None:
     """Publish the first version once a quorum of validators is heard, scoring the starting policy meanwhile (the
     scoring only reads the weights, and no step runs before it ends)."""
     async with trio.open_nursery() as nursery:

@@ -86,7 +86,6 @@ async def test_an_expired_spare_is_closed_cleanly_and_a_vanished_dialer_is_no_er
 async def test_a_version_being_reassembled_is_held_out_of_garbage_collection(tmp_path, autojump_clock):
     """A slow peer reassembled a version in a worker thread while newer versions pushed it out of the window, and
     the store closed and deleted its files under the reading thread. Held, it stays (files included) until read."""
-    from types import SimpleNamespace
 
     from swarm.policy.files import PolicyLeftWindow, materialize
 
@@ -105,9 +104,8 @@ async def test_a_version_being_reassembled_is_held_out_of_garbage_collection(tmp
             assert (out / "model.safetensors").read_bytes() == (tmp_path / "v0" / "model.safetensors").read_bytes()
             mirror.adopt(signed_version(tmp_path, key, 4), local_dir=tmp_path / "v4")  # the next collection drops it
             assert not mirror.is_mirrored(oldest)
-            node = SimpleNamespace(mirror=mirror, config=SimpleNamespace(data_dir=tmp_path / "peer"))
             with pytest.raises(PolicyLeftWindow, match="left the window"):
-                await materialize(node.mirror, oldest)
+                await materialize(mirror, oldest)
             nursery.cancel_scope.cancel()
 
 
@@ -127,18 +125,17 @@ async def test_reassembled_copies_go_with_their_versions_but_not_while_held(tmp_
     with PieceStore(tmp_path / "store", keep_versions=2) as store:
         mirror = PolicyMirror(store, "me", TrainerTrust("r", key.public_bytes, tmp_path), run="r", keep=2,
                               copies_dir=copies)
-        node = SimpleNamespace(mirror=mirror)
         async with trio.open_nursery() as nursery:
             await nursery.start(mirror.run_service)
             assert list(copies.iterdir()) == []
             versions = [mirror.adopt(signed_version(tmp_path, key, v), local_dir=tmp_path / f"v{v}") for v in (0, 1)]
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr("swarm.policy.files.version_tasks", lambda spec, manifest, directory: "tasks")
-                async with open_version(node.mirror, spec, versions[0]) as (directory, tasks):
+                async with open_version(mirror, spec, versions[0]) as (directory, tasks):
                     assert (directory / "model.safetensors").is_file() and tasks == "tasks"
                     mirror.adopt(signed_version(tmp_path, key, 2), local_dir=tmp_path / "v2")
                     assert (directory / "model.safetensors").is_file()  # v0 is out of the window but being loaded
-                async with open_version(node.mirror, spec, versions[1]) as (second, _):
+                async with open_version(mirror, spec, versions[1]) as (second, _):
                     pass
             services = [p.service for p in mirror.policies.values()]
             assert len(services) == 3 and all(s._bucket is mirror.upload_bucket for s in services)  # one node cap
@@ -174,7 +171,7 @@ async def test_an_announced_version_is_fetched_over_the_announcing_channel_witho
             await nursery.start(small.run_service)
             policy = big.adopt(source, local_dir=tmp_path / "v0")
             ours, theirs = trio.testing.memory_stream_pair()
-            big.spares._spares["peer-a"] = (ours, trio.current_time() + big.spare_ttl)
+            big.spares._spares["peer-a"] = (ours, trio.current_time() + big.spares.ttl)
             nursery.start_soon(small.accept_link, "peer-b", theirs)  # the acceptor side of big's spare
             await trio.sleep(0.5)
             await big.reconcile(["peer-a"], big_dial, max_links=8)  # the smaller peer may still dial on its own

@@ -55,12 +55,12 @@ async def test_a_peer_opens_links_per_version_to_a_few_neighbours_drawn_anew_for
             policy = mirror.adopt(signed_version(tmp_path, key, version))
             await trio.sleep(0.1)  # virtual time: the version's service starts
             await mirror.reconcile(neighbours, dial, max_links=32)
-            assert policy.dialing == set(link_order(policy.manifest.id, mirror.link_salt, neighbours)[:3])
+            assert policy.dialing == set(link_order(policy.manifest.id, mirror.outbound.link_salt, neighbours)[:3])
             await mirror.reconcile(neighbours, dial, max_links=32)  # a later round adds none while 3 are open
             assert len(policy.dialing) == 3
             chosen.append(set(policy.dialing))
         assert chosen[0] != chosen[1]
-        mirror.links_per_version = 32
+        mirror.outbound.links_per_version = 32
         await mirror.reconcile(neighbours, dial, max_links=5)  # max_peers still bounds every version's links
         assert all(len(p.dialing) == 5 for p in mirror.policies.values())
         nursery.cancel_scope.cancel()
@@ -82,7 +82,7 @@ async def test_a_peer_opens_its_own_half_at_once_and_tops_up_only_what_others_li
 
         policy = mirror.adopt(signed_version(tmp_path, key, 0))
         await trio.sleep(0.1)  # virtual time: the version's service starts
-        order = link_order(policy.manifest.id, mirror.link_salt, neighbours)
+        order = link_order(policy.manifest.id, mirror.outbound.link_salt, neighbours)
         await mirror.reconcile(neighbours, dial, max_links=32)
         assert policy.dialing == set(order[:3])  # its own half only
         ours, theirs = trio.testing.memory_stream_pair()  # one neighbour links to us meanwhile
@@ -111,7 +111,7 @@ async def test_a_link_dropped_for_stalling_gives_its_place_to_the_next_neighbour
 
         policy = mirror.adopt(signed_version(tmp_path, key, 0))
         await trio.sleep(0.1)  # virtual time: the version's service starts
-        order = link_order(policy.manifest.id, mirror.link_salt, neighbours)
+        order = link_order(policy.manifest.id, mirror.outbound.link_salt, neighbours)
         await mirror.reconcile(neighbours, dial, max_links=32)
         assert policy.dialing == set(order[:3])
         await trio.sleep(3.0)  # the failed dials' pause (2 s) is over
@@ -146,7 +146,7 @@ async def test_announcements_waiting_for_an_answer_count_against_links_per_versi
         silent = []  # the neighbours' ends of our spares: they read the announcement and never answer
         for peer in neighbours:
             ours, theirs = trio.testing.memory_stream_pair()
-            mirror.spares._spares[peer] = (ours, trio.current_time() + mirror.spare_ttl)
+            mirror.spares._spares[peer] = (ours, trio.current_time() + mirror.spares.ttl)
             silent.append(theirs)
         policy = mirror.adopt(signed_version(tmp_path, key, 0))
         await trio.sleep(2.0)  # past announce_after: nobody dialed its link
@@ -177,9 +177,9 @@ async def test_links_strangers_open_to_a_peer_never_stop_it_from_choosing_its_ow
             else:
                 nursery.start_soon(mirror.inbound._link_over_announcement, f"z-sybil-{i}", ours, policy.manifest.id)
         await trio.sleep(0.1)
-        assert len(policy.service.peers) >= mirror.stranger_places  # every place strangers may hold is theirs
+        assert len(policy.service.peers) >= mirror.places.stranger_places  # every place strangers may hold is theirs
         await mirror.reconcile(neighbours, dial, max_links=32)
-        first_two = link_order(policy.manifest.id, mirror.link_salt, neighbours)[:2]
+        first_two = link_order(policy.manifest.id, mirror.outbound.link_salt, neighbours)[:2]
         assert policy.dialing == set(first_two)  # half its places
         nursery.cancel_scope.cancel()
 
@@ -193,8 +193,9 @@ def test_a_peers_link_order_is_secret_so_identities_cannot_be_ground_to_come_fir
     with PieceStore(tmp_path / "store") as store:
         trust = TrainerTrust("r", key.public_bytes, tmp_path)
         one, again = (PolicyMirror(store, "me", trust, run="r") for _ in range(2))  # the same id, restarted
-        assert len(one.link_salt) >= 16 and one.link_salt != again.link_salt
-        assert link_order(b"m" * 32, one.link_salt, peers) != link_order(b"m" * 32, again.link_salt, peers)
+        salt, salt_again = one.outbound.link_salt, again.outbound.link_salt
+        assert len(salt) >= 16 and salt != salt_again
+        assert link_order(b"m" * 32, salt, peers) != link_order(b"m" * 32, salt_again, peers)
 
 
 async def test_link_rounds_slow_down_once_every_version_is_complete_here_and_signed_elsewhere(tmp_path,

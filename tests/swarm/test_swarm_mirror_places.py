@@ -54,7 +54,7 @@ async def test_squatters_hold_a_bounded_share_of_places_give_them_up_and_do_not_
         for peer in squatters:
             await open_link(nursery, mirror, policy, peer)
         await trio.sleep(0.1)
-        assert len(policy.service.peers) == mirror.stranger_places == 4
+        assert len(policy.service.peers) == mirror.places.stranger_places == 4
         await rounds(mirror, FIRST_ASK_WITHIN + TEND_EVERY)
         assert policy.service.peers == [] and policy.released == set(squatters[:4])
         await open_link(nursery, mirror, policy, squatters[0])  # once idle, never admitted again for this version
@@ -76,7 +76,7 @@ async def test_a_peer_that_served_us_before_takes_the_place_of_a_squatter(tmp_pa
         await open_link(nursery, mirror, policy, "a-stranger")
         await trio.sleep(0.1)
         assert policy.service.peers == ["a-squatter"]  # refused: the squatter's link is young
-        mirror.served.note("a-friend", served=3, took=0)
+        mirror.places.served.note("a-friend", served=3, took=0)
         await open_link(nursery, mirror, policy, "a-friend")
         await trio.sleep(0.1)
         assert policy.service.peers == ["a-friend"] and "a-squatter" in policy.released

@@ -25,7 +25,7 @@ async def _dial_and_read_head(mirror: PolicyMirror, peer: str) -> tuple[bytes, t
     """Let `mirror` open its link to `peer` over a spare channel (a memory stream); the preamble's head, and the
     far end of the stream."""
     ours, theirs = trio.testing.memory_stream_pair()
-    mirror.spares._spares[peer] = (ours, trio.current_time() + mirror.spare_ttl)
+    mirror.spares._spares[peer] = (ours, trio.current_time() + mirror.spares.ttl)
 
     async def dial(_peer):
         await trio.sleep_forever()  # the spare that replaces the one used: never needed here
@@ -106,7 +106,7 @@ async def test_an_announcement_of_a_large_manifest_names_it_by_id(tmp_path, auto
             await nursery.start(larger.run_service)
             policy = larger.adopt(signed, local_dir=tmp_path / "v0")
             ours, theirs = trio.testing.memory_stream_pair()
-            larger.spares._spares["peer-a"] = (ours, trio.current_time() + larger.spare_ttl)
+            larger.spares._spares["peer-a"] = (ours, trio.current_time() + larger.spares.ttl)
 
             async def dial(_peer):
                 await trio.sleep_forever()
